@@ -1,0 +1,25 @@
+"""The check registry: every check of every area, by name (`area.function`).
+
+Each area module is a plain module with the same small interface (no entry-point magic):
+  AREA      the area name used by `--only` and in check names ("gpu", "nvlink", "ib", "xid")
+  SOURCE    which gathered source it reads ("gpu" = NVML, "ib" = sysfs, "kmsg" = kernel log)
+  DEFAULTS  {key: (default, type, one line of why)}: the area's expectations and thresholds
+  parse(raw) -> facts          pure, never raises on bad input; runs once per run
+  CHECKS    (fn, ...) each fn(facts, ctx) -> Result, small and pure
+  baseline(facts) -> dict      what to remember for the next run (counters, sequence, inventory)
+  expectations(facts) -> dict  the expectations a known-good node implies (config genconf)
+"""
+
+from __future__ import annotations
+
+from slurmhealth.checks import gpu, ib, nvlink, xid
+
+AREAS = {m.AREA: m for m in (gpu, nvlink, ib, xid)}
+
+REGISTRY = {f"{m.AREA}.{fn.__name__}": fn for m in AREAS.values() for fn in m.CHECKS}
+
+
+def describe(name: str) -> str:
+    """First line of a check's docstring: the catalogue entry."""
+    doc = REGISTRY[name].__doc__ or ""
+    return doc.strip().splitlines()[0] if doc.strip() else ""

@@ -1,0 +1,67 @@
+"""What every check receives besides its area's facts: the node, the phase, expectations, baselines.
+
+A check is `fn(facts, ctx) -> Result`: a small pure function. Facts come from the area's
+`parse(raw)` (run once per run, so each source is read and parsed once: gather once, check many).
+"""
+
+from __future__ import annotations
+
+PHASES = ("check", "prolog", "epilog", "healthcheck")
+
+
+class Context:
+    """Read-only inputs of a check other than its facts.
+
+    expect:   the node's effective expectations for this area (a plain dict, see config.py).
+    baseline: what this area's `baseline(facts)` returned on the previous run on this node
+              (counters for deltas, the GPU inventory, the kernel-log sequence), or {}.
+    gpus:     normalised PCI bus id ("0000:9b:00") -> GPU index, from the GPU facts when known,
+              so other areas (XID lines) can name the GPU.
+    job_gpus: GPU indexes allocated to the current job (prolog/epilog), or None.
+    """
+
+    __slots__ = ("baseline", "expect", "gpus", "job_gpus", "node", "now", "phase")
+
+    def __init__(
+        self,
+        node: str = "localhost",
+        phase: str = "check",
+        expect: dict | None = None,
+        baseline: dict | None = None,
+        gpus: dict | None = None,
+        job_gpus: list | None = None,
+        now: float = 0.0,
+    ) -> None:
+        self.node = node
+        self.phase = phase
+        self.expect = expect if expect is not None else {}
+        self.baseline = baseline if baseline is not None else {}
+        self.gpus = gpus if gpus is not None else {}
+        self.job_gpus = job_gpus
+        self.now = now
+
+
+def norm_bus_id(bus_id: str) -> str:
+    """Normalise a PCI address to the kernel log's form: 4-hex domain, bus, device, lower case.
+
+    NVML says `00000000:9B:00.0`, the kernel log `0000:9b:00` (reference §1.1): join on this form.
+    """
+    text = bus_id.strip().lower()
+    if text.startswith("pci:"):
+        text = text[4:]
+    text = text.split(".")[0]
+    parts = text.split(":")
+    if len(parts) == 3:
+        domain = parts[0][-4:].rjust(4, "0")
+        return f"{domain}:{parts[1].rjust(2, '0')}:{parts[2].rjust(2, '0')}"
+    if len(parts) == 2:
+        return f"0000:{parts[0].rjust(2, '0')}:{parts[1].rjust(2, '0')}"
+    return text
+
+
+def summarize(problems: list[str], noun: str = "") -> str:
+    """First problem, plus how many more: one line that fits a Slurm Reason."""
+    if not problems:
+        return ""
+    more = len(problems) - 1
+    return problems[0] + (f" (+{more} more{noun})" if more else "")

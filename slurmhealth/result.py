@@ -1,0 +1,115 @@
+"""Result, statuses and actions: the one contract every check returns.
+
+Import-light on purpose (no typing, no dataclasses, no enum): this module sits on the
+prolog/epilog hot path, where every millisecond of import time counts.
+"""
+
+from __future__ import annotations
+
+OK = "ok"
+WARN = "warn"
+FAIL = "fail"
+SKIP = "skip"
+ERROR = "error"
+STATUSES = (OK, WARN, FAIL, SKIP, ERROR)
+
+NONE = "none"
+DRAIN = "drain"
+RESET_GPU = "reset_gpu"
+REBOOT = "reboot"
+SERVICE = "service"
+ACTIONS = (NONE, DRAIN, RESET_GPU, REBOOT, SERVICE)
+
+# Worse actions win when several results ask for different ones.
+_ACTION_RANK = {NONE: 0, DRAIN: 1, RESET_GPU: 2, SERVICE: 3, REBOOT: 4}
+
+MESSAGE_MAX = 200
+
+
+def clean(text: object, limit: int = MESSAGE_MAX) -> str:
+    """One line, printable, bounded: safe for a table, a log line or a Slurm Reason.
+
+    Kernel-log process names and job names are untrusted; every message goes through here.
+    """
+    out = []
+    for ch in str(text):
+        if ch in "\r\n\t":
+            out.append(" ")
+        elif ch.isprintable():
+            out.append(ch)
+        else:
+            out.append("?")
+    line = " ".join("".join(out).split())
+    if len(line) > limit:
+        line = line[: limit - 3].rstrip() + "..."
+    return line
+
+
+class Result:
+    """The verdict of one check: status, one-line message, structured data, action hint."""
+
+    __slots__ = ("action", "check", "data", "duration", "message", "status")
+
+    def __init__(
+        self,
+        status: str,
+        message: str,
+        data: dict | None = None,
+        action: str = NONE,
+        check: str = "",
+    ) -> None:
+        if status not in STATUSES:
+            raise ValueError(f"unknown status {status!r}")
+        if action not in ACTIONS:
+            raise ValueError(f"unknown action {action!r}")
+        self.status = status
+        self.message = clean(message)
+        self.data = data if data is not None else {}
+        self.action = action
+        self.check = check
+        self.duration = 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "check": self.check,
+            "status": self.status,
+            "message": self.message,
+            "action": self.action,
+            "data": self.data,
+        }
+
+    def __repr__(self) -> str:
+        return f"Result({self.check!r}, {self.status!r}, {self.message!r}, action={self.action!r})"
+
+
+def ok(message: str, data: dict | None = None) -> Result:
+    return Result(OK, message, data)
+
+
+def warn(message: str, data: dict | None = None, action: str = NONE) -> Result:
+    return Result(WARN, message, data, action)
+
+
+def fail(message: str, data: dict | None = None, action: str = DRAIN) -> Result:
+    return Result(FAIL, message, data, action)
+
+
+def skip(message: str, data: dict | None = None) -> Result:
+    return Result(SKIP, message, data)
+
+
+def worst_action(actions: list[str]) -> str:
+    return max(actions, key=_ACTION_RANK.__getitem__, default=NONE)
+
+
+def verdict(results: list[Result], error_fails: bool = False) -> str:
+    """ok, warn or fail for a whole run. skip counts as ok; error as warn unless configured.
+
+    Our own bug is not the node's fault: by default an `error` never makes the verdict fail.
+    """
+    statuses = {r.status for r in results}
+    if FAIL in statuses or (error_fails and ERROR in statuses):
+        return FAIL
+    if WARN in statuses or ERROR in statuses:
+        return WARN
+    return OK
