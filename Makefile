@@ -1,0 +1,46 @@
+# slurmhealth: `make demo` and `make test` work on a fresh Debian 12 machine as root.
+SHELL := /bin/bash
+PYENV_ROOT ?= $(shell pyenv root 2>/dev/null || echo $(HOME)/.pyenv)
+PY311 ?= $(firstword $(wildcard $(PYENV_ROOT)/versions/3.11*/bin/python3) $(shell command -v python3.11 python3 2>/dev/null))
+PY39 ?= $(firstword $(wildcard $(PYENV_ROOT)/versions/3.9*/bin/python3) $(shell command -v python3.9 2>/dev/null))
+VENV := .venv
+VENV39 := .venv39
+
+.PHONY: demo test test-py39 lint bench deps clean
+
+deps:
+	@bash scripts/install-deps
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	@bash scripts/install-deps
+	$(PY311) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[test]'
+	touch $@
+
+$(VENV39)/.installed: setup.cfg pyproject.toml
+	@if [ -z "$(PY39)" ]; then echo "Python 3.9 not found (pyenv install 3.9 or set PY39=...)"; exit 1; fi
+	$(PY39) -m venv $(VENV39)
+	$(VENV39)/bin/pip install -q --upgrade pip
+	$(VENV39)/bin/pip install -q -e '.[test]'
+	touch $@
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check slurmhealth tests bench
+
+test: $(VENV)/.installed lint
+	$(VENV)/bin/python -m pytest
+	@$(MAKE) --no-print-directory test-py39
+
+test-py39:
+	@if [ -z "$(PY39)" ] && [ -z "$$CI" ]; then echo "SKIP Python 3.9: not installed"; exit 0; fi; \
+	$(MAKE) --no-print-directory $(VENV39)/.installed && $(VENV39)/bin/python -m pytest -q -p no:cacheprovider
+
+demo: $(VENV)/.installed
+	@bash scripts/demo
+
+bench: $(VENV)/.installed
+	$(VENV)/bin/python bench/bench_check.py
+
+clean:
+	rm -rf $(VENV) $(VENV39) build *.egg-info demo-out

@@ -1,0 +1,352 @@
+"""GPU checks from one NVML sweep per GPU (the `gpu` section of a snapshot).
+
+Reference: shared/reference/gpu-node-health.md §2 (NVML calls, field ids, recovery actions,
+clock event reasons) and §6 (what belongs in a prolog).
+"""
+
+from __future__ import annotations
+
+from slurmhealth.checks.base import Context, summarize
+from slurmhealth.result import DRAIN, REBOOT, RESET_GPU, SERVICE, Result, fail, ok, skip, warn
+
+AREA = "gpu"
+SOURCE = "gpu"
+
+DEFAULTS = {
+    "count": (None, int, "GPUs expected on the node; unset: as many as NVML reports"),
+    "persistence": (True, bool, "persistence mode on: else each job pays 1-3 s per GPU init"),
+    "ecc": (True, bool, "ECC enabled on every GPU"),
+    "pcie_gen": (None, int, "minimum PCIe max link generation; unset: all GPUs alike"),
+    "pcie_width": (None, int, "minimum PCIe max link width; unset: all GPUs alike"),
+    "driver_version": (None, str, "golden driver version; drift warns"),
+    "vbios_version": (None, str, "golden VBIOS version; unset: all GPUs alike; drift warns"),
+    "clock_event_mask": (0xE8, int, "clock event bits that warn: HW slowdown/thermal/power brake"),
+}
+
+# nvmlClocksEventReason bits (reference §2.3)
+_CLOCK_EVENTS = {
+    0x8: "HW slowdown",
+    0x20: "SW thermal slowdown",
+    0x40: "HW thermal slowdown",
+    0x80: "HW power brake",
+}
+# NVML_FI_DEV_GET_GPU_RECOVERY_ACTION values (reference §2.4) -> (name, our action)
+_RECOVERY = {
+    1: ("GPU_RESET", RESET_GPU),
+    2: ("NODE_REBOOT", REBOOT),
+    3: ("DRAIN_P2P", DRAIN),
+    4: ("DRAIN_AND_RESET", RESET_GPU),
+    5: ("RECOVER_IMEX_DOMAIN", DRAIN),
+    6: ("BUS_RESET", REBOOT),
+    7: ("SYSTEM_REBOOT", REBOOT),
+}
+_FABRIC_COMPLETED = 3  # NVML_GPU_FABRIC_STATE_COMPLETED
+_FABRIC_STATES = {0: "NOT_SUPPORTED", 1: "NOT_STARTED", 2: "IN_PROGRESS", 3: "COMPLETED"}
+_AMPERE = 7  # NVML_DEVICE_ARCH_AMPERE: row remapping replaces page retirement from here on
+
+
+def _int(value: object) -> int | None:
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (int, float)):
+        return int(value)
+    return None
+
+
+def _str(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _device(raw: object, position: int) -> dict:
+    """One GPU record with every key present and typed; garbage becomes None."""
+    d = raw if isinstance(raw, dict) else {}
+    fields = d.get("fields") if isinstance(d.get("fields"), dict) else {}
+    procs = d.get("processes")
+    links = d.get("nvlink")
+    fabric = d.get("fabric") if isinstance(d.get("fabric"), dict) else None
+    return {
+        "index": _int(d.get("index")) if _int(d.get("index")) is not None else position,
+        "error": _str(d.get("error")),
+        "errors": d.get("errors") if isinstance(d.get("errors"), dict) else {},
+        "uuid": _str(d.get("uuid")),
+        "bus_id": _str(d.get("bus_id")),
+        "serial": _str(d.get("serial")),
+        "vbios": _str(d.get("vbios")),
+        "name": _str(d.get("name")),
+        "arch": _int(d.get("arch")),
+        "persistence": _int(d.get("persistence")),
+        "fields": {k: _int(v) for k, v in fields.items()},
+        "temperature": _int(d.get("temperature")),
+        "temp_slowdown": _int(d.get("temp_slowdown")),
+        "clock_event_reasons": _int(d.get("clock_event_reasons")),
+        "pcie_max_gen": _int(d.get("pcie_max_gen")),
+        "pcie_max_width": _int(d.get("pcie_max_width")),
+        "processes": [p for p in procs if isinstance(p, dict)] if isinstance(procs, list) else None,
+        "fabric": {k: _int(v) for k, v in fabric.items()} if fabric else None,
+        "nvlink": [x for x in links if isinstance(x, dict)] if isinstance(links, list) else None,
+    }
+
+
+def parse(raw: object) -> dict:
+    """Normalise the gathered (or replayed) NVML facts; never raises."""
+    r = raw if isinstance(raw, dict) else {}
+    devices = r.get("devices") if isinstance(r.get("devices"), list) else []
+    parsed = [_device(d, i) for i, d in enumerate(devices)]
+    count = _int(r.get("count"))
+    return {
+        "driver_version": _str(r.get("driver_version")),
+        "count": count if count is not None else len(parsed),
+        "devices": parsed,
+    }
+
+
+def label(dev: dict) -> str:
+    """`GPU 3 (00000000:9B:00.0)`: how every message names a GPU."""
+    return f"GPU {dev['index']} ({dev['bus_id']})" if dev["bus_id"] else f"GPU {dev['index']}"
+
+
+def _alive(facts: dict) -> list:
+    return [d for d in facts["devices"] if not d["error"]]
+
+
+def count(facts: dict, ctx: Context) -> Result:
+    """GPU count equals the expected count and every GPU answers NVML."""
+    expected = ctx.expect.get("count")
+    lost = [f"{label(d)} {d['error']}" for d in facts["devices"] if d["error"]]
+    data = {"expected": expected, "found": facts["count"], "lost": lost}
+    if lost:
+        return fail(summarize(lost, " GPU"), data, REBOOT)
+    if expected is not None and facts["count"] != expected:
+        return fail(f"{facts['count']} GPUs visible, {expected} expected", data, REBOOT)
+    if expected is None and facts["count"] == 0:
+        return skip("no GPUs on this node", data)
+    return ok(f"{facts['count']} GPUs answer", data)
+
+
+def inventory(facts: dict, ctx: Context) -> Result:
+    """A GPU whose UUID or bus id changed since the last known inventory is reported."""
+    known = ctx.baseline.get("inventory") or {}
+    changes = []
+    for dev in _alive(facts):
+        before = known.get(str(dev["index"]))
+        if not before:
+            continue
+        for key in ("uuid", "bus_id"):
+            if before.get(key) and dev[key] and before[key] != dev[key]:
+                changes.append(f"GPU {dev['index']} {key} {before[key]} -> {dev[key]}")
+    data = {"changes": changes}
+    if not known:
+        return ok("inventory recorded", data)
+    if changes:
+        return warn(summarize(changes, " change"), data)
+    return ok("inventory unchanged", data)
+
+
+def ecc(facts: dict, ctx: Context) -> Result:
+    """No uncorrectable volatile ECC errors; ECC enabled where expected."""
+    errors, disabled = [], []
+    for dev in _alive(facts):
+        fields = dev["fields"]
+        dbe = fields.get("ecc_dbe_volatile")
+        if dbe:
+            errors.append(f"{label(dev)} {dbe} uncorrectable volatile ECC errors")
+        if ctx.expect.get("ecc", True) and fields.get("ecc_current") == 0:
+            disabled.append(f"{label(dev)} ECC disabled")
+    data = {"uncorrectable": errors, "disabled": disabled}
+    if errors:
+        return fail(summarize(errors + disabled), data, RESET_GPU)
+    if disabled:
+        return fail(summarize(disabled), data, DRAIN)
+    if not any(d["fields"].get("ecc_current") is not None for d in _alive(facts)):
+        return skip("ECC not reported", data)
+    return ok("no uncorrectable ECC errors", data)
+
+
+def row_remap(facts: dict, ctx: Context) -> Result:
+    """Row-remap failure fails (service); a pending remap warns (reset_gpu); legacy pending fails."""
+    failed, pending, retired = [], [], []
+    for dev in _alive(facts):
+        fields = dev["fields"]
+        if fields.get("remap_failure"):
+            failed.append(f"{label(dev)} row remapping failed")
+        if fields.get("remap_pending"):
+            pending.append(f"{label(dev)} row remap pending, reset needed")
+        legacy = dev["arch"] is not None and dev["arch"] < _AMPERE
+        if legacy and fields.get("retired_pending"):
+            retired.append(f"{label(dev)} retired pages pending")
+    data = {"failed": failed, "pending": pending, "retired_pending": retired}
+    if failed:
+        return fail(summarize(failed + pending + retired), data, SERVICE)
+    if retired:
+        return fail(summarize(retired + pending), data, RESET_GPU)
+    if pending:
+        return warn(summarize(pending), data, RESET_GPU)
+    return ok("no row remap pending or failed", data)
+
+
+def recovery_action(facts: dict, ctx: Context) -> Result:
+    """The driver's required recovery action (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION) is none."""
+    needed = []
+    for dev in _alive(facts):
+        value = dev["fields"].get("recovery_action")
+        if value:
+            name, action = _RECOVERY.get(value, (f"action {value}", DRAIN))
+            needed.append((f"{label(dev)} driver requires {name}", action))
+    data = {"required": [text for text, _ in needed]}
+    if needed:
+        worst = REBOOT if any(a == REBOOT for _, a in needed) else needed[0][1]
+        return fail(summarize([text for text, _ in needed]), data, worst)
+    if not any(d["fields"].get("recovery_action") is not None for d in _alive(facts)):
+        return skip("recovery action not reported by this driver", data)
+    return ok("no recovery action required", data)
+
+
+def persistence(facts: dict, ctx: Context) -> Result:
+    """Persistence mode is on (else each job pays 1-3 s per GPU and volatile counters reset)."""
+    if not ctx.expect.get("persistence", True):
+        return skip("persistence not required by config")
+    off = [f"{label(d)} persistence mode off" for d in _alive(facts) if d["persistence"] == 0]
+    if off:
+        return fail(summarize(off, " GPU"), {"off": off}, DRAIN)
+    return ok("persistence mode on", {"off": off})
+
+
+def processes(facts: dict, ctx: Context) -> Result:
+    """No compute processes left on a GPU before a job (or on the job's GPUs after it)."""
+    devices = _alive(facts)
+    if ctx.phase == "epilog" and ctx.job_gpus is not None:
+        devices = [d for d in devices if d["index"] in ctx.job_gpus]
+    left = []
+    for dev in devices:
+        pids = [p.get("pid") for p in dev["processes"] or []]
+        if pids:
+            left.append(f"{label(dev)} has {len(pids)} compute process(es), pid {pids[0]}")
+    data = {"left": left}
+    if left:
+        return fail(summarize(left, " GPU"), data, DRAIN)
+    return ok("no compute processes left", data)
+
+
+def thermal(facts: dict, ctx: Context) -> Result:
+    """Temperature below the slowdown threshold; no HW slowdown, thermal or power-brake events."""
+    mask = ctx.expect.get("clock_event_mask", 0xE8)
+    hot = []
+    for dev in _alive(facts):
+        temp, limit = dev["temperature"], dev["temp_slowdown"]
+        if temp is not None and limit and temp >= limit:
+            hot.append(f"{label(dev)} at {temp} C, slowdown at {limit} C")
+        reasons = (dev["clock_event_reasons"] or 0) & mask
+        names = [name for bit, name in _CLOCK_EVENTS.items() if reasons & bit]
+        if names:
+            hot.append(f"{label(dev)} clocks cut: {', '.join(names)}")
+    if hot:
+        return warn(summarize(hot), {"problems": hot})
+    return ok("no thermal or power slowdown", {"problems": hot})
+
+
+def _below_or_odd(devices: list, key: str, expected: int | None, what: str) -> list:
+    values = [d[key] for d in devices if d[key] is not None]
+    if expected is None:
+        if not values:
+            return []
+        expected = max(set(values), key=values.count)  # the node's majority
+    return [
+        f"{label(d)} PCIe {what} {d[key]} < {expected}"
+        for d in devices
+        if d[key] is not None and d[key] < expected
+    ]
+
+
+def pcie(facts: dict, ctx: Context) -> Result:
+    """PCIe max link generation and width at least the expected (current values drop at idle)."""
+    devices = _alive(facts)
+    low = _below_or_odd(devices, "pcie_max_gen", ctx.expect.get("pcie_gen"), "gen")
+    low += _below_or_odd(devices, "pcie_max_width", ctx.expect.get("pcie_width"), "width x")
+    data = {"below": low}
+    if low:
+        return fail(summarize(low), data, DRAIN)
+    if not any(d["pcie_max_gen"] is not None for d in devices):
+        return skip("PCIe link not reported", data)
+    return ok("PCIe links at expected generation and width", data)
+
+
+def fabric(facts: dict, ctx: Context) -> Result:
+    """NVSwitch fabric (Hopper+): state COMPLETED with status success."""
+    bad, seen = [], 0
+    for dev in _alive(facts):
+        info = dev["fabric"]
+        if not info or not info.get("state"):  # None or NOT_SUPPORTED: no NVSwitch fabric
+            continue
+        seen += 1
+        state, status = info.get("state"), info.get("status")
+        if state != _FABRIC_COMPLETED or status != 0:
+            name = _FABRIC_STATES.get(state, str(state))  # type: ignore[arg-type]
+            bad.append(f"{label(dev)} fabric {name}, status {status}")
+    data = {"problems": bad}
+    if bad:
+        return fail(summarize(bad, " GPU"), data, DRAIN)
+    if not seen:
+        return skip("no NVSwitch fabric", data)
+    return ok("fabric registration completed", data)
+
+
+def versions(facts: dict, ctx: Context) -> Result:
+    """Driver and VBIOS versions against the golden values (all GPUs alike when unset)."""
+    drift = []
+    driver, want = facts["driver_version"], ctx.expect.get("driver_version")
+    if want and driver and driver != want:
+        drift.append(f"driver {driver}, expected {want}")
+    vbioses = [d["vbios"] for d in _alive(facts) if d["vbios"]]
+    golden = ctx.expect.get("vbios_version")
+    if not golden and vbioses:
+        golden = max(set(vbioses), key=vbioses.count)
+    for dev in _alive(facts):
+        if dev["vbios"] and dev["vbios"] != golden:
+            drift.append(f"{label(dev)} VBIOS {dev['vbios']}, expected {golden}")
+    data = {"driver": driver, "vbios": sorted(set(vbioses)), "drift": drift}
+    if drift:
+        return warn(summarize(drift), data)
+    return ok(f"driver {driver}" if driver else "versions as expected", data)
+
+
+CHECKS = (
+    count,
+    inventory,
+    ecc,
+    row_remap,
+    recovery_action,
+    persistence,
+    processes,
+    thermal,
+    pcie,
+    fabric,
+    versions,
+)
+
+
+def baseline(facts: dict) -> dict:
+    """The inventory to compare the next run against, keyed by index."""
+    return {
+        "inventory": {
+            str(d["index"]): {"uuid": d["uuid"], "bus_id": d["bus_id"], "serial": d["serial"]}
+            for d in _alive(facts)
+        }
+    }
+
+
+def expectations(facts: dict) -> dict:
+    """What a known-good node implies: its count, PCIe links, versions."""
+    devices = _alive(facts)
+    out: dict = {"count": facts["count"]}
+    gens = [d["pcie_max_gen"] for d in devices if d["pcie_max_gen"]]
+    widths = [d["pcie_max_width"] for d in devices if d["pcie_max_width"]]
+    if gens:
+        out["pcie_gen"] = min(gens)
+    if widths:
+        out["pcie_width"] = min(widths)
+    if facts["driver_version"]:
+        out["driver_version"] = facts["driver_version"]
+    vbioses = {d["vbios"] for d in devices if d["vbios"]}
+    if len(vbioses) == 1:
+        out["vbios_version"] = vbioses.pop()
+    return out

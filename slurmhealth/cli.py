@@ -1,0 +1,189 @@
+"""The admin and user side of `slurmhealth`: click commands, each a thin veneer over the library.
+
+`check` itself lives in hook.py (import-light, it runs before every job); it is listed here so
+that `slurmhealth --help` shows it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from slurmhealth import __version__, config, hook, runner
+from slurmhealth.checks import AREAS
+
+
+def source_options(func: object) -> object:
+    """--gpu-source, --sysfs-root, --kmsg: where facts come from (shared by several commands)."""
+    for option in reversed(
+        (
+            click.option("--gpu-source", default="nvml", show_default=True,
+                         help="nvml, or a snapshot file to replay"),
+            click.option("--sysfs-root", default=None, help="read DIR/class/infiniband [/sys]"),
+            click.option("--kmsg", default=None, help="kernel log path [/dev/kmsg]"),
+        )
+    ):
+        func = option(func)  # type: ignore[operator]
+    return func
+
+
+def _options(gpu_source: str, sysfs_root: str | None, kmsg: str | None) -> runner.Options:
+    return runner.Options(gpu_source=gpu_source, sysfs_root=sysfs_root, kmsg=kmsg)
+
+
+def _load_config(path: str | None) -> config.Config:
+    try:
+        return config.load(path)
+    except config.ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="slurmhealth")
+def cli() -> None:
+    """GPU node health for Slurm: checks, history, lemon detection.
+
+    Example:
+        slurmhealth check --json
+    """
+
+
+@cli.command(
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    add_help_option=False,
+)
+@click.pass_context
+def check(ctx: click.Context) -> None:
+    """Run every check the node's expectations call for (see `slurmhealth check --help`).
+
+    Example:
+        slurmhealth check --only gpu,ib --json
+    """
+    hook.main(["check", *ctx.args])
+
+
+@cli.command()
+@click.option("--node", default=None, help="node name [$SLURMD_NODENAME or host name]")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default="-",
+              help="write here instead of standard output")
+@source_options
+def snapshot(node: str | None, output: str, gpu_source: str, sysfs_root: str | None,
+             kmsg: str | None) -> None:
+    """Write everything the checks read on this node as one JSON document.
+
+    Replaying it with `check --gpu-source FILE` gives the same verdicts
+    (format: docs/snapshot-format.md).
+
+    Example:
+        slurmhealth snapshot -o /tmp/gpu01.json
+    """
+    name = hook.node_name({"--node": [node]} if node else {})
+    settings = config.defaults()["settings"]
+    timeouts = {s: settings[f"timeout_{s}"] for s in runner.SOURCES}
+    try:
+        doc = runner.snapshot(name, _options(gpu_source, sysfs_root, kmsg), timeouts,
+                              settings["deadline"])
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    text = json.dumps(doc, indent=1, sort_keys=True) + "\n"
+    with click.open_file(output, "w") as handle:
+        handle.write(text)
+
+
+@cli.group(name="config")
+def config_group() -> None:
+    """Validate, show and generate the expectations file.
+
+    Example:
+        slurmhealth config show --node gpu07
+    """
+
+
+@config_group.command()
+@click.option("--config", "path", default=None, help="file [$SLURMHEALTH_CONFIG or default]")
+def validate(path: str | None) -> None:
+    """Check the config file; print each problem as FILE:LINE: message; exit 2 on any.
+
+    Example:
+        slurmhealth config validate --config /etc/slurmhealth/slurmhealth.toml
+    """
+    resolved = config.resolve_path(path)
+    if resolved is None:
+        click.echo("no config file: built-in defaults apply")
+        return
+    try:
+        config.load(resolved)
+    except config.ConfigError as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(2)
+    click.echo(f"{resolved}: ok")
+
+
+@config_group.command()
+@click.option("--config", "path", default=None, help="file [$SLURMHEALTH_CONFIG or default]")
+@click.option("--node", default=None, help="node name [$SLURMD_NODENAME or host name]")
+def show(path: str | None, node: str | None) -> None:
+    """Print the effective expectations of a node as JSON.
+
+    Example:
+        slurmhealth config show --node gpu07
+    """
+    name = hook.node_name({"--node": [node]} if node else {})
+    effective = _load_config(path).for_node(name)
+    click.echo(json.dumps({"node": name, **effective}, indent=1, sort_keys=True))
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, str):
+        return json.dumps(value)
+    return str(value)
+
+
+def genconf_text(node: str, expectations: dict) -> str:
+    lines = [
+        f"# Written by `slurmhealth config genconf` on {node}: the expectations of a",
+        "# known-good node. Review, then widen `match` to the nodes of the same kind.",
+        "",
+        "[[node]]",
+        f"match = {json.dumps(node)}",
+    ]
+    for area, values in expectations.items():
+        for key, value in values.items():
+            lines.append(f"{area}.{key} = {_toml_value(value)}")
+    return "\n".join(lines) + "\n"
+
+
+@config_group.command()
+@click.option("--node", default=None, help="node name [$SLURMD_NODENAME or host name]")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default="-")
+@source_options
+def genconf(node: str | None, output: str, gpu_source: str, sysfs_root: str | None,
+            kmsg: str | None) -> None:
+    """Write expectations from this node's facts (run it on a known-good node).
+
+    Example:
+        slurmhealth config genconf -o /etc/slurmhealth/slurmhealth.toml
+    """
+    name = hook.node_name({"--node": [node]} if node else {})
+    expect = config.defaults()
+    try:
+        run = runner.run(name, expect, _options(gpu_source, sysfs_root, kmsg), phase="check")
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    learned = {}
+    for area, facts in run.facts.items():
+        values = AREAS[area].expectations(facts)
+        if values:
+            learned[area] = values
+    text = genconf_text(name, learned)
+    config.parse(text, "<genconf>")  # what we write must validate
+    with click.open_file(output, "w") as handle:
+        handle.write(text)

@@ -1,0 +1,306 @@
+"""Gather each source once, under a deadline, then run every check the expectations call for.
+
+Gathers run in daemon threads: a hung NVML call (a sick GSP stalls each call ~6 s, Xid 119)
+cannot hold the run past its deadline. The caller must end the process with os._exit when
+`Run.hung` is set, since a thread stuck inside a C call cannot be stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+from slurmhealth.checks import AREAS
+from slurmhealth.checks.base import Context, norm_bus_id
+from slurmhealth.result import ERROR, FAIL, OK, WARN, Result, fail, skip, verdict
+from slurmhealth.sources import SourceUnavailable
+
+SNAPSHOT_FORMAT = "slurmhealth-snapshot/1"
+SOURCES = ("gpu", "ib", "kmsg")
+
+
+class Options:
+    """Where facts come from. gpu_source: "nvml" or a snapshot file; None paths: defaults or
+    the snapshot's own sections."""
+
+    __slots__ = ("gpu_source", "kmsg", "kmsg_after", "sysfs_root")
+
+    def __init__(
+        self,
+        gpu_source: str = "nvml",
+        sysfs_root: str | None = None,
+        kmsg: str | None = None,
+        kmsg_after: dict | None = None,
+    ) -> None:
+        self.gpu_source = gpu_source
+        self.sysfs_root = sysfs_root
+        self.kmsg = kmsg
+        self.kmsg_after = kmsg_after or {}
+
+
+class Gathered:
+    """The outcome of one source: status ok|unavailable|timeout|error, raw facts or a message."""
+
+    __slots__ = ("message", "raw", "seconds", "status")
+
+    def __init__(self, status: str, raw: object = None, message: str = "", seconds: float = 0):
+        self.status = status
+        self.raw = raw
+        self.message = message
+        self.seconds = seconds
+
+    def to_dict(self) -> dict:
+        return {"status": self.status, "message": self.message, "seconds": round(self.seconds, 6)}
+
+
+def load_snapshot(path: str) -> dict:
+    """A snapshot document; ValueError with a one-line reason when it is not one."""
+    with open(path, encoding="utf-8") as handle:
+        try:
+            doc = json.load(handle)
+        except ValueError as exc:
+            raise ValueError(f"{path}: not a JSON snapshot: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("format") != SNAPSHOT_FORMAT:
+        raise ValueError(f"{path}: not a slurmhealth snapshot (format {SNAPSHOT_FORMAT})")
+    return doc
+
+
+def _replayed(doc: dict, source: str) -> Gathered:
+    """A source as the snapshot recorded it, failures included."""
+    state = (doc.get("sources") or {}).get(source) or {}
+    status = state.get("status", "ok")
+    if status != "ok":
+        return Gathered(status, None, state.get("message", ""), state.get("seconds", 0))
+    if doc.get(source) is None:
+        return Gathered("unavailable", None, "not in the snapshot")
+    return Gathered("ok", doc[source])
+
+
+def _gather_live(source: str, options: Options) -> object:
+    if source == "gpu":
+        from slurmhealth.sources import nvml  # noqa: PLC0415 - pynvml only when used
+
+        return nvml.gather()
+    if source == "ib":
+        from slurmhealth.sources import sysfs  # noqa: PLC0415
+
+        return sysfs.gather(options.sysfs_root or "/sys")
+    from slurmhealth.sources import kmsg  # noqa: PLC0415
+
+    after = options.kmsg_after
+    return kmsg.gather(options.kmsg or "/dev/kmsg", after.get("seq"), after.get("boot_id"))
+
+
+def _plan(sources: set, options: Options) -> dict:
+    """source -> a zero-argument gather function, or a Gathered already known (replay)."""
+    doc = None
+    if options.gpu_source not in ("nvml", "", None):
+        doc = load_snapshot(options.gpu_source)
+    plan: dict = {}
+    for source in sources:
+        explicit = {"ib": options.sysfs_root, "kmsg": options.kmsg}.get(source)
+        if doc is not None and not explicit:
+            plan[source] = _replayed(doc, source)
+        else:
+            plan[source] = lambda s=source: _gather_live(s, options)
+    return plan
+
+
+def _worker(func: object, box: list) -> None:
+    started = time.perf_counter()
+    try:
+        box.append(Gathered("ok", func(), seconds=time.perf_counter() - started))  # type: ignore[operator]
+    except SourceUnavailable as exc:
+        box.append(Gathered("unavailable", None, str(exc), time.perf_counter() - started))
+    except OSError as exc:
+        message = f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc)
+        box.append(Gathered("unavailable", None, message, time.perf_counter() - started))
+    except Exception as exc:  # our bug or an unexpected library failure: error, not fail
+        box.append(Gathered("error", None, f"{type(exc).__name__}: {exc}"))
+
+
+def gather(sources: set, options: Options, timeouts: dict, deadline: float) -> tuple:
+    """Gather sources concurrently; returns ({source: Gathered}, hung)."""
+    started = time.monotonic()
+    plan = _plan(sources, options)
+    running = {}
+    out: dict = {}
+    for source, job in plan.items():
+        if isinstance(job, Gathered):
+            out[source] = job
+            continue
+        box: list = []
+        thread = threading.Thread(target=_worker, args=(job, box), daemon=True)
+        thread.start()
+        running[source] = (thread, box)
+    hung = False
+    for source, (thread, box) in running.items():
+        limit = min(timeouts.get(source, deadline), deadline)
+        thread.join(max(0.0, min(limit, deadline) - (time.monotonic() - started)))
+        if box:
+            out[source] = box[0]
+        else:
+            hung = True
+            out[source] = Gathered("timeout", None, f"timed out after {limit:g} s", limit)
+    return out, hung
+
+
+class Run:
+    """The outcome of one run: results, verdict, per-source status, new baselines."""
+
+    def __init__(self, node: str, phase: str) -> None:
+        self.node = node
+        self.phase = phase
+        self.results: list = []
+        self.sources: dict = {}
+        self.baselines: dict = {}
+        self.facts: dict = {}
+        self.verdict = OK
+        self.hung = False
+        self.started = time.time()
+        self.duration = 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "node": self.node,
+            "phase": self.phase,
+            "verdict": self.verdict,
+            "results": [r.to_dict() for r in self.results],
+            "sources": {k: v.to_dict() for k, v in self.sources.items()},
+            "duration": round(self.duration, 6),
+        }
+
+
+def _expected(area: str, expect: dict) -> bool:
+    """Does the config expect this area to report? Missing-but-expected is a fail."""
+    if area == "gpu":
+        return bool(expect.get("count"))
+    if area == "nvlink":
+        return bool(expect.get("links_per_gpu"))
+    if area == "ib":
+        return bool(expect.get("devices") or expect.get("ports"))
+    return False
+
+
+def _source_results(area: str, got: Gathered, expect: dict) -> list:
+    """Results of an area whose source gave no facts: the first check carries the reason."""
+    names = [fn.__name__ for fn in AREAS[area].CHECKS]
+    what = f"{AREAS[area].SOURCE} source {got.status}: {got.message}"
+    if got.status == "timeout":
+        first = fail(f"{AREAS[area].SOURCE} {got.message}", got.to_dict(), "drain")
+    elif got.status == "error":
+        first = Result(ERROR, what, got.to_dict())
+    elif _expected(area, expect):
+        first = fail(what, got.to_dict(), "drain")
+    else:
+        first = skip(what, got.to_dict())
+    rest = [skip(f"not run: {what}") for _ in names[1:]]
+    for name, result in zip(names, [first, *rest]):
+        result.check = f"{area}.{name}"
+    return [first, *rest]
+
+
+def _apply_override(result: Result, override: dict) -> Result:
+    severity = override.get("severity")
+    if severity == WARN and result.status == FAIL:
+        result.status = WARN
+    elif severity == FAIL and result.status == WARN:
+        result.status = FAIL
+    return result
+
+
+def _run_check(name: str, fn: object, facts: object, ctx: Context) -> Result:
+    started = time.perf_counter()
+    try:
+        result = fn(facts, ctx)  # type: ignore[operator]
+    except Exception as exc:  # our bug is not the node's fault
+        result = Result(ERROR, f"check crashed: {type(exc).__name__}: {exc}")
+    result.check = name
+    result.duration = time.perf_counter() - started
+    return result
+
+
+def _area_results(area: str, raw: object, expect: dict, ctx: Context) -> tuple:
+    module = AREAS[area]
+    try:
+        facts = module.parse(raw)
+    except Exception as exc:
+        broken = Gathered("error", None, f"parse crashed: {type(exc).__name__}: {exc}")
+        return _source_results(area, broken, expect), None
+    results = []
+    for fn in module.CHECKS:
+        name = f"{area}.{fn.__name__}"
+        override = expect["checks"].get(name, {})
+        if override.get("enabled") is False:
+            disabled = skip("disabled by config")
+            disabled.check = name
+            results.append(disabled)
+            continue
+        results.append(_apply_override(_run_check(name, fn, facts, ctx), override))
+    return results, facts
+
+
+def _bus_map(gathered: dict) -> dict:
+    got = gathered.get("gpu")
+    if not got or got.status != "ok" or not isinstance(got.raw, dict):
+        return {}
+    out = {}
+    for dev in got.raw.get("devices") or []:
+        if isinstance(dev, dict) and isinstance(dev.get("bus_id"), str):
+            out[norm_bus_id(dev["bus_id"])] = dev.get("index")
+    return out
+
+
+def run(
+    node: str,
+    expect: dict,
+    options: Options,
+    areas: list | None = None,
+    phase: str = "check",
+    baselines: dict | None = None,
+    job_gpus: list | None = None,
+) -> Run:
+    """One full run: gather, check, verdict. Never raises for a node's state."""
+    started = time.perf_counter()
+    out = Run(node, phase)
+    areas = [a for a in AREAS if areas is None or a in areas]
+    settings = expect["settings"]
+    timeouts = {s: settings[f"timeout_{s}"] for s in SOURCES}
+    needed = {AREAS[a].SOURCE for a in areas}
+    out.sources, out.hung = gather(needed, options, timeouts, settings["deadline"])
+    gpus = _bus_map(out.sources)
+    for area in areas:
+        got = out.sources[AREAS[area].SOURCE]
+        area_expect = dict(expect[area], checks=expect["checks"])
+        before = (baselines or {}).get(area) or {}
+        ctx = Context(node, phase, area_expect, before, gpus, job_gpus, time.time())
+        if got.status != "ok":
+            out.results.extend(_source_results(area, got, area_expect))
+            continue
+        results, facts = _area_results(area, got.raw, area_expect, ctx)
+        out.results.extend(results)
+        if facts is not None:
+            out.facts[area] = facts
+            out.baselines[area] = AREAS[area].baseline(facts)
+    out.verdict = verdict(out.results, settings["error_fails"])
+    out.duration = time.perf_counter() - started
+    return out
+
+
+def snapshot(node: str, options: Options, timeouts: dict, deadline: float) -> dict:
+    """Everything the checks read on this node, as one JSON-able document."""
+    gathered, _ = gather(set(SOURCES), options, timeouts, deadline)
+    from slurmhealth import __version__  # noqa: PLC0415
+
+    doc: dict = {
+        "format": SNAPSHOT_FORMAT,
+        "node": node,
+        "taken_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "tool_version": __version__,
+        "sources": {k: v.to_dict() for k, v in gathered.items()},
+    }
+    for source in SOURCES:
+        doc[source] = gathered[source].raw
+    return doc
+

@@ -1,0 +1,215 @@
+"""GPU facts from NVML: the only module that imports pynvml.
+
+`gather()` makes one sweep per GPU and returns plain JSON-able values, the `gpu` section of a
+snapshot (docs/snapshot-format.md). A value NVML cannot give is None and the reason goes to
+the device's `errors` map ("NotSupported", "GpuIsLost", ...), so checks can tell "unsupported"
+from "broken" and a replayed snapshot gives the same verdicts as the live node.
+
+Reference: shared/reference/gpu-node-health.md §2 (calls, field ids, measured costs).
+"""
+
+from __future__ import annotations
+
+import time
+
+from slurmhealth.sources import SourceUnavailable
+
+# Field ids batched into one nvmlDeviceGetFieldValues call per GPU (reference §2.4): fields
+# served by the same driver call are fetched once, so this is the cheapest sweep.
+FIELDS = {
+    "ecc_current": 1,
+    "ecc_pending": 2,
+    "ecc_sbe_volatile": 3,
+    "ecc_dbe_volatile": 4,
+    "ecc_dbe_aggregate": 6,
+    "retired_pending": 31,
+    "nvlink_count": 91,
+    "remap_correctable": 142,
+    "remap_uncorrectable": 143,
+    "remap_pending": 144,
+    "remap_failure": 145,
+    "recovery_action": 230,
+}
+# Per-link NVLink error counters (scopeId = link); unsupported on Blackwell+ (NVML 13 header).
+LINK_FIELDS = {"replay": 161, "recovery": 162, "crc": 163}
+
+# c_nvmlFieldValue_t.valueType -> union member (reference §2.4)
+_VALUE_MEMBER = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+
+# Unavailable: the node has no usable NVML at all (no library, no driver).
+_UNAVAILABLE = {"LibraryNotFound", "DriverNotLoaded", "NoPermission", "LibRmVersionMismatch"}
+
+
+def error_name(exc: BaseException) -> str:
+    """`NVMLError_GpuIsLost` -> `GpuIsLost`; anything else -> its class name."""
+    return type(exc).__name__.replace("NVMLError_", "") or "NVMLError"
+
+
+def _text(value: object) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+class _Sweep:
+    """Calls NVML for one device, turning each failure into None plus a recorded reason."""
+
+    def __init__(self, nvml: object, handle: object, record: dict) -> None:
+        self.nvml = nvml
+        self.handle = handle
+        self.record = record
+
+    def get(self, key: str, func: str, *args: object) -> object:
+        try:
+            value = getattr(self.nvml, func)(self.handle, *args)
+        except Exception as exc:  # NVMLError subclasses; FunctionNotFound on old drivers
+            self.record["errors"][key] = error_name(exc)
+            return None
+        return value
+
+
+def _field_values(nvml: object, handle: object, ids: list) -> list:
+    """Values of one batched call; None where that entry's own nvmlReturn is not success."""
+    values = nvml.nvmlDeviceGetFieldValues(handle, ids)  # type: ignore[attr-defined]
+    out = []
+    for value in values:
+        if value.nvmlReturn != 0:
+            out.append(None)
+            continue
+        member = _VALUE_MEMBER.get(value.valueType, "ullVal")
+        out.append(getattr(value.value, member))
+    return out
+
+
+def _fields(sweep: _Sweep) -> dict:
+    try:
+        values = _field_values(sweep.nvml, sweep.handle, list(FIELDS.values()))
+    except Exception as exc:
+        sweep.record["errors"]["fields"] = error_name(exc)
+        return dict.fromkeys(FIELDS)
+    return dict(zip(FIELDS, values))
+
+
+def _nvlinks(sweep: _Sweep) -> list | None:
+    """Links 0.. until NotSupported (reference §2.2); None when the GPU has no NVLink."""
+    nvml = sweep.nvml
+    links = []
+    for link in range(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18)):
+        try:
+            state = nvml.nvmlDeviceGetNvLinkState(sweep.handle, link)  # type: ignore[attr-defined]
+        except Exception as exc:
+            if link == 0:
+                sweep.record["errors"]["nvlink"] = error_name(exc)
+            break
+        links.append({"link": link, "active": bool(state)})
+    if not links:
+        return None
+    ids = [(fid, entry["link"]) for entry in links for fid in LINK_FIELDS.values()]
+    try:
+        values = _field_values(nvml, sweep.handle, ids)
+    except Exception as exc:
+        sweep.record["errors"]["nvlink_counters"] = error_name(exc)
+        values = [None] * len(ids)
+    width = len(LINK_FIELDS)
+    for i, entry in enumerate(links):
+        entry.update(zip(LINK_FIELDS, values[i * width : (i + 1) * width]))
+    return links
+
+
+def _processes(sweep: _Sweep) -> list | None:
+    procs = sweep.get("processes", "nvmlDeviceGetComputeRunningProcesses")
+    if procs is None:
+        return None
+    return [{"pid": p.pid, "used_memory": p.usedGpuMemory} for p in procs]  # type: ignore[attr-defined]
+
+
+def _fabric(sweep: _Sweep) -> dict | None:
+    """NVSwitch fabric state (Hopper+); this binding wants a struct argument (reference §8)."""
+    nvml = sweep.nvml
+    try:
+        info = nvml.c_nvmlGpuFabricInfo_t()  # type: ignore[attr-defined]
+        nvml.nvmlDeviceGetGpuFabricInfo(sweep.handle, nvml.byref(info))  # type: ignore[attr-defined]
+    except Exception as exc:
+        sweep.record["errors"]["fabric"] = error_name(exc)
+        return None
+    return {"state": int(info.state), "status": int(info.status)}
+
+
+def _identity(sweep: _Sweep) -> None:
+    record = sweep.record
+    pci = sweep.get("bus_id", "nvmlDeviceGetPciInfo")
+    record["bus_id"] = _text(pci.busId) if pci is not None else None  # type: ignore[attr-defined]
+    for key, func in (
+        ("uuid", "nvmlDeviceGetUUID"),
+        ("name", "nvmlDeviceGetName"),
+        ("serial", "nvmlDeviceGetSerial"),
+        ("vbios", "nvmlDeviceGetVbiosVersion"),
+    ):
+        value = sweep.get(key, func)
+        record[key] = _text(value) if value is not None else None
+    record["arch"] = sweep.get("arch", "nvmlDeviceGetArchitecture")
+
+
+def _health(sweep: _Sweep) -> None:
+    record, get = sweep.record, sweep.get
+    record["persistence"] = get("persistence", "nvmlDeviceGetPersistenceMode")
+    record["fields"] = _fields(sweep)
+    record["temperature"] = get("temperature", "nvmlDeviceGetTemperature", 0)
+    record["temp_slowdown"] = get("temp_slowdown", "nvmlDeviceGetTemperatureThreshold", 1)
+    record["clock_event_reasons"] = get(
+        "clock_event_reasons", "nvmlDeviceGetCurrentClocksEventReasons"
+    )
+    record["pcie_max_gen"] = get("pcie_max_gen", "nvmlDeviceGetMaxPcieLinkGeneration")
+    record["pcie_max_width"] = get("pcie_max_width", "nvmlDeviceGetMaxPcieLinkWidth")
+    record["processes"] = _processes(sweep)
+    record["fabric"] = _fabric(sweep)
+    record["nvlink"] = _nvlinks(sweep)
+
+
+def sweep_device(nvml: object, index: int) -> dict:
+    """Everything the checks read about one GPU; a lost GPU yields its error, not an exception."""
+    record: dict = {"index": index, "error": None, "errors": {}}
+    try:
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)  # type: ignore[attr-defined]
+    except Exception as exc:
+        record["error"] = error_name(exc)
+        return record
+    sweep = _Sweep(nvml, handle, record)
+    _identity(sweep)
+    _health(sweep)
+    if any(reason in ("GpuIsLost", "Unknown") for reason in record["errors"].values()):
+        record["error"] = "GpuIsLost" if "GpuIsLost" in record["errors"].values() else "Unknown"
+    return record
+
+
+def _load() -> object:
+    try:
+        import pynvml  # noqa: PLC0415 - heavy (~28 ms): only when the live GPU source is used
+    except ImportError as exc:
+        raise SourceUnavailable("pynvml is not installed (pip install nvidia-ml-py)") from exc
+    return pynvml
+
+
+def gather() -> dict:
+    """One NVML sweep of every GPU. Raises SourceUnavailable when NVML cannot start at all."""
+    nvml = _load()
+    started = time.perf_counter()
+    try:
+        nvml.nvmlInit()  # type: ignore[attr-defined]
+    except Exception as exc:
+        name = error_name(exc)
+        if name in _UNAVAILABLE:
+            raise SourceUnavailable(f"NVML unavailable: {name}") from exc
+        raise
+    init_ms = (time.perf_counter() - started) * 1000
+    try:
+        raw = {
+            "driver_version": _text(nvml.nvmlSystemGetDriverVersion()),  # type: ignore[attr-defined]
+            "count": nvml.nvmlDeviceGetCount(),  # type: ignore[attr-defined]
+        }
+        raw["devices"] = [sweep_device(nvml, i) for i in range(raw["count"])]
+    finally:
+        nvml.nvmlShutdown()  # type: ignore[attr-defined]
+    raw["timing_ms"] = {
+        "init": round(init_ms, 3),
+        "total": round((time.perf_counter() - started) * 1000, 3),
+    }
+    return raw

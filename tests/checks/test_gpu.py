@@ -1,0 +1,137 @@
+"""GPU checks against the 8-GPU H100 HGX snapshot and its one-fault variants."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import snapshot_path
+
+from slurmhealth.checks import gpu
+from slurmhealth.checks.base import Context
+
+
+def facts(name: str) -> dict:
+    with open(snapshot_path(name)) as handle:
+        return gpu.parse(json.load(handle)["gpu"])
+
+
+def ctx(**expect) -> Context:
+    base = {k: v[0] for k, v in gpu.DEFAULTS.items()}
+    base.update(expect)
+    return Context("gpu01", "prolog", base)
+
+
+@pytest.mark.parametrize("check", gpu.CHECKS, ids=lambda fn: fn.__name__)
+def test_healthy_node_passes_every_check(check):
+    result = check(facts("healthy"), ctx(count=8))
+    assert result.status in ("ok", "skip"), result
+    assert result.action == "none"
+
+
+FAULTS = [
+    ("gpu-lost", gpu.count, "fail", "reboot", "GPU 3 GpuIsLost"),
+    ("gpu-missing", gpu.count, "fail", "reboot", "7 GPUs visible, 8 expected"),
+    ("ecc-dbe", gpu.ecc, "fail", "reset_gpu", "GPU 2 (00000000:3A:00.0) 2 uncorrectable"),
+    ("ecc-off", gpu.ecc, "fail", "drain", "GPU 5 (00000000:AB:00.0) ECC disabled"),
+    ("remap-failure", gpu.row_remap, "fail", "service", "GPU 1 (00000000:2A:00.0) row remapping failed"),
+    ("remap-pending", gpu.row_remap, "warn", "reset_gpu", "GPU 6 (00000000:BA:00.0) row remap pending"),
+    ("recovery-reset", gpu.recovery_action, "fail", "reset_gpu", "GPU 4 (00000000:9A:00.0) driver requires GPU_RESET"),
+    ("persistence-off", gpu.persistence, "fail", "drain", "persistence mode off (+7 more GPU)"),
+    ("processes-left", gpu.processes, "fail", "drain", "GPU 0 (00000000:18:00.0) has 1 compute process(es), pid 48211"),
+    ("thermal", gpu.thermal, "warn", "none", "GPU 7 (00000000:DB:00.0) at 88 C, slowdown at 87 C"),
+    ("pcie-x8", gpu.pcie, "fail", "drain", "GPU 2 (00000000:3A:00.0) PCIe width x 8 < 16"),
+    ("fabric-in-progress", gpu.fabric, "fail", "drain", "fabric IN_PROGRESS"),
+    ("vbios-drift", gpu.versions, "warn", "none", "GPU 3 (00000000:5D:00.0) VBIOS 96.00.74.00.0D"),
+]
+
+
+@pytest.mark.parametrize(("variant", "check", "status", "action", "message"), FAULTS,
+                         ids=[f[0] for f in FAULTS])
+def test_each_fault_gives_its_status_and_action(variant, check, status, action, message):
+    result = check(facts(variant), ctx(count=8))
+    assert (result.status, result.action) == (status, action), result
+    assert message in result.message
+
+
+@pytest.mark.parametrize(("variant", "check"), [(f[0], f[1]) for f in FAULTS],
+                         ids=[f[0] for f in FAULTS])
+def test_a_fault_touches_only_its_own_check(variant, check):
+    """Every other check stays ok on a one-fault variant (no double counting)."""
+    others = [c for c in gpu.CHECKS if c is not check and c is not gpu.count]
+    for other in others:
+        assert other(facts(variant), ctx(count=8)).status in ("ok", "skip"), other.__name__
+
+
+def test_thermal_names_clock_event_reasons():
+    result = gpu.thermal(facts("thermal"), ctx())
+    assert "HW slowdown" in result.message or "HW thermal slowdown" in str(result.data)
+
+
+def test_pcie_expected_generation_above_what_is_seen_fails():
+    result = gpu.pcie(facts("healthy"), ctx(pcie_gen=6))
+    assert result.status == "fail" and "gen 5 < 6" in result.message
+
+
+def test_pcie_current_width_is_never_compared():
+    f = facts("healthy")
+    for dev in f["devices"]:
+        dev["pcie_cur_width"] = 2  # idle links drop: must not matter
+    assert gpu.pcie(f, ctx()).status == "ok"
+
+
+def test_pre_ampere_pending_retirement_fails_but_hopper_ignores_the_field():
+    f = facts("healthy")
+    f["devices"][0]["fields"]["retired_pending"] = 1
+    assert gpu.row_remap(f, ctx()).status == "ok"  # Hopper: row remapping, not retirement
+    f["devices"][0]["arch"] = 5  # Volta
+    result = gpu.row_remap(f, ctx())
+    assert (result.status, result.action) == ("fail", "reset_gpu")
+
+
+def test_inventory_change_is_reported_against_the_baseline():
+    healthy = facts("healthy")
+    before = gpu.baseline(healthy)
+    before["inventory"]["3"]["uuid"] = "GPU-old"
+    result = gpu.inventory(healthy, Context(baseline=before))
+    assert result.status == "warn" and "GPU 3 uuid GPU-old ->" in result.message
+    assert gpu.inventory(healthy, Context(baseline=gpu.baseline(healthy))).status == "ok"
+
+
+def test_driver_drift_warns():
+    result = gpu.versions(facts("healthy"), ctx(driver_version="580.95.05"))
+    assert result.status == "warn" and "driver 550.90.07, expected 580.95.05" in result.message
+
+
+def test_recovery_action_reboot_wins_over_reset():
+    f = facts("healthy")
+    f["devices"][0]["fields"]["recovery_action"] = 1
+    f["devices"][1]["fields"]["recovery_action"] = 2
+    assert gpu.recovery_action(f, ctx()).action == "reboot"
+
+
+def test_no_gpus_and_none_expected_is_skip():
+    assert gpu.count(gpu.parse({"count": 0, "devices": []}), ctx()).status == "skip"
+
+
+def test_epilog_processes_only_on_the_jobs_gpus():
+    f = facts("processes-left")  # the process sits on GPU 0
+    epilog = Context("gpu01", "epilog", ctx().expect, job_gpus=[4, 5])
+    assert gpu.processes(f, epilog).status == "ok"
+    epilog.job_gpus = [0]
+    assert gpu.processes(f, epilog).status == "fail"
+
+
+def test_parse_survives_garbage():
+    for raw in (None, [], "x", {"devices": "x"}, {"devices": [None, 3, {"fields": 5}]},
+                {"count": "eight", "devices": [{"index": "0", "nvlink": "x", "fabric": []}]}):
+        parsed = gpu.parse(raw)
+        for check in gpu.CHECKS:
+            check(parsed, ctx())
+
+
+def test_expectations_of_a_known_good_node():
+    assert gpu.expectations(facts("healthy")) == {
+        "count": 8, "pcie_gen": 5, "pcie_width": 16,
+        "driver_version": "550.90.07", "vbios_version": "96.00.99.00.01",
+    }

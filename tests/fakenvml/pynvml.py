@@ -1,0 +1,200 @@
+"""A stand-in for the `pynvml` module, for tests on machines without a GPU.
+
+It serves the devices of a snapshot file named by $FAKE_NVML_SNAPSHOT through the same call
+signatures, return shapes and NVMLError_* exception names as nvidia-ml-py, so that
+slurmhealth/sources/nvml.py runs its real code path. Faults are injected with $FAKE_NVML_FAULT:
+  library_missing | driver_not_loaded   nvmlInit raises like a node without a driver
+  hang_init | hang_device:N             nvmlInit or any call on GPU N blocks for an hour
+  lost:N                                GPU N raises GpuIsLost from every call after its handle
+"""
+
+import json
+import os
+import time
+from ctypes import byref  # noqa: F401 - the real module exports it too
+
+NVML_NVLINK_MAX_LINKS = 36
+_REVERSE_FIELDS = {1: "ecc_current", 2: "ecc_pending", 3: "ecc_sbe_volatile",
+                   4: "ecc_dbe_volatile", 6: "ecc_dbe_aggregate", 31: "retired_pending",
+                   91: "nvlink_count", 142: "remap_correctable", 143: "remap_uncorrectable",
+                   144: "remap_pending", 145: "remap_failure", 230: "recovery_action"}
+_LINK_FIELDS = {161: "replay", 162: "recovery", 163: "crc"}
+
+
+class NVMLError(Exception):
+    value = 999
+
+
+def _error(name, code):
+    return type(f"NVMLError_{name}", (NVMLError,), {"value": code})
+
+
+NVMLError_NotSupported = _error("NotSupported", 3)
+NVMLError_DriverNotLoaded = _error("DriverNotLoaded", 9)
+NVMLError_LibraryNotFound = _error("LibraryNotFound", 12)
+NVMLError_GpuIsLost = _error("GpuIsLost", 15)
+NVMLError_Unknown = _error("Unknown", 999)
+
+_state = {}
+
+
+def _fault():
+    return os.environ.get("FAKE_NVML_FAULT", "")
+
+
+def nvmlInit():
+    fault = _fault()
+    if fault == "library_missing":
+        raise NVMLError_LibraryNotFound()
+    if fault == "driver_not_loaded":
+        raise NVMLError_DriverNotLoaded()
+    if fault == "hang_init":
+        time.sleep(3600)
+    with open(os.environ["FAKE_NVML_SNAPSHOT"]) as handle:
+        _state["gpu"] = json.load(handle)["gpu"]
+
+
+def nvmlShutdown():
+    _state.clear()
+
+
+def nvmlSystemGetDriverVersion():
+    return _state["gpu"]["driver_version"]
+
+
+def nvmlDeviceGetCount():
+    return _state["gpu"]["count"]
+
+
+class _Handle:
+    def __init__(self, index):
+        self.index = index
+        devices = _state["gpu"]["devices"]
+        self.dev = devices[index] if index < len(devices) else {"error": "GpuIsLost"}
+
+
+def _dev(handle, key=None):
+    fault = _fault()
+    if fault == f"hang_device:{handle.index}":
+        time.sleep(3600)
+    if fault == f"lost:{handle.index}" or handle.dev.get("error"):
+        raise NVMLError_GpuIsLost()
+    if key is None:
+        return handle.dev
+    if handle.dev.get(key) is None:
+        raise NVMLError_NotSupported()
+    return handle.dev[key]
+
+
+def nvmlDeviceGetHandleByIndex(index):
+    if index >= len(_state["gpu"]["devices"]):
+        raise NVMLError_GpuIsLost()
+    return _Handle(index)
+
+
+class _Pci:
+    def __init__(self, bus_id):
+        self.busId = bus_id.encode()
+
+
+def nvmlDeviceGetPciInfo(h):
+    return _Pci(_dev(h, "bus_id"))
+
+
+def nvmlDeviceGetUUID(h):
+    return _dev(h, "uuid")
+
+
+def nvmlDeviceGetName(h):
+    return _dev(h, "name")
+
+
+def nvmlDeviceGetSerial(h):
+    return _dev(h, "serial")
+
+
+def nvmlDeviceGetVbiosVersion(h):
+    return _dev(h, "vbios")
+
+
+def nvmlDeviceGetArchitecture(h):
+    return _dev(h, "arch")
+
+
+def nvmlDeviceGetPersistenceMode(h):
+    return _dev(h, "persistence")
+
+
+def nvmlDeviceGetTemperature(h, sensor):
+    return _dev(h, "temperature")
+
+
+def nvmlDeviceGetTemperatureThreshold(h, kind):
+    return _dev(h, "temp_slowdown")
+
+
+def nvmlDeviceGetCurrentClocksEventReasons(h):
+    return _dev(h, "clock_event_reasons")
+
+
+def nvmlDeviceGetMaxPcieLinkGeneration(h):
+    return _dev(h, "pcie_max_gen")
+
+
+def nvmlDeviceGetMaxPcieLinkWidth(h):
+    return _dev(h, "pcie_max_width")
+
+
+class _Proc:
+    def __init__(self, entry):
+        self.pid = entry["pid"]
+        self.usedGpuMemory = entry.get("used_memory")
+
+
+def nvmlDeviceGetComputeRunningProcesses(h):
+    return [_Proc(p) for p in _dev(h, "processes")]
+
+
+class c_nvmlGpuFabricInfo_t:
+    state = 0
+    status = 0
+
+
+def nvmlDeviceGetGpuFabricInfo(h, ref):
+    fabric = _dev(h, "fabric")
+    info = ref._obj
+    info.state, info.status = fabric["state"], fabric["status"]
+
+
+def nvmlDeviceGetNvLinkState(h, link):
+    links = _dev(h, "nvlink")
+    if link >= len(links):
+        raise NVMLError_NotSupported()
+    return 1 if links[link]["active"] else 0
+
+
+class _Value:
+    def __init__(self, value, value_type):
+        self.ullVal = self.uiVal = self.dVal = value
+        self.valueType = value_type
+
+
+class _Field:
+    def __init__(self, value):
+        self.nvmlReturn = 3 if value is None else 0
+        self.valueType = 3
+        self.value = _Value(value or 0, 3)
+
+
+def nvmlDeviceGetFieldValues(h, ids):
+    dev = _dev(h)
+    out = []
+    for fid in ids:
+        if isinstance(fid, tuple):
+            fid, link = fid
+            links = dev.get("nvlink") or []
+            value = links[link].get(_LINK_FIELDS[fid]) if link < len(links) else None
+        else:
+            value = (dev.get("fields") or {}).get(_REVERSE_FIELDS.get(fid))
+        out.append(_Field(value))
+    return out

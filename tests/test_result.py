@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+import pytest
+
+from slurmhealth import result
+from slurmhealth.result import Result
+
+
+def test_messages_become_one_safe_bounded_line():
+    hostile = "GPU 3\nXid 79\x1b[31m $(reboot) " + "x" * 500
+    message = Result("fail", hostile).message
+    assert "\n" not in message and "\x1b" not in message
+    assert len(message) <= result.MESSAGE_MAX and message.endswith("...")
+
+
+def test_unknown_status_or_action_is_a_programming_error():
+    with pytest.raises(ValueError):
+        Result("bad", "x")
+    with pytest.raises(ValueError):
+        Result("ok", "x", action="explode")
+
+
+def test_verdict_levels():
+    ok, warn, fail, err, skip = (Result(s, s) for s in ("ok", "warn", "fail", "error", "skip"))
+    assert result.verdict([ok, skip]) == "ok"
+    assert result.verdict([ok, warn]) == "warn"
+    assert result.verdict([warn, fail]) == "fail"
+    assert result.verdict([ok, err]) == "warn"  # our bug never drains by default
+    assert result.verdict([ok, err], error_fails=True) == "fail"
+
+
+def test_worst_action():
+    assert result.worst_action(["drain", "reboot", "reset_gpu"]) == "reboot"
+    assert result.worst_action([]) == "none"
