@@ -1,0 +1,440 @@
+"""InfiniBand checks from sysfs (the `ib` section of a snapshot, see sources/sysfs.py).
+
+Reference: shared/reference/gpu-node-health.md §3 (sysfs layout, counter widths, thresholds
+others use) and §6 (ports ACTIVE/LinkUp at the expected rate in the prolog, counter deltas in
+the epilog).
+
+Which ports are judged: the `ports` expectation when set; else every port of the present HCAs
+whose link layer is the expected one (InfiniBand by default), so a RoCE/Ethernet port is only
+judged when it is listed. The firmware check looks at the HCAs carrying those ports plus the
+expected `devices`, so an unrelated Ethernet NIC does not count as firmware drift.
+
+Counter thresholds are deltas since the previous run on this node (prolog to epilog, epilog to
+next prolog). A delta at or above `<counter>_warn` warns, at or above `<counter>_fail` fails
+(drain). Defaults, per counter:
+- symbol_error (16 bit): warn 10, fail 1000. A few symbol errors are line noise on a healthy
+  link; thousands between two runs mean a failing cable or transceiver (reference §3.2).
+- port_rcv_errors (16 bit): warn 10, fail 1000. Bad packets received, mostly the same
+  physical cause as symbol errors, so the same scale.
+- link_downed (8 bit): warn 1, fail 3. Every increment is a link flap that kills in-flight
+  traffic; gpud calls 3 flaps a flapping port (reference §3.4).
+- link_error_recovery (8 bit): warn 1, fail 10. A successful retrain stalls traffic; repeated
+  retrains mean a marginal link.
+- local_link_integrity_errors, excessive_buffer_overrun_errors (4 bit): warn 1, fail 5. Any
+  increment is a signal-integrity problem (reference §3.2); 5 is a third of the 4-bit range.
+Meta GCM warns on any error counter above 0 and goes critical above 100 (reference §3.4); the
+per-counter scale above is gentler on the noisy 16-bit counters and stricter on link flaps.
+
+Saturated counters: PMA counters stop at their maximum instead of wrapping (reference §3.2),
+so a counter at its maximum hides every new error; that warns "saturated, reset counters"
+(`perfquery -R`), even without a baseline.
+"""
+
+from __future__ import annotations
+
+from slurmhealth.checks.base import Context, summarize
+from slurmhealth.result import DRAIN, SERVICE, Result, fail, ok, skip, warn
+
+AREA = "ib"
+SOURCE = "ib"
+
+# Counter -> (width in bits, warn delta, fail delta, why). Widths from PORT_PMA_ATTR in the
+# kernel's drivers/infiniband/core/sysfs.c (reference §3.2); the defaults are argued above.
+_COUNTERS = {
+    "symbol_error": (16, 10, 1000, "a few are line noise, thousands a failing cable"),
+    "link_downed": (8, 1, 3, "each one is a link flap; 3 is a flapping port (gpud)"),
+    "link_error_recovery": (8, 1, 10, "each retrain stalls traffic; many: marginal link"),
+    "port_rcv_errors": (16, 10, 1000, "bad packets received, same scale as symbol errors"),
+    "local_link_integrity_errors": (4, 1, 5, "any is a signal-integrity problem"),
+    "excessive_buffer_overrun_errors": (4, 1, 5, "any is misconfiguration or very poor SI"),
+}
+
+
+def _threshold_defaults() -> dict:
+    """`<counter>_warn` and `<counter>_fail`: flat int keys, one line each in the sample config."""
+    out = {}
+    for name, (_width, warn_at, fail_at, why) in _COUNTERS.items():
+        out[f"{name}_warn"] = (warn_at, int, f"{name} delta since last run that warns: {why}")
+        out[f"{name}_fail"] = (fail_at, int, f"{name} delta since last run that fails (drain)")
+    return out
+
+
+DEFAULTS = {
+    "devices": (None, list, "HCAs expected present (mlx5_0, ...); unset: whatever is present"),
+    "ports": (None, list, "ports expected up, as mlx5_0:1; unset: every InfiniBand port present"),
+    "rate": (None, int, "minimum Gb/s per port (400 for NDR); unset: all ports alike"),
+    "link_layer": ("InfiniBand", str, "link layer of the expected ports (InfiniBand/Ethernet)"),
+    "fw_ver": (None, str, "golden HCA firmware; unset: all HCAs alike; drift warns"),
+    **_threshold_defaults(),
+}
+
+# ib_port_state (include/rdma/ib_verbs.h) and PortPhysicalState (drivers/infiniband/core/
+# sysfs.c phys_state_show), reference §3.1.
+_STATES = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
+_PHYS_STATES = {
+    1: "Sleep",
+    2: "Polling",
+    3: "Disabled",
+    4: "PortConfigurationTraining",
+    5: "LinkUp",
+    6: "LinkErrorRecovery",
+    7: "Phy Test",
+}
+_ACTIVE = 4
+_LINK_UP = 5
+_IDENTITY = ("fw_ver", "hca_type", "board_id", "node_guid")
+_NAME_MAX = 32  # bound on any file-derived name that can reach a message
+_DIGITS_MAX = 20  # a u64 counter has at most 20 decimal digits
+
+
+# ---------------------------------------------------------------- parse (pure, never raises)
+
+
+def _str(value: object) -> str | None:
+    return value[:_NAME_MAX].strip() if isinstance(value, str) else None
+
+
+def _dict(value: object) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _uint(text: object) -> int | None:
+    """A counter: "123" -> 123; "N/A (no PMA)", garbage, None -> None. ASCII digits only."""
+    if not isinstance(text, str):
+        return None
+    text = text.strip()
+    if not text or len(text) > _DIGITS_MAX or not (text.isascii() and text.isdigit()):
+        return None
+    return int(text)
+
+
+def parse_state(text: object, names: dict) -> tuple:
+    """State text "4: ACTIVE" -> (4, "ACTIVE"): the number decides, the name is for messages.
+
+    A bare known name ("ACTIVE") gives its number; anything else gives (None, name or None).
+    """
+    if not isinstance(text, str):
+        return (None, None)
+    head, sep, tail = text.partition(":")
+    number = _uint(head) if sep else None
+    name = (tail if sep else text).strip()[:_NAME_MAX]
+    if number is None:
+        number = next((n for n, known in names.items() if known == name), None)
+    return (number, names.get(number, name) if number is not None else (name or None))
+
+
+def parse_rate(text: object) -> tuple:
+    """Rate text -> (Gb/s, width, speed): "400 Gb/sec (4X NDR)" -> (400.0, "4X", "NDR").
+
+    The kernel prints "%d%s Gb/sec (%dX%s)" (rate_show in sysfs.c); old kernels leave the
+    speed name out for SDR ("10 Gb/sec (4X)"). Unparseable parts are None.
+    """
+    if not isinstance(text, str):
+        return (None, None, None)
+    number, _, rest = text.strip().partition(" Gb/sec")
+    gbps = _float(number)
+    inner = rest.strip()
+    if not (inner.startswith("(") and inner.endswith(")")):
+        return (gbps, None, None)
+    words = inner[1:-1].split()
+    width = _str(words[0]) if words else None
+    speed = _str(words[1]) if len(words) > 1 else None
+    return (gbps, width, speed)
+
+
+def _float(text: str) -> float | None:
+    whole, _, frac = text.strip().partition(".")
+    if not whole or len(text) > _DIGITS_MAX or not (whole + frac).isascii():
+        return None
+    if not whole.isdigit() or (frac and not frac.isdigit()):
+        return None
+    return float(text)
+
+
+def _parse_port(device: str, port: str, raw: dict) -> dict:
+    state, state_name = parse_state(raw.get("state"), _STATES)
+    phys, phys_name = parse_state(raw.get("phys_state"), _PHYS_STATES)
+    gbps, width, speed = parse_rate(raw.get("rate"))
+    counters = _dict(raw.get("counters"))
+    return {
+        "device": device,
+        "port": port,
+        "state": state,
+        "state_name": state_name,
+        "phys_state": phys,
+        "phys_name": phys_name,
+        "rate": gbps,
+        "width": width,
+        "speed": speed,
+        "link_layer": _str(raw.get("link_layer")),
+        "counters": {name: _uint(counters.get(name)) for name in _COUNTERS},
+    }
+
+
+def parse(raw: object) -> dict:
+    """Raw sysfs strings -> {"devices": {dev: identity}, "ports": {"dev:port": facts}, "errors"}.
+
+    Pure and total: any input gives facts; what cannot be parsed is None.
+    """
+    facts: dict = {"devices": {}, "ports": {}, "errors": {}}
+    raw = _dict(raw)
+    for name, device_raw in _dict(raw.get("devices")).items():
+        device = _dict(device_raw)
+        dev = str(name)[:_NAME_MAX]
+        facts["devices"][dev] = {f: _str(device.get(f)) for f in _IDENTITY}
+        for port, port_raw in _dict(device.get("ports")).items():
+            key = f"{dev}:{str(port)[:_NAME_MAX]}"
+            facts["ports"][key] = _parse_port(dev, str(port)[:_NAME_MAX], _dict(port_raw))
+    errors = _dict(raw.get("errors"))
+    facts["errors"] = {str(k)[:200]: str(v)[:_NAME_MAX] for k, v in errors.items()}
+    return facts
+
+
+# ---------------------------------------------------------------- expectations and scope
+
+
+def _expect(ctx: Context, key: str) -> object:
+    value = ctx.expect.get(key)
+    return DEFAULTS[key][0] if value is None else value
+
+
+def expected_ports(facts: dict, ctx: Context) -> list:
+    """The listed ports; else every present port whose link layer is the expected one."""
+    listed = _expect(ctx, "ports")
+    if listed is not None:
+        return [str(p) for p in listed]
+    layer = _expect(ctx, "link_layer")
+    return sorted(k for k, p in facts["ports"].items() if p["link_layer"] == layer)
+
+
+def _plural(problems: list, noun: str) -> str:
+    """First problem plus "(+N more <noun>s)": one line for a Slurm Reason."""
+    if not noun:
+        return summarize(problems)
+    return summarize(problems, f" {noun}" + ("s" if len(problems) > 2 else ""))
+
+
+def _count(n: int, noun: str) -> str:
+    """Count and noun: 1 port, 8 ports."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _verdict(fails: list, warns: list, data: dict, action: str, noun: str) -> Result | None:
+    """fail when any fail, else warn when any warn, else None (the caller says ok)."""
+    if fails:
+        return fail(_plural(fails + warns, noun), data, action)
+    if warns:
+        return warn(_plural(warns, noun), data)
+    return None
+
+
+# ---------------------------------------------------------------- checks
+
+
+def devices_present(facts: dict, ctx: Context) -> Result:
+    """Expected HCAs present: a missing HCA fell off the bus or lost its driver (service)."""
+    present = sorted(facts["devices"])
+    wanted = _expect(ctx, "devices")
+    data = {"present": present}
+    if wanted is None:
+        if not present:
+            return skip("no InfiniBand devices", data)
+        return ok(f"{_count(len(present), 'HCA')} present", data)
+    missing = [str(d) for d in wanted if str(d) not in facts["devices"]]
+    data["missing"] = missing
+    if missing:
+        return fail(_plural([f"{d} missing" for d in missing], "HCA"), data, SERVICE)
+    if not present:
+        return skip("no InfiniBand devices", data)
+    return ok(f"{_count(len(wanted), 'expected HCA')} present", data)
+
+
+def _state_problem(key: str, port: dict | None) -> tuple:
+    """(severity, text) for one port's state; severity None when ACTIVE and LinkUp."""
+    if port is None:
+        return ("fail", f"{key} absent")
+    if port["state"] is None or port["phys_state"] is None:
+        return ("warn", f"{key} state unknown")
+    if port["state"] == _ACTIVE and port["phys_state"] == _LINK_UP:
+        return (None, "")
+    return ("fail", f"{key} state {port['state_name']}, phys {port['phys_name']}")
+
+
+def port_state(facts: dict, ctx: Context) -> Result:
+    """Every expected port ACTIVE and LinkUp (Polling: no peer/cable; Disabled: port off)."""
+    keys = expected_ports(facts, ctx)
+    if not keys:
+        return skip("no InfiniBand ports")
+    fails, warns, data = [], [], {}
+    for key in keys:
+        port = facts["ports"].get(key)
+        severity, text = _state_problem(key, port)
+        if severity == "fail":
+            fails.append(text)
+        elif severity == "warn":
+            warns.append(text)
+        data[key] = {"state": port["state_name"], "phys_state": port["phys_name"]} if port else None
+    bad = _verdict(fails, warns, data, DRAIN, "port")
+    return bad or ok(f"{_count(len(keys), 'port')} ACTIVE/LinkUp", data)
+
+
+def _active_rates(facts: dict, keys: list) -> dict:
+    """Rate of each expected port that is ACTIVE and reports a rate: a down port's rate is
+    meaningless (port_state reports the port)."""
+    out = {}
+    for key in keys:
+        port = facts["ports"].get(key)
+        if port and port["state"] == _ACTIVE and port["rate"] is not None:
+            out[key] = port
+    return out
+
+
+def _rate_text(key: str, port: dict) -> str:
+    lanes = " ".join(x for x in (port["width"], port["speed"]) if x)
+    return f"{key} at {port['rate']:g} Gb/s" + (f" ({lanes})" if lanes else "")
+
+
+def port_rate(facts: dict, ctx: Context) -> Result:
+    """Active ports at least at the expected Gb/s; unset: all ports at the same rate, else warn.
+
+    A port that trained down (NDR -> HDR, 4X -> 2X) slows every collective of the job to its pace.
+    """
+    ports = _active_rates(facts, expected_ports(facts, ctx))
+    if not ports:
+        return skip("no active InfiniBand ports")
+    data = {k: p["rate"] for k, p in ports.items()}
+    wanted = _expect(ctx, "rate")
+    floor = max(data.values()) if wanted is None else wanted
+    word = "peers" if wanted is None else "expected"
+    slow = [f"{_rate_text(k, p)}, {word} {floor:g}" for k, p in ports.items() if p["rate"] < floor]
+    # Unconfigured, a slower port only warns: nobody said what this node should reach.
+    fails, warns = ([], slow) if wanted is None else (slow, [])
+    bad = _verdict(fails, warns, data, DRAIN, "port")
+    return bad or ok(f"{_count(len(ports), 'port')} at >= {floor:g} Gb/s", data)
+
+
+def link_layer(facts: dict, ctx: Context) -> Result:
+    """Expected ports on the expected link layer (a VPI port left in Ethernet mode is not IB)."""
+    keys = [k for k in expected_ports(facts, ctx) if k in facts["ports"]]
+    if not keys:
+        return skip("no InfiniBand ports")
+    wanted = _expect(ctx, "link_layer")
+    data = {k: facts["ports"][k]["link_layer"] for k in keys}
+    wrong = [f"{k} link layer {v}, expected {wanted}" for k, v in data.items() if v and v != wanted]
+    unknown = [f"{k} link layer unreadable" for k, v in data.items() if not v]
+    bad = _verdict(wrong, unknown, data, DRAIN, "port")
+    return bad or ok(f"{_count(len(keys), 'port')} {wanted}", data)
+
+
+def _fw_scope(facts: dict, ctx: Context) -> dict:
+    """HCA -> firmware for the HCAs carrying expected ports or listed in `devices`."""
+    names = {facts["ports"][k]["device"] for k in expected_ports(facts, ctx) if k in facts["ports"]}
+    names.update(str(d) for d in (_expect(ctx, "devices") or []))
+    devices = facts["devices"]
+    return {n: devices[n]["fw_ver"] for n in sorted(names) if n in devices}
+
+
+def _majority(versions: list) -> str:
+    """Most common version; a tie goes to the version of the first HCA."""
+    return max(versions, key=lambda v: (versions.count(v), -versions.index(v)))
+
+
+def firmware(facts: dict, ctx: Context) -> Result:
+    """HCA firmware equal to `fw_ver`, or uniform when unset: drift warns, naming the odd HCA."""
+    fws = _fw_scope(facts, ctx)
+    known = {n: v for n, v in fws.items() if v}
+    if not known:
+        return skip("no HCA firmware to compare", {"fw_ver": fws})
+    wanted = _expect(ctx, "fw_ver")
+    ref = wanted if wanted is not None else _majority(list(known.values()))
+    word = "expected" if wanted is not None else "others"
+    odd = [f"{n} firmware {v}, {word} {ref}" for n, v in known.items() if v != ref]
+    data = {"fw_ver": fws, "reference": ref}
+    bad = _verdict([], odd, data, DRAIN, "HCA")
+    return bad or ok(f"{_count(len(known), 'HCA')} on firmware {ref}", data)
+
+
+def _limits(ctx: Context, name: str) -> tuple:
+    return (_expect(ctx, f"{name}_warn"), _expect(ctx, f"{name}_fail"))
+
+
+def _port_counters(key: str, now: dict, before: dict, ctx: Context) -> tuple:
+    """(fails, warns, data) of one port's counters against its baseline (may be {})."""
+    fails, warns, deltas, saturated = [], [], {}, []
+    for name, value in now.items():
+        if value is None:
+            continue
+        if value >= (1 << _COUNTERS[name][0]) - 1:
+            saturated.append(name)
+            warns.append(f"{key} {name} saturated at {value}, reset counters")
+        base = before.get(name)
+        if not isinstance(base, int) or isinstance(base, bool):
+            continue
+        # Lower than the baseline: reset or reboot since, so the value is the delta since then.
+        deltas[name] = value - base if value >= base else value
+        warn_at, fail_at = _limits(ctx, name)
+        if deltas[name] >= fail_at:
+            fails.append(f"{key} {name} +{deltas[name]} (fail at {fail_at})")
+        elif deltas[name] >= warn_at:
+            warns.append(f"{key} {name} +{deltas[name]} (warn at {warn_at})")
+    unreadable = sorted(n for n, v in now.items() if v is None)
+    data = {"delta": deltas, "unreadable": unreadable, "saturated": saturated}
+    return fails, warns, data
+
+
+def counters(facts: dict, ctx: Context) -> Result:
+    """Error-counter deltas since the last run (flaps, symbol errors) and saturated counters."""
+    keys = [k for k in expected_ports(facts, ctx) if k in facts["ports"]]
+    if not keys:
+        return skip("no InfiniBand ports")
+    previous = _dict(_dict(ctx.baseline).get("counters"))
+    fails, warns, data, fresh = [], [], {}, 0
+    for key in keys:
+        before = previous.get(key)
+        if not isinstance(before, dict):
+            fresh += 1
+        now = facts["ports"][key]["counters"]
+        f, w, data[key] = _port_counters(key, now, _dict(before), ctx)
+        data[key]["baseline"] = isinstance(before, dict)
+        fails += f
+        warns += w
+    bad = _verdict(fails, warns, data, DRAIN, "")
+    if bad:
+        return bad
+    if fresh == len(keys):
+        return ok("baseline recorded", data)
+    note = f", baseline recorded for {fresh}" if fresh else ""
+    judged = _count(len(keys) - fresh, "port")
+    return ok(f"no counter errors on {judged} since last run{note}", data)
+
+
+CHECKS = (devices_present, port_state, port_rate, link_layer, firmware, counters)
+
+
+# ---------------------------------------------------------------- memory and genconf
+
+
+def baseline(facts: dict) -> dict:
+    """Readable counters of every port, for the next run's deltas."""
+    out = {}
+    for key, port in facts["ports"].items():
+        out[key] = {n: v for n, v in port["counters"].items() if v is not None}
+    return {"counters": out}
+
+
+def expectations(facts: dict) -> dict:
+    """What this (known-good) node implies: its HCAs, its active ports, their lowest rate, the
+    link layer and the firmware when uniform."""
+    active = {k: p for k, p in facts["ports"].items() if p["state"] == _ACTIVE}
+    layers = sorted({p["link_layer"] for p in active.values() if p["link_layer"]})
+    # A RoCE-only node expects Ethernet; any InfiniBand port makes it an InfiniBand node.
+    layer = "InfiniBand" if "InfiniBand" in layers or not layers else layers[0]
+    ports = {k: p for k, p in active.items() if p["link_layer"] == layer}
+    out: dict = {"devices": sorted(facts["devices"]), "ports": sorted(ports), "link_layer": layer}
+    rates = [p["rate"] for p in ports.values() if p["rate"] is not None]
+    if rates:
+        out["rate"] = int(min(rates))
+    fws = {facts["devices"][p["device"]]["fw_ver"] for p in ports.values()}
+    if len(fws) == 1 and None not in fws:
+        out["fw_ver"] = fws.pop()
+    return out

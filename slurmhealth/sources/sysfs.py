@@ -1,0 +1,103 @@
+"""InfiniBand facts from sysfs: `ROOT/class/infiniband/<dev>/` (reference §3.1).
+
+`gather(root)` returns the raw file contents (trailing newline stripped) as plain strings, the
+`ib` section of a snapshot, so a replayed snapshot gives the same verdicts as the live node:
+
+    {"devices": {"mlx5_0": {"fw_ver": "28.39.1002", "hca_type": "MT4129", "board_id": "...",
+                            "node_guid": "b83f:d203:00a1:2b3c",
+                            "ports": {"1": {"state": "4: ACTIVE", "phys_state": "5: LinkUp",
+                                            "rate": "400 Gb/sec (4X NDR)",
+                                            "link_layer": "InfiniBand",
+                                            "counters": {"symbol_error": "0", ...}}}}},
+     "errors": {"mlx5_0:1/counters/link_downed": "EINVAL"}}
+
+A file that cannot be read is None and the reason (errno name) goes to "errors", which is only
+present when something failed. Bytes that are not UTF-8 are decoded with replacement characters
+and noted as "non-UTF-8". Nothing here raises on a broken tree. No class/infiniband directory
+means no InfiniBand on the node: {"devices": {}}.
+
+Only the files the ib checks use are read: every PMA counter read is a MAD round trip to the
+HCA firmware, and hw_counters are not needed here.
+"""
+
+from __future__ import annotations
+
+import os
+
+DEVICE_FILES = ("fw_ver", "hca_type", "board_id", "node_guid")
+PORT_FILES = ("state", "phys_state", "rate", "link_layer")
+# The error counters the ib checks judge (reference §3.2).
+COUNTERS = (
+    "symbol_error",
+    "link_downed",
+    "link_error_recovery",
+    "port_rcv_errors",
+    "local_link_integrity_errors",
+    "excessive_buffer_overrun_errors",
+)
+# A sysfs attribute is at most one page; read no more than that from a file.
+_READ_MAX = 4096
+
+
+def _reason(exc: OSError) -> str:
+    """`OSError(EINVAL)` -> "EINVAL"; errno is imported only on this (rare) path."""
+    import errno  # noqa: PLC0415  (hot path: only failures pay for it)
+
+    return errno.errorcode.get(exc.errno or 0, type(exc).__name__)
+
+
+def _read(path: str, key: str, errors: dict) -> str | None:
+    """One sysfs file as text without its trailing newline; None plus a reason on failure."""
+    try:
+        with open(path, "rb", buffering=0) as f:
+            data = f.read(_READ_MAX)
+    except OSError as exc:
+        errors[key] = _reason(exc)
+        return None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = data.decode("utf-8", "replace")
+        errors[key] = "non-UTF-8"
+    return text.rstrip("\n")
+
+
+def _listdir(path: str, key: str, errors: dict) -> list:
+    """Sorted entries of a directory, or [] plus a reason when it cannot be listed."""
+    try:
+        return sorted(os.listdir(path))
+    except OSError as exc:
+        errors[key] = _reason(exc)
+        return []
+
+
+def _port(path: str, key: str, errors: dict) -> dict:
+    """state, phys_state, rate, link_layer and the judged counters of one port."""
+    port = {name: _read(f"{path}/{name}", f"{key}/{name}", errors) for name in PORT_FILES}
+    port["counters"] = {
+        name: _read(f"{path}/counters/{name}", f"{key}/counters/{name}", errors)
+        for name in COUNTERS
+    }
+    return port
+
+
+def _device(path: str, name: str, errors: dict) -> dict:
+    """Identity files of one HCA plus its ports ("1", "2", ...)."""
+    device = {f: _read(f"{path}/{f}", f"{name}/{f}", errors) for f in DEVICE_FILES}
+    ports = _listdir(f"{path}/ports", f"{name}/ports", errors)
+    device["ports"] = {p: _port(f"{path}/ports/{p}", f"{name}:{p}", errors) for p in ports}
+    return device
+
+
+def gather(root: str = "/sys") -> dict:
+    """Read every HCA under `root/class/infiniband`; never raises on a broken tree."""
+    base = os.path.join(root, "class", "infiniband")
+    if not os.path.isdir(base):
+        return {"devices": {}}
+    errors: dict = {}
+    names = _listdir(base, "class/infiniband", errors)
+    devices = {name: _device(f"{base}/{name}", name, errors) for name in names}
+    out: dict = {"devices": devices}
+    if errors:
+        out["errors"] = errors
+    return out

@@ -1,0 +1,554 @@
+"""checks/ib.py: parse is total, each fault scenario gives its status and action."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slurmhealth import result
+from slurmhealth.checks import ib
+from slurmhealth.checks.base import Context
+from slurmhealth.sources.sysfs import COUNTERS, gather
+
+FIXTURES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "sysfs")
+EIGHT = [f"mlx5_{i}" for i in range(8)]
+EIGHT_PORTS = [f"{d}:1" for d in EIGHT]
+
+
+def raw_of(scenario: str) -> dict:
+    return gather(os.path.join(FIXTURES, scenario))
+
+
+def facts_of(scenario: str) -> dict:
+    return ib.parse(raw_of(scenario))
+
+
+def run(check, facts: dict, baseline: dict | None = None, **expect) -> result.Result:
+    res = check(facts, Context(expect=expect, baseline=baseline))
+    assert isinstance(res, result.Result)
+    return res
+
+
+def assert_result(res, status: str, action: str = result.NONE, message: str | None = None):
+    assert (res.status, res.action) == (status, action), res
+    if message is not None:
+        assert res.message == message
+
+
+# ---------------------------------------------------------------- parse
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("4: ACTIVE", (4, "ACTIVE")),
+        ("1: DOWN", (1, "DOWN")),
+        ("5: ACTIVE_DEFER", (5, "ACTIVE_DEFER")),
+        ("ACTIVE", (4, "ACTIVE")),
+        ("  2: INIT  ", (2, "INIT")),
+        ("9: <unknown>", (9, "<unknown>")),
+        ("garbage", (None, "garbage")),
+        ("", (None, None)),
+        (None, (None, None)),
+        (4, (None, None)),
+    ],
+)
+def test_parse_state(text, expected):
+    assert ib.parse_state(text, ib._STATES) == expected
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("5: LinkUp", (5, "LinkUp")),
+        ("2: Polling", (2, "Polling")),
+        ("3: Disabled", (3, "Disabled")),
+        ("7: Phy Test", (7, "Phy Test")),
+    ],
+)
+def test_parse_phys_state(text, expected):
+    assert ib.parse_state(text, ib._PHYS_STATES) == expected
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("400 Gb/sec (4X NDR)", (400.0, "4X", "NDR")),
+        ("200 Gb/sec (4X HDR)", (200.0, "4X", "HDR")),
+        ("100 Gb/sec (2X HDR)", (100.0, "2X", "HDR")),
+        ("2.5 Gb/sec (1X SDR)", (2.5, "1X", "SDR")),
+        ("53.125 Gb/sec (1X PAM4)", (53.125, "1X", "PAM4")),
+        ("800 Gb/sec (4X XDR)", (800.0, "4X", "XDR")),
+        ("10 Gb/sec (4X)", (10.0, "4X", None)),  # old kernels: no name for SDR
+        ("400 Gb/sec", (400.0, None, None)),
+        ("fast", (None, None, None)),
+        ("-400 Gb/sec (4X NDR)", (None, "4X", "NDR")),
+        ("1.2.3 Gb/sec (4X NDR)", (None, "4X", "NDR")),
+        ("9" * 400 + " Gb/sec (4X NDR)", (None, "4X", "NDR")),
+        ("", (None, None, None)),
+        (None, (None, None, None)),
+    ],
+)
+def test_parse_rate(text, expected):
+    assert ib.parse_rate(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("0", 0),
+        ("123", 123),
+        ("18446744073709551615", 2**64 - 1),
+        (" 7 ", 7),
+        ("N/A (no PMA)", None),
+        (None, None),
+        ("", None),
+        ("-1", None),
+        ("1e3", None),
+        ("\u0663", None),  # ARABIC-INDIC DIGIT THREE: int() would take it, sysfs never writes it
+        ("1" * 5000, None),  # int() of this raises on 3.11+ (digit limit)
+    ],
+)
+def test_parse_counter(text, expected):
+    raw = {"devices": {"mlx5_0": {"ports": {"1": {"counters": {"link_downed": text}}}}}}
+    assert ib.parse(raw)["ports"]["mlx5_0:1"]["counters"]["link_downed"] == expected
+
+
+def test_parse_healthy_fixture():
+    facts = facts_of("healthy-8x-ndr")
+    assert sorted(facts["devices"]) == EIGHT
+    assert sorted(facts["ports"]) == EIGHT_PORTS
+    port = facts["ports"]["mlx5_0:1"]
+    assert port["device"] == "mlx5_0"
+    assert (port["state"], port["state_name"]) == (4, "ACTIVE")
+    assert (port["phys_state"], port["phys_name"]) == (5, "LinkUp")
+    assert (port["rate"], port["width"], port["speed"]) == (400.0, "4X", "NDR")
+    assert port["link_layer"] == "InfiniBand"
+    assert port["counters"]["link_downed"] == 1
+    assert set(port["counters"]) == set(COUNTERS)
+    assert facts["devices"]["mlx5_0"]["fw_ver"] == "28.39.1002"
+
+
+def test_parse_unreadable_counter_is_none():
+    facts = facts_of("counters-na")
+    assert set(facts["ports"]["mlx5_1:1"]["counters"].values()) == {None}
+    assert facts["ports"]["mlx5_0:1"]["counters"]["symbol_error"] is None
+    assert facts["ports"]["mlx5_0:1"]["counters"]["port_rcv_errors"] == 0
+
+
+@pytest.mark.parametrize("raw", [None, [], "x", 3, {"devices": []}, {"devices": {"a": None}}])
+def test_parse_wrong_shapes(raw):
+    facts = ib.parse(raw)
+    assert set(facts) == {"devices", "ports", "errors"}
+    for check in ib.CHECKS:
+        run(check, facts)
+
+
+TEXT = st.one_of(st.none(), st.text(max_size=40))
+JUNK = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text()),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+PORT = st.fixed_dictionaries(
+    {name: TEXT for name in ("state", "phys_state", "rate", "link_layer")},
+    optional={"counters": st.dictionaries(st.sampled_from(COUNTERS), TEXT)},
+)
+DEVICE = st.fixed_dictionaries(
+    {name: TEXT for name in ib._IDENTITY},
+    optional={"ports": st.dictionaries(st.text(max_size=3), PORT, max_size=3)},
+)
+RAW = st.fixed_dictionaries(
+    {"devices": st.dictionaries(st.text(max_size=8), DEVICE, max_size=4)},
+    optional={"errors": st.dictionaries(st.text(), st.text())},
+)
+BASELINE = st.one_of(JUNK, st.builds(lambda raw: ib.baseline(ib.parse(raw)), RAW))
+
+
+@settings(max_examples=300, deadline=None)
+@given(raw=st.one_of(RAW, JUNK), before=BASELINE)
+def test_parse_and_checks_never_raise(raw, before):
+    """Any text in any file: parse, every check, baseline and expectations still answer."""
+    facts = ib.parse(raw)
+    before = before if isinstance(before, dict) else {}
+    for check in ib.CHECKS:
+        res = run(check, facts, baseline=before)
+        assert "\n" not in res.message and len(res.message) <= result.MESSAGE_MAX
+    genconf = ib.expectations(facts)
+    for check in ib.CHECKS:
+        run(check, facts, baseline=before, **genconf)
+    assert set(ib.baseline(facts)) == {"counters"}
+
+
+# ---------------------------------------------------------------- contract
+
+
+def test_module_contract():
+    assert (ib.AREA, ib.SOURCE) == ("ib", "ib")
+    for key, (default, kind, why) in ib.DEFAULTS.items():
+        assert kind in (list, int, str, bool), key
+        assert default is None or isinstance(default, kind), key
+        assert why and "\n" not in why, key
+    for name in COUNTERS:
+        assert ib.DEFAULTS[f"{name}_warn"][0] <= ib.DEFAULTS[f"{name}_fail"][0]
+    for check in ib.CHECKS:
+        assert check.__doc__, check.__name__
+    assert [c.__name__ for c in ib.CHECKS] == [
+        "devices_present",
+        "port_state",
+        "port_rate",
+        "link_layer",
+        "firmware",
+        "counters",
+    ]
+
+
+# ---------------------------------------------------------------- scenarios
+
+
+def test_healthy_all_ok_without_expectations():
+    facts = facts_of("healthy-8x-ndr")
+    for check in ib.CHECKS:
+        assert_result(run(check, facts), result.OK)
+
+
+def test_healthy_all_ok_with_genconf_expectations():
+    facts = facts_of("healthy-8x-ndr")
+    expect = ib.expectations(facts)
+    assert expect == {
+        "devices": EIGHT,
+        "ports": EIGHT_PORTS,
+        "link_layer": "InfiniBand",
+        "rate": 400,
+        "fw_ver": "28.39.1002",
+    }
+    before = ib.baseline(facts)
+    for check in ib.CHECKS:
+        assert_result(run(check, facts, before, **expect), result.OK)
+    assert run(ib.port_state, facts, **expect).message == "8 ports ACTIVE/LinkUp"
+
+
+def test_no_infiniband_skips(tmp_path):
+    facts = ib.parse(gather(str(tmp_path)))
+    for check in ib.CHECKS:
+        assert_result(run(check, facts), result.SKIP)
+    assert run(ib.devices_present, facts).message == "no InfiniBand devices"
+
+
+def test_no_infiniband_but_expected_fails(tmp_path):
+    facts = ib.parse(gather(str(tmp_path)))
+    res = run(ib.devices_present, facts, devices=["mlx5_0", "mlx5_1"])
+    assert_result(res, result.FAIL, result.SERVICE, "mlx5_0 missing (+1 more HCA)")
+    res = run(ib.port_state, facts, ports=["mlx5_0:1"])
+    assert_result(res, result.FAIL, result.DRAIN, "mlx5_0:1 absent")
+
+
+def test_missing_hca():
+    facts = facts_of("missing-hca")
+    res = run(ib.devices_present, facts, devices=EIGHT)
+    assert_result(res, result.FAIL, result.SERVICE, "mlx5_7 missing")
+    assert res.data["missing"] == ["mlx5_7"]
+    res = run(ib.port_state, facts, ports=EIGHT_PORTS)
+    assert_result(res, result.FAIL, result.DRAIN, "mlx5_7:1 absent")
+    # Nothing expected: seven present HCAs are all there is.
+    assert_result(run(ib.devices_present, facts), result.OK, message="7 HCAs present")
+
+
+def test_port_down_disabled():
+    facts = facts_of("port-down")
+    res = run(ib.port_state, facts)
+    assert_result(res, result.FAIL, result.DRAIN, "mlx5_1:1 state DOWN, phys Disabled")
+    assert res.data["mlx5_1:1"] == {"state": "DOWN", "phys_state": "Disabled"}
+    # A down port's rate means nothing: port_rate judges only the active one.
+    assert_result(run(ib.port_rate, facts, rate=400), result.OK, message="1 port at >= 400 Gb/s")
+
+
+def test_polling_names_first_and_counts_more():
+    res = run(ib.port_state, facts_of("polling"))
+    assert_result(
+        res, result.FAIL, result.DRAIN, "mlx5_1:1 state DOWN, phys Polling (+1 more port)"
+    )
+
+
+def test_port_state_counts_ports_in_plural():
+    facts = facts_of("healthy-8x-ndr")
+    for key in ("mlx5_2:1", "mlx5_5:1", "mlx5_6:1"):
+        facts["ports"][key]["state"], facts["ports"][key]["state_name"] = 2, "INIT"
+    res = run(ib.port_state, facts)
+    assert res.message == "mlx5_2:1 state INIT, phys LinkUp (+2 more ports)"
+
+
+def test_active_but_link_error_recovery_fails():
+    facts = facts_of("healthy-8x-ndr")
+    facts["ports"]["mlx5_4:1"].update(phys_state=6, phys_name="LinkErrorRecovery")
+    res = run(ib.port_state, facts)
+    assert_result(res, result.FAIL, result.DRAIN, "mlx5_4:1 state ACTIVE, phys LinkErrorRecovery")
+
+
+def test_unreadable_state_warns_not_fails():
+    raw = raw_of("healthy-8x-ndr")
+    raw["devices"]["mlx5_0"]["ports"]["1"]["state"] = None
+    res = run(ib.port_state, ib.parse(raw))
+    assert_result(res, result.WARN, result.NONE, "mlx5_0:1 state unknown")
+
+
+def test_rate_below_expected_fails():
+    res = run(ib.port_rate, facts_of("rate-200"), rate=400)
+    assert_result(res, result.FAIL, result.DRAIN, "mlx5_1:1 at 200 Gb/s (4X HDR), expected 400")
+    assert res.data == {"mlx5_0:1": 400.0, "mlx5_1:1": 200.0}
+
+
+def test_rate_unset_uneven_warns():
+    res = run(ib.port_rate, facts_of("rate-200"))
+    assert_result(res, result.WARN, result.NONE, "mlx5_1:1 at 200 Gb/s (4X HDR), peers 400")
+
+
+def test_rate_met_and_exceeded_is_ok():
+    facts = facts_of("rate-200")
+    assert_result(run(ib.port_rate, facts, rate=200), result.OK)
+    assert_result(run(ib.port_rate, facts_of("healthy-8x-ndr"), rate=200), result.OK)
+
+
+def test_ethernet_port_where_infiniband_expected():
+    facts = facts_of("ethernet")
+    res = run(ib.link_layer, facts, ports=["mlx5_0:1", "mlx5_1:1"])
+    assert_result(
+        res, result.FAIL, result.DRAIN, "mlx5_1:1 link layer Ethernet, expected InfiniBand"
+    )
+
+
+def test_ethernet_port_unlisted_is_not_judged():
+    facts = facts_of("ethernet")
+    assert ib.expected_ports(facts, Context()) == ["mlx5_0:1"]
+    assert_result(run(ib.link_layer, facts), result.OK, message="1 port InfiniBand")
+    assert_result(run(ib.port_state, facts), result.OK, message="1 port ACTIVE/LinkUp")
+    # RoCE cluster: the expected link layer picks the Ethernet port instead.
+    assert ib.expected_ports(facts, Context(expect={"link_layer": "Ethernet"})) == ["mlx5_1:1"]
+
+
+def test_firmware_drift_names_odd_hca():
+    res = run(ib.firmware, facts_of("fw-drift"))
+    assert_result(res, result.WARN, result.NONE, "mlx5_2 firmware 28.36.1010, others 28.39.1002")
+
+
+def test_firmware_against_golden():
+    facts = facts_of("fw-drift")
+    res = run(ib.firmware, facts, fw_ver="28.39.1002")
+    assert res.message == "mlx5_2 firmware 28.36.1010, expected 28.39.1002"
+    res = run(ib.firmware, facts, fw_ver="28.40.1000")
+    assert_result(res, result.WARN)
+    assert res.message == "mlx5_0 firmware 28.39.1002, expected 28.40.1000 (+2 more HCAs)"
+    assert_result(run(ib.firmware, facts_of("healthy-8x-ndr"), fw_ver="28.39.1002"), result.OK)
+
+
+def test_firmware_ignores_unjudged_ethernet_nic():
+    raw = raw_of("ethernet")
+    raw["devices"]["mlx5_1"]["fw_ver"] = "22.41.1000"  # a ConnectX-6 Dx storage NIC
+    assert_result(run(ib.firmware, ib.parse(raw)), result.OK)
+
+
+def test_genconf_on_ethernet_node_lists_only_ib_ports():
+    expect = ib.expectations(facts_of("ethernet"))
+    assert expect["ports"] == ["mlx5_0:1"]
+    assert expect["devices"] == ["mlx5_0", "mlx5_1"]
+    assert expect["link_layer"] == "InfiniBand"
+
+
+def test_genconf_on_roce_only_node():
+    raw = raw_of("ethernet")
+    raw["devices"]["mlx5_0"]["ports"]["1"]["link_layer"] = "Ethernet"
+    expect = ib.expectations(ib.parse(raw))
+    assert (expect["link_layer"], expect["ports"]) == ("Ethernet", ["mlx5_0:1", "mlx5_1:1"])
+
+
+def test_genconf_leaves_out_down_ports_and_mixed_firmware():
+    expect = ib.expectations(facts_of("port-down"))
+    assert expect["ports"] == ["mlx5_0:1"]
+    assert "fw_ver" not in ib.expectations(facts_of("fw-drift"))
+    assert ib.expectations(facts_of("rate-200"))["rate"] == 200
+
+
+def test_genconf_from_healthy_catches_each_fault():
+    expect = ib.expectations(facts_of("healthy-8x-ndr"))
+    cases = {
+        "missing-hca": ib.devices_present,
+        "port-down": ib.port_state,
+        "polling": ib.port_state,
+        "rate-200": ib.port_rate,
+        "ethernet": ib.link_layer,
+    }
+    for scenario, check in cases.items():
+        facts = facts_of(scenario)
+        mine = dict(expect)
+        if scenario != "missing-hca":  # smaller trees: expect only their own HCAs
+            mine["devices"] = sorted(facts["devices"])
+            mine["ports"] = [f"{d}:1" for d in mine["devices"]]
+        assert run(check, facts, **mine).status == result.FAIL, scenario
+    assert run(ib.firmware, facts_of("fw-drift"), **expect).status == result.WARN
+
+
+# ---------------------------------------------------------------- counters
+
+
+def with_counters(facts: dict, port: str, **values) -> dict:
+    out = copy.deepcopy(facts)
+    out["ports"][port]["counters"].update(values)
+    return out
+
+
+@pytest.fixture
+def healthy():
+    return facts_of("healthy-8x-ndr")
+
+
+def test_counters_first_run_records_baseline(healthy):
+    assert_result(run(ib.counters, healthy), result.OK, message="baseline recorded")
+
+
+def test_counters_no_change_ok(healthy):
+    res = run(ib.counters, healthy, ib.baseline(healthy))
+    assert_result(res, result.OK, message="no counter errors on 8 ports since last run")
+
+
+def test_counters_partial_baseline(healthy):
+    before = ib.baseline(healthy)
+    del before["counters"]["mlx5_7:1"]
+    res = run(ib.counters, healthy, before)
+    assert res.message == "no counter errors on 7 ports since last run, baseline recorded for 1"
+    assert res.data["mlx5_7:1"]["baseline"] is False
+
+
+@pytest.mark.parametrize(
+    "name,delta,status",
+    [
+        ("link_downed", 1, result.WARN),
+        ("link_downed", 2, result.WARN),
+        ("link_downed", 3, result.FAIL),
+        ("link_error_recovery", 1, result.WARN),
+        ("link_error_recovery", 10, result.FAIL),
+        ("symbol_error", 9, result.OK),
+        ("symbol_error", 10, result.WARN),
+        ("symbol_error", 1000, result.FAIL),
+        ("port_rcv_errors", 10, result.WARN),
+        ("port_rcv_errors", 1000, result.FAIL),
+        ("local_link_integrity_errors", 1, result.WARN),
+        ("local_link_integrity_errors", 5, result.FAIL),
+        ("excessive_buffer_overrun_errors", 1, result.WARN),
+        ("excessive_buffer_overrun_errors", 5, result.FAIL),
+    ],
+)
+def test_counter_delta_thresholds(healthy, name, delta, status):
+    before = ib.baseline(healthy)
+    value = before["counters"]["mlx5_3:1"][name] + delta
+    res = run(ib.counters, with_counters(healthy, "mlx5_3:1", **{name: value}), before)
+    action = result.DRAIN if status == result.FAIL else result.NONE
+    assert_result(res, status, action)
+    assert res.data["mlx5_3:1"]["delta"][name] == delta
+    if status != result.OK:
+        assert res.message.startswith(f"mlx5_3:1 {name} +{delta} (")
+
+
+def test_counter_message_names_threshold(healthy):
+    before = ib.baseline(healthy)
+    res = run(ib.counters, with_counters(healthy, "mlx5_1:1", link_downed=4), before)
+    assert res.message == "mlx5_1:1 link_downed +3 (fail at 3)"
+
+
+def test_counter_thresholds_configurable(healthy):
+    before = ib.baseline(healthy)
+    facts = with_counters(healthy, "mlx5_1:1", link_downed=2)
+    assert run(ib.counters, facts, before).status == result.WARN
+    assert run(ib.counters, facts, before, link_downed_fail=1).status == result.FAIL
+    assert run(ib.counters, facts, before, link_downed_warn=5, link_downed_fail=9).status == "ok"
+
+
+def test_counter_reset_counts_new_value_as_delta(healthy):
+    before = ib.baseline(healthy)
+    before["counters"]["mlx5_0:1"]["symbol_error"] = 5000  # before a reboot or perfquery -R
+    facts = with_counters(healthy, "mlx5_0:1", symbol_error=12)
+    res = run(ib.counters, facts, before)
+    assert res.data["mlx5_0:1"]["delta"]["symbol_error"] == 12
+    assert_result(res, result.WARN, result.NONE, "mlx5_0:1 symbol_error +12 (warn at 10)")
+
+
+def test_counter_fail_listed_before_warn(healthy):
+    before = ib.baseline(healthy)
+    facts = with_counters(healthy, "mlx5_0:1", symbol_error=20)
+    facts = with_counters(facts, "mlx5_6:1", link_downed=6)  # fixture: 1
+    res = run(ib.counters, facts, before)
+    assert_result(res, result.FAIL, result.DRAIN, "mlx5_6:1 link_downed +5 (fail at 3) (+1 more)")
+
+
+@pytest.mark.parametrize(
+    "name,top",
+    [
+        ("link_downed", 255),
+        ("link_error_recovery", 255),
+        ("local_link_integrity_errors", 15),
+        ("excessive_buffer_overrun_errors", 15),
+        ("symbol_error", 65535),
+        ("port_rcv_errors", 65535),
+    ],
+)
+def test_saturated_counter_warns_even_without_baseline(healthy, name, top):
+    facts = with_counters(healthy, "mlx5_2:1", **{name: top})
+    res = run(ib.counters, facts)
+    assert_result(
+        res, result.WARN, result.NONE, f"mlx5_2:1 {name} saturated at {top}, reset counters"
+    )
+    assert res.data["mlx5_2:1"]["saturated"] == [name]
+    # One below the top is just a number.
+    assert run(ib.counters, with_counters(healthy, "mlx5_2:1", **{name: top - 1})).status == "ok"
+
+
+def test_saturated_and_unchanged_still_warns(healthy):
+    facts = with_counters(healthy, "mlx5_2:1", link_downed=255)
+    res = run(ib.counters, facts, ib.baseline(facts))
+    assert_result(res, result.WARN)
+    assert "saturated" in res.message
+
+
+def test_unreadable_counters_are_skipped_not_failed():
+    facts = facts_of("counters-na")
+    before = {"counters": {"mlx5_0:1": {"link_downed": 0, "symbol_error": 0, "port_rcv_errors": 0}}}
+    before["counters"]["mlx5_1:1"] = {name: 0 for name in COUNTERS}
+    res = run(ib.counters, facts, before)
+    assert_result(res, result.OK)
+    assert res.data["mlx5_1:1"]["unreadable"] == sorted(COUNTERS)
+    assert res.data["mlx5_1:1"]["delta"] == {}
+    assert res.data["mlx5_0:1"]["unreadable"] == ["link_downed", "symbol_error"]
+    assert res.data["mlx5_0:1"]["delta"] == {"port_rcv_errors": 0}
+
+
+def test_baseline_keeps_only_readable_counters():
+    before = ib.baseline(facts_of("counters-na"))
+    assert before["counters"]["mlx5_1:1"] == {}
+    assert before["counters"]["mlx5_0:1"] == {
+        "link_error_recovery": 0,
+        "port_rcv_errors": 0,
+        "local_link_integrity_errors": 0,
+        "excessive_buffer_overrun_errors": 0,
+    }
+
+
+def test_corrupt_baseline_is_no_baseline(healthy):
+    before = {"counters": {"mlx5_0:1": {"link_downed": "7", "symbol_error": True}, "mlx5_1:1": 3}}
+    res = run(ib.counters, healthy, before)
+    assert_result(res, result.OK)
+    assert res.data["mlx5_0:1"]["delta"] == {}
+    assert res.data["mlx5_1:1"]["baseline"] is False
+
+
+def test_hostile_text_stays_one_bounded_line():
+    raw = raw_of("port-down")
+    raw["devices"]["mlx5_1"]["ports"]["1"]["phys_state"] = "9: \x1b[31mEVIL\nreboot now" + "x" * 500
+    res = run(ib.port_state, ib.parse(raw))
+    assert res.status == result.FAIL
+    assert "\n" not in res.message and "\x1b" not in res.message
+    assert len(res.message) < 80
