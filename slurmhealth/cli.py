@@ -135,18 +135,6 @@ def show(path: str | None, node: str | None) -> None:
     click.echo(json.dumps({"node": name, **effective}, indent=1, sort_keys=True))
 
 
-def _toml_value(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, str):
-        return json.dumps(value)
-    return str(value)
-
-
 def genconf_text(node: str, expectations: dict) -> str:
     lines = [
         f"# Written by `slurmhealth config genconf` on {node}: the expectations of a",
@@ -157,8 +145,18 @@ def genconf_text(node: str, expectations: dict) -> str:
     ]
     for area, values in expectations.items():
         for key, value in values.items():
-            lines.append(f"{area}.{key} = {_toml_value(value)}")
+            lines.append(f"{area}.{key} = {config.toml_value(value)}")
     return "\n".join(lines) + "\n"
+
+
+@config_group.command()
+def example() -> None:
+    """Print the annotated example config: every key and every check, with its default and why.
+
+    Example:
+        slurmhealth config example > /etc/slurmhealth/slurmhealth.toml
+    """
+    click.echo(config.example_text(), nl=False)
 
 
 @config_group.command()

@@ -16,6 +16,7 @@ is read.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -192,6 +193,50 @@ def parse(text: str, where: str = "<config>") -> dict:
     if errors:
         raise ConfigError("\n".join(errors))
     return data
+
+
+def toml_value(value: object) -> str:
+    """A Python value as TOML (the few types expectations use)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, str):
+        return json.dumps(value)
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def _example_section(name: str, schema: dict) -> list[str]:
+    lines = [f"[{name}]"]
+    for key, (default, kind, why) in schema.items():
+        lines.append(f"# {why} ({kind.__name__})")
+        shown = f"{key} = {toml_value(default)}" if default is not None else f"{key} = ..."
+        lines.append(f"# {shown}")
+    return [*lines, ""]
+
+
+def example_text() -> str:
+    """The annotated example config: the catalogue of every setting and check, all commented."""
+    from slurmhealth.checks import describe  # noqa: PLC0415
+
+    lines = [
+        "# slurmhealth expectations: /etc/slurmhealth/slurmhealth.toml",
+        "# Every key is shown commented with its built-in default; unset keys expect nothing",
+        "# that the node does not report. `slurmhealth config genconf` writes the values of a",
+        "# known-good node; `slurmhealth config validate` checks this file.",
+        "",
+        *_example_section("settings", SETTINGS),
+    ]
+    for name, module in AREAS.items():
+        lines.extend(_example_section(name, module.DEFAULTS))
+    lines.append("# Per-check overrides: enabled = false, or severity = \"warn\" | \"fail\".")
+    for check in REGISTRY:
+        lines.append(f"# [checks.\"{check}\"]  # {describe(check)}")
+    lines += ["", "# Node-set blocks (later ones win): patterns like gpu[01-16], globs, !negation.",
+              "# [[node]]", '# match = "gpu[01-16],!gpu05"', "# gpu.count = 8", ""]
+    return "\n".join(lines)
 
 
 def resolve_path(path: str | None) -> str | None:

@@ -73,7 +73,9 @@ def _migrate(conn: sqlite3.Connection) -> None:
     conn.execute("BEGIN IMMEDIATE")
     version = conn.execute("PRAGMA user_version").fetchone()[0]  # another process may have won
     for number in range(version, SCHEMA_VERSION):
-        conn.executescript("SAVEPOINT m;" + MIGRATIONS[number] + "RELEASE m;")
+        for statement in MIGRATIONS[number].split(";"):
+            if statement.strip():
+                conn.execute(statement)
     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     conn.execute("COMMIT")
 

@@ -11,7 +11,6 @@ slurmhealth/sources/nvml.py runs its real code path. Faults are injected with $F
 import json
 import os
 import time
-from ctypes import byref  # noqa: F401 - the real module exports it too
 
 NVML_NVLINK_MAX_LINKS = 36
 _REVERSE_FIELDS = {1: "ecc_current", 2: "ecc_pending", 3: "ecc_sbe_volatile",
@@ -153,6 +152,15 @@ class _Proc:
 
 def nvmlDeviceGetComputeRunningProcesses(h):
     return [_Proc(p) for p in _dev(h, "processes")]
+
+
+class _Ref:
+    def __init__(self, obj):
+        self._obj = obj
+
+
+def byref(obj):
+    return _Ref(obj)
 
 
 class c_nvmlGpuFabricInfo_t:

@@ -1,0 +1,133 @@
+"""The runner: sources under deadlines, checks that crash, overrides, baselines across runs."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from conftest import FAKE_NVML, run_cli, snapshot_path
+
+from slurmhealth import config, runner, store
+from slurmhealth.checks import gpu
+
+
+def expect(**settings) -> dict:
+    out = config.defaults()
+    out["settings"].update(settings)
+    return out
+
+
+def replay(name: str = "healthy", **kw) -> runner.Run:
+    options = runner.Options(gpu_source=snapshot_path(name))
+    return runner.run("gpu01", kw.pop("expect", expect()), options, ["gpu", "nvlink"], **kw)
+
+
+def by_name(run: runner.Run) -> dict:
+    return {r.check: r for r in run.results}
+
+
+def test_replayed_healthy_snapshot_is_ok():
+    run = replay()
+    assert run.verdict == "ok"
+    assert {r.check for r in run.results} >= {"gpu.count", "nvlink.link_state"}
+    assert all(r.duration >= 0 for r in run.results)
+
+
+def test_a_crashing_check_is_error_not_fail(monkeypatch):
+    def boom(facts, ctx):
+        raise KeyError("surprise")
+
+    monkeypatch.setattr(gpu, "CHECKS", (*gpu.CHECKS, boom))
+    run = replay()
+    assert by_name(run)["gpu.boom"].status == "error"
+    assert "KeyError" in by_name(run)["gpu.boom"].message
+    assert run.verdict == "warn"
+    run = replay(expect=expect(error_fails=True))
+    assert run.verdict == "fail"
+
+
+def test_severity_overrides_and_disabled_checks():
+    e = expect()
+    e["checks"] = {"gpu.thermal": {"severity": "fail"}, "gpu.count": {"enabled": False},
+                   "gpu.ecc": {"severity": "warn"}}
+    thermal = by_name(replay("thermal", expect=e))
+    assert thermal["gpu.thermal"].status == "fail"
+    assert thermal["gpu.count"].status == "skip"
+    assert thermal["gpu.count"].message == "disabled by config"
+    assert by_name(replay("ecc-dbe", expect=e))["gpu.ecc"].status == "warn"
+
+
+def test_missing_nvml_fails_only_where_gpus_are_expected(monkeypatch):
+    monkeypatch.syspath_prepend(FAKE_NVML)
+    monkeypatch.setenv("FAKE_NVML_FAULT", "driver_not_loaded")
+    options = runner.Options()
+    run = runner.run("gpu01", expect(), options, ["gpu", "nvlink"])
+    assert by_name(run)["gpu.count"].status == "skip"
+    assert "DriverNotLoaded" in by_name(run)["gpu.count"].message
+    e = expect()
+    e["gpu"]["count"] = 8
+    run = runner.run("gpu01", e, options, ["gpu", "nvlink"])
+    first = by_name(run)["gpu.count"]
+    assert (first.status, run.verdict) == ("fail", "fail")
+    assert all(r.status == "skip" for r in run.results if r.check != "gpu.count")
+
+
+def test_a_hung_nvml_ends_within_budget_as_a_fail(monkeypatch):
+    monkeypatch.syspath_prepend(FAKE_NVML)
+    monkeypatch.setenv("FAKE_NVML_SNAPSHOT", snapshot_path("healthy"))
+    monkeypatch.setenv("FAKE_NVML_FAULT", "hang_device:2")
+    started = time.monotonic()
+    run = runner.run("gpu01", expect(timeout_gpu=0.5), runner.Options(), ["gpu"])
+    assert time.monotonic() - started < 2
+    assert run.hung
+    count = by_name(run)["gpu.count"]
+    assert (count.status, count.message) == ("fail", "gpu timed out after 0.5 s")
+
+
+def test_hung_process_exits_on_time(tmp_path):
+    """The whole command ends although a gather thread is stuck forever."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[settings]\ntimeout_gpu = 1\n")
+    env = {"PYTHONPATH": f"{FAKE_NVML}:{__import__('os').getcwd()}",
+           "FAKE_NVML_SNAPSHOT": snapshot_path("healthy"), "FAKE_NVML_FAULT": "hang_init"}
+    started = time.monotonic()
+    proc = run_cli("check", "--only", "gpu", "--json", "--no-db", "--config", str(cfg), env=env,
+                   timeout=20)
+    assert time.monotonic() - started < 8
+    assert proc.returncode == 1, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["results"][0]["message"] == "gpu timed out after 1 s"
+
+
+def test_baselines_carry_counters_between_runs(tmp_path):
+    conn = store.connect(str(tmp_path / "n.db"))
+    first = replay()
+    store.record_run(conn, first)
+    with open(snapshot_path("healthy")) as handle:
+        doc = json.load(handle)
+    doc["gpu"]["devices"][1]["nvlink"][7]["recovery"] = 25
+    later = tmp_path / "later.json"
+    later.write_text(json.dumps(doc))
+    second = runner.run("gpu01", expect(), runner.Options(gpu_source=str(later)),
+                        ["nvlink"], baselines=store.load_baselines(conn, "gpu01"))
+    result = by_name(second)["nvlink.error_counters"]
+    assert result.status == "fail" and "GPU 1 link 7 recovery +25" in result.message
+
+
+def test_snapshot_source_failures_replay_as_recorded(tmp_path):
+    with open(snapshot_path("healthy")) as handle:
+        doc = json.load(handle)
+    doc["sources"]["gpu"] = {"status": "timeout", "message": "timed out after 5 s", "seconds": 5}
+    path = tmp_path / "hung.json"
+    path.write_text(json.dumps(doc))
+    run = runner.run("gpu01", expect(), runner.Options(gpu_source=str(path)), ["gpu"])
+    assert by_name(run)["gpu.count"].status == "fail"
+
+
+@pytest.mark.parametrize("content", ["{", "[]", '{"format": "other"}'])
+def test_a_file_that_is_not_a_snapshot_is_refused(tmp_path, content):
+    path = tmp_path / "x.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match="snapshot"):
+        runner.run("n", expect(), runner.Options(gpu_source=str(path)), ["gpu"])

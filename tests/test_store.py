@@ -1,0 +1,76 @@
+"""The node store: schema, records, baselines, concurrent writers (real processes)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import snapshot_path
+
+from slurmhealth import config, runner, store
+
+
+def a_run() -> runner.Run:
+    return runner.run("gpu01", config.defaults(),
+                      runner.Options(gpu_source=snapshot_path("ecc-dbe")), ["gpu", "nvlink"])
+
+
+def test_a_run_is_recorded_with_results_and_baselines(db):
+    conn = store.connect(db)
+    run_id = store.record_run(conn, a_run(), job_id="42")
+    row = conn.execute("SELECT node, job_id, phase, verdict FROM runs WHERE id = ?",
+                       (run_id,)).fetchone()
+    assert row == ("gpu01", "42", "check", "fail")
+    status = conn.execute("SELECT status, action FROM results WHERE check_name = 'gpu.ecc'")
+    assert status.fetchone() == ("fail", "reset_gpu")
+    baselines = store.load_baselines(conn, "gpu01")
+    assert set(baselines) == {"gpu", "nvlink"}
+    assert baselines["gpu"]["inventory"]["0"]["bus_id"] == "00000000:18:00.0"
+
+
+def test_schema_is_versioned_and_wal(db):
+    conn = store.connect(db)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    store.connect(db)  # reopening migrates nothing and does not fail
+
+
+def test_a_newer_schema_is_refused(db):
+    conn = store.connect(db)
+    conn.execute("PRAGMA user_version = 99")
+    try:
+        store.connect(db)
+    except store.StoreError as exc:
+        assert "newer" in str(exc)
+    else:
+        raise AssertionError("a newer schema must be refused")
+
+
+WRITER = """
+import sys
+from slurmhealth import config, runner, store
+run = runner.run("gpu01", config.defaults(), runner.Options(gpu_source=sys.argv[2]), ["gpu"])
+store.record_run(store.connect(sys.argv[1]), run, job_id=sys.argv[3])
+"""
+
+
+def test_concurrent_writers_lose_nothing(db):
+    procs = [
+        subprocess.Popen([sys.executable, "-c", WRITER, db, snapshot_path("healthy"), str(n)],
+                         stderr=subprocess.PIPE)
+        for n in range(16)
+    ]
+    errors = [p.communicate()[1].decode() for p in procs]
+    assert all(p.returncode == 0 for p in procs), errors
+    conn = store.connect(db)
+    jobs = {row[0] for row in conn.execute("SELECT job_id FROM runs")}
+    assert jobs == {str(n) for n in range(16)}
+    assert conn.execute("SELECT count(*) FROM results").fetchone()[0] == 16 * 11
+
+
+def test_data_round_trips_as_json(db):
+    conn = store.connect(db)
+    store.record_run(conn, a_run())
+    data = conn.execute("SELECT data FROM results WHERE check_name='gpu.ecc'").fetchone()[0]
+    assert json.loads(data)["uncorrectable"][0].startswith("GPU 2")
