@@ -241,11 +241,14 @@ def _area_results(area: str, raw: object, expect: dict, ctx: Context) -> tuple:
     return results, facts
 
 
-def _bus_map(gathered: dict) -> dict:
+def _bus_map(gathered: dict, baselines: dict) -> dict:
+    """Bus id -> GPU index, from this sweep and the last known inventory: a GPU that fell off
+    the bus has no bus id now, but its Xid lines still name it."""
+    known = ((baselines.get("gpu") or {}).get("inventory") or {}).items()
+    out = {norm_bus_id(v["bus_id"]): int(k) for k, v in known if v.get("bus_id")}
     got = gathered.get("gpu")
     if not got or got.status != "ok" or not isinstance(got.raw, dict):
-        return {}
-    out = {}
+        return out
     for dev in got.raw.get("devices") or []:
         if isinstance(dev, dict) and isinstance(dev.get("bus_id"), str):
             out[norm_bus_id(dev["bus_id"])] = dev.get("index")
@@ -269,11 +272,12 @@ def run(
     timeouts = {s: settings[f"timeout_{s}"] for s in SOURCES}
     needed = {AREAS[a].SOURCE for a in areas}
     out.sources, out.hung = gather(needed, options, timeouts, settings["deadline"])
-    gpus = _bus_map(out.sources)
+    baselines = baselines or {}
+    gpus = _bus_map(out.sources, baselines)
     for area in areas:
         got = out.sources[AREAS[area].SOURCE]
         area_expect = dict(expect[area], checks=expect["checks"])
-        before = (baselines or {}).get(area) or {}
+        before = baselines.get(area) or {}
         ctx = Context(node, phase, area_expect, before, gpus, job_gpus, time.time())
         if got.status != "ok":
             out.results.extend(_source_results(area, got, area_expect))

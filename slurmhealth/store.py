@@ -105,14 +105,17 @@ def load_baselines(conn: sqlite3.Connection, node: str, job_id: str = "") -> dic
 
 
 def _events(run: Run, run_id: str, job_id: str | None) -> list:
-    facts = run.facts.get("xid") or {}
+    """XID events as the xid checks classified them (config overrides and GPU index applied)."""
     rows = []
-    for ev in facts.get("events", []):
-        rows.append((
-            new_id(), run_id, run.node, job_id, run.started, "xid",
-            ev.get("xid"), ev.get("gpu"), ev.get("bus_id"), ev.get("pid"), ev.get("name"),
-            ev.get("class"), ev.get("action"), ev.get("text"), ev.get("repeats", 1),
-        ))
+    for result in run.results:
+        if result.check not in ("xid.hardware", "xid.application"):
+            continue
+        for ev in result.data.get("events", []):
+            rows.append((
+                new_id(), run_id, run.node, job_id, run.started, "xid",
+                ev.get("xid"), ev.get("gpu"), ev.get("bus_id"), ev.get("pid"), ev.get("name"),
+                ev.get("class"), ev.get("action"), ev.get("text"), ev.get("repeats", 1),
+            ))
     return rows
 
 

@@ -83,3 +83,16 @@ def test_every_area_default_has_a_type_and_a_reason():
             default, kind, why = schema[key]
             assert why and isinstance(kind, type)
             assert default is None or config._type_ok(default, kind), (section, key)
+
+
+def test_packaged_example_is_the_generated_catalogue_and_valid():
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "packaging", "slurmhealth.toml")
+    with open(path) as handle:
+        text = handle.read()
+    assert text == config.example_text(), "regenerate: slurmhealth config example"
+    config.parse(text, path)
+    for check in config.REGISTRY:
+        assert f'[checks."{check}"]' in text

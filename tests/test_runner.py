@@ -131,3 +131,13 @@ def test_a_file_that_is_not_a_snapshot_is_refused(tmp_path, content):
     path.write_text(content)
     with pytest.raises(ValueError, match="snapshot"):
         runner.run("n", expect(), runner.Options(gpu_source=str(path)), ["gpu"])
+
+
+def test_a_lost_gpu_is_named_in_xid_messages_from_the_last_inventory(tmp_path):
+    conn = store.connect(str(tmp_path / "n.db"))
+    store.record_run(conn, replay())  # the healthy node's inventory
+    run = runner.run("gpu01", expect(), runner.Options(gpu_source=snapshot_path("xid-79")),
+                     ["gpu", "xid"], baselines=store.load_baselines(conn, "gpu01"))
+    hardware = by_name(run)["xid.hardware"]
+    assert (hardware.status, hardware.action) == ("fail", "reboot")
+    assert hardware.message.startswith("GPU 3 (0000:5d:00) Xid 79")

@@ -74,3 +74,21 @@ def test_data_round_trips_as_json(db):
     store.record_run(conn, a_run())
     data = conn.execute("SELECT data FROM results WHERE check_name='gpu.ecc'").fetchone()[0]
     assert json.loads(data)["uncorrectable"][0].startswith("GPU 2")
+
+
+def test_xid_events_are_recorded_with_gpu_class_and_hostile_names_as_data(db):
+    import os
+
+    from conftest import FIXTURES
+
+    kmsg = os.path.join(FIXTURES, "kmsg", "hostile-names.kmsg")
+    run = runner.run("gpu01", config.defaults(),
+                     runner.Options(gpu_source=snapshot_path("healthy"), kmsg=kmsg),
+                     ["gpu", "xid"])
+    conn = store.connect(db)
+    store.record_run(conn, run)
+    rows = conn.execute("SELECT code, gpu, class, process FROM events").fetchall()
+    assert rows and all(r[1] is not None for r in rows)
+    names = [r[3] for r in rows if r[3]]
+    assert any("'" in n or ";" in n or "$(" in n for n in names), names
+    assert conn.execute("SELECT count(*) FROM runs").fetchone()[0] == 1  # tables intact

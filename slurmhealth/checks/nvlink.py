@@ -16,19 +16,16 @@ SOURCE = "gpu"
 
 COUNTERS = ("replay", "recovery", "crc")
 
+# Thresholds on the increase since the last run, one key per counter and level (so the config
+# validator type-checks each). A recovery is a link retrain: rare on a healthy link.
+_THRESHOLDS = {"replay": (100, 10000), "recovery": (1, 10), "crc": (100, 10000)}
+
 DEFAULTS = {
     "links_per_gpu": (None, int, "active NVLinks expected per GPU (H100 SXM: 18); unset: all seen"),
-    "delta_warn": (
-        {"replay": 100, "recovery": 1, "crc": 100},
-        dict,
-        "counter increase since the last run that warns (a recovery is a link retrain)",
-    ),
-    "delta_fail": (
-        {"replay": 10000, "recovery": 10, "crc": 10000},
-        dict,
-        "counter increase since the last run that fails",
-    ),
 }
+for _name, (_warn, _fail) in _THRESHOLDS.items():
+    DEFAULTS[f"{_name}_warn"] = (_warn, int, f"{_name} counter increase since last run that warns")
+    DEFAULTS[f"{_name}_fail"] = (_fail, int, f"{_name} counter increase since last run that fails")
 
 
 def parse(raw: object) -> dict:
@@ -99,8 +96,6 @@ def error_counters(facts: dict, ctx: Context) -> Result:
     before = ctx.baseline.get("counters") or {}
     if not before:
         return ok("baseline recorded", {"links": len(current)})
-    warn_at = ctx.expect.get("delta_warn") or {}
-    fail_at = ctx.expect.get("delta_fail") or {}
     fails, warns, deltas = [], [], {}
     for key, values in current.items():
         for name, delta in _deltas(values, before.get(key, {})).items():
@@ -108,9 +103,9 @@ def error_counters(facts: dict, ctx: Context) -> Result:
                 continue
             deltas.setdefault(key, {})[name] = delta
             text = f"GPU {key.replace(':', ' link ')} {name} +{delta}"
-            if delta >= fail_at.get(name, float("inf")):
+            if delta >= ctx.expect.get(f"{name}_fail", _THRESHOLDS[name][1]):
                 fails.append(text)
-            elif delta >= warn_at.get(name, float("inf")):
+            elif delta >= ctx.expect.get(f"{name}_warn", _THRESHOLDS[name][0]):
                 warns.append(text)
     data = {"deltas": deltas}
     if fails:

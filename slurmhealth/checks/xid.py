@@ -1,0 +1,488 @@
+"""Xid errors in the kernel log: parse the NVIDIA driver's lines, classify them, three checks.
+
+Reads the raw dict of sources/kmsg.py (records newer than the saved sequence number).
+
+Config ([xid] in slurmhealth.toml), see DEFAULTS:
+    app = [13, 31, 43, 45, 68, 109]     application Xids: reported, never drain
+    severity = { 94 = "warn", 8 = "ignore" }   per-Xid class: app, warn, fail or ignore
+    unknown = "warn"                    class of an Xid the table does not know
+    dedup_s = 60                        identical lines closer than this are one event
+
+Facts (parse):
+    {"events": [{"seq", "usec", "xid", "bus_id", "gpu_instance", "pid", "name", "text",
+                 "repeats", "class", "action"}],   class/action under the built-in policy;
+                                                    repeats = lines merged into the event (>= 1)
+     "records": 12, "first_seq": 0, "after_seq": 1200, "last_seq": 1211,
+     "lost": False, "missed": 0, "boot_id": "...", "window_s": 60}
+Process names come from the kernel log and are untrusted: kept as bounded one-line data.
+"""
+
+from __future__ import annotations
+
+import re
+
+from slurmhealth.checks.base import Context, norm_bus_id, summarize
+from slurmhealth.result import (
+    DRAIN,
+    FAIL,
+    NONE,
+    REBOOT,
+    RESET_GPU,
+    SERVICE,
+    WARN,
+    Result,
+    clean,
+    fail,
+    ok,
+    warn,
+    worst_action,
+)
+
+AREA = "xid"
+SOURCE = "kmsg"
+
+APP = "app"
+IGNORE = "ignore"
+NVLINK5 = "nvlink5"  # table marker: decided per line (Fatal / Nonfatal), see _nvlink5
+CLASSES = (APP, WARN, FAIL, IGNORE)
+
+DEFAULTS = {
+    "app": (
+        [13, 31, 43, 45, 68, 109],
+        list,
+        "application Xids: reported ok, never drain (k8s-device-plugin's list; 109 is disputed)",
+    ),
+    "severity": ({}, dict, 'per-Xid class app|warn|fail|ignore: { 94 = "warn", 8 = "ignore" }'),
+    "unknown": ("warn", str, "class of an Xid missing from the table: warn, fail or ignore"),
+    "dedup_s": (60, int, "identical Xid lines within this many seconds are one event"),
+}
+
+# Xid -> (catalog mnemonic, class, action), from reference §1.2 (NVIDIA's Xid catalog buckets,
+# its older per-Xid guidance, and the toolkit column). "app": the job's own fault, recorded,
+# never drains; "warn": recorded, never drains alone (the action is a hint for an idle point);
+# "fail": hardware, the node takes no job until the action is done.
+XIDS = {
+    8: ("FIFO_ERROR_IDLE_TIMEOUT", WARN, NONE),
+    13: ("GR_EXCEPTION", APP, NONE),
+    31: ("FIFO_ERROR_MMU_ERR_FLT", APP, NONE),
+    # Corrupted push buffer: driver, system memory, bus or thermal; only a recurrence drains.
+    32: ("PBDMA_ERROR", WARN, NONE),
+    43: ("RESETCHANNEL_VERIF_ERROR", APP, NONE),
+    # Cleanup after another error (often a DBE): the companion Xid carries the verdict.
+    45: ("PREEMPTIVE_REMOVAL", APP, NONE),
+    46: ("GPU_TIMEOUT_ERROR", FAIL, RESET_GPU),
+    48: ("GPU_ECC_DBE", FAIL, RESET_GPU),
+    # Auxiliary power not connected: mechanical, a reset cannot fix it.
+    54: ("PWR_REDUCED_CLOCKING", FAIL, SERVICE),
+    # "Unused" on Ampere+ (catalog); older drivers: microcontroller breakpoint, rare.
+    61: ("PMU_BREAKPOINT", FAIL, DRAIN),
+    62: ("PMU_HALT_ERROR", FAIL, RESET_GPU),
+    # Row remap recorded, not fatal; it only takes effect at the next GPU reset.
+    63: ("INFOROM_DRAM_RETIREMENT_EVENT", WARN, RESET_GPU),
+    64: ("INFOROM_DRAM_RETIREMENT_FAILURE", FAIL, RESET_GPU),
+    68: ("NVDEC0_ERROR", APP, NONE),
+    69: ("GR_CLASS_ERROR", WARN, NONE),
+    74: ("NVLINK_ERROR", FAIL, RESET_GPU),
+    # Unreachable over PCIe: a GPU reset cannot reach it; reboot (catalog RESTART_BM).
+    79: ("GPU_HAS_FALLEN_OFF_THE_BUS", FAIL, REBOOT),
+    92: ("EXCESSIVE_SBE_INTERRUPTS", WARN, NONE),
+    # Contained memory error: only that job died, but the remap waits for a GPU reset and the
+    # prolog is the idle point; k8s-device-plugin and Meta GCM both count 94 as critical.
+    94: ("CONTAINED_ERROR", FAIL, RESET_GPU),
+    # Uncontained: the catalog's RESET_GPU (older guidance said reboot when MIG is off).
+    95: ("UNCONTAINED_ERROR", FAIL, RESET_GPU),
+    # Disputed: the catalog says RESET_GPU, k8s-device-plugin and Meta call it the app's.
+    109: ("CTXSW_TIMEOUT_ERROR", APP, NONE),
+    110: ("SEC_FAULT_ERROR", FAIL, RESET_GPU),
+    # GSP RPC timeout: each one stalls driver calls ~6 s; the GPU needs a reset.
+    119: ("GSP_RPC_TIMEOUT", FAIL, RESET_GPU),
+    120: ("GSP_ERROR", FAIL, RESET_GPU),
+    121: ("C2C_ERROR", WARN, NONE),
+    136: ("ALI_TRAINING_FAIL", FAIL, RESET_GPU),
+    137: ("NVLINK_PRIV_ERR", WARN, NONE),
+    140: ("UNRECOVERABLE_ECC_ERROR_ESCAPE", FAIL, RESET_GPU),
+    # Initialisation failed: a reset may not bring it back, the toolkit column says drain.
+    143: ("GPU_INIT_ERROR", FAIL, DRAIN),
+    144: ("NVLINK_SAW_ERROR", NVLINK5, RESET_GPU),
+    145: ("NVLINK_RLW_ERROR", NVLINK5, RESET_GPU),
+    146: ("NVLINK_TLW_ERROR", NVLINK5, RESET_GPU),
+    147: ("NVLINK_TREX_ERROR", NVLINK5, RESET_GPU),
+    148: ("NVLINK_NVLPW_CTRL_ERROR", NVLINK5, RESET_GPU),
+    149: ("NVLINK_NETIR_ERROR", NVLINK5, RESET_GPU),
+    150: ("NVLINK_MSE_ERROR", NVLINK5, RESET_GPU),
+    # Confidential-computing key rotation: the catalog says restart the VM; not bare metal.
+    151: ("KEY_ROTATION_ERROR", WARN, NONE),
+    # Informational: the driver changed the GPU's recovery action, which NVML reports.
+    154: ("GPU_RECOVERY_ACTION_CHANGED", WARN, NONE),
+    155: ("NVLINK_SW_DEFINED_ERROR", FAIL, RESET_GPU),
+    # Retirement done: like 63, applies at the next reset.
+    156: ("RESOURCE_RETIREMENT_EVENT", WARN, RESET_GPU),
+    # Retirement failed: the catalog's immediate bucket is IGNORE, then investigate.
+    157: ("RESOURCE_RETIREMENT_FAILURE", WARN, NONE),
+    158: ("GPU_FATAL_TIMEOUT", FAIL, RESET_GPU),
+    160: ("CHANNEL_RETIREMENT_EVENT", WARN, NONE),
+    162: ("PSHC_REENGAGED", WARN, NONE),
+    163: ("PSHC_DISENGAGED", WARN, NONE),
+    # Power-smoothing circuitry wearing out: plan service, not an emergency (unverified).
+    164: ("PSHC_LOW_LIFETIME", WARN, SERVICE),
+    165: ("PSHC_ZERO_LIFETIME", WARN, SERVICE),
+    # Companions of Xid 48 telling DRAM from SRAM: treated as 48.
+    171: ("UNCORRECTABLE_DRAM_ERROR", FAIL, RESET_GPU),
+    172: ("UNCORRECTABLE_SRAM_ERROR", FAIL, RESET_GPU),
+}
+
+NOTES = {154: "act on the GPU's recovery action (NVML, gpu area)"}
+
+NAME_MAX = 64  # a comm is 15 bytes, but the kernel escapes each odd byte as 4 chars (\xNN)
+TEXT_MAX = 160
+EVENTS_MAX = 50  # events listed in a result's data; the count is always complete
+FELL = "fallen off the bus"
+OFF_BUS_TEXT = "GPU has fallen off the bus."
+
+# PCI address as the driver prints it: `0000:9b:00`, legacy `PCI:`-less, or with `.0`.
+_BUS = r"(?:PCI:)?([0-9A-Fa-f]{1,8}(?::[0-9A-Fa-f]{1,4}){1,2}(?:\.[0-7])?)"
+# Anchored at the message start: a user-controlled string elsewhere in another subsystem's line
+# (a file name, a device name) cannot pass for an Xid. MIG adds ` GPU-I:05` inside the parens.
+# Patterns stay strings for re's own cache: a prolog whose new records hold no NVRM line never
+# compiles them (~1 ms).
+_XID_LINE = (
+    r"\s*NVRM: Xid \(" + _BUS + r"(?: GPU-I:([0-9]{1,4}))?[^)]{0,64}\): ([0-9]{1,6})\b,? ?(.*)"
+)
+# Fallen off the bus without Xid text (reference §1.1): one line, or `The NVIDIA GPU <bus>`
+# followed within a few records by `... fallen off the bus and is not responding to commands.`
+_GPU_OFF = r"\s*NVRM: GPU " + _BUS + r": GPU has fallen off the bus"
+_THE_GPU = r"\s*NVRM: The NVIDIA GPU " + _BUS
+PENDING_RECORDS = 3
+_NVLINK5_SEVERITY = r"\b(non-?fatal|fatal)\b"
+_NUMBERS = r"0x[0-9A-Fa-f]+|[0-9]+"
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _pid(token: str) -> int | None:
+    """`2024380` -> 2024380; `'<unknown>'` and anything else -> None."""
+    return int(token) if token.isdigit() and token.isascii() and len(token) <= 10 else None
+
+
+def _name(token: str) -> str | None:
+    """A process name from the log: untrusted, so one printable line of bounded length."""
+    if token in ("", "<unknown>", "'<unknown>'"):
+        return None
+    return clean(token, NAME_MAX) or None
+
+
+def _field(rest: str, key: str) -> tuple:
+    """(value, rest after it) when `rest` starts with `key=`; (None, rest) otherwise."""
+    if not rest.startswith(key):
+        return None, rest
+    value, _, after = rest[len(key) :].partition(",")
+    return value.strip(), after.lstrip()
+
+
+def _event(xid: int, bus: str | None, instance: str | None, rest: str) -> dict:
+    pid, rest = _field(rest, "pid=")
+    name, rest = _field(rest, "name=")
+    return {
+        "xid": xid,
+        "bus_id": norm_bus_id(bus) if bus else None,
+        "gpu_instance": int(instance) if instance else None,
+        "pid": _pid(pid) if pid is not None else None,
+        "name": _name(name[: 4 * NAME_MAX]) if name is not None else None,
+        "text": clean(rest[: 4 * TEXT_MAX], TEXT_MAX),
+    }
+
+
+def parse_line(msg: str) -> dict | None:
+    """The Xid event of one `NVRM: Xid (...)` message, or None when it is not one."""
+    if "Xid (" not in msg:  # most NVRM lines are not Xids: skip the regex
+        return None
+    found = re.match(_XID_LINE, msg, re.A)
+    if found is None:
+        return None
+    bus, instance, xid, rest = found.groups()
+    return _event(int(xid), bus, instance, rest)
+
+
+def fallen_off(msg: str, seq: int, pending: tuple | None) -> tuple:
+    """(bus id of an Xid-less fallen-off-the-bus report or None, pending) for one message.
+
+    `pending` is (bus, seq) of a recent `The NVIDIA GPU <bus>` record whose `fallen off the
+    bus` line comes a record or two later (the driver prints that report as several lines).
+    """
+    if FELL not in msg and "The NVIDIA GPU" not in msg:
+        return None, pending
+    found = re.match(_GPU_OFF, msg, re.A)
+    if found:
+        return found.group(1), pending
+    found = re.match(_THE_GPU, msg, re.A)
+    if found:
+        return (found.group(1), None) if FELL in msg else (None, (found.group(1), seq))
+    if pending and FELL in msg and 0 < seq - pending[1] <= PENDING_RECORDS:
+        return pending[0], None
+    return None, pending
+
+
+def _scan(records: list) -> tuple:
+    """(events, record count, last seq) of raw records; malformed records are skipped."""
+    events = []
+    count, last, pending = 0, None, None
+    for rec in records:
+        seq = _int(rec.get("seq")) if isinstance(rec, dict) else None
+        if seq is None:
+            continue
+        count += 1
+        last = seq if last is None or seq > last else last
+        msg = rec.get("msg")
+        if not isinstance(msg, str) or "NVRM" not in msg:
+            continue
+        event = parse_line(msg)
+        if event is None:
+            bus, pending = fallen_off(msg, seq, pending)
+            event = _event(79, bus, None, OFF_BUS_TEXT) if bus else None
+        if event is not None:
+            event.update(seq=seq, usec=_int(rec.get("usec")), repeats=1)
+            events.append(event)
+    return events, count, last
+
+
+def _key(event: dict) -> tuple:
+    """Same fault: same Xid, GPU, instance and text once numbers (pid, addresses) are blanked."""
+    shape = re.sub(_NUMBERS, "#", event["text"], flags=re.A)
+    return event["xid"], event["bus_id"], event["gpu_instance"], shape
+
+
+def _near(kept: dict, event: dict, window_s: float) -> bool:
+    if kept["usec"] is None or event["usec"] is None:
+        return True  # no timestamps (plain dmesg lines): identical lines in one read are repeats
+    return abs(event["usec"] - kept["usec"]) <= window_s * 1e6
+
+
+def dedup(events: list, window_s: float) -> list:
+    """Merge repeats of the same fault within `window_s` of the first one (the driver repeats
+    Xids, e.g. 119 every 6 s); each kept event counts its lines in `repeats`."""
+    out: list = []
+    latest: dict = {}
+    for event in events:
+        key = _key(event)
+        kept = latest.get(key)
+        if kept is not None and _near(kept, event, window_s):
+            kept["repeats"] += event["repeats"]
+            continue
+        kept = dict(event)
+        latest[key] = kept
+        out.append(kept)
+    return out
+
+
+def parse(raw: object, window_s: float = DEFAULTS["dedup_s"][0]) -> dict:
+    """Raw kmsg facts -> Xid events (deduplicated) and log continuity. Never raises."""
+    raw = raw if isinstance(raw, dict) else {}
+    records = raw.get("records")
+    events, count, last = _scan(records if isinstance(records, list) else [])
+    events = dedup(events, window_s)
+    for event in events:
+        event["class"], event["action"] = classify(event["xid"], event["text"])
+    boot = raw.get("boot_id")
+    return {
+        "events": events,
+        "records": count,
+        "first_seq": _int(raw.get("first_seq")),
+        "after_seq": _int(raw.get("after_seq")),
+        "last_seq": last,
+        "lost": raw.get("lost") is True,
+        "missed": max(_int(raw.get("missed")) or 0, 0),
+        "boot_id": clean(boot, 64) if isinstance(boot, str) else None,
+        "window_s": window_s,
+    }
+
+
+def _xid(value: object) -> int | None:
+    """An Xid number from config: 79 or "79"."""
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    return _int(value)
+
+
+def _overrides(severity: object) -> dict:
+    """{xid: class} from `severity = { 94 = "warn" }` (TOML keys are strings)."""
+    if not isinstance(severity, dict):
+        return {}
+    return {_xid(k): v for k, v in severity.items() if v in CLASSES}
+
+
+def policy(expect: dict) -> dict:
+    """The classification policy of an area's expectations; bad entries are ignored."""
+    app = expect.get("app", DEFAULTS["app"][0])
+    severity = expect.get("severity")
+    unknown = expect.get("unknown")
+    return {
+        "app": {_xid(x) for x in app} if isinstance(app, list) else set(),
+        "severity": _overrides(severity),
+        "unknown": unknown if unknown in (WARN, FAIL, IGNORE) else WARN,
+    }
+
+
+DEFAULT_POLICY = policy({})
+
+
+def _nvlink5(text: str) -> tuple:
+    """Xid 144-150 carry their severity in the line: `NETIR_LINK_EVT Fatal ...` / `Nonfatal`.
+
+    The catalog's decode sheet refines this per unit and status word (reference §1.3); the
+    word printed by the driver is the cheap, conservative reading. Undecodable: warn.
+    """
+    found = re.search(_NVLINK5_SEVERITY, text, re.I | re.A)
+    if found and found.group(1).lower() == "fatal":
+        return FAIL, RESET_GPU
+    return WARN, NONE
+
+
+def _table_class(xid: int, text: str, unknown: str) -> tuple:
+    entry = XIDS.get(xid)
+    if entry is None:
+        return unknown, DRAIN if unknown == FAIL else NONE
+    if entry[1] == NVLINK5:
+        return _nvlink5(text)
+    return entry[1], entry[2]
+
+
+def classify(xid: int, text: str = "", rules: dict | None = None) -> tuple:
+    """(class, action) of one Xid: config override, then the app list, then the table."""
+    rules = rules or DEFAULT_POLICY
+    cls, action = _table_class(xid, text, rules["unknown"])
+    if xid in rules["app"]:
+        cls, action = APP, NONE
+    elif cls == APP:  # taken off the app list by config: no longer the job's fault
+        cls = WARN
+    override = rules["severity"].get(xid)
+    if override is None or override == cls:
+        return cls, action
+    if override == FAIL:
+        return FAIL, action if action != NONE else DRAIN
+    return override, NONE
+
+
+def _gpu_map(gpus: object) -> dict:
+    if not isinstance(gpus, dict):
+        return {}
+    return {norm_bus_id(k): v for k, v in gpus.items() if isinstance(k, str)}
+
+
+def _window(ctx: Context, facts: dict) -> float | None:
+    """A configured dedup window wider than parse's: merge again (parse sees no config)."""
+    value = ctx.expect.get("dedup_s")
+    used = facts.get("window_s", DEFAULTS["dedup_s"][0])
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > used:
+        return value
+    return None
+
+
+def events_for(facts: dict, ctx: Context) -> list:
+    """The facts' events classified under the node's config and named by GPU index."""
+    rules = policy(ctx.expect)
+    window = _window(ctx, facts)
+    events = facts.get("events") or []
+    events = dedup(events, window) if window else events
+    gpus = _gpu_map(ctx.gpus)
+    job = ctx.job_gpus
+    out = []
+    for event in events:
+        cls, action = classify(event["xid"], event["text"], rules)
+        item = dict(event, gpu=gpus.get(event["bus_id"]), action=action)
+        item["class"] = cls
+        if isinstance(job, (list, tuple, set)):
+            item["job"] = item["gpu"] in job
+        out.append(item)
+    return out
+
+
+def _ordered(events: list) -> list:
+    """Worst first: fail before warn, the worst action, the job's GPUs, then log order."""
+    rank = {FAIL: 0, WARN: 1, APP: 2, IGNORE: 3}
+    worst = worst_action([e["action"] for e in events])
+    return sorted(
+        events,
+        key=lambda e: (rank[e["class"]], e["action"] != worst, not e.get("job", True), e["seq"]),
+    )
+
+
+def where(event: dict) -> str:
+    """`GPU 3 (0000:9b:00)`, `GPU 0000:9b:00` when the index is unknown; MIG adds `GI 5`."""
+    bus = event["bus_id"] or "?"
+    name = f"GPU {event['gpu']} ({bus})" if event.get("gpu") is not None else f"GPU {bus}"
+    return name if event["gpu_instance"] is None else f"{name} GI {event['gpu_instance']}"
+
+
+def describe(event: dict) -> str:
+    """One event in a Slurm Reason: `GPU 3 (0000:9b:00) Xid 79 gpu has fallen off the bus x4`."""
+    entry = XIDS.get(event["xid"])
+    what = entry[0].lower().replace("_", " ") if entry else "not in the Xid table"
+    if entry and entry[1] == NVLINK5:
+        what += " fatal" if event["class"] == FAIL else " nonfatal"
+    line = f"{where(event)} Xid {event['xid']} {what}"
+    line += f" x{event['repeats']}" if event["repeats"] > 1 else ""
+    note = NOTES.get(event["xid"])
+    return f"{line}: {note}" if note else line
+
+
+def _data(events: list) -> dict:
+    keys = ("xid", "gpu", "bus_id", "gpu_instance", "pid", "name", "class", "action",
+            "repeats", "seq", "usec", "text", "job")
+    listed = [{k: e[k] for k in keys if k in e} for e in events[:EVENTS_MAX]]
+    return {"count": len(events), "events": listed}
+
+
+def hardware(facts: dict, ctx: Context) -> Result:
+    """Hardware Xids since the last run: fail with the worst action; warn-class Xids warn."""
+    events = events_for(facts, ctx)
+    found = _ordered([e for e in events if e["class"] in (FAIL, WARN)])
+    if not found:
+        apps = sum(1 for e in events if e["class"] == APP)
+        return ok(f"no new hardware Xids ({apps} application)" if apps else "no new Xids")
+    message = summarize([describe(e) for e in found])
+    failing = [e["action"] for e in found if e["class"] == FAIL]
+    if failing:
+        return fail(message, _data(found), worst_action(failing))
+    return warn(message, _data(found), worst_action([e["action"] for e in found]))
+
+
+def application(facts: dict, ctx: Context) -> Result:
+    """Application Xids (13, 31, 43, 45, 68, 109 by default): recorded, never drain."""
+    found = _ordered([e for e in events_for(facts, ctx) if e["class"] == APP])
+    if not found:
+        return ok("no application Xids")
+    xids = ", ".join(str(x) for x in sorted({e["xid"] for e in found}))
+    gpus = ", ".join(dict.fromkeys(where(e) for e in found))
+    plural = "s" if len(found) > 1 else ""
+    message = f"{len(found)} application Xid{plural} ({xids}) on {gpus}"
+    return ok(f"{message}: the job's code, not the node", _data(found))
+
+
+def log_continuity(facts: dict, ctx: Context) -> Result:
+    """Kernel log read without a gap since the last run (a wrapped ring hides Xids)."""
+    data = {k: facts.get(k) for k in ("records", "first_seq", "after_seq", "last_seq", "missed")}
+    if facts.get("lost") and facts.get("missed"):
+        lost = f"{facts['missed']} records lost since last run"
+        return warn(f"kernel log wrapped: {lost}, Xids may be missed", data)
+    if facts.get("lost"):
+        return warn("kernel log wrapped while reading: records lost, Xids may be missed", data)
+    return ok(f"{facts.get('records', 0)} new kernel log records, none lost", data)
+
+
+CHECKS = (hardware, application, log_continuity)
+
+
+def baseline(facts: dict) -> dict:
+    """Where the next run starts: the last sequence number read (or the saved one) and boot."""
+    seq = facts.get("last_seq")
+    return {
+        "seq": seq if seq is not None else facts.get("after_seq"),
+        "boot_id": facts.get("boot_id"),
+    }
+
+
+def expectations(facts: dict) -> dict:
+    """Nothing node-specific to learn from a healthy node's kernel log."""
+    return {}

@@ -1,0 +1,276 @@
+"""Kernel log source: raw records from /dev/kmsg or a saved file (kmsg records or dmesg lines).
+
+`gather(path, after_seq, boot_id)` returns plain JSON-able raw facts; a snapshot of them replays
+exactly (the checks in checks/xid.py only ever see this dict):
+
+    {"path": "/dev/kmsg",
+     "boot_id": "c88c3115-...",   this boot's id (/dev/kmsg only; None for a file)
+     "records": [{"seq": 1234, "usec": 5678, "pri": 3,
+                  "msg": "NVRM: Xid (PCI:0000:9b:00): 79, ..."}],
+     "first_seq": 0,               seq of the oldest record still in the buffer (None when empty)
+     "lost": False,                records were overwritten before we read them
+     "missed": 0,                  how many, where known (0 when only EPIPE told us)
+     "after_seq": 1200}            the saved position, as passed in
+
+Only records newer than `after_seq` are returned, unless the saved position no longer applies:
+the boot id changed (reboot: sequence numbers restart at 0, so every record since boot is new)
+or `after_seq` is beyond every record (a rotated file): then every record is returned.
+The caller saves {"seq", "boot_id"} (checks/xid.py `baseline`) and passes them back next run.
+
+Record fields: seq is the kernel's sequence number (the 1-based line number for dmesg lines),
+usec the microseconds since boot (None when the line has no timestamp), pri the log level
+0-7 (None when unknown), msg the text (the kernel already escapes non-printables as \\xNN).
+
+Errors: a missing or unreadable path raises OSError (errno kept, filename = path, strerror says
+"cannot read the kernel log (...)"); the runner turns it into an unavailable source. A garbage
+file never raises: lines that are no record are skipped.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+
+KMSG = "/dev/kmsg"
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+# One read() returns exactly one record; a buffer smaller than the record fails with EINVAL
+# (Documentation/ABI/testing/dev-kmsg). A formatted extended record is at most 8 KiB
+# (CONSOLE_EXT_LOG_MAX, kernel/printk/internal.h; newer kernels cap lower); 16 KiB leaves room.
+READ_SIZE = 16384
+# A log flood could keep a non-blocking reader busy forever; the runner's deadline is the real
+# bound, this only stops an endless loop (a 16 MiB ring holds ~200k records).
+MAX_READS = 1 << 20
+# Longest message kept from a file line (binary junk can make one "line" megabytes long).
+MSG_MAX = 8192
+
+# `PRI,SEQ,USEC,FLAGS[,...];MESSAGE` (dev-kmsg ABI): FLAGS is "-" or "c", more fields may
+# follow (caller=T123); the header ends well within this many bytes.
+HEAD_MAX = 128
+# dmesg forms: `[  123.456789] msg`, `dmesg -r`: `<6>[  123.456789] msg`, `dmesg -T`:
+# `[Mon Nov 17 10:22:33 2025] msg`, syslog/journal: `Nov 17 10:22:33 host kernel: [ 1.2] msg`
+# or `2025-11-17T10:22:33.123+00:00 host kernel: msg`. Only files need them: kept as strings
+# for re's own cache, so the /dev/kmsg path never pays their compile time (~0.5 ms).
+_SYSLOG = r"(?:[A-Z][a-z]{2} [ 0-9][0-9] [0-9:]{8}|[0-9]{4}-[0-9]{2}-[0-9]{2}T\S+) \S+ kernel: "
+_LEVEL = r"<([0-9]{1,3})>"
+_MONO = r"\[ *([0-9]{1,12})\.([0-9]{1,9})\] ?"
+_WALL = r"\[[A-Z][a-z]{2} [A-Z][a-z]{2} [ 0-9][0-9] [0-9:]{8} [0-9]{4}\] ?"
+
+
+def boot_id(path: str = BOOT_ID) -> str | None:
+    """This boot's random id (a new one at every boot), or None where it cannot be read."""
+    try:
+        with open(path, encoding="ascii") as handle:
+            return handle.read().strip() or None
+    except (OSError, ValueError):
+        return None
+
+
+_this_boot = boot_id  # gather's parameter of the same name shadows the function
+
+
+def read_records(read: object) -> tuple:
+    """Call `read()` (one os.read of /dev/kmsg) until EAGAIN: returns (chunks, epipe_seen).
+
+    EPIPE means the ring wrapped past our position: records were overwritten; the next read
+    returns the oldest record still there, so note it and keep reading (dev-kmsg ABI).
+    """
+    chunks = []
+    epipe = False
+    for _ in range(MAX_READS):
+        try:
+            chunk = read()  # type: ignore[operator]
+        except OSError as exc:
+            if exc.errno == errno.EPIPE:
+                epipe = True
+                continue
+            if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+                break
+            raise
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return chunks, epipe
+
+
+def kmsg_entry(data: bytes) -> tuple | None:
+    """(seq, pri, usec, message bytes) of one kmsg record, or None when it is not one.
+
+    Continuation lines (` KEY=VALUE` after the first newline) are dictionary data, not message.
+    Split by hand, not by regex: this runs for every record in the ring.
+    """
+    end = data.find(b";", 0, HEAD_MAX)
+    fields = data[:end].split(b",", 3) if end > 0 else ()
+    if len(fields) != 4:
+        return None
+    pri, seq, usec = fields[0], fields[1], fields[2]
+    if not (pri.isdigit() and seq.isdigit() and usec.isdigit()):
+        return None
+    stop = data.find(b"\n", end)
+    body = data[end + 1 : stop if stop >= 0 else len(data)].rstrip(b"\r")
+    return int(seq), int(pri) & 7, int(usec), body
+
+
+def device_entries(chunks: list, after_seq: int | None = None) -> list:
+    """Entries of the records read from /dev/kmsg (malformed ones skipped).
+
+    The device hands records out in sequence order, so with `after_seq` only the new tail is
+    parsed, from the newest back to the first record at or before `after_seq`, plus the oldest
+    record (the loss check needs its seq): a full ring holds thousands of records and this runs
+    before every job. A saved seq beyond the newest record cannot be trusted: parse them all.
+    """
+    tail: list = []
+    if after_seq is not None:
+        for entry in filter(None, map(kmsg_entry, reversed(chunks))):
+            tail.append(entry)
+            if entry[0] <= after_seq:
+                break
+    if not tail or tail[0][0] < after_seq:  # type: ignore[operator]
+        return [e for e in map(kmsg_entry, chunks) if e is not None]
+    oldest = next(filter(None, map(kmsg_entry, chunks)))
+    if oldest[0] < tail[-1][0]:
+        tail.append(oldest)
+    tail.reverse()
+    return tail
+
+
+def file_entries(lines: object) -> list:
+    """Entries of a file's lines: kmsg records where a line is one, else dmesg lines.
+
+    A dmesg line has no sequence number: its 1-based line number stands in. Blank lines,
+    continuation lines (leading space) and lines with NUL bytes (binary junk) are skipped.
+    """
+    out = []
+    for number, line in enumerate(lines, 1):  # type: ignore[call-overload]
+        if line[:1] in (b"", b"\n", b"\r", b" ", b"\t") or b"\0" in line:
+            continue
+        entry = kmsg_entry(line)
+        if entry is None:
+            entry = (number, None, None, line.rstrip(b"\r\n"))
+        out.append(entry)
+    return out
+
+
+def dmesg_fields(text: str) -> tuple:
+    """(pri, usec, message) of one dmesg/syslog line; prefixes that are not there are None."""
+    prefix = re.match(_SYSLOG, text, re.A)
+    if prefix:
+        text = text[prefix.end() :]
+    pri = None
+    level = re.match(_LEVEL, text, re.A)
+    if level:
+        pri, text = int(level.group(1)) & 7, text[level.end() :]
+    usec = None
+    mono = re.match(_MONO, text, re.A)
+    if mono:
+        usec = int(mono.group(1)) * 1000000 + int(mono.group(2)[:6].ljust(6, "0"))
+        text = text[mono.end() :]
+    else:
+        wall = re.match(_WALL, text, re.A)
+        text = text[wall.end() :] if wall else text
+    return pri, usec, text
+
+
+def record(entry: tuple) -> dict:
+    """The raw record of one entry: decoding (errors replaced) happens only for kept records."""
+    seq, pri, usec, body = entry
+    text = body[:MSG_MAX].decode("utf-8", "replace")
+    if usec is None and pri is None:
+        pri, usec, text = dmesg_fields(text)
+    return {"seq": seq, "usec": usec, "pri": pri, "msg": text}
+
+
+def rebooted(saved_boot: str | None, boot: str | None) -> bool:
+    """Did the machine boot since the saved position? Unknown ids (a file) compare as same."""
+    return saved_boot is not None and boot is not None and saved_boot != boot
+
+
+def since(
+    entries: list, after_seq: int | None, saved_boot: str | None, boot: str | None
+) -> int | None:
+    """The sequence number to read after: None = keep everything and detect no loss.
+
+    After a reboot every record since boot is new: -1, so a wrapped ring (first seq > 0)
+    still counts as loss. A saved position beyond every record (the file was rotated, the
+    ring was reset) cannot be trusted: keep everything.
+    """
+    if rebooted(saved_boot, boot):
+        return -1
+    if after_seq is None or not entries:
+        return after_seq
+    if after_seq > max(e[0] for e in entries):
+        return None
+    return after_seq
+
+
+def first_seq(entries: list) -> int | None:
+    """The oldest sequence number the buffer still holds: a file of dmesg lines starts at 1."""
+    if not entries:
+        return None
+    seq, pri, usec, _ = entries[0]
+    return 1 if pri is None and usec is None else seq
+
+
+def select(
+    entries: list,
+    path: str,
+    after_seq: int | None,
+    *,
+    saved_boot: str | None = None,
+    boot: str | None = None,
+    epipe: bool = False,
+) -> dict:
+    """The raw dict: records newer than the saved position, and whether records were lost."""
+    start = since(entries, after_seq, saved_boot, boot)
+    first = first_seq(entries)
+    kept = entries if start is None else [e for e in entries if e[0] > start]
+    missed = 0
+    if start is not None and first is not None and first > start + 1:
+        missed = first - start - 1
+    return {
+        "path": path,
+        "boot_id": boot,
+        "records": [record(e) for e in kept],
+        "first_seq": first,
+        "lost": bool(epipe or missed),
+        "missed": missed,
+        "after_seq": after_seq,
+    }
+
+
+def _is_char_device(mode: int) -> bool:
+    return (mode & 0o170000) == 0o020000  # S_IFMT / S_IFCHR, without importing stat
+
+
+def _read(fd: int, after_seq: int | None, saved_boot: str | None) -> tuple:
+    """(entries, epipe, boot id) of an open kernel log: the device, or a file."""
+    if _is_char_device(os.fstat(fd).st_mode):
+        chunks, epipe = read_records(lambda: os.read(fd, READ_SIZE))
+        boot = _this_boot()
+        known = None if rebooted(saved_boot, boot) else after_seq
+        return device_entries(chunks, known), epipe, boot
+    with os.fdopen(fd, "rb", closefd=False) as handle:
+        return file_entries(handle), False, None
+
+
+def gather(path: str = KMSG, after_seq: int | None = None, boot_id: str | None = None) -> dict:
+    """Read the kernel log at `path`: records after `after_seq` (see the module docstring).
+
+    `boot_id` is the id saved with `after_seq`; a saved position of the wrong type (a damaged
+    store) counts as none: read everything. Raises OSError when `path` cannot be read.
+    """
+    if not isinstance(after_seq, int) or isinstance(after_seq, bool):
+        after_seq = None
+    if not isinstance(boot_id, str):
+        boot_id = None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            entries, epipe, boot = _read(fd, after_seq, boot_id)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        reason = f"cannot read the kernel log ({exc.strerror or exc})"
+        raise OSError(exc.errno, reason, path) from exc
+    return select(entries, path, after_seq, saved_boot=boot_id, boot=boot, epipe=epipe)

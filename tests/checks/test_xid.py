@@ -1,0 +1,564 @@
+"""checks/xid.py: every Xid line form, the class table, dedup, and the three checks."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slurmhealth.checks import xid
+from slurmhealth.checks.base import Context
+from slurmhealth.sources import kmsg
+
+FIX = os.path.join(os.path.dirname(__file__), "..", "fixtures", "kmsg")
+
+# A DGX-H100-like node: NVML bus ids (8-digit domain, upper case, .0) -> GPU index.
+GPUS = {
+    f"00000000:{bus}:00.0": index
+    for index, bus in enumerate(["18", "2A", "3A", "5D", "9A", "AB", "BA", "DB"])
+}
+
+
+def facts_of(name: str, **kwargs: object) -> dict:
+    return xid.parse(kmsg.gather(os.path.join(FIX, name), **kwargs))
+
+
+def ctx(**kwargs: object) -> Context:
+    kwargs.setdefault("gpus", GPUS)
+    return Context(**kwargs)
+
+
+def raw_of(*msgs: str, usec_step: int = 1000000, **extra: object) -> dict:
+    records = [{"seq": n, "usec": n * usec_step, "pri": 4, "msg": m} for n, m in enumerate(msgs)]
+    return dict({"records": records, "lost": False, "missed": 0, "after_seq": None}, **extra)
+
+
+def one(msg: str) -> dict:
+    events = xid.parse(raw_of(msg))["events"]
+    assert len(events) == 1, events
+    return events[0]
+
+
+# --- line forms ----------------------------------------------------------------------------
+
+FORMS = [
+    # modern: pid and process name
+    ("NVRM: Xid (PCI:0000:9b:00): 119, pid=2024380, name=nvidia-smi, Timeout after 6s of "
+     "waiting for RPC response from GPU4 GSP! Expected function 76 (GSP_RM_CONTROL) "
+     "(0x20801348 0x4).",
+     119, "0000:9b:00", None, 2024380, "nvidia-smi", "Timeout after 6s of waiting"),
+    # short form: no pid, no name
+    ("NVRM: Xid (PCI:0000:01:00): 79, GPU has fallen off the bus.",
+     79, "0000:01:00", None, None, None, "GPU has fallen off the bus."),
+    # unknown pid and name
+    ("NVRM: Xid (PCI:0000:05:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+     79, "0000:05:00", None, None, None, "GPU has fallen off the bus."),
+    # legacy: no `PCI:` prefix
+    ("NVRM: Xid (0000:03:00): 13, Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): "
+     "Illegal Address",
+     13, "0000:03:00", None, None, None, "Graphics SM Warp Exception"),
+    ("NVRM: Xid (0000:03:00): 14, Channel 00000001",
+     14, "0000:03:00", None, None, None, "Channel 00000001"),
+    # MIG: GPU instance inside the parentheses, pid without name
+    ("NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained: CE User Channel (0x9). "
+     "RST: No, D-RST: No",
+     94, "0000:01:00", 5, 7194, None, "Contained: CE User Channel (0x9)."),
+    # NVLink5
+    ("NVRM: Xid (PCI:0018:01:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 08 (0x004505c6 "
+     "0x00000000 0x00000000 0x00000000)",
+     149, "0018:01:00", None, None, None, "NETIR_LINK_EVT Fatal XC0 i0 Link 08"),
+    # bus ids as other drivers print them: upper case, 8-digit domain, function
+    ("NVRM: Xid (PCI:00000000:9B:00.0): 48, DBE", 48, "0000:9b:00", None, None, None, "DBE"),
+    # leading whitespace, and a number right at the end of the message
+    ("  NVRM: Xid (PCI:0000:9b:00): 31", 31, "0000:9b:00", None, None, None, ""),
+]
+
+
+@pytest.mark.parametrize(("msg", "code", "bus", "instance", "pid", "name", "text"), FORMS)
+def test_line_forms(msg, code, bus, instance, pid, name, text):
+    event = xid.parse_line(msg)
+    assert (event["xid"], event["bus_id"], event["gpu_instance"]) == (code, bus, instance)
+    assert (event["pid"], event["name"]) == (pid, name)
+    assert event["text"].startswith(text)
+
+
+@pytest.mark.parametrize(
+    "msg",
+    [
+        "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  580.95.05  Tue Sep 30 13:32:57 UTC 2025",
+        "NVRM: GPU at PCI:0000:18:00: GPU-5c8e2f5a-0d7b-4f3c-9a1e-7b6c5d4e3f2a",
+        "NVRM: Xid (PCI:0000:3a:00",  # truncated
+        "NVRM: Xid (PCI:zzzz:3a:00): 79, bad bus",
+        "NVRM: Xid (PCI:0000:3a:00): 99999999999, absurd number",
+        # not at the start of the message: another subsystem quoting user-controlled text
+        'audit: type=1400 name="NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus."',
+        "nvidia-nvswitch0: SXid (PCI:0000:06:00.0): 12028, Non-fatal, Link 32",
+    ],
+)
+def test_not_an_xid(msg):
+    assert xid.parse_line(msg) is None
+    assert xid.parse(raw_of(msg))["events"] == []
+
+
+def test_fallen_off_the_bus_without_xid_text():
+    event = one("NVRM: GPU 0000:18:00.0: GPU has fallen off the bus.")
+    assert (event["xid"], event["bus_id"], event["text"]) == (
+        79, "0000:18:00", "GPU has fallen off the bus.")
+    event = one("NVRM: The NVIDIA GPU 0000:18:00.0 (PCI ID: 10de:2330) installed in this system "
+                "has fallen off the bus and is not responding to commands.")
+    assert (event["xid"], event["bus_id"]) == (79, "0000:18:00")
+
+
+def test_fallen_off_the_bus_over_several_records():
+    events = xid.parse(raw_of(
+        "NVRM: The NVIDIA GPU 0000:ba:00.0",
+        "NVRM: (PCI ID: 10de:2330) installed in this system has",
+        "NVRM: fallen off the bus and is not responding to commands.",
+    ))["events"]
+    assert [(e["xid"], e["bus_id"], e["seq"]) for e in events] == [(79, "0000:ba:00", 2)]
+
+
+def test_fallen_off_the_bus_continuation_too_late_or_unattributed():
+    late = ["NVRM: The NVIDIA GPU 0000:ba:00.0", *["NVRM: filler"] * 4,
+            "NVRM: fallen off the bus and is not responding to commands."]
+    assert xid.parse(raw_of(*late))["events"] == []
+    assert xid.parse(raw_of("NVRM: fallen off the bus and is not responding."))["events"] == []
+
+
+def test_fixture_kmsg_forms():
+    events = facts_of("xid-forms.kmsg")["events"]
+    got = [(e["seq"], e["xid"], e["bus_id"], e["gpu_instance"], e["pid"], e["name"])
+           for e in events]
+    assert got == [
+        (10, 119, "0000:9a:00", None, 2024380, "nvidia-smi"),
+        (11, 79, "0000:18:00", None, None, None),
+        (12, 79, "0000:2a:00", None, None, None),
+        (13, 13, "0000:3a:00", None, None, None),
+        (14, 94, "0000:5d:00", 5, 7194, None),
+        (15, 149, "0018:01:00", None, None, None),
+        (16, 144, "0019:01:00", None, None, None),
+        (17, 79, "0000:ab:00", None, None, None),
+        (20, 79, "0000:ba:00", None, None, None),
+        (21, 31, "0000:db:00", None, 55102, "python3"),
+        (22, 154, "0000:9a:00", None, None, None),
+        (23, 63, "0000:9a:00", None, None, None),
+        (24, 48, "0000:9a:00", None, None, None),
+        (25, 999, "0000:9a:00", None, 1234, "train.py"),
+    ]
+    assert events[0]["usec"] == 86400123456
+
+
+def test_fixture_dmesg_forms_match_kmsg_forms():
+    """The same faults from a dmesg-style log, minus the spoofed syslog line."""
+    dmesg = {(e["xid"], e["bus_id"]) for e in facts_of("xid-forms.dmesg")["events"]}
+    records = {(e["xid"], e["bus_id"]) for e in facts_of("xid-forms.kmsg")["events"]
+               if e["seq"] <= 21}
+    assert dmesg == records
+    assert (79, "0000:9a:00") not in dmesg  # `systemd[1]: NVRM: Xid ...` is not the kernel
+
+
+# --- hostile process names -----------------------------------------------------------------
+
+
+def test_hostile_names_stay_inert_data():
+    facts = facts_of("hostile-names.kmsg")
+    names = [e["name"] for e in facts["events"]]
+    assert names[0] == "\\x1b[31mevil\\x1b[0m"  # kernel-escaped: text, not an escape
+    assert names[1] == "$(rm -rf /)"  # kept verbatim: data, never run
+    assert names[2] == "'\";DROP TABLE x"
+    assert names[3] == "<script>alert(1)</script>"  # escaping is the report's job
+    assert len(names[5]) <= xid.NAME_MAX
+    for name in names:
+        assert name.isprintable() and "\n" not in name and "\x1b" not in name
+    # a name that imitates a second Xid line does not create one
+    assert [(e["xid"], e["bus_id"]) for e in facts["events"]] == [(13, "0000:18:00"), (43, "0000:18:00"), (31, "0000:18:00"), (68, "0000:18:00"), (13, "0000:18:00"), (109, "0000:18:00")]  # noqa: E501
+    json.dumps(facts)
+
+
+def test_raw_control_characters_are_replaced():
+    names = [e["name"] for e in facts_of("hostile-names.dmesg")["events"]]
+    assert names == ["?[31mevil?[0m?", "x y"]
+
+
+def test_names_never_reach_the_message():
+    facts = xid.parse(raw_of(
+        "NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=$(reboot)\x1b[2J, "
+        "GPU has fallen off the bus."))
+    for check in xid.CHECKS:
+        result = check(facts, ctx())
+        assert "reboot)" not in result.message and "\x1b" not in result.message
+
+
+# --- classification ------------------------------------------------------------------------
+
+TABLE = [
+    (79, "", "fail", "reboot"),
+    (48, "", "fail", "reset_gpu"),
+    (46, "", "fail", "reset_gpu"),
+    (74, "", "fail", "reset_gpu"),
+    (94, "", "fail", "reset_gpu"),
+    (95, "", "fail", "reset_gpu"),
+    (119, "", "fail", "reset_gpu"),
+    (171, "", "fail", "reset_gpu"),
+    (54, "", "fail", "service"),
+    (143, "", "fail", "drain"),
+    (61, "", "fail", "drain"),
+    (63, "", "warn", "reset_gpu"),
+    (156, "", "warn", "reset_gpu"),
+    (164, "", "warn", "service"),
+    (8, "", "warn", "none"),
+    (32, "", "warn", "none"),
+    (92, "", "warn", "none"),
+    (121, "", "warn", "none"),
+    (137, "", "warn", "none"),
+    (154, "", "warn", "none"),
+    (160, "", "warn", "none"),
+    (999, "", "warn", "none"),  # unknown
+    (13, "", "app", "none"),
+    (31, "", "app", "none"),
+    (43, "", "app", "none"),
+    (45, "", "app", "none"),
+    (68, "", "app", "none"),
+    (109, "", "app", "none"),
+    (149, "NETIR_LINK_EVT Fatal XC0 i0 Link 08 (0x004505c6 0x0 0x0 0x0)", "fail", "reset_gpu"),
+    (150, "MSE_WATCHDOG Fatal XC0 i0 Link 00 (0x0 0x0 0x0 0x0)", "fail", "reset_gpu"),
+    (149, "NETIR_BER_EVENT Nonfatal XC0 i0 Link 00 (0x13 0x0 0x0 0x0)", "warn", "none"),
+    (145, "RLW_REMAP Non-fatal XC0 i0 Link 00", "warn", "none"),
+    (146, "TLW_CTRL XC0 i0 Link 00 (no severity word)", "warn", "none"),
+]
+
+
+@pytest.mark.parametrize(("code", "text", "cls", "action"), TABLE)
+def test_default_classes(code, text, cls, action):
+    assert xid.classify(code, text) == (cls, action)
+
+
+@pytest.mark.parametrize(
+    ("expect", "code", "cls", "action"),
+    [
+        ({"severity": {"13": "fail"}}, 13, "fail", "drain"),
+        ({"severity": {"79": "warn"}}, 79, "warn", "none"),
+        ({"severity": {"63": "fail"}}, 63, "fail", "reset_gpu"),
+        ({"severity": {"8": "ignore"}}, 8, "ignore", "none"),
+        ({"severity": {"74": "app"}}, 74, "app", "none"),
+        ({"severity": {"79": "bogus", "x": "fail"}}, 79, "fail", "reboot"),  # bad entries ignored
+        ({"app": [13, 31]}, 109, "warn", "none"),  # off the app list: no longer the job's
+        ({"app": ["74"]}, 74, "app", "none"),
+        ({"app": [13, 31]}, 13, "app", "none"),
+        ({"unknown": "fail"}, 999, "fail", "drain"),
+        ({"unknown": "ignore"}, 999, "ignore", "none"),
+        ({"unknown": 3, "app": "13", "severity": []}, 13, "warn", "none"),  # broken: fail open
+    ],
+)
+def test_config_changes_classes(expect, code, cls, action):
+    assert xid.classify(code, "", xid.policy(expect)) == (cls, action)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([13, 31, 43, 45, 68, 109]), st.text(max_size=200))
+def test_application_xids_never_fail(code, text):
+    msg = f"NVRM: Xid (PCI:0000:18:00): {code}, pid=1, name=x, {text}"
+    facts = xid.parse(raw_of(msg, msg))
+    assert all(e["class"] == "app" for e in facts["events"])
+    result = xid.hardware(facts, ctx())
+    assert result.status == "ok" and result.action == "none"
+    assert xid.application(facts, ctx()).status == "ok"
+
+
+def test_table_is_well_formed():
+    for code, (mnemonic, cls, action) in xid.XIDS.items():
+        assert mnemonic.isupper() and cls in ("app", "warn", "fail", "nvlink5"), code
+        assert action in ("none", "drain", "reset_gpu", "reboot", "service"), code
+        assert (cls == "app") == (code in xid.DEFAULTS["app"][0]), code
+        assert cls != "fail" or action != "none", code
+
+
+# --- the checks ----------------------------------------------------------------------------
+
+
+def test_hardware_fails_with_the_worst_action():
+    result = xid.hardware(facts_of("xid-forms.kmsg"), ctx())
+    assert result.status == "fail" and result.action == "reboot"
+    assert result.message == "GPU 0 (0000:18:00) Xid 79 gpu has fallen off the bus (+11 more)"
+    events = result.data["events"]
+    assert result.data["count"] == 12 and len(events) == 12
+    assert {e["class"] for e in events} == {"fail", "warn"}
+    first = events[0]
+    assert {k: first[k] for k in ("xid", "gpu", "bus_id", "pid", "name", "class", "action",
+                                  "repeats")} == {
+        "xid": 79, "gpu": 0, "bus_id": "0000:18:00", "pid": None, "name": None,
+        "class": "fail", "action": "reboot", "repeats": 1}
+    by_xid = {e["xid"]: e for e in events}
+    assert by_xid[119]["gpu"] == 4 and by_xid[119]["name"] == "nvidia-smi"
+    assert by_xid[94]["gpu_instance"] == 5
+    assert by_xid[149]["gpu"] is None  # not in ctx.gpus: named by bus id
+    json.dumps(result.to_dict())
+
+
+def test_hardware_names_bus_only_without_gpu_map():
+    facts = xid.parse(raw_of("NVRM: Xid (PCI:0000:9b:00): 48, DBE"))
+    result = xid.hardware(facts, Context())
+    assert result.message == "GPU 0000:9b:00 Xid 48 gpu ecc dbe"
+    assert result.action == "reset_gpu"
+
+
+def test_hardware_mig_instance_in_message():
+    facts = xid.parse(raw_of("NVRM: Xid (PCI:0000:5d:00 GPU-I:05): 94, pid=7194, Contained"))
+    assert xid.hardware(facts, ctx()).message == "GPU 3 (0000:5d:00) GI 5 Xid 94 contained error"
+
+
+def test_hardware_warn_only():
+    facts = xid.parse(raw_of(
+        "NVRM: Xid (PCI:0000:9a:00): 63, Row remapping event",
+        "NVRM: Xid (PCI:0019:01:00): 144, SAW_MVB Nonfatal XC0 i0 Link 00 (0x1 0x1 0x0 0x0)",
+    ))
+    result = xid.hardware(facts, ctx())
+    assert result.status == "warn" and result.action == "reset_gpu"  # a hint, never a drain
+    assert result.message == "GPU 4 (0000:9a:00) Xid 63 inforom dram retirement event (+1 more)"
+
+
+def test_hardware_nvlink5_fatal_message():
+    facts = xid.parse(raw_of("NVRM: Xid (PCI:0000:18:00): 149, NETIR_LINK_EVT Fatal XC0 i0 L 8"))
+    result = xid.hardware(facts, ctx())
+    assert (result.status, result.action) == ("fail", "reset_gpu")
+    assert result.message == "GPU 0 (0000:18:00) Xid 149 nvlink netir error fatal"
+
+
+def test_xid_154_points_to_the_recovery_action():
+    facts = xid.parse(raw_of("NVRM: Xid (PCI:0000:9a:00): 154, GPU recovery action changed "
+                             "from 0x0 (None) to 0x1 (GPU Reset Required)"))
+    result = xid.hardware(facts, ctx())
+    assert result.status == "warn"
+    assert "recovery action" in result.message and "gpu area" in result.message
+
+
+def test_unknown_xid_warns():
+    result = xid.hardware(xid.parse(raw_of("NVRM: Xid (PCI:0000:18:00): 999, new")), ctx())
+    assert (result.status, result.action) == ("warn", "none")
+    assert result.message == "GPU 0 (0000:18:00) Xid 999 not in the Xid table"
+
+
+def test_hardware_ok_when_none():
+    assert xid.hardware(facts_of("healthy.kmsg"), ctx()).message == "no new Xids"
+    result = xid.hardware(facts_of("hostile-names.kmsg"), ctx())
+    assert (result.status, result.message) == ("ok", "no new hardware Xids (6 application)")
+
+
+def test_hardware_config_override_reaches_the_check():
+    facts = xid.parse(raw_of("NVRM: Xid (PCI:0000:18:00): 13, pid=1, name=a, Graphics Exception"))
+    result = xid.hardware(facts, ctx(expect={"severity": {"13": "fail"}}))
+    assert (result.status, result.action) == ("fail", "drain")
+    ignored = xid.hardware(xid.parse(raw_of("NVRM: Xid (PCI:0000:18:00): 8, idle")),
+                           ctx(expect={"severity": {"8": "ignore"}}))
+    assert ignored.status == "ok"
+
+
+def test_job_gpus_come_first():
+    facts = xid.parse(raw_of(
+        "NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus.",
+        "NVRM: Xid (PCI:0000:2a:00): 79, GPU has fallen off the bus.",
+        "NVRM: Xid (PCI:0000:3a:00): 8, idle timeout",
+    ))
+    result = xid.hardware(facts, ctx(job_gpus=[1, 2]))
+    assert result.message.startswith("GPU 1 (0000:2a:00) Xid 79")  # job's GPU, worst class
+    assert [(e["gpu"], e["job"]) for e in result.data["events"]] == [
+        (1, True), (0, False), (2, True)]
+    plain = xid.hardware(facts, ctx())
+    assert plain.message.startswith("GPU 0 (0000:18:00)")
+    assert "job" not in plain.data["events"][0]
+
+
+def test_application_message_and_data():
+    result = xid.application(facts_of("xid-forms.kmsg"), ctx())
+    assert result.status == "ok" and result.action == "none"
+    assert result.message == ("2 application Xids (13, 31) on GPU 2 (0000:3a:00), "
+                              "GPU 7 (0000:db:00): the job's code, not the node")
+    assert [(e["xid"], e["pid"], e["name"]) for e in result.data["events"]] == [
+        (13, None, None), (31, 55102, "python3")]
+    assert xid.application(facts_of("healthy.kmsg"), ctx()).message == "no application Xids"
+
+
+def test_application_single_gpu():
+    facts = xid.parse(raw_of(
+        "NVRM: Xid (PCI:0000:18:00): 13, pid=9, name=a, Graphics Exception: ESR 0x1",
+        "NVRM: Xid (PCI:0000:18:00): 31, pid=9, name=a, MMU Fault",
+    ))
+    assert xid.application(facts, ctx()).message == (
+        "2 application Xids (13, 31) on GPU 0 (0000:18:00): the job's code, not the node")
+
+
+def test_log_continuity():
+    wrapped = xid.log_continuity(facts_of("wrapped.kmsg", after_seq=41000), ctx())
+    assert wrapped.status == "warn"
+    assert wrapped.message == ("kernel log wrapped: 8999 records lost since last run, "
+                               "Xids may be missed")
+    assert wrapped.data["missed"] == 8999 and wrapped.data["first_seq"] == 50000
+    epipe = xid.log_continuity(xid.parse(raw_of("x", lost=True)), ctx())
+    assert epipe.status == "warn" and "while reading" in epipe.message
+    fine = xid.log_continuity(facts_of("healthy.kmsg"), ctx())
+    assert (fine.status, fine.message) == ("ok", "22 new kernel log records, none lost")
+
+
+# --- dedup ---------------------------------------------------------------------------------
+
+
+def test_repeated_119_is_deduplicated():
+    facts = facts_of("repeated-119.kmsg")
+    got = [(e["seq"], e["bus_id"], e["repeats"]) for e in facts["events"]]
+    # one line every 6 s from t=1000 s: windows of 60 s from each first line (11 + 11 + 4)
+    assert got == [(7001, "0000:9a:00", 11), (7003, "0000:ab:00", 1),
+                   (7013, "0000:9a:00", 11), (7024, "0000:9a:00", 4)]
+    assert facts["events"][0]["pid"] == 2024380  # the first line's pid is kept
+    result = xid.hardware(facts, ctx())
+    assert result.message == "GPU 4 (0000:9a:00) Xid 119 gsp rpc timeout x11 (+3 more)"
+
+
+def test_wider_configured_window_merges_again():
+    facts = facts_of("repeated-119.kmsg")
+    events = xid.events_for(facts, ctx(expect={"dedup_s": 600}))
+    assert [(e["bus_id"], e["repeats"]) for e in events] == [("0000:9a:00", 26), ("0000:ab:00", 1)]
+    assert len(facts["events"]) == 4  # the facts themselves are untouched
+
+
+def test_dedup_keeps_different_faults_apart():
+    facts = xid.parse(raw_of(
+        "NVRM: Xid (PCI:0000:18:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 08",
+        "NVRM: Xid (PCI:0000:18:00): 149, NETIR_BER_EVENT Nonfatal XC0 i0 Link 08",
+        "NVRM: Xid (PCI:0000:2a:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 08",
+        "NVRM: Xid (PCI:0000:18:00 GPU-I:01): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 08",
+        "NVRM: Xid (PCI:0000:18:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 09",  # numbers only
+    ))
+    assert [e["repeats"] for e in facts["events"]] == [2, 1, 1, 1]
+
+
+def test_dedup_without_timestamps_merges_identical_lines():
+    raw = raw_of(*["NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus."] * 3)
+    for rec in raw["records"]:
+        rec["usec"] = None
+    assert [e["repeats"] for e in xid.parse(raw)["events"]] == [3]
+
+
+def test_xid_79_and_its_xidless_twin_are_one_event():
+    facts = facts_of("wrapped.kmsg", after_seq=41000)
+    assert [(e["xid"], e["bus_id"], e["repeats"]) for e in facts["events"]] == [
+        (79, "0000:9a:00", 2)]
+
+
+# --- parse facts, baseline, expectations ---------------------------------------------------
+
+
+def test_parse_facts_shape():
+    facts = facts_of("xid-forms.kmsg", after_seq=20)
+    assert {k: facts[k] for k in ("records", "first_seq", "after_seq", "last_seq", "lost",
+                                  "missed", "boot_id", "window_s")} == {
+        "records": 6, "first_seq": 0, "after_seq": 20, "last_seq": 26, "lost": False,
+        "missed": 0, "boot_id": None, "window_s": 60}
+    assert [e["xid"] for e in facts["events"]] == [31, 154, 63, 48, 999]
+    assert set(facts["events"][0]) == {"seq", "usec", "xid", "bus_id", "gpu_instance", "pid",
+                                       "name", "text", "repeats", "class", "action"}
+
+
+def test_baseline_is_the_last_seq_read():
+    facts = xid.parse(dict(raw_of("a", "b", "c"), boot_id="b1", after_seq=None))
+    assert xid.baseline(facts) == {"seq": 2, "boot_id": "b1"}
+
+
+def test_baseline_keeps_the_saved_seq_when_nothing_is_new():
+    facts = xid.parse({"records": [], "after_seq": 1234, "boot_id": "b1"})
+    assert xid.baseline(facts) == {"seq": 1234, "boot_id": "b1"}
+
+
+def test_baseline_round_trip_through_the_source():
+    """What baseline saves is what the next gather needs: nothing is read twice."""
+    path = os.path.join(FIX, "xid-forms.kmsg")
+    first = xid.parse(kmsg.gather(path))
+    saved = xid.baseline(first)
+    again = xid.parse(kmsg.gather(path, saved["seq"], saved["boot_id"]))
+    assert again["events"] == [] and xid.baseline(again) == saved
+
+
+def test_expectations_are_empty():
+    assert xid.expectations(facts_of("healthy.kmsg")) == {}
+
+
+def test_module_contract():
+    assert (xid.AREA, xid.SOURCE) == ("xid", "kmsg")
+    assert [f.__name__ for f in xid.CHECKS] == ["hardware", "application", "log_continuity"]
+    for key, (default, kind, why) in xid.DEFAULTS.items():
+        assert isinstance(default, kind) and isinstance(why, str) and why, key
+    assert all(f.__doc__ for f in xid.CHECKS)
+
+
+def test_module_imports_stay_light():
+    tree = ast.parse(open(xid.__file__, encoding="utf-8").read())
+    names = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            names.add(node.module or "")
+    assert {n for n in names if not n.startswith("slurmhealth")} <= {"__future__", "re"}
+
+
+# --- never raises --------------------------------------------------------------------------
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=30),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                  max_size=4),
+    max_leaves=20,
+)
+NVRMISH = st.one_of(
+    st.text(max_size=200),
+    st.builds(lambda a, b: f"NVRM: Xid (PCI:{a}): {b}", st.text(max_size=20), st.text(max_size=80)),
+    st.builds(lambda a, b: f"NVRM: GPU {a}: GPU has fallen off the bus{b}",
+              st.text(max_size=20), st.text(max_size=20)),
+    st.builds(lambda b: b.decode("utf-8", "replace"), st.binary(max_size=200)),
+)
+RECORD = st.fixed_dictionaries(
+    {},
+    optional={"seq": JSON | st.integers(), "usec": JSON | st.integers(), "pri": JSON,
+              "msg": NVRMISH | JSON},
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(JSON | st.fixed_dictionaries({}, optional={
+    "records": st.lists(RECORD | JSON, max_size=10), "after_seq": JSON, "first_seq": JSON,
+    "lost": JSON, "missed": JSON, "boot_id": JSON}))
+def test_parse_never_raises(raw):
+    facts = xid.parse(raw)
+    json.dumps(facts)
+    for check in xid.CHECKS:
+        assert check(facts, ctx(job_gpus=[0])).status in ("ok", "warn", "fail")
+    xid.baseline(facts)
+
+
+NAME_TEXT = st.text(st.characters(exclude_categories=("Cs",), exclude_characters=","),
+                    min_size=1, max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(0, 999),
+    st.integers(0, 0xFFFF), st.integers(0, 0xFF), st.integers(0, 0x1F),
+    st.one_of(st.none(), st.integers(0, 99)),
+    st.integers(0, 2**31),
+    NAME_TEXT,
+    st.text(max_size=100),
+)
+def test_parse_line_recovers_fields(code, domain, bus, dev, instance, pid, name, rest):
+    gi = f" GPU-I:{instance:02d}" if instance is not None else ""
+    bus_id = f"{domain:04x}:{bus:02x}:{dev:02x}"
+    msg = f"NVRM: Xid (PCI:{bus_id}{gi}): {code}, pid={pid}, name={name}, {rest}"
+    event = xid.parse_line(msg)
+    assert event["xid"] == code
+    assert event["bus_id"] == bus_id
+    assert (event["gpu_instance"], event["pid"]) == (instance, pid)
+    if event["name"] is not None:
+        assert event["name"].isprintable() and len(event["name"]) <= xid.NAME_MAX
+    assert len(event["text"]) <= xid.TEXT_MAX

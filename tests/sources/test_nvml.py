@@ -1,0 +1,76 @@
+"""The real NVML gather code path, run against tests/fakenvml (no GPU on CI machines)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from conftest import FAKE_NVML, snapshot_path
+
+from slurmhealth.sources import SourceUnavailable
+
+
+@pytest.fixture
+def nvml(monkeypatch):
+    monkeypatch.syspath_prepend(FAKE_NVML)
+    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
+    from slurmhealth.sources import nvml as module
+
+    return module
+
+
+def use(monkeypatch, name: str, fault: str = "") -> dict:
+    monkeypatch.setenv("FAKE_NVML_SNAPSHOT", snapshot_path(name))
+    monkeypatch.setenv("FAKE_NVML_FAULT", fault)
+    with open(snapshot_path(name)) as handle:
+        return json.load(handle)["gpu"]
+
+
+def test_gather_returns_the_snapshot_shape(nvml, monkeypatch):
+    expected = use(monkeypatch, "healthy")
+    raw = nvml.gather()
+    assert raw["count"] == 8 and raw["driver_version"] == "550.90.07"
+    got, want = raw["devices"][3], expected["devices"][3]
+    for key in ("uuid", "bus_id", "vbios", "persistence", "fields", "fabric", "nvlink",
+                "pcie_max_gen", "processes", "clock_event_reasons", "temperature"):
+        assert got[key] == want[key], key
+    assert set(raw["timing_ms"]) == {"init", "total"}
+
+
+def test_unsupported_values_are_none_with_the_reason(nvml, monkeypatch):
+    use(monkeypatch, "healthy")
+    raw = nvml.gather()
+    dev = raw["devices"][0]
+    assert dev["fields"]["retired_pending"] is None  # Hopper: NotSupported
+    assert dev["error"] is None
+
+
+def test_a_lost_gpu_is_recorded_not_raised(nvml, monkeypatch):
+    use(monkeypatch, "healthy", "lost:5")
+    raw = nvml.gather()
+    assert raw["devices"][5]["error"] == "GpuIsLost"
+    assert raw["devices"][4]["error"] is None
+
+
+@pytest.mark.parametrize("fault", ["library_missing", "driver_not_loaded"])
+def test_no_driver_is_unavailable(nvml, monkeypatch, fault):
+    use(monkeypatch, "healthy", fault)
+    with pytest.raises(SourceUnavailable, match="NVML unavailable"):
+        nvml.gather()
+
+
+def test_without_nvlink_the_links_are_none(nvml, monkeypatch, tmp_path):
+    with open(snapshot_path("healthy")) as handle:
+        doc = json.load(handle)
+    for dev in doc["gpu"]["devices"]:
+        dev["nvlink"] = None
+        dev["fabric"] = None
+    path = tmp_path / "pcie.json"
+    path.write_text(json.dumps(doc))
+    monkeypatch.setenv("FAKE_NVML_SNAPSHOT", str(path))
+    monkeypatch.setenv("FAKE_NVML_FAULT", "")
+    raw = nvml.gather()
+    assert raw["devices"][0]["nvlink"] is None
+    assert raw["devices"][0]["errors"]["nvlink"] == "NotSupported"
+    assert raw["devices"][0]["fabric"] is None

@@ -1,0 +1,154 @@
+"""The `slurmhealth` command as an admin runs it: exit codes, JSON contract, clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+from conftest import FAKE_NVML, FIXTURES, run_cli, snapshot_path
+
+from slurmhealth.checks import REGISTRY
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def check(*args, env=None):
+    return run_cli("check", "--no-db", *args, env=env)
+
+
+def test_healthy_exit_0_and_a_table():
+    proc = check("--gpu-source", snapshot_path("healthy"), "--only", "gpu,nvlink")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0].split() == ["CHECK", "STATUS", "MESSAGE"]
+    assert "gpu.count" in proc.stdout and "node " in proc.stdout.splitlines()[-1]
+
+
+def test_fault_exit_1_and_json_contract():
+    proc = check("--gpu-source", snapshot_path("gpu-lost"), "--json", "--node", "gpu07")
+    assert proc.returncode == 1
+    doc = json.loads(proc.stdout)
+    assert doc["node"] == "gpu07" and doc["verdict"] == "fail"
+    first = doc["results"][0]
+    assert set(first) == {"check", "status", "message", "action", "data"}
+    assert first == {**first, "check": "gpu.count", "status": "fail", "action": "reboot"}
+    statuses = {r["status"] for r in doc["results"]}
+    assert statuses <= {"ok", "warn", "fail", "skip", "error"}
+
+
+def test_warn_alone_exits_0():
+    proc = check("--gpu-source", snapshot_path("thermal"), "--only", "gpu", "--json")
+    assert proc.returncode == 0
+    assert json.loads(proc.stdout)["verdict"] == "warn"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--bogus"], "no such option: --bogus"),
+        (["--only", "disk"], "unknown area 'disk'"),
+        (["--node"], "option --node needs a value"),
+        (["--gpu-source", "/nonexistent.json"], "No such file"),
+        (["--config", "/nonexistent.toml"], "cannot read config"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(args, message):
+    proc = check(*args)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_a_broken_config_exits_2_naming_file_and_line(tmp_path):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text("[gpu]\ncount = 8\nbogus = 1\n")
+    proc = check("--config", str(cfg), "--gpu-source", snapshot_path("healthy"))
+    assert proc.returncode == 2
+    assert f"{cfg}:3: unknown key gpu.bogus" in proc.stderr
+    validate = run_cli("config", "validate", "--config", str(cfg))
+    assert validate.returncode == 2 and f"{cfg}:3:" in validate.stderr
+
+
+def test_expected_gpu_count_from_config_fails_a_short_node(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[[node]]\nmatch = "gpu[01-04]"\ngpu.count = 8\n')
+    proc = check("--config", str(cfg), "--node", "gpu02", "--gpu-source",
+                 snapshot_path("gpu-missing"), "--only", "gpu")
+    assert proc.returncode == 1 and "7 GPUs visible, 8 expected" in proc.stdout
+    show = run_cli("config", "show", "--config", str(cfg), "--node", "gpu02")
+    assert json.loads(show.stdout)["gpu"]["count"] == 8
+
+
+def test_the_store_keeps_baselines_between_checks(db):
+    args = ["check", "--db", db, "--gpu-source", snapshot_path("healthy"), "--only", "gpu"]
+    first = run_cli(*args, "--json")
+    assert json.loads(first.stdout)["results"][1]["message"] == "inventory recorded"
+    second = run_cli(*args, "--json")
+    assert json.loads(second.stdout)["results"][1]["message"] == "inventory unchanged"
+
+
+def fake_env(fault=""):
+    return {"PYTHONPATH": f"{FAKE_NVML}:{REPO}", "FAKE_NVML_SNAPSHOT": snapshot_path("healthy"),
+            "FAKE_NVML_FAULT": fault}
+
+
+def test_snapshot_replays_to_the_same_verdicts(tmp_path):
+    sysfs = os.path.join(FIXTURES, "sysfs", "healthy-8x-ndr")
+    kmsg = os.path.join(FIXTURES, "kmsg", "xid-forms.kmsg")
+    out = tmp_path / "snap.json"
+    live_args = ["--sysfs-root", sysfs, "--kmsg", kmsg, "--node", "gpu01", "--json"]
+    snap = run_cli("snapshot", "-o", str(out), "--sysfs-root", sysfs, "--kmsg", kmsg,
+                   "--node", "gpu01", env=fake_env())
+    assert snap.returncode == 0, snap.stderr
+    live = check(*live_args, env=fake_env())
+    replayed = check("--gpu-source", str(out), "--node", "gpu01", "--json")
+
+    def verdicts(proc):
+        return [(r["check"], r["status"], r["message"]) for r in json.loads(proc.stdout)["results"]]
+
+    assert verdicts(live) == verdicts(replayed)
+    assert json.loads(out.read_text())["format"] == "slurmhealth-snapshot/1"
+
+
+def test_genconf_writes_a_config_that_validates_and_passes(tmp_path):
+    out = tmp_path / "gen.toml"
+    sysfs = os.path.join(FIXTURES, "sysfs", "healthy-8x-ndr")
+    proc = run_cli("config", "genconf", "--node", "gpu01", "-o", str(out), "--gpu-source",
+                   snapshot_path("healthy"), "--sysfs-root", sysfs)
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text()
+    assert "gpu.count = 8" in text and "nvlink.links_per_gpu = 18" in text
+    assert run_cli("config", "validate", "--config", str(out)).returncode == 0
+    again = check("--config", str(out), "--node", "gpu01", "--gpu-source",
+                  snapshot_path("healthy"), "--sysfs-root", sysfs, "--only", "gpu,nvlink,ib")
+    assert again.returncode == 0, again.stdout
+    short = check("--config", str(out), "--node", "gpu01", "--gpu-source",
+                  snapshot_path("gpu-missing"), "--only", "gpu")
+    assert short.returncode == 1
+
+
+def test_every_command_has_help_with_an_example():
+    from click.testing import CliRunner
+
+    from slurmhealth.cli import cli
+
+    def walk(group, path):
+        for name, command in group.commands.items():
+            yield [*path, name], command
+            if hasattr(command, "commands"):
+                yield from walk(command, [*path, name])
+
+    for path, command in walk(cli, []):
+        assert command.help and "Example:" in command.help, path
+        if path != ["check"]:
+            assert CliRunner().invoke(cli, [*path, "--help"]).exit_code == 0
+    assert "Example:" in check("--help").stdout
+
+
+def test_readme_catalogue_equals_the_registry():
+    with open(os.path.join(REPO, "README.md")) as handle:
+        readme = handle.read()
+    section = readme.split("## Check catalogue", 1)[1].split("\n## ", 1)[0]
+    listed = re.findall(r"^\| `([a-z]+\.[a-z_]+)` \|", section, re.M)
+    assert listed == list(REGISTRY)
