@@ -21,7 +21,9 @@ HEAVY = ("click", "jinja2", "sqlite_utils", "prometheus_client", "pynvml")
 
 def timed(argv: list, env: dict) -> float:
     started = time.perf_counter()
-    subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    subprocess.run(
+        argv, env=env, cwd=os.sep, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False
+    )
     return (time.perf_counter() - started) * 1000
 
 
@@ -31,13 +33,19 @@ def pct(values: list, q: float) -> float:
 
 
 def importtime(python: str, args: list, env: dict) -> tuple:
-    proc = subprocess.run([python, "-X", "importtime", "-m", "slurmhealth", *args], env=env,
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [python, "-X", "importtime", "-m", "slurmhealth", *args],
+        env=env,
+        cwd=os.sep,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     rows = []
     for line in proc.stderr.splitlines():
         if not line.startswith("import time:") or "cumulative" in line:
             continue
-        self_us, cumulative, name = line[len("import time:"):].split("|")
+        self_us, cumulative, name = line[len("import time:") :].split("|")
         rows.append((name.rstrip()[1:], int(self_us), int(cumulative)))
     names = {name.strip() for name, _, _ in rows}
     top = sorted((r for r in rows if not r[0].startswith(" ")), key=lambda r: -r[2])[:8]
@@ -57,19 +65,40 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         db = os.path.join(tmp, "gpu01.db")
         check = [*entry, "check", "--node", "gpu01", "--gpu-source", opts.snapshot]
+        cfg = os.path.join(tmp, "slurmhealth.toml")
+        subprocess.run(
+            [
+                *entry,
+                "config",
+                "genconf",
+                "--node",
+                "gpu01",
+                "--gpu-source",
+                opts.snapshot,
+                "-o",
+                cfg,
+            ],
+            env=env,
+            check=True,
+        )
         timed([*check, "--db", db], env)  # create the store once, as a node's first prolog
-        series: dict = {"python -c pass": [], "check --no-db": [], "check --db": []}
+        commands = {
+            "python -c pass": [python, "-c", "pass"],
+            "check --no-db": [*check, "--no-db"],
+            "check --db": [*check, "--db", db],
+            "check --db --config": [*check, "--db", db, "--config", cfg],
+        }
+        series: dict = {name: [] for name in commands}
         for _ in range(opts.runs):  # interleaved, so machine noise hits all alike
-            series["python -c pass"].append(timed([python, "-c", "pass"], env))
-            series["check --no-db"].append(timed([*check, "--no-db"], env))
-            series["check --db"].append(timed([*check, "--db", db], env))
+            for name, argv in commands.items():
+                series[name].append(timed(argv, env))
         names, top = importtime(python, ["check", "--no-db", "--gpu-source", opts.snapshot], env)
     base = statistics.median(series["python -c pass"])
     print(f"interpreter: {python} (Python {sys.version.split()[0]}), runs: {opts.runs}")
-    print(f"{'command':<18} {'p50 ms':>8} {'p99 ms':>8} {'x pass':>7}")
+    print(f"{'command':<20} {'p50 ms':>8} {'p99 ms':>8} {'x pass':>7}")
     for name, values in series.items():
         p50 = statistics.median(values)
-        print(f"{name:<18} {p50:8.1f} {pct(values, 0.99):8.1f} {p50 / base:7.2f}")
+        print(f"{name:<20} {p50:8.1f} {pct(values, 0.99):8.1f} {p50 / base:7.2f}")
     print("heavy modules imported by check:", [m for m in HEAVY if m in names] or "none")
     print("largest imports (cumulative us):", ", ".join(f"{n.strip()} {c}" for n, _, c in top))
 

@@ -19,8 +19,12 @@ def source_options(func: object) -> object:
     """--gpu-source, --sysfs-root, --kmsg: where facts come from (shared by several commands)."""
     for option in reversed(
         (
-            click.option("--gpu-source", default="nvml", show_default=True,
-                         help="nvml, or a snapshot file to replay"),
+            click.option(
+                "--gpu-source",
+                default="nvml",
+                show_default=True,
+                help="nvml, or a snapshot file to replay",
+            ),
             click.option("--sysfs-root", default=None, help="read DIR/class/infiniband [/sys]"),
             click.option("--kmsg", default=None, help="kernel log path [/dev/kmsg]"),
         )
@@ -66,11 +70,17 @@ def check(ctx: click.Context) -> None:
 
 @cli.command()
 @click.option("--node", default=None, help="node name [$SLURMD_NODENAME or host name]")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default="-",
-              help="write here instead of standard output")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False),
+    default="-",
+    help="write here instead of standard output",
+)
 @source_options
-def snapshot(node: str | None, output: str, gpu_source: str, sysfs_root: str | None,
-             kmsg: str | None) -> None:
+def snapshot(
+    node: str | None, output: str, gpu_source: str, sysfs_root: str | None, kmsg: str | None
+) -> None:
     """Write everything the checks read on this node as one JSON document.
 
     Replaying it with `check --gpu-source FILE` gives the same verdicts
@@ -83,8 +93,9 @@ def snapshot(node: str | None, output: str, gpu_source: str, sysfs_root: str | N
     settings = config.defaults()["settings"]
     timeouts = {s: settings[f"timeout_{s}"] for s in runner.SOURCES}
     try:
-        doc = runner.snapshot(name, _options(gpu_source, sysfs_root, kmsg), timeouts,
-                              settings["deadline"])
+        doc = runner.snapshot(
+            name, _options(gpu_source, sysfs_root, kmsg), timeouts, settings["deadline"]
+        )
     except (OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     text = json.dumps(doc, indent=1, sort_keys=True) + "\n"
@@ -163,8 +174,9 @@ def example() -> None:
 @click.option("--node", default=None, help="node name [$SLURMD_NODENAME or host name]")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default="-")
 @source_options
-def genconf(node: str | None, output: str, gpu_source: str, sysfs_root: str | None,
-            kmsg: str | None) -> None:
+def genconf(
+    node: str | None, output: str, gpu_source: str, sysfs_root: str | None, kmsg: str | None
+) -> None:
     """Write expectations from this node's facts (run it on a known-good node).
 
     Example:

@@ -48,7 +48,13 @@ def defaults() -> dict:
 
 
 def _copy(value: object) -> object:
-    return dict(value) if isinstance(value, dict) else list(value) if isinstance(value, list) else value
+    return (
+        dict(value)
+        if isinstance(value, dict)
+        else list(value)
+        if isinstance(value, list)
+        else value
+    )
 
 
 def _schema(section: str) -> dict:
@@ -150,7 +156,7 @@ def _check_nodes(blocks: object, where: str, text: str) -> list[str]:
         pattern = block.get("match")
         line = _line_of(text, "match")
         if not isinstance(pattern, str):
-            errors.append(f"{where}:{line}: every [[node]] needs match = \"pattern\"")
+            errors.append(f'{where}:{line}: every [[node]] needs match = "pattern"')
             continue
         try:
             hostlist.validate(pattern)
@@ -231,11 +237,17 @@ def example_text() -> str:
     ]
     for name, module in AREAS.items():
         lines.extend(_example_section(name, module.DEFAULTS))
-    lines.append("# Per-check overrides: enabled = false, or severity = \"warn\" | \"fail\".")
+    lines.append('# Per-check overrides: enabled = false, or severity = "warn" | "fail".')
     for check in REGISTRY:
-        lines.append(f"# [checks.\"{check}\"]  # {describe(check)}")
-    lines += ["", "# Node-set blocks (later ones win): patterns like gpu[01-16], globs, !negation.",
-              "# [[node]]", '# match = "gpu[01-16],!gpu05"', "# gpu.count = 8", ""]
+        lines.append(f'# [checks."{check}"]  # {describe(check)}')
+    lines += [
+        "",
+        "# Node-set blocks (later ones win): patterns like gpu[01-16], globs, !negation.",
+        "# [[node]]",
+        '# match = "gpu[01-16],!gpu05"',
+        "# gpu.count = 8",
+        "",
+    ]
     return "\n".join(lines)
 
 

@@ -83,7 +83,6 @@ def validate(pattern: str) -> None:
     """Raise PatternError when the pattern cannot be read."""
     if not pattern.strip():
         raise PatternError("empty node pattern")
-    for term in split_terms(pattern):
-        term = term.lstrip("!")
+    for term in (t.lstrip("!") for t in split_terms(pattern)):
         if "[" in term and not _is_glob(term):
             expand(term)

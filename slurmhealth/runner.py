@@ -307,4 +307,3 @@ def snapshot(node: str, options: Options, timeouts: dict, deadline: float) -> di
     for source in SOURCES:
         doc[source] = gathered[source].raw
     return doc
-

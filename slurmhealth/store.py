@@ -44,6 +44,7 @@ MIGRATIONS = (
     CREATE TABLE actions (
         id TEXT PRIMARY KEY, node TEXT NOT NULL, time REAL NOT NULL, action TEXT NOT NULL,
         reason TEXT NOT NULL, actor TEXT NOT NULL, ok INTEGER NOT NULL DEFAULT 1);
+    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
     CREATE TABLE baselines (
         node TEXT NOT NULL, area TEXT NOT NULL, job_id TEXT NOT NULL DEFAULT '',
         data TEXT NOT NULL, updated REAL NOT NULL, PRIMARY KEY (node, area, job_id));
@@ -67,7 +68,9 @@ def new_id() -> str:
 def _migrate(conn: sqlite3.Connection) -> None:
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     if version > SCHEMA_VERSION:
-        raise StoreError(f"store schema {version} is newer than this slurmhealth ({SCHEMA_VERSION})")
+        raise StoreError(
+            f"store schema {version} is newer than this slurmhealth ({SCHEMA_VERSION})"
+        )
     if version == SCHEMA_VERSION:
         return
     conn.execute("BEGIN IMMEDIATE")
@@ -96,6 +99,15 @@ def connect(path: str) -> sqlite3.Connection:
     return conn
 
 
+def get_meta(conn: sqlite3.Connection, key: str) -> object:
+    row = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+    return json.loads(row[0]) if row else None
+
+
+def set_meta(conn: sqlite3.Connection, key: str, value: object) -> None:
+    conn.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, json.dumps(value)))
+
+
 def load_baselines(conn: sqlite3.Connection, node: str, job_id: str = "") -> dict:
     """{area: data} saved by the previous run on this node (or for this job)."""
     rows = conn.execute(
@@ -111,11 +123,25 @@ def _events(run: Run, run_id: str, job_id: str | None) -> list:
         if result.check not in ("xid.hardware", "xid.application"):
             continue
         for ev in result.data.get("events", []):
-            rows.append((
-                new_id(), run_id, run.node, job_id, run.started, "xid",
-                ev.get("xid"), ev.get("gpu"), ev.get("bus_id"), ev.get("pid"), ev.get("name"),
-                ev.get("class"), ev.get("action"), ev.get("text"), ev.get("repeats", 1),
-            ))
+            rows.append(
+                (
+                    new_id(),
+                    run_id,
+                    run.node,
+                    job_id,
+                    run.started,
+                    "xid",
+                    ev.get("xid"),
+                    ev.get("gpu"),
+                    ev.get("bus_id"),
+                    ev.get("pid"),
+                    ev.get("name"),
+                    ev.get("class"),
+                    ev.get("action"),
+                    ev.get("text"),
+                    ev.get("repeats", 1),
+                )
+            )
     return rows
 
 
@@ -126,15 +152,35 @@ def record_run(conn: sqlite3.Connection, r: Run, job_id: str | None = None) -> s
     run_id = new_id()
     sources = json.dumps({k: v.to_dict() for k, v in r.sources.items()})
     results = [
-        (run_id, x.check, x.status, x.message, x.action, json.dumps(x.data, default=str), x.duration)
+        (
+            run_id,
+            x.check,
+            x.status,
+            x.message,
+            x.action,
+            json.dumps(x.data, default=str),
+            x.duration,
+        )
         for x in r.results
     ]
-    baselines = [(r.node, area, json.dumps(data), time.time()) for area, data in r.baselines.items()]
+    baselines = [
+        (r.node, area, json.dumps(data), time.time()) for area, data in r.baselines.items()
+    ]
     try:
         conn.execute("BEGIN IMMEDIATE")
         conn.execute(
             "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (run_id, r.node, job_id, r.phase, r.started, r.duration, r.verdict, __version__, sources),
+            (
+                run_id,
+                r.node,
+                job_id,
+                r.phase,
+                r.started,
+                r.duration,
+                r.verdict,
+                __version__,
+                sources,
+            ),
         )
         conn.executemany("INSERT INTO results VALUES (?, ?, ?, ?, ?, ?, ?)", results)
         conn.executemany(

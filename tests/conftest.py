@@ -18,12 +18,17 @@ def snapshot_path(name: str) -> str:
     return os.path.join(SNAPSHOTS, f"h100-hgx-{name}.json")
 
 
-def run_cli(*args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, env: dict | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess:
     """Run `python -m slurmhealth ARGS` in a fresh process, as an admin would."""
     full_env = dict(os.environ, **(env or {}))
     return subprocess.run(
         [sys.executable, "-m", "slurmhealth", *args],
-        capture_output=True, text=True, env=full_env, timeout=timeout,
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
     )
 
 

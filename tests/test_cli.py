@@ -73,8 +73,16 @@ def test_a_broken_config_exits_2_naming_file_and_line(tmp_path):
 def test_expected_gpu_count_from_config_fails_a_short_node(tmp_path):
     cfg = tmp_path / "c.toml"
     cfg.write_text('[[node]]\nmatch = "gpu[01-04]"\ngpu.count = 8\n')
-    proc = check("--config", str(cfg), "--node", "gpu02", "--gpu-source",
-                 snapshot_path("gpu-missing"), "--only", "gpu")
+    proc = check(
+        "--config",
+        str(cfg),
+        "--node",
+        "gpu02",
+        "--gpu-source",
+        snapshot_path("gpu-missing"),
+        "--only",
+        "gpu",
+    )
     assert proc.returncode == 1 and "7 GPUs visible, 8 expected" in proc.stdout
     show = run_cli("config", "show", "--config", str(cfg), "--node", "gpu02")
     assert json.loads(show.stdout)["gpu"]["count"] == 8
@@ -89,8 +97,11 @@ def test_the_store_keeps_baselines_between_checks(db):
 
 
 def fake_env(fault=""):
-    return {"PYTHONPATH": f"{FAKE_NVML}:{REPO}", "FAKE_NVML_SNAPSHOT": snapshot_path("healthy"),
-            "FAKE_NVML_FAULT": fault}
+    return {
+        "PYTHONPATH": f"{FAKE_NVML}:{REPO}",
+        "FAKE_NVML_SNAPSHOT": snapshot_path("healthy"),
+        "FAKE_NVML_FAULT": fault,
+    }
 
 
 def test_snapshot_replays_to_the_same_verdicts(tmp_path):
@@ -98,8 +109,18 @@ def test_snapshot_replays_to_the_same_verdicts(tmp_path):
     kmsg = os.path.join(FIXTURES, "kmsg", "xid-forms.kmsg")
     out = tmp_path / "snap.json"
     live_args = ["--sysfs-root", sysfs, "--kmsg", kmsg, "--node", "gpu01", "--json"]
-    snap = run_cli("snapshot", "-o", str(out), "--sysfs-root", sysfs, "--kmsg", kmsg,
-                   "--node", "gpu01", env=fake_env())
+    snap = run_cli(
+        "snapshot",
+        "-o",
+        str(out),
+        "--sysfs-root",
+        sysfs,
+        "--kmsg",
+        kmsg,
+        "--node",
+        "gpu01",
+        env=fake_env(),
+    )
     assert snap.returncode == 0, snap.stderr
     live = check(*live_args, env=fake_env())
     replayed = check("--gpu-source", str(out), "--node", "gpu01", "--json")
@@ -114,17 +135,45 @@ def test_snapshot_replays_to_the_same_verdicts(tmp_path):
 def test_genconf_writes_a_config_that_validates_and_passes(tmp_path):
     out = tmp_path / "gen.toml"
     sysfs = os.path.join(FIXTURES, "sysfs", "healthy-8x-ndr")
-    proc = run_cli("config", "genconf", "--node", "gpu01", "-o", str(out), "--gpu-source",
-                   snapshot_path("healthy"), "--sysfs-root", sysfs)
+    proc = run_cli(
+        "config",
+        "genconf",
+        "--node",
+        "gpu01",
+        "-o",
+        str(out),
+        "--gpu-source",
+        snapshot_path("healthy"),
+        "--sysfs-root",
+        sysfs,
+    )
     assert proc.returncode == 0, proc.stderr
     text = out.read_text()
     assert "gpu.count = 8" in text and "nvlink.links_per_gpu = 18" in text
     assert run_cli("config", "validate", "--config", str(out)).returncode == 0
-    again = check("--config", str(out), "--node", "gpu01", "--gpu-source",
-                  snapshot_path("healthy"), "--sysfs-root", sysfs, "--only", "gpu,nvlink,ib")
+    again = check(
+        "--config",
+        str(out),
+        "--node",
+        "gpu01",
+        "--gpu-source",
+        snapshot_path("healthy"),
+        "--sysfs-root",
+        sysfs,
+        "--only",
+        "gpu,nvlink,ib",
+    )
     assert again.returncode == 0, again.stdout
-    short = check("--config", str(out), "--node", "gpu01", "--gpu-source",
-                  snapshot_path("gpu-missing"), "--only", "gpu")
+    short = check(
+        "--config",
+        str(out),
+        "--node",
+        "gpu01",
+        "--gpu-source",
+        snapshot_path("gpu-missing"),
+        "--only",
+        "gpu",
+    )
     assert short.returncode == 1
 
 
@@ -152,3 +201,31 @@ def test_readme_catalogue_equals_the_registry():
     section = readme.split("## Check catalogue", 1)[1].split("\n## ", 1)[0]
     listed = re.findall(r"^\| `([a-z]+\.[a-z_]+)` \|", section, re.M)
     assert listed == list(REGISTRY)
+
+
+def test_the_parsed_config_is_cached_in_the_store_until_the_file_changes(tmp_path, db):
+    import sqlite3
+    import time
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[gpu]\ncount = 8\n")
+    args = [
+        "check",
+        "--db",
+        db,
+        "--config",
+        str(cfg),
+        "--gpu-source",
+        snapshot_path("gpu-missing"),
+        "--only",
+        "gpu",
+    ]
+    assert run_cli(*args).returncode == 1
+    cached = sqlite3.connect(db).execute("SELECT value FROM meta").fetchone()[0]
+    assert json.loads(cached)["data"] == {"gpu": {"count": 8}}
+    time.sleep(0.01)
+    cfg.write_text("[gpu]\ncount = 7\n")  # a changed file is parsed again
+    assert run_cli(*args).returncode == 0
+    cfg.write_text("[gpu]\ncount = [\n")  # and a broken one is reported, not served stale
+    proc = run_cli(*args)
+    assert proc.returncode == 2 and f"{cfg}:" in proc.stderr

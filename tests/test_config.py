@@ -55,10 +55,13 @@ def test_no_file_means_defaults_that_expect_nothing_unseen(monkeypatch):
         ("[gpu]\ncount = \n", "t.toml:2:"),
         ("[gpu]\ncount = 8\n\n[gpux]\n", "t.toml:4: unknown section [gpux]"),
         ("[gpu]\n\ncounts = 8\n", "t.toml:3: unknown key gpu.counts"),
-        ("[gpu]\ncount = \"eight\"\n", "t.toml:2: gpu.count must be int"),
+        ('[gpu]\ncount = "eight"\n', "t.toml:2: gpu.count must be int"),
         ("[gpu]\npersistence = 1\n", "t.toml:2: gpu.persistence must be bool"),
         ('[checks."gpu.nope"]\nenabled = false\n', "t.toml:1: unknown check 'gpu.nope'"),
-        ('[checks."gpu.ecc"]\nseverity = "loud"\n', "checks.gpu.ecc.severity = 'loud' is not valid"),
+        (
+            '[checks."gpu.ecc"]\nseverity = "loud"\n',
+            "checks.gpu.ecc.severity = 'loud' is not valid",
+        ),
         ('[[node]]\nmatch = "gpu[01-"\n', "t.toml:2: unbalanced '['"),
         ("[[node]]\ngpu.count = 2\n", "every [[node]] needs match"),
     ],
@@ -88,8 +91,9 @@ def test_every_area_default_has_a_type_and_a_reason():
 def test_packaged_example_is_the_generated_catalogue_and_valid():
     import os
 
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                        "packaging", "slurmhealth.toml")
+    path = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "packaging", "slurmhealth.toml"
+    )
     with open(path) as handle:
         text = handle.read()
     assert text == config.example_text(), "regenerate: slurmhealth config example"

@@ -49,8 +49,11 @@ def test_a_crashing_check_is_error_not_fail(monkeypatch):
 
 def test_severity_overrides_and_disabled_checks():
     e = expect()
-    e["checks"] = {"gpu.thermal": {"severity": "fail"}, "gpu.count": {"enabled": False},
-                   "gpu.ecc": {"severity": "warn"}}
+    e["checks"] = {
+        "gpu.thermal": {"severity": "fail"},
+        "gpu.count": {"enabled": False},
+        "gpu.ecc": {"severity": "warn"},
+    }
     thermal = by_name(replay("thermal", expect=e))
     assert thermal["gpu.thermal"].status == "fail"
     assert thermal["gpu.count"].status == "skip"
@@ -89,11 +92,15 @@ def test_hung_process_exits_on_time(tmp_path):
     """The whole command ends although a gather thread is stuck forever."""
     cfg = tmp_path / "c.toml"
     cfg.write_text("[settings]\ntimeout_gpu = 1\n")
-    env = {"PYTHONPATH": f"{FAKE_NVML}:{__import__('os').getcwd()}",
-           "FAKE_NVML_SNAPSHOT": snapshot_path("healthy"), "FAKE_NVML_FAULT": "hang_init"}
+    env = {
+        "PYTHONPATH": f"{FAKE_NVML}:{__import__('os').getcwd()}",
+        "FAKE_NVML_SNAPSHOT": snapshot_path("healthy"),
+        "FAKE_NVML_FAULT": "hang_init",
+    }
     started = time.monotonic()
-    proc = run_cli("check", "--only", "gpu", "--json", "--no-db", "--config", str(cfg), env=env,
-                   timeout=20)
+    proc = run_cli(
+        "check", "--only", "gpu", "--json", "--no-db", "--config", str(cfg), env=env, timeout=20
+    )
     assert time.monotonic() - started < 8
     assert proc.returncode == 1, proc.stderr
     out = json.loads(proc.stdout)
@@ -109,8 +116,13 @@ def test_baselines_carry_counters_between_runs(tmp_path):
     doc["gpu"]["devices"][1]["nvlink"][7]["recovery"] = 25
     later = tmp_path / "later.json"
     later.write_text(json.dumps(doc))
-    second = runner.run("gpu01", expect(), runner.Options(gpu_source=str(later)),
-                        ["nvlink"], baselines=store.load_baselines(conn, "gpu01"))
+    second = runner.run(
+        "gpu01",
+        expect(),
+        runner.Options(gpu_source=str(later)),
+        ["nvlink"],
+        baselines=store.load_baselines(conn, "gpu01"),
+    )
     result = by_name(second)["nvlink.error_counters"]
     assert result.status == "fail" and "GPU 1 link 7 recovery +25" in result.message
 
@@ -136,8 +148,13 @@ def test_a_file_that_is_not_a_snapshot_is_refused(tmp_path, content):
 def test_a_lost_gpu_is_named_in_xid_messages_from_the_last_inventory(tmp_path):
     conn = store.connect(str(tmp_path / "n.db"))
     store.record_run(conn, replay())  # the healthy node's inventory
-    run = runner.run("gpu01", expect(), runner.Options(gpu_source=snapshot_path("xid-79")),
-                     ["gpu", "xid"], baselines=store.load_baselines(conn, "gpu01"))
+    run = runner.run(
+        "gpu01",
+        expect(),
+        runner.Options(gpu_source=snapshot_path("xid-79")),
+        ["gpu", "xid"],
+        baselines=store.load_baselines(conn, "gpu01"),
+    )
     hardware = by_name(run)["xid.hardware"]
     assert (hardware.status, hardware.action) == ("fail", "reboot")
     assert hardware.message.startswith("GPU 3 (0000:5d:00) Xid 79")

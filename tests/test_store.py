@@ -12,15 +12,20 @@ from slurmhealth import config, runner, store
 
 
 def a_run() -> runner.Run:
-    return runner.run("gpu01", config.defaults(),
-                      runner.Options(gpu_source=snapshot_path("ecc-dbe")), ["gpu", "nvlink"])
+    return runner.run(
+        "gpu01",
+        config.defaults(),
+        runner.Options(gpu_source=snapshot_path("ecc-dbe")),
+        ["gpu", "nvlink"],
+    )
 
 
 def test_a_run_is_recorded_with_results_and_baselines(db):
     conn = store.connect(db)
     run_id = store.record_run(conn, a_run(), job_id="42")
-    row = conn.execute("SELECT node, job_id, phase, verdict FROM runs WHERE id = ?",
-                       (run_id,)).fetchone()
+    row = conn.execute(
+        "SELECT node, job_id, phase, verdict FROM runs WHERE id = ?", (run_id,)
+    ).fetchone()
     assert row == ("gpu01", "42", "check", "fail")
     status = conn.execute("SELECT status, action FROM results WHERE check_name = 'gpu.ecc'")
     assert status.fetchone() == ("fail", "reset_gpu")
@@ -57,8 +62,10 @@ store.record_run(store.connect(sys.argv[1]), run, job_id=sys.argv[3])
 
 def test_concurrent_writers_lose_nothing(db):
     procs = [
-        subprocess.Popen([sys.executable, "-c", WRITER, db, snapshot_path("healthy"), str(n)],
-                         stderr=subprocess.PIPE)
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER, db, snapshot_path("healthy"), str(n)],
+            stderr=subprocess.PIPE,
+        )
         for n in range(16)
     ]
     errors = [p.communicate()[1].decode() for p in procs]
@@ -82,9 +89,12 @@ def test_xid_events_are_recorded_with_gpu_class_and_hostile_names_as_data(db):
     from conftest import FIXTURES
 
     kmsg = os.path.join(FIXTURES, "kmsg", "hostile-names.kmsg")
-    run = runner.run("gpu01", config.defaults(),
-                     runner.Options(gpu_source=snapshot_path("healthy"), kmsg=kmsg),
-                     ["gpu", "xid"])
+    run = runner.run(
+        "gpu01",
+        config.defaults(),
+        runner.Options(gpu_source=snapshot_path("healthy"), kmsg=kmsg),
+        ["gpu", "xid"],
+    )
     conn = store.connect(db)
     store.record_run(conn, run)
     rows = conn.execute("SELECT code, gpu, class, process FROM events").fetchall()

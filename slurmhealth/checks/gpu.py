@@ -163,7 +163,7 @@ def ecc(facts: dict, ctx: Context) -> Result:
 
 
 def row_remap(facts: dict, ctx: Context) -> Result:
-    """Row-remap failure fails (service); a pending remap warns (reset_gpu); legacy pending fails."""
+    """Row-remap failure fails (service); pending remap warns (reset_gpu); legacy pending fails."""
     failed, pending, retired = [], [], []
     for dev in _alive(facts):
         fields = dev["fields"]

@@ -428,8 +428,21 @@ def describe(event: dict) -> str:
 
 
 def _data(events: list) -> dict:
-    keys = ("xid", "gpu", "bus_id", "gpu_instance", "pid", "name", "class", "action",
-            "repeats", "seq", "usec", "text", "job")
+    keys = (
+        "xid",
+        "gpu",
+        "bus_id",
+        "gpu_instance",
+        "pid",
+        "name",
+        "class",
+        "action",
+        "repeats",
+        "seq",
+        "usec",
+        "text",
+        "job",
+    )
     listed = [{k: e[k] for k in keys if k in e} for e in events[:EVENTS_MAX]]
     return {"count": len(events), "events": listed}
 

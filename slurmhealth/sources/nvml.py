@@ -34,7 +34,15 @@ FIELDS = {
 LINK_FIELDS = {"replay": 161, "recovery": 162, "crc": 163}
 
 # c_nvmlFieldValue_t.valueType -> union member (reference §2.4)
-_VALUE_MEMBER = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+_VALUE_MEMBER = {
+    0: "dVal",
+    1: "uiVal",
+    2: "ulVal",
+    3: "ullVal",
+    4: "sllVal",
+    5: "siVal",
+    6: "usVal",
+}
 
 # Unavailable: the node has no usable NVML at all (no library, no driver).
 _UNAVAILABLE = {"LibraryNotFound", "DriverNotLoaded", "NoPermission", "LibRmVersionMismatch"}

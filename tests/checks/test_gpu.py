@@ -34,11 +34,35 @@ FAULTS = [
     ("gpu-missing", gpu.count, "fail", "reboot", "7 GPUs visible, 8 expected"),
     ("ecc-dbe", gpu.ecc, "fail", "reset_gpu", "GPU 2 (00000000:3A:00.0) 2 uncorrectable"),
     ("ecc-off", gpu.ecc, "fail", "drain", "GPU 5 (00000000:AB:00.0) ECC disabled"),
-    ("remap-failure", gpu.row_remap, "fail", "service", "GPU 1 (00000000:2A:00.0) row remapping failed"),
-    ("remap-pending", gpu.row_remap, "warn", "reset_gpu", "GPU 6 (00000000:BA:00.0) row remap pending"),
-    ("recovery-reset", gpu.recovery_action, "fail", "reset_gpu", "GPU 4 (00000000:9A:00.0) driver requires GPU_RESET"),
+    (
+        "remap-failure",
+        gpu.row_remap,
+        "fail",
+        "service",
+        "GPU 1 (00000000:2A:00.0) row remapping failed",
+    ),
+    (
+        "remap-pending",
+        gpu.row_remap,
+        "warn",
+        "reset_gpu",
+        "GPU 6 (00000000:BA:00.0) row remap pending",
+    ),
+    (
+        "recovery-reset",
+        gpu.recovery_action,
+        "fail",
+        "reset_gpu",
+        "GPU 4 (00000000:9A:00.0) driver requires GPU_RESET",
+    ),
     ("persistence-off", gpu.persistence, "fail", "drain", "persistence mode off (+7 more GPU)"),
-    ("processes-left", gpu.processes, "fail", "drain", "GPU 0 (00000000:18:00.0) has 1 compute process(es), pid 48211"),
+    (
+        "processes-left",
+        gpu.processes,
+        "fail",
+        "drain",
+        "GPU 0 (00000000:18:00.0) has 1 compute process(es), pid 48211",
+    ),
     ("thermal", gpu.thermal, "warn", "none", "GPU 7 (00000000:DB:00.0) at 88 C, slowdown at 87 C"),
     ("pcie-x8", gpu.pcie, "fail", "drain", "GPU 2 (00000000:3A:00.0) PCIe width x 8 < 16"),
     ("fabric-in-progress", gpu.fabric, "fail", "drain", "fabric IN_PROGRESS"),
@@ -46,16 +70,18 @@ FAULTS = [
 ]
 
 
-@pytest.mark.parametrize(("variant", "check", "status", "action", "message"), FAULTS,
-                         ids=[f[0] for f in FAULTS])
+@pytest.mark.parametrize(
+    ("variant", "check", "status", "action", "message"), FAULTS, ids=[f[0] for f in FAULTS]
+)
 def test_each_fault_gives_its_status_and_action(variant, check, status, action, message):
     result = check(facts(variant), ctx(count=8))
     assert (result.status, result.action) == (status, action), result
     assert message in result.message
 
 
-@pytest.mark.parametrize(("variant", "check"), [(f[0], f[1]) for f in FAULTS],
-                         ids=[f[0] for f in FAULTS])
+@pytest.mark.parametrize(
+    ("variant", "check"), [(f[0], f[1]) for f in FAULTS], ids=[f[0] for f in FAULTS]
+)
 def test_a_fault_touches_only_its_own_check(variant, check):
     """Every other check stays ok on a one-fault variant (no double counting)."""
     others = [c for c in gpu.CHECKS if c is not check and c is not gpu.count]
@@ -123,8 +149,14 @@ def test_epilog_processes_only_on_the_jobs_gpus():
 
 
 def test_parse_survives_garbage():
-    for raw in (None, [], "x", {"devices": "x"}, {"devices": [None, 3, {"fields": 5}]},
-                {"count": "eight", "devices": [{"index": "0", "nvlink": "x", "fabric": []}]}):
+    for raw in (
+        None,
+        [],
+        "x",
+        {"devices": "x"},
+        {"devices": [None, 3, {"fields": 5}]},
+        {"count": "eight", "devices": [{"index": "0", "nvlink": "x", "fabric": []}]},
+    ):
         parsed = gpu.parse(raw)
         for check in gpu.CHECKS:
             check(parsed, ctx())
@@ -132,6 +164,9 @@ def test_parse_survives_garbage():
 
 def test_expectations_of_a_known_good_node():
     assert gpu.expectations(facts("healthy")) == {
-        "count": 8, "pcie_gen": 5, "pcie_width": 16,
-        "driver_version": "550.90.07", "vbios_version": "96.00.99.00.01",
+        "count": 8,
+        "pcie_gen": 5,
+        "pcie_width": 16,
+        "driver_version": "550.90.07",
+        "vbios_version": "96.00.99.00.01",
     }

@@ -47,30 +47,80 @@ def one(msg: str) -> dict:
 
 FORMS = [
     # modern: pid and process name
-    ("NVRM: Xid (PCI:0000:9b:00): 119, pid=2024380, name=nvidia-smi, Timeout after 6s of "
-     "waiting for RPC response from GPU4 GSP! Expected function 76 (GSP_RM_CONTROL) "
-     "(0x20801348 0x4).",
-     119, "0000:9b:00", None, 2024380, "nvidia-smi", "Timeout after 6s of waiting"),
+    (
+        "NVRM: Xid (PCI:0000:9b:00): 119, pid=2024380, name=nvidia-smi, Timeout after 6s of "
+        "waiting for RPC response from GPU4 GSP! Expected function 76 (GSP_RM_CONTROL) "
+        "(0x20801348 0x4).",
+        119,
+        "0000:9b:00",
+        None,
+        2024380,
+        "nvidia-smi",
+        "Timeout after 6s of waiting",
+    ),
     # short form: no pid, no name
-    ("NVRM: Xid (PCI:0000:01:00): 79, GPU has fallen off the bus.",
-     79, "0000:01:00", None, None, None, "GPU has fallen off the bus."),
+    (
+        "NVRM: Xid (PCI:0000:01:00): 79, GPU has fallen off the bus.",
+        79,
+        "0000:01:00",
+        None,
+        None,
+        None,
+        "GPU has fallen off the bus.",
+    ),
     # unknown pid and name
-    ("NVRM: Xid (PCI:0000:05:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
-     79, "0000:05:00", None, None, None, "GPU has fallen off the bus."),
+    (
+        "NVRM: Xid (PCI:0000:05:00): 79, pid='<unknown>', name=<unknown>, "
+        "GPU has fallen off the bus.",
+        79,
+        "0000:05:00",
+        None,
+        None,
+        None,
+        "GPU has fallen off the bus.",
+    ),
     # legacy: no `PCI:` prefix
-    ("NVRM: Xid (0000:03:00): 13, Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): "
-     "Illegal Address",
-     13, "0000:03:00", None, None, None, "Graphics SM Warp Exception"),
-    ("NVRM: Xid (0000:03:00): 14, Channel 00000001",
-     14, "0000:03:00", None, None, None, "Channel 00000001"),
+    (
+        "NVRM: Xid (0000:03:00): 13, Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): "
+        "Illegal Address",
+        13,
+        "0000:03:00",
+        None,
+        None,
+        None,
+        "Graphics SM Warp Exception",
+    ),
+    (
+        "NVRM: Xid (0000:03:00): 14, Channel 00000001",
+        14,
+        "0000:03:00",
+        None,
+        None,
+        None,
+        "Channel 00000001",
+    ),
     # MIG: GPU instance inside the parentheses, pid without name
-    ("NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained: CE User Channel (0x9). "
-     "RST: No, D-RST: No",
-     94, "0000:01:00", 5, 7194, None, "Contained: CE User Channel (0x9)."),
+    (
+        "NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained: CE User Channel (0x9). "
+        "RST: No, D-RST: No",
+        94,
+        "0000:01:00",
+        5,
+        7194,
+        None,
+        "Contained: CE User Channel (0x9).",
+    ),
     # NVLink5
-    ("NVRM: Xid (PCI:0018:01:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 08 (0x004505c6 "
-     "0x00000000 0x00000000 0x00000000)",
-     149, "0018:01:00", None, None, None, "NETIR_LINK_EVT Fatal XC0 i0 Link 08"),
+    (
+        "NVRM: Xid (PCI:0018:01:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 08 (0x004505c6 "
+        "0x00000000 0x00000000 0x00000000)",
+        149,
+        "0018:01:00",
+        None,
+        None,
+        None,
+        "NETIR_LINK_EVT Fatal XC0 i0 Link 08",
+    ),
     # bus ids as other drivers print them: upper case, 8-digit domain, function
     ("NVRM: Xid (PCI:00000000:9B:00.0): 48, DBE", 48, "0000:9b:00", None, None, None, "DBE"),
     # leading whitespace, and a number right at the end of the message
@@ -107,32 +157,43 @@ def test_not_an_xid(msg):
 def test_fallen_off_the_bus_without_xid_text():
     event = one("NVRM: GPU 0000:18:00.0: GPU has fallen off the bus.")
     assert (event["xid"], event["bus_id"], event["text"]) == (
-        79, "0000:18:00", "GPU has fallen off the bus.")
-    event = one("NVRM: The NVIDIA GPU 0000:18:00.0 (PCI ID: 10de:2330) installed in this system "
-                "has fallen off the bus and is not responding to commands.")
+        79,
+        "0000:18:00",
+        "GPU has fallen off the bus.",
+    )
+    event = one(
+        "NVRM: The NVIDIA GPU 0000:18:00.0 (PCI ID: 10de:2330) installed in this system "
+        "has fallen off the bus and is not responding to commands."
+    )
     assert (event["xid"], event["bus_id"]) == (79, "0000:18:00")
 
 
 def test_fallen_off_the_bus_over_several_records():
-    events = xid.parse(raw_of(
-        "NVRM: The NVIDIA GPU 0000:ba:00.0",
-        "NVRM: (PCI ID: 10de:2330) installed in this system has",
-        "NVRM: fallen off the bus and is not responding to commands.",
-    ))["events"]
+    events = xid.parse(
+        raw_of(
+            "NVRM: The NVIDIA GPU 0000:ba:00.0",
+            "NVRM: (PCI ID: 10de:2330) installed in this system has",
+            "NVRM: fallen off the bus and is not responding to commands.",
+        )
+    )["events"]
     assert [(e["xid"], e["bus_id"], e["seq"]) for e in events] == [(79, "0000:ba:00", 2)]
 
 
 def test_fallen_off_the_bus_continuation_too_late_or_unattributed():
-    late = ["NVRM: The NVIDIA GPU 0000:ba:00.0", *["NVRM: filler"] * 4,
-            "NVRM: fallen off the bus and is not responding to commands."]
+    late = [
+        "NVRM: The NVIDIA GPU 0000:ba:00.0",
+        *["NVRM: filler"] * 4,
+        "NVRM: fallen off the bus and is not responding to commands.",
+    ]
     assert xid.parse(raw_of(*late))["events"] == []
     assert xid.parse(raw_of("NVRM: fallen off the bus and is not responding."))["events"] == []
 
 
 def test_fixture_kmsg_forms():
     events = facts_of("xid-forms.kmsg")["events"]
-    got = [(e["seq"], e["xid"], e["bus_id"], e["gpu_instance"], e["pid"], e["name"])
-           for e in events]
+    got = [
+        (e["seq"], e["xid"], e["bus_id"], e["gpu_instance"], e["pid"], e["name"]) for e in events
+    ]
     assert got == [
         (10, 119, "0000:9a:00", None, 2024380, "nvidia-smi"),
         (11, 79, "0000:18:00", None, None, None),
@@ -155,8 +216,9 @@ def test_fixture_kmsg_forms():
 def test_fixture_dmesg_forms_match_kmsg_forms():
     """The same faults from a dmesg-style log, minus the spoofed syslog line."""
     dmesg = {(e["xid"], e["bus_id"]) for e in facts_of("xid-forms.dmesg")["events"]}
-    records = {(e["xid"], e["bus_id"]) for e in facts_of("xid-forms.kmsg")["events"]
-               if e["seq"] <= 21}
+    records = {
+        (e["xid"], e["bus_id"]) for e in facts_of("xid-forms.kmsg")["events"] if e["seq"] <= 21
+    }
     assert dmesg == records
     assert (79, "0000:9a:00") not in dmesg  # `systemd[1]: NVRM: Xid ...` is not the kernel
 
@@ -175,7 +237,14 @@ def test_hostile_names_stay_inert_data():
     for name in names:
         assert name.isprintable() and "\n" not in name and "\x1b" not in name
     # a name that imitates a second Xid line does not create one
-    assert [(e["xid"], e["bus_id"]) for e in facts["events"]] == [(13, "0000:18:00"), (43, "0000:18:00"), (31, "0000:18:00"), (68, "0000:18:00"), (13, "0000:18:00"), (109, "0000:18:00")]  # noqa: E501
+    assert [(e["xid"], e["bus_id"]) for e in facts["events"]] == [
+        (13, "0000:18:00"),
+        (43, "0000:18:00"),
+        (31, "0000:18:00"),
+        (68, "0000:18:00"),
+        (13, "0000:18:00"),
+        (109, "0000:18:00"),
+    ]  # noqa: E501
     json.dumps(facts)
 
 
@@ -185,9 +254,12 @@ def test_raw_control_characters_are_replaced():
 
 
 def test_names_never_reach_the_message():
-    facts = xid.parse(raw_of(
-        "NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=$(reboot)\x1b[2J, "
-        "GPU has fallen off the bus."))
+    facts = xid.parse(
+        raw_of(
+            "NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=$(reboot)\x1b[2J, "
+            "GPU has fallen off the bus."
+        )
+    )
     for check in xid.CHECKS:
         result = check(facts, ctx())
         assert "reboot)" not in result.message and "\x1b" not in result.message
@@ -288,10 +360,18 @@ def test_hardware_fails_with_the_worst_action():
     assert result.data["count"] == 12 and len(events) == 12
     assert {e["class"] for e in events} == {"fail", "warn"}
     first = events[0]
-    assert {k: first[k] for k in ("xid", "gpu", "bus_id", "pid", "name", "class", "action",
-                                  "repeats")} == {
-        "xid": 79, "gpu": 0, "bus_id": "0000:18:00", "pid": None, "name": None,
-        "class": "fail", "action": "reboot", "repeats": 1}
+    assert {
+        k: first[k] for k in ("xid", "gpu", "bus_id", "pid", "name", "class", "action", "repeats")
+    } == {
+        "xid": 79,
+        "gpu": 0,
+        "bus_id": "0000:18:00",
+        "pid": None,
+        "name": None,
+        "class": "fail",
+        "action": "reboot",
+        "repeats": 1,
+    }
     by_xid = {e["xid"]: e for e in events}
     assert by_xid[119]["gpu"] == 4 and by_xid[119]["name"] == "nvidia-smi"
     assert by_xid[94]["gpu_instance"] == 5
@@ -312,10 +392,12 @@ def test_hardware_mig_instance_in_message():
 
 
 def test_hardware_warn_only():
-    facts = xid.parse(raw_of(
-        "NVRM: Xid (PCI:0000:9a:00): 63, Row remapping event",
-        "NVRM: Xid (PCI:0019:01:00): 144, SAW_MVB Nonfatal XC0 i0 Link 00 (0x1 0x1 0x0 0x0)",
-    ))
+    facts = xid.parse(
+        raw_of(
+            "NVRM: Xid (PCI:0000:9a:00): 63, Row remapping event",
+            "NVRM: Xid (PCI:0019:01:00): 144, SAW_MVB Nonfatal XC0 i0 Link 00 (0x1 0x1 0x0 0x0)",
+        )
+    )
     result = xid.hardware(facts, ctx())
     assert result.status == "warn" and result.action == "reset_gpu"  # a hint, never a drain
     assert result.message == "GPU 4 (0000:9a:00) Xid 63 inforom dram retirement event (+1 more)"
@@ -329,8 +411,12 @@ def test_hardware_nvlink5_fatal_message():
 
 
 def test_xid_154_points_to_the_recovery_action():
-    facts = xid.parse(raw_of("NVRM: Xid (PCI:0000:9a:00): 154, GPU recovery action changed "
-                             "from 0x0 (None) to 0x1 (GPU Reset Required)"))
+    facts = xid.parse(
+        raw_of(
+            "NVRM: Xid (PCI:0000:9a:00): 154, GPU recovery action changed "
+            "from 0x0 (None) to 0x1 (GPU Reset Required)"
+        )
+    )
     result = xid.hardware(facts, ctx())
     assert result.status == "warn"
     assert "recovery action" in result.message and "gpu area" in result.message
@@ -352,21 +438,28 @@ def test_hardware_config_override_reaches_the_check():
     facts = xid.parse(raw_of("NVRM: Xid (PCI:0000:18:00): 13, pid=1, name=a, Graphics Exception"))
     result = xid.hardware(facts, ctx(expect={"severity": {"13": "fail"}}))
     assert (result.status, result.action) == ("fail", "drain")
-    ignored = xid.hardware(xid.parse(raw_of("NVRM: Xid (PCI:0000:18:00): 8, idle")),
-                           ctx(expect={"severity": {"8": "ignore"}}))
+    ignored = xid.hardware(
+        xid.parse(raw_of("NVRM: Xid (PCI:0000:18:00): 8, idle")),
+        ctx(expect={"severity": {"8": "ignore"}}),
+    )
     assert ignored.status == "ok"
 
 
 def test_job_gpus_come_first():
-    facts = xid.parse(raw_of(
-        "NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus.",
-        "NVRM: Xid (PCI:0000:2a:00): 79, GPU has fallen off the bus.",
-        "NVRM: Xid (PCI:0000:3a:00): 8, idle timeout",
-    ))
+    facts = xid.parse(
+        raw_of(
+            "NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus.",
+            "NVRM: Xid (PCI:0000:2a:00): 79, GPU has fallen off the bus.",
+            "NVRM: Xid (PCI:0000:3a:00): 8, idle timeout",
+        )
+    )
     result = xid.hardware(facts, ctx(job_gpus=[1, 2]))
     assert result.message.startswith("GPU 1 (0000:2a:00) Xid 79")  # job's GPU, worst class
     assert [(e["gpu"], e["job"]) for e in result.data["events"]] == [
-        (1, True), (0, False), (2, True)]
+        (1, True),
+        (0, False),
+        (2, True),
+    ]
     plain = xid.hardware(facts, ctx())
     assert plain.message.startswith("GPU 0 (0000:18:00)")
     assert "job" not in plain.data["events"][0]
@@ -375,27 +468,35 @@ def test_job_gpus_come_first():
 def test_application_message_and_data():
     result = xid.application(facts_of("xid-forms.kmsg"), ctx())
     assert result.status == "ok" and result.action == "none"
-    assert result.message == ("2 application Xids (13, 31) on GPU 2 (0000:3a:00), "
-                              "GPU 7 (0000:db:00): the job's code, not the node")
+    assert result.message == (
+        "2 application Xids (13, 31) on GPU 2 (0000:3a:00), "
+        "GPU 7 (0000:db:00): the job's code, not the node"
+    )
     assert [(e["xid"], e["pid"], e["name"]) for e in result.data["events"]] == [
-        (13, None, None), (31, 55102, "python3")]
+        (13, None, None),
+        (31, 55102, "python3"),
+    ]
     assert xid.application(facts_of("healthy.kmsg"), ctx()).message == "no application Xids"
 
 
 def test_application_single_gpu():
-    facts = xid.parse(raw_of(
-        "NVRM: Xid (PCI:0000:18:00): 13, pid=9, name=a, Graphics Exception: ESR 0x1",
-        "NVRM: Xid (PCI:0000:18:00): 31, pid=9, name=a, MMU Fault",
-    ))
+    facts = xid.parse(
+        raw_of(
+            "NVRM: Xid (PCI:0000:18:00): 13, pid=9, name=a, Graphics Exception: ESR 0x1",
+            "NVRM: Xid (PCI:0000:18:00): 31, pid=9, name=a, MMU Fault",
+        )
+    )
     assert xid.application(facts, ctx()).message == (
-        "2 application Xids (13, 31) on GPU 0 (0000:18:00): the job's code, not the node")
+        "2 application Xids (13, 31) on GPU 0 (0000:18:00): the job's code, not the node"
+    )
 
 
 def test_log_continuity():
     wrapped = xid.log_continuity(facts_of("wrapped.kmsg", after_seq=41000), ctx())
     assert wrapped.status == "warn"
-    assert wrapped.message == ("kernel log wrapped: 8999 records lost since last run, "
-                               "Xids may be missed")
+    assert wrapped.message == (
+        "kernel log wrapped: 8999 records lost since last run, Xids may be missed"
+    )
     assert wrapped.data["missed"] == 8999 and wrapped.data["first_seq"] == 50000
     epipe = xid.log_continuity(xid.parse(raw_of("x", lost=True)), ctx())
     assert epipe.status == "warn" and "while reading" in epipe.message
@@ -410,8 +511,12 @@ def test_repeated_119_is_deduplicated():
     facts = facts_of("repeated-119.kmsg")
     got = [(e["seq"], e["bus_id"], e["repeats"]) for e in facts["events"]]
     # one line every 6 s from t=1000 s: windows of 60 s from each first line (11 + 11 + 4)
-    assert got == [(7001, "0000:9a:00", 11), (7003, "0000:ab:00", 1),
-                   (7013, "0000:9a:00", 11), (7024, "0000:9a:00", 4)]
+    assert got == [
+        (7001, "0000:9a:00", 11),
+        (7003, "0000:ab:00", 1),
+        (7013, "0000:9a:00", 11),
+        (7024, "0000:9a:00", 4),
+    ]
     assert facts["events"][0]["pid"] == 2024380  # the first line's pid is kept
     result = xid.hardware(facts, ctx())
     assert result.message == "GPU 4 (0000:9a:00) Xid 119 gsp rpc timeout x11 (+3 more)"
@@ -425,13 +530,15 @@ def test_wider_configured_window_merges_again():
 
 
 def test_dedup_keeps_different_faults_apart():
-    facts = xid.parse(raw_of(
-        "NVRM: Xid (PCI:0000:18:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 08",
-        "NVRM: Xid (PCI:0000:18:00): 149, NETIR_BER_EVENT Nonfatal XC0 i0 Link 08",
-        "NVRM: Xid (PCI:0000:2a:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 08",
-        "NVRM: Xid (PCI:0000:18:00 GPU-I:01): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 08",
-        "NVRM: Xid (PCI:0000:18:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 09",  # numbers only
-    ))
+    facts = xid.parse(
+        raw_of(
+            "NVRM: Xid (PCI:0000:18:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 08",
+            "NVRM: Xid (PCI:0000:18:00): 149, NETIR_BER_EVENT Nonfatal XC0 i0 Link 08",
+            "NVRM: Xid (PCI:0000:2a:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 08",
+            "NVRM: Xid (PCI:0000:18:00 GPU-I:01): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 08",
+            "NVRM: Xid (PCI:0000:18:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 09",  # numbers only
+        )
+    )
     assert [e["repeats"] for e in facts["events"]] == [2, 1, 1, 1]
 
 
@@ -445,7 +552,8 @@ def test_dedup_without_timestamps_merges_identical_lines():
 def test_xid_79_and_its_xidless_twin_are_one_event():
     facts = facts_of("wrapped.kmsg", after_seq=41000)
     assert [(e["xid"], e["bus_id"], e["repeats"]) for e in facts["events"]] == [
-        (79, "0000:9a:00", 2)]
+        (79, "0000:9a:00", 2)
+    ]
 
 
 # --- parse facts, baseline, expectations ---------------------------------------------------
@@ -453,13 +561,42 @@ def test_xid_79_and_its_xidless_twin_are_one_event():
 
 def test_parse_facts_shape():
     facts = facts_of("xid-forms.kmsg", after_seq=20)
-    assert {k: facts[k] for k in ("records", "first_seq", "after_seq", "last_seq", "lost",
-                                  "missed", "boot_id", "window_s")} == {
-        "records": 6, "first_seq": 0, "after_seq": 20, "last_seq": 26, "lost": False,
-        "missed": 0, "boot_id": None, "window_s": 60}
+    assert {
+        k: facts[k]
+        for k in (
+            "records",
+            "first_seq",
+            "after_seq",
+            "last_seq",
+            "lost",
+            "missed",
+            "boot_id",
+            "window_s",
+        )
+    } == {
+        "records": 6,
+        "first_seq": 0,
+        "after_seq": 20,
+        "last_seq": 26,
+        "lost": False,
+        "missed": 0,
+        "boot_id": None,
+        "window_s": 60,
+    }
     assert [e["xid"] for e in facts["events"]] == [31, 154, 63, 48, 999]
-    assert set(facts["events"][0]) == {"seq", "usec", "xid", "bus_id", "gpu_instance", "pid",
-                                       "name", "text", "repeats", "class", "action"}
+    assert set(facts["events"][0]) == {
+        "seq",
+        "usec",
+        "xid",
+        "bus_id",
+        "gpu_instance",
+        "pid",
+        "name",
+        "text",
+        "repeats",
+        "class",
+        "action",
+    }
 
 
 def test_baseline_is_the_last_seq_read():
@@ -508,28 +645,47 @@ def test_module_imports_stay_light():
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=30),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
-                                                                  max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
     max_leaves=20,
 )
 NVRMISH = st.one_of(
     st.text(max_size=200),
     st.builds(lambda a, b: f"NVRM: Xid (PCI:{a}): {b}", st.text(max_size=20), st.text(max_size=80)),
-    st.builds(lambda a, b: f"NVRM: GPU {a}: GPU has fallen off the bus{b}",
-              st.text(max_size=20), st.text(max_size=20)),
+    st.builds(
+        lambda a, b: f"NVRM: GPU {a}: GPU has fallen off the bus{b}",
+        st.text(max_size=20),
+        st.text(max_size=20),
+    ),
     st.builds(lambda b: b.decode("utf-8", "replace"), st.binary(max_size=200)),
 )
 RECORD = st.fixed_dictionaries(
     {},
-    optional={"seq": JSON | st.integers(), "usec": JSON | st.integers(), "pri": JSON,
-              "msg": NVRMISH | JSON},
+    optional={
+        "seq": JSON | st.integers(),
+        "usec": JSON | st.integers(),
+        "pri": JSON,
+        "msg": NVRMISH | JSON,
+    },
 )
 
 
 @settings(max_examples=300, deadline=None)
-@given(JSON | st.fixed_dictionaries({}, optional={
-    "records": st.lists(RECORD | JSON, max_size=10), "after_seq": JSON, "first_seq": JSON,
-    "lost": JSON, "missed": JSON, "boot_id": JSON}))
+@given(
+    JSON
+    | st.fixed_dictionaries(
+        {},
+        optional={
+            "records": st.lists(RECORD | JSON, max_size=10),
+            "after_seq": JSON,
+            "first_seq": JSON,
+            "lost": JSON,
+            "missed": JSON,
+            "boot_id": JSON,
+        },
+    )
+)
 def test_parse_never_raises(raw):
     facts = xid.parse(raw)
     json.dumps(facts)
@@ -538,14 +694,17 @@ def test_parse_never_raises(raw):
     xid.baseline(facts)
 
 
-NAME_TEXT = st.text(st.characters(exclude_categories=("Cs",), exclude_characters=","),
-                    min_size=1, max_size=40)
+NAME_TEXT = st.text(
+    st.characters(exclude_categories=("Cs",), exclude_characters=","), min_size=1, max_size=40
+)
 
 
 @settings(max_examples=300, deadline=None)
 @given(
     st.integers(0, 999),
-    st.integers(0, 0xFFFF), st.integers(0, 0xFF), st.integers(0, 0x1F),
+    st.integers(0, 0xFFFF),
+    st.integers(0, 0xFF),
+    st.integers(0, 0x1F),
     st.one_of(st.none(), st.integers(0, 99)),
     st.integers(0, 2**31),
     NAME_TEXT,

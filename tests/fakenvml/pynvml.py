@@ -13,10 +13,20 @@ import os
 import time
 
 NVML_NVLINK_MAX_LINKS = 36
-_REVERSE_FIELDS = {1: "ecc_current", 2: "ecc_pending", 3: "ecc_sbe_volatile",
-                   4: "ecc_dbe_volatile", 6: "ecc_dbe_aggregate", 31: "retired_pending",
-                   91: "nvlink_count", 142: "remap_correctable", 143: "remap_uncorrectable",
-                   144: "remap_pending", 145: "remap_failure", 230: "recovery_action"}
+_REVERSE_FIELDS = {
+    1: "ecc_current",
+    2: "ecc_pending",
+    3: "ecc_sbe_volatile",
+    4: "ecc_dbe_volatile",
+    6: "ecc_dbe_aggregate",
+    31: "retired_pending",
+    91: "nvlink_count",
+    142: "remap_correctable",
+    143: "remap_uncorrectable",
+    144: "remap_pending",
+    145: "remap_failure",
+    230: "recovery_action",
+}
 _LINK_FIELDS = {161: "replay", 162: "recovery", 163: "crc"}
 
 

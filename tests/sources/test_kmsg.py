@@ -228,19 +228,22 @@ class FakeDevice:
 
 
 def test_read_loop_epipe_then_eagain():
-    device = FakeDevice([
-        b"6,10,100,-;before the wrap\n",
-        errno.EPIPE,  # records 11..19 were overwritten while we read
-        b"6,20,200,-;after the wrap\n SUBSYSTEM=pci\n",
-        b"4,21,300,-;NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus.\n",
-        errno.EAGAIN,
-        b"6,22,400,-;never read\n",
-    ])
+    device = FakeDevice(
+        [
+            b"6,10,100,-;before the wrap\n",
+            errno.EPIPE,  # records 11..19 were overwritten while we read
+            b"6,20,200,-;after the wrap\n SUBSYSTEM=pci\n",
+            b"4,21,300,-;NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus.\n",
+            errno.EAGAIN,
+            b"6,22,400,-;never read\n",
+        ]
+    )
     chunks, epipe = kmsg.read_records(device.read)
     assert epipe is True
     assert len(chunks) == 3 and device.reads == 5
-    raw = kmsg.select(kmsg.device_entries(chunks), "/dev/kmsg", 10, saved_boot="b", boot="b",
-                      epipe=epipe)
+    raw = kmsg.select(
+        kmsg.device_entries(chunks), "/dev/kmsg", 10, saved_boot="b", boot="b", epipe=epipe
+    )
     assert [r["seq"] for r in raw["records"]] == [20, 21]
     assert raw["records"][0]["msg"] == "after the wrap"
     assert raw["lost"] is True and raw["missed"] == 0  # EPIPE says lost, not how many
@@ -294,17 +297,26 @@ def test_device_tail_parse_equals_full_parse(steps, start, after, junk):
     chunks = chunks_of(seqs)
     for index in junk:
         chunks.insert(min(index, len(chunks)), b"garbage without a header\n")
-    full = kmsg.select(kmsg.device_entries(chunks), "/dev/kmsg", after,
-                       saved_boot="b", boot="b")
-    tail = kmsg.select(kmsg.device_entries(chunks, after), "/dev/kmsg", after,
-                       saved_boot="b", boot="b")
+    full = kmsg.select(kmsg.device_entries(chunks), "/dev/kmsg", after, saved_boot="b", boot="b")
+    tail = kmsg.select(
+        kmsg.device_entries(chunks, after), "/dev/kmsg", after, saved_boot="b", boot="b"
+    )
     assert tail == full
 
 
 @pytest.mark.parametrize(
     "line",
-    [b"4,2\n", b"4,3,12\n", b"x,y,z,-;msg\n", b"4,,3,-;msg\n", b"4,1,2;msg\n", b"-4,1,2,-;m\n",
-     b"4,1,2,-" + b"-" * 200 + b";too long a header\n", b";\n", b""],
+    [
+        b"4,2\n",
+        b"4,3,12\n",
+        b"x,y,z,-;msg\n",
+        b"4,,3,-;msg\n",
+        b"4,1,2;msg\n",
+        b"-4,1,2,-;m\n",
+        b"4,1,2,-" + b"-" * 200 + b";too long a header\n",
+        b";\n",
+        b"",
+    ],
 )
 def test_malformed_headers_are_not_records(line):
     assert kmsg.kmsg_entry(line) is None
@@ -312,7 +324,7 @@ def test_malformed_headers_are_not_records(line):
 
 def test_device_record_with_escapes_and_extra_header_fields():
     chunk = b"4,7,99,-,caller=T12;NVRM: Xid (PCI:0000:18:00): 13, pid=1, name=a\\x1bb, x\n K=V\n"
-    (seq, pri, usec, body), = kmsg.device_entries([chunk])
+    ((seq, pri, usec, body),) = kmsg.device_entries([chunk])
     assert (seq, pri, usec) == (7, 4, 99)
     assert kmsg.record((seq, pri, usec, body))["msg"].endswith("name=a\\x1bb, x")
 
@@ -385,20 +397,22 @@ def test_any_file_content_never_raises(lines):
 
 
 # text a kernel record can hold: no newline, NUL or lone surrogate
-LINE_TEXT = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\n\0"),
-                    max_size=300)
+LINE_TEXT = st.text(
+    st.characters(exclude_categories=("Cs",), exclude_characters="\n\0"), max_size=300
+)
 
 
 @settings(max_examples=200, deadline=None)
 @given(
-    st.integers(0, 2**40), st.integers(0, 255), st.integers(0, 2**50),
+    st.integers(0, 2**40),
+    st.integers(0, 255),
+    st.integers(0, 2**50),
     LINE_TEXT,
 )
 def test_kmsg_record_roundtrip(seq, pri, usec, msg):
     line = f"{pri},{seq},{usec},-;{msg}\n".encode()
     (entry,) = kmsg.device_entries([line])
-    assert kmsg.record(entry) == {"seq": seq, "usec": usec, "pri": pri & 7,
-                                  "msg": msg.rstrip("\r")}
+    assert kmsg.record(entry) == {"seq": seq, "usec": usec, "pri": pri & 7, "msg": msg.rstrip("\r")}
 
 
 @settings(max_examples=100, deadline=None)
@@ -422,14 +436,21 @@ def test_module_imports_stay_light():
         elif isinstance(node, ast.ImportFrom):
             names.add(node.module or "")
     assert {n for n in names if not n.startswith("slurmhealth")} <= {
-        "__future__", "os", "errno", "re"}
+        "__future__",
+        "os",
+        "errno",
+        "re",
+    }
 
 
 def test_import_pulls_no_heavy_module():
     """`re` brings enum with it; typing, dataclasses and pathlib must not come along."""
     root = os.path.join(os.path.dirname(__file__), "..", "..")
-    code = (f"import sys; sys.path.insert(0, {root!r}); import slurmhealth.sources.kmsg; "
-            "print(sorted({'typing', 'dataclasses', 'pathlib'} & set(sys.modules)))")
-    out = subprocess.run([sys.executable, "-S", "-E", "-c", code], capture_output=True,
-                         text=True, check=True)
+    code = (
+        f"import sys; sys.path.insert(0, {root!r}); import slurmhealth.sources.kmsg; "
+        "print(sorted({'typing', 'dataclasses', 'pathlib'} & set(sys.modules)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-S", "-E", "-c", code], capture_output=True, text=True, check=True
+    )
     assert out.stdout.strip() == "[]"

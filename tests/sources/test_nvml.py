@@ -32,8 +32,19 @@ def test_gather_returns_the_snapshot_shape(nvml, monkeypatch):
     raw = nvml.gather()
     assert raw["count"] == 8 and raw["driver_version"] == "550.90.07"
     got, want = raw["devices"][3], expected["devices"][3]
-    for key in ("uuid", "bus_id", "vbios", "persistence", "fields", "fabric", "nvlink",
-                "pcie_max_gen", "processes", "clock_event_reasons", "temperature"):
+    for key in (
+        "uuid",
+        "bus_id",
+        "vbios",
+        "persistence",
+        "fields",
+        "fabric",
+        "nvlink",
+        "pcie_max_gen",
+        "processes",
+        "clock_event_reasons",
+        "temperature",
+    ):
         assert got[key] == want[key], key
     assert set(raw["timing_ms"]) == {"init", "total"}
 
