@@ -415,10 +415,41 @@ def where(event: dict) -> str:
     return name if event["gpu_instance"] is None else f"{name} GI {event['gpu_instance']}"
 
 
+_ACRONYMS = {
+    "gpu": "GPU",
+    "ecc": "ECC",
+    "dbe": "DBE",
+    "sbe": "SBE",
+    "nvlink": "NVLink",
+    "gsp": "GSP",
+    "rpc": "RPC",
+    "c2c": "C2C",
+    "pmu": "PMU",
+    "dram": "DRAM",
+    "sram": "SRAM",
+    "pbdma": "PBDMA",
+    "fifo": "FIFO",
+    "mmu": "MMU",
+    "gr": "GR",
+    "ctxsw": "ctx switch",
+    "sec": "security",
+    "inforom": "InfoROM",
+    "nvdec0": "NVDEC0",
+    "ali": "ALI",
+    "pshc": "PSHC",
+    "pwr": "power",
+}
+
+
+def _mnemonic_words(mnemonic: str) -> str:
+    """`GPU_HAS_FALLEN_OFF_THE_BUS` -> `GPU has fallen off the bus`."""
+    return " ".join(_ACRONYMS.get(w, w) for w in mnemonic.lower().split("_"))
+
+
 def describe(event: dict) -> str:
-    """One event in a Slurm Reason: `GPU 3 (0000:9b:00) Xid 79 gpu has fallen off the bus x4`."""
+    """One event in a Slurm Reason: `GPU 3 (0000:9b:00) Xid 79 GPU has fallen off the bus x4`."""
     entry = XIDS.get(event["xid"])
-    what = entry[0].lower().replace("_", " ") if entry else "not in the Xid table"
+    what = _mnemonic_words(entry[0]) if entry else "not in the Xid table"
     if entry and entry[1] == NVLINK5:
         what += " fatal" if event["class"] == FAIL else " nonfatal"
     line = f"{where(event)} Xid {event['xid']} {what}"

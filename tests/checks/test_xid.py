@@ -355,7 +355,7 @@ def test_table_is_well_formed():
 def test_hardware_fails_with_the_worst_action():
     result = xid.hardware(facts_of("xid-forms.kmsg"), ctx())
     assert result.status == "fail" and result.action == "reboot"
-    assert result.message == "GPU 0 (0000:18:00) Xid 79 gpu has fallen off the bus (+11 more)"
+    assert result.message == "GPU 0 (0000:18:00) Xid 79 GPU has fallen off the bus (+11 more)"
     events = result.data["events"]
     assert result.data["count"] == 12 and len(events) == 12
     assert {e["class"] for e in events} == {"fail", "warn"}
@@ -382,7 +382,7 @@ def test_hardware_fails_with_the_worst_action():
 def test_hardware_names_bus_only_without_gpu_map():
     facts = xid.parse(raw_of("NVRM: Xid (PCI:0000:9b:00): 48, DBE"))
     result = xid.hardware(facts, Context())
-    assert result.message == "GPU 0000:9b:00 Xid 48 gpu ecc dbe"
+    assert result.message == "GPU 0000:9b:00 Xid 48 GPU ECC DBE"
     assert result.action == "reset_gpu"
 
 
@@ -400,14 +400,14 @@ def test_hardware_warn_only():
     )
     result = xid.hardware(facts, ctx())
     assert result.status == "warn" and result.action == "reset_gpu"  # a hint, never a drain
-    assert result.message == "GPU 4 (0000:9a:00) Xid 63 inforom dram retirement event (+1 more)"
+    assert result.message == "GPU 4 (0000:9a:00) Xid 63 InfoROM DRAM retirement event (+1 more)"
 
 
 def test_hardware_nvlink5_fatal_message():
     facts = xid.parse(raw_of("NVRM: Xid (PCI:0000:18:00): 149, NETIR_LINK_EVT Fatal XC0 i0 L 8"))
     result = xid.hardware(facts, ctx())
     assert (result.status, result.action) == ("fail", "reset_gpu")
-    assert result.message == "GPU 0 (0000:18:00) Xid 149 nvlink netir error fatal"
+    assert result.message == "GPU 0 (0000:18:00) Xid 149 NVLink netir error fatal"
 
 
 def test_xid_154_points_to_the_recovery_action():
@@ -519,7 +519,7 @@ def test_repeated_119_is_deduplicated():
     ]
     assert facts["events"][0]["pid"] == 2024380  # the first line's pid is kept
     result = xid.hardware(facts, ctx())
-    assert result.message == "GPU 4 (0000:9a:00) Xid 119 gsp rpc timeout x11 (+3 more)"
+    assert result.message == "GPU 4 (0000:9a:00) Xid 119 GSP RPC timeout x11 (+3 more)"
 
 
 def test_wider_configured_window_merges_again():
