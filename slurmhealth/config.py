@@ -31,6 +31,14 @@ SETTINGS = {
     "timeout_ib": (2.0, float, "deadline of the InfiniBand sysfs read"),
     "timeout_kmsg": (2.0, float, "deadline of the kernel log read"),
     "error_fails": (False, bool, "an exception inside a check fails the node (default: warn)"),
+    "gpu_source": ("nvml", str, "hooks: nvml, or a snapshot file (dry runs, fault drills)"),
+    "sysfs_root": ("/sys", str, "hooks: where class/infiniband is read"),
+    "kmsg": ("/dev/kmsg", str, "hooks: the kernel log, or a file of kmsg records/dmesg lines"),
+    "slurm_bin": ("", str, "directory of scontrol and friends; empty: search the usual places"),
+    "drain_timeout": (2.0, float, "bound of each scontrol call on the failure path, seconds"),
+    "resume_after": (3, int, "consecutive passing health checks before our drain is resumed"),
+    "reset_gpus": (False, bool, "epilog resets an idle GPU that needs it, instead of draining"),
+    "nvidia_smi": ("/usr/bin/nvidia-smi", str, "nvidia-smi used for GPU resets"),
 }
 SEVERITIES = ("warn", "fail")
 

@@ -1,8 +1,9 @@
-"""The `slurmhealth` entry point and its import-light commands.
+"""The `slurmhealth` entry point and its import-light commands: check, prolog, epilog, healthcheck.
 
-`slurmhealth check` (and, later, the prolog/epilog/healthcheck hooks) run before every job, so
-this module never imports click, jinja2 or sqlite_utils: it parses its few options by hand and
-hands every other command to the click CLI (cli.py).
+These run before and after every job, so this module never imports click, jinja2 or
+sqlite_utils: it parses its few options by hand and hands every other command to the click CLI
+(cli.py). The hooks fail open: a broken config, an unwritable store or our own bug is logged
+loudly and never drains a node; only a failing check does.
 """
 
 from __future__ import annotations
@@ -15,8 +16,11 @@ from slurmhealth import config, runner
 from slurmhealth.checks import AREAS
 from slurmhealth.result import FAIL
 
-LIGHT = ("check",)
+HOOKS = ("prolog", "epilog", "healthcheck")
+LIGHT = ("check", *HOOKS)
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+# NVML_FI_DEV_GET_GPU_RECOVERY_ACTION values that a GPU reset clears (GPU_RESET, DRAIN_AND_RESET)
+_RESET_ACTIONS = (1, 4)
 
 CHECK_HELP = """Usage: slurmhealth check [OPTIONS]
 
@@ -49,6 +53,16 @@ _FLAGS = ("--json", "--no-db", "-h", "--help")
 
 class UsageError(Exception):
     """A command line that cannot be run: one line for the user, exit 2."""
+
+
+def log(message: str, mode: str = "check") -> None:
+    """One line to stderr (slurmd's log for hooks) and to syslog."""
+    import syslog  # noqa: PLC0415 - a C module, cheap; only when there is something to say
+
+    line = message.replace("\n", " | ")
+    print(f"slurmhealth {mode}: {line}", file=sys.stderr)
+    syslog.openlog("slurmhealth", syslog.LOG_PID, syslog.LOG_DAEMON)
+    syslog.syslog(syslog.LOG_WARNING, f"{mode}: {line}")
 
 
 def parse_args(argv: list, valued: tuple = _VALUED, flags: tuple = _FLAGS) -> dict:
@@ -94,21 +108,25 @@ def _areas(opts: dict) -> list | None:
     return areas
 
 
-def _open_store(opts: dict, node: str) -> object:
-    """The node store, or None (with a note) when there is none to keep."""
-    if opts.get("--no-db"):
-        return None
+def open_store(path: str, mode: str) -> object:
+    """The node store, or None (logged) when it cannot be used: the verdict never depends on it.
+
+    A corrupt file is moved aside and a new store started, so history resumes at once.
+    """
     from slurmhealth import store  # noqa: PLC0415 - sqlite3 only when a store is used
 
-    explicit = _one(opts, "--db") or os.environ.get("SLURMHEALTH_DB")
-    path = explicit or store.default_path(node)
-    if not explicit and not os.access(os.path.dirname(path) or ".", os.W_OK):
-        print(f"slurmhealth: note: {path} not writable, keeping no history", file=sys.stderr)
-        return None
     try:
         return store.connect(path)
     except store.StoreError as exc:
-        print(f"slurmhealth: store unusable, verdict stands: {exc}", file=sys.stderr)
+        if not exc.corrupt:
+            log(f"store unusable, verdict stands: {exc}", mode)
+            return None
+        aside = store.move_aside(path)
+        log(f"store corrupt, moved to {aside}, starting a new one: {exc}", mode)
+    try:
+        return store.connect(path)
+    except store.StoreError as exc:
+        log(f"store unusable, verdict stands: {exc}", mode)
         return None
 
 
@@ -129,21 +147,32 @@ def load_config(path: str | None, conn: object) -> config.Config:
         return config.load(resolved)  # raises the clear error
     stamp = [st.st_mtime_ns, st.st_size, st.st_ino, __version__]
     key = f"config:{os.path.abspath(resolved)}"
-    cached = store.get_meta(conn, key)  # type: ignore[arg-type]
+    try:
+        cached = store.get_meta(conn, key)  # type: ignore[arg-type]
+    except Exception:  # a store that reads badly must not cost the config
+        cached = None
     if isinstance(cached, dict) and cached.get("stamp") == stamp:
         return config.Config(cached["data"], resolved)
     loaded = config.load(resolved)
-    store.set_meta(conn, key, {"stamp": stamp, "data": loaded.data})  # type: ignore[arg-type]
+    try:
+        store.set_meta(conn, key, {"stamp": stamp, "data": loaded.data})  # type: ignore[arg-type]
+    except Exception as exc:
+        log(f"could not cache the config: {exc}")
     return loaded
 
 
-def _record(conn: object, run: runner.Run) -> None:
-    from slurmhealth import store  # noqa: PLC0415
+def record(conn: object, run: runner.Run, mode: str, **kw: object) -> None:
+    """Record a run; if the store fails, the run's verdict still goes to syslog."""
+    if conn is not None:
+        from slurmhealth import store  # noqa: PLC0415
 
-    try:
-        store.record_run(conn, run)  # type: ignore[arg-type]
-    except store.StoreError as exc:
-        print(f"slurmhealth: could not record the run, verdict stands: {exc}", file=sys.stderr)
+        try:
+            store.record_run(conn, run, **kw)  # type: ignore[arg-type]
+            return
+        except store.StoreError as exc:
+            log(f"could not record the run, verdict stands: {exc}", mode)
+    failing = "; ".join(f"{r.check}: {r.message}" for r in run.results if r.status == FAIL)
+    log(f"unrecorded run on {run.node}: {run.verdict} {failing}", mode)
 
 
 def format_table(run: runner.Run) -> str:
@@ -162,7 +191,12 @@ def check(argv: list) -> int:
         return EXIT_OK
     areas = _areas(opts)
     node = node_name(opts)
-    conn = _open_store(opts, node)
+    conn = None
+    if not opts.get("--no-db"):
+        from slurmhealth import store  # noqa: PLC0415
+
+        path = _one(opts, "--db") or store.default_path(node)
+        conn = open_store(path, "check")
     expect = load_config(_one(opts, "--config"), conn).for_node(node)
     baselines = {}
     if conn is not None:
@@ -176,14 +210,217 @@ def check(argv: list) -> int:
         kmsg_after=baselines.get("xid"),
     )
     run = runner.run(node, expect, options, areas, "check", baselines)
-    if conn is not None:
-        _record(conn, run)
-    if opts.get("--json"):
-        print(json.dumps(run.to_dict(), indent=1))
-    else:
-        print(format_table(run))
-    sys.stdout.flush()
+    record(conn, run, "check")
+    print(json.dumps(run.to_dict(), indent=1) if opts.get("--json") else format_table(run))
     return EXIT_FAIL if run.verdict == FAIL else EXIT_OK
+
+
+# --- the hooks: prolog, epilog, healthcheck -------------------------------------------------
+
+
+def job_env(env: dict) -> dict:
+    """What slurmd tells a prolog/epilog about the job (shared/reference/slurm-local-cluster.md).
+
+    SLURM_JOB_EXIT_CODE is a raw wait status: 768 is `exit 3`, 9 is SIGKILL.
+    """
+    gpus = env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES") or ""
+    job: dict = {
+        "id": env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or "",
+        "uid": int(env["SLURM_JOB_UID"]) if env.get("SLURM_JOB_UID", "").isdigit() else None,
+        "user": env.get("SLURM_JOB_USER"),
+        "gpus": [int(g) for g in gpus.split(",") if g.strip().isdigit()] or None,
+    }
+    raw = env.get("SLURM_JOB_EXIT_CODE", "")
+    if raw.lstrip("-").isdigit():
+        status = int(raw)
+        job["exit_code"] = (status >> 8) & 0xFF
+        job["signal"] = status & 0x7F
+    return job
+
+
+def _failure_message(run: runner.Run) -> str:
+    failing = [r for r in run.results if r.status == FAIL]
+    more = f" (+{len(failing) - 1} more checks)" if len(failing) > 1 else ""
+    return failing[0].message + more if failing else ""
+
+
+def drain(node: str, message: str, settings: dict, conn: object, mode: str) -> None:
+    """Drain with our reason, unless someone else already took the node out; record it.
+
+    Failure path only: two bounded scontrol calls (look, then drain), never on success. Looking
+    first is what keeps an admin's reason from being overwritten.
+    """
+    from slurmhealth import slurm, store  # noqa: PLC0415
+
+    why = slurm.reason(message)
+    client = slurm.Slurm(settings["slurm_bin"], settings["drain_timeout"])
+    action, ok, detail = "drain", True, ""
+    try:
+        info = client.node(node)
+        if slurm.may_drain(info):
+            client.drain(node, why)
+        else:
+            action, detail = "drain-skipped", f"already out: {info['reason'] or info['state']}"
+    except slurm.SlurmError as exc:
+        ok, detail = False, str(exc)
+        log(f"could not drain {node} ({why}): {exc}", mode)
+    if conn is not None:
+        try:
+            store.record_action(conn, node, action, why, f"slurmhealth {mode}", ok, detail)  # type: ignore[arg-type]
+        except store.StoreError as exc:
+            log(f"could not record the {action}: {exc}", mode)
+
+
+def maybe_resume(node: str, settings: dict, conn: object) -> None:
+    """Resume our own drain after `resume_after` consecutive passing health checks."""
+    from slurmhealth import slurm, store  # noqa: PLC0415
+
+    client = slurm.Slurm(settings["slurm_bin"], settings["drain_timeout"])
+    try:
+        info = client.node(node)
+        if not slurm.ours(info) or conn is None:
+            return
+        since = (store.last_action(conn, node, "drain") or (0.0,))[0]  # type: ignore[arg-type]
+        needed = max(1, settings["resume_after"])
+        verdicts = store.recent_verdicts(conn, node, "healthcheck", since, needed)  # type: ignore[arg-type]
+        if len(verdicts) < needed or FAIL in verdicts:
+            return
+        client.resume(node)
+        why = f"{needed} passing health checks after: {info['reason']}"
+        store.record_action(conn, node, "resume", why, "slurmhealth healthcheck")  # type: ignore[arg-type]
+    except (slurm.SlurmError, store.StoreError) as exc:
+        log(f"could not resume {node}: {exc}", "healthcheck")
+
+
+def reset_needed(run: runner.Run) -> list:
+    """Idle GPUs whose pending row remap or recovery action a GPU reset would clear."""
+    out = []
+    for dev in (run.facts.get("gpu") or {}).get("devices", []):
+        fields = dev["fields"]
+        wants = fields.get("remap_pending") or fields.get("recovery_action") in _RESET_ACTIONS
+        if wants and not dev["error"] and not dev["processes"]:
+            out.append(dev["index"])
+    return out
+
+
+def reset_gpus(node: str, indexes: list, settings: dict, conn: object) -> list:
+    """Reset each GPU with nvidia-smi (epilog, GPU idle); returns those whose reset failed."""
+    import subprocess  # noqa: PLC0415 - rare path
+
+    from slurmhealth import store  # noqa: PLC0415
+
+    failed = []
+    for index in indexes:
+        argv = [settings["nvidia_smi"], "-r", "-i", str(index)]
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+            ok, detail = proc.returncode == 0, (proc.stdout + proc.stderr).strip()[:200]
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            ok, detail = False, str(exc)
+        if not ok:
+            failed.append(index)
+        if conn is not None:
+            try:
+                store.record_action(
+                    conn, node, "reset_gpu", f"GPU {index}", "slurmhealth epilog", ok, detail
+                )  # type: ignore[arg-type]
+            except store.StoreError as exc:
+                log(f"could not record the reset: {exc}", "epilog")
+    return failed
+
+
+def _hook_config(conn: object, mode: str) -> dict:
+    try:
+        return load_config(None, conn).for_node(os.environ.get("SLURMD_NODENAME", ""))
+    except config.ConfigError as exc:
+        log(f"config broken, running with built-in defaults: {exc}", mode)
+        return config.defaults()
+
+
+def _baselines(conn: object, node: str, job_id: str, mode: str) -> dict:
+    """Node baselines; the epilog takes counters (GPU, NVLink, IB) from its job's prolog."""
+    if conn is None:
+        return {}
+    from slurmhealth import store  # noqa: PLC0415
+
+    try:
+        node_level = store.load_baselines(conn, node)  # type: ignore[arg-type]
+        if mode != "epilog" or not job_id:
+            return node_level
+        job_level = store.load_baselines(conn, node, job_id)  # type: ignore[arg-type]
+    except Exception as exc:
+        log(f"could not read baselines: {exc}", mode)
+        return {}
+    merged = dict(node_level)
+    for area in ("nvlink", "ib"):
+        if area in job_level:
+            merged[area] = job_level[area]
+    if "gpu" in job_level:
+        merged["gpu"] = dict(node_level.get("gpu") or {}, counters=job_level["gpu"].get("counters"))
+    return merged
+
+
+def _job_columns(mode: str, job: dict, run: runner.Run) -> dict | None:
+    if not job["id"]:
+        return None
+    if mode == "prolog":
+        return {"uid": job["uid"], "user": job["user"], "start": run.started}
+    if mode == "epilog":
+        out = {"end": run.started, "uid": job["uid"], "user": job["user"]}
+        out.update({k: job[k] for k in ("exit_code", "signal") if k in job})
+        return out
+    return None
+
+
+def hook(mode: str) -> int:
+    """Prolog, epilog or health check: gate, record, drain on fail. Exit 1 only on a failing
+    check (slurmd then requeues the job / drains the node)."""
+    from slurmhealth import store  # noqa: PLC0415
+
+    node = node_name({})
+    job = job_env(dict(os.environ)) if mode != "healthcheck" else {"id": "", "gpus": None}
+    conn = open_store(store.default_path(node), mode)
+    expect = _hook_config(conn, mode)
+    settings = expect["settings"]
+    baselines = _baselines(conn, node, job["id"], mode)
+    options = runner.Options(
+        gpu_source=settings["gpu_source"],
+        sysfs_root=settings["sysfs_root"],
+        kmsg=settings["kmsg"],
+        kmsg_after=baselines.get("xid"),
+    )
+    run = runner.run(node, expect, options, None, mode, baselines, job["gpus"])
+    record(
+        conn,
+        run,
+        mode,
+        job_id=job["id"] or None,
+        job=_job_columns(mode, job, run),
+        job_baselines=mode == "prolog",
+    )
+    message = _failure_message(run)
+    if mode == "epilog":
+        if conn is not None and job["id"]:
+            store.forget_job_baselines(conn, node, job["id"])  # type: ignore[arg-type]
+        message = message or _epilog_reset(node, run, settings, conn)
+    if message:
+        drain(node, message, settings, conn, mode)
+    elif mode == "healthcheck":
+        maybe_resume(node, settings, conn)
+    return EXIT_FAIL if run.verdict == FAIL else EXIT_OK
+
+
+def _epilog_reset(node: str, run: runner.Run, settings: dict, conn: object) -> str:
+    """Reset idle GPUs that need it when allowed; otherwise (or if that fails) a drain reason."""
+    indexes = reset_needed(run)
+    if not indexes:
+        return ""
+    if settings["reset_gpus"]:
+        indexes = reset_gpus(node, indexes, settings, conn)
+        if not indexes:
+            return ""
+    needing = [r.message for r in run.results if r.action == "reset_gpu" and r.status != "ok"]
+    return needing[0] if needing else f"GPU {indexes[0]} needs a reset"
 
 
 def _finish(code: int) -> None:
@@ -200,9 +437,20 @@ def main(argv: list | None = None) -> None:
 
         cli.main(args=argv, prog_name="slurmhealth")
         return
+    if argv[0] in HOOKS:
+        try:
+            code = hook(argv[0])
+        except Exception:  # our bug is not the node's fault: fail open, loudly
+            import traceback  # noqa: PLC0415
+
+            log(f"internal error, job not gated: {traceback.format_exc()}", argv[0])
+            code = EXIT_OK
+        _finish(code)
     try:
         code = check(argv[1:])
     except (UsageError, config.ConfigError, ValueError, OSError) as exc:
-        print(f"slurmhealth: error: {exc}", file=sys.stderr)
+        lines = str(exc).splitlines() or [""]
+        more = f" (+{len(lines) - 1} more problems)" if len(lines) > 1 else ""
+        print(f"slurmhealth: error: {lines[0]}{more}", file=sys.stderr)
         code = EXIT_USAGE
     _finish(code)

@@ -2,7 +2,8 @@
 
 Many prologs may start at once on a shared node: every write is one short IMMEDIATE
 transaction under a generous busy timeout, so writers queue instead of failing. Record ids are
-random and stable, so exported records import idempotently into a fleet store.
+stable (random once written; an Xid event's id derives from the kernel-log record that carried
+it), so exported records import idempotently and two runs reading the same record store it once.
 Plain sqlite3 on purpose: this module is on the prolog/epilog hot path.
 """
 
@@ -43,7 +44,9 @@ MIGRATIONS = (
         PRIMARY KEY (node, job_id));
     CREATE TABLE actions (
         id TEXT PRIMARY KEY, node TEXT NOT NULL, time REAL NOT NULL, action TEXT NOT NULL,
-        reason TEXT NOT NULL, actor TEXT NOT NULL, ok INTEGER NOT NULL DEFAULT 1);
+        reason TEXT NOT NULL, actor TEXT NOT NULL, ok INTEGER NOT NULL DEFAULT 1,
+        detail TEXT NOT NULL DEFAULT '');
+    CREATE INDEX actions_node_time ON actions (node, time);
     CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
     CREATE TABLE baselines (
         node TEXT NOT NULL, area TEXT NOT NULL, job_id TEXT NOT NULL DEFAULT '',
@@ -54,11 +57,22 @@ SCHEMA_VERSION = len(MIGRATIONS)
 
 
 class StoreError(Exception):
-    """The store cannot be opened or written (read-only, full, corrupt)."""
+    """The store cannot be opened or written (read-only, full, corrupt): one line."""
+
+    def __init__(self, message: str, corrupt: bool = False) -> None:
+        super().__init__(message)
+        self.corrupt = corrupt
+
+
+def state_dir() -> str:
+    """Where node stores live: $SLURMHEALTH_STATE_DIR or /var/lib/slurmhealth (node-local disk,
+    never NFS: SQLite WAL needs local locking)."""
+    return os.environ.get("SLURMHEALTH_STATE_DIR") or DEFAULT_DIR
 
 
 def default_path(node: str) -> str:
-    return os.environ.get("SLURMHEALTH_DB") or os.path.join(DEFAULT_DIR, f"{node}.db")
+    """$SLURMHEALTH_DB, else `<state dir>/<node>.db` (several slurmd on one host: one each)."""
+    return os.environ.get("SLURMHEALTH_DB") or os.path.join(state_dir(), f"{node}.db")
 
 
 def new_id() -> str:
@@ -84,19 +98,39 @@ def _migrate(conn: sqlite3.Connection) -> None:
 
 
 def connect(path: str) -> sqlite3.Connection:
-    """Open (creating if needed) a store in WAL mode; StoreError with a one-line reason."""
+    """Open (creating if needed) a store in WAL mode; StoreError with a one-line reason.
+
+    A new store is root-only writable (0640 in a 0755 directory): users read summaries through
+    the admin path, never the file.
+    """
     try:
-        directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, mode=0o755, exist_ok=True)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o755, exist_ok=True)
+        fresh = not os.path.exists(path)
         conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
         conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
         if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
             conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
+        if fresh:
+            os.chmod(path, 0o640)
         _migrate(conn)
-    except (sqlite3.Error, OSError) as exc:
+    except sqlite3.DatabaseError as exc:
+        # OperationalError (locked, read-only, cannot open) is a subclass: only the base class
+        # and "malformed" mean the bytes are not a database.
+        corrupt = type(exc) is sqlite3.DatabaseError or "malformed" in str(exc)
+        raise StoreError(f"{path}: {exc}", corrupt) from None
+    except OSError as exc:
         raise StoreError(f"{path}: {exc}") from None
     return conn
+
+
+def move_aside(path: str) -> str:
+    """Rename a corrupt store (and its WAL files) out of the way; returns the new name."""
+    aside = f"{path}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    for suffix in ("", "-wal", "-shm"):
+        if os.path.exists(path + suffix):
+            os.replace(path + suffix, aside + suffix)
+    return aside
 
 
 def get_meta(conn: sqlite3.Connection, key: str) -> object:
@@ -109,26 +143,33 @@ def set_meta(conn: sqlite3.Connection, key: str, value: object) -> None:
 
 
 def load_baselines(conn: sqlite3.Connection, node: str, job_id: str = "") -> dict:
-    """{area: data} saved by the previous run on this node (or for this job)."""
+    """{area: data} saved by the previous run on this node (or by this job's prolog)."""
     rows = conn.execute(
         "SELECT area, data FROM baselines WHERE node = ? AND job_id = ?", (node, job_id)
     ).fetchall()
     return {area: json.loads(data) for area, data in rows}
 
 
-def _events(run: Run, run_id: str, job_id: str | None) -> list:
-    """XID events as the xid checks classified them (config overrides and GPU index applied)."""
+def _event_rows(run: Run, run_id: str, job_id: str | None) -> list:
+    """Xid events as the xid checks classified them (config overrides and GPU index applied).
+
+    Only the epilog attributes events to the job, and only those on the job's GPUs: what a
+    prolog reads happened before the job.
+    """
+    boot = (run.facts.get("xid") or {}).get("boot_id") or ""
     rows = []
     for result in run.results:
         if result.check not in ("xid.hardware", "xid.application"):
             continue
         for ev in result.data.get("events", []):
+            owner = job_id if run.phase == "epilog" and ev.get("job", True) else None
+            event_id = f"xid:{run.node}:{boot}:{ev.get('seq')}:{ev.get('xid')}"
             rows.append(
                 (
-                    new_id(),
+                    event_id,
                     run_id,
                     run.node,
-                    job_id,
+                    owner,
                     run.started,
                     "xid",
                     ev.get("xid"),
@@ -145,11 +186,42 @@ def _events(run: Run, run_id: str, job_id: str | None) -> list:
     return rows
 
 
-def record_run(conn: sqlite3.Connection, r: Run, job_id: str | None = None) -> str:
-    """Write one run, its results, its events and the new baselines in one transaction."""
+_INSERT_EVENT = """
+    INSERT INTO events VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+    ON CONFLICT (id) DO UPDATE SET job_id = coalesce(excluded.job_id, events.job_id)"""
+
+
+def _write_job(conn: sqlite3.Connection, node: str, job_id: str, job: dict) -> None:
+    conn.execute("INSERT OR IGNORE INTO jobs (node, job_id) VALUES (?, ?)", (node, job_id))
+    columns = [
+        c for c in ("uid", "user", "start", "end", "exit_code", "signal", "state") if c in job
+    ]
+    if columns:
+        sets = ", ".join(f"{c} = ?" for c in columns)  # column names from the fixed list above
+        values = [job[c] for c in columns]
+        conn.execute(
+            f"UPDATE jobs SET {sets} WHERE node = ? AND job_id = ?",  # noqa: S608
+            (*values, node, job_id),
+        )
+
+
+def record_run(
+    conn: sqlite3.Connection,
+    r: Run,
+    job_id: str | None = None,
+    job: dict | None = None,
+    job_baselines: bool = False,
+) -> str:
+    """Write one run, its results, events, baselines and job row in one transaction.
+
+    job: columns of the jobs row to set (prolog: uid, user, start; epilog: end, exit code).
+    job_baselines: also keep this run's baselines under the job id (the prolog's, for the
+    epilog's deltas).
+    """
     from slurmhealth import __version__  # noqa: PLC0415
 
     run_id = new_id()
+    now = time.time()
     sources = json.dumps({k: v.to_dict() for k, v in r.sources.items()})
     results = [
         (
@@ -163,8 +235,11 @@ def record_run(conn: sqlite3.Connection, r: Run, job_id: str | None = None) -> s
         )
         for x in r.results
     ]
+    keys = [""] + ([job_id] if job_baselines and job_id else [])
     baselines = [
-        (r.node, area, json.dumps(data), time.time()) for area, data in r.baselines.items()
+        (r.node, area, key, json.dumps(data), now)
+        for area, data in r.baselines.items()
+        for key in keys
     ]
     try:
         conn.execute("BEGIN IMMEDIATE")
@@ -183,13 +258,69 @@ def record_run(conn: sqlite3.Connection, r: Run, job_id: str | None = None) -> s
             ),
         )
         conn.executemany("INSERT INTO results VALUES (?, ?, ?, ?, ?, ?, ?)", results)
-        conn.executemany(
-            "INSERT INTO events VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", _events(r, run_id, job_id)
-        )
-        conn.executemany("INSERT OR REPLACE INTO baselines VALUES (?, ?, '', ?, ?)", baselines)
+        conn.executemany(_INSERT_EVENT, _event_rows(r, run_id, job_id))
+        conn.executemany("INSERT OR REPLACE INTO baselines VALUES (?, ?, ?, ?, ?)", baselines)
+        if job_id and job is not None:
+            _write_job(conn, r.node, job_id, job)
         conn.execute("COMMIT")
     except sqlite3.Error as exc:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise StoreError(str(exc)) from None
     return run_id
+
+
+def forget_job_baselines(conn: sqlite3.Connection, node: str, job_id: str) -> None:
+    conn.execute("DELETE FROM baselines WHERE node = ? AND job_id = ?", (node, job_id))
+
+
+def record_action(
+    conn: sqlite3.Connection,
+    node: str,
+    action: str,
+    why: str,
+    actor: str,
+    ok: bool = True,
+    detail: str = "",
+    when: float | None = None,
+) -> str:
+    """A drain, resume, reset or refusal, with who did it and whether it worked."""
+    action_id = new_id()
+    try:
+        conn.execute(
+            "INSERT INTO actions VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                action_id,
+                node,
+                time.time() if when is None else when,
+                action,
+                why,
+                actor,
+                int(ok),
+                detail,
+            ),
+        )
+    except sqlite3.Error as exc:
+        raise StoreError(str(exc)) from None
+    return action_id
+
+
+def last_action(conn: sqlite3.Connection, node: str, action: str) -> tuple | None:
+    """(time, reason) of the node's latest successful action of this kind."""
+    return conn.execute(
+        "SELECT time, reason FROM actions WHERE node = ? AND action = ? AND ok = 1 "
+        "ORDER BY time DESC LIMIT 1",
+        (node, action),
+    ).fetchone()
+
+
+def recent_verdicts(
+    conn: sqlite3.Connection, node: str, phase: str, since: float, limit: int
+) -> list:
+    """Verdicts of the node's latest runs of a phase since a time, newest first."""
+    rows = conn.execute(
+        "SELECT verdict FROM runs WHERE node = ? AND phase = ? AND started >= ? "
+        "ORDER BY started DESC LIMIT ?",
+        (node, phase, since, limit),
+    ).fetchall()
+    return [row[0] for row in rows]

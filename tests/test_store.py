@@ -9,6 +9,7 @@ import sys
 from conftest import snapshot_path
 
 from slurmhealth import config, runner, store
+from slurmhealth.checks import gpu
 
 
 def a_run() -> runner.Run:
@@ -55,6 +56,7 @@ def test_a_newer_schema_is_refused(db):
 WRITER = """
 import sys
 from slurmhealth import config, runner, store
+from slurmhealth.checks import gpu
 run = runner.run("gpu01", config.defaults(), runner.Options(gpu_source=sys.argv[2]), ["gpu"])
 store.record_run(store.connect(sys.argv[1]), run, job_id=sys.argv[3])
 """
@@ -73,7 +75,7 @@ def test_concurrent_writers_lose_nothing(db):
     conn = store.connect(db)
     jobs = {row[0] for row in conn.execute("SELECT job_id FROM runs")}
     assert jobs == {str(n) for n in range(16)}
-    assert conn.execute("SELECT count(*) FROM results").fetchone()[0] == 16 * 11
+    assert conn.execute("SELECT count(*) FROM results").fetchone()[0] == 16 * len(gpu.CHECKS)
 
 
 def test_data_round_trips_as_json(db):

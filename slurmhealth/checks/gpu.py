@@ -21,7 +21,10 @@ DEFAULTS = {
     "driver_version": (None, str, "golden driver version; drift warns"),
     "vbios_version": (None, str, "golden VBIOS version; unset: all GPUs alike; drift warns"),
     "clock_event_mask": (0xE8, int, "clock event bits that warn: HW slowdown/thermal/power brake"),
+    "sbe_warn": (1000, int, "new correctable ECC errors since the last run that warn"),
 }
+# Memory counters kept as baselines: the epilog reports what grew during the job.
+_MEMORY = ("ecc_sbe_volatile", "ecc_dbe_volatile", "remap_correctable", "remap_uncorrectable")
 
 # nvmlClocksEventReason bits (reference §2.3)
 _CLOCK_EVENTS = {
@@ -309,10 +312,34 @@ def versions(facts: dict, ctx: Context) -> Result:
     return ok(f"driver {driver}" if driver else "versions as expected", data)
 
 
+def memory_errors(facts: dict, ctx: Context) -> Result:
+    """Correctable ECC errors and remapped rows that grew since the last run (memory wearing)."""
+    before = ctx.baseline.get("counters") or {}
+    if not before:
+        return ok("baseline recorded")
+    grew, deltas = [], {}
+    for dev in _alive(facts):
+        old = before.get(str(dev["index"])) or {}
+        for key in _MEMORY:
+            now, then = dev["fields"].get(key), old.get(key)
+            if now is not None and then is not None and now > then:
+                deltas.setdefault(str(dev["index"]), {})[key] = now - then
+        delta = deltas.get(str(dev["index"]), {})
+        rows = delta.get("remap_correctable", 0) + delta.get("remap_uncorrectable", 0)
+        if rows:
+            grew.append(f"{label(dev)} {rows} new remapped rows")
+        if delta.get("ecc_sbe_volatile", 0) >= ctx.expect.get("sbe_warn", 1000):
+            grew.append(f"{label(dev)} {delta['ecc_sbe_volatile']} new correctable ECC errors")
+    if grew:
+        return warn(summarize(grew), {"deltas": deltas})
+    return ok("memory error counters steady", {"deltas": deltas})
+
+
 CHECKS = (
     count,
     inventory,
     ecc,
+    memory_errors,
     row_remap,
     recovery_action,
     persistence,
@@ -325,12 +352,19 @@ CHECKS = (
 
 
 def baseline(facts: dict) -> dict:
-    """The inventory to compare the next run against, keyed by index."""
+    """The inventory and memory counters to compare the next run against, keyed by index."""
+    alive = _alive(facts)
     return {
         "inventory": {
             str(d["index"]): {"uuid": d["uuid"], "bus_id": d["bus_id"], "serial": d["serial"]}
-            for d in _alive(facts)
-        }
+            for d in alive
+        },
+        "counters": {
+            str(d["index"]): {
+                k: d["fields"].get(k) for k in _MEMORY if d["fields"].get(k) is not None
+            }
+            for d in alive
+        },
     }
 
 

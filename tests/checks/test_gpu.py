@@ -170,3 +170,17 @@ def test_expectations_of_a_known_good_node():
         "driver_version": "550.90.07",
         "vbios_version": "96.00.99.00.01",
     }
+
+
+def test_memory_errors_warn_on_growth_since_the_baseline():
+    healthy = facts("healthy")
+    assert gpu.memory_errors(healthy, ctx()).message == "baseline recorded"
+    before = gpu.baseline(healthy)
+    grown = facts("healthy")
+    grown["devices"][4]["fields"]["remap_correctable"] = 2
+    grown["devices"][1]["fields"]["ecc_sbe_volatile"] = 5000
+    result = gpu.memory_errors(grown, Context(expect=ctx().expect, baseline=before))
+    assert result.status == "warn"
+    assert "GPU 1 (00000000:2A:00.0) 5000 new correctable ECC errors" in result.message
+    assert result.data["deltas"]["4"] == {"remap_correctable": 2}
+    assert gpu.memory_errors(healthy, Context(expect=ctx().expect, baseline=before)).status == "ok"

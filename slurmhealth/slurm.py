@@ -1,0 +1,109 @@
+"""The Slurm adapter: scontrol by absolute path, argv lists (never a shell), bounded in time.
+
+Drain etiquette (as LBNL NHC taught admins): our reasons start with `slurmhealth:`; a node drained
+or down for any other reason is never changed; only our own drains are resumed.
+"""
+
+from __future__ import annotations
+
+import os
+
+from slurmhealth.result import clean
+
+PREFIX = "slurmhealth:"
+REASON_MAX = 160
+SEARCH = ("/usr/bin", "/usr/local/bin", "/opt/slurm/bin", "/usr/local/slurm/bin")
+# Node state flags that mean "someone took this node out of service".
+_OUT = ("DRAIN", "DOWN", "FAIL", "MAINT", "REBOOT", "POWER_DOWN", "POWERED_DOWN")
+
+
+class SlurmError(Exception):
+    """A Slurm command that failed, timed out or could not be found: one line."""
+
+
+def find_bin(name: str, slurm_bin: str = "") -> str:
+    """Absolute path of a Slurm command: settings, $SLURMHEALTH_SLURM_BIN, $PATH, usual places.
+
+    slurmd gives prolog, epilog and health check no PATH, so the usual places matter.
+    """
+    dirs = [slurm_bin, os.environ.get("SLURMHEALTH_SLURM_BIN", "")]
+    dirs += os.environ.get("PATH", "").split(os.pathsep) + list(SEARCH)
+    for directory in dirs:
+        path = os.path.join(directory, name) if directory else ""
+        if path and os.path.isabs(path) and os.access(path, os.X_OK):
+            return path
+    raise SlurmError(f"{name} not found (set settings.slurm_bin or SLURMHEALTH_SLURM_BIN)")
+
+
+def reason(message: str) -> str:
+    """`slurmhealth: <message>`: one printable line, bounded, no quotes (scontrol parses them)."""
+    text = clean(message, REASON_MAX).replace('"', "").replace("'", "")
+    return f"{PREFIX} {text}"
+
+
+def parse_node(line: str) -> dict:
+    """`scontrol -o show node` -> {name, state, flags, reason}. Reason is the last field and
+    may hold spaces; Slurm appends `[user@time]`, which is dropped."""
+    info: dict = {"name": "", "state": "", "flags": [], "reason": ""}
+    head, _, why = line.partition(" Reason=")
+    for token in head.split():
+        key, _, value = token.partition("=")
+        if key == "NodeName":
+            info["name"] = value
+        elif key == "State":
+            info["state"] = value
+            info["flags"] = value.replace("*", "").split("+")
+    why = why.strip()
+    if why.endswith("]") and " [" in why:
+        why = why[: why.rindex(" [")]
+    info["reason"] = "" if why == "(null)" else why
+    return info
+
+
+def is_out(info: dict) -> bool:
+    """Drained, down or otherwise out of service, by anyone."""
+    return any(flag.startswith(_OUT) for flag in info["flags"])
+
+
+def ours(info: dict) -> bool:
+    """Out of service with a reason slurmhealth wrote."""
+    return is_out(info) and info["reason"].startswith(PREFIX)
+
+
+def may_drain(info: dict) -> bool:
+    """Drain only a node in service; never touch one someone else took out."""
+    return not is_out(info)
+
+
+class Slurm:
+    """scontrol calls with a deadline each; SLURM_CONF passes through the environment."""
+
+    def __init__(self, slurm_bin: str = "", timeout: float = 2.0) -> None:
+        self.slurm_bin = slurm_bin
+        self.timeout = timeout
+
+    def run(self, *args: str, timeout: float | None = None) -> str:
+        import subprocess  # noqa: PLC0415 - failure path and admin side only
+
+        argv = [find_bin("scontrol", self.slurm_bin), *args]
+        limit = self.timeout if timeout is None else timeout
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=limit, check=False)
+        except subprocess.TimeoutExpired:
+            raise SlurmError(f"scontrol {args[0]} timed out after {limit:g} s") from None
+        except OSError as exc:
+            raise SlurmError(f"scontrol: {exc}") from None
+        if proc.returncode != 0:
+            error = clean(proc.stderr or proc.stdout or f"exit {proc.returncode}")
+            raise SlurmError(f"scontrol {args[0]}: {error}")
+        return proc.stdout
+
+    def node(self, name: str, timeout: float | None = None) -> dict:
+        out = self.run("-o", "show", "node", name, timeout=timeout)
+        return parse_node(out.strip().splitlines()[0] if out.strip() else "")
+
+    def drain(self, name: str, why: str, timeout: float | None = None) -> None:
+        self.run("update", f"NodeName={name}", "State=DRAIN", f"Reason={why}", timeout=timeout)
+
+    def resume(self, name: str, timeout: float | None = None) -> None:
+        self.run("update", f"NodeName={name}", "State=RESUME", timeout=timeout)

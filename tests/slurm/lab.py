@@ -1,0 +1,590 @@
+"""A real Slurm on this machine: munge, slurmctld and N slurmd (gpu01..gpuNN) under one temp dir.
+
+Prolog, Epilog and HealthCheckProgram are the project's own hook scripts, so every job runs
+through the real slurmhealth prolog/epilog. Each node replays GPU facts from a snapshot file
+(`gpu_source`), an InfiniBand sysfs tree and a kmsg file; `inject(node, ...)` swaps one node's
+sources for a faulty one, `clear(node)` swaps them back. Used by tests/slurm and `make demo`.
+
+Measured facts behind the settings (Debian 12, Slurm 22.05): jobs need char devices for GRES to
+set CUDA_VISIBLE_DEVICES; slurmd silently skips the prolog of a job id it remembers from its
+spool (slurmctld -c restarts ids at 1), so every bring-up starts from empty spool dirs; daemons
+are stopped by the pids in their pid files, never by name. Needs root (slurmd runs jobs as their
+owner; munged and slurmd insist on root-owned files).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+
+SBIN, BIN = "/usr/sbin", "/usr/bin"
+DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd")
+CLIENTS = ("scontrol", "sinfo", "sbatch", "squeue", "srun", "scancel")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FIXTURES = os.path.join(REPO, "tests", "fixtures")
+SNAPSHOTS = os.path.join(FIXTURES, "snapshots")
+HEALTHY = {
+    "gpu_source": os.path.join(SNAPSHOTS, "h100-hgx-healthy.json"),
+    "sysfs_root": os.path.join(FIXTURES, "sysfs", "healthy-8x-ndr"),
+    "kmsg": os.path.join(FIXTURES, "kmsg", "healthy.kmsg"),
+}
+GPUS_PER_NODE = 8
+# slurmctld runs its health-check timer from a ~1 s background loop; 1 s works but keeps the
+# 2-core CI machine busy running four Python hooks every second, and a fault injected before a job
+# would usually be caught by the health check before the job's prolog sees it. 2 s: a drain resumed
+# after resume_after passing runs within ~5 s, and Lab.sync_health_check leaves a job ~2 s to reach
+# its prolog first.
+HEALTH_CHECK_INTERVAL = 2
+TERMINAL_JOB_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+
+
+class LabError(Exception):
+    """The lab could not be brought up or a wait timed out; the message says what and where."""
+
+
+def snapshot(name: str) -> str:
+    """Path of a bundled snapshot: snapshot('gpu-lost') -> tests/fixtures/.../h100-hgx-gpu-lost.json."""
+    return os.path.join(SNAPSHOTS, f"h100-hgx-{name}.json")
+
+
+def missing() -> str | None:
+    """Why a lab cannot run here (not root, Slurm or munge not installed), or None."""
+    if os.geteuid() != 0:
+        return "the Slurm lab needs root (slurmd runs jobs as their owners)"
+    absent = [d for d in DAEMONS if not os.access(os.path.join(SBIN, d), os.X_OK)]
+    absent += [c for c in CLIENTS if not os.access(os.path.join(BIN, c), os.X_OK)]
+    if absent:
+        return f"not installed: {', '.join(absent)} (apt-get install slurm-wlm munge)"
+    return None
+
+
+def _free_ports(count: int) -> list:
+    """Ports the kernel just handed out on 127.0.0.1 (free now; nothing else races us in CI)."""
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _toml_str(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _pid_alive(pid: int) -> bool:
+    """Running and not a zombie: stopped daemons stay zombies until someone reaps them."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+class Lab:
+    """munge + slurmctld + `nodes` slurmd under a temp dir; a context manager.
+
+    keep=True leaves everything running (and on disk) after the `with` block, for a demo to
+    poke at; stop() tears it down. Node gpuNN gets Weight NN*10 (the lowest weight is chosen
+    first), so with no other steering the first job lands on gpu01.
+    """
+
+    def __init__(
+        self,
+        nodes: int = 4,
+        *,
+        keep: bool = False,
+        base: str | None = None,
+        resume_after: int = 2,
+        health_check_interval: int = HEALTH_CHECK_INTERVAL,
+        bin: str | None = None,
+    ) -> None:
+        self.names = [f"gpu{i:02d}" for i in range(1, nodes + 1)]
+        self.keep = keep
+        self.base = base
+        self.resume_after = resume_after
+        self.health_check_interval = health_check_interval
+        self.bin = bin or os.path.join(os.path.dirname(sys.executable), "slurmhealth")
+        self.dir = ""
+        self.faults: dict = {}
+        self.started = False
+
+    # ---- paths -------------------------------------------------------------------------------
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.dir, *parts)
+
+    @property
+    def conf(self) -> str:
+        return self.path("etc", "slurm.conf")
+
+    @property
+    def out(self) -> str:
+        """Jobs' working dir and output files (world-writable, sticky: users' jobs write here)."""
+        return self.path("out")
+
+    def db_path(self, node: str) -> str:
+        return self.path("state", f"{node}.db")
+
+    def log(self, daemon: str) -> str:
+        """Log file text: 'slurmctld', 'gpu01' (that slurmd), 'munged'."""
+        name = daemon if daemon in ("slurmctld", "munged") else f"slurmd-{daemon}"
+        try:
+            with open(self.path("log", f"{name}.log"), errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    # ---- bring-up ----------------------------------------------------------------------------
+    def __enter__(self) -> Lab:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.keep:
+            self.stop()
+
+    def start(self) -> Lab:
+        reason = missing()
+        if reason:
+            raise LabError(reason)
+        self._make_dirs()
+        try:
+            self._write_files()
+            self._start_munge()
+            self._start_slurmctld()
+            self._start_slurmds()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _make_dirs(self) -> None:
+        if self.base:
+            # A fixed place (demo): never reuse a spool, slurmd would skip reused job ids' prologs.
+            shutil.rmtree(self.base, ignore_errors=True)
+            os.makedirs(self.base)
+            self.dir = os.path.abspath(self.base)
+        else:
+            self.dir = tempfile.mkdtemp(prefix="slurmhealth-lab-")
+        os.chmod(self.dir, 0o755)  # users' jobs must reach out/ and the munge socket
+        for sub in ("etc", "run", "log", "spool", "state", "dev", "munge/run"):
+            os.makedirs(self.path(sub), mode=0o755, exist_ok=True)
+        for sub in ("munge/etc", "munge/lib"):
+            os.makedirs(self.path(sub), mode=0o700, exist_ok=True)
+        for name in ["ctld", *self.names]:
+            os.makedirs(self.path("spool", name))  # slurmd does not create its spool dir
+        os.makedirs(self.out)
+        os.chmod(self.out, 0o1777)
+        for i in range(GPUS_PER_NODE):
+            # GRES needs character devices (plain files are rejected); 1,3 is /dev/null's.
+            os.mknod(self.path("dev", f"nvidia{i}"), 0o666 | 0o020000, os.makedev(1, 3))
+
+    def _write_files(self) -> None:
+        self.ports = _free_ports(len(self.names) + 1)
+        with open(self.conf, "w") as f:
+            f.write(self.slurm_conf())
+        nodelist = f"gpu[01-{len(self.names):02d}]"
+        with open(self.path("etc", "gres.conf"), "w") as f:
+            f.write("AutoDetect=off\n")
+            f.write(
+                f"NodeName={nodelist} Name=gpu File={self.path('dev')}/nvidia[0-{GPUS_PER_NODE - 1}]\n"
+            )
+        # Read by packaging/slurmhealth-hook only when root-owned (it is: we are root).
+        with open(self.path("etc", "slurmhealth.env"), "w") as f:
+            f.write(f"SLURMHEALTH_BIN={self.bin}\n")
+            f.write(f"SLURMHEALTH_CONFIG={self.path('etc', 'slurmhealth.toml')}\n")
+        self._write_config()
+
+    def slurm_conf(self) -> str:
+        ctld_port, node_ports = self.ports[0], self.ports[1:]
+        p = self.path
+        lines = [
+            "ClusterName=lab",
+            f"SlurmctldHost={socket.gethostname().split('.')[0]}(127.0.0.1)",
+            f"SlurmctldPort={ctld_port}",
+            "AuthType=auth/munge",
+            "CredType=cred/munge",
+            f"AuthInfo=socket={p('munge', 'run', 'munge.socket')}",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            f"StateSaveLocation={p('spool', 'ctld')}",
+            f"SlurmdSpoolDir={p('spool')}/%n",
+            f"SlurmctldPidFile={p('run', 'slurmctld.pid')}",
+            f"SlurmdPidFile={p('run')}/slurmd-%n.pid",
+            f"SlurmctldLogFile={p('log', 'slurmctld.log')}",
+            f"SlurmdLogFile={p('log')}/slurmd-%n.log",
+            "SlurmctldDebug=info",
+            "SlurmdDebug=info",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core",
+            "SlurmdParameters=config_overrides",
+            "ReturnToService=2",
+            "MailProg=/bin/true",
+            "SlurmdTimeout=10",
+            "KillWait=2",
+            "GresTypes=gpu",
+            "PrologFlags=Alloc",
+            "PrologEpilogTimeout=20",
+            "SchedulerParameters=nohold_on_prolog_fail",
+            # The documented admin setup: every script in prolog.d/epilog.d (a glob).
+            f"Prolog={REPO}/prolog.d/*",
+            f"Epilog={REPO}/epilog.d/*",
+            f"HealthCheckProgram={REPO}/packaging/slurmhealth-hook",
+            f"HealthCheckInterval={self.health_check_interval}",
+            "HealthCheckNodeState=ANY",
+        ]
+        for name, port in zip(self.names, node_ports):
+            lines.append(
+                f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} "
+                "CPUs=2 Boards=1 SocketsPerBoard=1 CoresPerSocket=2 ThreadsPerCore=1 "
+                f"RealMemory=1000 Gres=gpu:{GPUS_PER_NODE} Weight={int(name[3:]) * 10} "
+                "State=UNKNOWN"
+            )
+        lines.append(
+            f"PartitionName=gpu Nodes=gpu[01-{len(self.names):02d}] Default=YES "
+            "MaxTime=INFINITE State=UP"
+        )
+        return "\n".join(lines) + "\n"
+
+    def _write_config(self) -> None:
+        """slurmhealth.toml: healthy fixtures for all, one [[node]] block per injected fault."""
+        out = ["[settings]"]
+        for key, value in HEALTHY.items():
+            out.append(f"{key} = {_toml_str(value)}")
+        out += [
+            f"state_dir = {_toml_str(self.path('state'))}",
+            f"resume_after = {self.resume_after}",
+            "",
+        ]
+        for node, settings in sorted(self.faults.items()):
+            out += ["[[node]]", f"match = {_toml_str(node)}"]
+            out += [f"settings.{k} = {_toml_str(v)}" for k, v in sorted(settings.items())]
+            out.append("")
+        target = self.path("etc", "slurmhealth.toml")
+        with open(target + ".tmp", "w") as f:
+            f.write("\n".join(out))
+        os.replace(target + ".tmp", target)  # a hook never reads half a file
+
+    def _start_munge(self) -> None:
+        key = self.path("munge", "etc", "munge.key")
+        self._run([f"{SBIN}/mungekey", "-c", "-k", key])
+        self._run(
+            [
+                f"{SBIN}/munged",
+                f"--socket={self.path('munge', 'run', 'munge.socket')}",
+                f"--pid-file={self.path('run', 'munged.pid')}",
+                f"--log-file={self.path('log', 'munged.log')}",
+                f"--seed-file={self.path('munge', 'lib', 'munged.seed')}",
+                f"--key-file={key}",
+            ]
+        )
+
+    def _start_slurmctld(self) -> None:
+        self._run([f"{SBIN}/slurmctld", "-c"], env=self.daemon_env())
+        self._poll(
+            lambda: "is UP" in self.scontrol("ping", check=False).stdout,
+            10,
+            "slurmctld to answer ping",
+        )
+
+    def _start_slurmds(self) -> None:
+        for name in self.names:
+            self._run([f"{SBIN}/slurmd", "-N", name], env=self.daemon_env())
+        self.wait_idle(self.names, timeout=20)
+
+    def daemon_env(self) -> dict:
+        """What an init system gives a daemon: PATH and our SLURM_CONF, nothing of the caller's."""
+        return {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "SLURM_CONF": self.conf}
+
+    def client_env(self, extra: dict | None = None) -> dict:
+        """The caller's env minus any Slurm job context (tests may run inside a job)."""
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "SLURMHEALTH_"))
+        }
+        env["SLURM_CONF"] = self.conf
+        env.update(extra or {})
+        return env
+
+    # ---- teardown ----------------------------------------------------------------------------
+    def stop(self, remove: bool = True) -> None:
+        """Cancel jobs, TERM every daemon we started (by pid file), wait, remove the dir."""
+        if not self.dir:
+            return
+        self._cancel_all()
+        pids = []
+        for pid_file in self._pid_files():
+            try:
+                with open(pid_file) as f:
+                    pid = int(f.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue
+            if _pid_alive(pid):
+                os.kill(pid, 15)
+                pids.append(pid)
+        deadline = time.monotonic() + 10
+        while any(_pid_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for pid in pids:
+            if _pid_alive(pid):
+                os.kill(pid, 9)
+        if remove:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        self.dir = ""
+
+    def _pid_files(self) -> list:
+        # slurmds first, munged last: the others need it to say goodbye
+        files = [self.path("run", f"slurmd-{n}.pid") for n in self.names]
+        return [*files, self.path("run", "slurmctld.pid"), self.path("run", "munged.pid")]
+
+    def _cancel_all(self) -> None:
+        if not os.path.exists(self.path("run", "slurmctld.pid")):
+            return
+        ids = self.squeue("-h", "-o", "%i", check=False).stdout.split()
+        if not ids:
+            return
+        self.scancel(*ids, check=False)
+        try:
+            self._poll(lambda: not self.squeue("-h", "-t", "R,CG", check=False).stdout.strip(), 10)
+        except LabError:
+            pass  # stop anyway; a stuck job step dies with its node's processes
+
+    # ---- commands ----------------------------------------------------------------------------
+    def _run(
+        self,
+        argv: list,
+        *,
+        env: dict | None = None,
+        check: bool = True,
+        timeout: float = 20,
+        user: str | None = None,
+        input: str | None = None,
+    ) -> subprocess.CompletedProcess:
+        kwargs: dict = {}
+        if user is not None:
+            import pwd  # noqa: PLC0415
+
+            entry = pwd.getpwnam(user)
+            kwargs = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+            env = dict(env or self.client_env(), HOME=entry.pw_dir, USER=user, LOGNAME=user)
+        proc = subprocess.run(
+            argv,
+            env=env if env is not None else self.client_env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=self.out if os.path.isdir(self.out) else None,
+            input=input,
+            **kwargs,
+        )
+        if check and proc.returncode != 0:
+            raise LabError(
+                f"{' '.join(argv)}: exit {proc.returncode}: {proc.stderr.strip() or proc.stdout}"
+            )
+        return proc
+
+    def scontrol(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return self._run([f"{BIN}/scontrol", *args], check=check)
+
+    def sinfo(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return self._run([f"{BIN}/sinfo", *args], check=check)
+
+    def squeue(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return self._run([f"{BIN}/squeue", *args], check=check)
+
+    def scancel(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return self._run([f"{BIN}/scancel", *args], check=check)
+
+    def sbatch(
+        self, *args: str, script: str | None = None, user: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess:
+        return self._run([f"{BIN}/sbatch", *args], input=script, user=user, check=check)
+
+    def srun(
+        self, *args: str, user: str | None = None, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess:
+        return self._run([f"{BIN}/srun", *args], user=user, check=check, timeout=timeout)
+
+    # ---- jobs --------------------------------------------------------------------------------
+    def submit(self, script: str = "true", *args: str, user: str | None = None) -> str:
+        """sbatch a shell script body (with `#!/bin/sh` added); returns the job id.
+
+        Output goes to out/JOBID.out; args are extra sbatch options, e.g. '-N2', '--gres=gpu:8'.
+        """
+        body = script if script.startswith("#!") else "#!/bin/sh\n" + script + "\n"
+        proc = self.sbatch(
+            "--parsable",
+            f"--output={self.out}/%j.out",
+            f"--chdir={self.out}",
+            *args,
+            script=body,
+            user=user,
+        )
+        return proc.stdout.strip().split(";")[0]
+
+    def job(self, job_id: str) -> dict:
+        """`scontrol -o show job` as a dict (JobState, NodeList, Restarts, ExitCode, ...)."""
+        text = self.scontrol("-o", "show", "job", str(job_id)).stdout.strip()
+        fields = {}
+        for token in text.split():
+            key, eq, value = token.partition("=")
+            if eq and key not in fields:
+                fields[key] = value
+        return fields
+
+    def output(self, job_id: str) -> str:
+        try:
+            with open(os.path.join(self.out, f"{job_id}.out"), errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def wait_job(
+        self, job_id: str, states: tuple = TERMINAL_JOB_STATES, timeout: float = 30
+    ) -> dict:
+        """Poll until the job's state is one of `states`; its fields, or LabError on timeout."""
+        found: dict = {}
+
+        def done() -> bool:
+            found.update(self.job(job_id))
+            return found.get("JobState") in states
+
+        self._poll(done, timeout, lambda: f"job {job_id} to reach {states} (now {found})")
+        return found
+
+    # ---- nodes -------------------------------------------------------------------------------
+    def node(self, name: str) -> dict:
+        """{'state': 'IDLE+DRAIN', 'reason': 'slurmhealth: ...', 'reason_by': 'root'} of a node.
+
+        `scontrol -o` prints `Reason=<text> [<user>@<time>]` with spaces inside <text>.
+        """
+        text = self.scontrol("-o", "show", "node", name).stdout.strip()
+        state = re.search(r"\bState=(\S+)", text)
+        reason = re.search(r"\bReason=(.*) \[([^\]@]*)@[^\]]*\]", text)
+        return {
+            "state": state.group(1) if state else "",
+            "reason": reason.group(1) if reason else "",
+            "reason_by": reason.group(2) if reason else "",
+        }
+
+    def wait_node(self, name: str, predicate, timeout: float = 30, what: str = "") -> dict:
+        """Poll node(name) until predicate(node) is true; the node's dict."""
+        seen: dict = {}
+
+        def done() -> bool:
+            seen.clear()
+            seen.update(self.node(name))
+            return bool(predicate(seen))
+
+        self._poll(done, timeout, lambda: f"{name} {what or 'to change'} (now {seen})")
+        return seen
+
+    def wait_node_state(self, name: str, state: str, timeout: float = 30) -> dict:
+        """Poll until the node's state is exactly `state` ('IDLE', 'IDLE+DRAIN', ...)."""
+        return self.wait_node(name, lambda n: n["state"] == state, timeout, f"to be {state}")
+
+    def wait_idle(self, names: list | None = None, timeout: float = 30) -> None:
+        """Every named node plain idle (after a resume a node shows idle* for a second or two)."""
+        names = names or self.names
+        states: dict = {}
+
+        def done() -> bool:
+            out = self.sinfo("-h", "-N", "-o", "%N %T", check=False).stdout.split("\n")
+            states.clear()
+            states.update(line.split() for line in out if line.strip())
+            return all(states.get(n) == "idle" for n in names)
+
+        self._poll(done, timeout, lambda: f"nodes to be idle (now {states})")
+
+    def drain(self, name: str, reason: str) -> None:
+        self.scontrol("update", f"NodeName={name}", "State=DRAIN", f"Reason={reason}")
+
+    def resume(self, name: str) -> None:
+        self.scontrol("update", f"NodeName={name}", "State=RESUME")
+
+    def set_weight(self, name: str, weight: int) -> None:
+        self.scontrol("update", f"NodeName={name}", f"Weight={weight}")
+
+    # ---- fault injection -----------------------------------------------------------------------
+    def inject(self, node: str, **settings: str) -> None:
+        """Replace node's sources: inject('gpu03', gpu_source=snapshot('gpu-lost'))."""
+        unknown = set(settings) - set(HEALTHY)
+        if unknown:
+            raise ValueError(f"inject: unknown source {sorted(unknown)} (one of {sorted(HEALTHY)})")
+        self.faults.setdefault(node, {}).update(settings)
+        self._write_config()
+
+    def clear(self, node: str) -> None:
+        """The node's sources back to the healthy fixtures."""
+        self.faults.pop(node, None)
+        self._write_config()
+
+    # ---- node stores -----------------------------------------------------------------------
+    def db(self, node: str) -> sqlite3.Connection:
+        """The node's slurmhealth store (read it; the hooks write it)."""
+        conn = sqlite3.connect(self.db_path(node), timeout=30)
+        conn.row_factory = sqlite3.Row
+        return conn
+
+    def runs(self, node: str, phase: str | None = None, job_id: str | None = None) -> list:
+        """The node's recorded runs, oldest first, as dicts ([] before the first run)."""
+        if not os.path.exists(self.db_path(node)):
+            return []
+        sql, args = "SELECT * FROM runs WHERE 1", []
+        if phase:
+            sql, args = sql + " AND phase = ?", [*args, phase]
+        if job_id is not None:
+            sql, args = sql + " AND job_id = ?", [*args, str(job_id)]
+        conn = self.db(node)
+        try:
+            return [dict(r) for r in conn.execute(sql + " ORDER BY started", args)]
+        except sqlite3.OperationalError:
+            return []  # no schema yet: the first hook is creating it
+        finally:
+            conn.close()
+
+    def wait_runs(
+        self, node: str, phase: str, count: int = 1, after: float = 0, timeout: float = 30, **where
+    ) -> list:
+        """Poll until the node recorded `count` runs of `phase` started after `after` (epoch s)."""
+        found: list = []
+
+        def done() -> bool:
+            found[:] = [
+                r
+                for r in self.runs(node, phase, where.get("job_id"))
+                if r["started"] >= after
+                and all(r.get(k) == v for k, v in where.items() if k != "job_id")
+            ]
+            return len(found) >= count
+
+        self._poll(done, timeout, lambda: f"{count} {phase} run(s) on {node} (have {len(found)})")
+        return found
+
+    def sync_health_check(self, node: str, timeout: float = 15) -> None:
+        """Return right after `node` recorded a health check: the next is an interval away."""
+        self.wait_runs(node, "healthcheck", after=time.time(), timeout=timeout)
+
+    # ---- polling -------------------------------------------------------------------------------
+    def _poll(self, done, timeout: float, what: object = "a condition") -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            if done():
+                return
+            if time.monotonic() > deadline:
+                text = what() if callable(what) else what
+                raise LabError(f"timed out after {timeout:.0f} s waiting for {text}; logs: {self.dir}/log")
+            time.sleep(0.1)
