@@ -56,7 +56,6 @@ def test_a_newer_schema_is_refused(db):
 WRITER = """
 import sys
 from slurmhealth import config, runner, store
-from slurmhealth.checks import gpu
 run = runner.run("gpu01", config.defaults(), runner.Options(gpu_source=sys.argv[2]), ["gpu"])
 store.record_run(store.connect(sys.argv[1]), run, job_id=sys.argv[3])
 """

@@ -237,7 +237,7 @@ class Lab:
             "GresTypes=gpu",
             "PrologFlags=Alloc",
             "PrologEpilogTimeout=20",
-            "SchedulerParameters=nohold_on_prolog_fail",
+            "SchedulerParameters=nohold_on_prolog_fail,batch_sched_delay=0",
             # The documented admin setup: every script in prolog.d/epilog.d (a glob).
             f"Prolog={REPO}/prolog.d/*",
             f"Epilog={REPO}/epilog.d/*",

@@ -1,0 +1,327 @@
+"""The prolog, epilog and health check hooks as slurmd runs them: real processes, real SQLite
+files, real filesystems that fill up or go read-only. Slurm itself is the fake scontrol in
+tests/fakeslurm here; tests/slurm/ runs the same hooks under a real Slurm."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import FIXTURES, TESTS, snapshot_path
+
+from slurmhealth.checks import REGISTRY
+
+FAKE_SLURM = os.path.join(TESTS, "fakeslurm")
+IS_ROOT = os.geteuid() == 0
+
+
+class Node:
+    """One fake compute node: config, state dir and scontrol state under tmp_path."""
+
+    def __init__(self, tmp_path, name="gpu01"):
+        self.tmp = tmp_path
+        self.name = name
+        self.state_dir = tmp_path / "state"
+        self.config = tmp_path / "slurmhealth.toml"
+        self.slurm_state = tmp_path / "slurm.json"
+        self.set_slurm("IDLE", "")
+        self.configure()
+
+    def configure(self, snapshot="healthy", **settings):
+        values = {
+            "gpu_source": snapshot_path(snapshot),
+            "sysfs_root": os.path.join(FIXTURES, "sysfs", "healthy-8x-ndr"),
+            "kmsg": os.path.join(FIXTURES, "kmsg", "healthy.kmsg"),
+            "slurm_bin": FAKE_SLURM,
+            **settings,
+        }
+        lines = ["[settings]"] + [f"{k} = {json.dumps(v)}" for k, v in values.items()]
+        self.config.write_text("\n".join(lines) + "\n")
+
+    def set_slurm(self, state, reason):
+        self.slurm_state.write_text(json.dumps({self.name: {"state": state, "reason": reason}}))
+
+    def slurm(self):
+        return json.loads(self.slurm_state.read_text())[self.name]
+
+    def calls(self):
+        path = f"{self.slurm_state}.calls"
+        if not os.path.exists(path):
+            return []
+        with open(path) as handle:
+            return [json.loads(line) for line in handle]
+
+    def env(self, job="101", **extra):
+        env = {
+            "SLURMD_NODENAME": self.name,
+            "SLURMHEALTH_CONFIG": str(self.config),
+            "SLURMHEALTH_STATE_DIR": str(self.state_dir),
+            "FAKE_SLURM_STATE": str(self.slurm_state),
+            "PYTHONPATH": os.pathsep.join(sys.path),
+        }
+        if job:
+            env.update(
+                SLURM_JOB_ID=job,
+                SLURM_JOB_UID="1234",
+                SLURM_JOB_USER="alice",
+                SLURM_JOB_GPUS="0,1,2,3,4,5,6,7",
+            )
+        env.update(extra)
+        return env
+
+    def run(self, mode, job="101", timeout=60, **extra):
+        # slurmd passes almost no environment: no PATH, no HOME
+        return subprocess.run(
+            [sys.executable, "-m", "slurmhealth", mode],
+            env=self.env(job, **extra),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def db(self):
+        return sqlite3.connect(str(self.state_dir / f"{self.name}.db"))
+
+
+@pytest.fixture
+def node(tmp_path):
+    return Node(tmp_path)
+
+
+def test_healthy_prolog_exits_0_records_the_job_and_calls_no_slurm_command(node):
+    proc = node.run("prolog")
+    assert proc.returncode == 0, proc.stderr
+    assert node.calls() == []  # no Slurm call on the success path
+    db = node.db()
+    assert db.execute("SELECT node, job_id, phase, verdict FROM runs").fetchall() == [
+        ("gpu01", "101", "prolog", "ok")
+    ]
+    assert db.execute("SELECT uid, user FROM jobs WHERE job_id = '101'").fetchone() == (
+        1234,
+        "alice",
+    )
+    assert db.execute("SELECT count(*) FROM baselines WHERE job_id = '101'").fetchone()[0] >= 3
+
+
+def test_failing_prolog_drains_with_our_specific_reason_then_exits_1(node):
+    node.configure("gpu-lost")
+    proc = node.run("prolog")
+    assert proc.returncode == 1
+    update = [c for c in node.calls() if c[0] == "update"]
+    assert update == [
+        ["update", "NodeName=gpu01", "State=DRAIN", "Reason=slurmhealth: GPU 3 GpuIsLost"]
+    ]
+    assert node.slurm() == {"state": "IDLE+DRAIN", "reason": "slurmhealth: GPU 3 GpuIsLost"}
+    action = node.db().execute("SELECT action, reason, actor, ok FROM actions").fetchone()
+    assert action == ("drain", "slurmhealth: GPU 3 GpuIsLost", "slurmhealth prolog", 1)
+
+
+def test_an_admins_drain_is_never_overwritten(node):
+    node.set_slurm("IDLE+DRAIN", "admin: replace fan")
+    node.configure("gpu-lost")
+    assert node.run("prolog").returncode == 1
+    assert node.slurm()["reason"] == "admin: replace fan"
+    assert [c for c in node.calls() if c[0] == "update"] == []
+    action = node.db().execute("SELECT action, detail FROM actions").fetchone()
+    assert action == ("drain-skipped", "already out: admin: replace fan")
+
+
+def test_a_hung_slurmctld_cannot_hold_the_prolog_and_the_exit_code_still_protects(node):
+    node.configure("gpu-lost", drain_timeout=0.5)
+    started = time.monotonic()
+    proc = node.run("prolog", FAKE_SLURM_HANG="1")
+    assert time.monotonic() - started < 5
+    assert proc.returncode == 1
+    assert "timed out after 0.5 s" in proc.stderr
+    assert node.db().execute("SELECT action, ok FROM actions").fetchone() == ("drain", 0)
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/bin/scontrol"), reason="Slurm client not installed")
+def test_real_scontrol_without_a_controller_gives_up_in_time(node, tmp_path):
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(
+        "ClusterName=dead\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort=1\n"
+        "AuthType=auth/none\nNodeName=gpu01 CPUs=1\nPartitionName=p Nodes=gpu01\n"
+    )
+    node.configure("gpu-lost", slurm_bin="/usr/bin", drain_timeout=1.0)
+    started = time.monotonic()
+    proc = node.run("prolog", SLURM_CONF=str(conf))
+    assert time.monotonic() - started < 6
+    assert proc.returncode == 1
+    assert node.db().execute("SELECT action, ok FROM actions").fetchone() == ("drain", 0)
+
+
+def test_epilog_records_exit_code_and_signal(node):
+    node.run("prolog", job="7")
+    assert node.run("epilog", job="7", SLURM_JOB_EXIT_CODE="768").returncode == 0
+    node.run("prolog", job="8")
+    node.run("epilog", job="8", SLURM_JOB_EXIT_CODE="9")
+    rows = node.db().execute(
+        "SELECT job_id, exit_code, signal, start < end FROM jobs ORDER BY job_id"
+    )
+    assert rows.fetchall() == [("7", 3, 0, 1), ("8", 0, 9, 1)]
+    assert node.db().execute("SELECT count(*) FROM baselines WHERE job_id != ''").fetchone()[0] == 0
+
+
+def test_epilog_deltas_are_against_the_jobs_prolog(node, tmp_path):
+    node.run("prolog", job="9")
+    with open(snapshot_path("healthy")) as handle:
+        doc = json.load(handle)
+    doc["gpu"]["devices"][1]["nvlink"][7]["recovery"] = 25
+    during = tmp_path / "during.json"
+    during.write_text(json.dumps(doc))
+    node.configure(gpu_source=str(during))
+    proc = node.run("epilog", job="9", SLURM_JOB_EXIT_CODE="0")
+    assert proc.returncode == 1
+    assert node.slurm()["reason"] == "slurmhealth: GPU 1 link 7 recovery +25"
+
+
+def test_epilog_drains_a_gpu_needing_reset_unless_resets_are_allowed(node, tmp_path):
+    node.configure("remap-pending")
+    assert node.run("prolog", job="1").returncode == 0  # a pending remap only warns before a job
+    assert node.run("epilog", job="1", SLURM_JOB_EXIT_CODE="0").returncode == 0
+    assert (
+        node.slurm()["reason"]
+        == "slurmhealth: GPU 6 (00000000:BA:00.0) row remap pending, reset needed"
+    )
+
+    node.set_slurm("IDLE", "")
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/smi.log\nexit ${{SMI_EXIT:-0}}\n')
+    smi.chmod(0o755)
+    node.configure("remap-pending", reset_gpus=True, nvidia_smi=str(smi))
+    assert node.run("epilog", job="2", SLURM_JOB_EXIT_CODE="0").returncode == 0
+    assert (tmp_path / "smi.log").read_text() == "-r -i 6\n"
+    assert node.slurm()["reason"] == ""
+    node.run("epilog", job="3", SLURM_JOB_EXIT_CODE="0", SMI_EXIT="1")
+    assert node.slurm()["reason"].endswith("row remap pending, reset needed")
+    resets = node.db().execute("SELECT ok FROM actions WHERE action = 'reset_gpu' ORDER BY time")
+    assert [r[0] for r in resets] == [1, 0]
+
+
+def test_healthcheck_drains_on_fail_and_resumes_only_its_own_drain_after_n_passes(node):
+    node.configure("ecc-dbe", resume_after=2)
+    assert node.run("healthcheck", job=None).returncode == 1
+    assert node.slurm()["reason"].startswith("slurmhealth: GPU 2")
+    node.configure("healthy", resume_after=2)
+    node.run("healthcheck", job=None)
+    assert node.slurm()["state"] == "IDLE+DRAIN"  # one pass is not enough
+    node.run("healthcheck", job=None)
+    assert node.slurm() == {"state": "IDLE", "reason": ""}
+    actions = node.db().execute("SELECT action FROM actions ORDER BY time").fetchall()
+    assert [a[0] for a in actions] == ["drain", "resume"]
+
+    node.set_slurm("IDLE+DRAIN", "admin: firmware update")
+    for _ in range(3):
+        node.run("healthcheck", job=None)
+    assert node.slurm()["reason"] == "admin: firmware update"
+
+
+def test_a_broken_config_fails_open_and_says_so(node):
+    node.config.write_text("[settings\ngpu_source = ")
+    proc = node.run("prolog")
+    assert proc.returncode == 0
+    assert "config broken, running with built-in defaults" in proc.stderr
+    assert [c for c in node.calls() if c[0] == "update"] == []
+
+
+def test_our_own_bug_fails_open(node, tmp_path):
+    boom = tmp_path / "boom"
+    boom.mkdir()
+    (boom / "sitecustomize.py").write_text(
+        "import slurmhealth.runner as r\n"
+        "def run(*a, **k):\n    raise RuntimeError('bug')\n"
+        "r.run = run\n"
+    )
+    proc = node.run("prolog", PYTHONPATH=os.pathsep.join([str(boom), *sys.path]))
+    assert proc.returncode == 0
+    assert "internal error, job not gated" in proc.stderr and "RuntimeError: bug" in proc.stderr
+
+
+def test_a_corrupt_store_is_moved_aside_and_a_new_one_started(node):
+    node.state_dir.mkdir()
+    path = node.state_dir / "gpu01.db"
+    path.write_bytes(b"\x00garbage, not SQLite\xff" * 400)
+    node.configure("gpu-lost")
+    proc = node.run("prolog")
+    assert proc.returncode == 1  # the verdict stands
+    assert "store corrupt, moved to" in proc.stderr
+    aside = [p for p in os.listdir(node.state_dir) if ".corrupt-" in p]
+    assert len(aside) == 1
+    assert node.db().execute("SELECT verdict FROM runs").fetchall() == [("fail",)]
+
+
+needs_mount = pytest.mark.skipif(not IS_ROOT, reason="mounting a small tmpfs needs root")
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 512 KiB tmpfs: filled up, or remounted read-only, by the test."""
+    mount = tmp_path / "fs"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount)], check=True)
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@needs_mount
+def test_a_full_filesystem_keeps_the_verdict_and_logs(node, small_fs):
+    node.state_dir = small_fs
+    assert node.run("prolog", job="1").returncode == 0  # the store exists
+    with open(small_fs / "filler", "wb") as handle:
+        try:
+            while True:
+                handle.write(b"\0" * 65536)
+        except OSError:
+            pass
+    node.configure("gpu-lost")
+    proc = node.run("prolog", job="2")
+    assert proc.returncode == 1
+    assert node.slurm()["reason"] == "slurmhealth: GPU 3 GpuIsLost"
+    assert "verdict stands" in proc.stderr and "full" in proc.stderr
+
+
+@needs_mount
+def test_a_read_only_store_keeps_the_verdict_and_logs(node, small_fs):
+    node.state_dir = small_fs
+    assert node.run("prolog", job="1").returncode == 0
+    subprocess.run(["mount", "-o", "remount,ro", str(small_fs)], check=True)
+    node.configure("gpu-lost")
+    proc = node.run("prolog", job="2")
+    assert proc.returncode == 1
+    assert "verdict stands" in proc.stderr and "readonly" in proc.stderr.replace(
+        "read-only", "readonly"
+    )
+
+
+def test_64_prologs_at_once_lose_nothing(node):
+    env = node.env(job=None)
+    procs = []
+    for n in range(64):
+        job_env = dict(
+            env, SLURM_JOB_ID=str(1000 + n), SLURM_JOB_UID="1234", SLURM_JOB_USER="alice"
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "slurmhealth", "prolog"],
+                env=job_env,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert all(p.returncode == 0 for p in procs), errors
+    assert not any("locked" in e for e in errors), errors
+    db = node.db()
+    assert (
+        db.execute("SELECT count(DISTINCT job_id) FROM runs WHERE phase='prolog'").fetchone()[0]
+        == 64
+    )
+    assert db.execute("SELECT count(*) FROM results").fetchone()[0] == 64 * len(REGISTRY)
+    assert db.execute("SELECT count(*) FROM jobs").fetchone()[0] == 64
