@@ -7,11 +7,12 @@ that `slurmhealth --help` shows it.
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import click
 
-from slurmhealth import __version__, config, hook, runner
+from slurmhealth import __version__, config, history, hook, runner, store, timespec
 from slurmhealth.checks import AREAS
 
 
@@ -197,3 +198,103 @@ def genconf(
     config.parse(text, "<genconf>")  # what we write must validate
     with click.open_file(output, "w") as handle:
         handle.write(text)
+
+
+def _open(path: str) -> object:
+    if not os.path.exists(path):
+        raise click.ClickException(f"no store at {path}")
+    try:
+        return store.connect(path)
+    except store.StoreError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _instant(text: str | None) -> float:
+    try:
+        return timespec.parse_instant(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _duration(text: str) -> float:
+    try:
+        return timespec.parse_duration(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _history_text(runs: list, actions: list) -> str:
+    lines = [f"{'TIME':<20}  {'NODE':<10}  {'PHASE':<11}  {'JOB':<8}  {'VERDICT':<7}  PROBLEMS"]
+    for run in runs:
+        problems = "; ".join(f"{p['check']} {p['status']}: {p['message']}" for p in run["problems"])
+        lines.append(
+            f"{timespec.iso(run['started']):<20}  {run['node']:<10}  {run['phase']:<11}  "
+            f"{run['job'] or '-':<8}  {run['verdict']:<7}  {problems}"
+        )
+    if actions:
+        lines += ["", f"{'TIME':<20}  {'NODE':<10}  {'ACTION':<13}  BY / REASON"]
+        for act in actions:
+            failed = "" if act["ok"] else f" (FAILED: {act['detail']})"
+            lines.append(
+                f"{timespec.iso(act['time']):<20}  {act['node']:<10}  "
+                f"{act['action']:<13}  {act['actor']}: {act['reason']}{failed}"
+            )
+    return "\n".join(lines)
+
+
+@cli.command(name="history")
+@click.option("--node", default=None, help="only this node (and its store)")
+@click.option("--job", default=None, help="only runs of this job")
+@click.option("--since", default="7d", show_default=True, help="how far back, e.g. 24h, 28d")
+@click.option("--now", default=None, help="replay: the time to count back from")
+@click.option("--limit", default=200, show_default=True, help="at most this many runs")
+@click.option("--db", default=None, help="a store file [$SLURMHEALTH_DB or the state dir]")
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+def history_cmd(
+    node: str | None,
+    job: str | None,
+    since: str,
+    now: str | None,
+    limit: int,
+    db: str | None,
+    as_json: bool,
+) -> None:
+    """Show recorded runs (prolog, epilog, health check, check), drains and resumes.
+
+    Example:
+        slurmhealth history --node gpu07 --since 24h
+    """
+    start = _instant(now) - _duration(since)
+    runs, actions, jobs = [], [], []
+    for path in history.store_paths(db, node):
+        conn = _open(path)
+        runs += history.runs(conn, node, job, start, limit)  # type: ignore[arg-type]
+        actions += history.actions(conn, node, start)  # type: ignore[arg-type]
+        if job:
+            jobs += history.jobs(conn, job)  # type: ignore[arg-type]
+    runs.sort(key=lambda r: r["started"], reverse=True)
+    actions.sort(key=lambda a: a["time"], reverse=True)
+    if as_json:
+        click.echo(json.dumps({"runs": runs[:limit], "actions": actions, "jobs": jobs}, indent=1))
+    else:
+        click.echo(_history_text(runs[:limit], [] if job else actions))
+
+
+@cli.command()
+@click.option(
+    "--older-than", "older", required=True, help="delete records older than this, e.g. 90d"
+)
+@click.option("--node", default=None, help="only this node's store")
+@click.option("--db", default=None, help="a store file [$SLURMHEALTH_DB or the state dir]")
+@click.option("--now", default=None, help="replay: the time to count back from")
+def prune(older: str, node: str | None, db: str | None, now: str | None) -> None:
+    """Delete old records and VACUUM (admin side: never run from a prolog).
+
+    Example:
+        slurmhealth prune --older-than 90d
+    """
+    before = _instant(now) - _duration(older)
+    for path in history.store_paths(db, node):
+        counts = history.prune(_open(path), before)  # type: ignore[arg-type]
+        summary = ", ".join(f"{n} {table}" for table, n in counts.items())
+        click.echo(f"{path}: deleted {summary}")
