@@ -52,6 +52,7 @@ $(VENVB)/.installed: setup.cfg pyproject.toml $(SOURCES)
 
 bench: $(VENVB)/.installed
 	$(VENVB)/bin/python bench/bench_check.py
+	$(VENVB)/bin/python bench/bench_hook.py
 
 clean:
 	rm -rf $(VENV) $(VENV39) $(VENVB) build *.egg-info demo-out
