@@ -259,6 +259,8 @@ def drain(node: str, message: str, settings: dict, conn: object, mode: str) -> N
         info = client.node(node)
         if slurm.may_drain(info):
             client.drain(node, why)
+        elif mode == "healthcheck":
+            return  # out already: every interval would record the same skip again
         else:
             action, detail = "drain-skipped", f"already out: {info['reason'] or info['state']}"
     except slurm.SlurmError as exc:
@@ -360,16 +362,32 @@ def _baselines(conn: object, node: str, job_id: str, mode: str) -> dict:
     return merged
 
 
-def _job_columns(mode: str, job: dict, run: runner.Run) -> dict | None:
-    if not job["id"]:
+def _job_columns(mode: str, job: dict, run: runner.Run, conn: object) -> dict | None:
+    """The jobs row: the prolog opens it, the epilog closes it. A job whose prolog failed here
+    never ran here: its epilog records the end but no exit status (the job ran elsewhere)."""
+    if not job["id"] or mode not in ("prolog", "epilog"):
         return None
+    out = {"uid": job["uid"], "user": job["user"]}
     if mode == "prolog":
-        return {"uid": job["uid"], "user": job["user"], "start": run.started}
-    if mode == "epilog":
-        out = {"end": run.started, "uid": job["uid"], "user": job["user"]}
+        failed = run.verdict == FAIL
+        return dict(out, start=run.started, state="prolog_failed" if failed else "running")
+    out["end"] = run.started
+    if _job_state(conn, run.node, job["id"]) != "prolog_failed":
+        out["state"] = "ended"
         out.update({k: job[k] for k in ("exit_code", "signal") if k in job})
-        return out
-    return None
+    return out
+
+
+def _job_state(conn: object, node: str, job_id: str) -> str | None:
+    if conn is None:
+        return None
+    try:
+        row = conn.execute(  # type: ignore[attr-defined]
+            "SELECT state FROM jobs WHERE node = ? AND job_id = ?", (node, job_id)
+        ).fetchone()
+    except Exception:
+        return None
+    return row[0] if row else None
 
 
 def hook(mode: str) -> int:
@@ -395,7 +413,7 @@ def hook(mode: str) -> int:
         run,
         mode,
         job_id=job["id"] or None,
-        job=_job_columns(mode, job, run),
+        job=_job_columns(mode, job, run, conn),
         job_baselines=mode == "prolog",
     )
     message = _failure_message(run)

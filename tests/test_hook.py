@@ -325,3 +325,20 @@ def test_64_prologs_at_once_lose_nothing(node):
     )
     assert db.execute("SELECT count(*) FROM results").fetchone()[0] == 64 * len(REGISTRY)
     assert db.execute("SELECT count(*) FROM jobs").fetchone()[0] == 64
+
+
+def test_a_job_whose_prolog_failed_here_has_no_exit_status_here(node):
+    node.configure("gpu-lost")
+    assert node.run("prolog", job="5").returncode == 1
+    node.run("epilog", job="5", SLURM_JOB_EXIT_CODE="0")
+    row = node.db().execute("SELECT state, exit_code, signal, end IS NOT NULL FROM jobs").fetchone()
+    assert row == ("prolog_failed", None, None, 1)
+
+
+def test_health_checks_on_a_node_out_of_service_record_no_repeated_skips(node):
+    node.set_slurm("IDLE+DRAIN", "admin: replace fan")
+    node.configure("gpu-lost")
+    for _ in range(3):
+        node.run("healthcheck", job=None)
+    assert node.db().execute("SELECT count(*) FROM actions").fetchone()[0] == 0
+    assert node.slurm()["reason"] == "admin: replace fan"

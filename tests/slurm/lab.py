@@ -25,7 +25,7 @@ import tempfile
 import time
 
 SBIN, BIN = "/usr/sbin", "/usr/bin"
-DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd")
+SBIN_TOOLS = ("munged", "mungekey", "slurmctld", "slurmd")
 CLIENTS = ("scontrol", "sinfo", "sbatch", "squeue", "srun", "scancel")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FIXTURES = os.path.join(REPO, "tests", "fixtures")
@@ -36,11 +36,11 @@ HEALTHY = {
     "kmsg": os.path.join(FIXTURES, "kmsg", "healthy.kmsg"),
 }
 GPUS_PER_NODE = 8
-# slurmctld runs its health-check timer from a ~1 s background loop; 1 s works but keeps the
-# 2-core CI machine busy running four Python hooks every second, and a fault injected before a job
-# would usually be caught by the health check before the job's prolog sees it. 2 s: a drain resumed
-# after resume_after passing runs within ~5 s, and Lab.sync_health_check leaves a job ~2 s to reach
-# its prolog first.
+# slurmctld sends the health check from its 1 s background loop, to every node at once. Measured:
+# 1 s runs it every second, but a node resumed by scontrol then stays idle* (NOT_RESPONDING) for
+# more than 30 s, and four Python hooks a second (~70 ms CPU each) load a 2-core CI machine.
+# 2 s: resumed nodes are idle again within ~2 s, a drain of ours is resumed ~resume_after * 2 s
+# after the fault goes, and Lab.sync_health_check leaves a job ~1-2 s to reach its prolog first.
 HEALTH_CHECK_INTERVAL = 2
 TERMINAL_JOB_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
 
@@ -50,7 +50,7 @@ class LabError(Exception):
 
 
 def snapshot(name: str) -> str:
-    """Path of a bundled snapshot: snapshot('gpu-lost') -> tests/fixtures/.../h100-hgx-gpu-lost.json."""
+    """A bundled snapshot: snapshot('gpu-lost') -> tests/fixtures/.../h100-hgx-gpu-lost.json."""
     return os.path.join(SNAPSHOTS, f"h100-hgx-{name}.json")
 
 
@@ -58,7 +58,7 @@ def missing() -> str | None:
     """Why a lab cannot run here (not root, Slurm or munge not installed), or None."""
     if os.geteuid() != 0:
         return "the Slurm lab needs root (slurmd runs jobs as their owners)"
-    absent = [d for d in DAEMONS if not os.access(os.path.join(SBIN, d), os.X_OK)]
+    absent = [d for d in SBIN_TOOLS if not os.access(os.path.join(SBIN, d), os.X_OK)]
     absent += [c for c in CLIENTS if not os.access(os.path.join(BIN, c), os.X_OK)]
     if absent:
         return f"not installed: {', '.join(absent)} (apt-get install slurm-wlm munge)"
@@ -116,7 +116,6 @@ class Lab:
         self.bin = bin or os.path.join(os.path.dirname(sys.executable), "slurmhealth")
         self.dir = ""
         self.faults: dict = {}
-        self.started = False
 
     # ---- paths -------------------------------------------------------------------------------
     def path(self, *parts: str) -> str:
@@ -143,6 +142,14 @@ class Lab:
         except OSError:
             return ""
 
+    def log_tails(self, lines: int = 25) -> str:
+        """The last lines of slurmctld's and every slurmd's log, for a failure report."""
+        out = []
+        for daemon in ["slurmctld", *self.names]:
+            out.append(f"---- {daemon} log (tail) ----")
+            out += self.log(daemon).splitlines()[-lines:]
+        return "\n".join(out)
+
     # ---- bring-up ----------------------------------------------------------------------------
     def __enter__(self) -> Lab:
         self.start()
@@ -162,6 +169,10 @@ class Lab:
             self._start_munge()
             self._start_slurmctld()
             self._start_slurmds()
+        except LabError as exc:
+            tails = self.log_tails()
+            self.stop()
+            raise LabError(f"{exc}\n{tails}") from None
         except BaseException:
             self.stop()
             raise
@@ -169,10 +180,12 @@ class Lab:
 
     def _make_dirs(self) -> None:
         if self.base:
-            # A fixed place (demo): never reuse a spool, slurmd would skip reused job ids' prologs.
-            shutil.rmtree(self.base, ignore_errors=True)
-            os.makedirs(self.base)
+            # A fixed place (demo): stop a lab kept running there, and never reuse its spool:
+            # slurmd would skip the prolog of every job id it remembers.
             self.dir = os.path.abspath(self.base)
+            self._stop_daemons()
+            shutil.rmtree(self.dir, ignore_errors=True)
+            os.makedirs(self.dir)
         else:
             self.dir = tempfile.mkdtemp(prefix="slurmhealth-lab-")
         os.chmod(self.dir, 0o755)  # users' jobs must reach out/ and the munge socket
@@ -195,13 +208,13 @@ class Lab:
         nodelist = f"gpu[01-{len(self.names):02d}]"
         with open(self.path("etc", "gres.conf"), "w") as f:
             f.write("AutoDetect=off\n")
-            f.write(
-                f"NodeName={nodelist} Name=gpu File={self.path('dev')}/nvidia[0-{GPUS_PER_NODE - 1}]\n"
-            )
+            devices = f"{self.path('dev')}/nvidia[0-{GPUS_PER_NODE - 1}]"
+            f.write(f"NodeName={nodelist} Name=gpu File={devices}\n")
         # Read by packaging/slurmhealth-hook only when root-owned (it is: we are root).
         with open(self.path("etc", "slurmhealth.env"), "w") as f:
             f.write(f"SLURMHEALTH_BIN={self.bin}\n")
             f.write(f"SLURMHEALTH_CONFIG={self.path('etc', 'slurmhealth.toml')}\n")
+            f.write(f"SLURMHEALTH_STATE_DIR={self.path('state')}\n")  # <node>.db each
         self._write_config()
 
     def slurm_conf(self) -> str:
@@ -209,11 +222,13 @@ class Lab:
         p = self.path
         lines = [
             "ClusterName=lab",
+            # slurmd and srun bind 127.0.0.1 (NodeAddr), not every address (slurmctld ignores it)
+            "CommunicationParameters=NoInAddrAny",
             f"SlurmctldHost={socket.gethostname().split('.')[0]}(127.0.0.1)",
             f"SlurmctldPort={ctld_port}",
             "AuthType=auth/munge",
             "CredType=cred/munge",
-            f"AuthInfo=socket={p('munge', 'run', 'munge.socket')}",
+            f"AuthInfo=socket={p('munge', 'run', 'munge.socket')},cred_expire=5",
             "SlurmUser=root",
             "SlurmdUser=root",
             f"StateSaveLocation={p('spool', 'ctld')}",
@@ -237,7 +252,10 @@ class Lab:
             "GresTypes=gpu",
             "PrologFlags=Alloc",
             "PrologEpilogTimeout=20",
-            "SchedulerParameters=nohold_on_prolog_fail,batch_sched_delay=0",
+            # A job requeued by a failing prolog waits cred_expire (AuthInfo; 5 s is the least
+            # accepted, default 120) and then the next full scheduling pass (sched_interval,
+            # default 60 s): 1 s here. batch_sched_delay=0: no 3 s batching of submissions.
+            "SchedulerParameters=nohold_on_prolog_fail,batch_sched_delay=0,sched_interval=1",
             # The documented admin setup: every script in prolog.d/epilog.d (a glob).
             f"Prolog={REPO}/prolog.d/*",
             f"Epilog={REPO}/epilog.d/*",
@@ -263,11 +281,7 @@ class Lab:
         out = ["[settings]"]
         for key, value in HEALTHY.items():
             out.append(f"{key} = {_toml_str(value)}")
-        out += [
-            f"state_dir = {_toml_str(self.path('state'))}",
-            f"resume_after = {self.resume_after}",
-            "",
-        ]
+        out += [f"resume_after = {self.resume_after}", ""]
         for node, settings in sorted(self.faults.items()):
             out += ["[[node]]", f"match = {_toml_str(node)}"]
             out += [f"settings.{k} = {_toml_str(v)}" for k, v in sorted(settings.items())]
@@ -324,42 +338,50 @@ class Lab:
         """Cancel jobs, TERM every daemon we started (by pid file), wait, remove the dir."""
         if not self.dir:
             return
-        self._cancel_all()
-        pids = []
-        for pid_file in self._pid_files():
-            try:
-                with open(pid_file) as f:
-                    pid = int(f.read().split()[0])
-            except (OSError, ValueError, IndexError):
-                continue
-            if _pid_alive(pid):
-                os.kill(pid, 15)
-                pids.append(pid)
+        self.cancel_all()
+        self._stop_daemons()
+        if remove:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        self.dir = ""
+
+    def _stop_daemons(self) -> None:
+        pids = list(self._daemons().values())
+        for pid in pids:
+            os.kill(pid, 15)
         deadline = time.monotonic() + 10
         while any(_pid_alive(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.05)
         for pid in pids:
             if _pid_alive(pid):
                 os.kill(pid, 9)
-        if remove:
-            shutil.rmtree(self.dir, ignore_errors=True)
-        self.dir = ""
 
-    def _pid_files(self) -> list:
-        # slurmds first, munged last: the others need it to say goodbye
-        files = [self.path("run", f"slurmd-{n}.pid") for n in self.names]
-        return [*files, self.path("run", "slurmctld.pid"), self.path("run", "munged.pid")]
+    def _daemons(self) -> dict:
+        """{pid file: pid} of our daemons still running: slurmds first, munged last (the others
+        need it to say goodbye). A pid is trusted only while its process has the daemon's name."""
+        names = [f"slurmd-{n}" for n in self.names] + ["slurmctld", "munged"]
+        found = {}
+        for name in names:
+            try:
+                with open(self.path("run", f"{name}.pid")) as f:
+                    pid = int(f.read().split()[0])
+                with open(f"/proc/{pid}/comm") as f:
+                    comm = f.read().strip()
+            except (OSError, ValueError, IndexError):
+                continue
+            if comm == name.split("-")[0] and _pid_alive(pid):
+                found[name] = pid
+        return found
 
-    def _cancel_all(self) -> None:
-        if not os.path.exists(self.path("run", "slurmctld.pid")):
+    def cancel_all(self) -> None:
+        """scancel every job and wait (10 s at most) until none is running or completing."""
+        if "slurmctld" not in self._daemons():
             return
-        ids = self.squeue("-h", "-o", "%i", check=False).stdout.split()
-        if not ids:
-            return
-        self.scancel(*ids, check=False)
         try:
-            self._poll(lambda: not self.squeue("-h", "-t", "R,CG", check=False).stdout.strip(), 10)
-        except LabError:
+            ids = self.squeue("-h", "-o", "%i", check=False).stdout.split()
+            if ids:
+                self.scancel(*ids, check=False)
+                self._poll(lambda: not self.squeue("-h", "-t", "R,CG").stdout.strip(), 10)
+        except (LabError, subprocess.TimeoutExpired):
             pass  # stop anyway; a stuck job step dies with its node's processes
 
     # ---- commands ----------------------------------------------------------------------------
@@ -539,22 +561,26 @@ class Lab:
         conn.row_factory = sqlite3.Row
         return conn
 
-    def runs(self, node: str, phase: str | None = None, job_id: str | None = None) -> list:
-        """The node's recorded runs, oldest first, as dicts ([] before the first run)."""
+    def query(self, node: str, sql: str, args: tuple = ()) -> list:
+        """Rows of the node's store as dicts ([] while it has no store or no schema yet)."""
         if not os.path.exists(self.db_path(node)):
             return []
+        conn = self.db(node)
+        try:
+            return [dict(r) for r in conn.execute(sql, args)]
+        except sqlite3.OperationalError:
+            return []  # no schema yet: the first hook is creating it
+        finally:
+            conn.close()
+
+    def runs(self, node: str, phase: str | None = None, job_id: str | None = None) -> list:
+        """The node's recorded runs, oldest first, as dicts."""
         sql, args = "SELECT * FROM runs WHERE 1", []
         if phase:
             sql, args = sql + " AND phase = ?", [*args, phase]
         if job_id is not None:
             sql, args = sql + " AND job_id = ?", [*args, str(job_id)]
-        conn = self.db(node)
-        try:
-            return [dict(r) for r in conn.execute(sql + " ORDER BY started", args)]
-        except sqlite3.OperationalError:
-            return []  # no schema yet: the first hook is creating it
-        finally:
-            conn.close()
+        return self.query(node, sql + " ORDER BY started", tuple(args))
 
     def wait_runs(
         self, node: str, phase: str, count: int = 1, after: float = 0, timeout: float = 30, **where
@@ -586,5 +612,7 @@ class Lab:
                 return
             if time.monotonic() > deadline:
                 text = what() if callable(what) else what
-                raise LabError(f"timed out after {timeout:.0f} s waiting for {text}; logs: {self.dir}/log")
+                raise LabError(
+                    f"timed out after {timeout:.0f} s waiting for {text}; logs: {self.dir}/log"
+                )
             time.sleep(0.1)

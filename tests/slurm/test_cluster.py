@@ -1,0 +1,186 @@
+"""On a real Slurm (munge, slurmctld, gpu01-gpu04): the prolog/epilog gate every job, drains are
+ours alone, and what happened is in each node's store. See lab.py for the cluster."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import subprocess
+import time
+
+import pytest
+
+from .lab import snapshot
+
+GPU_LOST_REASON = "slurmhealth: GPU 3 GpuIsLost"
+
+
+def job_row(lab, node: str, job_id: str) -> dict:
+    rows = lab.query(node, "SELECT * FROM jobs WHERE node = ? AND job_id = ?", (node, job_id))
+    return rows[0] if rows else {}
+
+
+def wait_job_row(lab, node: str, job_id: str, field: str = "end", timeout: float = 20) -> dict:
+    """The jobs row once the epilog has filled `field` (the epilog ends after the job does)."""
+    lab.wait_runs(node, "epilog", job_id=str(job_id), timeout=timeout)
+    row = job_row(lab, node, job_id)
+    assert row.get(field) is not None, f"{node} job {job_id}: {field} not recorded: {row}"
+    return row
+
+
+def actions(lab, node: str, after: float = 0) -> list:
+    sql = "SELECT * FROM actions WHERE node = ? AND time >= ? ORDER BY time"
+    return lab.query(node, sql, (node, after))
+
+
+def nodes_of(lab, job_id: str) -> list:
+    """The nodes a finished job ran on (its last placement when it was requeued)."""
+    text = lab.scontrol("show", "hostnames", lab.job(job_id)["NodeList"]).stdout
+    return text.split()
+
+
+def test_healthy_jobs_run_and_every_node_records_prolog_and_epilog(cluster):
+    lab = cluster
+    batch = [lab.submit("echo $CUDA_VISIBLE_DEVICES", "--gres=gpu:8") for _ in range(2)]
+    step = lab.srun("-N2", "sh", "-c", 'echo "$SLURM_JOB_ID $SLURMD_NODENAME $(hostname)"')
+    lines = [line.split() for line in step.stdout.splitlines()]
+    srun_job = lines[0][0]
+    assert {line[0] for line in lines} == {srun_job}
+    assert len({line[1] for line in lines}) == 2, step.stdout  # two nodes, one hostname each
+    for job_id in batch:
+        assert lab.wait_job(job_id)["JobState"] == "COMPLETED"
+        assert lab.output(job_id).strip() == "0,1,2,3,4,5,6,7"  # GRES reached the job
+    # srun returns before the epilogs end; a completing job's NodeList shrinks as they do
+    assert lab.wait_job(srun_job)["JobState"] == "COMPLETED"
+
+    placed = {job_id: nodes_of(lab, job_id) for job_id in [*batch, srun_job]}
+    assert len(placed[srun_job]) == 2
+    for job_id, nodes in placed.items():
+        for node in nodes:
+            (prolog,) = lab.wait_runs(node, "prolog", job_id=job_id)
+            (epilog,) = lab.wait_runs(node, "epilog", job_id=job_id)
+            assert prolog["verdict"] == epilog["verdict"] == "ok"
+            assert prolog["node"] == node
+            row = wait_job_row(lab, node, job_id)
+            assert (row["uid"], row["user"]) == (0, "root")
+            assert row["start"] <= row["end"]
+            assert row["exit_code"] == 0
+
+
+def test_a_fatal_fault_drains_the_node_with_our_reason_and_the_job_runs_elsewhere(cluster):
+    lab = cluster
+    sick = "gpu03"
+    lab.set_weight(sick, 1)  # the scheduler picks the lowest weight first
+    # Right after a health check the next one is an interval away: the job's prolog, not the
+    # health check, is the first to meet the fault.
+    lab.sync_health_check(sick)
+    t0 = time.time()
+    lab.inject(sick, gpu_source=snapshot("gpu-lost"))
+    job_id = lab.submit("echo $SLURMD_NODENAME", "--gres=gpu:8")
+
+    drained = lab.wait_node(sick, lambda n: "DRAIN" in n["state"], what="to be drained")
+    assert drained["reason"] == GPU_LOST_REASON
+
+    done = lab.wait_job(job_id, timeout=45)
+    assert done["JobState"] == "COMPLETED"
+    assert done["Restarts"] == "1"  # requeued once, not held, not cancelled
+    healthy = lab.output(job_id).strip()
+    assert healthy in lab.names and healthy != sick
+    assert nodes_of(lab, job_id) == [healthy]
+
+    (prolog,) = lab.wait_runs(sick, "prolog", job_id=job_id)
+    assert prolog["verdict"] == "fail"
+    failing = lab.query(
+        sick,
+        "SELECT check_name, message FROM results WHERE run_id = ? AND status = 'fail'",
+        (prolog["id"],),
+    )
+    assert {"check_name": "gpu.count", "message": "GPU 3 GpuIsLost"} in failing
+    drains = [a for a in actions(lab, sick, after=t0) if a["action"] == "drain"]
+    assert drains, "no drain recorded in the node store"
+    assert "GPU 3 GpuIsLost" in drains[0]["reason"]
+    assert "prolog" in drains[0]["actor"]  # the job's prolog met the fault first
+    assert f"[job {job_id}] prolog failed status=1:0" in lab.log(sick)  # exit 1, not fail-open
+    # slurmd reported the failed prolog long ago (the job ran elsewhere since): Slurm's own
+    # "Prolog error" did not replace the reason we set first.
+    assert lab.node(sick)["reason"] == GPU_LOST_REASON
+    assert "Prolog error" not in lab.log("slurmctld")
+
+
+def test_admin_drains_are_never_touched_and_only_ours_are_resumed(cluster):
+    lab = cluster
+    admin, ours = "gpu04", "gpu02"
+    lab.drain(admin, "admin: fan")
+    t0 = time.time()
+    for node in (admin, ours):
+        lab.inject(node, gpu_source=snapshot("gpu-lost"))
+    # A job cannot land on the admin's node, but the health check runs there (NodeState=ANY).
+    job_id = lab.submit("true")
+    drained = lab.wait_node(ours, lambda n: "DRAIN" in n["state"], what="to be drained")
+    assert drained["reason"] == GPU_LOST_REASON
+    failing = lab.wait_runs(admin, "healthcheck", count=2, after=t0, verdict="fail")
+    assert len(failing) >= 2
+    assert lab.node(admin) == {"state": "IDLE+DRAIN", "reason": "admin: fan", "reason_by": "root"}
+    assert lab.wait_job(job_id)["JobState"] == "COMPLETED"
+    assert admin not in nodes_of(lab, job_id)
+
+    t1 = time.time()
+    for node in (admin, ours):
+        lab.clear(node)
+    lab.wait_node(ours, lambda n: n["state"] == "IDLE", what="to be resumed")
+    resumes = [a for a in actions(lab, ours, after=t1) if a["action"] == "resume"]
+    assert resumes, "the resume was not recorded"
+    passing = lab.wait_runs(
+        ours, "healthcheck", count=lab.resume_after, after=t1, verdict="ok", timeout=1
+    )
+    assert resumes[0]["time"] >= passing[lab.resume_after - 1]["started"]  # not before
+    # The admin's node passed as many health checks as ours did, and is still theirs.
+    lab.wait_runs(admin, "healthcheck", count=lab.resume_after, after=t1, verdict="ok")
+    assert lab.node(admin) == {"state": "IDLE+DRAIN", "reason": "admin: fan", "reason_by": "root"}
+    touched = [a for a in actions(lab, admin, after=t0) if a["ok"]]
+    assert not [a for a in touched if a["action"] in ("drain", "resume")], touched
+
+
+def test_epilog_records_exit_codes_and_signals(cluster):
+    lab = cluster
+    exit3 = lab.submit("exit 3")
+    killed = lab.submit("kill -9 $$")
+    assert lab.wait_job(exit3)["ExitCode"] == "3:0"
+    assert lab.wait_job(killed)["ExitCode"] == "0:9"
+
+    (node,) = nodes_of(lab, exit3)
+    row = wait_job_row(lab, node, exit3)
+    assert row["exit_code"] == 3
+    assert not row["signal"]
+    (node,) = nodes_of(lab, killed)
+    row = wait_job_row(lab, node, killed, field="signal")
+    assert row["signal"] == 9
+
+
+@pytest.fixture
+def user():
+    """A real unprivileged account, gone again after the test."""
+    name = f"shtest-{os.urandom(3).hex()}"
+    subprocess.run(
+        ["/usr/sbin/useradd", "--no-create-home", "--shell", "/bin/sh", name],
+        check=True,
+        capture_output=True,
+    )
+    try:
+        yield pwd.getpwnam(name)
+    finally:
+        subprocess.run(["/usr/sbin/userdel", name], check=False, capture_output=True)
+
+
+def test_a_users_job_is_recorded_with_their_uid_and_name(cluster, user):
+    lab = cluster
+    job_id = lab.submit("id -u; id -un", user=user.pw_name)
+    assert lab.wait_job(job_id)["JobState"] == "COMPLETED"
+    assert lab.output(job_id).split() == [str(user.pw_uid), user.pw_name]
+
+    (node,) = nodes_of(lab, job_id)
+    (prolog,) = lab.wait_runs(node, "prolog", job_id=job_id)
+    assert prolog["verdict"] == "ok"
+    row = wait_job_row(lab, node, job_id)
+    assert (row["uid"], row["user"]) == (user.pw_uid, user.pw_name)
+    assert row["exit_code"] == 0
