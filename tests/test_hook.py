@@ -342,3 +342,23 @@ def test_health_checks_on_a_node_out_of_service_record_no_repeated_skips(node):
         node.run("healthcheck", job=None)
     assert node.db().execute("SELECT count(*) FROM actions").fetchone()[0] == 0
     assert node.slurm()["reason"] == "admin: replace fan"
+
+
+def test_xids_during_the_job_are_attributed_to_the_job_and_gpu(node, tmp_path):
+    healthy = os.path.join(FIXTURES, "kmsg", "healthy.kmsg")
+    log = tmp_path / "kmsg"
+    with open(healthy) as handle:
+        log.write_text(handle.read())
+    node.configure(kmsg=str(log))
+    assert node.run("prolog", job="11", SLURM_JOB_GPUS="2,3").returncode == 0
+    with open(log, "a") as handle:  # during the job: an Xid on one of its GPUs, one elsewhere
+        handle.write("3,500,99000000,-;NVRM: Xid (PCI:0000:3a:00): 48, pid=77, name=python3, "
+                     "An uncorrectable double bit error\n")
+        handle.write("4,501,99100000,-;NVRM: Xid (PCI:0000:db:00): 13, pid=78, name=other, "
+                     "Graphics Exception\n")
+    proc = node.run("epilog", job="11", SLURM_JOB_GPUS="2,3", SLURM_JOB_EXIT_CODE="35072")
+    assert proc.returncode == 1
+    assert node.slurm()["reason"].startswith("slurmhealth: GPU 2 (0000:3a:00) Xid 48")
+    events = node.db().execute("SELECT code, gpu, job_id, process FROM events ORDER BY code")
+    assert events.fetchall() == [(13, 7, None, "other"), (48, 2, "11", "python3")]
+    assert node.db().execute("SELECT exit_code FROM jobs").fetchone() == (137,)
