@@ -17,6 +17,7 @@ from conftest import FIXTURES, TESTS, snapshot_path
 from slurmhealth.checks import REGISTRY
 
 FAKE_SLURM = os.path.join(TESTS, "fakeslurm")
+REPO = os.path.dirname(TESTS)
 IS_ROOT = os.geteuid() == 0
 
 
@@ -62,7 +63,8 @@ class Node:
             "SLURMHEALTH_CONFIG": str(self.config),
             "SLURMHEALTH_STATE_DIR": str(self.state_dir),
             "FAKE_SLURM_STATE": str(self.slurm_state),
-            "PYTHONPATH": os.pathsep.join(sys.path),
+            # only the project: the fake scontrol is another Python, which must not see ours
+            "PYTHONPATH": REPO,
         }
         if job:
             env.update(
@@ -239,7 +241,7 @@ def test_our_own_bug_fails_open(node, tmp_path):
         "def run(*a, **k):\n    raise RuntimeError('bug')\n"
         "r.run = run\n"
     )
-    proc = node.run("prolog", PYTHONPATH=os.pathsep.join([str(boom), *sys.path]))
+    proc = node.run("prolog", PYTHONPATH=os.pathsep.join([str(boom), REPO]))
     assert proc.returncode == 0
     assert "internal error, job not gated" in proc.stderr and "RuntimeError: bug" in proc.stderr
 
@@ -352,10 +354,14 @@ def test_xids_during_the_job_are_attributed_to_the_job_and_gpu(node, tmp_path):
     node.configure(kmsg=str(log))
     assert node.run("prolog", job="11", SLURM_JOB_GPUS="2,3").returncode == 0
     with open(log, "a") as handle:  # during the job: an Xid on one of its GPUs, one elsewhere
-        handle.write("3,500,99000000,-;NVRM: Xid (PCI:0000:3a:00): 48, pid=77, name=python3, "
-                     "An uncorrectable double bit error\n")
-        handle.write("4,501,99100000,-;NVRM: Xid (PCI:0000:db:00): 13, pid=78, name=other, "
-                     "Graphics Exception\n")
+        handle.write(
+            "3,500,99000000,-;NVRM: Xid (PCI:0000:3a:00): 48, pid=77, name=python3, "
+            "An uncorrectable double bit error\n"
+        )
+        handle.write(
+            "4,501,99100000,-;NVRM: Xid (PCI:0000:db:00): 13, pid=78, name=other, "
+            "Graphics Exception\n"
+        )
     proc = node.run("epilog", job="11", SLURM_JOB_GPUS="2,3", SLURM_JOB_EXIT_CODE="35072")
     assert proc.returncode == 1
     assert node.slurm()["reason"].startswith("slurmhealth: GPU 2 (0000:3a:00) Xid 48")
