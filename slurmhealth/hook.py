@@ -218,6 +218,10 @@ def check(argv: list) -> int:
 # --- the hooks: prolog, epilog, healthcheck -------------------------------------------------
 
 
+def _int_or_none(text: str | None) -> int | None:
+    return int(text) if text and text.isdigit() else None
+
+
 def job_env(env: dict) -> dict:
     """What slurmd tells a prolog/epilog about the job (shared/reference/slurm-local-cluster.md).
 
@@ -226,9 +230,10 @@ def job_env(env: dict) -> dict:
     gpus = env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES") or ""
     job: dict = {
         "id": env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or "",
-        "uid": int(env["SLURM_JOB_UID"]) if env.get("SLURM_JOB_UID", "").isdigit() else None,
+        "uid": _int_or_none(env.get("SLURM_JOB_UID")),
         "user": env.get("SLURM_JOB_USER"),
         "gpus": [int(g) for g in gpus.split(",") if g.strip().isdigit()] or None,
+        "num_nodes": _int_or_none(env.get("SLURM_JOB_NUM_NODES")),
     }
     raw = env.get("SLURM_JOB_EXIT_CODE", "")
     if raw.lstrip("-").isdigit():
@@ -370,7 +375,8 @@ def _job_columns(mode: str, job: dict, run: runner.Run, conn: object) -> dict | 
     out = {"uid": job["uid"], "user": job["user"]}
     if mode == "prolog":
         failed = run.verdict == FAIL
-        return dict(out, start=run.started, state="prolog_failed" if failed else "running")
+        state = "prolog_failed" if failed else "running"
+        return dict(out, start=run.started, state=state, num_nodes=job["num_nodes"])
     out["end"] = run.started
     if _job_state(conn, run.node, job["id"]) != "prolog_failed":
         out["state"] = "ended"

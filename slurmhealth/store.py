@@ -52,6 +52,14 @@ MIGRATIONS = (
         node TEXT NOT NULL, area TEXT NOT NULL, job_id TEXT NOT NULL DEFAULT '',
         data TEXT NOT NULL, updated REAL NOT NULL, PRIMARY KEY (node, area, job_id));
     """,
+    # 2: what Slurm accounting says of a job (sacct), and its size: multi-node failures are
+    # lemon evidence (the node common to many failed multi-node jobs).
+    """
+    ALTER TABLE jobs ADD COLUMN num_nodes INTEGER;
+    ALTER TABLE jobs ADD COLUMN slurm_state TEXT;
+    CREATE INDEX jobs_start ON jobs (start);
+    CREATE INDEX runs_started ON runs (started);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -193,9 +201,8 @@ _INSERT_EVENT = """
 
 def _write_job(conn: sqlite3.Connection, node: str, job_id: str, job: dict) -> None:
     conn.execute("INSERT OR IGNORE INTO jobs (node, job_id) VALUES (?, ?)", (node, job_id))
-    columns = [
-        c for c in ("uid", "user", "start", "end", "exit_code", "signal", "state") if c in job
-    ]
+    known = ("uid", "user", "start", "end", "exit_code", "signal", "state", "num_nodes")
+    columns = [c for c in (*known, "slurm_state") if c in job]
     if columns:
         sets = ", ".join(f"{c} = ?" for c in columns)  # column names from the fixed list above
         values = [job[c] for c in columns]
@@ -223,6 +230,8 @@ def record_run(
     run_id = new_id()
     now = time.time()
     sources = json.dumps({k: v.to_dict() for k, v in r.sources.items()})
+    # Only what is not ok is kept per check (an ok check says nothing the verdict doesn't): a
+    # node's history stays small with a health check every few minutes.
     results = [
         (
             run_id,
@@ -234,6 +243,7 @@ def record_run(
             x.duration,
         )
         for x in r.results
+        if x.status != "ok"
     ]
     keys = [""] + ([job_id] if job_baselines and job_id else [])
     baselines = [
