@@ -103,3 +103,19 @@ def test_xid_events_are_recorded_with_gpu_class_and_hostile_names_as_data(db):
     names = [r[3] for r in rows if r[3]]
     assert any("'" in n or ";" in n or "$(" in n for n in names), names
     assert conn.execute("SELECT count(*) FROM runs").fetchone()[0] == 1  # tables intact
+
+
+def test_a_version_1_store_is_migrated_in_place(db):
+    import sqlite3
+
+    old = sqlite3.connect(db, isolation_level=None)
+    for statement in store.MIGRATIONS[0].split(";"):
+        if statement.strip():
+            old.execute(statement)
+    old.execute("INSERT INTO jobs (node, job_id, uid) VALUES ('gpu01', '1', 0)")
+    old.execute("PRAGMA user_version = 1")
+    old.close()
+    conn = store.connect(db)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION
+    row = conn.execute("SELECT job_id, uid, num_nodes, slurm_state FROM jobs").fetchone()
+    assert row == ("1", 0, None, None)
