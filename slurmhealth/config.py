@@ -37,6 +37,9 @@ SETTINGS = {
     "slurm_bin": ("", str, "directory of scontrol and friends; empty: search the usual places"),
     "drain_timeout": (2.0, float, "bound of each scontrol call on the failure path, seconds"),
     "resume_after": (3, int, "consecutive passing health checks before our drain is resumed"),
+    "breaker_share": (0.10, float, "most of the fleet slurmhealth may drain within the window"),
+    "breaker_window": (3600.0, float, "circuit breaker window, seconds (any automatic drain)"),
+    "probation_days": (7.0, float, "a node we resumed that fails within this many days stays out"),
     "reset_gpus": (False, bool, "epilog resets an idle GPU that needs it, instead of draining"),
     "nvidia_smi": ("/usr/bin/nvidia-smi", str, "nvidia-smi used for GPU resets"),
 }

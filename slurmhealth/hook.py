@@ -249,43 +249,37 @@ def _failure_message(run: runner.Run) -> str:
     return failing[0].message + more if failing else ""
 
 
-def drain(node: str, message: str, settings: dict, conn: object, mode: str) -> None:
-    """Drain with our reason, unless someone else already took the node out; record it.
+def drain(node: str, message: str, settings: dict, conn: object, mode: str) -> str:
+    """Drain through actions.drain (owned reasons, breaker, probation, recorded).
 
-    Failure path only: two bounded scontrol calls (look, then drain), never on success. Looking
-    first is what keeps an admin's reason from being overwritten.
+    Failure path only. All Slurm calls together (look at the node, count the fleet's drains,
+    drain) share one budget of settings.drain_timeout: slurmd is never held past it.
     """
-    from slurmhealth import slurm, store  # noqa: PLC0415
+    from slurmhealth import actions, slurm  # noqa: PLC0415
 
-    why = slurm.reason(message)
-    client = slurm.Slurm(settings["slurm_bin"], settings["drain_timeout"])
-    action, ok, detail = "drain", True, ""
-    try:
-        info = client.node(node)
-        if slurm.may_drain(info):
-            client.drain(node, why)
-        elif mode == "healthcheck":
-            return  # out already: every interval would record the same skip again
-        else:
-            action, detail = "drain-skipped", f"already out: {info['reason'] or info['state']}"
-    except slurm.SlurmError as exc:
-        ok, detail = False, str(exc)
-        log(f"could not drain {node} ({why}): {exc}", mode)
-    if conn is not None:
-        try:
-            store.record_action(conn, node, action, why, f"slurmhealth {mode}", ok, detail)  # type: ignore[arg-type]
-        except store.StoreError as exc:
-            log(f"could not record the {action}: {exc}", mode)
+    client = slurm.Slurm(
+        settings["slurm_bin"], settings["drain_timeout"], settings["drain_timeout"]
+    )
+    return actions.drain(
+        client,
+        node,
+        message,
+        settings,
+        conn,
+        f"slurmhealth {mode}",
+        lambda text: log(text, mode),
+        record_skip=mode != "healthcheck",
+    )
 
 
 def maybe_resume(node: str, settings: dict, conn: object) -> None:
     """Resume our own drain after `resume_after` consecutive passing health checks."""
-    from slurmhealth import slurm, store  # noqa: PLC0415
+    from slurmhealth import actions, slurm, store  # noqa: PLC0415
 
     client = slurm.Slurm(settings["slurm_bin"], settings["drain_timeout"])
     try:
         info = client.node(node)
-        if not slurm.ours(info) or conn is None:
+        if not actions.may_resume(info) or conn is None:
             return
         since = (store.last_action(conn, node, "drain") or (0.0,))[0]  # type: ignore[arg-type]
         needed = max(1, settings["resume_after"])
@@ -427,9 +421,9 @@ def hook(mode: str) -> int:
         if conn is not None and job["id"]:
             store.forget_job_baselines(conn, node, job["id"])  # type: ignore[arg-type]
         message = message or _epilog_reset(node, run, settings, conn)
-    if message:
-        drain(node, message, settings, conn, mode)
-    elif mode == "healthcheck":
+    if message and drain(node, message, settings, conn, mode) == "breaker":
+        return EXIT_OK  # the breaker is open: fail open, loudly (drain() logged and recorded it)
+    if not message and mode == "healthcheck":
         maybe_resume(node, settings, conn)
     return EXIT_FAIL if run.verdict == FAIL else EXIT_OK
 

@@ -7,13 +7,15 @@ or down for any other reason is never changed; only our own drains are resumed.
 from __future__ import annotations
 
 import os
+import time
 
 from slurmhealth.result import clean
 
 PREFIX = "slurmhealth:"
 REASON_MAX = 160
 SEARCH = ("/usr/bin", "/usr/local/bin", "/opt/slurm/bin", "/usr/local/slurm/bin")
-# Node state flags that mean "someone took this node out of service".
+# Node state flags that mean "someone took this node out of service" (scontrol spells them
+# DRAIN, DOWN...; sinfo's long names drained, draining, down... upper-cased start the same).
 _OUT = ("DRAIN", "DOWN", "FAIL", "MAINT", "REBOOT", "POWER_DOWN", "POWERED_DOWN")
 
 
@@ -60,6 +62,30 @@ def parse_node(line: str) -> dict:
     return info
 
 
+def parse_sinfo(line: str) -> dict:
+    """`gpu03|drained|2026-11-29T23:59:01|slurmhealth: GPU 3 GpuIsLost` (sinfo -N -o
+    %N|%T|%H|%E) -> {name, state, flags, reason, since}; Slurm prints local time."""
+    name, state, when, why = (line.split("|", 3) + ["", "", ""])[:4]
+    flags = [state.rstrip("*~#!%$@^-").upper()]
+    since = None
+    if when and when not in ("Unknown", "None"):
+        try:
+            since = time.mktime(time.strptime(when, "%Y-%m-%dT%H:%M:%S"))
+        except ValueError:
+            since = None
+    reason = "" if why in ("none", "(null)") else why
+    return {"name": name, "state": state, "flags": flags, "reason": reason, "since": since}
+
+
+def drained_by_us(nodes: list, since: float) -> list:
+    """Names of nodes out of service with our reason, set at or after `since`."""
+    return [
+        n["name"]
+        for n in nodes
+        if is_out(n) and n["reason"].startswith(PREFIX) and (n["since"] or 0) >= since
+    ]
+
+
 def is_out(info: dict) -> bool:
     """Drained, down or otherwise out of service, by anyone."""
     return any(flag.startswith(_OUT) for flag in info["flags"])
@@ -76,27 +102,46 @@ def may_drain(info: dict) -> bool:
 
 
 class Slurm:
-    """scontrol calls with a deadline each; SLURM_CONF passes through the environment."""
+    """Slurm commands with a deadline each and, optionally, one budget for all of them (the
+    hooks' failure path: however many calls, slurmd is never held past the budget).
+    SLURM_CONF passes through the environment."""
 
-    def __init__(self, slurm_bin: str = "", timeout: float = 2.0) -> None:
+    def __init__(self, slurm_bin: str = "", timeout: float = 2.0, budget: float | None = None):
         self.slurm_bin = slurm_bin
         self.timeout = timeout
+        self.ends = None if budget is None else time.monotonic() + budget
 
-    def run(self, *args: str, timeout: float | None = None) -> str:
+    def _limit(self, timeout: float | None) -> float:
+        limit = self.timeout if timeout is None else timeout
+        if self.ends is not None:
+            limit = min(limit, self.ends - time.monotonic())
+            if limit <= 0.05:
+                raise SlurmError("no time left for Slurm calls")
+        return limit
+
+    def run(self, *args: str, timeout: float | None = None, command: str = "scontrol") -> str:
         import subprocess  # noqa: PLC0415 - failure path and admin side only
 
-        argv = [find_bin("scontrol", self.slurm_bin), *args]
-        limit = self.timeout if timeout is None else timeout
+        argv = [find_bin(command, self.slurm_bin), *args]
+        limit = self._limit(timeout)
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=limit, check=False)
         except subprocess.TimeoutExpired:
-            raise SlurmError(f"scontrol {args[0]} timed out after {limit:g} s") from None
+            raise SlurmError(f"{command} {args[0]} timed out after {limit:.3g} s") from None
         except OSError as exc:
-            raise SlurmError(f"scontrol: {exc}") from None
+            raise SlurmError(f"{command}: {exc}") from None
         if proc.returncode != 0:
             error = clean(proc.stderr or proc.stdout or f"exit {proc.returncode}")
-            raise SlurmError(f"scontrol {args[0]}: {error}")
+            raise SlurmError(f"{command} {args[0]}: {error}")
         return proc.stdout
+
+    def sinfo(self, *args: str, timeout: float | None = None) -> str:
+        return self.run(*args, timeout=timeout, command="sinfo")
+
+    def nodes(self, timeout: float | None = None) -> list:
+        """Every node: {name, state, flags, reason, since} from one sinfo call."""
+        out = self.sinfo("-h", "-N", "-o", "%N|%T|%H|%E", timeout=timeout)
+        return [parse_sinfo(line) for line in out.splitlines() if line.strip()]
 
     def node(self, name: str, timeout: float | None = None) -> dict:
         out = self.run("-o", "show", "node", name, timeout=timeout)

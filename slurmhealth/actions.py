@@ -1,0 +1,101 @@
+"""Draining and resuming nodes, the one way every automatic path does it (prolog, epilog,
+health check, lemon sweep): owned reasons, the circuit breaker, probation, and a record of it.
+
+Failure path only: nothing here runs when a node is healthy.
+"""
+
+from __future__ import annotations
+
+import time
+
+from slurmhealth import policy, slurm, store
+
+DRAINED, SKIPPED, BREAKER, FAILED = "drained", "skipped", "breaker", "failed"
+PROBATION = "probation:"
+
+
+def _note(
+    conn: object, node: str, action: str, why: str, actor: str, ok: bool, detail: str, log: object
+) -> None:
+    if conn is None:
+        return
+    try:
+        store.record_action(conn, node, action, why, actor, ok, detail)  # type: ignore[arg-type]
+    except store.StoreError as exc:
+        log(f"could not record the {action}: {exc}")  # type: ignore[operator]
+
+
+def _history(conn: object, node: str) -> list:
+    if conn is None:
+        return []
+    rows = conn.execute(  # type: ignore[attr-defined]
+        "SELECT time, action FROM actions WHERE node = ? AND ok = 1 AND action IN "
+        "('drain', 'resume') ORDER BY time",
+        (node,),
+    )
+    return [tuple(row) for row in rows]
+
+
+def _reason(message: str, conn: object, node: str, settings: dict, now: float) -> str:
+    """Our reason; on probation it says an admin must resume (we never will)."""
+    days = settings["probation_days"]
+    if policy.on_probation([*_history(conn, node), (now, "drain")], now, days):
+        return slurm.reason(
+            f"{PROBATION} an admin must resume (failed within {days:g} d of our resume): {message}"
+        )
+    return slurm.reason(message)
+
+
+def drain(
+    client: slurm.Slurm,
+    node: str,
+    message: str,
+    settings: dict,
+    conn: object,
+    actor: str,
+    log: object,
+    record_skip: bool = True,
+) -> str:
+    """Drain `node` unless someone else took it out, or the breaker is open. Returns the outcome.
+
+    The breaker: slurmhealth never has more than settings.breaker_share of the fleet drained by
+    itself within settings.breaker_window (any automatic path). Past it, it drains nothing more,
+    says so loudly and records it: a fleet-wide fault is not a reason to empty the cluster.
+    """
+    now = time.time()
+    try:
+        info = client.node(node)
+        if not slurm.may_drain(info):
+            if record_skip:
+                detail = f"already out: {info['reason'] or info['state']}"
+                _note(conn, node, "drain-skipped", slurm.reason(message), actor, True, detail, log)
+            return SKIPPED
+        fleet = client.nodes()
+    except slurm.SlurmError as exc:
+        fleet = None  # cannot count the fleet: a sick node must still be drained
+        log(f"could not read node states: {exc}")  # type: ignore[operator]
+    why = _reason(message, conn, node, settings, now)
+    if fleet:
+        recent = slurm.drained_by_us(fleet, now - settings["breaker_window"])
+        if not policy.breaker(len(recent), len(fleet), settings["breaker_share"]):
+            detail = (
+                f"circuit breaker: {len(recent)} of {len(fleet)} nodes drained by "
+                f"slurmhealth in {settings['breaker_window'] / 60:g} min (max "
+                f"{settings['breaker_share']:.0%}); not draining {node}"
+            )
+            log(f"CIRCUIT BREAKER OPEN: {detail}")  # type: ignore[operator]
+            _note(conn, node, "breaker", why, actor, False, detail, log)
+            return BREAKER
+    try:
+        client.drain(node, why)
+    except slurm.SlurmError as exc:
+        log(f"could not drain {node} ({why}): {exc}")  # type: ignore[operator]
+        _note(conn, node, "drain", why, actor, False, str(exc), log)
+        return FAILED
+    _note(conn, node, "drain", why, actor, True, "", log)
+    return DRAINED
+
+
+def may_resume(info: dict) -> bool:
+    """Only our own drains, and never one on probation: that one is an admin's to lift."""
+    return slurm.ours(info) and not info["reason"].startswith(f"{slurm.PREFIX} {PROBATION}")

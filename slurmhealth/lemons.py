@@ -1,0 +1,30 @@
+"""The lemon sweep (head node, cron): fleet history -> scores -> drains with evidence.
+
+`slurmhealth lemons` lists; `--apply` drains through actions.drain, so the sweep obeys the same
+etiquette, circuit breaker and probation as the hooks, and records every drain or refusal in
+the fleet store.
+"""
+
+from __future__ import annotations
+
+from slurmhealth import actions, fleet, policy, slurm
+
+LEMON = "lemon:"
+
+
+def sweep(conn: object, now: float, window: float, params: dict | None = None) -> list:
+    """Every node with history in the window, scored against the fleet, lemons first."""
+    signals = fleet.signals(conn, now - window, now)  # type: ignore[arg-type]
+    return policy.score(signals, params)
+
+
+def apply(scored: list, client: slurm.Slurm, settings: dict, conn: object, log: object) -> list:
+    """Drain each lemon, strongest first; stop at the first the breaker refuses."""
+    applied = []
+    for entry in (e for e in scored if e["lemon"]):
+        outcome = actions.drain(client, entry["node"], f"{LEMON} {entry['reason']}", settings,
+                                conn, "slurmhealth lemons", log)
+        applied.append({"node": entry["node"], "outcome": outcome})
+        if outcome == actions.BREAKER:
+            break
+    return applied
