@@ -54,6 +54,7 @@ $(VENVB)/.installed: setup.cfg pyproject.toml $(SOURCES)
 bench: $(VENVB)/.installed
 	$(VENVB)/bin/python bench/bench_check.py
 	$(VENVB)/bin/python bench/bench_hook.py
+	$(VENVB)/bin/python bench/bench_fleet.py
 
 clean:
 	rm -rf $(VENV) $(VENV39) $(VENVB) build *.egg-info demo-out

@@ -6,13 +6,26 @@ that `slurmhealth --help` shows it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
 
 import click
 
-from slurmhealth import __version__, config, history, hook, runner, store, timespec
+from slurmhealth import (
+    __version__,
+    config,
+    fleet,
+    history,
+    hook,
+    lemons,
+    runner,
+    slurm,
+    store,
+    timespec,
+)
 from slurmhealth.checks import AREAS
 
 
@@ -298,3 +311,232 @@ def prune(older: str, node: str | None, db: str | None, now: str | None) -> None
         counts = history.prune(_open(path), before)  # type: ignore[arg-type]
         summary = ", ".join(f"{n} {table}" for table, n in counts.items())
         click.echo(f"{path}: deleted {summary}")
+
+
+# --- the fleet store: export on nodes, import and collect on the head node (docs/fleet.md) ---
+
+
+def _fleet_path(db: str | None) -> str:
+    return (
+        db or os.environ.get("SLURMHEALTH_FLEET_DB") or os.path.join(store.DEFAULT_DIR, "fleet.db")
+    )
+
+
+def _open_fleet(db: str | None) -> object:
+    try:
+        return store.connect(_fleet_path(db))
+    except store.StoreError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@contextlib.contextmanager
+def _progress(length: int, label: str) -> Iterator:
+    """A progress bar's update function on a terminal; None (quiet) otherwise."""
+    if not length or not sys.stderr.isatty():
+        yield None
+        return
+    with click.progressbar(length=length, label=label, file=sys.stderr) as bar:
+        yield bar.update
+
+
+def _since(since: str | None, now: str | None) -> float | None:
+    return None if since is None else _instant(now) - _duration(since)
+
+
+def _added(counts: dict) -> str:
+    return ", ".join(f"{n:,} {kind}s" for kind, n in counts.items() if n) or "nothing new"
+
+
+fleet_db_option = click.option(
+    "--db",
+    default=None,
+    help="the fleet store [$SLURMHEALTH_FLEET_DB or /var/lib/slurmhealth/fleet.db]",
+)
+
+
+@cli.command(name="export")
+@click.option("--db", default=None, help="the store [$SLURMHEALTH_DB or this node's store]")
+@click.option("--since", default=None, help="only records newer than this, e.g. 7d [all]")
+@click.option("--now", default=None, help="replay: the time to count back from")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False),
+    default="-",
+    help="write here instead of standard output",
+)
+def export_cmd(db: str | None, since: str | None, now: str | None, output: str) -> None:
+    """Write the store's records as NDJSON with stable ids (format: docs/fleet.md).
+
+    A file is written as FILE.part and renamed when complete, so `collect` never reads half an
+    export. Baselines and cached config stay on the node.
+
+    Example:
+        slurmhealth export --since 7d -o /shared/slurmhealth/spool/gpu07.ndjson
+    """
+    conn = _open(db or store.default_path(hook.node_name({})))
+    start = _since(since, now)
+    if output == "-":
+        fleet.export(conn, click.get_text_stream("stdout"), start)  # type: ignore[arg-type]
+        return
+    part = f"{output}.part"
+    try:
+        with open(part, "w", encoding="utf-8") as out:
+            total = fleet.count_records(conn, start)  # type: ignore[arg-type]
+            with _progress(total, "export") as tick:
+                counts = fleet.export(conn, out, start, tick)  # type: ignore[arg-type]
+        os.replace(part, output)
+    except OSError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"{output}: {sum(counts.values()):,} records ({_added(counts)})")
+
+
+@cli.command(name="import")
+@click.argument("files", nargs=-1, required=True)
+@fleet_db_option
+def import_cmd(files: tuple, db: str | None) -> None:
+    """Merge NDJSON exports (FILE or - for standard input) into the fleet store.
+
+    Idempotent: importing a file again changes nothing. A line that is not a record (the cut
+    last line of an export still being written) is reported and skipped, never half-imported.
+
+    Example:
+        slurmhealth import /shared/slurmhealth/spool/*.ndjson
+    """
+    conn = _open_fleet(db)
+    for name in files:
+        source = click.get_binary_stream("stdin") if name == "-" else name
+        try:
+            size = 0 if name == "-" else os.path.getsize(name)
+            with _progress(size, f"import {name}") as tick:
+                report = fleet.import_ndjson(conn, source, tick)  # type: ignore[arg-type]
+        except (fleet.FleetError, OSError) as exc:
+            raise click.ClickException(f"{name}: {exc}") from None
+        click.echo(
+            f"{name}: {report['records']:,} records: {_added(report['added'])} added, "
+            f"{report['unchanged']:,} unchanged"
+        )
+        _report_bad(name, report)
+
+
+def _report_bad(name: str, report: dict) -> None:
+    for lineno, why in report["bad"]:
+        click.echo(f"{name}:{lineno}: skipped: {why}", err=True)
+    more = report["bad_count"] - len(report["bad"])
+    if more > 0:
+        click.echo(f"{name}: {more:,} more lines skipped", err=True)
+    if report["truncated"]:
+        line = report["truncated"]
+        click.echo(f"{name}:{line}: skipped: truncated last line (still being written?)", err=True)
+
+
+@cli.command(name="collect")
+@click.argument("directory")
+@fleet_db_option
+@click.option(
+    "--since",
+    default="28d",
+    show_default=True,
+    help="merge records newer than this; the window asked of sacct",
+)
+@click.option("--now", default=None, help="replay: the time to count back from")
+@click.option(
+    "--sacct", "use_sacct", is_flag=True, help="also merge job outcomes from Slurm accounting"
+)
+@click.option("--slurm-bin", default="", help="directory of sacct [$SLURMHEALTH_SLURM_BIN, PATH]")
+def collect_cmd(
+    directory: str, db: str | None, since: str, now: str | None, use_sacct: bool, slurm_bin: str
+) -> None:
+    """Merge node stores (copied *.db files) and NDJSON spools (*.ndjson) into the fleet store.
+
+    A file that cannot be read (not a database, still being copied) is reported and skipped.
+    --sacct adds what Slurm accounting knows of each job (final state, NODE_FAIL): a job whose
+    node died before its epilog still counts. Collecting again adds nothing.
+
+    Example:
+        slurmhealth collect /shared/slurmhealth/spool --sacct --since 2d
+    """
+    conn = _open_fleet(db)
+    end = _instant(now)
+    start = end - _duration(since)
+    try:
+        paths = fleet.collect_paths(directory)
+        with _progress(len(paths), "collect") as tick:
+            report = fleet.collect(conn, directory, start, tick)  # type: ignore[arg-type]
+    except fleet.FleetError as exc:
+        raise click.ClickException(str(exc)) from None
+    for path, why in report["skipped"]:
+        click.echo(f"{path}: skipped: {why}", err=True)
+    for path, result in report["imports"]:
+        _report_bad(path, result)
+    merged, skipped = len(report["merged"]), len(report["skipped"])
+    click.echo(f"{merged} files merged, {skipped} skipped: {_added(report['added'])} added")
+    if use_sacct:
+        _collect_sacct(conn, start, end, slurm_bin)
+
+
+def _collect_sacct(conn: object, start: float, end: float, slurm_bin: str) -> None:
+    from slurmhealth.slurm import SlurmError  # noqa: PLC0415
+
+    try:
+        text = fleet.fetch_sacct(start, end, slurm_bin)
+    except SlurmError as exc:
+        raise click.ClickException(f"{exc} (job outcomes from accounting not merged)") from None
+    try:
+        result = fleet.ingest_sacct(conn, text, utc=True)  # type: ignore[arg-type]
+    except fleet.FleetError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"sacct: {result['jobs']:,} job rows added or updated")
+    for line in result["bad"][: fleet.BAD_SHOWN]:
+        click.echo(f"sacct: skipped: {line}", err=True)
+
+
+def _lemon_text(scored: list, applied: list, window: float) -> str:
+    lemons = [e for e in scored if e["lemon"]]
+    lines = [f"{len(lemons)} lemon(s) among {len(scored)} nodes over {window / 86400:g} days"]
+    for entry in lemons:
+        lines.append(f"  {entry['node']:<12} score {entry['score']:.1f}  {entry['reason']}")
+        for name, ev in entry["evidence"].items():
+            if ev.get("count"):
+                lines.append(f"      {name}: {ev['count']} (fleet expects {ev['expected']:.2f})")
+    for item in applied:
+        lines.append(f"  {item['node']}: {item['outcome']}")
+    return "\n".join(lines)
+
+
+@cli.command(name="lemons")
+@fleet_db_option
+@click.option("--window", default="28d", show_default=True, help="history to score, e.g. 28d")
+@click.option("--now", default=None, help="replay: score as of this time")
+@click.option("--config", "path", default=None, help="settings: breaker, probation, slurm_bin")
+@click.option("--apply", "do_apply", is_flag=True, help="drain the lemons (else change nothing)")
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+def lemons_cmd(
+    db: str | None, window: str, now: str | None, path: str | None, do_apply: bool, as_json: bool
+) -> None:
+    """Score every node against the fleet; list the lemons with their evidence.
+
+    With --apply, drain them (reason `slurmhealth: lemon: ...`), strongest first, behind the
+    circuit breaker: past settings.breaker_share of the fleet it stops, says so, exits 3.
+
+    Example:
+        slurmhealth lemons --window 28d
+        slurmhealth lemons --apply
+    """
+    span = _duration(window)
+    conn = _open(_fleet_path(db))
+    scored = lemons.sweep(conn, _instant(now), span)
+    applied: list = []
+    if do_apply:
+        settings = _load_config(path).for_node("")["settings"]
+        client = slurm.Slurm(settings["slurm_bin"], settings["drain_timeout"] * 5)
+        applied = lemons.apply(
+            scored, client, settings, conn, lambda text: click.echo(text, err=True)
+        )
+    if as_json:
+        doc = {"lemons": [e for e in scored if e["lemon"]], "nodes": scored, "applied": applied}
+        click.echo(json.dumps(doc, indent=1))
+    else:
+        click.echo(_lemon_text(scored, applied, span))
+    if any(a["outcome"] == "breaker" for a in applied):
+        sys.exit(3)

@@ -60,6 +60,16 @@ MIGRATIONS = (
     CREATE INDEX jobs_start ON jobs (start);
     CREATE INDEX runs_started ON runs (started);
     """,
+    # 3: the lemon signals (fleet.signals) read each node's runs and jobs in a window from
+    # covering indexes, and a job's hardware Xids by job: 1M runs from 2,000 nodes in 0.5 s
+    # instead of 3.7 s (docs/fleet.md). The (node, started) index is widened, not doubled, so a
+    # prolog's write costs the same.
+    """
+    DROP INDEX runs_node_started;
+    CREATE INDEX runs_node_started_verdict ON runs (node, started, verdict);
+    CREATE INDEX jobs_node_start ON jobs (node, start, job_id, state, slurm_state, num_nodes);
+    CREATE INDEX events_fail_job ON events (job_id, node) WHERE class = 'fail';
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

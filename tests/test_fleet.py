@@ -1,0 +1,632 @@
+"""The fleet store: export/import, collect, Slurm accounting, lemon signals (real SQLite files)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sqlite3
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import FIXTURES, run_cli, snapshot_path
+
+from slurmhealth import config, fleet, runner, store
+from slurmhealth.slurm import SlurmError
+
+DAY = 86400.0
+T0 = 1_780_000_000.0  # 2026-05-28T20:26:40Z
+KEYS = {
+    "runs": "id",
+    "results": "run_id, check_name",
+    "events": "id",
+    "jobs": "node, job_id",
+    "actions": "id",
+}
+
+
+def dump(conn: sqlite3.Connection) -> dict:
+    """Every exported table, ordered by its record key."""
+    return {t: conn.execute(f"SELECT * FROM {t} ORDER BY {k}").fetchall() for t, k in KEYS.items()}
+
+
+def recorded_run(node: str, phase: str, snapshot: str, kmsg: str = "xid-forms.kmsg"):
+    options = runner.Options(
+        gpu_source=snapshot_path(snapshot), kmsg=os.path.join(FIXTURES, "kmsg", kmsg)
+    )
+    run = runner.run(node, config.defaults(), options, ["gpu", "xid"], phase)
+    run.node = node
+    return run
+
+
+def node_store(path: str, node: str) -> sqlite3.Connection:
+    """A node store as the hooks leave it: prolog/epilog of a job, a health check, a drain."""
+    conn = store.connect(path)
+    job = {"uid": 1000, "user": "alice", "start": T0, "state": "running", "num_nodes": 1}
+    store.record_run(conn, recorded_run(node, "prolog", "healthy"), "41", job)
+    ended = {"end": T0 + 60, "state": "ended", "exit_code": 0, "signal": 0}
+    store.record_run(conn, recorded_run(node, "epilog", "ecc-dbe"), "41", ended)
+    store.record_run(conn, recorded_run(node, "healthcheck", "thermal", "hostile-names.kmsg"))
+    store.record_action(conn, node, "drain", "slurmhealth: gpu.ecc", "slurmhealth epilog")
+    return conn
+
+
+def export_text(conn: sqlite3.Connection, since: float | None = None) -> str:
+    out = io.StringIO()
+    fleet.export(conn, out, since)
+    return out.getvalue()
+
+
+# --- export / import ------------------------------------------------------------------------
+
+
+def test_export_import_round_trip_equals_the_source(tmp_path):
+    source = node_store(str(tmp_path / "gpu01.db"), "gpu01")
+    text = export_text(source)
+    header = json.loads(text.splitlines()[0])
+    assert header["type"] == "header" and header["format"] == fleet.FORMAT
+    kinds = {json.loads(line)["type"] for line in text.splitlines()[1:]}
+    assert kinds == {"run", "result", "event", "job", "action"}  # every kind is exercised
+    target = store.connect(str(tmp_path / "fleet.db"))
+    report = fleet.import_ndjson(target, io.StringIO(text))
+    assert report["bad_count"] == 0 and report["truncated"] is None
+    assert dump(target) == dump(source)
+    assert target.execute("SELECT count(*) FROM baselines").fetchone()[0] == 0  # node-local
+    assert report["records"] == sum(len(rows) for rows in dump(source).values())
+
+
+def test_importing_twice_changes_nothing(tmp_path):
+    text = export_text(node_store(str(tmp_path / "gpu01.db"), "gpu01"))
+    spool = tmp_path / "gpu01.ndjson"
+    spool.write_text(text)
+    target = store.connect(str(tmp_path / "fleet.db"))
+    first = fleet.import_ndjson(target, str(spool))
+    before = dump(target)
+    second = fleet.import_ndjson(target, str(spool))
+    assert sum(first["added"].values()) == first["records"] > 0
+    assert sum(second["added"].values()) == 0 and second["unchanged"] == second["records"]
+    assert dump(target) == before
+
+
+def test_small_chunks_give_the_same_store(tmp_path, monkeypatch):
+    text = export_text(node_store(str(tmp_path / "gpu01.db"), "gpu01"))
+    whole = store.connect(str(tmp_path / "a.db"))
+    fleet.import_ndjson(whole, io.StringIO(text))
+    monkeypatch.setattr(fleet, "CHUNK", 2)
+    chunked = store.connect(str(tmp_path / "b.db"))
+    fleet.import_ndjson(chunked, io.StringIO(text))
+    assert dump(chunked) == dump(whole)
+
+
+def test_a_truncated_last_line_is_reported_and_skipped(tmp_path):
+    text = export_text(node_store(str(tmp_path / "gpu01.db"), "gpu01"))
+    lines = text.splitlines(keepends=True)
+    cut = "".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2]  # a writer still running
+    spool = tmp_path / "cut.ndjson"
+    spool.write_bytes(cut.encode())
+    target = store.connect(str(tmp_path / "fleet.db"))
+    report = fleet.import_ndjson(target, str(spool))
+    assert report["truncated"] == len(lines) and report["bad_count"] == 0
+    assert report["records"] == len(lines) - 2  # all but the header and the cut line
+    last = json.loads(lines[-1])
+    table = fleet.KINDS[last["type"]].table
+    assert table == "actions"  # the last record of an export
+    assert target.execute("SELECT count(*) FROM actions").fetchone()[0] == 0
+
+
+def test_malformed_lines_are_reported_and_the_rest_imported(tmp_path):
+    good = {"type": "action", "id": "a1", "node": "gpu01", "time": T0, "action": "drain"}
+    good.update(reason="slurmhealth: x", actor="test")
+    lines = [
+        json.dumps(good),
+        "not json",
+        json.dumps({"type": "run", "id": "r1"}),  # required columns missing
+        json.dumps({"type": "gossip", "id": "x"}),
+        json.dumps({**good, "id": "a2", "time": float("nan")}),  # NaN would be a NULL
+        json.dumps({**good, "id": "a3", "detail": "\ud800"}),  # a lone surrogate
+        json.dumps({**good, "id": "a4", "ok": 2**70}),
+        "[1, 2]",
+        json.dumps({**good, "id": "a5"}),
+    ]
+    target = store.connect(str(tmp_path / "fleet.db"))
+    report = fleet.import_ndjson(target, [line + "\n" for line in lines])
+    assert [n for n, _ in report["bad"]] == [2, 3, 4, 5, 6, 7, 8]
+    assert report["truncated"] is None and report["records"] == 2
+    assert "run without node" in report["bad"][1][1]
+    ids = [r[0] for r in target.execute("SELECT id FROM actions ORDER BY id")]
+    assert ids == ["a1", "a5"]
+
+
+def test_a_newer_format_is_refused(tmp_path):
+    target = store.connect(str(tmp_path / "fleet.db"))
+    with pytest.raises(fleet.FleetError, match="newer"):
+        fleet.import_ndjson(target, ['{"type": "header", "format": 99}\n'])
+
+
+def test_export_since_keeps_only_newer_records(tmp_path):
+    conn = store.connect(str(tmp_path / "gpu01.db"))
+    conn.execute(
+        "INSERT INTO runs VALUES ('old', 'gpu01', NULL, 'check', ?, 1, 'ok', 'v', '{}')",
+        (T0 - 10 * DAY,),
+    )
+    conn.execute(
+        "INSERT INTO runs VALUES ('new', 'gpu01', NULL, 'check', ?, 1, 'ok', 'v', '{}')", (T0,)
+    )
+    conn.execute("INSERT INTO jobs (node, job_id, start, end) VALUES ('gpu01', '1', ?, ?)", (0, T0))
+    conn.execute("INSERT INTO jobs (node, job_id, start) VALUES ('gpu01', '2', ?)", (T0 - 9 * DAY,))
+    records = [json.loads(x) for x in export_text(conn, since=T0 - DAY).splitlines()[1:]]
+    assert [(r["type"], r.get("id") or r.get("job_id")) for r in records] == [
+        ("run", "new"),
+        ("job", "1"),  # ended within the window, though it started long before
+    ]
+
+
+def job_record(**columns) -> str:
+    return json.dumps({"type": "job", "node": "gpu01", "job_id": "7", **columns}) + "\n"
+
+
+def test_job_rows_fill_in_and_never_go_back(tmp_path):
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    prolog = job_record(uid=1000, user="alice", start=T0, state="running", num_nodes=2)
+    epilog = job_record(uid=1000, user="alice", start=T0, end=T0 + 5, exit_code=3, state="ended")
+    accounting = job_record(slurm_state="FAILED", exit_code=0, start=T0 - 1)
+    for lines in ([prolog], [epilog], [accounting], [prolog], [prolog, epilog, accounting]):
+        fleet.import_ndjson(conn, lines)
+    row = conn.execute(
+        "SELECT uid, user, start, end, exit_code, state, num_nodes, slurm_state FROM jobs"
+    ).fetchone()
+    assert row == (1000, "alice", T0, T0 + 5, 3, "ended", 2, "FAILED")
+    again = fleet.import_ndjson(conn, [prolog, epilog, accounting])
+    assert again["unchanged"] == 3
+
+
+def test_an_event_keeps_the_job_the_epilog_gave_it(tmp_path):
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    base = {"type": "event", "id": "xid:gpu01:b:7:79", "run_id": "r", "node": "gpu01"}
+    base.update(time=T0, kind="xid", code=79, **{"class": "fail"})
+    seen_by_healthcheck = json.dumps({**base, "job_id": None}) + "\n"
+    seen_by_epilog = json.dumps({**base, "job_id": "41"}) + "\n"
+    fleet.import_ndjson(conn, [seen_by_healthcheck, seen_by_epilog, seen_by_healthcheck])
+    assert conn.execute("SELECT job_id FROM events").fetchall() == [("41",)]
+
+
+# --- collect --------------------------------------------------------------------------------
+
+
+def test_collect_merges_node_stores_and_spools_and_skips_garbage(tmp_path):
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    a = node_store(str(spool / "gpu01.db"), "gpu01")
+    b = node_store(str(spool / "gpu02.db"), "gpu02")
+    c = node_store(str(tmp_path / "gpu03.db"), "gpu03")
+    (spool / "gpu03.ndjson").write_text(export_text(c))
+    (spool / "garbage.db").write_bytes(b"this is not an SQLite file, just bytes " * 200)
+    (spool / "gpu04.ndjson.part").write_text("{")  # an export still being written: not read
+    fleet_path = str(spool / "fleet.db")  # the fleet store in the same folder is not a source
+    conn = store.connect(fleet_path)
+    report = fleet.collect(conn, str(spool))
+    assert [os.path.basename(p) for p, _ in report["merged"]] == [
+        "gpu01.db",
+        "gpu02.db",
+        "gpu03.ndjson",
+    ]
+    assert [(os.path.basename(p), why) for p, why in report["skipped"]] == [
+        ("garbage.db", "file is not a database")
+    ]
+    expected = {t: sorted(dump(a)[t] + dump(b)[t] + dump(c)[t]) for t in KEYS}
+    assert {t: sorted(rows) for t, rows in dump(conn).items()} == expected
+    again = fleet.collect(conn, str(spool))
+    assert sum(again["added"].values()) == 0 and len(again["skipped"]) == 1
+
+
+def test_a_store_still_being_copied_is_skipped(tmp_path):
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    conn = node_store(str(tmp_path / "gpu01.db"), "gpu01")
+    conn.executemany(
+        "INSERT INTO runs VALUES (?, 'gpu01', NULL, 'check', 1.0, 1, 'ok', 'v', ?)",
+        [(f"x{i}", "{}" * 200) for i in range(300)],
+    )
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    data = (tmp_path / "gpu01.db").read_bytes()
+    for share in (0.3, 0.6, 0.99):  # an scp or rsync --inplace not finished yet
+        (spool / f"copy{share}.db").write_bytes(data[: int(len(data) * share)])
+    fleet_conn = store.connect(str(tmp_path / "fleet.db"))
+    report = fleet.collect(fleet_conn, str(spool))
+    assert report["merged"] == [] and len(report["skipped"]) == 3
+    assert all("malformed" in why or "damaged" in why for _, why in report["skipped"])
+    assert fleet_conn.execute("SELECT count(*) FROM runs").fetchone()[0] == 0
+
+
+def test_collect_reads_an_older_schema_and_refuses_a_newer_one(tmp_path):
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    old = sqlite3.connect(str(spool / "v1.db"), isolation_level=None)
+    for statement in store.MIGRATIONS[0].split(";"):
+        if statement.strip():
+            old.execute(statement)
+    old.execute("INSERT INTO jobs (node, job_id, uid, start) VALUES ('gpu09', '5', 0, ?)", (T0,))
+    old.execute("PRAGMA user_version = 1")
+    old.close()
+    new = store.connect(str(spool / "v99.db"))
+    new.execute("PRAGMA user_version = 99")
+    new.close()
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    report = fleet.collect(conn, str(spool))
+    assert conn.execute("SELECT node, job_id, num_nodes FROM jobs").fetchall() == [
+        ("gpu09", "5", None)
+    ]
+    assert len(report["skipped"]) == 1 and "newer" in report["skipped"][0][1]
+
+
+WRITER = """
+import sys, time
+from slurmhealth import store
+conn = store.connect(sys.argv[1])
+print("ready", flush=True)
+for i in range(int(sys.argv[2])):
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute("INSERT INTO runs VALUES (?, 'gpu01', ?, 'prolog', ?, 0.1, 'fail', 'v', '{}')",
+                 (f"r{i}", str(i), 1000.0 + i))
+    conn.execute("INSERT INTO results VALUES (?, 'gpu.ecc', 'fail', 'm', 'reset_gpu', '{}', 0)",
+                 (f"r{i}",))
+    conn.execute("INSERT INTO jobs (node, job_id, start, state) VALUES ('gpu01', ?, ?, 'running')",
+                 (str(i), 1000.0 + i))
+    conn.execute("COMMIT")
+    time.sleep(0.001)
+"""
+
+
+def test_collect_while_a_node_store_is_written_is_consistent(tmp_path):
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    node_db = str(spool / "gpu01.db")
+    store.connect(node_db).close()
+    total = 1500
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER, node_db, str(total)], stdout=subprocess.PIPE, text=True
+    )
+    assert writer.stdout.readline().strip() == "ready"
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    during = []
+    while writer.poll() is None:
+        report = fleet.collect(conn, str(spool))
+        assert report["skipped"] == []
+        counts = [conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in KEYS]
+        runs, results, events, jobs, actions = counts
+        assert runs == results == jobs and events == actions == 0  # whole transactions only
+        during.append(runs)
+    assert writer.wait() == 0
+    fleet.collect(conn, str(spool))
+    assert conn.execute("SELECT count(*) FROM runs").fetchone()[0] == total
+    assert dump(conn) == dump(store.connect(node_db))
+    assert any(0 < n < total for n in during), during  # some collects ran mid-write
+
+
+# --- Slurm accounting ---------------------------------------------------------------------------
+
+SACCT = """\
+8|FAILED|3:0|gpu02|2026-05-01T10:00:00|2026-05-01T10:05:00|root
+9|COMPLETED|0:0|gpu[02-03]|2026-05-01T10:00:00|2026-05-01T11:00:00|alice
+10|CANCELLED by 0|0:0|gpu03|2026-05-01T10:10:00|2026-05-01T10:20:00|bob
+6|TIMEOUT|0:0|gpu01|2026-05-01T09:00:00|2026-05-01T10:00:00|alice
+12|NODE_FAIL|0:0|gpu04|2026-05-01T10:00:00|2026-05-01T10:30:00|alice
+13|NODE_FAIL|0:0|gpu04|2026-05-01T12:00:00|2026-05-01T12:01:00|alice
+13|COMPLETED|0:0|gpu[01,04]|2026-05-01T12:05:00|2026-05-01T13:00:00|alice
+14|PENDING|0:0|None assigned|Unknown|Unknown|carol
+15|RUNNING|0:0|gpu01|2026-05-01T14:00:00|Unknown|carol
+16|CANCELLED by 1000|0:0|None assigned|None|2026-05-01T14:00:00|carol
+8.batch|FAILED|3:0|gpu02|2026-05-01T10:00:00|2026-05-01T10:05:00|
+this line is not sacct output
+17|COMPLETED|0:0|gpu[05-|2026-05-01T10:00:00|2026-05-01T10:05:00|alice
+"""
+MAY1_10 = 1_777_629_600.0  # 2026-05-01T10:00:00Z
+
+
+def test_sacct_output_in_every_form_is_parsed():
+    rows, bad = fleet.parse_sacct(SACCT, utc=True)
+    got = {(r["node"], r["job_id"], r["slurm_state"]): r for r in rows}
+    assert sorted(got) == [
+        ("gpu01", "13", "COMPLETED"),
+        ("gpu01", "15", "RUNNING"),
+        ("gpu01", "6", "TIMEOUT"),
+        ("gpu02", "8", "FAILED"),
+        ("gpu02", "9", "COMPLETED"),
+        ("gpu03", "10", "CANCELLED"),
+        ("gpu03", "9", "COMPLETED"),
+        ("gpu04", "12", "NODE_FAIL"),
+        ("gpu04", "13", "COMPLETED"),
+        ("gpu04", "13", "NODE_FAIL"),
+    ]
+    failed = got[("gpu02", "8", "FAILED")]
+    assert failed == {
+        "node": "gpu02",
+        "job_id": "8",
+        "user": "root",
+        "start": MAY1_10,
+        "end": MAY1_10 + 300,
+        "exit_code": 3,
+        "signal": 0,
+        "num_nodes": 1,
+        "slurm_state": "FAILED",
+    }
+    assert got[("gpu03", "9", "COMPLETED")]["num_nodes"] == 2
+    assert got[("gpu04", "13", "COMPLETED")]["num_nodes"] == 2
+    for key in (("gpu03", "10", "CANCELLED"), ("gpu04", "12", "NODE_FAIL")):
+        assert got[key]["exit_code"] is None  # job-level 0:0 says nothing for these states
+    assert got[("gpu01", "15", "RUNNING")]["end"] is None
+    assert len(bad) == 2 and "gpu[05-" in bad[1]
+
+
+def test_sacct_times_are_local_unless_utc():
+    rows, _ = fleet.parse_sacct(SACCT.splitlines()[0])
+    assert rows[0]["start"] == time.mktime(
+        time.strptime("2026-05-01T10:00:00", "%Y-%m-%dT%H:%M:%S")
+    )
+
+
+def test_sacct_fills_what_the_hooks_could_not_know_and_never_erases(tmp_path):
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    hook_rows = [
+        # ran to its epilog: the hook's own start, end and exit status stay
+        ("gpu02", "8", 1000, "root", MAY1_10 - 2, MAY1_10 + 299, 768, 0, "ended", 1),
+        # the node died before its epilog: only the prolog's row
+        ("gpu04", "12", 1000, "alice", MAY1_10 - 1, None, None, None, "running", 1),
+    ]
+    conn.executemany(
+        "INSERT INTO jobs (node, job_id, uid, user, start, end, exit_code, signal, state, "
+        "num_nodes) VALUES (?,?,?,?,?,?,?,?,?,?)",
+        hook_rows,
+    )
+    result = fleet.ingest_sacct(conn, SACCT, utc=True)
+    assert result["jobs"] == 10 and len(result["bad"]) == 2
+    row = conn.execute("SELECT * FROM jobs WHERE job_id = '8'").fetchone()
+    assert row == (*hook_rows[0], "FAILED")
+    crashed = conn.execute(
+        "SELECT start, end, state, slurm_state FROM jobs WHERE job_id = '12'"
+    ).fetchone()
+    assert crashed == (MAY1_10 - 1, MAY1_10 + 1800, "running", "NODE_FAIL")
+    requeued = conn.execute("SELECT slurm_state FROM jobs WHERE node='gpu04' AND job_id='13'")
+    assert requeued.fetchone() == ("NODE_FAIL",)  # it failed here once: that stays
+    assert fleet.ingest_sacct(conn, SACCT, utc=True)["jobs"] == 0  # idempotent
+
+
+def fake_sacct(tmp_path, script: str) -> str:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    path = bin_dir / "sacct"
+    path.write_text("#!/bin/sh\n" + script)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(bin_dir)
+
+
+def test_fetch_sacct_runs_sacct_by_path_in_utc(tmp_path):
+    args = tmp_path / "argv"
+    bin_dir = fake_sacct(
+        tmp_path, f'echo "$TZ $*" > {args}\necho "12|NODE_FAIL|0:0|gpu04|2026-05-01T10:00:00|x|u"\n'
+    )
+    text = fleet.fetch_sacct(MAY1_10, MAY1_10 + DAY, slurm_bin=bin_dir)
+    assert text.startswith("12|NODE_FAIL")
+    tz, *argv = args.read_text().split()
+    assert tz == "UTC" and "-P" in argv and "-D" in argv and "-X" in argv
+    assert argv[argv.index("-S") + 1] == "2026-05-01T10:00:00"
+    assert argv[argv.index("-o") + 1] == fleet.SACCT_FIELDS
+
+
+def test_collect_sacct_counts_a_job_whose_node_died_before_its_epilog(tmp_path):
+    line = "12|NODE_FAIL|0:0|gpu04|2026-05-01T10:00:00|2026-05-01T10:30:00|alice"
+    bin_dir = fake_sacct(tmp_path, f'echo "{line}"\n')
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    fleet_db = str(tmp_path / "fleet.db")
+    args = ["collect", str(spool), "--db", fleet_db, "--sacct", "--slurm-bin", bin_dir]
+    proc = run_cli(*args, "--now", "2026-05-02", "--since", "2d")
+    assert proc.returncode == 0, proc.stderr
+    assert "sacct: 1 job rows added or updated" in proc.stdout
+    got = fleet.signals(store.connect(fleet_db), MAY1_10 - DAY, MAY1_10 + DAY)
+    assert got["gpu04"]["jobs"] == got["gpu04"]["hw_job_failures"] == 1
+
+
+def test_without_slurmdbd_sacct_fails_in_one_line(tmp_path):
+    bin_dir = fake_sacct(
+        tmp_path, 'echo "sacct: error: Slurm accounting storage is disabled" >&2\nexit 1\n'
+    )
+    with pytest.raises(SlurmError, match="^sacct: error: Slurm accounting storage is disabled$"):
+        fleet.fetch_sacct(0, 1, slurm_bin=bin_dir)
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    proc = run_cli(
+        "collect",
+        str(spool),
+        "--db",
+        str(tmp_path / "fleet.db"),
+        "--sacct",
+        "--slurm-bin",
+        bin_dir,
+    )
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "Error: sacct: error: Slurm accounting storage is disabled "
+        "(job outcomes from accounting not merged)"
+    ]
+    assert "0 files merged" in proc.stdout
+
+
+# --- lemon signals (docs/signals.md) --------------------------------------------------------
+
+ZERO = dict.fromkeys(fleet.SIGNALS, 0)
+
+
+def signal_store(path: str) -> sqlite3.Connection:
+    """A hand-built fleet: every signal of docs/signals.md, counted by hand below."""
+    conn = store.connect(path)
+    start = T0
+
+    def run(rid, node, verdict, when, job=None, phase="healthcheck"):
+        conn.execute(
+            "INSERT INTO runs VALUES (?, ?, ?, ?, ?, 0.1, ?, 'v', '{}')",
+            (rid, node, job, phase, when, verdict),
+        )
+
+    def job(node, job_id, when, state="ended", slurm=None, num_nodes=1):
+        conn.execute(
+            "INSERT INTO jobs (node, job_id, start, state, slurm_state, num_nodes) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (node, job_id, when, state, slurm, num_nodes),
+        )
+
+    def xid(eid, node, code, klass, when, job_id=None):
+        conn.execute(
+            "INSERT INTO events (id, run_id, node, job_id, time, kind, code, class) "
+            "VALUES (?, 'r', ?, ?, ?, 'xid', ?, ?)",
+            (eid, node, job_id, when, code, klass),
+        )
+
+    def action(aid, node, what, when, ok=1):
+        conn.execute(
+            "INSERT INTO actions VALUES (?, ?, ?, ?, 'r', 'slurmhealth', ?, '')",
+            (aid, node, when, what, ok),
+        )
+
+    # gpu01: runs on 3 UTC days (two runs on day 0), 1 fail, 2 warns; one run before the window
+    run("a1", "gpu01", "ok", start + 10)
+    run("a2", "gpu01", "fail", start + 20)
+    run("a3", "gpu01", "warn", start + DAY)
+    run("a4", "gpu01", "warn", start + 2 * DAY)
+    run("a0", "gpu01", "fail", start - 1)  # outside
+    # gpu01 jobs: 6 in the window
+    job("gpu01", "1", start + 1)  # plain success
+    job("gpu01", "2", start + 2, slurm="FAILED")  # ordinary single-node failure: no evidence
+    job("gpu01", "3", start + 3, state="prolog_failed")  # hw failure
+    job("gpu01", "4", start + 4, slurm="NODE_FAIL")  # hw failure
+    job("gpu01", "5", start + 5)  # hw failure: a hardware Xid during the job
+    job("gpu01", "6", start + 6, state="prolog_failed", slurm="NODE_FAIL")  # counted once
+    job("gpu01", "7", start - 100, slurm="NODE_FAIL")  # outside the window
+    job("gpu01", "8", start + 8)  # only an application Xid: no evidence
+    xid("x1", "gpu01", 79, "fail", start + 5, "5")
+    xid("x2", "gpu01", 48, "fail", start + 6, "6")  # job 6 again: still once
+    xid("x3", "gpu01", 94, "fail", start + 7, "5")  # job 5 again: still once
+    xid("x4", "gpu01", 13, "app", start + 8, "8")
+    xid("x5", "gpu01", 31, "app", start + 9)
+    xid("x6", "gpu01", 63, "warn", start + 10)
+    xid("x7", "gpu01", 79, "fail", start + 20 * DAY)  # between jobs
+    xid("x8", "gpu01", 79, "fail", start - 5)  # outside
+    # gpu02: multi-node jobs only: 3 of them, 2 failed (FAILED, NODE_FAIL), 1 completed
+    job("gpu02", "20", start + 1, slurm="FAILED", num_nodes=4)
+    job("gpu02", "21", start + 2, slurm="NODE_FAIL", num_nodes=2)
+    job("gpu02", "22", start + 3, slurm="COMPLETED", num_nodes=2)
+    run("b1", "gpu02", "ok", start + 1, "20", "prolog")
+    # gpu03: only actions: 2 drains that worked, 1 that failed, a resume
+    action("c1", "gpu03", "drain", start + 1)
+    action("c2", "gpu03", "drain", start + 2)
+    action("c3", "gpu03", "drain", start + 3, ok=0)
+    action("c4", "gpu03", "resume", start + 4)
+    action("c5", "gpu03", "drain", start - 1)  # outside
+    # gpu04: a resume only: present, all zero
+    action("d1", "gpu04", "resume", start + 1)
+    # gpu05: only records outside the window: absent
+    run("e1", "gpu05", "fail", start + 40 * DAY)
+    job("gpu05", "50", start - DAY, slurm="NODE_FAIL")
+    return conn
+
+
+def test_signals_equal_the_hand_count(tmp_path):
+    conn = signal_store(str(tmp_path / "fleet.db"))
+    got = fleet.signals(conn, T0, T0 + 28 * DAY)
+    assert got == {
+        "gpu01": {
+            **ZERO,
+            "jobs": 7,
+            "hw_job_failures": 4,  # jobs 3, 4, 5, 6; not 2 (FAILED) nor 8 (app Xid)
+            "hw_xids": 4,  # x1, x2, x3, x7; app Xids x4, x5 count nowhere
+            "warn_xids": 1,
+            "check_fails": 1,
+            "check_warns": 2,
+            "node_days": 3,
+        },
+        "gpu02": {
+            **ZERO,
+            "jobs": 3,
+            "hw_job_failures": 1,  # the NODE_FAIL
+            "multi_node_jobs": 3,
+            "multi_node_failures": 2,
+            "node_days": 1,
+        },
+        "gpu03": {**ZERO, "drains": 2},
+        "gpu04": dict(ZERO),
+    }
+    assert list(got) == sorted(got)
+
+
+def test_signals_window_is_half_open(tmp_path):
+    conn = signal_store(str(tmp_path / "fleet.db"))
+    got = fleet.signals(conn, T0 + 20, T0 + DAY)
+    assert got["gpu01"]["check_fails"] == 1 and got["gpu01"]["check_warns"] == 0
+    assert fleet.signals(conn, T0 + 100 * DAY, T0 + 101 * DAY) == {}
+
+
+def test_signals_use_the_covering_indexes(tmp_path):
+    conn = signal_store(str(tmp_path / "fleet.db"))
+    for _, _, sql in fleet._PER_NODE:
+        plan = " ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, ("n", 0, 1)))
+        assert "COVERING INDEX" in plan and "SCAN" not in plan.replace("SCAN n", ""), plan
+
+
+# --- the commands -----------------------------------------------------------------------------
+
+
+def test_export_import_collect_commands(tmp_path):
+    node_db = str(tmp_path / "gpu01.db")
+    node_store(node_db, "gpu01").close()
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    out = spool / "gpu01.ndjson"
+    exported = run_cli("export", "--db", node_db, "-o", str(out))
+    assert exported.returncode == 0, exported.stderr
+    assert f"{out}: " in exported.stdout and not (spool / "gpu01.ndjson.part").exists()
+    env = {"SLURMHEALTH_FLEET_DB": str(tmp_path / "fleet.db")}
+    first = run_cli("import", str(out), env=env)
+    assert first.returncode == 0 and "0 unchanged" in first.stdout, first.stderr
+    again = run_cli("import", str(out), env=env)
+    assert "nothing new added" in again.stdout
+    with open(out, "a") as handle:
+        handle.write('{"type": "run", "id": "cut')
+    collected = run_cli("collect", str(spool), "--since", "3650d", env=env)
+    assert collected.returncode == 0 and "1 files merged, 0 skipped" in collected.stdout
+    assert "truncated last line" in collected.stderr
+    stdout = run_cli("export", "--db", node_db, "--since", "7d", "--now", str(T0 + DAY))
+    assert json.loads(stdout.stdout.splitlines()[0])["type"] == "header"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["import", "/nonexistent.ndjson"], "/nonexistent.ndjson: [Errno 2]"),
+        (["collect", "/nonexistent"], "/nonexistent: not a directory"),
+        (["export", "--db", "/nonexistent.db"], "no store at /nonexistent.db"),
+        (["collect", ".", "--since", "forever"], "not a duration"),
+    ],
+)
+def test_user_errors_are_one_line(tmp_path, args, message):
+    proc = run_cli(*args, env={"SLURMHEALTH_FLEET_DB": str(tmp_path / "fleet.db")})
+    assert proc.returncode != 0 and message in proc.stderr
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "Error" in line]
+    assert len(errors) == 1, proc.stderr
+
+
+def test_signals_equal_the_simulators_on_its_fleet(tmp_path):
+    """The contract has two sides (docs/signals.md): SQL over a store, and the simulator's."""
+    simulate = pytest.importorskip("slurmhealth.simulate")
+    if not all(hasattr(simulate, f) for f in ("Fleet", "events", "write_store", "signals")):
+        pytest.skip("simulator without write_store/signals")
+    fleet_model = simulate.Fleet(nodes=16, days=14, seed=3, lemons={"gpu0003": 30}, incident_day=5)
+    history = simulate.events(fleet_model)
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    simulate.write_store(history, conn)
+    start, end = fleet_model.start, fleet_model.end
+    for window in ((start, end), (start + 3 * DAY + 77, start + 6 * DAY + 5)):
+        assert fleet.signals(conn, *window) == simulate.signals(history, *window)
