@@ -14,12 +14,15 @@ combined p-value is below alpha / fleet size AND it has at least `min_hw_events`
 
 from __future__ import annotations
 
+import bisect
 import math
 
 DAY = 86400.0
 
-# Which count each scored signal is measured against (docs/signals.md).
+# Which count each signal is measured against (docs/signals.md); hw_events is derived here:
+# the sum of DEFAULT_PARAMS["hw_events"], one count of everything a fault leaves behind.
 EXPOSURE = {
+    "hw_events": "node_days",
     "hw_job_failures": "jobs",
     "multi_node_failures": "multi_node_jobs",
     "hw_xids": "node_days",
@@ -41,14 +44,25 @@ DEFAULT_PARAMS = {
     # Signals of one fault are dependent (a GPU falling off the bus fails the job, logs an Xid,
     # fails checks, is drained): a group's p-value is its strongest signal's times the group's
     # size. Groups are independent on a healthy node (by assumption) and combined with Fisher.
+    # hw_events sums a fault's traces, and its dispersion (the fleet's events per fault, at
+    # least the number of signals summed) turns it back into a count of faults: the test that
+    # adds up evidence across signals.
     "groups": {
-        "hardware": ("hw_job_failures", "multi_node_failures", "hw_xids", "check_fails", "drains"),
+        "hardware": (
+            "hw_events",
+            "hw_job_failures",
+            "hw_xids",
+            "drains",
+            "multi_node_failures",
+            "check_fails",
+        ),
         "warnings": ("warn_xids", "check_warns"),
     },
     # The lowest pooled rate assumed, per unit of exposure (per node-day; per job for the job
     # signals): a small or clean fleet's pool of 0 would make any single event infinitely
     # surprising. 0.001 per node-day is under the literature's 2.34-6.50 failures per 1,000.
     "rate_floor": {
+        "hw_events": 0.004,
         "hw_job_failures": 0.0005,
         "multi_node_failures": 0.01,
         "hw_xids": 0.001,
@@ -57,18 +71,25 @@ DEFAULT_PARAMS = {
         "warn_xids": 0.01,
         "check_warns": 0.01,
     },
+    # Scored by rank, not by rate: failed health checks count runs, that is how long faults
+    # lasted rather than how many there were (one 10-hour repair fails as many 5-minute checks
+    # as ten short ones), so no count model fits them. Empirical p-value: the share of the fleet
+    # with at least this rate; never below 1 / fleet size, so never decisive alone.
+    "rank_signals": ("check_fails",),
     # Robust pooling: nodes significant on a signal by themselves (p < alpha / fleet size) are
-    # left out of that signal's pool, at most this share of the fleet, strongest first.
-    "max_outlier_share": 0.05,
-    # Dispersion (quasi-Poisson): one fault fails many consecutive health checks, so counts are
-    # overdispersed; the fleet's Pearson dispersion, leaving out this top share of residuals
-    # (at least one node), divides counts and expectations alike. Never below 1.
+    # left out of that signal's pool and dispersion, at most this share of the fleet (at least
+    # one node of three or more), strongest first, until the set settles.
+    "max_outlier_share": 0.10,
+    # Dispersion (quasi-Poisson): counts and expectations are divided by the pooled nodes'
+    # Pearson dispersion (never below 1). Before any outlier is known, this top share of the
+    # residuals is left out, so that lemons cannot inflate it and hide themselves.
     "dispersion_trim": 0.02,
 }
 
 REASON_MAX = 120
 
 _NAMES = {
+    "hw_events": "hardware events",
     "hw_xids": "hardware Xids",
     "warn_xids": "warning Xids",
     "check_fails": "failed checks",
@@ -147,10 +168,17 @@ def _expected(counts: list, exposure: list, keep: list, floor: float) -> list:
     return out
 
 
+def _pooled(counts: list, exposure: list) -> list:
+    """Each node's expectation at the fleet's pooled rate (shown as evidence, not tested)."""
+    rate = sum(counts) / sum(exposure) if sum(exposure) else 0.0
+    return [rate * e for e in exposure]
+
+
 def _dispersion(counts: list, expected: list, keep: list, trim: float) -> float:
-    """Pearson dispersion of the kept nodes, the largest residuals left out; at least 1."""
+    """Pearson dispersion of the pooled nodes, the largest `trim` share of residuals (at least
+    one, when trimming) left out; at least 1."""
     residuals = sorted((c - m) ** 2 / m for c, m, k in zip(counts, expected, keep) if k and m > 0)
-    cut = max(1, math.ceil(trim * len(residuals))) if len(residuals) > 2 else 0
+    cut = max(1, math.ceil(trim * len(residuals))) if trim > 0 and len(residuals) > 2 else 0
     kept = residuals[: len(residuals) - cut]
     if len(kept) < 2:
         return 1.0
@@ -171,20 +199,37 @@ def _outliers(counts: list, expected: list, phi: float, ln_cut: float, most: int
     return keep
 
 
-def fit_signal(counts: list, exposure: list, floor: float, ln_cut: float, p: dict) -> tuple:
-    """(expected per node, dispersion, ln p per node) for one signal over the fleet."""
+def fit_signal(
+    counts: list, exposure: list, floor: float, ln_cut: float, p: dict, least: float = 1.0
+) -> tuple:
+    """(expected per node, dispersion, ln p per node) for one signal over the fleet; the
+    dispersion is at least `least`."""
     n = len(counts)
-    most = int(p["max_outlier_share"] * n)
-    keep = [True] * n
-    for _ in range(4):
+    share = p["max_outlier_share"]
+    most = max(1, int(share * n)) if share > 0 and n >= 3 else 0
+    # First pass: nothing is known to be an outlier, so the dispersion leaves out the top
+    # residuals; then the pool and the dispersion are those of the nodes that are no outliers
+    # under the previous pass, untrimmed (trimming a healthy tail would understate it).
+    keep, trim = [True] * n, p["dispersion_trim"]
+    for _ in range(8):
         expected = _expected(counts, exposure, keep, floor)
-        phi = _dispersion(counts, expected, keep, p["dispersion_trim"])
-        new = _outliers(counts, expected, phi, ln_cut, most) if most else keep
-        if new == keep:
+        phi = max(least, _dispersion(counts, expected, keep, trim))
+        new = _outliers(counts, expected, phi, ln_cut, most) if most else [True] * n
+        if new == keep and not trim:
             break
-        keep = new
+        keep, trim = new, 0.0
     lnps = [ln_poisson_sf(c / phi, m / phi) if c > 0 else 0.0 for c, m in zip(counts, expected)]
     return expected, phi, lnps
+
+
+def rank_signal(counts: list, exposure: list) -> list:
+    """ln of the empirical p-value: the share of nodes whose rate is at least this node's."""
+    rates = sorted(c / e for c, e in zip(counts, exposure))
+    n = len(rates)
+    return [
+        math.log((n - bisect.bisect_left(rates, c / e)) / n) if c > 0 else 0.0
+        for c, e in zip(counts, exposure)
+    ]
 
 
 # --- the score ---------------------------------------------------------------------------------
@@ -208,7 +253,13 @@ def _exposures(signals: dict, nodes: list, signal: str) -> list:
     return [max(signals[n].get(unit, 0), signals[n].get(signal, 0)) for n in nodes]
 
 
-def _phrase(signal: str, count: int, expected: float, exposure: float) -> str:
+def _phrase(signal: str, count: int, expected: float, exposure: float, raw: dict) -> str:
+    if signal == "hw_events":
+        parts = (raw.get("hw_job_failures", 0), raw.get("hw_xids", 0), raw.get("drains", 0))
+        return (
+            "{} failed jobs, {} hardware Xids, {} drains".format(*parts)
+            + f" in {exposure:g} days vs {expected:.2g} expected"
+        )
     if signal in ("hw_job_failures", "multi_node_failures"):
         what = "jobs failed on node" if signal == "hw_job_failures" else "multi-node jobs failed"
         rate = expected / exposure if exposure else 0.0
@@ -216,9 +267,10 @@ def _phrase(signal: str, count: int, expected: float, exposure: float) -> str:
     return f"{count} {_NAMES[signal]} in {exposure:g} days vs {expected:.2g} expected"
 
 
-def _reason(evidence: dict, groups: dict) -> str:
-    """The strongest evidence in one line; the strongest hardware evidence too, if another."""
-    ranked = sorted(evidence, key=lambda s: evidence[s]["ln_p"])
+def _reason(evidence: dict, groups: dict, raw: dict) -> str:
+    """The strongest tested evidence in one line; the strongest hardware evidence too."""
+    tested = {s for members in groups.values() for s in members}
+    ranked = sorted(tested & set(evidence), key=lambda s: evidence[s]["ln_p"])
     if not ranked or evidence[ranked[0]]["ln_p"] >= math.log(0.5):
         return "no excess over the fleet"
     parts = [ranked[0]]
@@ -226,13 +278,13 @@ def _reason(evidence: dict, groups: dict) -> str:
     if hardware and hardware[0] != ranked[0] and evidence[hardware[0]]["ln_p"] < math.log(0.5):
         parts.append(hardware[0])
     line = "; ".join(
-        _phrase(s, evidence[s]["count"], evidence[s]["expected"], evidence[s]["exposure"])
+        _phrase(s, evidence[s]["count"], evidence[s]["expected"], evidence[s]["exposure"], raw)
         for s in parts
     )
     return line[:REASON_MAX]
 
 
-def _node_result(node: str, evidence: dict, hw_events: int, ln_cut: float, p: dict) -> dict:
+def _node_result(node: str, evidence: dict, raw: dict, ln_cut: float, p: dict) -> dict:
     groups = p["groups"]
     ln_group = []
     for members in groups.values():
@@ -240,6 +292,7 @@ def _node_result(node: str, evidence: dict, hw_events: int, ln_cut: float, p: di
         ln_group.append(min(0.0, best + math.log(len(members))))
     statistic = -2 * sum(ln_group)
     ln_p = ln_chi2_sf_even(statistic, 2 * len(ln_group))
+    hw_events = evidence["hw_events"]["count"]
     return {
         "node": node,
         "lemon": ln_p < ln_cut and hw_events >= p["min_hw_events"],
@@ -250,7 +303,7 @@ def _node_result(node: str, evidence: dict, hw_events: int, ln_cut: float, p: di
             s: {"count": e["count"], "expected": round(e["expected"], 4)}
             for s, e in evidence.items()
         },
-        "reason": _reason(evidence, groups),
+        "reason": _reason(evidence, groups, raw),
     }
 
 
@@ -266,24 +319,35 @@ def score(signals: dict, params: dict | None = None) -> list:
     if not nodes:
         return []
     ln_cut = math.log(p["alpha"] / len(nodes))
-    scored = sorted({s for members in p["groups"].values() for s in members})
+    raw = {
+        n: dict(signals[n], hw_events=sum(signals[n].get(s, 0) for s in p["hw_events"]))
+        for n in nodes
+    }
     fits = {}
-    for signal in scored:
-        counts = [signals[n].get(signal, 0) for n in nodes]
-        exposure = _exposures(signals, nodes, signal)
-        fits[signal] = (
-            counts,
-            exposure,
-            *fit_signal(counts, exposure, p["rate_floor"].get(signal, 0.0), ln_cut, p),
-        )
+    for signal in EXPOSURE:
+        counts = [raw[n].get(signal, 0) for n in nodes]
+        exposure = _exposures(raw, nodes, signal)
+        if signal in p["rank_signals"]:
+            fits[signal] = (
+                counts,
+                exposure,
+                _pooled(counts, exposure),
+                1.0,
+                rank_signal(counts, exposure),
+            )
+            continue
+        # One fault leaves up to one trace in each summed signal: until the fleet shows how
+        # many, hw_events counts as if every fault left all of them (early or small windows).
+        least = len(p["hw_events"]) if signal == "hw_events" else 1.0
+        floor = p["rate_floor"].get(signal, 0.0)
+        fits[signal] = (counts, exposure, *fit_signal(counts, exposure, floor, ln_cut, p, least))
     out = []
     for i, node in enumerate(nodes):
         evidence = {
             s: {"count": f[0][i], "exposure": f[1][i], "expected": f[2][i], "ln_p": f[4][i]}
             for s, f in fits.items()
         }
-        hw_events = sum(signals[node].get(s, 0) for s in p["hw_events"])
-        out.append(_node_result(node, evidence, hw_events, ln_cut, p))
+        out.append(_node_result(node, evidence, raw[node], ln_cut, p))
     out.sort(key=lambda r: (-r["score"], r["node"]))
     return out
 

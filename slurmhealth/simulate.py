@@ -1,0 +1,675 @@
+"""A simulated GPU fleet: N nodes x D days of jobs, checks, Xids and drains, with planted lemons.
+
+The demo, the lemon validation (bench/validate_lemons.py) and the benchmarks use it. Everything
+is deterministic per seed (one `random.Random(seed)`), pure Python, and every assumption is a
+`Fleet` field, explained in docs/lemons.md:
+
+- Hardware faults strike each node as a Poisson process at the cluster's base rate (drawn per
+  seed from the literature's 2.34-6.50 per 1,000 node-days), k times that on a lemon.
+- A fault during a job is a hardware Xid (the job FAILED, the epilog fails and drains) or a crash
+  (the job NODE_FAIL, Slurm takes the node down); on an idle node the next prolog (the job
+  prolog_failed, drained) or the health check (drained) finds it. Then the node fails its health
+  checks until repaired, and slurmhealth resumes its own drains.
+- Sub-fatal symptoms, warning Xids and health-check warnings, come on every node at a background
+  rate, k times that on a lemon (the assumption that lets more evidence beat job failures alone).
+- Users' faults: failed jobs and application Xids (13, 31) on all nodes alike.
+- A fleet-wide incident: every node fails one health check for an hour; drains obey the
+  circuit breaker (policy.breaker).
+
+events(fleet) builds a History (records, ground truth, breaker counts); signals() computes the
+lemon signals from it in memory exactly as docs/signals.md defines them over a store;
+write_store() writes the same history into a store.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+from slurmhealth import policy
+
+DAY = 86400
+EPOCH = 1_704_067_200  # 2024-01-01 00:00 UTC
+LITERATURE_RATES = (2.34e-3, 6.50e-3)  # hardware failures per node-day: Meta RSC-2, RSC-1
+
+SIGNALS = (
+    "jobs",
+    "hw_job_failures",
+    "multi_node_jobs",
+    "multi_node_failures",
+    "hw_xids",
+    "warn_xids",
+    "check_fails",
+    "check_warns",
+    "drains",
+    "node_days",
+)
+
+# Xids by class, as checks/xid.py classifies them.
+HW_XIDS = (79, 48, 94, 95, 119, 74, 64)
+WARN_XIDS = (92, 63, 154, 32, 69)
+APP_XIDS = (13, 31)
+FAULT_CHECKS = (
+    ("gpu.count", "7 GPUs visible, 8 expected", "reboot"),
+    ("gpu.ecc", "GPU 3: 2 uncorrectable ECC errors (volatile)", "reset_gpu"),
+    ("nvlink.link_state", "GPU 5: NVLink 4 inactive", "reset_gpu"),
+    ("ib.port_state", "mlx5_2 port 1: DOWN (expected ACTIVE)", "service"),
+)
+WARN_CHECKS = (
+    ("ib.counters", "mlx5_1 port 1: 37 new symbol errors", "none"),
+    ("gpu.memory_errors", "GPU 2: 120 new corrected ECC errors", "none"),
+    ("gpu.thermal", "GPU 6: 87 C, slowdown at 90 C", "none"),
+)
+INCIDENT_CHECK = ("ib.port_state", "mlx5_0 port 1: DOWN (expected ACTIVE)", "service")
+
+
+@dataclass
+class Fleet:
+    """A simulated cluster; every field is an assumption of the model (docs/lemons.md)."""
+
+    nodes: int = 512
+    days: int = 28
+    seed: int = 0
+    lemons: dict = field(default_factory=dict)  # {node name: k}: k times the base fault rate
+    base_rate: float | None = None  # faults per node-day; None: drawn in LITERATURE_RATES
+    jobs_per_node_day: float = 4.0  # job rows per node-day (a multi-node job has one per node)
+    utilization: float = 0.8  # share of node time in jobs
+    multi_node_share: float = 0.2  # share of jobs that span nodes...
+    multi_node_sizes: tuple = (2, 4, 8)  # ...and their sizes, equally likely
+    job_fail_share: float = 0.08  # users' failed jobs (no hardware evidence)
+    app_xid_share: float = 0.03  # users' jobs that fail with an application Xid (13/31)
+    warn_xid_rate: float = 0.05  # warning Xids per node-day, healthy node (lemon: k x)
+    check_warn_rate: float = 0.1  # health-check warnings per node-day, healthy (lemon: k x)
+    warn_factor: float | None = None  # a lemon's warning rates: this times healthy; None: k
+    warn_repeat: float = 0.3  # chance a check warning shows again at the next health check
+    xid_in_job_share: float = 0.5  # fault during a job: hardware Xid; else the node crashes
+    prolog_share: float = 0.3  # fault on an idle node found by the next prolog; else the check
+    repair_hours: float = 2.0  # mean time a faulty node keeps failing its health checks
+    healthcheck_interval: int = 300  # seconds (Slurm HealthCheckInterval)
+    incident_day: int | None = 14  # None: no incident
+    incident_hours: float = 1.0  # from 10:00 UTC of incident_day
+    breaker_share: float = 0.10
+    breaker_window: int = 3600
+    start: int = EPOCH
+    prefix: str = "gpu"
+
+    def names(self) -> list:
+        width = max(4, len(str(self.nodes)))
+        return [f"{self.prefix}{i:0{width}d}" for i in range(1, self.nodes + 1)]
+
+    @property
+    def end(self) -> int:
+        return self.start + self.days * DAY
+
+
+def pick_lemons(fleet: Fleet, count: int, k: float) -> dict:
+    """`count` distinct nodes of the fleet, chosen by its seed, each k times the base rate."""
+    chosen = random.Random(f"lemons-{fleet.seed}").sample(fleet.names(), count)  # noqa: S311
+    return {name: k for name in sorted(chosen)}
+
+
+@dataclass
+class History:
+    """What a store would hold after the simulated weeks, plus the ground truth.
+
+    Runs that were ok are implied, not listed: a health check at every slot of each node, a
+    prolog at each job row's start and an epilog at its end (when it has one). `runs` lists
+    those that were not ok, with the same ids.
+    """
+
+    fleet: Fleet
+    names: list
+    offsets: list  # each node's health-check phase, seconds after fleet.start
+    base_rate: float
+    jobs: list  # (node, job_id, start, end, num_nodes, state, slurm_state, uid, user, exit)
+    runs: list  # (id, node, job_id, phase, started, verdict, check, message, action)
+    events: list  # (id, run_id, node, job_id, time, code, class, gpu)
+    actions: list  # (id, node, time, action, reason, actor, ok, detail)
+    faults: dict  # ground truth: {node: [times the node's hardware faults were recorded]}
+    breaker: dict  # cap, attempts, drained, stopped, max_in_window, incident_*
+
+    def slots(self, i: int) -> int:
+        """How many health-check slots node i has in the simulated period."""
+        span, step = self.fleet.days * DAY, self.fleet.healthcheck_interval
+        return max(0, math.ceil((span - self.offsets[i]) / step))
+
+    def slot_time(self, i: int, slot: int) -> int:
+        return self.fleet.start + self.offsets[i] + slot * self.fleet.healthcheck_interval
+
+
+class _Job:
+    __slots__ = (
+        "id",
+        "start",
+        "end",
+        "nodes",
+        "size",
+        "state",
+        "uid",
+        "app_xid",
+        "crashed",
+        "pfailed",
+    )
+
+    def __init__(self, start: int, end: int, nodes: list, state: str, uid: int, app: bool):
+        self.id, self.start, self.end, self.nodes = "", start, end, nodes
+        self.size = len(nodes)  # num_nodes as Slurm saw it, even if one node drops out
+        self.state, self.uid, self.app_xid = state, uid, app
+        self.crashed: set = set()  # nodes that crashed under it (no epilog there)
+        self.pfailed: set = set()  # nodes whose prolog failed (the job ran elsewhere)
+
+    def row_end(self, i: int) -> int:
+        return self.start + 5 if i in self.pfailed else self.end
+
+
+class _Builder:
+    """Builds one History; the steps run in order, each a short method."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        if not 0 < fleet.healthcheck_interval <= DAY:
+            raise ValueError("healthcheck_interval must be within (0, 86400] s")
+        self.f = fleet
+        self.rng = random.Random(fleet.seed)  # noqa: S311 - a simulation, not a secret
+        self.names = fleet.names()
+        self.index = {n: i for i, n in enumerate(self.names)}
+        unknown = set(fleet.lemons) - set(self.index)
+        if unknown:
+            raise ValueError(f"lemons not in the fleet: {sorted(unknown)}")
+        lo, hi = LITERATURE_RATES
+        self.base = fleet.base_rate if fleet.base_rate is not None else self.rng.uniform(lo, hi)
+        step = fleet.healthcheck_interval
+        self.offsets = [self.rng.randrange(step) for _ in self.names]
+        self.hist = History(fleet, self.names, self.offsets, self.base, [], [], [], [], {}, {})
+        self.marks: list = [{} for _ in self.names]  # per node: {slot: (verdict, check, ...)}
+        self.job_runs: dict = {}  # explicit prolog/epilog runs by id
+        self.attempts: list = []  # drain attempts: (time, node, actor, reason, release)
+        self.out: list = [[] for _ in self.names]  # per node: [(from, until)] out of service
+        self.node_jobs: list = [[] for _ in self.names]
+
+    def k(self, i: int) -> float:
+        return self.f.lemons.get(self.names[i], 1.0)
+
+    def warn_k(self, i: int) -> float:
+        lemon = self.names[i] in self.f.lemons
+        return self.k(i) if self.f.warn_factor is None or not lemon else self.f.warn_factor
+
+    # --- jobs -------------------------------------------------------------------------------
+
+    def jobs(self) -> None:
+        """Jobs arrive at random and take whole nodes (exclusive, as training jobs on 8-GPU
+        nodes do): each goes to randomly chosen free nodes, or waits for the first to free up."""
+        f, rng = self.f, self.rng
+        sizes = f.multi_node_sizes
+        spread = 1 + f.multi_node_share * (sum(sizes) / len(sizes) - 1)
+        count = round(f.nodes * f.days * f.jobs_per_node_day / spread)
+        mean = f.utilization * DAY / f.jobs_per_node_day
+        arrivals = sorted(f.start + int(rng.random() * f.days * DAY) for _ in range(count))
+        busy = [(f.start, i) for i in range(f.nodes)]  # (free from, node), a heap
+        free: list = []  # (free from, node) of nodes free by the latest arrival
+        jobs = []
+        for arrival in arrivals:
+            size = min(rng.choice(sizes) if rng.random() < f.multi_node_share else 1, f.nodes)
+            while busy and (busy[0][0] <= arrival or len(free) < size):
+                free.append(heapq.heappop(busy))
+            chosen = []
+            for _ in range(size):
+                pick = rng.randrange(len(free))
+                free[pick], free[-1] = free[-1], free[pick]
+                chosen.append(free.pop())
+            start = max(arrival, *(t for t, _ in chosen))
+            if start >= f.end:  # would start after the simulated weeks
+                free.extend(chosen)
+                continue
+            end = start + max(60, int(rng.expovariate(1 / mean)))
+            for _, i in chosen:
+                heapq.heappush(busy, (end, i))
+            draw = rng.random()
+            state = "FAILED" if draw < f.app_xid_share + f.job_fail_share else "COMPLETED"
+            nodes = [i for _, i in chosen]
+            jobs.append(_Job(start, end, nodes, state, rng.randrange(50), draw < f.app_xid_share))
+        jobs.sort(key=lambda j: j.start)
+        for number, job in enumerate(jobs):
+            job.id = str(1_000_001 + number)
+            for i in job.nodes:
+                self.node_jobs[i].append(job)
+        self.all_jobs = jobs
+
+    def running(self, i: int, t: int) -> list:
+        return [j for j in self.node_jobs[i] if j.start <= t < j.row_end(i)]
+
+    def next_job(self, i: int, t: int) -> _Job | None:
+        starts = [j.start for j in self.node_jobs[i]]
+        at = bisect.bisect_right(starts, t)
+        return self.node_jobs[i][at] if at < len(starts) else None
+
+    # --- health-check slots -----------------------------------------------------------------
+
+    def slot_range(self, i: int, a: float, b: float) -> range:
+        """Slots of node i with times in [a, b)."""
+        step, base = self.f.healthcheck_interval, self.f.start + self.offsets[i]
+        first = max(0, math.ceil((a - base) / step))
+        last = min(self.hist.slots(i), math.ceil((b - base) / step))
+        return range(first, max(first, last))
+
+    def mark(self, i: int, slot: int, verdict: str, check: tuple) -> None:
+        if verdict == "fail" or self.marks[i].get(slot, ("ok",))[0] != "fail":
+            self.marks[i][slot] = (verdict, *check)
+
+    # --- hardware faults --------------------------------------------------------------------
+
+    def faults(self) -> None:
+        f, rng = self.f, self.rng
+        strikes = []
+        for i in range(f.nodes):
+            rate = self.base * self.k(i) / DAY
+            t = f.start + rng.expovariate(rate)
+            while t < f.end - 600:  # a fault in the last minutes would show after the end
+                strikes.append((int(t), i))
+                t += rng.expovariate(rate)
+        strikes.sort()
+        for t, i in strikes:
+            if self.out[i] and t < self.out[i][-1][1]:
+                continue  # still failing from the last fault: the same fault
+            self.fault(t, i)
+
+    def fault(self, t: int, i: int) -> None:
+        running = self.running(i, t)
+        if running and self.rng.random() < self.f.xid_in_job_share:
+            self.xid_fault(t, i, running)
+        elif running:
+            self.crash(t, i, running)
+        else:
+            job = self.next_job(i, t)
+            if job is not None and self.rng.random() < self.f.prolog_share:
+                self.prolog_fault(i, job)
+            else:
+                self.check_fault(t, i)
+
+    def repair(self, i: int, at: int, check: tuple, actor: str | None, since: int = 0) -> None:
+        """The node fails its health checks from `at` until repaired; drained by `actor`; out of
+        service (no new jobs) from `since` (default `at`)."""
+        hours = self.rng.expovariate(1 / self.f.repair_hours)
+        until = at + max(self.f.healthcheck_interval, int(hours * 3600))
+        for slot in self.slot_range(i, at, until):
+            self.mark(i, slot, "fail", check)
+        if actor:
+            self.attempts.append((at, i, actor, check[1], until))
+        since = min(since or at, at)
+        self.out[i].append((since, until))
+        self.hist.faults.setdefault(self.names[i], []).append(at)
+        for job in [j for j in self.node_jobs[i] if since <= j.start < until]:
+            if i not in job.pfailed:  # the scheduler sends nothing to a node that is out
+                job.nodes.remove(i)
+                self.node_jobs[i].remove(job)
+
+    def job_run(self, i: int, job: _Job, phase: str, when: int, check: tuple) -> str:
+        run_id = f"{self.names[i]}:{phase}:{job.id}"
+        self.job_runs[run_id] = (run_id, self.names[i], job.id, phase, when, "fail", *check)
+        return run_id
+
+    def xid(self, i: int, run_id: str, job_id: str | None, when: int, code: int, cls: str):
+        number = len(self.hist.events)
+        event_id = f"xid:{self.names[i]}:sim{self.f.seed}:{number}:{code}"
+        gpu = self.rng.randrange(8)
+        self.hist.events.append((event_id, run_id, self.names[i], job_id, when, code, cls, gpu))
+        return gpu
+
+    def xid_fault(self, t: int, i: int, running: list) -> None:
+        """A hardware Xid kills the job; its epilog finds the Xid, fails and drains."""
+        code, end = self.rng.choice(HW_XIDS), t + 30
+        check = ("xid.hardware", f"Xid {code} on a GPU: hardware fault", "reset_gpu")
+        for job in running:
+            job.end, job.state, job.app_xid = min(job.end, end), "FAILED", False
+            self.job_run(i, job, "epilog", job.end, check)
+        first = running[0]
+        self.xid(i, f"{self.names[i]}:epilog:{first.id}", first.id, first.end, code, "fail")
+        self.repair(i, first.end, check, "slurmhealth epilog")
+
+    def crash(self, t: int, i: int, running: list) -> None:
+        """The node crashes under its jobs (NODE_FAIL); Slurm takes it down, not us."""
+        for job in running:
+            job.state, job.end, job.app_xid = "NODE_FAIL", min(job.end, t + 60), False
+            job.crashed.add(i)
+        self.repair(i, t + 600, self.rng.choice(FAULT_CHECKS), None, since=t)
+
+    def prolog_fault(self, i: int, job: _Job) -> None:
+        """The next job's prolog finds the fault: the job is requeued, the node drained."""
+        check = self.rng.choice(FAULT_CHECKS)
+        job.pfailed.add(i)
+        self.job_run(i, job, "prolog", job.start, check)
+        self.job_run(i, job, "epilog", job.row_end(i), check)
+        self.repair(i, job.start, check, "slurmhealth prolog")
+
+    def check_fault(self, t: int, i: int) -> None:
+        """The health check finds it, sometimes with a hardware Xid in the kernel log."""
+        slots = self.slot_range(i, t, self.f.end)
+        if not slots:
+            return
+        check = self.rng.choice(FAULT_CHECKS)
+        at = self.hist.slot_time(i, slots[0])
+        if self.rng.random() < 0.5:
+            run_id = f"{self.names[i]}:healthcheck:{slots[0]}"
+            self.xid(i, run_id, None, at, self.rng.choice(HW_XIDS), "fail")
+        self.repair(i, at, check, "slurmhealth healthcheck")
+
+    # --- sub-fatal symptoms, users' faults, the incident ------------------------------------
+
+    def warnings(self) -> None:
+        f, rng = self.f, self.rng
+        for i in range(f.nodes):
+            for rate, kind in ((f.warn_xid_rate, "xid"), (f.check_warn_rate, "check")):
+                t = f.start + rng.expovariate(rate * self.warn_k(i) / DAY)
+                while t < f.end:
+                    slots = self.slot_range(i, t, f.end)
+                    if slots:
+                        self.warning(i, slots[0], kind)
+                    t += rng.expovariate(rate * self.warn_k(i) / DAY)
+
+    def warning(self, i: int, slot: int, kind: str) -> None:
+        if kind == "xid":
+            code = self.rng.choice(WARN_XIDS)
+            run_id = f"{self.names[i]}:healthcheck:{slot}"
+            self.xid(i, run_id, None, self.hist.slot_time(i, slot), code, "warn")
+            self.mark(i, slot, "warn", ("xid.hardware", f"Xid {code}: recorded", "none"))
+            return
+        check = self.rng.choice(WARN_CHECKS)
+        self.mark(i, slot, "warn", check)
+        while self.rng.random() < self.f.warn_repeat and slot + 1 < self.hist.slots(i):
+            slot += 1
+            self.mark(i, slot, "warn", check)
+
+    def incident(self) -> None:
+        f = self.f
+        if f.incident_day is None or not 0 <= f.incident_day < f.days:
+            return
+        begin = f.start + f.incident_day * DAY + 10 * 3600
+        end = begin + int(f.incident_hours * 3600)
+        self.hist.breaker.update(incident_start=begin, incident_end=end)
+        for i in range(f.nodes):
+            slots = self.slot_range(i, begin, end)
+            if not slots:
+                continue
+            for slot in slots:
+                self.mark(i, slot, "fail", INCIDENT_CHECK)
+            at = self.hist.slot_time(i, slots[0])
+            if not any(a <= at < b for a, b in self.out[i]):
+                self.attempts.append((at, i, "slurmhealth healthcheck", INCIDENT_CHECK[1], end))
+
+    # --- drains under the circuit breaker ---------------------------------------------------
+
+    def drains(self) -> None:
+        f, acts = self.f, []
+        recent: deque = deque()
+        drained_until = [0] * f.nodes
+        stats = self.hist.breaker
+        stats.update(cap=policy.allowed_drains(0, f.nodes, f.breaker_share))
+        stats.update(attempts=0, drained=0, stopped=0, max_in_window=0)
+        for at, i, actor, message, release in sorted(self.attempts):
+            if drained_until[i] > at:
+                continue  # ours already: the hook drains a node once
+            while recent and recent[0] <= at - f.breaker_window:
+                recent.popleft()
+            stats["attempts"] += 1
+            reason = f"slurmhealth: {message}"
+            if not policy.breaker(len(recent), f.nodes, f.breaker_share):
+                detail = (
+                    f"circuit breaker: {len(recent)} of {f.nodes} nodes drained by slurmhealth "
+                    f"in {f.breaker_window / 60:g} min (max {f.breaker_share:.0%})"
+                )
+                acts.append((self.names[i], at, "breaker", reason, actor, 0, detail))
+                stats["stopped"] += 1
+                continue
+            recent.append(at)
+            stats["drained"] += 1
+            stats["max_in_window"] = max(stats["max_in_window"], len(recent))
+            acts.append((self.names[i], at, "drain", reason, actor, 1, ""))
+            slots = self.slot_range(i, release, f.end)
+            drained_until[i] = self.hist.slot_time(i, slots[0]) if slots else f.end
+            if slots:
+                why = f"1 passing health checks after: {reason}"
+                acts.append((self.names[i], drained_until[i], "resume", why, actor, 1, ""))
+        acts.sort(key=lambda a: (a[1], a[0]))
+        self.hist.actions = [(f"sim{f.seed}-a{n}", *a) for n, a in enumerate(acts)]
+
+    # --- the records ------------------------------------------------------------------------
+
+    def finish(self) -> History:
+        h = self.hist
+        for job in self.all_jobs:
+            for i in job.nodes:
+                h.jobs.append(self.job_row(job, i))
+                if job.app_xid and i == job.nodes[0] and self.ends_normally(job, i):
+                    run_id = f"{self.names[i]}:epilog:{job.id}"
+                    self.xid(i, run_id, job.id, job.end, self.rng.choice(APP_XIDS), "app")
+        h.jobs.sort(key=lambda r: (r[2], r[0]))
+        runs = list(self.job_runs.values())
+        for i, marks in enumerate(self.marks):
+            for slot, (verdict, *check) in marks.items():
+                run_id = f"{self.names[i]}:healthcheck:{slot}"
+                when = h.slot_time(i, slot)
+                runs.append((run_id, self.names[i], None, "healthcheck", when, verdict, *check))
+        runs.sort(key=lambda r: (r[4], r[0]))
+        h.runs = runs
+        h.events.sort(key=lambda e: (e[4], e[0]))
+        return h
+
+    def ends_normally(self, job: _Job, i: int) -> bool:
+        return (
+            job.end < self.f.end
+            and i not in job.crashed
+            and i not in job.pfailed
+            and job.state == "FAILED"
+        )
+
+    def job_row(self, job: _Job, i: int) -> tuple:
+        if i in job.pfailed:
+            state, end = "prolog_failed", job.row_end(i)
+        elif i in job.crashed or job.end >= self.f.end:
+            state, end = "running", None
+        else:
+            state, end = "ended", job.end
+        slurm_state = job.state if job.end < self.f.end else "RUNNING"
+        exit_code = {"COMPLETED": 0, "FAILED": 1}.get(slurm_state) if state == "ended" else None
+        user = f"user{job.uid:02d}"
+        return (
+            self.names[i],
+            job.id,
+            job.start,
+            end,
+            job.size,
+            state,
+            slurm_state,
+            10_000 + job.uid,
+            user,
+            exit_code,
+        )
+
+
+def events(fleet: Fleet) -> History:
+    """Simulate the fleet: its history of records, with the ground truth."""
+    b = _Builder(fleet)
+    b.jobs()
+    b.faults()
+    b.warnings()
+    b.incident()
+    b.drains()
+    return b.finish()
+
+
+# --- signals in memory (docs/signals.md) -----------------------------------------------------
+
+
+def _run_days(h: History, start: float, end: float) -> dict:
+    """{node: set of UTC days with at least one run in [start, end)}: every health-check slot,
+    every job row's prolog and (when it has one) epilog."""
+    f = h.fleet
+    lo, hi = max(start, f.start), min(end, f.end)
+    out: dict = {}
+    for i, node in enumerate(h.names):
+        base, step = f.start + h.offsets[i], f.healthcheck_interval
+        first = max(0, math.ceil((lo - base) / step))
+        last = min(h.slots(i), math.ceil((hi - base) / step)) - 1
+        if first <= last:  # slots are less than a day apart: every day between has one
+            out[node] = set(range(h.slot_time(i, first) // DAY, h.slot_time(i, last) // DAY + 1))
+    for node, _job, begin, finish, *_ in h.jobs:
+        for t in (begin, finish):
+            if t is not None and start <= t < end:
+                out.setdefault(node, set()).add(int(t // DAY))
+    return out
+
+
+def _tally(h: History, start: float, end: float, by_day: bool) -> dict:
+    """{bucket: {node: signals}}: one bucket (0), or one per UTC day when by_day."""
+    out: dict = {}
+
+    def row(t: float, node: str) -> dict:
+        bucket = out.setdefault(int(t // DAY) if by_day else 0, {})
+        if node not in bucket:
+            bucket[node] = dict.fromkeys(SIGNALS, 0)
+        return bucket[node]
+
+    hw = {(e[2], e[3]) for e in h.events if e[6] == "fail" and e[3] is not None}
+    for node, job_id, begin, _end, size, state, slurm_state, *_ in h.jobs:
+        if start <= begin < end:
+            r = row(begin, node)
+            r["jobs"] += 1
+            hardware = state == "prolog_failed" or slurm_state == "NODE_FAIL"
+            r["hw_job_failures"] += hardware or (node, job_id) in hw
+            if size and size > 1:
+                r["multi_node_jobs"] += 1
+                r["multi_node_failures"] += slurm_state in ("FAILED", "NODE_FAIL")
+    for _id, _run, node, _job, t, _code, cls, _gpu in h.events:
+        if start <= t < end:
+            r = row(t, node)
+            r["hw_xids"] += cls == "fail"
+            r["warn_xids"] += cls == "warn"
+    for _id, node, _job, _phase, t, verdict, *_ in h.runs:
+        if start <= t < end:
+            r = row(t, node)
+            r["check_fails"] += verdict == "fail"
+            r["check_warns"] += verdict == "warn"
+    for _id, node, t, action, _why, _actor, ok, _detail in h.actions:
+        if start <= t < end:
+            row(t, node)["drains"] += action == "drain" and ok == 1
+    for node, days in _run_days(h, start, end).items():
+        for day in days:
+            row(day * DAY, node)["node_days"] += 1
+    return out
+
+
+def signals(history: History, start: float, end: float) -> dict:
+    """{node: {signal: count}} over [start, end), exactly as docs/signals.md defines them over a
+    store (fleet.signals), for every node with any record in the window."""
+    return _tally(history, start, end, by_day=False).get(0, {})
+
+
+def daily_signals(history: History) -> dict:
+    """{UTC day number: {node: signals}} for each day of the fleet: a window of whole days is
+    the sum of its days (node_days included, days being disjoint). Fast daily sweeps."""
+    return _tally(history, history.fleet.start, history.fleet.end, by_day=True)
+
+
+def add_signals(total: dict, more: dict) -> dict:
+    """total += more, per node and signal (in place; returns total)."""
+    for node, counts in more.items():
+        mine = total.get(node)
+        if mine is None:
+            total[node] = dict(counts)
+        else:
+            for key, value in counts.items():
+                mine[key] += value
+    return total
+
+
+# --- the store ------------------------------------------------------------------------------
+
+
+def _run_rows(h: History, version: str):
+    explicit = {r[0]: r[5] for r in h.runs}
+
+    def row(run_id: str, node: str, job_id: str | None, phase: str, when: float) -> tuple:
+        return (run_id, node, job_id, phase, when, 0.05, explicit.get(run_id, "ok"), version, "{}")
+
+    for i, node in enumerate(h.names):
+        for slot in range(h.slots(i)):
+            yield row(f"{node}:healthcheck:{slot}", node, None, "healthcheck", h.slot_time(i, slot))
+    for node, job_id, begin, finish, *_ in h.jobs:
+        yield row(f"{node}:prolog:{job_id}", node, job_id, "prolog", begin)
+        if finish is not None:
+            yield row(f"{node}:epilog:{job_id}", node, job_id, "epilog", finish)
+
+
+def _event_rows(h: History):
+    action = {"fail": "reset_gpu", "warn": "none", "app": "none"}
+    for event_id, run_id, node, job_id, t, code, cls, gpu in h.events:
+        bus = f"0000:{0x18 + 0x10 * gpu:02x}:00.0"
+        text = f"NVRM: Xid (PCI:{bus}): {code}, pid=-, name=-, simulated"
+        yield (
+            event_id,
+            run_id,
+            node,
+            job_id,
+            t,
+            "xid",
+            code,
+            gpu,
+            bus,
+            None,
+            None,
+            cls,
+            action[cls],
+            text,
+            1,
+        )
+
+
+def write_store(source: Fleet | History, conn) -> dict:
+    """Write a simulated history (or simulate the fleet first) into a store opened with
+    store.connect: runs (ok ones included), results of the runs that were not ok, events,
+    jobs, actions, in one transaction. Ids are stable: writing twice changes nothing.
+    Returns {table: rows written}."""
+    from slurmhealth import __version__  # noqa: PLC0415
+
+    h = source if isinstance(source, History) else events(source)
+    counts = {}
+    statements = (
+        (
+            "runs",
+            "INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            _run_rows(h, __version__),
+        ),
+        (
+            "results",
+            "INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?)",
+            ((r[0], r[6], r[5], r[7], r[8], "{}", 0.01) for r in h.runs),
+        ),
+        (
+            "events",
+            "INSERT OR REPLACE INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            _event_rows(h),
+        ),
+        (
+            "jobs",
+            "INSERT OR REPLACE INTO jobs (node, job_id, start, end, num_nodes, state, "
+            "slurm_state, uid, user, exit_code) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            h.jobs,
+        ),
+        ("actions", "INSERT OR REPLACE INTO actions VALUES (?, ?, ?, ?, ?, ?, ?, ?)", h.actions),
+    )
+    cache = conn.execute("PRAGMA cache_size").fetchone()[0]
+    conn.execute("PRAGMA cache_size = -131072")  # 128 MiB: 1M runs insert ~1.5x faster
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for table, sql, rows in statements:
+            counts[table] = conn.executemany(sql, rows).rowcount
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    finally:
+        conn.execute(f"PRAGMA cache_size = {int(cache)}")
+    return counts
