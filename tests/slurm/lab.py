@@ -1,4 +1,5 @@
-"""A real Slurm on this machine: munge, slurmctld and N slurmd (gpu01..gpuNN) under one temp dir.
+"""A real Slurm on this machine: munge, slurmctld and N slurmd (gpu01..gpuNN) under one temp dir;
+with accounting=True also a private MariaDB and slurmdbd (sacct, sacctmgr).
 
 Prolog, Epilog and HealthCheckProgram are the project's own hook scripts, so every job runs
 through the real slurmhealth prolog/epilog. Each node replays GPU facts from a snapshot file
@@ -10,12 +11,20 @@ set CUDA_VISIBLE_DEVICES; slurmd silently skips the prolog of a job id it rememb
 spool (slurmctld -c restarts ids at 1), so every bring-up starts from empty spool dirs; daemons
 are stopped by the pids in their pid files, never by name. Needs root (slurmd runs jobs as their
 owner; munged and slurmd insist on root-owned files).
+
+Accounting (measured here, MariaDB 10.11, slurmdbd 22.05): mariadb-install-db ~0.5 s, mariadbd
+answers within ~0.2 s, slurmdbd creates its tables ~1-2 s. mariadbd runs as root (--user=root:
+it accepts that, and the data dir stays root-owned in the root-only lab); root reaches it over
+the socket by unix_socket auth, slurmdbd over TCP on 127.0.0.1 as user `slurm`. slurmdbd reads
+slurmdbd.conf beside slurm.conf and refuses it unless it is mode 600; its link from slurmctld
+ignores AuthInfo, so AccountingStoragePass names the munge socket.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import socket
 import sqlite3
@@ -27,6 +36,17 @@ import time
 SBIN, BIN = "/usr/sbin", "/usr/bin"
 SBIN_TOOLS = ("munged", "mungekey", "slurmctld", "slurmd")
 CLIENTS = ("scontrol", "sinfo", "sbatch", "squeue", "srun", "scancel")
+# accounting=True: slurmdbd and a private MariaDB (apt-get install slurmdbd mariadb-server)
+ACCOUNTING_TOOLS = (
+    "/usr/sbin/slurmdbd",
+    "/usr/sbin/mariadbd",
+    "/usr/bin/mariadb-install-db",
+    "/usr/bin/mariadb",
+    "/usr/bin/sacct",
+    "/usr/bin/sacctmgr",
+)
+SACCT_FIELDS = ("JobID", "State", "ExitCode", "NodeList", "Start", "End", "User")
+DB_USER, DB_NAME = "slurm", "slurm_acct_db"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FIXTURES = os.path.join(REPO, "tests", "fixtures")
 SNAPSHOTS = os.path.join(FIXTURES, "snapshots")
@@ -54,14 +74,19 @@ def snapshot(name: str) -> str:
     return os.path.join(SNAPSHOTS, f"h100-hgx-{name}.json")
 
 
-def missing() -> str | None:
-    """Why a lab cannot run here (not root, Slurm or munge not installed), or None."""
+def missing(accounting: bool = False) -> str | None:
+    """Why a lab cannot run here (not root, Slurm or munge not installed; with accounting, no
+    slurmdbd or MariaDB), or None."""
     if os.geteuid() != 0:
         return "the Slurm lab needs root (slurmd runs jobs as their owners)"
     absent = [d for d in SBIN_TOOLS if not os.access(os.path.join(SBIN, d), os.X_OK)]
     absent += [c for c in CLIENTS if not os.access(os.path.join(BIN, c), os.X_OK)]
     if absent:
         return f"not installed: {', '.join(absent)} (apt-get install slurm-wlm munge)"
+    if accounting:
+        absent = [os.path.basename(t) for t in ACCOUNTING_TOOLS if not os.access(t, os.X_OK)]
+        if absent:
+            return f"not installed: {', '.join(absent)} (apt-get install slurmdbd mariadb-server)"
     return None
 
 
@@ -81,6 +106,42 @@ def _toml_str(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return _toml_str(str(value))
+
+
+def kmsg_record(seq: int, message: str, pri: int = 3) -> str:
+    """One /dev/kmsg-format record line: `PRI,SEQ,USEC,-;MESSAGE`. USEC is seq x 100 s: records
+    are never close enough in time for the Xid check to merge two identical lines."""
+    return f"{pri},{seq},{seq * 100_000_000},-;{message}\n"
+
+
+XID_TEXT = {
+    13: "Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Illegal Address",
+    48: "DBE (double bit error) ECC error",
+    79: "GPU has fallen off the bus.",
+}
+
+
+def xid_message(xid: int, bus: str = "0000:18:00", text: str = "", pid: int = 4242) -> str:
+    """The NVIDIA driver's Xid line (bus 0000:18:00 is GPU 0 of the bundled snapshots)."""
+    text = text or XID_TEXT.get(xid, "injected by the lab")
+    return f"NVRM: Xid (PCI:{bus}): {xid}, pid={pid}, name=python3, {text}"
+
+
+def _last_seq(text: str) -> int:
+    last = 0
+    for line in text.splitlines():
+        head = line.split(";", 1)[0].split(",")
+        if len(head) >= 3 and head[1].isdigit():
+            last = max(last, int(head[1]))
+    return last
+
+
 def _pid_alive(pid: int) -> bool:
     """Running and not a zombie: stopped daemons stay zombies until someone reaps them."""
     try:
@@ -96,6 +157,10 @@ class Lab:
     keep=True leaves everything running (and on disk) after the `with` block, for a demo to
     poke at; stop() tears it down. Node gpuNN gets Weight NN*10 (the lowest weight is chosen
     first), so with no other steering the first job lands on gpu01.
+
+    accounting=True adds a private MariaDB and slurmdbd before slurmctld starts (sacct and
+    sacctmgr work; `sacct()` returns parsed rows). health_check_interval=0 runs no health check.
+    `startup` is the bring-up time in seconds, per step in `timings`.
     """
 
     def __init__(
@@ -107,8 +172,10 @@ class Lab:
         resume_after: int = 2,
         health_check_interval: int = HEALTH_CHECK_INTERVAL,
         bin: str | None = None,
+        accounting: bool = False,
     ) -> None:
         self.names = [f"gpu{i:02d}" for i in range(1, nodes + 1)]
+        self.accounting = accounting
         self.keep = keep
         self.base = base
         self.resume_after = resume_after
@@ -116,6 +183,12 @@ class Lab:
         self.bin = bin or os.path.join(os.path.dirname(sys.executable), "slurmhealth")
         self.dir = ""
         self.faults: dict = {}
+        self.node_lines: dict = {}  # node -> extra TOML lines of its [[node]] block
+        self.settings: dict = {}  # extra [settings] for every node
+        self.timings: dict = {}
+        self._children: list = []  # daemons that do not daemonise (mariadbd): reaped in stop()
+        self.startup = 0.0
+        self.started_at = 0.0
 
     # ---- paths -------------------------------------------------------------------------------
     def path(self, *parts: str) -> str:
@@ -134,8 +207,9 @@ class Lab:
         return self.path("state", f"{node}.db")
 
     def log(self, daemon: str) -> str:
-        """Log file text: 'slurmctld', 'gpu01' (that slurmd), 'munged'."""
-        name = daemon if daemon in ("slurmctld", "munged") else f"slurmd-{daemon}"
+        """Log file text: 'slurmctld', 'gpu01' (that slurmd), 'munged', 'slurmdbd', 'mariadbd'."""
+        own = ("slurmctld", "munged", "slurmdbd", "mariadbd")
+        name = daemon if daemon in own else f"slurmd-{daemon}"
         try:
             with open(self.path("log", f"{name}.log"), errors="replace") as f:
                 return f.read()
@@ -145,7 +219,8 @@ class Lab:
     def log_tails(self, lines: int = 25) -> str:
         """The last lines of slurmctld's and every slurmd's log, for a failure report."""
         out = []
-        for daemon in ["slurmctld", *self.names]:
+        extra = ["slurmdbd", "mariadbd"] if self.accounting else []
+        for daemon in [*extra, "slurmctld", *self.names]:
             out.append(f"---- {daemon} log (tail) ----")
             out += self.log(daemon).splitlines()[-lines:]
         return "\n".join(out)
@@ -160,15 +235,22 @@ class Lab:
             self.stop()
 
     def start(self) -> Lab:
-        reason = missing()
+        reason = missing(self.accounting)
         if reason:
             raise LabError(reason)
+        t0 = self.started_at = time.time()
         self._make_dirs()
         try:
             self._write_files()
-            self._start_munge()
-            self._start_slurmctld()
-            self._start_slurmds()
+            steps = [("munge", self._start_munge)]
+            if self.accounting:
+                steps += [("mariadb", self._start_mariadb), ("slurmdbd", self._start_slurmdbd)]
+            steps += [("slurmctld", self._start_slurmctld), ("slurmd", self._start_slurmds)]
+            for name, step in steps:
+                t = time.time()
+                step()
+                self.timings[name] = time.time() - t
+            self.startup = time.time() - t0
         except LabError as exc:
             tails = self.log_tails()
             self.stop()
@@ -189,10 +271,12 @@ class Lab:
         else:
             self.dir = tempfile.mkdtemp(prefix="slurmhealth-lab-")
         os.chmod(self.dir, 0o755)  # users' jobs must reach out/ and the munge socket
-        for sub in ("etc", "run", "log", "spool", "state", "dev", "munge/run"):
+        for sub in ("etc", "run", "log", "spool", "state", "dev", "munge/run", "kmsg"):
             os.makedirs(self.path(sub), mode=0o755, exist_ok=True)
         for sub in ("munge/etc", "munge/lib"):
             os.makedirs(self.path(sub), mode=0o700, exist_ok=True)
+        if self.accounting:
+            os.makedirs(self.path("mysql", "run"), mode=0o700)  # datadir: mariadb-install-db
         for name in ["ctld", *self.names]:
             os.makedirs(self.path("spool", name))  # slurmd does not create its spool dir
         os.makedirs(self.out)
@@ -202,7 +286,11 @@ class Lab:
             os.mknod(self.path("dev", f"nvidia{i}"), 0o666 | 0o020000, os.makedev(1, 3))
 
     def _write_files(self) -> None:
-        self.ports = _free_ports(len(self.names) + 1)
+        # slurmctld, one per slurmd, then (accounting) MariaDB and slurmdbd
+        self.ports = _free_ports(len(self.names) + 1 + (2 if self.accounting else 0))
+        if self.accounting:
+            self.db_password = os.urandom(12).hex()
+            self._write_slurmdbd_conf()
         with open(self.conf, "w") as f:
             f.write(self.slurm_conf())
         nodelist = f"gpu[01-{len(self.names):02d}]"
@@ -218,7 +306,7 @@ class Lab:
         self._write_config()
 
     def slurm_conf(self) -> str:
-        ctld_port, node_ports = self.ports[0], self.ports[1:]
+        ctld_port, node_ports = self.ports[0], self.ports[1 : len(self.names) + 1]
         p = self.path
         lines = [
             "ClusterName=lab",
@@ -263,6 +351,15 @@ class Lab:
             f"HealthCheckInterval={self.health_check_interval}",
             "HealthCheckNodeState=ANY",
         ]
+        if self.accounting:
+            lines += [
+                "AccountingStorageType=accounting_storage/slurmdbd",
+                "AccountingStorageHost=127.0.0.1",
+                f"AccountingStoragePort={self.dbd_port}",
+                # the slurmctld <-> slurmdbd link ignores AuthInfo: name the socket here
+                f"AccountingStoragePass={p('munge', 'run', 'munge.socket')}",
+                "JobCompType=jobcomp/none",
+            ]
         for name, port in zip(self.names, node_ports):
             lines.append(
                 f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} "
@@ -276,15 +373,53 @@ class Lab:
         )
         return "\n".join(lines) + "\n"
 
+    @property
+    def dbd_port(self) -> int:
+        return self.ports[-1]
+
+    @property
+    def mysql_port(self) -> int:
+        return self.ports[-2]
+
+    def _write_slurmdbd_conf(self) -> None:
+        p = self.path
+        lines = [
+            "AuthType=auth/munge",
+            f"AuthInfo=socket={p('munge', 'run', 'munge.socket')}",
+            "DbdHost=localhost",
+            "DbdAddr=127.0.0.1",
+            f"DbdPort={self.dbd_port}",
+            "SlurmUser=root",
+            f"PidFile={p('run', 'slurmdbd.pid')}",
+            f"LogFile={p('log', 'slurmdbd.log')}",
+            "DebugLevel=info",
+            "StorageType=accounting_storage/mysql",
+            "StorageHost=127.0.0.1",
+            f"StoragePort={self.mysql_port}",
+            f"StorageUser={DB_USER}",
+            f"StoragePass={self.db_password}",
+            f"StorageLoc={DB_NAME}",
+        ]
+        target = self.path("etc", "slurmdbd.conf")
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:  # slurmdbd refuses a conf others can read (the password)
+            f.write("\n".join(lines) + "\n")
+        os.chmod(target, 0o600)
+
     def _write_config(self) -> None:
-        """slurmhealth.toml: healthy fixtures for all, one [[node]] block per injected fault."""
+        """slurmhealth.toml: healthy fixtures for all, extra [settings], one [[node]] block per
+        node with an injected fault or extra lines (node_config)."""
         out = ["[settings]"]
         for key, value in HEALTHY.items():
             out.append(f"{key} = {_toml_str(value)}")
-        out += [f"resume_after = {self.resume_after}", ""]
-        for node, settings in sorted(self.faults.items()):
+        out += [f"resume_after = {self.resume_after}"]
+        out += [f"{k} = {_toml_value(v)}" for k, v in sorted(self.settings.items())]
+        out.append("")
+        for node in sorted(set(self.faults) | set(self.node_lines)):
+            settings = self.faults.get(node, {})
             out += ["[[node]]", f"match = {_toml_str(node)}"]
             out += [f"settings.{k} = {_toml_str(v)}" for k, v in sorted(settings.items())]
+            out += self.node_lines.get(node, [])
             out.append("")
         target = self.path("etc", "slurmhealth.toml")
         with open(target + ".tmp", "w") as f:
@@ -304,6 +439,82 @@ class Lab:
                 f"--key-file={key}",
             ]
         )
+
+    def _mariadb(self, sql: str) -> None:
+        """Run SQL as MariaDB's root (unix_socket auth over the lab's private socket)."""
+        sock = self.path("mysql", "run", "mysqld.sock")
+        self._run([f"{BIN}/mariadb", "--no-defaults", f"--socket={sock}", "-uroot", "-e", sql])
+
+    def _start_mariadb(self) -> None:
+        """A private MariaDB on a free 127.0.0.1 port: its own datadir, socket and pid file.
+
+        mariadbd does not daemonise: it is started in its own session, its pid file is what
+        stop() reads. Small buffers: a test database of a few hundred rows.
+        """
+        data, run = self.path("mysql", "data"), self.path("mysql", "run")
+        self._run(
+            [
+                f"{BIN}/mariadb-install-db",
+                "--no-defaults",
+                f"--datadir={data}",
+                "--user=root",
+                "--skip-test-db",
+            ],
+            timeout=60,
+        )
+        log = open(self.path("log", "mariadbd.log"), "ab")  # the daemon keeps its own copy
+        try:
+            child = subprocess.Popen(
+                [
+                    f"{SBIN}/mariadbd",
+                    "--no-defaults",
+                    f"--datadir={data}",
+                    "--user=root",
+                    f"--port={self.mysql_port}",
+                    "--bind-address=127.0.0.1",
+                    f"--socket={run}/mysqld.sock",
+                    f"--pid-file={self.path('run', 'mariadbd.pid')}",
+                    f"--log-error={self.path('log', 'mariadbd.log')}",
+                    "--skip-name-resolve",
+                    "--skip-log-bin",
+                    "--innodb-buffer-pool-size=32M",
+                    "--innodb-log-file-size=16M",
+                    "--performance-schema=OFF",
+                    f"--tmpdir={run}",
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+                env=self.daemon_env(),
+                cwd=run,
+            )
+            self._children.append(child)
+        finally:
+            log.close()
+
+        def answers() -> bool:
+            try:
+                self._mariadb("SELECT 1")
+                return True
+            except LabError:
+                return False
+
+        self._poll(answers, 30, "MariaDB to accept connections")
+        self._mariadb(
+            f"CREATE USER '{DB_USER}'@'127.0.0.1' IDENTIFIED BY '{self.db_password}'; "
+            f"GRANT ALL ON {DB_NAME}.* TO '{DB_USER}'@'127.0.0.1'; FLUSH PRIVILEGES;"
+        )
+
+    def _start_slurmdbd(self) -> None:
+        self._run([f"{SBIN}/slurmdbd"], env=self.daemon_env())
+        # slurmdbd creates its tables first (~1-2 s); sacctmgr answers once it listens.
+        self._poll(
+            lambda: self.sacctmgr("-n", "-P", "list", "cluster", check=False).returncode == 0,
+            30,
+            "slurmdbd to answer sacctmgr",
+        )
+        self.sacctmgr("-i", "add", "cluster", "lab")
 
     def _start_slurmctld(self) -> None:
         self._run([f"{SBIN}/slurmctld", "-c"], env=self.daemon_env())
@@ -345,20 +556,33 @@ class Lab:
         self.dir = ""
 
     def _stop_daemons(self) -> None:
-        pids = list(self._daemons().values())
-        for pid in pids:
-            os.kill(pid, 15)
-        deadline = time.monotonic() + 10
-        while any(_pid_alive(p) for p in pids) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        for pid in pids:
-            if _pid_alive(pid):
-                os.kill(pid, 9)
+        """In stages: Slurm's daemons, then slurmdbd (it flushes to the database), then MariaDB
+        and munged (the others need munge to say goodbye)."""
+        running = self._daemons()
+        stages = (
+            [n for n in running if n.startswith(("slurmd-", "slurmctld"))],
+            [n for n in running if n == "slurmdbd"],
+            [n for n in running if n in ("mariadbd", "munged")],
+        )
+        for stage in stages:
+            pids = [running[n] for n in stage]
+            for pid in pids:
+                os.kill(pid, 15)
+            deadline = time.monotonic() + 10
+            while any(_pid_alive(p) for p in pids) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            for pid in pids:
+                if _pid_alive(pid):
+                    os.kill(pid, 9)
+        for child in self._children:
+            child.poll()  # reap it (it is stopped by now, by its pid file)
+        self._children = [c for c in self._children if c.returncode is None]
 
     def _daemons(self) -> dict:
         """{pid file: pid} of our daemons still running: slurmds first, munged last (the others
         need it to say goodbye). A pid is trusted only while its process has the daemon's name."""
-        names = [f"slurmd-{n}" for n in self.names] + ["slurmctld", "munged"]
+        names = [f"slurmd-{n}" for n in self.names] + ["slurmctld", "slurmdbd", "mariadbd"]
+        names.append("munged")
         found = {}
         for name in names:
             try:
@@ -429,6 +653,35 @@ class Lab:
 
     def scancel(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         return self._run([f"{BIN}/scancel", *args], check=check)
+
+    def sacctmgr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return self._run([f"{BIN}/sacctmgr", *args], check=check)
+
+    # ---- accounting ----------------------------------------------------------------------------
+    def sacct(self, *jobs: str, since: float | None = None) -> list:
+        """Job records from slurmdbd (`sacct -P -n -X`, one per job, requeued ones too with -D)
+        as dicts of SACCT_FIELDS, since the lab started (sacct's default is today's midnight)."""
+        start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime((since or self.started_at) - 60))
+        argv = [f"{BIN}/sacct", "-P", "-n", "-X", "-D", "-S", start, "-o", ",".join(SACCT_FIELDS)]
+        if jobs:
+            argv += ["-j", ",".join(str(j) for j in jobs)]
+        out = self._run(argv).stdout
+        return [dict(zip(SACCT_FIELDS, line.split("|"))) for line in out.splitlines() if line]
+
+    def wait_sacct(self, jobs: list, timeout: float = 30) -> dict:
+        """Poll until slurmdbd has a finished record (State terminal, End set) of every job;
+        {job id: record} (the last record of a requeued job)."""
+        found: dict = {}
+        wanted = {str(j) for j in jobs}
+
+        def done() -> bool:
+            for row in self.sacct(*wanted):
+                if row["State"].split()[0] in TERMINAL_JOB_STATES and row["End"] != "Unknown":
+                    found[row["JobID"]] = row
+            return wanted <= set(found)
+
+        self._poll(done, timeout, lambda: f"sacct to show {sorted(wanted - set(found))} ended")
+        return found
 
     def sbatch(
         self, *args: str, script: str | None = None, user: str | None = None, check: bool = True
@@ -550,9 +803,61 @@ class Lab:
         self._write_config()
 
     def clear(self, node: str) -> None:
-        """The node's sources back to the healthy fixtures."""
+        """The node's sources back to the healthy fixtures, its extra config lines dropped."""
         self.faults.pop(node, None)
+        self.node_lines.pop(node, None)
         self._write_config()
+
+    def node_config(self, node: str, *lines: str) -> None:
+        """Extra TOML lines in the node's [[node]] block (dotted keys), e.g.
+        node_config('gpu02', 'checks."xid.hardware".severity = "warn"')."""
+        self.node_lines.setdefault(node, []).extend(lines)
+        self._write_config()
+
+    def set_settings(self, **settings: object) -> None:
+        """Extra [settings] for every node: set_settings(breaker_share=0.25)."""
+        self.settings.update(settings)
+        self._write_config()
+
+    def kmsg(self, node: str) -> str:
+        """A writable kernel log for the node (a copy of the healthy one, injected): append
+        records with append_kmsg() or from a job (kmsg_record() gives the line)."""
+        path = self.path("kmsg", f"{node}.kmsg")
+        if not os.path.exists(path):
+            shutil.copyfile(HEALTHY["kmsg"], path)
+        if self.faults.get(node, {}).get("kmsg") != path:
+            self.inject(node, kmsg=path)
+        return path
+
+    def kmsg_command(self, node: str, message: str, pri: int = 3) -> str:
+        """A shell command that appends one record (next sequence number) to the node's kernel
+        log: for a job script, so the record appears while the job runs (between its prolog and
+        its epilog). Jobs that use it must not share the node (--exclusive or all its GPUs)."""
+        path = shlex.quote(self.kmsg(node))
+        last = "awk -F'[,;]' '$2 ~ /^[0-9]+$/ && $2 + 0 > m {m = $2 + 0} END {print m + 0}'"
+        return (
+            f"s=$(( $({last} {path}) + 1 )); "
+            f'printf \'{pri},%d,%d00000000,-;%s\\n\' "$s" "$s" {shlex.quote(message)} >> {path}'
+        )
+
+    def fail_node(self, node: str, job_id: str, timeout: float = 30) -> dict:
+        """A node failure under a running job: the node is set DOWN, slurmctld ends the job
+        NODE_FAIL at once; slurmd still answers, so the node is back (ReturnToService=2) within
+        a second. The job's fields once it has ended."""
+        self.wait_job(job_id, states=("RUNNING",), timeout=timeout)
+        self.scontrol("update", f"NodeName={node}", "State=DOWN", "Reason=lab: node failure")
+        done = self.wait_job(job_id, timeout=timeout)
+        self.wait_idle([node], timeout=timeout)
+        return done
+
+    def append_kmsg(self, node: str, message: str, pri: int = 3) -> int:
+        """Append one kmsg record (next sequence number) to the node's kernel log; its seq."""
+        path = self.kmsg(node)
+        with open(path, "a+") as f:
+            f.seek(0)
+            seq = _last_seq(f.read()) + 1
+            f.write(kmsg_record(seq, message, pri))
+        return seq
 
     # ---- node stores -----------------------------------------------------------------------
     def db(self, node: str) -> sqlite3.Connection:
