@@ -40,6 +40,7 @@ test-py39:
 
 demo: $(VENV)/.installed
 	@bash scripts/demo
+	@$(VENV)/bin/python scripts/demo-fleet
 	@$(VENV)/bin/python scripts/demo-slurm
 
 # A regular (non-editable) install, as on a cluster node: the editable finder alone costs ~12 ms

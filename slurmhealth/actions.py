@@ -12,6 +12,11 @@ from slurmhealth import policy, slurm, store
 
 DRAINED, SKIPPED, BREAKER, FAILED = "drained", "skipped", "breaker", "failed"
 PROBATION = "probation:"
+LEMON = "lemon:"
+# Health checks start on every node at once: hooks that counted the fleet's drains before the
+# others drained all think they are first. After draining, wait for the burst to land,
+# recount, and yield (undo our drain) unless we are among the first up to the cap.
+SETTLE_S = 0.3
 
 
 def _note(
@@ -79,12 +84,12 @@ def drain(
         recent = slurm.drained_by_us(fleet, now - settings["breaker_window"])
         if not policy.breaker(len(recent), len(fleet), settings["breaker_share"]):
             detail = (
-                f"circuit breaker: {len(recent)} of {len(fleet)} nodes drained by "
+                f"{len(recent)} of {len(fleet)} nodes drained by "
                 f"slurmhealth in {settings['breaker_window'] / 60:g} min (max "
                 f"{settings['breaker_share']:.0%}); not draining {node}"
             )
             log(f"CIRCUIT BREAKER OPEN: {detail}")  # type: ignore[operator]
-            _note(conn, node, "breaker", why, actor, False, detail, log)
+            _note(conn, node, "breaker", why, actor, False, f"circuit breaker: {detail}", log)
             return BREAKER
     try:
         client.drain(node, why)
@@ -92,10 +97,45 @@ def drain(
         log(f"could not drain {node} ({why}): {exc}")  # type: ignore[operator]
         _note(conn, node, "drain", why, actor, False, str(exc), log)
         return FAILED
+    if fleet and _yield_to_earlier(client, node, settings, now, log):
+        detail = f"others drained first in the same burst: {node} resumed"
+        log(f"CIRCUIT BREAKER OPEN: {detail}")  # type: ignore[operator]
+        _note(conn, node, "breaker", why, actor, False, f"circuit breaker: {detail}", log)
+        return BREAKER
     _note(conn, node, "drain", why, actor, True, "", log)
     return DRAINED
 
 
+def _yield_to_earlier(
+    client: slurm.Slurm, node: str, settings: dict, now: float, log: object
+) -> bool:
+    """Recount after a burst; undo our own drain unless among the first up to the cap.
+
+    Every hook sorts the same list the same way (reason time, then name), so exactly the
+    first `cap` keep their drains. Best effort: a hook that cannot recount keeps its drain.
+    """
+    time.sleep(SETTLE_S)
+    try:
+        fleet = client.nodes()
+        ours = [
+            n
+            for n in fleet
+            if n["name"] in slurm.drained_by_us(fleet, now - settings["breaker_window"])
+        ]
+        ours.sort(key=lambda n: (n["since"] or 0, n["name"]))
+        cap = policy.allowed_drains(0, len(fleet), settings["breaker_share"])
+        if node in [n["name"] for n in ours[:cap]]:
+            return False
+        client.resume(node)
+    except slurm.SlurmError as exc:
+        log(f"could not recount the fleet's drains, keeping {node} drained: {exc}")  # type: ignore[operator]
+        return False
+    return True
+
+
 def may_resume(info: dict) -> bool:
-    """Only our own drains, and never one on probation: that one is an admin's to lift."""
-    return slurm.ours(info) and not info["reason"].startswith(f"{slurm.PREFIX} {PROBATION}")
+    """Only our own drains, and never one on probation or for a lemon: a lemon passes its
+    health checks (that is what makes it a lemon), so only an admin lifts those."""
+    if not slurm.ours(info):
+        return False
+    return not info["reason"].startswith((f"{slurm.PREFIX} {PROBATION}", f"{slurm.PREFIX} {LEMON}"))

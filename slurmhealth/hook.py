@@ -419,7 +419,11 @@ def hook(mode: str) -> int:
     message = _failure_message(run)
     if mode == "epilog":
         if conn is not None and job["id"]:
-            store.forget_job_baselines(conn, node, job["id"])  # type: ignore[arg-type]
+            try:
+                store.attribute_events(conn, node, job["id"], job["gpus"])  # type: ignore[arg-type]
+                store.forget_job_baselines(conn, node, job["id"])  # type: ignore[arg-type]
+            except Exception as exc:
+                log(f"could not attribute the job's Xids: {exc}", mode)
         message = message or _epilog_reset(node, run, settings, conn)
     if message and drain(node, message, settings, conn, mode) == "breaker":
         return EXIT_OK  # the breaker is open: fail open, loudly (drain() logged and recorded it)

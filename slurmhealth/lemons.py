@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from slurmhealth import actions, fleet, policy, slurm
 
-LEMON = "lemon:"
-
 
 def sweep(conn: object, now: float, window: float, params: dict | None = None) -> list:
     """Every node with history in the window, scored against the fleet, lemons first."""
@@ -22,8 +20,15 @@ def apply(scored: list, client: slurm.Slurm, settings: dict, conn: object, log: 
     """Drain each lemon, strongest first; stop at the first the breaker refuses."""
     applied = []
     for entry in (e for e in scored if e["lemon"]):
-        outcome = actions.drain(client, entry["node"], f"{LEMON} {entry['reason']}", settings,
-                                conn, "slurmhealth lemons", log)
+        outcome = actions.drain(
+            client,
+            entry["node"],
+            f"{actions.LEMON} {entry['reason']}",
+            settings,
+            conn,
+            "slurmhealth lemons",
+            log,
+        )
         applied.append({"node": entry["node"], "outcome": outcome})
         if outcome == actions.BREAKER:
             break

@@ -4,7 +4,8 @@ No I/O, no Slurm, no SQLite: `slurmhealth lemons` and the hooks feed it recorded
 simulator and the tests feed it planted fleets. The model and its assumptions: docs/lemons.md.
 
 score() in short: each signal of each node is tested against the fleet's pooled rate times the
-node's exposure (one-sided quasi-Poisson); the pool leaves out the node itself and any node
+node's exposure (one-sided quasi-Poisson; for failed jobs out of jobs run, the Poisson tail is a
+slightly conservative stand-in for the binomial's); the pool leaves out the node itself and any node
 that is an outlier on its own, so lemons do not raise the bar they are measured against, and a
 fault that the whole fleet shows (an incident) raises everyone's expectation alike. Signals of
 one fault are dependent, so a group of them counts as its strongest signal, Bonferroni-corrected
@@ -19,10 +20,8 @@ import math
 
 DAY = 86400.0
 
-# Which count each signal is measured against (docs/signals.md); hw_events is derived here:
-# the sum of DEFAULT_PARAMS["hw_events"], one count of everything a fault leaves behind.
+# Which count each signal is measured against (docs/signals.md).
 EXPOSURE = {
-    "hw_events": "node_days",
     "hw_job_failures": "jobs",
     "multi_node_failures": "multi_node_jobs",
     "hw_xids": "node_days",
@@ -44,12 +43,8 @@ DEFAULT_PARAMS = {
     # Signals of one fault are dependent (a GPU falling off the bus fails the job, logs an Xid,
     # fails checks, is drained): a group's p-value is its strongest signal's times the group's
     # size. Groups are independent on a healthy node (by assumption) and combined with Fisher.
-    # hw_events sums a fault's traces, and its dispersion (the fleet's events per fault, at
-    # least the number of signals summed) turns it back into a count of faults: the test that
-    # adds up evidence across signals.
     "groups": {
         "hardware": (
-            "hw_events",
             "hw_job_failures",
             "hw_xids",
             "drains",
@@ -62,7 +57,6 @@ DEFAULT_PARAMS = {
     # signals): a small or clean fleet's pool of 0 would make any single event infinitely
     # surprising. 0.001 per node-day is under the literature's 2.34-6.50 failures per 1,000.
     "rate_floor": {
-        "hw_events": 0.004,
         "hw_job_failures": 0.0005,
         "multi_node_failures": 0.01,
         "hw_xids": 0.001,
@@ -89,7 +83,6 @@ DEFAULT_PARAMS = {
 REASON_MAX = 120
 
 _NAMES = {
-    "hw_events": "hardware events",
     "hw_xids": "hardware Xids",
     "warn_xids": "warning Xids",
     "check_fails": "failed checks",
@@ -199,11 +192,8 @@ def _outliers(counts: list, expected: list, phi: float, ln_cut: float, most: int
     return keep
 
 
-def fit_signal(
-    counts: list, exposure: list, floor: float, ln_cut: float, p: dict, least: float = 1.0
-) -> tuple:
-    """(expected per node, dispersion, ln p per node) for one signal over the fleet; the
-    dispersion is at least `least`."""
+def fit_signal(counts: list, exposure: list, floor: float, ln_cut: float, p: dict) -> tuple:
+    """(expected per node, dispersion, ln p per node) for one signal over the fleet."""
     n = len(counts)
     share = p["max_outlier_share"]
     most = max(1, int(share * n)) if share > 0 and n >= 3 else 0
@@ -213,7 +203,7 @@ def fit_signal(
     keep, trim = [True] * n, p["dispersion_trim"]
     for _ in range(8):
         expected = _expected(counts, exposure, keep, floor)
-        phi = max(least, _dispersion(counts, expected, keep, trim))
+        phi = _dispersion(counts, expected, keep, trim)
         new = _outliers(counts, expected, phi, ln_cut, most) if most else [True] * n
         if new == keep and not trim:
             break
@@ -253,13 +243,7 @@ def _exposures(signals: dict, nodes: list, signal: str) -> list:
     return [max(signals[n].get(unit, 0), signals[n].get(signal, 0)) for n in nodes]
 
 
-def _phrase(signal: str, count: int, expected: float, exposure: float, raw: dict) -> str:
-    if signal == "hw_events":
-        parts = (raw.get("hw_job_failures", 0), raw.get("hw_xids", 0), raw.get("drains", 0))
-        return (
-            "{} failed jobs, {} hardware Xids, {} drains".format(*parts)
-            + f" in {exposure:g} days vs {expected:.2g} expected"
-        )
+def _phrase(signal: str, count: int, expected: float, exposure: float) -> str:
     if signal in ("hw_job_failures", "multi_node_failures"):
         what = "jobs failed on node" if signal == "hw_job_failures" else "multi-node jobs failed"
         rate = expected / exposure if exposure else 0.0
@@ -267,10 +251,9 @@ def _phrase(signal: str, count: int, expected: float, exposure: float, raw: dict
     return f"{count} {_NAMES[signal]} in {exposure:g} days vs {expected:.2g} expected"
 
 
-def _reason(evidence: dict, groups: dict, raw: dict) -> str:
-    """The strongest tested evidence in one line; the strongest hardware evidence too."""
-    tested = {s for members in groups.values() for s in members}
-    ranked = sorted(tested & set(evidence), key=lambda s: evidence[s]["ln_p"])
+def _reason(evidence: dict, groups: dict) -> str:
+    """The strongest evidence in one line; the strongest hardware evidence too, if another."""
+    ranked = sorted(evidence, key=lambda s: evidence[s]["ln_p"])
     if not ranked or evidence[ranked[0]]["ln_p"] >= math.log(0.5):
         return "no excess over the fleet"
     parts = [ranked[0]]
@@ -278,13 +261,13 @@ def _reason(evidence: dict, groups: dict, raw: dict) -> str:
     if hardware and hardware[0] != ranked[0] and evidence[hardware[0]]["ln_p"] < math.log(0.5):
         parts.append(hardware[0])
     line = "; ".join(
-        _phrase(s, evidence[s]["count"], evidence[s]["expected"], evidence[s]["exposure"], raw)
+        _phrase(s, evidence[s]["count"], evidence[s]["expected"], evidence[s]["exposure"])
         for s in parts
     )
     return line[:REASON_MAX]
 
 
-def _node_result(node: str, evidence: dict, raw: dict, ln_cut: float, p: dict) -> dict:
+def _node_result(node: str, evidence: dict, hw_events: int, ln_cut: float, p: dict) -> dict:
     groups = p["groups"]
     ln_group = []
     for members in groups.values():
@@ -292,7 +275,6 @@ def _node_result(node: str, evidence: dict, raw: dict, ln_cut: float, p: dict) -
         ln_group.append(min(0.0, best + math.log(len(members))))
     statistic = -2 * sum(ln_group)
     ln_p = ln_chi2_sf_even(statistic, 2 * len(ln_group))
-    hw_events = evidence["hw_events"]["count"]
     return {
         "node": node,
         "lemon": ln_p < ln_cut and hw_events >= p["min_hw_events"],
@@ -303,8 +285,18 @@ def _node_result(node: str, evidence: dict, raw: dict, ln_cut: float, p: dict) -
             s: {"count": e["count"], "expected": round(e["expected"], 4)}
             for s, e in evidence.items()
         },
-        "reason": _reason(evidence, groups, raw),
+        "reason": _reason(evidence, groups),
     }
+
+
+def _fit(signals: dict, nodes: list, signal: str, ln_cut: float, p: dict) -> tuple:
+    """(counts, exposures, expected, dispersion, ln p) of one signal, node by node."""
+    counts = [signals[n].get(signal, 0) for n in nodes]
+    exposure = _exposures(signals, nodes, signal)
+    if signal in p["rank_signals"]:
+        return counts, exposure, _pooled(counts, exposure), 1.0, rank_signal(counts, exposure)
+    floor = p["rate_floor"].get(signal, 0.0)
+    return (counts, exposure, *fit_signal(counts, exposure, floor, ln_cut, p))
 
 
 def score(signals: dict, params: dict | None = None) -> list:
@@ -319,35 +311,16 @@ def score(signals: dict, params: dict | None = None) -> list:
     if not nodes:
         return []
     ln_cut = math.log(p["alpha"] / len(nodes))
-    raw = {
-        n: dict(signals[n], hw_events=sum(signals[n].get(s, 0) for s in p["hw_events"]))
-        for n in nodes
-    }
-    fits = {}
-    for signal in EXPOSURE:
-        counts = [raw[n].get(signal, 0) for n in nodes]
-        exposure = _exposures(raw, nodes, signal)
-        if signal in p["rank_signals"]:
-            fits[signal] = (
-                counts,
-                exposure,
-                _pooled(counts, exposure),
-                1.0,
-                rank_signal(counts, exposure),
-            )
-            continue
-        # One fault leaves up to one trace in each summed signal: until the fleet shows how
-        # many, hw_events counts as if every fault left all of them (early or small windows).
-        least = len(p["hw_events"]) if signal == "hw_events" else 1.0
-        floor = p["rate_floor"].get(signal, 0.0)
-        fits[signal] = (counts, exposure, *fit_signal(counts, exposure, floor, ln_cut, p, least))
+    tested = sorted({s for members in p["groups"].values() for s in members})
+    fits = {s: _fit(signals, nodes, s, ln_cut, p) for s in tested}
     out = []
     for i, node in enumerate(nodes):
         evidence = {
             s: {"count": f[0][i], "exposure": f[1][i], "expected": f[2][i], "ln_p": f[4][i]}
             for s, f in fits.items()
         }
-        out.append(_node_result(node, evidence, raw[node], ln_cut, p))
+        hw_events = sum(signals[node].get(s, 0) for s in p["hw_events"])
+        out.append(_node_result(node, evidence, hw_events, ln_cut, p))
     out.sort(key=lambda r: (-r["score"], r["node"]))
     return out
 

@@ -290,6 +290,25 @@ def record_run(
     return run_id
 
 
+def attribute_events(conn: sqlite3.Connection, node: str, job_id: str, gpus: list | None) -> int:
+    """Give the job the Xids other runs (health checks) read while it ran on its GPUs.
+
+    A health check during a job reads the kernel log first and records the Xids without a job;
+    the epilog then claims those read after the job's prolog, on the job's GPUs (or on an
+    unknown GPU when the job's GPUs are unknown)."""
+    row = conn.execute(
+        "SELECT start FROM jobs WHERE node = ? AND job_id = ?", (node, job_id)
+    ).fetchone()
+    if not row or row[0] is None:
+        return 0
+    sql = "UPDATE events SET job_id = ? WHERE node = ? AND job_id IS NULL AND time > ?"
+    args: list = [job_id, node, row[0]]
+    if gpus:
+        sql += f" AND gpu IN ({', '.join('?' for _ in gpus)})"  # placeholders only
+        args += list(gpus)
+    return conn.execute(sql, args).rowcount
+
+
 def forget_job_baselines(conn: sqlite3.Connection, node: str, job_id: str) -> None:
     conn.execute("DELETE FROM baselines WHERE node = ? AND job_id = ?", (node, job_id))
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import sqlite3
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import pytest
 from conftest import FIXTURES, TESTS, snapshot_path
 
 FAKE_SLURM = os.path.join(TESTS, "fakeslurm")
+FIXTURES_KMSG = pathlib.Path(FIXTURES) / "kmsg"
 REPO = os.path.dirname(TESTS)
 IS_ROOT = os.geteuid() == 0
 
@@ -385,9 +387,7 @@ def test_the_circuit_breaker_stops_draining_past_its_share_of_the_fleet(node):
     node.configure("gpu-lost")
     proc = node.run("prolog")
     assert proc.returncode == 0  # open breaker: the job is not blocked, loudly
-    assert (
-        "CIRCUIT BREAKER OPEN: circuit breaker: 2 of 20 nodes drained by slurmhealth" in proc.stderr
-    )
+    assert "CIRCUIT BREAKER OPEN: 2 of 20 nodes drained by slurmhealth" in proc.stderr
     assert node.slurm() == {"state": "IDLE", "reason": ""}
     action = node.db().execute("SELECT action, ok FROM actions").fetchone()
     assert action == ("breaker", 0)
@@ -416,3 +416,17 @@ def test_a_node_failing_again_soon_after_our_resume_stays_out_for_an_admin(node)
     for _ in range(3):
         node.run("healthcheck", job=None)
     assert node.slurm()["reason"] == reason  # never resumed by us
+
+
+def test_xids_a_health_check_read_during_the_job_still_go_to_the_job(node, tmp_path):
+    log = tmp_path / "kmsg"
+    log.write_text((FIXTURES_KMSG / "healthy.kmsg").read_text())
+    node.configure(kmsg=str(log))
+    node.run("prolog", job="21", SLURM_JOB_GPUS="4")
+    with open(log, "a") as handle:
+        handle.write(
+            "3,600,99000000,-;NVRM: Xid (PCI:0000:9a:00): 63, pid=1, name=x, Row remapping event\n"
+        )
+    node.run("healthcheck", job=None)  # reads the Xid first, with no job
+    node.run("epilog", job="21", SLURM_JOB_GPUS="4", SLURM_JOB_EXIT_CODE="0")
+    assert node.db().execute("SELECT code, gpu, job_id FROM events").fetchall() == [(63, 4, "21")]

@@ -1,0 +1,363 @@
+"""On a real Slurm with accounting (MariaDB + slurmdbd, see lab.py): sacct records every job; a node
+with intermittent hardware faults across many short jobs becomes a lemon and `slurmhealth lemons
+--apply` drains it, with its evidence, and nothing else; the circuit breaker caps how many nodes
+slurmhealth drains, whichever path asks (health check, prolog, lemon sweep).
+
+The hooks record the faults but do not drain for them: on the faulty node the config demotes
+the Xid check to `warn` (`checks."xid.hardware".severity = "warn"`), so the epilog exits 0 and
+records class-'fail' Xid events attributed to the job. Only the lemon sweep can take it out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import time
+
+import pytest
+
+from .conftest import _unavailable
+from .lab import TERMINAL_JOB_STATES, Lab, missing, snapshot, xid_message
+
+FAULTY = "gpu02"  # intermittent hardware Xids during its jobs
+NOISY = "gpu03"  # application Xids (the job's own fault): not hardware evidence
+CRASHY = "gpu04"  # one node failure under a job (NODE_FAIL, known from accounting only)
+JOBS_PER_NODE = 10
+FAULT_XIDS = (48, 79, 48, 79, 48)  # on FAULTY, every other job
+LEMON_PREFIX = "slurmhealth: lemon: "
+BREAKER_SHARE = 0.25  # 4 nodes: slurmhealth may drain 1 per window
+EXIT_BREAKER = 3
+
+
+@pytest.fixture(scope="module")
+def lab():
+    reason = missing(accounting=True)
+    if reason:
+        _unavailable(reason)
+    with Lab(nodes=4, accounting=True) as running:
+        yield running
+
+
+def slurmhealth(lab: Lab, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """The admin side on the head node: SLURM_CONF set, no SLURMHEALTH_* of the caller's."""
+    return subprocess.run(
+        [lab.bin, *args],
+        env=lab.client_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert proc.returncode == 0, (
+        f"{proc.args}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    )
+    return proc
+
+
+def rows(path: str, sql: str, args: tuple = ()) -> list:
+    conn = sqlite3.connect(path)
+    conn.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in conn.execute(sql, args)]
+    finally:
+        conn.close()
+
+
+def actions(lab: Lab, node: str, after: float = 0) -> list:
+    """The node store's actions since `after` (drains, resumes, refusals by the hooks)."""
+    sql = "SELECT * FROM actions WHERE node = ? AND time >= ? ORDER BY time"
+    return lab.query(node, sql, (node, after))
+
+
+def copy_store(source: str, target: str) -> None:
+    """A consistent copy of a live node store (the hooks keep writing it): the backup API."""
+    src = sqlite3.connect(f"file:{source}?mode=ro", uri=True, timeout=30)
+    dst = sqlite3.connect(target)
+    try:
+        src.backup(dst)
+    finally:
+        dst.close()
+        src.close()
+
+
+# ---- accounting --------------------------------------------------------------------------------
+
+
+def test_accounting_records_every_job_with_its_state_exit_and_nodes(cluster):
+    lab = cluster
+    done = lab.submit("true")
+    exit3 = lab.submit("exit 3")
+    killed = lab.submit("kill -9 $$")
+    pair = lab.submit("true", "-N2")
+    cancelled = lab.submit("sleep 60", "-w", "gpu03")
+    crashed = lab.submit("sleep 60", "-w", CRASHY, "--no-requeue")
+    lab.wait_job(cancelled, states=("RUNNING",))
+    lab.scancel(cancelled)
+    assert lab.fail_node(CRASHY, crashed)["JobState"] == "NODE_FAIL"
+    jobs = [done, exit3, killed, pair, cancelled, crashed]
+    for job in jobs:
+        assert lab.wait_job(job)["JobState"] in TERMINAL_JOB_STATES
+
+    acct = lab.wait_sacct(jobs)
+    got = {job: (acct[job]["State"], acct[job]["ExitCode"]) for job in jobs}
+    assert got == {
+        done: ("COMPLETED", "0:0"),
+        exit3: ("FAILED", "3:0"),
+        killed: ("FAILED", "0:9"),
+        pair: ("COMPLETED", "0:0"),
+        cancelled: ("CANCELLED by 0", "0:0"),  # the signal is on the step line, not here
+        crashed: ("NODE_FAIL", "0:0"),
+    }
+    assert acct[crashed]["NodeList"] == CRASHY
+    assert acct[cancelled]["NodeList"] == "gpu03"
+    # A job that ends before slurmdbd recorded its start (here: within a second) keeps only
+    # its batch host in the job-level NodeList (22.05; 3 of 4 short 2-node jobs measured), so
+    # the node count is asked of NNodes, and the batch host must be listed.
+    nnodes = lab._run(["/usr/bin/sacct", "-P", "-n", "-X", "-j", pair, "-o", "NNodes"]).stdout
+    assert nnodes.split() == ["2"]
+    hosts = lab.scontrol("show", "hostnames", acct[pair]["NodeList"]).stdout.split()
+    assert lab.job(pair)["BatchHost"] in hosts
+    for job in jobs:
+        row = acct[job]
+        assert row["User"] == "root"
+        assert row["Start"] <= row["End"], row  # ISO times compare as text
+
+    # The crashed job's epilog still ran (slurmd lives on), but only accounting knows why it
+    # ended: the node store's row has no failure in it.
+    (epilog,) = lab.wait_runs(CRASHY, "epilog", job_id=crashed)
+    assert epilog["verdict"] == "ok"
+
+
+# ---- lemons --------------------------------------------------------------------------------------
+
+
+def _script(lab: Lab, node: str, i: int) -> tuple:
+    """(kind, job script) of job i on a node: FAULTY meets a hardware Xid in every other job and
+    the job dies of it; NOISY's jobs crash twice on their own bug (application Xid 13); CRASHY's
+    fail twice with exit 3 (ordinary failures); the rest, and all other jobs, succeed."""
+    if node == FAULTY and i % 2 == 1:
+        xid = FAULT_XIDS[i // 2]
+        return f"xid{xid}", f"{lab.kmsg_command(node, xid_message(xid))}; exit 1"
+    if node == NOISY and i in (2, 7):
+        return "xid13", f"{lab.kmsg_command(node, xid_message(13))}; exit 1"
+    if node == CRASHY and i in (3, 8):
+        return "exit3", "exit 3"
+    return "ok", "true"
+
+
+@pytest.fixture(scope="module")
+def history(lab, tmp_path_factory):
+    """Many short jobs over the four nodes, the node stores collected into a fleet store with
+    accounting: {fleet (a pristine copy), start, end, jobs {id: (node, kind)}, crashed, collect
+    (the command's output)}. Leaves the lab as found (no faults, every node idle)."""
+    start = time.time()
+    lab.node_config(FAULTY, 'checks."xid.hardware".severity = "warn"')
+    lab.kmsg(NOISY)
+    try:
+        crashed = lab.submit("sleep 60", "-w", CRASHY, "--no-requeue")
+        lab.fail_node(CRASHY, crashed)
+        jobs = {}
+        for i in range(JOBS_PER_NODE):
+            for node in lab.names:
+                kind, script = _script(lab, node, i)
+                # All its GPUs: one job at a time per node, so each epilog reads only the
+                # kernel-log records of its own job.
+                job = lab.submit(script, "-w", node, "--gres=gpu:8", "--no-requeue")
+                jobs[job] = (node, kind)
+        for job in jobs:
+            lab.wait_job(job, timeout=120)
+        for job, (node, _) in jobs.items():
+            lab.wait_runs(node, "epilog", job_id=job)
+        lab.wait_sacct([*jobs, crashed])
+        end = time.time()
+        hooks_drained = {n: lab.node(n) for n in lab.names if "DRAIN" in lab.node(n)["state"]}
+    finally:
+        lab.clear(FAULTY)
+        lab.clear(NOISY)
+        lab.clear(CRASHY)
+
+    base = tmp_path_factory.mktemp("fleet")
+    spool = base / "spool"
+    spool.mkdir()
+    for node in lab.names:
+        copy_store(lab.db_path(node), str(spool / f"{node}.db"))
+    fleet = str(base / "fleet.db")
+    collect = ok(slurmhealth(lab, "collect", str(spool), "--db", fleet, "--sacct"))
+    pristine = str(base / "fleet-pristine.db")
+    copy_store(fleet, pristine)
+    return {
+        "fleet": pristine,
+        "start": start,
+        "end": end,
+        "jobs": jobs,
+        "crashed": crashed,
+        "collect": collect,
+        "hooks_drained": hooks_drained,
+        "spool": str(spool),
+    }
+
+
+def fleet_copy(history: dict, tmp_path) -> str:
+    path = str(tmp_path / "fleet.db")
+    shutil.copyfile(history["fleet"], path)
+    return path
+
+
+def lemons(lab: Lab, history: dict, fleet: str, *args: str) -> subprocess.CompletedProcess:
+    """`slurmhealth lemons` over the history's own period (earlier tests' jobs left out)."""
+    now = history["end"] + 1
+    config = lab.path("etc", "slurmhealth.toml")
+    return slurmhealth(
+        lab,
+        "lemons",
+        "--db",
+        fleet,
+        "--now",
+        f"{now:.3f}",
+        "--window",
+        f"{now - history['start'] - 0.001:.3f}",
+        "--config",
+        config,
+        *args,
+    )
+
+
+def test_the_hooks_record_the_faults_without_draining(cluster, history):
+    lab = cluster
+    assert history["hooks_drained"] == {}, "the hooks alone drained a node: the test proves nothing"
+    faulty = [j for j, (n, kind) in history["jobs"].items() if n == FAULTY and kind != "ok"]
+    assert len(faulty) == len(FAULT_XIDS)
+    spool = os.path.join(history["spool"], f"{FAULTY}.db")
+    events = rows(spool, "SELECT * FROM events WHERE code IN (48, 79) ORDER BY time")
+    assert [e["code"] for e in events] == list(FAULT_XIDS)
+    assert {e["class"] for e in events} == {"fail"}
+    # Attributed to their job by its epilog, unless a health check read the record first
+    # (between the job's write and its epilog: then job_id is NULL).
+    assert {e["job_id"] for e in events} - {None} <= set(faulty)
+    for job in faulty:
+        (epilog,) = lab.runs(FAULTY, "epilog", job_id=job)
+        assert epilog["verdict"] in ("warn", "ok"), epilog  # warn: the demoted Xid check
+    acts = rows(spool, "SELECT * FROM actions WHERE time >= ?", (history["start"],))
+    assert not [a for a in acts if a["action"] == "drain"], acts
+    noisy = rows(os.path.join(history["spool"], f"{NOISY}.db"), "SELECT * FROM events")
+    assert [e["code"] for e in noisy] == [13, 13]
+    assert {e["class"] for e in noisy} == {"app"}
+
+
+def test_a_node_with_intermittent_faults_is_drained_as_a_lemon_with_its_evidence(
+    cluster, history, tmp_path
+):
+    lab = cluster
+    fleet = fleet_copy(history, tmp_path)
+    before = {n: lab.node(n) for n in lab.names}
+
+    listed = ok(lemons(lab, history, fleet, "--json"))
+    report = json.loads(listed.stdout)
+    assert [entry["node"] for entry in report["lemons"]] == [FAULTY], report
+    assert sorted(n["node"] for n in report["nodes"]) == lab.names
+    assert report.get("applied", []) == []
+    assert {n: lab.node(n) for n in lab.names} == before, "lemons without --apply changed a node"
+
+    lemon = report["lemons"][0]
+    evidence = lemon["evidence"]
+    assert lemon["score"] > 0
+    assert lemon["reason"] and "\n" not in lemon["reason"]
+    attributed = rows(
+        fleet,
+        "SELECT count(DISTINCT job_id) AS n FROM events "
+        "WHERE node = ? AND class = 'fail' AND job_id IS NOT NULL",
+        (FAULTY,),
+    )[0]["n"]
+    assert evidence["hw_xids"]["count"] == len(FAULT_XIDS), evidence
+    assert evidence["hw_job_failures"]["count"] == attributed >= 1, evidence
+    by_node = {n["node"]: n for n in report["nodes"]}
+    # Accounting: the node failure counts against CRASHY (its epilog could not know), once.
+    assert by_node[CRASHY]["evidence"]["hw_job_failures"]["count"] == 1, by_node[CRASHY]
+    # Application Xids and ordinary job failures are no hardware evidence.
+    assert by_node[NOISY]["evidence"]["hw_xids"]["count"] == 0, by_node[NOISY]
+    assert by_node[NOISY]["evidence"]["hw_job_failures"]["count"] == 0, by_node[NOISY]
+    assert by_node["gpu01"]["evidence"]["hw_job_failures"]["count"] == 0
+
+    t_apply = time.time()
+    applied = ok(lemons(lab, history, fleet, "--apply", "--json"))
+    drained = lab.node(FAULTY)
+    # Once drained, a second sweep changes nothing.
+    again = ok(lemons(lab, history, fleet, "--apply", "--json"))
+    assert json.loads(applied.stdout)["applied"] == [{"node": FAULTY, "outcome": "drained"}]
+    resumed = [a for a in actions(lab, FAULTY, t_apply) if a["action"] == "resume"]
+    assert json.loads(again.stdout)["applied"] == [{"node": FAULTY, "outcome": "skipped"}], (
+        f"drained twice; resumed in between by {resumed}"
+    )
+    assert "DRAIN" in drained["state"], drained
+    assert drained["reason"].startswith(LEMON_PREFIX), drained
+    assert lemon["reason"][:60] in drained["reason"], (lemon["reason"], drained)
+    for node in lab.names:
+        if node != FAULTY:
+            assert lab.node(node) == before[node], f"{node} was touched"
+    acts = rows(fleet, "SELECT * FROM actions WHERE time >= ? ORDER BY time", (t_apply - 1,))
+    # the drain, and the second sweep's skip
+    got = [(a["node"], a["action"], a["ok"]) for a in acts]
+    assert got == [(FAULTY, "drain", 1), (FAULTY, "drain-skipped", 1)], acts
+    assert acts[0]["reason"] == drained["reason"]
+    assert "lemons" in acts[0]["actor"]
+
+    # A lemon stays out: the health checks that now pass on it must not resume it (only an
+    # admin may: the node passes every check between its intermittent faults).
+    lab.wait_runs(FAULTY, "healthcheck", count=lab.resume_after + 1, after=t_apply, verdict="ok")
+    resumed = [a for a in actions(lab, FAULTY, t_apply) if a["action"] == "resume"]
+    assert lab.node(FAULTY) == drained, f"a passing health check resumed the lemon: {resumed}"
+
+
+# ---- circuit breaker -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def breaker(cluster):
+    """The module's lab with [settings] breaker_share = BREAKER_SHARE, put back afterwards."""
+    cluster.set_settings(breaker_share=BREAKER_SHARE)
+    yield cluster
+    cluster.settings.pop("breaker_share", None)
+    cluster.set_settings()
+
+
+def test_when_every_node_fails_slurmhealth_drains_at_most_the_breaker_cap(breaker):
+    lab = breaker
+    cap = max(1, int(BREAKER_SHARE * len(lab.names)))
+    t0 = time.time()
+    for node in lab.names:
+        lab.inject(node, gpu_source=snapshot("gpu-lost"))
+    # Every node's health check fails, twice, and each asks to drain its node.
+    for node in lab.names:
+        lab.wait_runs(node, "healthcheck", count=2, after=t0, verdict="fail", timeout=30)
+    states = {n: lab.node(n) for n in lab.names}
+    drained = sorted(n for n, s in states.items() if "DRAIN" in s["state"])
+    assert 1 <= len(drained) <= cap, states
+    refused = {n: [a for a in actions(lab, n, t0) if a["action"] == "breaker"] for n in lab.names}
+    assert sorted(n for n, r in refused.items() if r) == sorted(set(lab.names) - set(drained))
+    for node in set(lab.names) - set(drained):
+        assert states[node]["state"] == "IDLE", states
+        assert not refused[node][0]["ok"]
+        assert "circuit breaker" in refused[node][0]["detail"], refused[node][0]
+
+
+def test_the_lemon_sweep_stops_at_the_breaker_loudly(breaker, history, tmp_path):
+    lab = breaker
+    # Another automatic path already took one node out within the window: the cap (1) is used.
+    lab.inject(CRASHY, gpu_source=snapshot("gpu-lost"))
+    lab.wait_node(CRASHY, lambda n: "DRAIN" in n["state"], what="to be drained by its check")
+    fleet = fleet_copy(history, tmp_path)
+    t0 = time.time()
+    proc = lemons(lab, history, fleet, "--apply", "--json")
+    assert proc.returncode == EXIT_BREAKER, (proc.returncode, proc.stdout, proc.stderr)
+    assert "breaker" in proc.stderr.lower(), proc.stderr
+    assert json.loads(proc.stdout)["applied"] == [{"node": FAULTY, "outcome": "breaker"}]
+    assert lab.node(FAULTY)["state"] == "IDLE"
+    acts = rows(fleet, "SELECT * FROM actions WHERE time >= ?", (t0 - 1,))
+    assert [(a["node"], a["action"], a["ok"]) for a in acts] == [(FAULTY, "breaker", 0)], acts
+    assert "circuit breaker" in acts[0]["detail"]
