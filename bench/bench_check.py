@@ -12,24 +12,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
+
+from common import pct, timed
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SNAPSHOT = os.path.join(REPO, "tests", "fixtures", "snapshots", "h100-hgx-healthy.json")
 HEAVY = ("click", "jinja2", "sqlite_utils", "prometheus_client", "pynvml")
-
-
-def timed(argv: list, env: dict) -> float:
-    started = time.perf_counter()
-    subprocess.run(
-        argv, env=env, cwd=os.sep, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False
-    )
-    return (time.perf_counter() - started) * 1000
-
-
-def pct(values: list, q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 def importtime(python: str, args: list, env: dict) -> tuple:

@@ -21,6 +21,8 @@ import sys
 import tempfile
 import time
 
+from common import pct, timed
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SNAPSHOT = os.path.join(REPO, "tests", "fixtures", "snapshots", "h100-hgx-healthy.json")
 
@@ -49,19 +51,6 @@ def write_config(tmp: str, snapshot: str) -> None:
         handle.write(
             "[settings]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in settings.items())
         )
-
-
-def timed(argv: list, env: dict) -> float:
-    started = time.perf_counter()
-    subprocess.run(
-        argv, env=env, cwd=os.sep, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False
-    )
-    return (time.perf_counter() - started) * 1000
-
-
-def pct(values: list, q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 def sequential(prolog: list, python: str, tmp: str, runs: int) -> None:

@@ -47,6 +47,15 @@ def source_options(func: object) -> object:
     return func
 
 
+output_option = click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False),
+    default="-",
+    help="write here instead of standard output",
+)
+
+
 def _options(gpu_source: str, sysfs_root: str | None, kmsg: str | None) -> runner.Options:
     return runner.Options(gpu_source=gpu_source, sysfs_root=sysfs_root, kmsg=kmsg)
 
@@ -84,13 +93,7 @@ def check(ctx: click.Context) -> None:
 
 @cli.command()
 @click.option("--node", default=None, help="node name [$SLURMD_NODENAME or host name]")
-@click.option(
-    "-o",
-    "--output",
-    type=click.Path(dir_okay=False),
-    default="-",
-    help="write here instead of standard output",
-)
+@output_option
 @source_options
 def snapshot(
     node: str | None, output: str, gpu_source: str, sysfs_root: str | None, kmsg: str | None
@@ -186,7 +189,7 @@ def example() -> None:
 
 @config_group.command()
 @click.option("--node", default=None, help="node name [$SLURMD_NODENAME or host name]")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default="-")
+@output_option
 @source_options
 def genconf(
     node: str | None, output: str, gpu_source: str, sysfs_root: str | None, kmsg: str | None
@@ -358,13 +361,7 @@ fleet_db_option = click.option(
 @click.option("--db", default=None, help="the store [$SLURMHEALTH_DB or this node's store]")
 @click.option("--since", default=None, help="only records newer than this, e.g. 7d [all]")
 @click.option("--now", default=None, help="replay: the time to count back from")
-@click.option(
-    "-o",
-    "--output",
-    type=click.Path(dir_okay=False),
-    default="-",
-    help="write here instead of standard output",
-)
+@output_option
 def export_cmd(db: str | None, since: str | None, now: str | None, output: str) -> None:
     """Write the store's records as NDJSON with stable ids (format: docs/fleet.md).
 

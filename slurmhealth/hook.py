@@ -210,7 +210,8 @@ def check(argv: list) -> int:
         kmsg_after=baselines.get("xid"),
     )
     run = runner.run(node, expect, options, areas, "check", baselines)
-    record(conn, run, "check")
+    if not opts.get("--no-db"):
+        record(conn, run, "check")
     print(json.dumps(run.to_dict(), indent=1) if opts.get("--json") else format_table(run))
     return EXIT_FAIL if run.verdict == FAIL else EXIT_OK
 
