@@ -117,6 +117,8 @@ def _yield_to_earlier(
     time.sleep(SETTLE_S)
     try:
         fleet = client.nodes()
+        if not fleet:
+            return False
         ours = [
             n
             for n in fleet

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Optional
 from urllib.parse import quote
 
-from slurmhealth import __version__, store
+from slurmhealth import __version__, policy, store
 from slurmhealth.hostlist import PatternError, expand, split_terms
 from slurmhealth.result import clean
 
@@ -620,18 +620,6 @@ def fetch_sacct(start: float, end: float, slurm_bin: str = "", timeout: float = 
 # ---------------------------------------------------------------------------------------------
 # lemon signals (docs/signals.md is the contract)
 
-SIGNALS = (
-    "jobs",
-    "hw_job_failures",
-    "multi_node_jobs",
-    "multi_node_failures",
-    "hw_xids",
-    "warn_xids",
-    "check_fails",
-    "check_warns",
-    "drains",
-    "node_days",
-)
 
 # A loose index scan: each distinct node of a table in ~2,000 index seeks, not a full scan.
 _NODES = """WITH RECURSIVE n(node) AS (
@@ -695,7 +683,7 @@ def signals(conn: sqlite3.Connection, start: float, end: float) -> dict:
     def add(node: str, names: tuple, values: tuple) -> None:
         counts = out.get(node)
         if counts is None:
-            counts = out[node] = dict.fromkeys(SIGNALS, 0)
+            counts = out[node] = dict.fromkeys(policy.SIGNALS, 0)
         for name, value in zip(names, values):
             if name:
                 counts[name] = value or 0

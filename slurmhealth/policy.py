@@ -18,6 +18,21 @@ from __future__ import annotations
 import bisect
 import math
 
+# The lemon signals, in order (docs/signals.md is the contract: fleet.signals computes them
+# in SQL, simulate.signals in memory).
+SIGNALS = (
+    "jobs",
+    "hw_job_failures",
+    "multi_node_jobs",
+    "multi_node_failures",
+    "hw_xids",
+    "warn_xids",
+    "check_fails",
+    "check_warns",
+    "drains",
+    "node_days",
+)
+
 DAY = 86400.0
 
 # Which count each signal is measured against (docs/signals.md).

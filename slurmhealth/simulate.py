@@ -36,18 +36,6 @@ DAY = 86400
 EPOCH = 1_704_067_200  # 2024-01-01 00:00 UTC
 LITERATURE_RATES = (2.34e-3, 6.50e-3)  # hardware failures per node-day: Meta RSC-2, RSC-1
 
-SIGNALS = (
-    "jobs",
-    "hw_job_failures",
-    "multi_node_jobs",
-    "multi_node_failures",
-    "hw_xids",
-    "warn_xids",
-    "check_fails",
-    "check_warns",
-    "drains",
-    "node_days",
-)
 
 # Xids by class, as checks/xid.py classifies them.
 HW_XIDS = (79, 48, 94, 95, 119, 74, 64)
@@ -354,7 +342,7 @@ class _Builder:
         if self.rng.random() < 0.5:
             run_id = f"{self.names[i]}:healthcheck:{slots[0]}"
             self.xid(i, run_id, None, at, self.rng.choice(HW_XIDS), "fail")
-        self.repair(i, at, check, "slurmhealth healthcheck")
+        self.repair(i, at, check, "slurmhealth healthcheck", since=t)
 
     # --- sub-fatal symptoms, users' faults, the incident ------------------------------------
 
@@ -371,9 +359,9 @@ class _Builder:
 
     def warning(self, i: int, slot: int, kind: str) -> None:
         if kind == "xid":
-            code = self.rng.choice(WARN_XIDS)
+            code, when = self.rng.choice(WARN_XIDS), self.hist.slot_time(i, slot)
             run_id = f"{self.names[i]}:healthcheck:{slot}"
-            self.xid(i, run_id, None, self.hist.slot_time(i, slot), code, "warn")
+            self.xid(i, run_id, self.claimed_by(i, when), when, code, "warn")
             self.mark(i, slot, "warn", ("xid.hardware", f"Xid {code}: recorded", "none"))
             return
         check = self.rng.choice(WARN_CHECKS)
@@ -381,6 +369,14 @@ class _Builder:
         while self.rng.random() < self.f.warn_repeat and slot + 1 < self.hist.slots(i):
             slot += 1
             self.mark(i, slot, "warn", check)
+
+    def claimed_by(self, i: int, when: int) -> str | None:
+        """The job whose epilog will claim an Xid a health check read while it ran (its
+        epilog runs: the node did not crash under it and it ends within the period)."""
+        for job in self.running(i, when):
+            if i not in job.crashed and i not in job.pfailed and job.end < self.f.end:
+                return job.id
+        return None
 
     def incident(self) -> None:
         f = self.f
@@ -529,7 +525,7 @@ def _tally(h: History, start: float, end: float, by_day: bool) -> dict:
     def row(t: float, node: str) -> dict:
         bucket = out.setdefault(int(t // DAY) if by_day else 0, {})
         if node not in bucket:
-            bucket[node] = dict.fromkeys(SIGNALS, 0)
+            bucket[node] = dict.fromkeys(policy.SIGNALS, 0)
         return bucket[node]
 
     hw = {(e[2], e[3]) for e in h.events if e[6] == "fail" and e[3] is not None}

@@ -14,7 +14,7 @@ import time
 import pytest
 from conftest import FIXTURES, run_cli, snapshot_path
 
-from slurmhealth import config, fleet, runner, store
+from slurmhealth import config, fleet, policy, runner, store
 from slurmhealth.slurm import SlurmError
 
 DAY = 86400.0
@@ -457,7 +457,7 @@ def test_without_slurmdbd_sacct_fails_in_one_line(tmp_path):
 
 # --- lemon signals (docs/signals.md) --------------------------------------------------------
 
-ZERO = dict.fromkeys(fleet.SIGNALS, 0)
+ZERO = dict.fromkeys(policy.SIGNALS, 0)
 
 
 def signal_store(path: str) -> sqlite3.Connection:

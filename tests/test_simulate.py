@@ -67,7 +67,7 @@ def test_every_node_runs_every_day(lemony):
 def test_lemons_fail_more_and_show_more_warnings(lemony):
     sig = simulate.signals(lemony, lemony.fleet.start, lemony.fleet.end)
     healthy = [s for n, s in sig.items() if n not in lemony.fleet.lemons]
-    mean = {k: sum(s[k] for s in healthy) / len(healthy) for k in simulate.SIGNALS}
+    mean = {k: sum(s[k] for s in healthy) / len(healthy) for k in policy.SIGNALS}
     for node in lemony.fleet.lemons:
         assert len(lemony.faults[node]) >= 3
         assert sig[node]["warn_xids"] > 10 * max(mean["warn_xids"], 0.1)
