@@ -56,7 +56,7 @@ bench: $(VENVB)/.installed
 	$(VENVB)/bin/python bench/bench_check.py
 	$(VENVB)/bin/python bench/bench_hook.py
 	$(VENVB)/bin/python bench/bench_fleet.py
-	$(VENV)/bin/python bench/validate_lemons.py
+	$(VENVB)/bin/python bench/validate_lemons.py
 
 clean:
 	rm -rf $(VENV) $(VENV39) $(VENVB) build *.egg-info demo-out
