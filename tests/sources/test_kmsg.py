@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import errno
 import json
 import os
@@ -424,23 +423,6 @@ def test_read_loop_any_sequence_of_epipe(script):
 
 
 # --- the hot path --------------------------------------------------------------------------
-
-
-def test_module_imports_stay_light():
-    """Only os, errno, re and slurmhealth modules at module level: this runs before every job."""
-    tree = ast.parse(open(kmsg.__file__, encoding="utf-8").read())
-    names = set()
-    for node in tree.body:
-        if isinstance(node, ast.Import):
-            names.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            names.add(node.module or "")
-    assert {n for n in names if not n.startswith("slurmhealth")} <= {
-        "__future__",
-        "os",
-        "errno",
-        "re",
-    }
 
 
 def test_import_pulls_no_heavy_module():

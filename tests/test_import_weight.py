@@ -1,0 +1,61 @@
+"""The hot path stays import-light: what `check` and the prolog import, measured for real."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from conftest import FIXTURES, snapshot_path
+
+HEAVY = {
+    "click",
+    "jinja2",
+    "sqlite_utils",
+    "prometheus_client",
+    "pynvml",
+    "dataclasses",
+    "argparse",
+    "typing",
+    "subprocess",
+}
+
+
+def imported(args: list, env: dict | None = None) -> set:
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "slurmhealth", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+    return {
+        line.split("|")[-1].strip()
+        for line in proc.stderr.splitlines()
+        if line.startswith("import time:") and "cumulative" not in line
+    }
+
+
+def test_check_on_a_snapshot_imports_nothing_heavy():
+    modules = imported(["check", "--no-db", "--gpu-source", snapshot_path("healthy")])
+    assert "slurmhealth.runner" in modules  # the measurement works
+    assert not modules & HEAVY, modules & HEAVY
+
+
+def test_a_passing_prolog_imports_nothing_heavy(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        f'[settings]\ngpu_source = "{snapshot_path("healthy")}"\n'
+        f'sysfs_root = "{os.path.join(FIXTURES, "sysfs", "healthy-8x-ndr")}"\n'
+        f'kmsg = "{os.path.join(FIXTURES, "kmsg", "healthy.kmsg")}"\n'
+    )
+    env = {
+        "SLURMD_NODENAME": "gpu01",
+        "SLURMHEALTH_CONFIG": str(cfg),
+        "SLURMHEALTH_STATE_DIR": str(tmp_path),
+        "SLURM_JOB_ID": "1",
+    }
+    imported(["prolog"], env)  # the first run parses the config and caches it
+    modules = imported(["prolog"], dict(env, SLURM_JOB_ID="2"))
+    assert "slurmhealth.store" in modules
+    assert not modules & (HEAVY | {"tomllib", "tomli", "slurmhealth.actions"}), modules & HEAVY
