@@ -47,6 +47,7 @@ def source_options(func: object) -> object:
     return func
 
 
+node_option = click.option("--node", default=None, help="node name [$SLURMD_NODENAME or host name]")
 output_option = click.option(
     "-o",
     "--output",
@@ -92,7 +93,7 @@ def check(ctx: click.Context) -> None:
 
 
 @cli.command()
-@click.option("--node", default=None, help="node name [$SLURMD_NODENAME or host name]")
+@node_option
 @output_option
 @source_options
 def snapshot(
@@ -151,7 +152,7 @@ def validate(path: str | None) -> None:
 
 @config_group.command()
 @click.option("--config", "path", default=None, help="file [$SLURMHEALTH_CONFIG or default]")
-@click.option("--node", default=None, help="node name [$SLURMD_NODENAME or host name]")
+@node_option
 def show(path: str | None, node: str | None) -> None:
     """Print the effective expectations of a node as JSON.
 
@@ -188,7 +189,7 @@ def example() -> None:
 
 
 @config_group.command()
-@click.option("--node", default=None, help="node name [$SLURMD_NODENAME or host name]")
+@node_option
 @output_option
 @source_options
 def genconf(

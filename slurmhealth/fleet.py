@@ -300,15 +300,10 @@ def _write(conn: sqlite3.Connection, chunk: _Chunk, report: dict) -> None:
     """One transaction: every row of the chunk lands, or none does."""
     added = dict.fromkeys(KINDS, 0)
     try:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with store.immediate(conn):
             for kind, rows in chunk.rows.items():
                 if rows:
                     added[kind] = _changes(conn, _VALUES[kind], rows, many=True)
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
     except sqlite3.Error as exc:
         raise FleetError(f"after {report['records']:,} records: {clean(exc, 120)}") from None
     report["records"] += chunk.size
@@ -420,17 +415,12 @@ def merge_store(conn: sqlite3.Connection, path: str, since: float | None = None)
 
 def _merge_attached(conn: sqlite3.Connection, since: float | None) -> dict:
     added = {}
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    with store.immediate(conn):
         for kind, spec in KINDS.items():
             where, args = _dated(kind, since, prefix="node.")
             columns = ", ".join(spec.columns)  # names and conditions from the fixed tables above
             select = f"SELECT {columns} FROM node.{spec.table} WHERE {where}"  # noqa: S608
             added[kind] = _changes(conn, _insert(kind, select), args)
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
     return added
 
 
@@ -571,13 +561,8 @@ def ingest_sacct(conn: sqlite3.Connection, text: str, utc: bool = False) -> dict
     columns = KINDS["job"].columns
     values = [tuple(row.get(c) for c in columns) for row in rows]
     try:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with store.immediate(conn):
             changed = _changes(conn, _VALUES["job"], values, many=True)
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
     except sqlite3.Error as exc:
         raise FleetError(f"accounting records not merged: {clean(exc, 120)}") from None
     return {"jobs": changed, "bad": bad}

@@ -88,10 +88,9 @@ _PRUNE = (
 def prune(conn: sqlite3.Connection, before: float) -> dict:
     """Delete records older than `before` in one transaction, then VACUUM (never in a hook)."""
     counts = {}
-    conn.execute("BEGIN IMMEDIATE")
-    for table, condition in _PRUNE:
-        cursor = conn.execute(f"DELETE FROM {table} WHERE {condition}", (before,))  # noqa: S608
-        counts[table] = cursor.rowcount
-    conn.execute("COMMIT")
+    with store.immediate(conn):
+        for table, condition in _PRUNE:
+            cursor = conn.execute(f"DELETE FROM {table} WHERE {condition}", (before,))  # noqa: S608
+            counts[table] = cursor.rowcount
     conn.execute("VACUUM")
     return counts

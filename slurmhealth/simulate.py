@@ -30,7 +30,7 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
-from slurmhealth import policy
+from slurmhealth import policy, store
 
 DAY = 86400
 EPOCH = 1_704_067_200  # 2024-01-01 00:00 UTC
@@ -658,14 +658,10 @@ def write_store(source: Fleet | History, conn) -> dict:
     )
     cache = conn.execute("PRAGMA cache_size").fetchone()[0]
     conn.execute("PRAGMA cache_size = -131072")  # 128 MiB: 1M runs insert ~1.5x faster
-    conn.execute("BEGIN IMMEDIATE")
     try:
-        for table, sql, rows in statements:
-            counts[table] = conn.executemany(sql, rows).rowcount
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
+        with store.immediate(conn):
+            for table, sql, rows in statements:
+                counts[table] = conn.executemany(sql, rows).rowcount
     finally:
         conn.execute(f"PRAGMA cache_size = {int(cache)}")
     return counts

@@ -97,6 +97,33 @@ def new_id() -> str:
     return os.urandom(12).hex()
 
 
+class immediate:  # noqa: N801 - used like a function: `with immediate(conn):`
+    """One write transaction: BEGIN IMMEDIATE (writers queue on the busy timeout), COMMIT, or
+    ROLLBACK on any exception, a failed COMMIT (disk full) included."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.conn.execute("BEGIN IMMEDIATE")
+        return self.conn
+
+    def __exit__(self, kind: object, exc: object, tb: object) -> bool:
+        if kind is None:
+            try:
+                self.conn.execute("COMMIT")
+            except BaseException:
+                self._rollback()
+                raise
+        else:
+            self._rollback()
+        return False
+
+    def _rollback(self) -> None:
+        if self.conn.in_transaction:
+            self.conn.execute("ROLLBACK")
+
+
 def _migrate(conn: sqlite3.Connection) -> None:
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     if version > SCHEMA_VERSION:
@@ -105,14 +132,13 @@ def _migrate(conn: sqlite3.Connection) -> None:
         )
     if version == SCHEMA_VERSION:
         return
-    conn.execute("BEGIN IMMEDIATE")
-    version = conn.execute("PRAGMA user_version").fetchone()[0]  # another process may have won
-    for number in range(version, SCHEMA_VERSION):
-        for statement in MIGRATIONS[number].split(";"):
-            if statement.strip():
-                conn.execute(statement)
-    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-    conn.execute("COMMIT")
+    with immediate(conn):
+        version = conn.execute("PRAGMA user_version").fetchone()[0]  # another process won?
+        for number in range(version, SCHEMA_VERSION):
+            for statement in MIGRATIONS[number].split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
 
 def connect(path: str) -> sqlite3.Connection:
@@ -262,30 +288,27 @@ def record_run(
         for key in keys
     ]
     try:
-        conn.execute("BEGIN IMMEDIATE")
-        conn.execute(
-            "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                run_id,
-                r.node,
-                job_id,
-                r.phase,
-                r.started,
-                r.duration,
-                r.verdict,
-                __version__,
-                sources,
-            ),
-        )
-        conn.executemany("INSERT INTO results VALUES (?, ?, ?, ?, ?, ?, ?)", results)
-        conn.executemany(_INSERT_EVENT, _event_rows(r, run_id, job_id))
-        conn.executemany("INSERT OR REPLACE INTO baselines VALUES (?, ?, ?, ?, ?)", baselines)
-        if job_id and job is not None:
-            _write_job(conn, r.node, job_id, job)
-        conn.execute("COMMIT")
+        with immediate(conn):
+            conn.execute(
+                "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    run_id,
+                    r.node,
+                    job_id,
+                    r.phase,
+                    r.started,
+                    r.duration,
+                    r.verdict,
+                    __version__,
+                    sources,
+                ),
+            )
+            conn.executemany("INSERT INTO results VALUES (?, ?, ?, ?, ?, ?, ?)", results)
+            conn.executemany(_INSERT_EVENT, _event_rows(r, run_id, job_id))
+            conn.executemany("INSERT OR REPLACE INTO baselines VALUES (?, ?, ?, ?, ?)", baselines)
+            if job_id and job is not None:
+                _write_job(conn, r.node, job_id, job)
     except sqlite3.Error as exc:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
         raise StoreError(str(exc)) from None
     return run_id
 
