@@ -1,0 +1,77 @@
+"""Long admin commands show a progress bar on a terminal and stay quiet otherwise (real pty)."""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import subprocess
+import sys
+
+import pytest
+
+from slurmhealth import fleet, simulate, store
+
+
+@pytest.fixture(scope="module")
+def spool(tmp_path_factory):
+    """A simulated fleet's records as one NDJSON export (about 20,000 records)."""
+    tmp = tmp_path_factory.mktemp("progress")
+    conn = store.connect(str(tmp / "source.db"))
+    simulate.write_store(simulate.Fleet(nodes=32, days=14, seed=5, incident_day=None), conn)
+    path = tmp / "fleet.ndjson"
+    with open(path, "w", encoding="utf-8") as out:
+        fleet.export(conn, out)
+    conn.close()
+    return path
+
+
+def _run_on_pty(args: list, env: dict) -> tuple:
+    """Run with stderr on a pseudo-terminal; (exit code, stdout, what the terminal showed)."""
+    main, side = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "slurmhealth", *args],
+        stdout=subprocess.PIPE,
+        stderr=side,
+        env=env,
+    )
+    os.close(side)
+    shown = b""
+    while True:
+        ready, _, _ = select.select([main], [], [], 60)
+        if not ready:
+            proc.kill()
+            break
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        shown += chunk
+    out = proc.stdout.read() if proc.stdout else b""
+    code = proc.wait(timeout=60)
+    os.close(main)
+    return code, out.decode(), shown.decode(errors="replace")
+
+
+def test_import_shows_a_bar_on_a_terminal(tmp_path, spool):
+    env = dict(os.environ, SLURMHEALTH_FLEET_DB=str(tmp_path / "fleet.db"), COLUMNS="100")
+    code, out, shown = _run_on_pty(["import", str(spool)], env)
+    assert code == 0, shown
+    assert "records" in out and "added" in out
+    assert f"import {spool}" in shown and "100%" in shown, shown
+
+
+def test_import_is_quiet_when_stderr_is_not_a_terminal(tmp_path, spool):
+    env = dict(os.environ, SLURMHEALTH_FLEET_DB=str(tmp_path / "fleet.db"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "slurmhealth", "import", str(spool)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    assert "added" in proc.stdout
