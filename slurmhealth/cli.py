@@ -73,6 +73,7 @@ def _load_config(path: str | None) -> config.Config:
 def cli() -> None:
     """GPU node health for Slurm: checks, history, lemon detection.
 
+    \b
     Example:
         slurmhealth check --json
     """
@@ -86,6 +87,7 @@ def cli() -> None:
 def check(ctx: click.Context) -> None:
     """Run every check the node's expectations call for (see `slurmhealth check --help`).
 
+    \b
     Example:
         slurmhealth check --only gpu,ib --json
     """
@@ -104,6 +106,7 @@ def snapshot(
     Replaying it with `check --gpu-source FILE` gives the same verdicts
     (format: docs/snapshot-format.md).
 
+    \b
     Example:
         slurmhealth snapshot -o /tmp/gpu01.json
     """
@@ -125,6 +128,7 @@ def snapshot(
 def config_group() -> None:
     """Validate, show and generate the expectations file.
 
+    \b
     Example:
         slurmhealth config show --node gpu07
     """
@@ -135,6 +139,7 @@ def config_group() -> None:
 def validate(path: str | None) -> None:
     """Check the config file; print each problem as FILE:LINE: message; exit 2 on any.
 
+    \b
     Example:
         slurmhealth config validate --config /etc/slurmhealth/slurmhealth.toml
     """
@@ -156,6 +161,7 @@ def validate(path: str | None) -> None:
 def show(path: str | None, node: str | None) -> None:
     """Print the effective expectations of a node as JSON.
 
+    \b
     Example:
         slurmhealth config show --node gpu07
     """
@@ -182,6 +188,7 @@ def genconf_text(node: str, expectations: dict) -> str:
 def example() -> None:
     """Print the annotated example config: every key and every check, with its default and why.
 
+    \b
     Example:
         slurmhealth config example > /etc/slurmhealth/slurmhealth.toml
     """
@@ -197,6 +204,7 @@ def genconf(
 ) -> None:
     """Write expectations from this node's facts (run it on a known-good node).
 
+    \b
     Example:
         slurmhealth config genconf -o /etc/slurmhealth/slurmhealth.toml
     """
@@ -278,6 +286,7 @@ def history_cmd(
 ) -> None:
     """Show recorded runs (prolog, epilog, health check, check), drains and resumes.
 
+    \b
     Example:
         slurmhealth history --node gpu07 --since 24h
     """
@@ -307,6 +316,7 @@ def history_cmd(
 def prune(older: str, node: str | None, db: str | None, now: str | None) -> None:
     """Delete old records and VACUUM (admin side: never run from a prolog).
 
+    \b
     Example:
         slurmhealth prune --older-than 90d
     """
@@ -369,6 +379,7 @@ def export_cmd(db: str | None, since: str | None, now: str | None, output: str) 
     A file is written as FILE.part and renamed when complete, so `collect` never reads half an
     export. Baselines and cached config stay on the node.
 
+    \b
     Example:
         slurmhealth export --since 7d -o /shared/slurmhealth/spool/gpu07.ndjson
     """
@@ -398,6 +409,7 @@ def import_cmd(files: tuple, db: str | None) -> None:
     Idempotent: importing a file again changes nothing. A line that is not a record (the cut
     last line of an export still being written) is reported and skipped, never half-imported.
 
+    \b
     Example:
         slurmhealth import /shared/slurmhealth/spool/*.ndjson
     """
@@ -451,6 +463,7 @@ def collect_cmd(
     --sacct adds what Slurm accounting knows of each job (final state, NODE_FAIL): a job whose
     node died before its epilog still counts. Collecting again adds nothing.
 
+    \b
     Example:
         slurmhealth collect /shared/slurmhealth/spool --sacct --since 2d
     """
@@ -517,6 +530,7 @@ def lemons_cmd(
     With --apply, drain them (reason `slurmhealth: lemon: ...`), strongest first, behind the
     circuit breaker: past settings.breaker_share of the fleet it stops, says so, exits 3.
 
+    \b
     Example:
         slurmhealth lemons --window 28d
         slurmhealth lemons --apply
@@ -538,3 +552,126 @@ def lemons_cmd(
         click.echo(_lemon_text(scored, applied, span))
     if any(a["outcome"] == "breaker" for a in applied):
         sys.exit(3)
+
+
+# --- the nightly report (docs/report.md) ----------------------------------------------------
+
+MAIL_FAILED = 4  # the report was written, but not mailed
+
+
+@cli.command(name="report")
+@fleet_db_option
+@click.option("--since", default="24h", show_default=True, help="the period: drains, counts, cost")
+@click.option("--now", default=None, help="replay: report as of this time")
+@click.option(
+    "--format", "fmt", type=click.Choice(["html", "md", "json"]), default="html", show_default=True
+)
+@output_option
+@click.option("--mail-to", default=None, help="also mail it through the local MTA (sendmail)")
+@click.option("--sinfo", "use_sinfo", is_flag=True, help="node states from Slurm, not the store")
+@click.option("--slurm-bin", default="", help="directory of sinfo [$SLURMHEALTH_SLURM_BIN, PATH]")
+def report_cmd(
+    db: str | None,
+    since: str,
+    now: str | None,
+    fmt: str,
+    output: str,
+    mail_to: str | None,
+    use_sinfo: bool,
+    slurm_bin: str,
+) -> None:
+    """The nightly report of the fleet: node states, drains, lemons, failures, drift, own cost.
+
+    HTML, Markdown and JSON carry the same numbers (format: docs/report.md). Exits 0; 1 on an
+    error (nothing written); 4 when the report was written but could not be mailed (no MTA,
+    sendmail failed), said in one line on stderr.
+
+    \b
+    Example:
+        slurmhealth report -o /var/www/html/slurmhealth.html --mail-to hpc-admins@example.org
+        slurmhealth report --format md --since 7d --now 2026-11-29
+    """
+    from slurmhealth import report as nightly  # noqa: PLC0415 - jinja2 on this command only
+
+    try:
+        nightly.check_address(mail_to or "root")
+    except nightly.ReportError as exc:
+        raise click.BadParameter(str(exc), param_hint="--mail-to") from None
+    conn = _open(_fleet_path(db))
+    try:
+        nodes = nightly.live_nodes(slurm_bin) if use_sinfo else None
+        with _progress(nightly.STEPS if nightly.large(conn) else 0, "report") as tick:  # type: ignore[arg-type]
+            doc = nightly.build(conn, _instant(now), _duration(since), nodes, tick)  # type: ignore[arg-type]
+        text = nightly.render(doc, fmt)
+    except nightly.ReportError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        with click.open_file(output, "w", encoding="utf-8", atomic=output != "-") as handle:
+            handle.write(text)
+    except OSError as exc:
+        raise click.ClickException(f"{output}: {exc.strerror or exc}") from None
+    if mail_to:
+        try:
+            nightly.mail(doc, fmt, text, mail_to)
+        except nightly.ReportError as exc:
+            click.echo(f"slurmhealth report: {exc}", err=True)
+            sys.exit(MAIL_FAILED)
+
+
+# --- job summaries for job owners (docs/jobs.md) ---------------------------------------------
+
+
+@cli.command(name="job")
+@click.argument("job_id")
+@fleet_db_option
+@click.option("--slurm-bin", default="", help="directory of sacct [$SLURMHEALTH_SLURM_BIN, PATH]")
+@click.option("--json", "as_json", is_flag=True, help="print JSON (docs/jobs.md)")
+def job_cmd(job_id: str, db: str | None, slurm_bin: str, as_json: bool) -> None:
+    """What slurmhealth saw during one of your jobs, and whether resubmitting is safe.
+
+    Admins read the fleet store; everyone else reads the summary the head node published into
+    the job's Slurm accounting record, which Slurm shows to the job's owner only.
+
+    \b
+    Example:
+        slurmhealth job 123456
+        slurmhealth job 123456 --json
+    """
+    from slurmhealth import jobs  # noqa: PLC0415
+
+    try:
+        found = jobs.lookup(job_id, _fleet_path(db), slurm_bin)
+    except jobs.JobError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(json.dumps(found, indent=1, sort_keys=True) if as_json else jobs.render_text(found))
+
+
+@cli.command(name="publish")
+@fleet_db_option
+@click.option("--since", default="2h", show_default=True, help="jobs that ended this recently")
+@click.option("--now", default=None, help="replay: the time to count back from")
+@click.option("--slurm-bin", default="", help="directory of sacct and sacctmgr")
+@click.option("--public", is_flag=True, help="publish even without PrivateData=jobs in slurmdbd")
+def publish_cmd(db: str | None, since: str, now: str | None, slurm_bin: str, public: bool) -> None:
+    """Write each recently ended job's summary into its AdminComment (head node, as root).
+
+    Run by a timer after `collect`. Writes only summaries that changed since the last run and
+    never touches an AdminComment another tool wrote; exits 1 if a write failed.
+
+    \b
+    Example:
+        slurmhealth publish --since 2h
+    """
+    from slurmhealth import jobs  # noqa: PLC0415
+
+    end = _instant(now)
+    start = end - _duration(since)
+    conn = _open(_fleet_path(db))
+    client = slurm.Slurm(slurm_bin, timeout=30.0)
+    try:
+        report = jobs.publish(conn, client, start, end, check_privacy=not public)  # type: ignore[arg-type]
+    except (jobs.JobError, slurm.SlurmError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(jobs.report_text(report))
+    if report["failed"]:
+        sys.exit(1)

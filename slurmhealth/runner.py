@@ -40,18 +40,23 @@ class Options:
 
 
 class Gathered:
-    """The outcome of one source: status ok|unavailable|timeout|error, raw facts or a message."""
+    """The outcome of one source: status ok|unavailable|timeout|error, raw facts or a message,
+    and the versions its areas report (driver, VBIOS, HCA firmware) once parsed."""
 
-    __slots__ = ("message", "raw", "seconds", "status")
+    __slots__ = ("message", "raw", "seconds", "status", "versions")
 
     def __init__(self, status: str, raw: object = None, message: str = "", seconds: float = 0):
         self.status = status
         self.raw = raw
         self.message = message
         self.seconds = seconds
+        self.versions: dict = {}
 
-    def to_dict(self) -> dict:
-        return {"status": self.status, "message": self.message, "seconds": round(self.seconds, 6)}
+    def to_dict(self, versions: bool = True) -> dict:
+        out = {"status": self.status, "message": self.message, "seconds": round(self.seconds, 6)}
+        if versions and self.versions:
+            out["versions"] = self.versions
+        return out
 
 
 def load_snapshot(path: str) -> dict:
@@ -157,6 +162,7 @@ class Run:
         self.baselines: dict = {}
         self.facts: dict = {}
         self.verdict = OK
+        self.record_versions = True  # False: unchanged since recorded (VERSIONS_EVERY)
         self.hung = False
         self.started = time.time()
         self.duration = 0.0
@@ -255,6 +261,33 @@ def _bus_map(gathered: dict, baselines: dict) -> dict:
     return out
 
 
+def _versions(area: str, facts: dict) -> dict:
+    """The area's `versions_of(facts)`, if it has one: recorded with the run's sources, they
+    travel to the fleet store, where the nightly report compares them across the fleet. A
+    crash here is our bug and costs the record, never the run."""
+    func = getattr(AREAS[area], "versions_of", None)
+    try:
+        return func(facts) if func else {}
+    except Exception:
+        return {}
+
+
+# Unchanged versions are recorded again this often: a health check every 5 min would otherwise
+# double the size of every run record for facts that change at a maintenance window; the report
+# looks back VERSIONS_EVERY plus a margin for each node's last recorded versions.
+VERSIONS_EVERY = 6 * 3600.0
+
+
+def _versions_due(sources: dict, before: dict, now: float) -> tuple:
+    """(record the versions with this run?, the versions baseline to keep)."""
+    seen = {name: got.versions for name, got in sorted(sources.items()) if got.versions}
+    if not seen:
+        return False, before
+    if before.get("seen") == seen and 0 <= now - before.get("recorded", 0) < VERSIONS_EVERY:
+        return False, before
+    return True, {"seen": seen, "recorded": now}
+
+
 def run(
     node: str,
     expect: dict,
@@ -287,6 +320,11 @@ def run(
         if facts is not None:
             out.facts[area] = facts
             out.baselines[area] = AREAS[area].baseline(facts)
+            got.versions.update(_versions(area, facts))
+    before = baselines.get("versions") or {}
+    out.record_versions, kept = _versions_due(out.sources, before, out.started)
+    if kept:
+        out.baselines["versions"] = kept
     out.verdict = verdict(out.results, settings["error_fails"])
     out.duration = time.perf_counter() - started
     return out

@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import json
 import math
 import random
 from collections import deque
 from dataclasses import dataclass, field
 
 from slurmhealth import policy, store
+from slurmhealth.runner import VERSIONS_EVERY
 
 DAY = 86400
 EPOCH = 1_704_067_200  # 2024-01-01 00:00 UTC
@@ -84,6 +86,7 @@ class Fleet:
     breaker_window: int = 3600
     start: int = EPOCH
     prefix: str = "gpu"
+    drifted: int = 3  # nodes off the fleet's driver, VBIOS or HCA firmware (one kind each)
 
     def names(self) -> list:
         width = max(4, len(str(self.nodes)))
@@ -581,22 +584,89 @@ def add_signals(total: dict, more: dict) -> dict:
     return total
 
 
+# --- versions (configuration drift) ---------------------------------------------------------
+
+# The fleet's versions, and what a drifted node runs instead: an older driver, one GPU with
+# another VBIOS, one HCA on older firmware (the drifts the nightly report must show).
+DRIVER, OLD_DRIVER = "550.90.07", "535.161.08"
+VBIOS, ODD_VBIOS = "96.00.99.00.01", "96.00.74.00.0D"
+HCA_FW, OLD_HCA_FW = "28.39.1002", "28.36.1010"
+HCAS = ("mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3")
+DRIFTS = ("driver", "vbios", "ib_fw")
+
+
+def drifted_nodes(fleet: Fleet) -> dict:
+    """{node: drift}: `fleet.drifted` nodes chosen by the seed (not from the history's random
+    stream, so histories do not change with it), each with one drift, in DRIFTS order."""
+    count = min(fleet.drifted, fleet.nodes)
+    chosen = random.Random(f"drift-{fleet.seed}").sample(fleet.names(), count)  # noqa: S311
+    return {node: DRIFTS[n % len(DRIFTS)] for n, node in enumerate(chosen)}
+
+
+def node_versions(drift: str | None) -> dict:
+    """The `versions` a run's sources record (runner.Gathered) on a node with this drift."""
+    vbios = sorted({VBIOS, ODD_VBIOS}) if drift == "vbios" else [VBIOS]
+    firmware = dict.fromkeys(HCAS, HCA_FW)
+    if drift == "ib_fw":
+        firmware[HCAS[-1]] = OLD_HCA_FW
+    return {
+        "gpu": {"driver": OLD_DRIVER if drift == "driver" else DRIVER, "vbios": vbios},
+        "ib": {"fw_ver": firmware},
+    }
+
+
+def _sources(drift: str | None, versions: bool = True) -> str:
+    """A run's sources JSON, as runner.Gathered.to_dict writes it, versions included or not."""
+    found = node_versions(drift)
+    out = {
+        source: {"status": "ok", "message": "", "seconds": seconds}
+        for source, seconds in (("gpu", 0.012), ("ib", 0.002))
+    }
+    for source in out if versions else ():
+        out[source]["versions"] = found[source]
+    out["kmsg"] = {"status": "ok", "message": "", "seconds": 0.001}
+    return json.dumps(out)
+
+
 # --- the store ------------------------------------------------------------------------------
+
+# Simulated wall time of a run, by phase (seconds): typical of bench/bench_hook.py's figures,
+# spread up to 1.5x, and 1 run in 100 three times slower (a busy node): p50 and p99 differ.
+DURATIONS = {"healthcheck": 0.05, "prolog": 0.035, "epilog": 0.04}
+
+
+def _duration(phase: str, when: float) -> float:
+    """A run's wall time, from its start time by a multiplicative hash (same seed, same store)."""
+    spread = (int(when) * 2654435761 % 2**32) / 2**32
+    slow = 3.0 if spread > 0.99 else 1.0
+    return round(DURATIONS[phase] * (1 + 0.5 * spread) * slow, 4)
 
 
 def _run_rows(h: History, version: str):
     explicit = {r[0]: r[5] for r in h.runs}
+    drift = drifted_nodes(h.fleet)
+    sources = {node: _sources(drift.get(node)) for node in h.names}
+    # Versions unchanged are recorded again every runner.VERSIONS_EVERY: here by the first
+    # health check of each 6-hour period; every other run records none.
+    plain = _sources(None, versions=False)
 
-    def row(run_id: str, node: str, job_id: str | None, phase: str, when: float) -> tuple:
-        return (run_id, node, job_id, phase, when, 0.05, explicit.get(run_id, "ok"), version, "{}")
+    def row(run_id: str, node: str, job_id: str | None, phase: str, when: float, text: str):
+        verdict = explicit.get(run_id, "ok")
+        duration = _duration(phase, when)
+        return (run_id, node, job_id, phase, when, duration, verdict, version, text)
 
     for i, node in enumerate(h.names):
+        period = None
         for slot in range(h.slots(i)):
-            yield row(f"{node}:healthcheck:{slot}", node, None, "healthcheck", h.slot_time(i, slot))
+            when = h.slot_time(i, slot)
+            due = when // VERSIONS_EVERY != period
+            period = when // VERSIONS_EVERY
+            text = sources[node] if due else plain
+            yield row(f"{node}:healthcheck:{slot}", node, None, "healthcheck", when, text)
     for node, job_id, begin, finish, *_ in h.jobs:
-        yield row(f"{node}:prolog:{job_id}", node, job_id, "prolog", begin)
+        yield row(f"{node}:prolog:{job_id}", node, job_id, "prolog", begin, plain)
         if finish is not None:
-            yield row(f"{node}:epilog:{job_id}", node, job_id, "epilog", finish)
+            yield row(f"{node}:epilog:{job_id}", node, job_id, "epilog", finish, plain)
 
 
 def _event_rows(h: History):

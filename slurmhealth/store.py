@@ -70,6 +70,15 @@ MIGRATIONS = (
     CREATE INDEX jobs_node_start ON jobs (node, start, job_id, state, slurm_state, num_nodes);
     CREATE INDEX events_fail_job ON events (job_id, node) WHERE class = 'fail';
     """,
+    # 4: job summaries published into Slurm's AdminComment (jobs.publish, docs/jobs.md): the
+    # digest of what was written, so a rerun writes only changed summaries; jobs by their end,
+    # so finding the recently finished ones reads an index range, not the whole table.
+    """
+    CREATE TABLE published (
+        job_id TEXT PRIMARY KEY, digest TEXT NOT NULL, time REAL NOT NULL,
+        bytes INTEGER NOT NULL);
+    CREATE INDEX jobs_end ON jobs (end);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -265,7 +274,7 @@ def record_run(
 
     run_id = new_id()
     now = time.time()
-    sources = json.dumps({k: v.to_dict() for k, v in r.sources.items()})
+    sources = json.dumps({k: v.to_dict(r.record_versions) for k, v in r.sources.items()})
     # Only what is not ok is kept per check (an ok check says nothing the verdict doesn't): a
     # node's history stays small with a health check every few minutes.
     results = [

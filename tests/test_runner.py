@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
-from conftest import FAKE_NVML, run_cli, snapshot_path
+from conftest import FAKE_NVML, FIXTURES, run_cli, snapshot_path
 
 from slurmhealth import config, runner, store
 from slurmhealth.checks import gpu
@@ -158,3 +159,69 @@ def test_a_lost_gpu_is_named_in_xid_messages_from_the_last_inventory(tmp_path):
     hardware = by_name(run)["xid.hardware"]
     assert (hardware.status, hardware.action) == ("fail", "reboot")
     assert hardware.message.startswith("GPU 3 (0000:5d:00) Xid 79")
+
+
+def _raw_versions(snapshot: str, sysfs: str) -> tuple:
+    """Driver and VBIOS set read from the snapshot file, firmware per HCA from the sysfs files:
+    what the runner must record, found without it."""
+    with open(snapshot_path(snapshot)) as handle:
+        doc = json.load(handle)["gpu"]
+    vbios = sorted({d["vbios"] for d in doc["devices"] if d.get("vbios") and not d.get("error")})
+    root = os.path.join(FIXTURES, "sysfs", sysfs, "class", "infiniband")
+    firmware = {}
+    for hca in sorted(os.listdir(root)):
+        with open(os.path.join(root, hca, "fw_ver")) as handle:
+            firmware[hca] = handle.read().strip()
+    return {"driver": doc["driver_version"], "vbios": vbios}, {"fw_ver": firmware}
+
+
+def test_versions_travel_with_the_sources_into_the_store(tmp_path):
+    options = runner.Options(
+        gpu_source=snapshot_path("vbios-drift"),
+        sysfs_root=os.path.join(FIXTURES, "sysfs", "fw-drift"),
+    )
+    run = runner.run("gpu01", expect(), options, ["gpu", "nvlink", "ib"])
+    gpu_versions, ib_versions = _raw_versions("vbios-drift", "fw-drift")
+    assert len(gpu_versions["vbios"]) == 2 and len(set(ib_versions["fw_ver"].values())) == 2
+    sources = run.to_dict()["sources"]
+    assert sources["gpu"]["versions"] == gpu_versions
+    assert sources["ib"]["versions"] == ib_versions
+    conn = store.connect(str(tmp_path / "n.db"))
+    store.record_run(conn, run)
+    stored = json.loads(conn.execute("SELECT sources FROM runs").fetchone()[0])
+    assert stored["gpu"]["versions"] == gpu_versions
+    assert stored["ib"]["versions"] == ib_versions
+
+
+def test_a_source_without_facts_records_no_versions(tmp_path):
+    with open(snapshot_path("healthy")) as handle:
+        doc = json.load(handle)
+    doc["sources"]["gpu"] = {"status": "timeout", "message": "timed out after 5 s", "seconds": 5}
+    path = tmp_path / "hung.json"
+    path.write_text(json.dumps(doc))
+    run = runner.run("gpu01", expect(), runner.Options(gpu_source=str(path)), ["gpu"])
+    assert run.to_dict()["sources"]["gpu"] == doc["sources"]["gpu"]
+
+
+def test_unchanged_versions_are_recorded_again_only_every_six_hours(tmp_path):
+    conn = store.connect(str(tmp_path / "n.db"))
+    sysfs = os.path.join(FIXTURES, "sysfs", "healthy-8x-ndr")
+    plain = runner.Options(gpu_source=snapshot_path("healthy"), sysfs_root=sysfs)
+    drifted = runner.Options(gpu_source=snapshot_path("vbios-drift"), sysfs_root=sysfs)
+
+    def recorded(options: runner.Options, age: float = 0) -> bool:
+        baselines = store.load_baselines(conn, "gpu01")
+        if age and "versions" in baselines:
+            baselines["versions"]["recorded"] -= age
+        run = runner.run("gpu01", expect(), options, ["gpu", "ib"], baselines=baselines)
+        shown = run.to_dict()["sources"]  # check --json always shows them
+        assert shown["gpu"]["versions"] and shown["ib"]["versions"]
+        store.record_run(conn, run)
+        row = conn.execute("SELECT sources FROM runs ORDER BY rowid DESC LIMIT 1").fetchone()
+        return "versions" in json.loads(row[0])["gpu"]
+
+    assert recorded(plain)  # first run: nothing known yet
+    assert not recorded(plain)  # unchanged
+    assert recorded(drifted)  # changed: recorded at once
+    assert not recorded(drifted)
+    assert recorded(drifted, age=runner.VERSIONS_EVERY + 1)  # unchanged, but 6 h on

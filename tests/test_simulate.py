@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from slurmhealth import fleet as fleet_module
@@ -197,3 +199,55 @@ def test_store_signals_equal_in_memory_signals(lemony, stored, window):
     in_memory = simulate.signals(lemony, start, end)
     assert in_memory, "the window must hold records"
     assert fleet_module.signals(conn, start, end) == in_memory
+
+
+# --- versions and run durations ------------------------------------------------------------------
+
+
+def test_drifted_nodes_are_chosen_by_the_seed_and_leave_the_history_alone():
+    f = small(drifted=3)
+    chosen = simulate.drifted_nodes(f)
+    assert chosen == simulate.drifted_nodes(small(drifted=3))
+    assert sorted(chosen.values()) == sorted(simulate.DRIFTS)
+    assert set(chosen) <= set(f.names())
+    assert simulate.drifted_nodes(small(drifted=0)) == {}
+    one, other = simulate.events(small(drifted=0)), simulate.events(small(drifted=5))
+    assert (one.jobs, one.runs, one.events, one.actions) == (
+        other.jobs,
+        other.runs,
+        other.events,
+        other.actions,
+    )
+
+
+def test_stored_runs_carry_each_nodes_versions_every_six_hours(lemony, stored):
+    conn, _ = stored
+    drift = simulate.drifted_nodes(lemony.fleet)
+    rows = conn.execute(
+        "SELECT node, phase, started, sources FROM runs WHERE instr(sources, 'versions')"
+    ).fetchall()
+    assert sorted({r[0] for r in rows}) == lemony.names
+    assert {r[1] for r in rows} == {"healthcheck"}
+    for node, _, _, text in rows:
+        sources = json.loads(text)
+        want = simulate.node_versions(drift.get(node))
+        assert {s: sources[s]["versions"] for s in ("gpu", "ib")} == want
+        assert all(sources[s]["status"] == "ok" for s in ("gpu", "ib", "kmsg"))
+    for node in lemony.names:
+        times = sorted(r[2] for r in rows if r[0] == node)
+        periods = [t // simulate.VERSIONS_EVERY for t in times]
+        assert len(set(periods)) == len(periods)  # once per 6-hour period...
+        assert len(periods) >= lemony.fleet.days * 4 - 1  # ...and in every one of them
+    drivers = {n: json.loads(text)["gpu"]["versions"]["driver"] for n, _, _, text in rows}
+    odd = {n for n, driver in drivers.items() if driver != simulate.DRIVER}
+    assert odd == {n for n, kind in drift.items() if kind == "driver"}
+
+
+def test_run_durations_spread_with_a_slow_tail(stored):
+    conn, _ = stored
+    for phase, base in simulate.DURATIONS.items():
+        values = sorted(
+            r[0] for r in conn.execute("SELECT duration FROM runs WHERE phase = ?", (phase,))
+        )
+        assert base <= values[0] and values[-1] <= 4.5 * base
+        assert values[len(values) // 2] < 1.6 * base < values[int(0.995 * len(values))]

@@ -30,7 +30,7 @@ def test_a_run_is_recorded_with_results_and_baselines(db):
     status = conn.execute("SELECT status, action FROM results WHERE check_name = 'gpu.ecc'")
     assert status.fetchone() == ("fail", "reset_gpu")
     baselines = store.load_baselines(conn, "gpu01")
-    assert set(baselines) == {"gpu", "nvlink"}
+    assert set(baselines) == {"gpu", "nvlink", "versions"}
     assert baselines["gpu"]["inventory"]["0"]["bus_id"] == "00000000:18:00.0"
 
 
@@ -119,3 +119,23 @@ def test_a_version_1_store_is_migrated_in_place(db):
     assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION
     row = conn.execute("SELECT job_id, uid, num_nodes, slurm_state FROM jobs").fetchone()
     assert row == ("1", 0, None, None)
+
+
+def test_a_version_3_store_gains_the_published_table_and_keeps_its_jobs(db):
+    import sqlite3
+
+    old = sqlite3.connect(db, isolation_level=None)
+    for migration in store.MIGRATIONS[:3]:
+        for statement in migration.split(";"):
+            if statement.strip():
+                old.execute(statement)
+    old.execute("INSERT INTO jobs (node, job_id, end) VALUES ('gpu01', '7', 1.5)")
+    old.execute("PRAGMA user_version = 3")
+    old.close()
+    conn = store.connect(db)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 4
+    conn.execute("INSERT INTO published VALUES ('7', 'abc', 2.0, 120)")
+    assert conn.execute("SELECT job_id, digest FROM published").fetchall() == [("7", "abc")]
+    plan = conn.execute("EXPLAIN QUERY PLAN SELECT job_id FROM jobs WHERE end >= 1").fetchall()
+    assert "jobs_end" in str(plan)
+    assert conn.execute("SELECT job_id, end FROM jobs").fetchall() == [("7", 1.5)]

@@ -368,6 +368,13 @@ def baseline(facts: dict) -> dict:
     }
 
 
+def versions_of(facts: dict) -> dict:
+    """The versions each run records (the nightly report's configuration drift): the driver
+    and the set of VBIOS versions of the GPUs that answer."""
+    vbioses = sorted({d["vbios"] for d in _alive(facts) if d["vbios"]})
+    return {"driver": facts["driver_version"], "vbios": vbioses}
+
+
 def expectations(facts: dict) -> dict:
     """What a known-good node implies: its count, PCIe links, versions."""
     devices = _alive(facts)

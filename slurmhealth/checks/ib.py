@@ -422,6 +422,12 @@ def baseline(facts: dict) -> dict:
     return {"counters": out}
 
 
+def versions_of(facts: dict) -> dict:
+    """The versions each run records (the nightly report's configuration drift): firmware
+    per HCA."""
+    return {"fw_ver": {n: d["fw_ver"] for n, d in sorted(facts["devices"].items()) if d["fw_ver"]}}
+
+
 def expectations(facts: dict) -> dict:
     """What this (known-good) node implies: its HCAs, its active ports, their lowest rate, the
     link layer and the firmware when uniform."""

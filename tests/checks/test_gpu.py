@@ -184,3 +184,13 @@ def test_memory_errors_warn_on_growth_since_the_baseline():
     assert "GPU 1 (00000000:2A:00.0) 5000 new correctable ECC errors" in result.message
     assert result.data["deltas"]["4"] == {"remap_correctable": 2}
     assert gpu.memory_errors(healthy, Context(expect=ctx().expect, baseline=before)).status == "ok"
+
+
+def test_versions_of_records_the_driver_and_the_vbios_set_of_answering_gpus():
+    drift = gpu.versions_of(facts("vbios-drift"))
+    assert drift["driver"] == facts("vbios-drift")["driver_version"]
+    assert drift["vbios"] == sorted({d["vbios"] for d in facts("vbios-drift")["devices"]})
+    assert len(drift["vbios"]) == 2
+    lost = facts("gpu-lost")
+    answering = {d["vbios"] for d in lost["devices"] if not d["error"] and d["vbios"]}
+    assert gpu.versions_of(lost)["vbios"] == sorted(answering)

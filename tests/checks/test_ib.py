@@ -552,3 +552,11 @@ def test_hostile_text_stays_one_bounded_line():
     assert res.status == result.FAIL
     assert "\n" not in res.message and "\x1b" not in res.message
     assert len(res.message) < 80
+
+
+def test_versions_of_records_firmware_per_hca():
+    facts = facts_of("fw-drift")
+    found = ib.versions_of(facts)["fw_ver"]
+    assert found == {name: dev["fw_ver"] for name, dev in facts["devices"].items()}
+    assert len(set(found.values())) == 2
+    assert ib.versions_of(ib.parse({})) == {"fw_ver": {}}

@@ -173,9 +173,11 @@ class Lab:
         health_check_interval: int = HEALTH_CHECK_INTERVAL,
         bin: str | None = None,
         accounting: bool = False,
+        private_data: bool = False,
     ) -> None:
         self.names = [f"gpu{i:02d}" for i in range(1, nodes + 1)]
         self.accounting = accounting
+        self.private_data = private_data
         self.keep = keep
         self.base = base
         self.resume_after = resume_after
@@ -360,6 +362,8 @@ class Lab:
                 f"AccountingStoragePass={p('munge', 'run', 'munge.socket')}",
                 "JobCompType=jobcomp/none",
             ]
+        if self.private_data:
+            lines.append("PrivateData=jobs")  # squeue and scontrol
         for name, port in zip(self.names, node_ports):
             lines.append(
                 f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} "
@@ -400,6 +404,8 @@ class Lab:
             f"StoragePass={self.db_password}",
             f"StorageLoc={DB_NAME}",
         ]
+        if self.private_data:
+            lines.append("PrivateData=jobs")  # sacct obeys this one, not slurm.conf's
         target = self.path("etc", "slurmdbd.conf")
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:  # slurmdbd refuses a conf others can read (the password)
@@ -658,6 +664,14 @@ class Lab:
         return self._run([f"{BIN}/sacctmgr", *args], check=check)
 
     # ---- accounting ----------------------------------------------------------------------------
+    def add_user(self, name: str, account: str = "lab") -> None:
+        """An association for `name` (and its account, once): with PrivateData=jobs a user sees
+        in sacct only jobs submitted after this, so call it before they submit."""
+        listed = self.sacctmgr("-n", "-P", "list", "account", account, "format=Account").stdout
+        if account not in listed.split():
+            self.sacctmgr("-i", "add", "account", account, "Cluster=lab")
+        self.sacctmgr("-i", "add", "user", name, f"Account={account}", "Cluster=lab")
+
     def sacct(self, *jobs: str, since: float | None = None) -> list:
         """Job records from slurmdbd (`sacct -P -n -X`, one per job, requeued ones too with -D)
         as dicts of SACCT_FIELDS, since the lab started (sacct's default is today's midnight)."""

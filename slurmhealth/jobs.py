@@ -1,0 +1,811 @@
+"""Job health summaries for job owners: what slurmhealth saw on each node of a job, and a plain
+conclusion (hardware fault or not, resubmit or exclude a node). Format and access model:
+docs/jobs.md.
+
+Admins build a summary straight from the fleet store. Users cannot read that store (it is
+root's): the head node publishes each finished job's summary into the job's AdminComment in
+Slurm accounting (`publish`), and users read it back through sacct, where slurmdbd's
+`PrivateData=jobs` shows a job to its owner and admins only. Slurm is the access control;
+nothing here decides who may read what.
+
+Facts travel, sentences do not: a published summary carries the facts only, and the
+conclusion is written where it is read, in the reader's local time.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import sqlite3
+import time
+import zlib
+
+from slurmhealth import slurm
+from slurmhealth.result import clean
+
+PREFIX = "slurmhealth:v1:"
+FORMAT = 1
+# slurmdbd cuts AdminComment at 65,535 bytes silently; a quarter of that leaves room.
+COMMENT_MAX = 16_384
+ITEMS_MAX = 8  # problems and Xids kept per node in a published summary
+UNPACKED_MAX = 4 << 20  # a published summary never inflates beyond this (no zip bomb)
+PUBLISH_LATENCY_S = 15 * 60  # the documented collect + publish timer period (docs/jobs.md)
+# A drain this long after the job's end still counts as the job's: the epilog drains at the
+# end, a health check reading the same fault within a few HealthCheckIntervals (a crashed
+# node's first health check comes only when its slurmd is back).
+DRAIN_SLACK_S = 1800
+SACCT_CHUNK = 100  # job ids per sacct call
+RUNNING = ("PENDING", "RUNNING", "REQUEUED", "SUSPENDED", "CONFIGURING", "COMPLETING", "RESIZING")
+FAILED = ("FAILED", "TIMEOUT", "OUT_OF_MEMORY", "CANCELLED", "DEADLINE", "PREEMPTED")
+
+# What a hardware Xid means to a user, in words (the rest: "a hardware fault on GPU n").
+_XID_WORDS = {
+    79: "lost GPU {gpu}",
+    48: "had an uncorrectable memory error on GPU {gpu}",
+    94: "had an uncorrectable memory error on GPU {gpu}",
+    95: "had an uncorrectable memory error on GPU {gpu}",
+    140: "had an uncorrectable memory error on GPU {gpu}",
+    74: "had an NVLink error on GPU {gpu}",
+    119: "had a GPU firmware (GSP) timeout on GPU {gpu}",
+    120: "had a GPU firmware (GSP) error on GPU {gpu}",
+}
+
+
+class JobError(Exception):
+    """A summary that cannot be shown (no such job, not yours, not published yet): one line."""
+
+
+# ---------------------------------------------------------------------------------------------
+# building a summary from a store (the fleet store on the head node)
+
+
+def _dicts(cursor: sqlite3.Cursor) -> list:
+    names = [d[0] for d in cursor.description]
+    return [dict(zip(names, row)) for row in cursor]
+
+
+def _job_rows(conn: sqlite3.Connection, job_id: str) -> list:
+    return _dicts(
+        conn.execute(
+            "SELECT node, uid, user, start, end, exit_code, signal, state, slurm_state "
+            "FROM jobs WHERE job_id = ? ORDER BY node",
+            (job_id,),
+        )
+    )
+
+
+def _hook_runs(conn: sqlite3.Connection, job_id: str) -> dict:
+    """{(node, phase): run} of the job's prolog and epilog runs; the latest of each wins (a
+    requeued job may start twice on one node)."""
+    rows = _dicts(
+        conn.execute(
+            "SELECT id, node, phase, started, verdict FROM runs WHERE job_id = ? "
+            "AND phase IN ('prolog', 'epilog') ORDER BY started",
+            (job_id,),
+        )
+    )
+    return {(r["node"], r["phase"]): r for r in rows}
+
+
+def _health_checks(conn: sqlite3.Connection, node: str, start: float, end: float) -> list:
+    """Health checks on the node while the job ran that did not pass."""
+    return _dicts(
+        conn.execute(
+            "SELECT id, phase, started FROM runs WHERE node = ? AND started >= ? "
+            "AND started <= ? AND verdict != 'ok' AND phase = 'healthcheck' ORDER BY started",
+            (node, start, end),
+        )
+    )
+
+
+def _problems(conn: sqlite3.Connection, runs: list) -> list:
+    out = []
+    for run in runs:
+        rows = conn.execute(
+            "SELECT check_name, status, message FROM results WHERE run_id = ? "
+            "AND status IN ('fail', 'warn', 'error') ORDER BY check_name",
+            (run["id"],),
+        )
+        for check, status, message in rows:
+            out.append(
+                {
+                    "phase": run["phase"],
+                    "time": run["started"],
+                    "check": check,
+                    "status": status,
+                    "message": message,
+                }
+            )
+    return out
+
+
+def _xids(conn: sqlite3.Connection, node: str, job_id: str) -> list:
+    """Xids the epilog gave the job (those on its GPUs, read after its prolog)."""
+    return _dicts(
+        conn.execute(
+            "SELECT time, gpu, code, class, process FROM events WHERE node = ? AND job_id = ? "
+            "AND kind = 'xid' ORDER BY time, gpu, code",
+            (node, job_id),
+        )
+    )
+
+
+def _drain(conn: sqlite3.Connection, node: str, start: float, end: float) -> dict | None:
+    """slurmhealth's first drain of the node in [start, end + slack], and whether no resume of
+    ours followed it (an admin's `scontrol update State=RESUME` is not recorded)."""
+    rows = conn.execute(
+        "SELECT time, action, reason FROM actions WHERE node = ? AND time >= ? AND ok = 1 "
+        "AND action IN ('drain', 'resume') ORDER BY time",
+        (node, start),
+    ).fetchall()
+    drains = [r for r in rows if r[1] == "drain" and r[0] <= end + DRAIN_SLACK_S]
+    if not drains:
+        return None
+    when, _, reason = drains[0]
+    resumed = any(r[1] == "resume" and r[0] > when for r in rows)
+    return {"time": when, "reason": reason, "still": not resumed}
+
+
+def _node_facts(
+    conn: sqlite3.Connection, job_id: str, row: dict, runs: dict, job_end: float | None
+) -> dict:
+    node = row["node"]
+    prolog, epilog = runs.get((node, "prolog")), runs.get((node, "epilog"))
+    start = row["start"] if row["start"] is not None else (prolog or {}).get("started", 0.0)
+    # A node that crashed has no end of its own: the job ended when its other nodes (or Slurm
+    # accounting) say so; what the node's health checks find after that is not the job's.
+    end = row["end"] if row["end"] is not None else job_end or time.time()
+    checked = [r for r in (prolog, epilog) if r] + _health_checks(conn, node, start, end)
+    return {
+        "node": node,
+        "state": row["state"],
+        "slurm_state": row["slurm_state"],
+        "start": row["start"],
+        # Slurm's NODE_FAIL time is when the crashed node's part of the job ended
+        "end": row["end"] if row["end"] is not None or row["slurm_state"] != "NODE_FAIL" else end,
+        "prolog": prolog["verdict"] if prolog else None,
+        "epilog": epilog["verdict"] if epilog else None,
+        "problems": _problems(conn, sorted(checked, key=lambda r: r["started"])),
+        "xids": _xids(conn, node, job_id),
+        "drain": _drain(conn, node, start, end),
+    }
+
+
+def _first(rows: list, key: str) -> object:
+    return next((r[key] for r in rows if r[key] is not None), None)
+
+
+def _job_facts(job_id: str, rows: list, nodes: list) -> dict:
+    ran = [r for r in rows if r["state"] != "prolog_failed"] or rows
+    starts = [r["start"] for r in rows if r["start"] is not None]
+    ends = [r["end"] for r in rows if r["end"] is not None]
+    return {
+        "format": FORMAT,
+        "job": job_id,
+        "user": _first(rows, "user"),
+        "uid": _first(rows, "uid"),
+        "state": _first(rows, "slurm_state"),
+        "exit_code": _first(ran, "exit_code"),
+        "signal": _first(ran, "signal"),
+        "start": min(starts) if starts else None,
+        "end": max(ends) if ends else None,
+        "nodes": nodes,
+        "ok_nodes": [],
+        "omitted": 0,
+    }
+
+
+def facts(conn: sqlite3.Connection, job_id: str) -> dict:
+    """What the store knows of a job, node by node (no conclusion); JobError if nothing."""
+    rows = _job_rows(conn, job_id)
+    if not rows:
+        raise JobError(f"job {clean(job_id, 40)}: not in the fleet store")
+    runs = _hook_runs(conn, job_id)
+    ends = [r["end"] for r in rows if r["end"] is not None]
+    nodes = [_node_facts(conn, job_id, row, runs, max(ends, default=None)) for row in rows]
+    return _job_facts(job_id, rows, nodes)
+
+
+def summary(conn: sqlite3.Connection, job_id: str) -> dict:
+    """The job's summary: facts per node plus verdict, conclusion and nodes to exclude."""
+    return with_conclusion(facts(conn, job_id))
+
+
+# ---------------------------------------------------------------------------------------------
+# the conclusion (pure: facts in, words out)
+
+
+def local_time(epoch: float | None) -> str:
+    """Local time with the date and zone: a user reads it next to their own job's output."""
+    if epoch is None:
+        return "an unknown time"
+    return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(epoch))
+
+
+def _refused(node: dict) -> bool:
+    return node.get("state") == "prolog_failed" or node.get("prolog") == "fail"
+
+
+def _xid_words(xid: dict) -> str:
+    gpu = xid.get("gpu")
+    words = _XID_WORDS.get(xid.get("code"), "had a hardware fault on GPU {gpu}")  # type: ignore[arg-type]
+    return f"{words.format(gpu='?' if gpu is None else gpu)} (Xid {xid.get('code')})"
+
+
+def fault(node: dict) -> str:
+    """What went wrong on a node during the job, as words, or '' when nothing hardware did."""
+    hardware = [x for x in node.get("xids", []) if x.get("class") == "fail"]
+    if hardware:
+        more = len(hardware) - 1 + node.get("more_xids", 0)
+        extra = f" (and {more} more hardware Xids)" if more > 0 else ""
+        return f"{_xid_words(hardware[0])} at {local_time(hardware[0].get('time'))}{extra}"
+    for problem in node.get("problems", []):
+        if problem.get("status") == "fail" and problem.get("phase") != "prolog":
+            what = f"{clean(problem.get('check'), 40)} ({clean(problem.get('message'), 120)})"
+            return f"failed {what} at {local_time(problem.get('time'))}"
+    # Slurm marks every node of a job NODE_FAIL when one of them fails: the one that failed
+    # is the one whose epilog never ran (the others ran theirs when the job was killed).
+    if node.get("slurm_state") == "NODE_FAIL" and node.get("epilog") is None:
+        return f"stopped responding (Slurm: NODE_FAIL) at {local_time(node.get('end'))}"
+    return ""
+
+
+def _drain_words(node: dict) -> str:
+    drain = node.get("drain")
+    if not drain:
+        return "the node was not drained"
+    if drain.get("still"):
+        return "the node is drained"
+    return "the node was drained and has since passed its checks and returned to service"
+
+
+def _refusal(node: dict) -> str:
+    fails = [p for p in node.get("problems", []) if p.get("phase") == "prolog"]
+    found = fails[0].get("message") if fails else "a failing check"
+    return f"the prolog on {node['node']} found {clean(found, 120)} before your job started"
+
+
+def _refused_sentence(refused: list, ran: list) -> str:
+    refusals = "; ".join(_refusal(n) for n in refused)
+    if ran:
+        return f"{refusals}: the node was refused and Slurm requeued your job and it ran on " + (
+            ", ".join(ran)
+        )
+    return (
+        f"{refusals}: the node was refused, so your job never ran there; Slurm requeues such a "
+        "job (unless it was submitted with --no-requeue) and resubmitting is safe"
+    )
+
+
+def _exit_words(data: dict) -> str:
+    if data.get("signal"):
+        return f" (killed by signal {data['signal']})"
+    if data.get("exit_code"):
+        return f" (exit code {data['exit_code']})"
+    if data.get("state") in FAILED:
+        return f" (Slurm: {data['state']})"
+    return ""
+
+
+def _failed(data: dict) -> bool:
+    return bool(data.get("exit_code") or data.get("signal")) or data.get("state") in FAILED
+
+
+def _app_xids(nodes: list) -> str:
+    seen = [(n["node"], x) for n in nodes for x in n.get("xids", []) if x.get("class") == "app"]
+    if not seen:
+        return ""
+    node, xid = seen[0]
+    return (
+        f"; GPU {xid.get('gpu')} on {node} reported Xid {xid.get('code')} at "
+        f"{local_time(xid.get('time'))}, which is usually the application's own error"
+    )
+
+
+def _hardware(faulty: list) -> tuple:
+    """(sentence, nodes to exclude) for the nodes with a fault during the job."""
+    parts = [
+        f"node {n['node']} {fault(n)} during your job: a hardware fault, not your code; "
+        f"{_drain_words(n)}"
+        for n in faulty
+    ]
+    exclude = [n["node"] for n in faulty if not n.get("drain")]
+    if exclude:
+        them = "it" if len(exclude) == 1 else "them"
+        advice = f"resubmit excluding {them} with --exclude={','.join(exclude)}"
+    else:
+        advice = "resubmitting is safe"
+    return "; ".join(parts) + f"; {advice}", exclude
+
+
+def _still_running(data: dict, ran: list) -> bool:
+    if data.get("state") in RUNNING:
+        return True
+    return data.get("state") is None and all(n.get("state") == "running" for n in ran)
+
+
+def conclude(data: dict) -> dict:
+    """{verdict, conclusion, exclude}: hardware (a fault during the job), refused (the prolog
+    refused every node it got: it never ran), running, incomplete (a node's epilog is
+    missing), failed (no fault seen, the job failed) or ok."""
+    nodes = data.get("nodes", [])
+    refused = [n for n in nodes if _refused(n)]
+    ran = [n for n in nodes if not _refused(n)]
+    ran_names = sorted([n["node"] for n in ran] + list(data.get("ok_nodes", [])))
+    lead = _refused_sentence(refused, ran_names) + ". " if refused else ""
+    faulty = [n for n in ran if fault(n)]
+    if faulty:
+        sentence, exclude = _hardware(faulty)
+        return {"verdict": "hardware", "conclusion": lead + sentence, "exclude": exclude}
+    if refused and not ran_names:
+        return {"verdict": "refused", "conclusion": lead[:-2], "exclude": []}
+    if _still_running(data, ran) and ran:
+        text = "your job is still running: its summary is final once it has ended"
+        return {"verdict": "running", "conclusion": lead + text, "exclude": []}
+    missing = [n["node"] for n in ran if n.get("epilog") is None]
+    if missing:
+        text = (
+            f"summary incomplete: no epilog recorded on {', '.join(missing)} (the node may "
+            "have crashed, or its records are not collected yet); no hardware fault seen so far"
+        )
+        return {"verdict": "incomplete", "conclusion": lead + text, "exclude": []}
+    if data.get("state") == "NODE_FAIL":
+        text = (
+            "Slurm ended your job with NODE_FAIL, but every node ran its epilog and slurmhealth "
+            "saw no fault on them: the failure was outside what it checks (the network, Slurm "
+            "itself); not your code; resubmitting is likely safe"
+        )
+        return {"verdict": "node_fail", "conclusion": lead + text, "exclude": []}
+    if _failed(data) or not ran_names:
+        text = "no hardware fault seen: look at your application's output" + _exit_words(data)
+        return {"verdict": "failed", "conclusion": lead + text + _app_xids(ran), "exclude": []}
+    text = "no hardware fault seen; your job ended normally"
+    return {"verdict": "ok", "conclusion": lead + text + _app_xids(ran), "exclude": []}
+
+
+def with_conclusion(data: dict) -> dict:
+    out = dict(data)
+    out.update(conclude(data))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# rendering for humans (every stored string is untrusted: kernel-log names, check messages)
+
+
+def _node_line(node: dict) -> str:
+    drain = node.get("drain")
+    drained = "-" if not drain else ("yes" if drain.get("still") else "resumed")
+    return (
+        f"  {clean(node.get('node'), 20):<12} {node.get('prolog') or '-':<7} "
+        f"{node.get('epilog') or '-':<7} {drained}"
+    )
+
+
+def _problem_lines(nodes: list) -> list:
+    lines = []
+    for node in nodes:
+        problems = node.get("problems", [])
+        for p in problems[:ITEMS_MAX]:
+            lines.append(
+                f"  {clean(node['node'], 20):<12} {local_time(p.get('time'))}  "
+                f"{clean(p.get('phase'), 12):<11} {clean(p.get('check'), 40)} "
+                f"{clean(p.get('status'), 6)}: {clean(p.get('message'), 160)}"
+            )
+        more = len(problems[ITEMS_MAX:]) + int(node.get("more_problems", 0))
+        if more:
+            lines.append(f"  {clean(node['node'], 20):<12} ... {more} more")
+    return lines
+
+
+def _xid_lines(nodes: list) -> list:
+    lines = []
+    for node in nodes:
+        for x in node.get("xids", []):
+            process = clean(x.get("process") or "-", 40)
+            lines.append(
+                f"  {clean(node['node'], 20):<12} {local_time(x.get('time'))}  "
+                f"GPU {x.get('gpu')}  Xid {x.get('code')} ({clean(x.get('class'), 8)})  "
+                f"process {process}"
+            )
+        if node.get("more_xids"):
+            lines.append(f"  {clean(node['node'], 20):<12} ... {node['more_xids']} more")
+    return lines
+
+
+def _header(data: dict) -> str:
+    state = clean(data.get("state") or "", 20)
+    span = f"{local_time(data.get('start'))} to {local_time(data.get('end'))}"
+    who = clean(data.get("user") or "?", 40)
+    ended = f"{state or 'ended'}{_exit_words(data)}"
+    return f"job {clean(data.get('job'), 40)} of {who}: {ended}, {span}"
+
+
+def _ok_line(data: dict) -> list:
+    names = [clean(n, 20) for n in data.get("ok_nodes", [])]
+    count = len(names) + int(data.get("ok_count", 0))
+    if not count:
+        return []
+    shown = ", ".join(names[:20]) + (f" and {count - 20} more" if count > 20 else "")
+    return [f"  prolog ok, epilog ok, nothing seen on {count} more node(s): {shown or '-'}"]
+
+
+def render_text(data: dict) -> str:
+    """The summary as a user reads it: nodes, problems, Xids, and the conclusion last."""
+    nodes = data.get("nodes", [])
+    lines = [_header(data), f"  {'NODE':<12} {'PROLOG':<7} {'EPILOG':<7} DRAINED"]
+    lines += [_node_line(n) for n in nodes] + _ok_line(data)
+    if data.get("omitted"):
+        lines.append(f"  ({data['omitted']} node(s) left out of the published summary)")
+    problems, xids = _problem_lines(nodes), _xid_lines(nodes)
+    if problems:
+        lines += ["checks that did not pass:", *problems]
+    if xids:
+        lines += ["Xids during the job:", *xids]
+    lines.append(f"conclusion: {clean(data.get('conclusion'), 2000)}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# the AdminComment form: one line, no `|`, no quotes, bounded
+
+
+def _quiet(node: dict) -> bool:
+    """Nothing to say about this node: published as a name only."""
+    return (
+        node.get("prolog") == "ok"
+        and node.get("epilog") == "ok"
+        and not node.get("problems")
+        and not node.get("xids")
+        and not node.get("drain")
+        and node.get("slurm_state") != "NODE_FAIL"
+    )
+
+
+def _bounded_node(node: dict) -> dict:
+    out = {k: node.get(k) for k in ("node", "state", "slurm_state", "start", "end")}
+    out.update(prolog=node.get("prolog"), epilog=node.get("epilog"))
+    problems, xids = node.get("problems", []), node.get("xids", [])
+    out["problems"] = [
+        dict(p, message=clean(p.get("message"), 160), check=clean(p.get("check"), 40))
+        for p in problems[:ITEMS_MAX]
+    ]
+    out["xids"] = [dict(x, process=clean(x.get("process") or "", 40)) for x in xids[:ITEMS_MAX]]
+    out["more_problems"] = max(0, len(problems) - ITEMS_MAX) + node.get("more_problems", 0)
+    out["more_xids"] = max(0, len(xids) - ITEMS_MAX) + node.get("more_xids", 0)
+    drain = node.get("drain")
+    out["drain"] = dict(drain, reason=clean(drain.get("reason"), 160)) if drain else None
+    return out
+
+
+def _priority(node: dict) -> tuple:
+    """Nodes that decide the conclusion first: undrained faults, faults, refusals."""
+    has_fault = bool(fault(node)) and not _refused(node)
+    return (not (has_fault and not node.get("drain")), not has_fault, not _refused(node))
+
+
+def compact(data: dict) -> dict:
+    """The facts to publish: quiet nodes as names, lists bounded, no conclusion (written where
+    it is read, in the reader's time zone)."""
+    keys = ("format", "job", "user", "uid", "state", "exit_code", "signal", "start", "end")
+    out = {k: data.get(k) for k in keys}
+    nodes = data.get("nodes", [])
+    out["ok_nodes"] = sorted([n["node"] for n in nodes if _quiet(n)] + data.get("ok_nodes", []))
+    out["nodes"] = sorted(
+        (_bounded_node(n) for n in nodes if not _quiet(n)),
+        key=lambda n: (_priority(n), n["node"]),
+    )
+    out["omitted"] = data.get("omitted", 0)
+    return out
+
+
+def _encoded(data: dict) -> str:
+    """`slurmhealth:v1:` + base32 of zlib'd JSON, lower case, no padding. Measured on Slurm
+    22.05: sacctmgr lower-cases an AdminComment, turns both quote characters into backticks and
+    strips a leading one, and `sacct -P` does not escape `|`. JSON would not survive that; this
+    alphabet (a-z, 2-7) does, and compression more than pays for base32's 60%."""
+    body = json.dumps(data, separators=(",", ":"), sort_keys=True, ensure_ascii=True)
+    packed = base64.b32encode(zlib.compress(body.encode("ascii"), 9)).decode("ascii")
+    return PREFIX + packed.rstrip("=").lower()
+
+
+def encode(data: dict, limit: int = COMMENT_MAX) -> str:
+    """The AdminComment, at most `limit` bytes. Too big, it sheds the quiet nodes' names (their
+    count stays), then the least telling nodes, a quarter at a time (each one counted)."""
+    out = compact(data)
+    text = _encoded(out)
+    if len(text) > limit:
+        out["ok_count"] = len(out.pop("ok_nodes")) + int(out.get("ok_count", 0))
+        out["ok_nodes"] = []
+        text = _encoded(out)
+    while len(text) > limit and out["nodes"]:
+        drop = max(1, len(out["nodes"]) // 4)
+        del out["nodes"][-drop:]
+        out["omitted"] += drop
+        text = _encoded(out)
+    return text
+
+
+def ours(comment: str) -> bool:
+    return comment.startswith(PREFIX)
+
+
+def _unpacked(comment: str) -> object:
+    packed = comment[len(PREFIX) :].strip().upper()
+    raw = base64.b32decode(packed + "=" * (-len(packed) % 8))
+    inflate = zlib.decompressobj()
+    body = inflate.decompress(raw, UNPACKED_MAX)
+    if inflate.unconsumed_tail:
+        raise ValueError("too big")
+    return json.loads(body)
+
+
+def decode(comment: str) -> dict:
+    """The published facts back, with the conclusion written here; JobError when the comment
+    is not a summary this slurmhealth can read."""
+    if not ours(comment):
+        raise JobError("not a slurmhealth summary")
+    try:
+        data = _unpacked(comment)
+    except (ValueError, zlib.error):
+        raise JobError("the published summary is damaged (cut or edited)") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise JobError("the published summary has a format this slurmhealth cannot read")
+    if not _sane(data):
+        raise JobError("the published summary is damaged (unexpected structure)")
+    return with_conclusion(data)
+
+
+def _sane(data: dict) -> bool:
+    """The shapes conclude() and render_text() rely on (a comment is admin-written, but a
+    damaged one must give a message, not a traceback)."""
+    nodes, names = data.get("nodes"), data.setdefault("ok_nodes", [])
+    if not isinstance(nodes, list) or not isinstance(names, list):
+        return False
+    for node in nodes:
+        if not isinstance(node, dict) or not isinstance(node.get("node"), str):
+            return False
+        lists = [node.setdefault(k, []) for k in ("problems", "xids")]
+        if not all(isinstance(v, list) and all(isinstance(i, dict) for i in v) for v in lists):
+            return False
+        if not isinstance(node.get("drain") or {}, dict):
+            return False
+    return True
+
+
+def digest(comment: str) -> str:
+    return hashlib.sha256(comment.encode("utf-8")).hexdigest()[:32]
+
+
+# ---------------------------------------------------------------------------------------------
+# publishing (head node, as an admin) and reading back (login node, as the job's owner)
+
+
+def finished(conn: sqlite3.Connection, start: float, end: float) -> list:
+    """Jobs with a node that ended in [start, end] (store migration 4 indexes jobs by end)."""
+    rows = conn.execute(
+        "SELECT DISTINCT job_id FROM jobs WHERE end >= ? AND end <= ?", (start, end)
+    ).fetchall()
+    return sorted((r[0] for r in rows), key=lambda j: (len(j), j))
+
+
+def _recorded(data: dict) -> bool:
+    """Did a slurmhealth hook run for the job anywhere (not only accounting rows)?"""
+    return any(n.get("prolog") or n.get("epilog") for n in data["nodes"])
+
+
+def pending(conn: sqlite3.Connection, job_ids: list) -> tuple:
+    """([(job, comment, digest)] to write, unchanged count, [jobs without hook records])."""
+    todo, unchanged, unrecorded = [], 0, []
+    for job_id in job_ids:
+        data = facts(conn, job_id)
+        if not _recorded(data):
+            unrecorded.append(job_id)
+            continue
+        comment = encode(data)
+        sign = digest(comment)
+        row = conn.execute("SELECT digest FROM published WHERE job_id = ?", (job_id,)).fetchone()
+        if row and row[0] == sign:
+            unchanged += 1
+        else:
+            todo.append((job_id, comment, sign))
+    return todo, unchanged, unrecorded
+
+
+def parse_comments(text: str) -> dict:
+    """`sacct -P -o JobIDRaw,AdminComment` -> {job: comment}. sacct -P escapes nothing: a
+    foreign comment may hold `|` (kept: split once) or newlines (continuation lines)."""
+    out: dict = {}
+    last = None
+    for line in text.split("\n"):
+        head, bar, rest = line.partition("|")
+        if bar and head.isdigit():
+            last = head
+            out[last] = rest
+        elif last is not None and line:
+            out[last] += "\n" + line
+    return out
+
+
+def read_comments(client: slurm.Slurm, job_ids: list) -> dict:
+    """The current AdminComment of each job that accounting knows (every user's: -a)."""
+    found: dict = {}
+    for i in range(0, len(job_ids), SACCT_CHUNK):
+        ids = ",".join(job_ids[i : i + SACCT_CHUNK])
+        text = client.run(
+            "-X", "-n", "-P", "-a", "-j", ids, "-o", "JobIDRaw,AdminComment", command="sacct"
+        )
+        found.update(parse_comments(text))
+    return found
+
+
+def write_comment(client: slurm.Slurm, job_id: str, comment: str) -> None:
+    if not job_id.isdigit() or "|" in comment or "\n" in comment:
+        raise slurm.SlurmError(f"refusing to write job {clean(job_id, 40)}'s comment")
+    where = ["-i", "modify", "job", "where", f"jobid={job_id}"]
+    client.run(*where, "set", f"AdminComment={comment}", command="sacctmgr")
+
+
+def private(client: slurm.Slurm) -> bool:
+    """Does slurmdbd hide jobs from other users (PrivateData=jobs in slurmdbd.conf)? sacct obeys
+    only slurmdbd's setting, which `sacctmgr show configuration` prints in its second part."""
+    text = client.run("-n", "show", "configuration", command="sacctmgr")
+    _, _, dbd = text.partition("SlurmDBD configuration:")
+    for line in dbd.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "PrivateData":
+            return "jobs" in value.lower()
+    return False
+
+
+def _remember(conn: sqlite3.Connection, job_id: str, sign: str, comment: str) -> None:
+    from slurmhealth import store  # noqa: PLC0415 - the user side never writes
+
+    with store.immediate(conn):
+        conn.execute(
+            "INSERT OR REPLACE INTO published VALUES (?, ?, ?, ?)",
+            (job_id, sign, time.time(), len(comment)),
+        )
+
+
+def _publish_one(
+    conn: sqlite3.Connection, client: slurm.Slurm, item: tuple, current: dict, report: dict
+) -> None:
+    job_id, comment, sign = item
+    if job_id not in current:
+        report["unknown"].append(job_id)
+        return
+    existing = current[job_id]
+    if existing and not ours(existing):
+        report["foreign"].append((job_id, clean(existing, 60)))
+        return
+    if existing != comment:
+        try:
+            write_comment(client, job_id, comment)
+        except slurm.SlurmError as exc:
+            report["failed"].append((job_id, clean(exc, 160)))
+            return
+    _remember(conn, job_id, sign, comment)
+    report["published"].append(job_id)
+
+
+def publish(
+    conn: sqlite3.Connection,
+    client: slurm.Slurm,
+    start: float,
+    end: float,
+    check_privacy: bool = True,
+) -> dict:
+    """Write the summary of every job that ended in [start, end] into its AdminComment, once.
+
+    Only changed summaries are written (their digest is kept in `published`); an AdminComment
+    another tool wrote is never touched, only reported. Returns {published, unchanged,
+    foreign [(job, their comment)], unknown (not in accounting), unrecorded (no slurmhealth
+    records), failed [(job, why)]}.
+    """
+    if check_privacy and not private(client):
+        raise JobError(
+            "slurmdbd.conf lacks PrivateData=jobs: every user could read every job's summary "
+            "with sacct; set it and restart slurmdbd (or pass --public)"
+        )
+    todo, unchanged, unrecorded = pending(conn, finished(conn, start, end))
+    report: dict = {"published": [], "unchanged": unchanged, "foreign": [], "unknown": []}
+    report.update(unrecorded=unrecorded, failed=[])
+    current = read_comments(client, [job for job, _, _ in todo]) if todo else {}
+    for item in todo:
+        _publish_one(conn, client, item, current, report)
+    return report
+
+
+def report_text(report: dict) -> str:
+    lines = [
+        f"{len(report['published'])} summaries published, {report['unchanged']} unchanged, "
+        f"{len(report['foreign'])} left alone, {len(report['unknown'])} not in accounting, "
+        f"{len(report['failed'])} failed"
+    ]
+    for job_id, theirs in report["foreign"]:
+        lines.append(f"job {job_id}: AdminComment set by another tool, left alone: {theirs}")
+    for job_id, why in report["failed"]:
+        lines.append(f"job {job_id}: not published: {why}")
+    return "\n".join(lines)
+
+
+def job_id_arg(text: str) -> str:
+    """A job id as sacct takes it: 123, or an array task 123_4."""
+    head, _, task = text.partition("_")
+    if not head.isdigit() or (task and not task.isdigit()) or len(text) > 32:
+        raise JobError(f"not a job id: {clean(text, 40)!r} (e.g. 12345)")
+    return text
+
+
+def _sacct_time(text: str) -> float | None:
+    try:
+        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
+def _not_published(job_id: str, state: str, ended: str, now: float) -> str:
+    if state.split(maxsplit=1)[0] in RUNNING:
+        return f"job {job_id} is {state.lower()}: its health summary is published after it ends"
+    end = _sacct_time(ended)
+    if end is not None and now < end + 2 * PUBLISH_LATENCY_S:
+        by = local_time(end + PUBLISH_LATENCY_S)
+        return (
+            f"no health summary for job {job_id} yet: summaries are published within about "
+            f"{PUBLISH_LATENCY_S // 60} minutes of a job's end (expect it by {by})"
+        )
+    return (
+        f"no health summary was published for job {job_id} (ended {local_time(end)}): "
+        "slurmhealth may not run on its nodes; ask your admins"
+    )
+
+
+def from_accounting(client: slurm.Slurm, job_id: str, now: float | None = None) -> dict:
+    """The published summary, read through sacct as the caller: slurmdbd's PrivateData=jobs
+    shows the job to its owner and admins only."""
+    fields = "JobID,User,State,End,AdminComment"
+    text = client.run("-X", "-n", "-P", "-j", job_id, "-o", fields, command="sacct")
+    line = text.split("\n", 1)[0]
+    if not line.strip():
+        raise JobError(f"job {job_id} not found, or not yours (Slurm shows you only your own jobs)")
+    _, user, state, ended, comment = (line.split("|", 4) + ["", "", "", ""])[:5]
+    if not comment:
+        raise JobError(_not_published(job_id, state or "?", ended, now or time.time()))
+    if not ours(comment):
+        raise JobError(f"job {job_id} has no slurmhealth summary (another tool's comment)")
+    data = decode(comment)
+    return dict(data, source="accounting")
+
+
+def _from_fleet(path: str, job_id: str) -> dict | None:
+    """The summary from the fleet store when this caller may read it (admins), else None."""
+    from slurmhealth import store  # noqa: PLC0415
+
+    if not (os.path.isfile(path) and os.access(path, os.R_OK)):
+        return None
+    try:
+        conn = store.connect(path)
+    except store.StoreError:
+        return None
+    try:
+        return dict(summary(conn, job_id), source="fleet store")
+    except JobError:
+        return None
+    finally:
+        conn.close()
+
+
+def lookup(job_id: str, fleet_path: str, slurm_bin: str = "") -> dict:
+    """`slurmhealth job`: from the fleet store if readable and it knows the job, else from the
+    job's AdminComment through sacct. JobError with one line for the user otherwise."""
+    job_id = job_id_arg(job_id)
+    found = _from_fleet(fleet_path, job_id)
+    if found is not None:
+        return found
+    try:
+        return from_accounting(slurm.Slurm(slurm_bin, timeout=30.0), job_id)
+    except slurm.SlurmError as exc:
+        raise JobError(f"cannot read job {job_id} from Slurm accounting: {exc}") from None

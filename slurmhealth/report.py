@@ -1,0 +1,721 @@
+"""The nightly report (head node, cron): fleet store -> one plain dict -> JSON, HTML or Markdown.
+
+build() gathers every number once, in one read transaction; the HTML and Markdown templates
+(templates/) render that dict and compute nothing but layout, so the three formats carry the same
+numbers by construction. The dict is the JSON format, documented in docs/report.md.
+
+Two spans: the *period* (`--since`, default 24 h before `--now`) for what happened lately (drains,
+check and Xid counts, slurmhealth's own cost), and the *window*, the 28 whole UTC days before the
+report's day, for what needs weeks (lemons, the heatmap, the trend, the failure rate).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sqlite3
+import subprocess
+from collections.abc import Callable
+from typing import Optional
+
+from slurmhealth import __version__, actions, fleet, policy, slurm, timespec
+from slurmhealth.result import clean
+
+FORMAT = "slurmhealth-report/1"
+FORMATS = ("html", "md", "json")
+DAY = 86400
+WINDOW_DAYS = 28  # as `slurmhealth lemons` (Meta scores lemons over 28 days)
+HEATMAP_ROWS = 40  # nodes shown in the heatmap, most failures first
+LIST_MAX = 100  # rows of a listing (actions, out-of-service nodes); the counts stay complete
+EPISODE_S = 3600  # a node's second failure record within this is the same failure
+# How far back a node's last recorded versions are looked for: runs record them when they change
+# and at least every runner.VERSIONS_EVERY (6 h); two days spans a node idle over a weekend's
+# missed health checks without reading a node's whole history.
+VERSIONS_LOOKBACK = 2 * 86400.0
+# Hardware failures per 1,000 node-days, Meta's two A100 clusters (arXiv 2410.21680; see
+# shared/reference/gpu-node-health.md §4.2): the yardstick the fleet's own rate is set against.
+PUBLISHED = (("RSC-2", 2.34), ("RSC-1", 6.50))
+MTTF_NODES = (1, 32, 128, 1024)
+STEPS = 9  # progress ticks of build()
+Progress = Optional[Callable[[int], None]]
+
+FAILURE_DEFINITION = (
+    "a node-level hardware failure: slurmhealth drained the node for a failed check or Xid "
+    "(actions: drain, ok; lemon-sweep drains excluded), or the node crashed under a job (jobs: "
+    "slurm_state NODE_FAIL, and the node's epilog never ran: its job's other nodes did not "
+    "fail); records of one node within an hour of each other are one failure"
+)
+_XID_CLASSES = (("fail", "hardware"), ("warn", "warning"), ("app", "application"))
+
+
+class ReportError(Exception):
+    """A report that cannot be made or sent (bad input, no MTA, sendmail failed): one line."""
+
+
+# --- time spans ------------------------------------------------------------------------------
+
+
+def window(now: float) -> tuple:
+    """(start, end) of the 28 whole UTC days before the report's day (ending at `now` when it
+    is midnight): whole days, so the heatmap has 28 full columns and node-days are exact."""
+    end = math.floor(now / DAY) * DAY
+    return end - WINDOW_DAYS * DAY, end
+
+
+def _day(t: float) -> str:
+    return timespec.iso(t)[:10]
+
+
+# --- fleet state -----------------------------------------------------------------------------
+
+
+def _last_action(conn: sqlite3.Connection, node: str, now: float) -> tuple | None:
+    return conn.execute(
+        "SELECT time, action, reason, actor FROM actions WHERE node = ? AND time < ? AND ok = 1 "
+        "AND action IN ('drain', 'resume') ORDER BY time DESC LIMIT 1",
+        (node, now),
+    ).fetchone()
+
+
+def _last_run(conn: sqlite3.Connection, node: str, now: float) -> tuple | None:
+    return conn.execute(
+        "SELECT id, verdict, started FROM runs WHERE node = ? AND started < ? "
+        "ORDER BY started DESC LIMIT 1",
+        (node, now),
+    ).fetchone()
+
+
+def _busy(conn: sqlite3.Connection, node: str, now: float) -> bool:
+    """A job still runs on the node (a drained node with a job is draining): started within
+    a week (the longest job) and not ended by `now`, as far as the hooks and sacct know."""
+    row = conn.execute(
+        "SELECT 1 FROM jobs WHERE node = ? AND start >= ? AND start < ? AND (end > ? OR "
+        "(end IS NULL AND state = 'running' AND coalesce(slurm_state, 'RUNNING') = 'RUNNING')) "
+        "LIMIT 1",
+        (node, now - 7 * DAY, now, now),
+    ).fetchone()
+    return row is not None
+
+
+def _failing_why(conn: sqlite3.Connection, run_id: str) -> str:
+    rows = conn.execute(
+        "SELECT check_name, message FROM results WHERE run_id = ? AND status = 'fail' "
+        "ORDER BY check_name LIMIT 2",
+        (run_id,),
+    ).fetchall()
+    return "; ".join(f"{check}: {message}" for check, message in rows) or "failed its last run"
+
+
+def node_state(conn: sqlite3.Connection, node: str, now: float) -> dict:
+    """One node as the store sees it: ok, failing (its last run failed, yet slurmhealth has
+    not drained it: the breaker held, or Slurm took it down), draining or drained (our latest
+    drain stands; a job still runs), with why and since when."""
+    act, run = _last_action(conn, node, now), _last_run(conn, node, now)
+    if act and act[1] == "drain":
+        state = "draining" if _busy(conn, node, now) else "drained"
+        return _state(node, state, act[2], act[0], act[3])
+    if run and run[1] == "fail":
+        return _state(node, "failing", _failing_why(conn, run[0]), run[2], "")
+    return _state(node, "ok", "", None, "")
+
+
+def _state(node: str, state: str, why: str, since: float | None, by: str) -> dict:
+    when = timespec.iso(since) if since is not None else None
+    return {"node": node, "state": state, "reason": clean(why, 200), "since": when, "by": by}
+
+
+def slurm_state(info: dict) -> dict:
+    """A node as sinfo reports it (slurm.parse_sinfo) in the report's terms."""
+    word = info["state"].rstrip("*~#!%$@^-").lower()
+    if word == "drained":
+        state = "drained"
+    elif word in ("draining", "drng"):
+        state = "draining"
+    elif word.startswith(("down", "fail", "maint", "reboot", "power", "unk", "inval")):
+        state = "down"
+    else:
+        state = "ok"
+    since = info.get("since")
+    return _state(info["name"], state, info.get("reason", ""), since, "")
+
+
+STATES = ("ok", "failing", "draining", "drained", "down")
+
+
+def fleet_summary(states: list, source: str) -> dict:
+    """Counts per state, and the nodes not ok (first LIST_MAX), worst first."""
+    counts = dict.fromkeys(STATES, 0)
+    for s in states:
+        counts[s["state"]] += 1
+    order = {name: i for i, name in enumerate(reversed(STATES))}
+    out = sorted(
+        (s for s in states if s["state"] != "ok"), key=lambda s: (order[s["state"]], s["node"])
+    )
+    return {"source": source, "nodes": len(states), "counts": counts, "out": out[:LIST_MAX]}
+
+
+# --- the period ------------------------------------------------------------------------------
+
+
+def period_actions(conn: sqlite3.Connection, start: float, end: float) -> dict:
+    """Drains, resumes, breaker refusals and failed actions in the period, newest first."""
+    rows = conn.execute(
+        "SELECT time, node, action, reason, actor, ok, detail FROM actions "
+        "WHERE time >= ? AND time < ? ORDER BY time DESC, node",
+        (start, end),
+    ).fetchall()
+    counts = {"drain": 0, "resume": 0, "breaker": 0, "failed": 0}
+    for _, _, action, _, _, ok, _ in rows:
+        if action == "breaker":
+            counts["breaker"] += 1
+        elif not ok:
+            counts["failed"] += 1
+        elif action in counts:
+            counts[action] += 1
+    listed = [
+        {
+            "time": timespec.iso(t),
+            "node": node,
+            "action": action,
+            "ok": bool(ok),
+            "reason": clean(reason, 200),
+            "by": clean(actor, 60),
+            "detail": clean(detail, 200),
+        }
+        for t, node, action, reason, actor, ok, detail in rows[:LIST_MAX]
+    ]
+    return {"counts": counts, "total": len(rows), "list": listed}
+
+
+def period_runs(conn: sqlite3.Connection, start: float, end: float) -> dict:
+    """Runs in the period by verdict: the denominator of the check counts."""
+    counts = {"ok": 0, "warn": 0, "fail": 0}
+    for verdict, n in conn.execute(
+        "SELECT verdict, count(*) FROM runs WHERE started >= ? AND started < ? GROUP BY verdict",
+        (start, end),
+    ):
+        counts[verdict] = counts.get(verdict, 0) + n
+    return {"total": sum(counts.values()), **counts}
+
+
+def check_counts(conn: sqlite3.Connection, start: float, end: float) -> list:
+    """Fail and warn results per check in the period, most fails first. Only runs that were
+    not ok keep results (store.record_run), so the join reads few rows."""
+    rows = conn.execute(
+        "SELECT r.check_name, sum(r.status = 'fail'), sum(r.status = 'warn') "
+        "FROM runs u JOIN results r ON r.run_id = u.id "
+        "WHERE u.started >= ? AND u.started < ? AND u.verdict != 'ok' "
+        "AND r.status IN ('fail', 'warn') GROUP BY r.check_name",
+        (start, end),
+    ).fetchall()
+    out = [{"check": clean(name, 80), "fail": f, "warn": w} for name, f, w in rows]
+    return sorted(out, key=lambda c: (-c["fail"], -c["warn"], c["check"]))
+
+
+def xid_counts(conn: sqlite3.Connection, start: float, end: float) -> dict:
+    """Xids in the period by class (hardware, warning, application) and code, with the nodes
+    and processes seen. Process names come from the kernel log: untrusted, cleaned here, escaped
+    by the templates."""
+    codes: dict = {}
+    for cls, code, node, process in conn.execute(
+        "SELECT class, code, node, process FROM events "
+        "WHERE kind = 'xid' AND time >= ? AND time < ?",
+        (start, end),
+    ):
+        entry = codes.setdefault(
+            (cls or "unknown", code), {"count": 0, "nodes": set(), "procs": set()}
+        )
+        entry["count"] += 1
+        entry["nodes"].add(node)
+        if process:
+            entry["procs"].add(clean(process, 60))
+    names = dict(_XID_CLASSES)
+    rank = {c: i for i, (c, _) in enumerate(_XID_CLASSES)}
+    rows = [
+        {
+            "class": names.get(cls, clean(cls, 20)),
+            "code": code,
+            "count": e["count"],
+            "nodes": len(e["nodes"]),
+            "processes": sorted(e["procs"])[:3],
+        }
+        for (cls, code), e in sorted(
+            codes.items(), key=lambda kv: (rank.get(kv[0][0], 9), -kv[1]["count"], kv[0][1] or 0)
+        )
+    ]
+    by_class = {name: 0 for _, name in _XID_CLASSES}
+    for row in rows:
+        by_class[row["class"]] = by_class.get(row["class"], 0) + row["count"]
+    return {"by_class": by_class, "codes": rows}
+
+
+def percentile(values: list, q: float) -> float | None:
+    """The q-quantile by nearest rank (a value that occurred), None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def own_cost(conn: sqlite3.Connection, start: float, end: float) -> list:
+    """slurmhealth's own wall time per run of prolog and epilog in the period (runs.duration)."""
+    out = []
+    for phase in ("prolog", "epilog"):
+        durations = [
+            row[0]
+            for row in conn.execute(
+                "SELECT duration FROM runs WHERE started >= ? AND started < ? AND phase = ?",
+                (start, end, phase),
+            )
+        ]
+        p50, p99 = percentile(durations, 0.50), percentile(durations, 0.99)
+        out.append(
+            {
+                "phase": phase,
+                "runs": len(durations),
+                "p50_ms": None if p50 is None else round(p50 * 1000, 1),
+                "p99_ms": None if p99 is None else round(p99 * 1000, 1),
+            }
+        )
+    return out
+
+
+# --- the window: lemons, failures, heatmap, trend, rate ---------------------------------------
+
+
+def lemon_candidates(scored: list) -> list:
+    """The lemons policy.score found, with the evidence behind each (signals seen)."""
+    out = []
+    for entry in (e for e in scored if e["lemon"]):
+        evidence = [
+            {"signal": name, "count": ev["count"], "expected": round(ev["expected"], 2)}
+            for name, ev in entry["evidence"].items()
+            if ev["count"]
+        ]
+        out.append(
+            {
+                "node": entry["node"],
+                "score": round(entry["score"], 1),
+                "hw_events": entry["hw_events"],
+                "reason": clean(entry["reason"], 200),
+                "evidence": evidence,
+            }
+        )
+    return out
+
+
+def failure_records(conn: sqlite3.Connection, start: float, end: float) -> list:
+    """Every record of a node failure in [start, end) (see FAILURE_DEFINITION), by time."""
+    lemon = f"{slurm.PREFIX} {actions.LEMON}"
+    rows = [
+        (t, node, "drain", reason)
+        for t, node, reason in conn.execute(
+            "SELECT time, node, reason FROM actions WHERE action = 'drain' AND ok = 1 "
+            "AND time >= ? AND time < ?",
+            (start, end),
+        )
+        if not reason.startswith(lemon)
+    ]
+    # NODE_FAIL is the job's state on all its nodes; the node that crashed is the one whose
+    # epilog never ran (state not 'ended'). Dated by the job's end (sacct's End), else its
+    # start; the index range on start reaches back a week, the longest job.
+    rows += [
+        (t, node, "node_fail", f"crashed under job {job} (NODE_FAIL)")
+        for t, node, job in conn.execute(
+            "SELECT coalesce(end, start), node, job_id FROM jobs WHERE start >= ? AND start < ? "
+            "AND slurm_state = 'NODE_FAIL' AND coalesce(state, 'running') != 'ended' "
+            "AND coalesce(end, start) >= ? AND coalesce(end, start) < ?",
+            (start - 7 * DAY, end, start, end),
+        )
+    ]
+    return sorted(rows)
+
+
+def episodes(records: list) -> list:
+    """Failures: records of one node less than EPISODE_S after its previous failure are the
+    same failure (a drain and the NODE_FAIL of the job it killed). records: (time, node, ...)
+    sorted by time."""
+    last: dict = {}
+    out = []
+    for record in records:
+        t, node = record[0], record[1]
+        if node in last and t - last[node] < EPISODE_S:
+            continue
+        last[node] = t
+        out.append(record)
+    return out
+
+
+def heatmap(failures: list, start: float, scored: list) -> dict:
+    """Failures per node and UTC day over the window: the HEATMAP_ROWS nodes with the most
+    (lemon candidates always), each cell with its count and why."""
+    cells: dict = {}
+    for t, node, kind, why in failures:
+        row = cells.setdefault(node, [[0, []] for _ in range(WINDOW_DAYS)])
+        cell = row[int((t - start) // DAY)]
+        cell[0] += 1
+        cell[1].append(f"{kind}: {clean(why, 100)}")
+    lemons = {e["node"] for e in scored if e["lemon"]}
+    failed = len(cells)
+    for node in lemons:  # a lemon's row, even a blank one, belongs next to the others
+        cells.setdefault(node, [[0, []] for _ in range(WINDOW_DAYS)])
+    ranked = sorted(cells, key=lambda n: (n not in lemons, -sum(c[0] for c in cells[n]), n))
+    rows = [
+        {
+            "node": node,
+            "total": sum(c[0] for c in cells[node]),
+            "lemon": node in lemons,
+            "counts": [c[0] for c in cells[node]],
+            "why": ["; ".join(c[1])[:300] for c in cells[node]],
+        }
+        for node in ranked[:HEATMAP_ROWS]
+    ]
+    days = [_day(start + d * DAY) for d in range(WINDOW_DAYS)]
+    most = max((max(r["counts"]) for r in rows), default=0)
+    return {"days": days, "rows": rows, "nodes": failed, "max": most}
+
+
+def trend(failures: list, start: float, node_days: int) -> dict:
+    """Failures per UTC day over the window, and the published range for this fleet's size."""
+    per_day = [0] * WINDOW_DAYS
+    for t, *_ in failures:
+        per_day[int((t - start) // DAY)] += 1
+    nodes = node_days / WINDOW_DAYS
+    low, high = (rate * nodes / 1000 for _, rate in PUBLISHED)
+    days = [{"day": _day(start + d * DAY), "failures": n} for d, n in enumerate(per_day)]
+    return {"days": days, "expected_low": round(low, 3), "expected_high": round(high, 3)}
+
+
+def rate(failures: list, node_days: int) -> dict:
+    """The failure rate per 1,000 node-days, and what it means for jobs: a job on N nodes
+    meets a failure on average every 1 / (N x rate) days (Meta's MTTF model)."""
+    per_node_day = len(failures) / node_days if node_days else None
+    mttf = []
+    for n in MTTF_NODES:
+        row = {"nodes": n, "hours": _mttf_hours(per_node_day, n)}
+        for name, published in PUBLISHED:
+            row[name] = _mttf_hours(published / 1000, n)
+        mttf.append(row)
+    return {
+        "definition": FAILURE_DEFINITION,
+        "failures": len(failures),
+        "node_days": node_days,
+        "per_1000_node_days": None if per_node_day is None else round(1000 * per_node_day, 2),
+        "published": [{"cluster": name, "per_1000_node_days": r} for name, r in PUBLISHED],
+        "mttf": mttf,
+    }
+
+
+def _mttf_hours(per_node_day: float | None, nodes: int) -> float | None:
+    if not per_node_day:
+        return None
+    return round(24 / (nodes * per_node_day), 1)
+
+
+# --- configuration drift ---------------------------------------------------------------------
+
+
+def recorded_versions(conn: sqlite3.Connection, node: str, end: float) -> dict | None:
+    """The versions the node's latest run recorded (runner.Gathered.versions) within
+    VERSIONS_LOOKBACK before `end`; None when it recorded none (no run, or no facts parsed)."""
+    rows = conn.execute(
+        "SELECT sources FROM runs WHERE node = ? AND started >= ? AND started < ?"
+        " AND instr(sources, '\"versions\"') ORDER BY started DESC",
+        (node, end - VERSIONS_LOOKBACK, end),
+    )
+    for (text,) in rows:
+        try:
+            sources = json.loads(text)
+        except ValueError:
+            continue
+        found = _versions(sources)
+        if found:
+            return found
+    return None
+
+
+def _versions(sources: object) -> dict:
+    """{"driver", "vbios", "ib_fw"} as one text each, from a run's sources JSON."""
+    if not isinstance(sources, dict):
+        return {}
+    gpu = (sources.get("gpu") or {}).get("versions") or {}
+    ib = (sources.get("ib") or {}).get("versions") or {}
+    out = {}
+    if isinstance(gpu, dict) and gpu.get("driver"):
+        out["driver"] = clean(gpu["driver"], 40)
+    if isinstance(gpu, dict) and isinstance(gpu.get("vbios"), list) and gpu["vbios"]:
+        out["vbios"] = clean(", ".join(sorted(map(str, gpu["vbios"]))), 120)
+    firmware = ib.get("fw_ver") if isinstance(ib, dict) else None
+    if isinstance(firmware, dict) and firmware:
+        out["ib_fw"] = clean(", ".join(sorted({str(v) for v in firmware.values()})), 120)
+    return out
+
+
+DRIFT_ITEMS = (("driver", "driver"), ("vbios", "VBIOS"), ("ib_fw", "IB firmware"))
+
+
+def drift(found: dict) -> dict:
+    """Each version against the fleet majority: {"items": [{what, majority, nodes, agree,
+    differ: [{node, value}]}], "unknown": nodes that recorded no versions}. A node whose GPUs
+    or HCAs disagree among themselves shows the set, which differs from any majority."""
+    items = []
+    for key, label in DRIFT_ITEMS:
+        values = {node: v[key] for node, v in found.items() if v and key in v}
+        tally: dict = {}
+        for value in values.values():
+            tally[value] = tally.get(value, 0) + 1
+        majority = max(sorted(tally), key=lambda v: tally[v]) if tally else None
+        differ = [{"node": n, "value": v} for n, v in sorted(values.items()) if v != majority]
+        items.append(
+            {
+                "what": label,
+                "majority": majority,
+                "nodes": len(values),
+                "agree": tally.get(majority, 0) if majority else 0,
+                "differ": differ[:LIST_MAX],
+                "differ_count": len(differ),
+            }
+        )
+    unknown = sorted(n for n, v in found.items() if not v)
+    return {"items": items, "unknown": len(unknown), "unknown_nodes": unknown[:LIST_MAX]}
+
+
+# --- the report ------------------------------------------------------------------------------
+
+
+def build(
+    conn: sqlite3.Connection,
+    now: float,
+    since: float,
+    sinfo: list | None = None,
+    progress: Progress = None,
+) -> dict:
+    """Every number of the report, as one JSON-able dict (docs/report.md).
+
+    now: the report's time (`--now` replays history); since: the period's length in seconds;
+    sinfo: nodes as slurm.Slurm.nodes() lists them, to take live states instead of the
+    store's. One read transaction: a consistent snapshot while collect writes.
+    """
+    tick = progress or (lambda _n: None)
+    start, (w_start, w_end) = now - since, window(now)
+    own = not conn.in_transaction
+    if own:
+        conn.execute("BEGIN")
+    try:
+        doc = _build(conn, now, start, w_start, w_end, sinfo, tick)
+    finally:
+        if own:
+            conn.execute("COMMIT")
+    return doc
+
+
+def _build(
+    conn: sqlite3.Connection,
+    now: float,
+    start: float,
+    w_start: float,
+    w_end: float,
+    sinfo: list | None,
+    tick: Callable[[int], None],
+) -> dict:
+    signals = fleet.signals(conn, w_start, w_end)
+    scored = policy.score(signals)  # as lemons.sweep, over the same whole days
+    tick(1)
+    nodes = sorted(set(signals) | set(_period_nodes(conn, start, now)))
+    if sinfo is None:
+        states = fleet_summary([node_state(conn, n, now) for n in nodes], "store")
+    else:
+        states = fleet_summary([slurm_state(info) for info in sinfo], "sinfo")
+    tick(1)
+    failures = episodes(failure_records(conn, w_start, w_end))
+    node_days = sum(s["node_days"] for s in signals.values())
+    tick(1)
+    doc = {
+        "format": FORMAT,
+        "tool_version": __version__,
+        "generated": timespec.iso(now),
+        "period": {
+            "start": timespec.iso(start),
+            "end": timespec.iso(now),
+            "hours": round((now - start) / 3600, 2),
+        },
+        "window": {"start": timespec.iso(w_start), "end": timespec.iso(w_end), "days": WINDOW_DAYS},
+        "fleet": states,
+        "actions": period_actions(conn, start, now),
+    }
+    tick(1)
+    doc["runs"] = period_runs(conn, start, now)
+    doc["checks"] = check_counts(conn, start, now)
+    tick(1)
+    doc["xids"] = xid_counts(conn, start, now)
+    tick(1)
+    doc["lemons"] = {"nodes_scored": len(scored), "candidates": lemon_candidates(scored)}
+    doc["heatmap"] = heatmap(failures, w_start, scored)
+    doc["trend"] = trend(failures, w_start, node_days)
+    doc["rate"] = rate(failures, node_days)
+    tick(1)
+    doc["drift"] = drift({n: recorded_versions(conn, n, now) for n in nodes})
+    tick(1)
+    doc["cost"] = own_cost(conn, start, now)
+    tick(1)
+    return doc
+
+
+def _period_nodes(conn: sqlite3.Connection, start: float, end: float) -> list:
+    """Nodes with runs in the period but none in the window (new nodes, or a report at 00:30)."""
+    rows = conn.execute(
+        "SELECT DISTINCT node FROM runs WHERE started >= ? AND started < ?", (start, end)
+    )
+    return [row[0] for row in rows]
+
+
+def large(conn: sqlite3.Connection, runs: int = 100_000) -> bool:
+    """Is the store big enough for a progress bar? max(rowid): no count(*) over 1M rows."""
+    return (conn.execute("SELECT max(rowid) FROM runs").fetchone()[0] or 0) >= runs
+
+
+def live_nodes(slurm_bin: str = "", timeout: float = 30.0) -> list:
+    """Every node's state as Slurm has it now (one sinfo call); ReportError with one line."""
+    try:
+        return slurm.Slurm(slurm_bin, timeout).nodes()
+    except slurm.SlurmError as exc:
+        raise ReportError(f"{exc} (node states from Slurm)") from None
+
+
+# --- rendering -------------------------------------------------------------------------------
+
+_MD_SPECIAL = str.maketrans(
+    {
+        "\\": "\\\\",
+        "|": "\\|",
+        "`": "\\`",
+        "*": "\\*",
+        "_": "\\_",
+        "[": "\\[",
+        "]": "\\]",
+        "<": "&lt;",
+        ">": "&gt;",
+        "&": "&amp;",
+    }
+)
+
+
+def md_escape(value: object) -> str:
+    """One Markdown table cell: one line; `|`, backticks, emphasis, links and HTML-ish text
+    shown as text, whatever a node name or a kernel log holds."""
+    if value is None:
+        return ""
+    text = "".join(" " if ch.isspace() else ch for ch in str(value))
+    return text.translate(_MD_SPECIAL)
+
+
+def number(value: object) -> str:
+    """Counts with thousands separators; other numbers as the dict holds them; None: n/a."""
+    if value is None:
+        return "n/a"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return str(value)
+
+
+def _environment(fmt: str) -> object:
+    import jinja2  # noqa: PLC0415 - the admin side only; never the hot path
+
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(here),
+        autoescape=jinja2.select_autoescape(["html"]),  # by the template's name: report.html
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        # Markdown: every value that reaches the page is escaped, not only those remembered.
+        finalize=md_escape if fmt == "md" else None,
+    )
+    env.filters["num"] = number
+    return env
+
+
+def render(doc: dict, fmt: str) -> str:
+    """The report in one format: JSON is the dict itself; HTML and Markdown render it."""
+    if fmt == "json":
+        return json.dumps(doc, indent=1) + "\n"
+    if fmt not in FORMATS:
+        raise ReportError(f"unknown format {fmt!r} (use {', '.join(FORMATS)})")
+    template = _environment(fmt).get_template(f"report.{fmt}")  # type: ignore[attr-defined]
+    return template.render(r=doc)
+
+
+# --- mail ------------------------------------------------------------------------------------
+
+MTA_PATHS = ("/usr/sbin/sendmail", "/usr/lib/sendmail")
+
+
+def find_sendmail() -> str:
+    """The local MTA's sendmail: $SLURMHEALTH_SENDMAIL when set (and only it), else on PATH,
+    else where MTAs put it; ReportError when there is none."""
+    import shutil  # noqa: PLC0415
+
+    chosen = os.environ.get("SLURMHEALTH_SENDMAIL")
+    candidates = (chosen,) if chosen else (shutil.which("sendmail"), *MTA_PATHS)
+    for path in candidates:
+        if path and os.path.isabs(path) and os.access(path, os.X_OK):
+            return path
+    raise ReportError(
+        "no local MTA (sendmail not found on PATH or in /usr/sbin): report not mailed"
+    )
+
+
+def subject(doc: dict) -> str:
+    """Numbers only: nothing untrusted reaches a mail header."""
+    counts = doc["fleet"]["counts"]
+    out = counts["drained"] + counts["draining"] + counts["down"]
+    return (
+        f"slurmhealth report {doc['generated'][:10]}: {doc['fleet']['nodes']} nodes, "
+        f"{out} out of service, {len(doc['lemons']['candidates'])} lemon candidates"
+    )
+
+
+def check_address(to: str) -> None:
+    """Mail addresses, comma-separated: printable, no line breaks (no header injection)."""
+    from email.utils import getaddresses  # noqa: PLC0415
+
+    if any(not ch.isprintable() for ch in to) or not all(a for _, a in getaddresses([to])):
+        raise ReportError(f"not a mail address: {clean(to, 80)!r}")
+
+
+def message(doc: dict, fmt: str, text: str, to: str) -> bytes:
+    """A MIME message: HTML as text/html with the Markdown as its plain-text alternative;
+    Markdown and JSON as text/plain."""
+    import email.policy  # noqa: PLC0415
+    from email.message import EmailMessage  # noqa: PLC0415
+
+    check_address(to)
+    # Long enough lines that the subject is never folded (some MUAs show a folded one badly).
+    msg = EmailMessage(policy=email.policy.default.clone(max_line_length=200))
+    msg["To"] = to
+    msg["Subject"] = subject(doc)
+    if fmt == "html":
+        msg.set_content(render(doc, "md"))
+        msg.add_alternative(text, subtype="html")
+    else:
+        msg.set_content(text)
+    return msg.as_bytes()
+
+
+def mail(doc: dict, fmt: str, text: str, to: str, timeout: float = 60.0) -> None:
+    """Send the report through the local MTA (`sendmail -t -oi`, an argv list, no shell)."""
+    payload = message(doc, fmt, text, to)
+    argv = [find_sendmail(), "-t", "-oi"]
+    try:
+        proc = subprocess.run(
+            argv, input=payload, capture_output=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired:
+        raise ReportError(f"sendmail timed out after {timeout:g} s: report not mailed") from None
+    except OSError as exc:
+        raise ReportError(f"sendmail: {clean(exc, 120)}: report not mailed") from None
+    if proc.returncode != 0:
+        why = clean(proc.stderr.decode("utf-8", "replace") or f"exit {proc.returncode}", 160)
+        raise ReportError(f"sendmail failed ({why}): report not mailed")

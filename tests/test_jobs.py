@@ -1,0 +1,485 @@
+"""Job summaries: built from real stores written by the real store API, their conclusions, the
+AdminComment form (hostile strings included), and `publish` against a stand-in sacct/sacctmgr
+(unit level; tests/slurm/test_jobs.py runs it all on a real Slurm with two real users)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import stat
+import sys
+import time
+import zlib
+
+import pytest
+from conftest import FIXTURES, run_cli, snapshot_path
+
+from slurmhealth import config, fleet, jobs, runner, slurm, store
+
+HEALTHY_KMSG = os.path.join(FIXTURES, "kmsg", "healthy.kmsg")
+HOSTILE_KMSG = os.path.join(FIXTURES, "kmsg", "hostile-names.kmsg")
+ALL_GPUS = list(range(8))
+# GPU 3 of the bundled H100 snapshots sits at 0000:5d:00. kmsg files escape bytes as \xNN.
+XID79 = r"4,900,90000000000,-;NVRM: Xid (PCI:0000:5d:00): 79, pid=31337, name=py|th\x0aon, GPU has fallen off the bus."  # noqa: E501
+
+
+def kmsg_with(tmp_path, name: str, *records: str) -> str:
+    path = tmp_path / name
+    with open(HEALTHY_KMSG) as f:
+        path.write_text(f.read() + "".join(r + "\n" for r in records))
+    return str(path)
+
+
+def a_run(node: str, phase: str, snapshot: str = "healthy", kmsg: str = HEALTHY_KMSG):
+    options = runner.Options(gpu_source=snapshot_path(snapshot), kmsg=kmsg)
+    run = runner.run(node, config.defaults(), options, ["gpu", "xid"], phase, job_gpus=ALL_GPUS)
+    run.node = node
+    return run
+
+
+def job_on(
+    conn,
+    node: str,
+    job: str,
+    *,
+    prolog: str = "healthy",
+    epilog: str | None = "healthy",
+    kmsg: str = HEALTHY_KMSG,
+    exit_code: int = 0,
+    signal: int = 0,
+    nodes: int = 1,
+) -> None:
+    """A job's prolog and epilog on a node, recorded as the hooks record them."""
+    run = a_run(node, "prolog", prolog)
+    refused = run.verdict == "fail"
+    state = "prolog_failed" if refused else "running"
+    opened = {"uid": 1000, "user": "alice", "start": run.started, "state": state}
+    store.record_run(conn, run, job, dict(opened, num_nodes=nodes), job_baselines=True)
+    if epilog is None:
+        return
+    run = a_run(node, "epilog", epilog, kmsg)
+    closed: dict = {"uid": 1000, "user": "alice", "end": run.started}
+    if not refused:
+        closed.update(state="ended", exit_code=exit_code, signal=signal)
+    store.record_run(conn, run, job, closed)
+    store.attribute_events(conn, node, job, ALL_GPUS)
+
+
+@pytest.fixture
+def conn(tmp_path):
+    return store.connect(str(tmp_path / "fleet.db"))
+
+
+def xid79_job(conn, tmp_path, job: str = "41", node: str = "gpu07") -> dict:
+    job_on(conn, node, job, kmsg=kmsg_with(tmp_path, f"{node}.kmsg", XID79), signal=9)
+    return jobs.summary(conn, job)
+
+
+# --- summaries and conclusions ----------------------------------------------------------------
+
+
+def test_a_gpu_lost_during_the_job_on_a_drained_node_is_a_hardware_fault_and_safe_to_resubmit(
+    conn, tmp_path
+):
+    job_on(conn, "gpu07", "41", kmsg=kmsg_with(tmp_path, "k", XID79), signal=9)
+    store.record_action(
+        conn, "gpu07", "drain", "slurmhealth: GPU 3 off the bus", "slurmhealth epilog"
+    )
+    got = jobs.summary(conn, "41")
+    (node,) = got["nodes"]
+    assert (node["prolog"], node["epilog"]) == ("ok", "fail")
+    (xid,) = node["xids"]
+    assert (xid["gpu"], xid["code"], xid["class"]) == (3, 79, "fail")
+    assert node["drain"]["still"] is True
+    assert any(p["check"] == "xid.hardware" and p["phase"] == "epilog" for p in node["problems"])
+    assert got["verdict"] == "hardware" and got["exclude"] == []
+    when = jobs.local_time(xid["time"])
+    assert got["conclusion"] == (
+        f"node gpu07 lost GPU 3 (Xid 79) at {when} during your job: a hardware fault, not your "
+        "code; the node is drained; resubmitting is safe"
+    )
+    assert (got["user"], got["uid"], got["signal"]) == ("alice", 1000, 9)
+
+
+def test_a_fault_on_a_node_that_was_not_drained_says_to_exclude_it(conn, tmp_path):
+    got = xid79_job(conn, tmp_path)
+    assert got["verdict"] == "hardware"
+    assert got["exclude"] == ["gpu07"]
+    assert got["conclusion"].endswith(
+        "the node was not drained; resubmit excluding it with --exclude=gpu07"
+    )
+
+
+def test_a_drain_resumed_after_passing_checks_is_said_so(conn, tmp_path):
+    job_on(conn, "gpu07", "41", kmsg=kmsg_with(tmp_path, "k", XID79))
+    store.record_action(conn, "gpu07", "drain", "slurmhealth: x", "slurmhealth epilog")
+    later = time.time() + 5
+    store.record_action(conn, "gpu07", "resume", "2 ok", "slurmhealth healthcheck", when=later)
+    got = jobs.summary(conn, "41")
+    assert got["nodes"][0]["drain"]["still"] is False
+    assert "returned to service; resubmitting is safe" in got["conclusion"]
+
+
+def test_a_job_that_failed_by_itself_gets_look_at_your_output(conn):
+    job_on(conn, "gpu02", "42", exit_code=3)
+    got = jobs.summary(conn, "42")
+    assert got["verdict"] == "failed"
+    assert got["conclusion"] == (
+        "no hardware fault seen: look at your application's output (exit code 3)"
+    )
+    job_on(conn, "gpu02", "43")
+    assert jobs.summary(conn, "43")["verdict"] == "ok"
+
+
+def test_application_xids_are_the_jobs_own_and_hostile_names_stay_text(conn):
+    job_on(conn, "gpu02", "44", kmsg=HOSTILE_KMSG, exit_code=1)
+    got = jobs.summary(conn, "44")
+    assert got["verdict"] == "failed"
+    assert {x["class"] for x in got["nodes"][0]["xids"]} == {"app"}
+    assert "which is usually the application's own error" in got["conclusion"]
+    text = jobs.render_text(got)
+    assert "\x1b" not in text and "\x0a NVRM" not in text
+    assert all(line.isprintable() for line in text.splitlines())
+    assert "$(rm -rf /)" in text and "<script>alert(1)</script>" in text  # as plain text
+
+
+def test_a_node_refused_by_the_prolog_and_the_requeue_that_ran_elsewhere(conn):
+    job_on(conn, "gpu03", "45", prolog="gpu-lost")
+    store.record_action(
+        conn, "gpu03", "drain", "slurmhealth: GPU 3 GpuIsLost", "slurmhealth prolog"
+    )
+    job_on(conn, "gpu01", "45")
+    got = jobs.summary(conn, "45")
+    refused = {n["node"]: n for n in got["nodes"]}["gpu03"]
+    assert (refused["state"], refused["prolog"]) == ("prolog_failed", "fail")
+    assert got["verdict"] == "ok"
+    assert got["conclusion"].startswith(
+        "the prolog on gpu03 found GPU 3 GpuIsLost before your job started: the node was "
+        "refused and Slurm requeued your job and it ran on gpu01. no hardware fault seen"
+    )
+
+
+def test_a_missing_epilog_makes_the_summary_incomplete(conn):
+    job_on(conn, "gpu01", "46", nodes=2)
+    job_on(conn, "gpu02", "46", nodes=2, epilog=None)
+    got = jobs.summary(conn, "46")
+    assert got["verdict"] == "incomplete"
+    assert "no epilog recorded on gpu02" in got["conclusion"]
+
+
+def node_fail(conn, job: str, nodes: str, start: float, end: float) -> None:
+    """What `collect --sacct` merges for a job Slurm ended with NODE_FAIL: every node of it."""
+    stamp = lambda t: time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))  # noqa: E731
+    line = f"{job}|NODE_FAIL|0:0|{nodes}|{stamp(start)}|{stamp(end)}|alice"
+    assert fleet.ingest_sacct(conn, line, utc=True)["bad"] == []
+
+
+def test_node_fail_blames_the_node_whose_epilog_never_ran_not_every_node(conn, tmp_path):
+    job_on(conn, "gpu01", "47", nodes=2)  # killed with the job: its epilog ran
+    job_on(conn, "gpu02", "47", nodes=2, epilog=None)  # crashed
+    end = time.time() + 60
+    node_fail(conn, "47", "gpu[01-02]", time.time() - 3600, end)
+    # the crashed node's health checks after the job are not the job's
+    later = a_run("gpu02", "healthcheck", "gpu-lost")
+    later.started = end + 120
+    store.record_run(conn, later)
+    got = jobs.summary(conn, "47")
+    assert got["verdict"] == "hardware" and got["exclude"] == ["gpu02"]
+    assert got["conclusion"].startswith("node gpu02 stopped responding (Slurm: NODE_FAIL) at ")
+    assert "gpu01" not in got["conclusion"]
+    crashed = next(n for n in got["nodes"] if n["node"] == "gpu02")
+    assert abs(crashed["end"] - end) < 1 and crashed["problems"] == []
+
+
+def test_node_fail_with_every_epilog_run_is_not_blamed_on_a_node(conn):
+    job_on(conn, "gpu01", "48", nodes=2)
+    job_on(conn, "gpu02", "48", nodes=2)
+    node_fail(conn, "48", "gpu[01-02]", time.time() - 3600, time.time() + 60)
+    got = jobs.summary(conn, "48")
+    assert got["verdict"] == "node_fail" and got["exclude"] == []
+    assert "every node ran its epilog" in got["conclusion"]
+
+
+def test_an_unknown_job_is_an_error(conn):
+    with pytest.raises(jobs.JobError, match="not in the fleet store"):
+        jobs.summary(conn, "999")
+
+
+# --- the AdminComment form ----------------------------------------------------------------------
+
+
+def packed(body: bytes) -> str:
+    return jobs.PREFIX + base64.b32encode(zlib.compress(body)).decode().lower()
+
+
+def assert_safe_comment(comment: str) -> None:
+    """What survives sacctmgr (lower-cases, mangles quotes) and `sacct -P` (no escaping)."""
+    assert comment.startswith(jobs.PREFIX)
+    assert comment.isascii() and comment.isprintable() and comment == comment.lower()
+    for char in "|\n\r\"'` =":
+        assert char not in comment, char
+    assert len(comment.encode()) <= jobs.COMMENT_MAX
+
+
+def raw_event(conn, node: str, job: str, process: str) -> None:
+    """An Xid whose process name holds raw control characters, merged as a fleet record."""
+    record = {"type": "event", "id": f"xid:{node}:raw", "run_id": "r", "node": node,
+              "job_id": job, "time": time.time(), "kind": "xid", "code": 13, "gpu": 1,
+              "process": process, "class": "app"}  # fmt: skip
+    report = fleet.import_ndjson(conn, io.StringIO(json.dumps(record) + "\n"))
+    assert report["added"]["event"] == 1
+
+
+def test_encode_decode_round_trips_hostile_strings(conn, tmp_path):
+    # kmsg keeps bytes escaped (\x22): such names stay that text
+    hostile = r"4,901,90100000000,-;NVRM: Xid (PCI:0000:18:00): 13, pid=7, name=a|b`c'd\x22<script>, Graphics Exception"  # noqa: E501
+    job_on(conn, "gpu07", "47", kmsg=kmsg_with(tmp_path, "k", XID79, hostile), nodes=2)
+    job_on(conn, "gpu08", "47", nodes=2)
+    raw_event(conn, "gpu07", "47", "bad\x1b[31m\nname|x\x00\"q'")
+    original = jobs.summary(conn, "47")
+    comment = jobs.encode(original)
+    assert_safe_comment(comment)
+    back = jobs.decode(comment)
+    assert back["conclusion"] == original["conclusion"]
+    assert back["verdict"] == "hardware" and back["exclude"] == ["gpu07"]
+    assert back["ok_nodes"] == ["gpu08"]  # a quiet node travels as its name
+    (node,) = back["nodes"]
+    names = sorted(x["process"] for x in node["xids"])
+    assert names == [r"a|b`c'd\x22<script>", "bad?[31m name|x?\"q'", r"py|th\x0aon"]
+    text = jobs.render_text(back)
+    assert "<script>" in text and "name|x" in text
+    assert all(line.isprintable() for line in text.splitlines())
+    assert jobs.digest(comment) == jobs.digest(jobs.encode(jobs.decode(comment)))
+
+
+def test_what_sacct_shows_back_is_read_whatever_the_case(conn):
+    job_on(conn, "gpu02", "48", exit_code=3)
+    comment = jobs.encode(jobs.summary(conn, "48"))
+    assert len(comment) < 600
+    prefix, body = comment[: len(jobs.PREFIX)], comment[len(jobs.PREFIX) :]
+    assert jobs.decode(prefix + body.upper())["verdict"] == "failed"
+    assert jobs.decode(comment + "\n")["verdict"] == "failed"
+
+
+def test_a_huge_job_is_bounded_and_keeps_the_faulty_nodes(conn, tmp_path):
+    one = xid79_job(conn, tmp_path)
+    busy = one["nodes"][0]
+    quiet = dict(busy, prolog="ok", epilog="ok", problems=[], xids=[], drain=None)
+    # Random names and times: what compresses badly, as a real large job's records would.
+    nodes = [dict(quiet, node=os.urandom(6).hex()) for i in range(4000)]
+    for i in range(300):
+        xids = [dict(busy["xids"][0], time=int.from_bytes(os.urandom(4), "big")) for _ in range(20)]
+        nodes.append(dict(busy, node=f"sick{i:03d}", xids=xids))
+    comment = jobs.encode(dict(one, nodes=nodes))
+    assert_safe_comment(comment)
+    back = jobs.decode(comment)
+    assert back["ok_count"] == 4000 and back["ok_nodes"] == []
+    assert back["omitted"] > 0 and len(back["nodes"]) + back["omitted"] == 300
+    assert all(len(n["xids"]) == jobs.ITEMS_MAX and n["more_xids"] == 12 for n in back["nodes"])
+    assert back["verdict"] == "hardware" and back["exclude"][0] == "sick000"
+    assert "(and 19 more hardware Xids)" in back["conclusion"]
+
+
+@pytest.mark.parametrize(
+    "comment",
+    [
+        "other-tool: hello",
+        "CUT",
+        "not base32 !",
+        "[1, 2]",
+        '{"format": 99, "nodes": []}',
+        '{"format": 1, "nodes": [{"node": "x", "xids": "abc"}]}',
+        "BOMB",
+    ],
+)
+def test_a_damaged_or_foreign_comment_is_a_one_line_error(comment):
+    if comment == "CUT":
+        comment = jobs.encode({"format": 1, "job": "1", "nodes": []})[:-9]
+    elif comment == "BOMB":
+        comment = packed(b"[" + b"0," * (jobs.UNPACKED_MAX // 2) + b"0]")
+    elif comment != "other-tool: hello" and not comment.startswith("not"):
+        comment = packed(comment.encode())
+    elif comment.startswith("not"):
+        comment = jobs.PREFIX + comment
+    with pytest.raises(jobs.JobError) as caught:
+        jobs.decode(comment)
+    assert "\n" not in str(caught.value)
+
+
+# --- publish, and reading back, against a stand-in sacct/sacctmgr --------------------------------
+
+FAKE = r'''#!{python}
+"""sacct/sacctmgr stand-in: jobs in $FAKE_ACCT (JSON), calls appended to $FAKE_ACCT.calls."""
+import json, os, sys
+path = os.environ["FAKE_ACCT"]
+with open(path + ".calls", "a") as log:
+    log.write(json.dumps([os.path.basename(sys.argv[0])] + sys.argv[1:]) + "\n")
+with open(path) as f:
+    acct = json.load(f)
+args = sys.argv[1:]
+if os.path.basename(sys.argv[0]) == "sacctmgr":
+    if args[:2] == ["-n", "show"]:
+        print("Configuration data as of now\nPrivateData = none\n\nSlurmDBD configuration:")
+        print("PrivateData            = " + acct["private"])
+        sys.exit(0)
+    job = args[4].split("=", 1)[1]
+    value = args[6].split("=", 1)[1].replace('"', "`").replace("'", "`")
+    acct["jobs"][job]["comment"] = value
+    with open(path, "w") as f:
+        json.dump(acct, f)
+    print(" Modified jobs...")
+    sys.exit(0)
+fields = args[args.index("-o") + 1].split(",")
+for job in args[args.index("-j") + 1].split(","):
+    row = acct["jobs"].get(job)
+    if row is None or acct["caller"] not in ("*", row["user"]):
+        continue
+    values = {{"JobID": job, "JobIDRaw": job, "User": row["user"], "State": row["state"],
+              "End": row["end"], "AdminComment": row["comment"]}}
+    print("|".join(values[f] for f in fields))
+'''
+
+
+@pytest.fixture
+def acct(tmp_path, monkeypatch):
+    """A stand-in accounting: {'path', 'bin', 'jobs', 'write(...)', 'calls()'}."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name in ("sacct", "sacctmgr"):
+        script = bindir / name
+        script.write_text(FAKE.format(python=sys.executable))
+        script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    path = tmp_path / "acct.json"
+
+    class Acct:
+        bin = str(bindir)
+        env = {"FAKE_ACCT": str(path), "SLURMHEALTH_SLURM_BIN": str(bindir)}
+
+        def write(self, jobs_: dict, private: str = "jobs", caller: str = "*") -> None:
+            path.write_text(json.dumps({"jobs": jobs_, "private": private, "caller": caller}))
+
+        def read(self) -> dict:
+            return json.loads(path.read_text())["jobs"]
+
+        def calls(self, tool: str) -> list:
+            if not os.path.exists(f"{path}.calls"):
+                return []
+            lines = open(f"{path}.calls").read().splitlines()
+            return [c for c in map(json.loads, lines) if c[0] == tool]
+
+    monkeypatch.setenv("FAKE_ACCT", str(path))  # for the library calls made in-process
+    return Acct()
+
+
+def ended(user: str = "alice", comment: str = "") -> dict:
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+    return {"user": user, "state": "FAILED", "end": stamp, "comment": comment}
+
+
+def test_publish_writes_each_summary_once_and_again_only_when_it_changed(conn, tmp_path, acct):
+    xid79_job(conn, tmp_path, "41")
+    job_on(conn, "gpu02", "42", exit_code=3)
+    job_on(conn, "gpu03", "43")
+    acct.write({"41": ended(), "42": ended(), "43": ended(comment="other-tool: keep")})
+    client = slurm.Slurm(acct.bin)
+    now = time.time()
+
+    first = jobs.publish(conn, client, now - 3600, now + 60)
+    assert first["published"] == ["41", "42"]
+    assert first["foreign"] == [("43", "other-tool: keep")]
+    stored = acct.read()
+    assert stored["43"]["comment"] == "other-tool: keep"
+    assert jobs.decode(stored["41"]["comment"])["verdict"] == "hardware"
+    assert jobs.decode(stored["42"]["comment"])["verdict"] == "failed"
+    writes = len(acct.calls("sacctmgr"))
+
+    again = jobs.publish(conn, client, now - 3600, now + 60)
+    assert again["published"] == [] and again["unchanged"] == 2
+    assert len(acct.calls("sacctmgr")) == writes + 1  # the privacy check only: nothing written
+
+    # The node is drained after the first publish: job 41's summary changed, only it is written.
+    store.record_action(conn, "gpu07", "drain", "slurmhealth: GPU 3", "slurmhealth healthcheck")
+    third = jobs.publish(conn, client, now - 3600, now + 60)
+    assert third["published"] == ["41"] and third["unchanged"] == 1
+    assert "the node is drained" in jobs.decode(acct.read()["41"]["comment"])["conclusion"]
+    published = conn.execute("SELECT job_id, bytes FROM published ORDER BY job_id").fetchall()
+    assert [j for j, _ in published] == ["41", "42"]
+    assert all(0 < size <= jobs.COMMENT_MAX for _, size in published)
+
+
+def test_publish_refuses_without_private_data_and_the_cli_says_why(conn, tmp_path, acct):
+    job_on(conn, "gpu02", "42", exit_code=3)
+    conn.close()
+    acct.write({"42": ended()}, private="none")
+    db = str(tmp_path / "fleet.db")
+    proc = run_cli("publish", "--db", db, "--slurm-bin", acct.bin, env=acct.env)
+    assert proc.returncode == 1
+    assert "PrivateData=jobs" in proc.stderr and "Traceback" not in proc.stderr
+    assert acct.read()["42"]["comment"] == ""
+    proc = run_cli("publish", "--db", db, "--slurm-bin", acct.bin, "--public", env=acct.env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("1 summaries published")
+
+
+def test_job_reads_the_published_summary_through_accounting(conn, tmp_path, acct):
+    summary = xid79_job(conn, tmp_path, "41")
+    acct.write({"41": ended(comment=jobs.encode(summary))}, caller="alice")
+    nowhere = str(tmp_path / "no-fleet.db")
+    proc = run_cli("job", "41", "--db", nowhere, "--json", env=acct.env)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    assert got["source"] == "accounting"
+    assert got["conclusion"] == summary["conclusion"] and got["exclude"] == ["gpu07"]
+    text = run_cli("job", "41", "--db", nowhere, env=acct.env).stdout
+    assert text.splitlines()[-1] == f"conclusion: {summary['conclusion']}"
+    assert not os.path.exists(nowhere)  # a reader never creates a store
+
+
+def test_job_from_the_fleet_store_for_whoever_can_read_it(conn, tmp_path):
+    job_on(conn, "gpu02", "42", exit_code=3)
+    proc = run_cli("job", "42", "--db", str(tmp_path / "fleet.db"), "--json")
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    assert (got["source"], got["verdict"], got["exit_code"]) == ("fleet store", "failed", 3)
+
+
+@pytest.mark.parametrize(
+    ("job", "row", "message"),
+    [
+        ("77", None, "job 77 not found, or not yours"),
+        ("78", ended(user="bob"), "job 78 not found, or not yours"),
+        ("79", ended(), "no health summary for job 79 yet"),
+        ("80", {**ended(), "state": "RUNNING", "end": "Unknown"}, "job 80 is running"),
+        ("81", ended(comment="other-tool: x"), "has no slurmhealth summary"),
+        ("82", ended(comment=jobs.PREFIX + "abcdefgh"), "damaged"),
+        ("8;rm -rf /", None, "not a job id"),
+    ],
+)
+def test_job_errors_are_one_line_and_non_zero(tmp_path, acct, job, row, message):
+    acct.write({job: row} if row else {}, caller="alice")
+    proc = run_cli("job", job, "--db", str(tmp_path / "none.db"), env=acct.env)
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_a_missing_summary_says_when_it_is_due():
+    now = time.time()
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now - 60))
+    due = jobs.local_time(time.mktime(time.localtime(now - 60)) + jobs.PUBLISH_LATENCY_S)
+    assert f"expect it by {due}" in jobs._not_published("5", "COMPLETED", stamp, now)
+    old = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now - 86400))
+    assert "ask your admins" in jobs._not_published("5", "COMPLETED", old, now)
+
+
+def test_a_job_refused_everywhere_never_ran(conn):
+    job_on(conn, "gpu03", "49", prolog="gpu-lost")
+    got = jobs.summary(conn, "49")
+    assert got["verdict"] == "refused"
+    assert got["conclusion"] == (
+        "the prolog on gpu03 found GPU 3 GpuIsLost before your job started: the node was "
+        "refused, so your job never ran there; Slurm requeues such a job (unless it was "
+        "submitted with --no-requeue) and resubmitting is safe"
+    )

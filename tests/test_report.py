@@ -1,0 +1,691 @@
+"""The nightly report over a simulated fleet in a real SQLite fleet store: its numbers against
+independent counts (SQL, the simulator's truth), the same numbers in JSON, HTML and Markdown,
+hostile strings shown as text, mail through a sendmail process, and one-line CLI errors."""
+
+from __future__ import annotations
+
+import email
+import email.policy
+import html
+import json
+import os
+import pty
+import re
+import select
+import stat
+import subprocess
+import sys
+from html.parser import HTMLParser
+
+import pytest
+from conftest import TESTS, run_cli
+
+from slurmhealth import lemons, report, simulate, store
+
+DAY = simulate.DAY
+HOSTILE_PROCESS = "<script>alert(1)</script>"
+HOSTILE_NODE = "gpu|07`<b>"
+HOSTILE_REASON = "slurmhealth: *bad* | `rm -rf /` <img src=x onerror=alert(1)>\nsecond line"
+
+
+@pytest.fixture(scope="module")
+def sim() -> simulate.History:
+    f = simulate.Fleet(nodes=48, days=28, seed=5, healthcheck_interval=3600)
+    f.lemons = simulate.pick_lemons(f, 2, 50)
+    return simulate.events(f)
+
+
+@pytest.fixture(scope="module")
+def fleet_db(sim, tmp_path_factory) -> str:
+    path = str(tmp_path_factory.mktemp("report") / "fleet.db")
+    conn = store.connect(path)
+    simulate.write_store(sim, conn)
+    conn.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def conn(fleet_db):
+    c = store.connect(fleet_db)
+    yield c
+    c.close()
+
+
+def after(h: simulate.History) -> float:
+    """A report the morning after the simulated weeks: the window is all of them."""
+    return h.fleet.end + 6 * 3600
+
+
+def during(h: simulate.History) -> float:
+    """A report on the last simulated day, at 18:00: the period holds records."""
+    return h.fleet.end - 6 * 3600
+
+
+@pytest.fixture(scope="module")
+def doc(conn, sim) -> dict:
+    return report.build(conn, during(sim), DAY)
+
+
+# --- numbers against independent counts ---------------------------------------------------------
+
+
+def test_failures_match_sql_and_the_simulators_truth(conn, sim):
+    d = report.build(conn, after(sim), DAY)
+    start, end = sim.fleet.start, sim.fleet.end
+    assert (d["window"]["start"], d["window"]["end"]) == (
+        report.timespec.iso(start),
+        report.timespec.iso(end),
+    )
+    drains = conn.execute(
+        "SELECT count(*) FROM actions WHERE action = 'drain' AND ok = 1 AND time >= ? AND time < ?",
+        (start, end),
+    ).fetchone()[0]
+    crashed = conn.execute(
+        "SELECT count(*) FROM jobs WHERE slurm_state = 'NODE_FAIL' AND state = 'running'"
+    ).fetchone()[0]
+    assert d["rate"]["failures"] == drains + crashed
+    # The truth: every planted fault, plus the nodes the incident drained (a fleet-wide fault
+    # takes nodes out too), less crashes whose job outlived the simulation (no NODE_FAIL yet).
+    begin, stop = sim.breaker["incident_start"], sim.breaker["incident_end"]
+    incident = sum(1 for a in sim.actions if a[3] == "drain" and begin <= a[2] < stop)
+    faults = sum(len(times) for times in sim.faults.values())
+    unfinished = sum(
+        1 for j in sim.jobs if j[5] == "running" and j[6] == "RUNNING" and j[3] is None
+    )
+    assert faults + incident - unfinished <= d["rate"]["failures"] <= faults + incident
+    node_days = conn.execute(
+        "SELECT count(*) FROM (SELECT DISTINCT node, CAST(started / 86400 AS INTEGER) FROM runs "
+        "WHERE started >= ? AND started < ?)",
+        (start, end),
+    ).fetchone()[0]
+    assert d["rate"]["node_days"] == node_days == sim.fleet.nodes * sim.fleet.days
+    rate = d["rate"]["failures"] / node_days
+    assert d["rate"]["per_1000_node_days"] == round(1000 * rate, 2)
+    for row in d["rate"]["mttf"]:
+        assert row["hours"] == round(24 / (row["nodes"] * rate), 1)
+        assert row["RSC-1"] == round(24 / (row["nodes"] * 6.5e-3), 1)
+
+
+def test_heatmap_and_trend_add_up_to_the_failures(conn, sim):
+    d = report.build(conn, after(sim), DAY)
+    per_day = [day["failures"] for day in d["trend"]["days"]]
+    assert len(per_day) == len(d["heatmap"]["days"]) == report.WINDOW_DAYS
+    assert sum(per_day) == d["rate"]["failures"]
+    assert d["heatmap"]["nodes"] <= report.HEATMAP_ROWS  # all shown: the sums must agree
+    columns = [sum(col) for col in zip(*(r["counts"] for r in d["heatmap"]["rows"]))]
+    assert columns == per_day
+    assert all(r["total"] == sum(r["counts"]) for r in d["heatmap"]["rows"])
+    for row in d["heatmap"]["rows"]:
+        for n, why in zip(row["counts"], row["why"]):
+            assert bool(n) == bool(why)
+    lemon_rows = [r["node"] for r in d["heatmap"]["rows"] if r["lemon"]]
+    candidates = {c["node"] for c in d["lemons"]["candidates"]}
+    assert set(lemon_rows) == candidates and candidates
+    assert lemon_rows == [r["node"] for r in d["heatmap"]["rows"][: len(candidates)]]
+
+
+def test_lemon_candidates_are_what_the_lemon_sweep_finds(conn, sim, doc):
+    _, w_end = report.window(during(sim))
+    swept = {e["node"] for e in lemons.sweep(conn, w_end, 28 * DAY) if e["lemon"]}
+    found = {c["node"] for c in doc["lemons"]["candidates"]}
+    assert found == swept and found and found <= set(sim.fleet.lemons)
+    for c in doc["lemons"]["candidates"]:
+        assert c["evidence"] and all(e["count"] > 0 for e in c["evidence"])
+
+
+def test_period_counts_match_sql(conn, sim, doc):
+    end = during(sim)
+    start = end - DAY
+    rows = conn.execute(
+        "SELECT check_name, status, count(*) FROM results WHERE status IN ('fail', 'warn') AND "
+        "run_id IN (SELECT id FROM runs WHERE started >= ? AND started < ?) "
+        "GROUP BY check_name, status",
+        (start, end),
+    ).fetchall()
+    expected: dict = {}
+    for name, status, n in rows:
+        expected.setdefault(name, {"fail": 0, "warn": 0})[status] = n
+    assert {c["check"]: {"fail": c["fail"], "warn": c["warn"]} for c in doc["checks"]} == expected
+    assert expected, "the period must hold failed or warned checks"
+    xids = dict(
+        conn.execute(
+            "SELECT class, count(*) FROM events WHERE time >= ? AND time < ? GROUP BY class",
+            (start, end),
+        ).fetchall()
+    )
+    names = {"fail": "hardware", "warn": "warning", "app": "application"}
+    assert doc["xids"]["by_class"] == {names[c]: xids.get(c, 0) for c in names}
+    acts = dict(
+        conn.execute(
+            "SELECT action, count(*) FROM actions WHERE ok = 1 AND time >= ? AND time < ? "
+            "GROUP BY action",
+            (start, end),
+        ).fetchall()
+    )
+    assert doc["actions"]["counts"]["drain"] == acts.get("drain", 0)
+    assert doc["actions"]["counts"]["resume"] == acts.get("resume", 0)
+    total = conn.execute(
+        "SELECT count(*) FROM runs WHERE started >= ? AND started < ?", (start, end)
+    ).fetchone()[0]
+    assert doc["runs"]["total"] == total
+
+
+def test_own_cost_percentiles_are_order_statistics(conn, sim, doc):
+    end = during(sim)
+    for row in doc["cost"]:
+        durations = [
+            1000 * r[0]
+            for r in conn.execute(
+                "SELECT duration FROM runs WHERE phase = ? AND started >= ? AND started < ?",
+                (row["phase"], end - DAY, end),
+            )
+        ]
+        assert row["runs"] == len(durations) > 10
+        for q, key in ((0.5, "p50_ms"), (0.99, "p99_ms")):
+            value = row[key]
+            at_most = sum(d <= value + 0.05 for d in durations)
+            below = sum(d < value - 0.05 for d in durations)
+            assert below < q * len(durations) <= at_most, (key, value)
+        assert row["p99_ms"] > row["p50_ms"]
+
+
+def test_drift_names_the_drifted_nodes(doc, sim):
+    planted = simulate.drifted_nodes(sim.fleet)
+    items = {i["what"]: i for i in doc["drift"]["items"]}
+    assert items["driver"]["majority"] == simulate.DRIVER
+    assert items["VBIOS"]["majority"] == simulate.VBIOS
+    assert items["IB firmware"]["majority"] == simulate.HCA_FW
+    for label, kind in (("driver", "driver"), ("VBIOS", "vbios"), ("IB firmware", "ib_fw")):
+        odd = {n["node"] for n in items[label]["differ"]}
+        assert odd == {n for n, k in planted.items() if k == kind}
+        assert items[label]["agree"] + len(odd) == items[label]["nodes"] == sim.fleet.nodes
+    assert doc["drift"]["unknown"] == 0
+
+
+def test_every_query_reads_runs_results_and_jobs_through_an_index(fleet_db, sim):
+    """What keeps a 1M-run store within seconds (bench/bench_report.py): no full scan of the big
+    tables; actions and events are small and may be scanned."""
+    conn = store.connect(fleet_db)
+    seen: list = []
+    conn.set_trace_callback(seen.append)
+    report.build(conn, during(sim), DAY)
+    conn.set_trace_callback(None)
+    selects = {s for s in seen if s.lstrip().upper().startswith(("SELECT", "WITH"))}
+    assert len(selects) > 10
+    for sql in selects:
+        plan = [row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}")]
+        scans = [step for step in plan if re.match(r"SCAN (runs|results|jobs|u|r|j)\b", step)]
+        assert not scans, (sql, plan)
+    conn.close()
+
+
+def test_the_window_is_whole_utc_days():
+    assert report.window(10 * DAY) == (10 * DAY - 28 * DAY, 10 * DAY)
+    assert report.window(10 * DAY + 1) == (10 * DAY - 28 * DAY, 10 * DAY)
+    assert report.window(11 * DAY - 1) == (10 * DAY - 28 * DAY, 10 * DAY)
+
+
+def test_records_of_one_failure_count_once():
+    records = [(0, "a", "drain", ""), (600, "a", "node_fail", ""), (700, "b", "drain", "")]
+    records.append((4000, "a", "drain", ""))
+    assert report.episodes(records) == [records[0], records[2], records[3]]
+
+
+# --- node states from the store -----------------------------------------------------------------
+
+
+def _run(conn, node: str, when: float, verdict: str, message: str = "") -> None:
+    run_id = f"{node}:{when}"
+    conn.execute(
+        "INSERT INTO runs VALUES (?, ?, NULL, 'healthcheck', ?, 0.05, ?, 't', '{}')",
+        (run_id, node, when, verdict),
+    )
+    if verdict != "ok":
+        conn.execute(
+            "INSERT INTO results VALUES (?, 'gpu.count', ?, ?, 'drain', '{}', 0)",
+            (run_id, verdict, message),
+        )
+
+
+def test_node_states_from_the_store(tmp_path):
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    now = 100 * DAY
+    for node in ("ok1", "resumed", "failing", "drained", "draining"):
+        _run(conn, node, now - 3600, "ok")
+    _run(conn, "failing", now - 60, "fail", "7 GPUs visible, 8 expected")
+    store.record_action(conn, "resumed", "drain", "slurmhealth: x", "hc", when=now - 7200)
+    store.record_action(conn, "resumed", "resume", "passing", "hc", when=now - 600)
+    store.record_action(conn, "drained", "drain", "slurmhealth: GPU 3 lost", "hc", when=now - 900)
+    store.record_action(conn, "draining", "drain", "slurmhealth: IB down", "hc", when=now - 900)
+    store.record_action(conn, "later", "drain", "slurmhealth: future", "hc", when=now + 60)
+    conn.execute(
+        "INSERT INTO jobs (node, job_id, start, state) VALUES ('draining', '9', ?, 'running')",
+        (now - 3 * 3600,),
+    )
+    d = report.build(conn, now, DAY)
+    by_node = {n["node"]: n for n in d["fleet"]["out"]}
+    assert d["fleet"]["counts"] == {"ok": 2, "failing": 1, "draining": 1, "drained": 1, "down": 0}
+    assert by_node["drained"]["reason"] == "slurmhealth: GPU 3 lost"
+    assert by_node["drained"]["since"] == report.timespec.iso(now - 900)
+    assert by_node["failing"]["reason"] == "gpu.count: 7 GPUs visible, 8 expected"
+    assert by_node["draining"]["state"] == "draining"
+    assert d["actions"]["counts"] == {"drain": 3, "resume": 1, "breaker": 0, "failed": 0}
+
+
+def test_an_empty_store_reports_without_numbers(tmp_path):
+    conn = store.connect(str(tmp_path / "empty.db"))
+    d = report.build(conn, 100 * DAY, DAY)
+    assert d["fleet"]["nodes"] == 0 and d["rate"]["per_1000_node_days"] is None
+    for fmt in report.FORMATS:
+        assert "slurmhealth" in report.render(d, fmt)
+
+
+# --- the three formats carry the same numbers -------------------------------------------------
+
+
+class Tables(HTMLParser):
+    """{table id: [[cell text]]} of an HTML page; the text of <title> and <script> apart."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tables: dict = {}
+        self.rows: list | None = None
+        self.cell: list | None = None
+        self.scripts = 0
+        self.text: list = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "script":
+            self.scripts += 1
+        if tag == "table":
+            self.rows = self.tables.setdefault(dict(attrs).get("id", f"t{len(self.tables)}"), [])
+        elif tag == "tr" and self.rows is not None:
+            self.rows.append([])
+        elif tag in ("td", "th") and self.rows is not None:
+            self.cell = []
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self.cell is not None and self.rows is not None:
+            self.rows[-1].append("".join(self.cell).strip())
+            self.cell = None
+        elif tag == "table":
+            self.rows = None
+
+    def handle_data(self, data):
+        self.text.append(data)
+        if self.cell is not None:
+            self.cell.append(data)
+
+
+def html_tables(text: str) -> Tables:
+    parser = Tables()
+    parser.feed(text)
+    return parser
+
+
+def md_tables(text: str) -> list:
+    """Every Markdown table as rows of unescaped cells (the separator row left out)."""
+    tables, current = [], None
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            current = None
+            continue
+        if current is None:
+            current = []
+            tables.append(current)
+        cells = re.split(r"(?<!\\)\|", line.strip())[1:-1]
+        if all(re.fullmatch(r"\s*-*:?-+:?\s*", c) for c in cells):
+            continue
+        current.append([html.unescape(re.sub(r"\\(.)", r"\1", c)).strip() for c in cells])
+    return tables
+
+
+def md_table(tables: list, *headers: str) -> list:
+    """The rows (header first) of the table whose header starts with these cells."""
+    found = [t for t in tables if t and tuple(t[0][: len(headers)]) == headers]
+    assert found, headers
+    return found[0]
+
+
+def value(text: str):
+    """A cell back to a number: 1,234 -> 1234; 4.5 -> 4.5; n/a -> None."""
+    if text == "n/a":
+        return None
+    plain = text.replace(",", "")
+    try:
+        return int(plain)
+    except ValueError:
+        return float(plain)
+
+
+def numbers(rows: list) -> list:
+    return [[value(c) for c in row] for row in rows[1:]]
+
+
+def expected_tables(d: dict) -> dict:
+    """What each shared table must hold, from the JSON alone: {html id: (md header, rows)}."""
+    published = [p["cluster"] for p in d["rate"]["published"]]
+    return {
+        "rate-table": (
+            ("failures", "node-days"),
+            [
+                [d["rate"]["failures"], d["rate"]["node_days"], d["rate"]["per_1000_node_days"]]
+                + [p["per_1000_node_days"] for p in d["rate"]["published"]]
+            ],
+        ),
+        "mttf": (
+            ("job nodes",),
+            [[m["nodes"], m["hours"], *(m[c] for c in published)] for m in d["rate"]["mttf"]],
+        ),
+        "cost-table": (
+            ("phase",),
+            [[c["phase"], c["runs"], c["p50_ms"], c["p99_ms"]] for c in d["cost"]],
+        ),
+        "checks": (("check",), [[c["check"], c["fail"], c["warn"]] for c in d["checks"]]),
+        "xids": (
+            ("class", "Xid"),
+            [
+                [x["class"], x["code"], x["count"], x["nodes"], ", ".join(x["processes"])]
+                for x in d["xids"]["codes"]
+            ],
+        ),
+        "drift-table": (
+            ("what", "fleet majority"),
+            [
+                [i["what"], i["majority"], i["nodes"], i["agree"], i["differ_count"]]
+                for i in d["drift"]["items"]
+            ],
+        ),
+        "lemons-table": (
+            ("node", "score"),
+            [
+                [c["node"], c["score"], c["hw_events"], c["reason"]]
+                for c in d["lemons"]["candidates"]
+            ],
+        ),
+    }
+
+
+def typed(rows: list) -> list:
+    """Cells back to numbers where they are numbers."""
+    out = []
+    for row in rows:
+        cells = []
+        for cell in row:
+            try:
+                cells.append(value(cell))
+            except ValueError:
+                cells.append(cell)
+        out.append(cells)
+    return out
+
+
+def test_json_html_and_markdown_carry_the_same_numbers(doc):
+    d = json.loads(report.render(doc, "json"))
+    assert d == json.loads(json.dumps(doc))
+    page = html_tables(report.render(doc, "html"))
+    md = md_tables(report.render(doc, "md"))
+    for table_id, (header, want) in expected_tables(d).items():
+        if not want:
+            continue
+        got_html = typed(page.tables[table_id][1:])
+        got_md = typed(md_table(md, *header)[1:])
+        width = len(want[0])
+        assert [r[:width] for r in got_html] == want, table_id
+        assert [r[:width] for r in got_md] == want, table_id
+    states = {r[0]: r[1] for r in typed(page.tables["fleet-states"][1:])}
+    md_states = {r[0]: r[1] for r in typed(md_table(md, "state")[1:])}
+    for state, n in d["fleet"]["counts"].items():
+        assert states[state] == md_states[state] == n
+    assert md_states["all"] == d["fleet"]["nodes"]
+    acts = typed(page.tables["action-counts"][1:])[0]
+    md_acts = typed(md_table(md, "drains")[1:])[0]
+    c = d["actions"]["counts"]
+    assert acts == md_acts == [c["drain"], c["resume"], c["breaker"], c["failed"]]
+    trend = {r[0]: r[1] for r in typed(md_table(md, "day")[1:])}
+    assert trend == {x["day"]: x["failures"] for x in d["trend"]["days"]}
+
+
+def test_heatmap_and_trend_are_inline_svg_without_script(doc):
+    text = report.render(doc, "html")
+    page = html_tables(text)
+    assert page.scripts == 0 and "<script" not in text.lower()
+    assert 'id="heatmap"' in text and 'id="trend"' in text and 'id="heatmap-legend"' in text
+    cells = re.findall(r'<rect class="c(\d)"[^>]*><title>([^<]*)</title>', text)
+    shown = doc["heatmap"]["rows"]
+    assert len(cells) == len(shown) * report.WINDOW_DAYS + 5  # + the legend's five
+    lit = [t for level, t in cells if level != "0" and "failure" in t]
+    assert len(lit) == sum(1 for r in shown for n in r["counts"] if n)
+    bars = re.findall(r'<rect class="bar"[^>]*><title>([^<]*)</title>', text)
+    assert len(bars) == report.WINDOW_DAYS
+
+
+# --- hostile strings ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def hostile(tmp_path) -> dict:
+    conn = store.connect(str(tmp_path / "hostile.db"))
+    now = 100 * DAY + 3600
+    _run(conn, HOSTILE_NODE, now - 600, "fail", HOSTILE_REASON)
+    store.record_action(conn, HOSTILE_NODE, "drain", HOSTILE_REASON, "hc", when=now - 500)
+    conn.execute(
+        "INSERT INTO events (id, run_id, node, time, kind, code, gpu, process, class) "
+        "VALUES ('x1', ?, ?, ?, 'xid', 79, 3, ?, 'fail')",
+        (f"{HOSTILE_NODE}:{now - 600}", HOSTILE_NODE, now - 600, HOSTILE_PROCESS),
+    )
+    versions = {"gpu": {"versions": {"driver": "550 | <i>x</i>", "vbios": ["`v`"]}}}
+    conn.execute("UPDATE runs SET sources = ?", (json.dumps(versions),))
+    return report.build(conn, now, DAY)
+
+
+def test_hostile_strings_render_as_text(hostile):
+    page_text = report.render(hostile, "html")
+    assert "<script>alert" not in page_text and "<img" not in page_text and "<i>x" not in page_text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page_text
+    page = html_tables(page_text)
+    assert page.scripts == 0
+    assert page.tables["xids"][1][4] == HOSTILE_PROCESS
+    out = {r[0]: r for r in page.tables["out-of-service"][1:]}
+    assert out[HOSTILE_NODE][3] == " ".join(HOSTILE_REASON.split())
+    md_text = report.render(hostile, "md")
+    assert "<script>" not in md_text and "<img" not in md_text
+    tables = md_tables(md_text)
+    for table in tables:
+        assert len({len(row) for row in table}) == 1, table  # no cell split by a `|`
+    rows = {r[0]: r for r in md_table(tables, "node")[1:] if len(r) == 5}
+    assert rows[HOSTILE_NODE][3] == " ".join(HOSTILE_REASON.split())
+    assert md_table(tables, "class", "Xid")[1][4] == HOSTILE_PROCESS
+    assert json.loads(report.render(hostile, "json"))["xids"]["codes"][0]["processes"] == [
+        HOSTILE_PROCESS
+    ]
+
+
+def test_markdown_cells_are_one_line_and_inert():
+    assert report.md_escape("a|b\nc`d`<e>") == "a\\|b c\\`d\\`&lt;e&gt;"
+    assert report.md_escape(None) == ""
+
+
+# --- the command ---------------------------------------------------------------------------------
+
+
+def cli(fleet_db: str, *args: str, env: dict | None = None):
+    return run_cli("report", "--db", fleet_db, *args, env=env)
+
+
+def test_cli_writes_each_format(fleet_db, sim, tmp_path):
+    now = str(int(during(sim)))
+    for fmt in report.FORMATS:
+        out = tmp_path / f"r.{fmt}"
+        proc = cli(fleet_db, "--now", now, "--format", fmt, "-o", str(out))
+        assert proc.returncode == 0 and proc.stderr == "", proc.stderr  # quiet off a terminal
+        assert out.stat().st_size > 1000
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["generated"] == report.timespec.iso(float(now))
+    proc = cli(fleet_db, "--now", now, "--format", "md")
+    assert proc.returncode == 0 and proc.stdout == (tmp_path / "r.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--now", "yesterday"),
+        ("--since", "soon"),
+        ("--format", "pdf"),
+        ("-o", "/nonexistent-dir/r.html"),
+        ("--mail-to", "root\nBcc: everyone@example.org", "-o", "{tmp}/r.html"),
+    ],
+)
+def test_cli_errors_are_one_line(fleet_db, tmp_path, args):
+    args = tuple(a.replace("{tmp}", str(tmp_path)) for a in args)
+    proc = cli(fleet_db, *args, env={"SLURMHEALTH_SENDMAIL": "/nonexistent/sendmail"})
+    assert proc.returncode not in (0, None)
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("Error")]
+    assert len(errors) == 1, proc.stderr
+
+
+def test_cli_without_a_store_says_so(tmp_path):
+    proc = run_cli("report", "--db", str(tmp_path / "none.db"))
+    assert proc.returncode == 1 and proc.stderr.strip() == f"Error: no store at {tmp_path}/none.db"
+
+
+def fake_sendmail(directory, exit_code: int = 0) -> str:
+    """A sendmail on PATH that records its argv and stdin (a real process, as the MTA's is)."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, "sendmail")
+    with open(path, "w") as handle:
+        handle.write(
+            f"#!{sys.executable}\n"
+            "import json, os, sys\n"
+            "here = os.path.dirname(os.path.abspath(__file__))\n"
+            "data = sys.stdin.buffer.read()\n"
+            "open(os.path.join(here, 'mail.eml'), 'wb').write(data)\n"
+            "json.dump(sys.argv[1:], open(os.path.join(here, 'argv.json'), 'w'))\n"
+            f"sys.stderr.write('sendmail: queue full' if {exit_code} else '')\n"
+            f"sys.exit({exit_code})\n"
+        )
+    os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
+    return directory
+
+
+def test_mail_goes_through_sendmail_as_html(fleet_db, sim, tmp_path):
+    bin_dir = fake_sendmail(str(tmp_path / "bin"))
+    out = tmp_path / "r.html"
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    env_args = ("--now", str(int(during(sim))), "-o", str(out), "--mail-to", "hpc@example.org")
+    proc = cli(fleet_db, *env_args, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.load(open(os.path.join(bin_dir, "argv.json"))) == ["-t", "-oi"]
+    with open(os.path.join(bin_dir, "mail.eml"), "rb") as handle:
+        msg = email.message_from_binary_file(handle, policy=email.policy.default)
+    assert msg["To"] == "hpc@example.org" and msg["Subject"].startswith("slurmhealth report 20")
+    assert msg.get_content_type() == "multipart/alternative"
+    html_part = msg.get_body(("html",))
+    text_part = msg.get_body(("plain",))
+    assert html_part.get_content() == out.read_text()
+    assert text_part.get_content().startswith("# slurmhealth nightly report")
+
+
+def test_no_mta_still_writes_the_file(fleet_db, sim, tmp_path):
+    out = tmp_path / "r.md"
+    args = ("--now", str(int(during(sim))), "--format", "md", "-o", str(out), "--mail-to", "root")
+    proc = cli(fleet_db, *args, env={"SLURMHEALTH_SENDMAIL": str(tmp_path / "no-sendmail")})
+    assert proc.returncode == 4
+    assert proc.stderr.strip().splitlines() == [
+        "slurmhealth report: no local MTA (sendmail not found on PATH or in /usr/sbin): "
+        "report not mailed"
+    ]
+    assert out.read_text().startswith("# slurmhealth nightly report")
+
+
+def test_a_failing_sendmail_is_reported(fleet_db, sim, tmp_path):
+    bin_dir = fake_sendmail(str(tmp_path / "bin"), exit_code=75)
+    out = tmp_path / "r.json"
+    args = ("--now", str(int(during(sim))), "--format", "json", "-o", str(out))
+    env = {"SLURMHEALTH_SENDMAIL": os.path.join(bin_dir, "sendmail")}
+    proc = cli(fleet_db, *args, "--mail-to", "root", env=env)
+    assert proc.returncode == 4 and "sendmail failed (sendmail: queue full)" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    with open(os.path.join(bin_dir, "mail.eml"), "rb") as handle:
+        msg = email.message_from_binary_file(handle, policy=email.policy.default)
+    assert msg.get_content_type() == "text/plain"
+    assert json.loads(msg.get_content()) == json.loads(out.read_text())
+
+
+def test_node_states_from_sinfo(fleet_db, sim, tmp_path):
+    state = tmp_path / "slurm.json"
+    nodes = {
+        "gpu0001": {"state": "IDLE", "reason": ""},
+        "gpu0002": {"state": "IDLE+DRAIN", "reason": "slurmhealth: GPU 3 lost", "since": 1},
+        "gpu0003": {"state": "DOWN", "reason": "Not responding", "since": 1},
+    }
+    state.write_text(json.dumps(nodes))
+    env = {
+        "FAKE_SLURM_STATE": str(state),
+        "SLURMHEALTH_SLURM_BIN": os.path.join(TESTS, "fakeslurm"),
+    }
+    args = ("--now", str(int(during(sim))), "--format", "json", "--sinfo")
+    proc = cli(fleet_db, *args, env=env)
+    assert proc.returncode == 0, proc.stderr
+    fleet = json.loads(proc.stdout)["fleet"]
+    assert fleet["source"] == "sinfo" and fleet["nodes"] == 3
+    assert fleet["counts"] == {"ok": 1, "failing": 0, "draining": 0, "drained": 1, "down": 1}
+    assert {n["node"]: n["reason"] for n in fleet["out"]} == {
+        "gpu0002": "slurmhealth: GPU 3 lost",
+        "gpu0003": "Not responding",
+    }
+    # No Slurm here (or none answering): one line, nothing written.
+    env = {"SLURMHEALTH_SLURM_BIN": str(tmp_path), "PATH": str(tmp_path), "SLURM_CONF": "/none"}
+    proc = cli(fleet_db, "--sinfo", "-o", str(tmp_path / "r.html"), env=env)
+    assert proc.returncode == 1 and "sinfo" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "r.html").exists()
+
+
+# --- progress on a terminal -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def large_db(tmp_path_factory) -> str:
+    """A fleet store past report.large()'s threshold (100k runs)."""
+    path = str(tmp_path_factory.mktemp("large") / "fleet.db")
+    conn = store.connect(path)
+    simulate.write_store(
+        simulate.Fleet(nodes=100, days=28, seed=3, healthcheck_interval=1800), conn
+    )
+    assert report.large(conn)
+    conn.close()
+    return path
+
+
+def on_pty(args: list) -> tuple:
+    """Run `slurmhealth ARGS` with stderr on a pseudo-terminal: (exit code, what it showed)."""
+    main, side = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "slurmhealth", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=side,
+        env=dict(os.environ, COLUMNS="100"),
+    )
+    os.close(side)
+    shown = b""
+    while select.select([main], [], [], 120)[0]:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(main)
+    return proc.wait(timeout=60), shown.decode(errors="replace")
+
+
+def test_a_large_store_shows_progress_on_a_terminal_only(large_db, tmp_path):
+    args = ["report", "--db", large_db, "--now", "2024-01-29", "-o", str(tmp_path / "r.html")]
+    code, shown = on_pty(args)
+    assert code == 0, shown
+    assert "report" in shown and "100%" in shown, shown
+    proc = run_cli(*args)
+    assert proc.returncode == 0 and proc.stderr == ""
