@@ -4,6 +4,8 @@
    `python -c pass` of the same interpreter: p50, p99, ratio (goal <= 4x).
 2. 64 prologs started at once on one node: all recorded? Batch wall time vs the CPU it needs,
    64 x (one prolog's CPU time) / cores (goal <= 1.5x: nobody waits on locks beyond CPU).
+3. The cost of node_exporter metrics (settings.metrics_file): prologs with and without,
+   alternated on two nodes' worth of store and config: p50 of each and the difference.
 
 Run: `make bench` or `.venv-bench/bin/python bench/bench_hook.py [--runs 50]`. Prints figures.
 """
@@ -45,8 +47,8 @@ def node_env(tmp: str, job: str) -> dict:
     }
 
 
-def write_config(tmp: str, snapshot: str) -> None:
-    settings = {"gpu_source": snapshot, "slurm_bin": "/nonexistent"}
+def write_config(tmp: str, snapshot: str, metrics_file: str = "") -> None:
+    settings = {"gpu_source": snapshot, "slurm_bin": "/nonexistent", "metrics_file": metrics_file}
     with open(os.path.join(tmp, "slurmhealth.toml"), "w") as handle:
         handle.write(
             "[settings]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in settings.items())
@@ -99,6 +101,26 @@ def concurrent(prolog: list, tmp: str, cpu_ms: float, count: int) -> None:
     )
 
 
+def metrics_cost(prolog: list, snapshot: str, runs: int) -> None:
+    """Prologs without and with metrics, alternated so both see the same machine load."""
+    walls: dict = {"off": [], "on": []}
+    with tempfile.TemporaryDirectory() as off, tempfile.TemporaryDirectory() as on:
+        write_config(off, snapshot)
+        write_config(on, snapshot, os.path.join(on, "slurmhealth.prom"))
+        for tmp in (off, on):
+            timed(prolog, node_env(tmp, "0"))  # store created, config cached
+        for n in range(runs):
+            walls["off"].append(timed(prolog, node_env(off, str(n + 1))))
+            walls["on"].append(timed(prolog, node_env(on, str(n + 1))))
+        size = os.path.getsize(os.path.join(on, "slurmhealth.prom"))
+    p50 = {k: statistics.median(v) for k, v in walls.items()}
+    print(
+        f"metrics on vs off ({runs} each, alternated): p50 {p50['on']:.1f} vs {p50['off']:.1f} ms "
+        f"(+{p50['on'] - p50['off']:.1f} ms); p99 {pct(walls['on'], 0.99):.1f} vs "
+        f"{pct(walls['off'], 0.99):.1f} ms; file {size} bytes"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=50)
@@ -115,6 +137,7 @@ def main() -> None:
         write_config(tmp, opts.snapshot)
         cpu_ms = sequential(prolog, python, tmp, opts.runs)
         concurrent(prolog, tmp, cpu_ms, opts.concurrent)
+    metrics_cost(prolog, opts.snapshot, opts.runs)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,12 @@ SETTINGS = {
     "probation_days": (7.0, float, "a node we resumed that fails within this many days stays out"),
     "reset_gpus": (False, bool, "epilog resets an idle GPU that needs it, instead of draining"),
     "nvidia_smi": ("/usr/bin/nvidia-smi", str, "nvidia-smi used for GPU resets"),
+    "metrics_file": (
+        "",
+        str,
+        "node_exporter textfile the hooks write ({node}: node name; docs/metrics.md); "
+        "empty: off, unless $SLURMHEALTH_METRICS_FILE is set",
+    ),
 }
 SEVERITIES = ("warn", "fail")
 

@@ -40,14 +40,25 @@ Options:
   --no-db              keep no history and no baselines
   --config PATH        expectations (default $SLURMHEALTH_CONFIG or
                        /etc/slurmhealth/slurmhealth.toml)
+  --metrics-file PATH  also write node_exporter textfile metrics there (docs/metrics.md)
   -h, --help           show this message
 
 Example:
   slurmhealth check --only gpu,ib --json
   slurmhealth check --gpu-source node.json --no-db
+  slurmhealth check --metrics-file /var/lib/prometheus/node-exporter/slurmhealth.prom
 """
 
-_VALUED = ("--node", "--only", "--gpu-source", "--sysfs-root", "--kmsg", "--db", "--config")
+_VALUED = (
+    "--node",
+    "--only",
+    "--gpu-source",
+    "--sysfs-root",
+    "--kmsg",
+    "--db",
+    "--config",
+    "--metrics-file",
+)
 _FLAGS = ("--json", "--no-db", "-h", "--help")
 
 
@@ -212,6 +223,7 @@ def check(argv: list) -> int:
     run = runner.run(node, expect, options, areas, "check", baselines)
     if not opts.get("--no-db"):
         record(conn, run, "check")
+    write_metrics(_one(opts, "--metrics-file"), run, None, "check")
     print(json.dumps(run.to_dict(), indent=1) if opts.get("--json") else format_table(run))
     return EXIT_FAIL if run.verdict == FAIL else EXIT_OK
 
@@ -331,6 +343,25 @@ def reset_gpus(node: str, indexes: list, settings: dict, conn: object) -> list:
     return failed
 
 
+def metrics_path(settings: dict) -> str:
+    """$SLURMHEALTH_METRICS_FILE (slurmhealth.env beside slurm.conf), else the config's."""
+    return os.environ.get("SLURMHEALTH_METRICS_FILE") or settings["metrics_file"]
+
+
+def write_metrics(path: str | None, run: runner.Run, drain_outcome: str | None, mode: str) -> None:
+    """The node's state for node_exporter, when configured. Never changes the verdict: any
+    failure is one log line (our own bug included: the exit code must stay the checks')."""
+    if not path:
+        return
+    try:
+        from slurmhealth import metrics  # noqa: PLC0415 - only when metrics are on
+
+        path = metrics.path_for(path, run.node)
+        metrics.update(path, run, run.node, drain_outcome)
+    except Exception as exc:
+        log(f"could not write metrics to {path}, verdict stands: {exc}", mode)
+
+
 def _hook_config(conn: object, mode: str) -> dict:
     try:
         return load_config(None, conn).for_node(os.environ.get("SLURMD_NODENAME", ""))
@@ -426,7 +457,9 @@ def hook(mode: str) -> int:
             except Exception as exc:
                 log(f"could not attribute the job's Xids: {exc}", mode)
         message = message or _epilog_reset(node, run, settings, conn)
-    if message and drain(node, message, settings, conn, mode) == "breaker":
+    outcome = drain(node, message, settings, conn, mode) if message else None
+    write_metrics(metrics_path(settings), run, outcome, mode)
+    if outcome == "breaker":
         return EXIT_OK  # the breaker is open: fail open, loudly (drain() logged and recorded it)
     if not message and mode == "healthcheck":
         maybe_resume(node, settings, conn)

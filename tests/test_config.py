@@ -100,3 +100,12 @@ def test_packaged_example_is_the_generated_catalogue_and_valid():
     config.parse(text, path)
     for check in config.REGISTRY:
         assert f'[checks."{check}"]' in text
+
+
+def test_metrics_are_off_by_default_and_the_path_is_a_string():
+    assert config.defaults()["settings"]["metrics_file"] == ""
+    path = "/var/lib/node_exporter/textfile/slurmhealth-{node}.prom"
+    parsed = config.parse(f'[settings]\nmetrics_file = "{path}"\n', "t.toml")
+    assert config.Config(parsed).for_node("gpu01")["settings"]["metrics_file"] == path
+    with pytest.raises(config.ConfigError, match="t.toml:3: settings.metrics_file must be str"):
+        config.parse("[settings]\n\nmetrics_file = true\n", "t.toml")

@@ -1,0 +1,371 @@
+"""The node's state for node_exporter's textfile collector, after every run (docs/metrics.md).
+
+Written by hand in the text exposition format: prometheus_client costs ~80 ms of imports and
+this runs in the prolog. Metric and label names are fixed here, never built from data; label
+values (node names, check names) are escaped as the format says.
+
+One file holds a node's state. Check and source series describe the latest run, whatever its
+phase; per-phase series (verdict, time, duration) and counters are carried forward from the
+previous file, so a prolog does not erase the last epilog's. Writers take a lock beside the
+file for the read-merge-write (concurrent prologs on a shared node), then rename a complete
+temporary file over it: a scrape never sees half a file, and the last writer wins.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+from slurmhealth import __version__, runner
+from slurmhealth.result import FAIL, OK, STATUSES, WARN
+
+PHASES = ("prolog", "epilog", "healthcheck", "check")
+VERDICTS = (OK, WARN, FAIL)
+XID_CLASSES = ("app", WARN, FAIL)
+DRAIN_OUTCOMES = ("drained", "skipped", "breaker", "failed")
+# runner's source keys -> the module that reads them (slurmhealth/sources/)
+SOURCE_NAMES = {"gpu": "nvml", "ib": "sysfs", "kmsg": "kmsg"}
+
+# name -> (type, labels after `node`, help); the file lists families in this order.
+FAMILIES = {
+    "slurmhealth_build_info": ("gauge", ("version",), "slurmhealth version writing this file"),
+    "slurmhealth_check_status": (
+        "gauge",
+        ("check", "status"),
+        "Latest run's result of each check: 1 for its status, 0 for the other statuses",
+    ),
+    "slurmhealth_source_up": (
+        "gauge",
+        ("source",),
+        "1 when the latest run read this source, 0 when unavailable, timed out or broken",
+    ),
+    "slurmhealth_source_duration_seconds": (
+        "gauge",
+        ("source",),
+        "Time the latest run spent reading this source",
+    ),
+    "slurmhealth_run_verdict": (
+        "gauge",
+        ("phase", "verdict"),
+        "Verdict of the latest run of each phase: 1 for it, 0 for the others",
+    ),
+    "slurmhealth_last_run_timestamp_seconds": (
+        "gauge",
+        ("phase",),
+        "Unix time the latest run of each phase started",
+    ),
+    "slurmhealth_run_duration_seconds": (
+        "gauge",
+        ("phase",),
+        "Gather and check time of the latest run of each phase",
+    ),
+    "slurmhealth_runs_total": (
+        "counter",
+        ("phase", "verdict"),
+        "Runs since this file was created, by phase and verdict",
+    ),
+    "slurmhealth_xid_events_total": (
+        "counter",
+        ("xid", "class"),
+        "Xid events read from the kernel log since this file was created, repeats merged",
+    ),
+    "slurmhealth_drains_total": (
+        "counter",
+        ("outcome",),
+        "Drains a failing run asked for, by outcome (breaker: held back by the circuit breaker)",
+    ),
+}
+PER_PHASE = (
+    "slurmhealth_run_verdict",
+    "slurmhealth_last_run_timestamp_seconds",
+    "slurmhealth_run_duration_seconds",
+)
+COUNTERS = ("slurmhealth_runs_total", "slurmhealth_xid_events_total", "slurmhealth_drains_total")
+CARRIED = frozenset(PER_PHASE + COUNTERS)
+# label -> the values a carried-forward line may have; anything else in the old file is dropped
+_CLOSED = {
+    "phase": PHASES,
+    "verdict": VERDICTS,
+    "class": XID_CLASSES,
+    "outcome": DRAIN_OUTCOMES,
+}
+
+_INF = float("inf")
+READ_MAX = 1 << 20  # our own file is a few KiB; a bigger one is not ours to carry forward
+LOCK_WAIT_S = 0.5  # each writer holds the lock ~1 ms; past this, write unlocked (still whole)
+_LABEL = r'([a-z_]+)="((?:[^"\\]|\\.)*)"(,|$)'
+_KMSG_STATE = "# slurmhealth kmsg boot_id="
+
+
+def escape(value: str) -> str:
+    """A label value as the text format wants it: backslash, double quote and newline escaped;
+    what UTF-8 cannot carry (undecodable bytes from the environment) becomes `?`."""
+    text = str(value)
+    if text.isascii() and not ("\\" in text or '"' in text or "\n" in text):
+        return text  # the common case, and the cost of a file of 400 label values
+    text = text.encode("utf-8", "replace").decode("utf-8")
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def unescape(value: str) -> str:
+    if "\\" not in value:
+        return value
+    out, chars = [], iter(value)
+    for ch in chars:
+        if ch != "\\":
+            out.append(ch)
+            continue
+        escaped = next(chars, "")
+        out.append("\n" if escaped == "n" else escaped)
+    return "".join(out)
+
+
+def number(value: float) -> str:
+    """Integers without a fraction; other floats exactly (repr round-trips)."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def path_for(template: str, node: str) -> str:
+    """The configured path with `{node}` replaced: one file per slurmd on a shared host.
+
+    Node names are untrusted here: only letters, digits, `_` and `-` reach the path.
+    """
+    safe = "".join(c if (c.isascii() and c.isalnum()) or c in "_-" else "_" for c in node)
+    return template.replace("{node}", safe)
+
+
+def render(samples: dict, kmsg_state: tuple | None = None) -> str:
+    """{(name, labels): value} -> the file's text, families in FAMILIES order with HELP/TYPE.
+
+    `labels` is a tuple of (name, value) pairs, `node` first.
+    """
+    lines = []
+    if kmsg_state is not None:
+        lines.append(f"# slurmhealth kmsg boot_id={kmsg_state[0]} seq={kmsg_state[1]}")
+    grouped: dict = {name: [] for name in FAMILIES}
+    for (name, labels), value in samples.items():
+        grouped[name].append((labels, value))
+    for name, rows in grouped.items():
+        if not rows:
+            continue
+        kind, _, help_text = FAMILIES[name]
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+        for labels, value in sorted(rows):
+            body = ",".join([f'{key}="{escape(val)}"' for key, val in labels])
+            lines.append(f"{name}{{{body}}} {number(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def _labels(body: str) -> tuple | None:
+    """`a="x",b="y"` -> (("a", "x"), ("b", "y")); None when it is not exactly that."""
+    out, pos = [], 0
+    while pos < len(body):
+        found = re.compile(_LABEL).match(body, pos)
+        if found is None or (found.group(3) == "," and found.end() == len(body)):
+            return None
+        out.append((found.group(1), unescape(found.group(2))))
+        pos = found.end()
+    return tuple(out)
+
+
+def _acceptable(name: str, labels: tuple, value: float, node: str) -> bool:
+    """A carried-forward sample must be one this module would write, for this node."""
+    if name not in CARRIED or not abs(value) < _INF:  # NaN compares false
+        return False
+    if tuple(k for k, _ in labels) != ("node", *FAMILIES[name][1]) or labels[0][1] != node:
+        return False
+    for key, val in labels[1:]:
+        if key in _CLOSED and val not in _CLOSED[key]:
+            return False
+        if key == "xid" and not (val.isdigit() and val.isascii() and len(val) <= 6):
+            return False
+    return name not in COUNTERS or value >= 0
+
+
+def _boot_id(text: str) -> str:
+    return "".join(c for c in text.lower() if c in "0123456789abcdef-")[:64]
+
+
+def _kmsg_state(line: str) -> tuple | None:
+    """`# slurmhealth kmsg boot_id=B seq=N` -> (B, N)."""
+    boot, _, seq = line[len(_KMSG_STATE) :].partition(" seq=")
+    ok = seq.isdigit() and seq.isascii() and _boot_id(boot) == boot
+    return (boot, int(seq)) if ok else None
+
+
+def _sample(line: str) -> tuple | None:
+    """`name{labels} value` of a carried family -> (name, labels, value); None otherwise.
+
+    Most lines are the latest run's own series, replaced anyway: they cost one partition.
+    """
+    name, brace, rest = line.partition("{")
+    body, close, text = rest.rpartition("} ")  # a value never holds "} ", a label value may
+    if name not in CARRIED or not (brace and close):
+        return None
+    labels = _labels(body)
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return (name, labels, value) if labels is not None else None
+
+
+def parse_previous(text: str, node: str) -> tuple:
+    """(carried samples, kmsg state) of the previous file; lines that are not ours are dropped."""
+    samples: dict = {}
+    kmsg_state = None
+    for line in text.splitlines():
+        if line.startswith(_KMSG_STATE):
+            kmsg_state = _kmsg_state(line) or kmsg_state
+            continue
+        found = _sample(line)
+        if found is not None and _acceptable(*found, node):
+            samples[found[0], found[1]] = found[2]
+    return samples, kmsg_state
+
+
+def _state_set(name: str, labels: tuple, key: str, states: tuple, now: str) -> dict:
+    """One sample per state, 1 for `now` and 0 for the others (OpenMetrics' StateSet)."""
+    return {(name, (*labels, (key, s))): float(s == now) for s in states}
+
+
+def run_samples(run: runner.Run, node: str) -> dict:
+    """The latest run's own series: build info, checks, sources, its phase's verdict and times."""
+    me = (("node", node),)
+    out = {("slurmhealth_build_info", (*me, ("version", __version__))): 1.0}
+    for r in run.results:
+        labels = (*me, ("check", r.check))
+        out.update(_state_set("slurmhealth_check_status", labels, "status", STATUSES, r.status))
+    for source, got in run.sources.items():
+        labels = (*me, ("source", SOURCE_NAMES.get(source, source)))
+        out[("slurmhealth_source_up", labels)] = float(got.status == "ok")
+        out[("slurmhealth_source_duration_seconds", labels)] = round(got.seconds, 6)
+    phase = (*me, ("phase", run.phase))
+    out.update(_state_set("slurmhealth_run_verdict", phase, "verdict", VERDICTS, run.verdict))
+    out[("slurmhealth_last_run_timestamp_seconds", phase)] = round(run.started, 3)
+    out[("slurmhealth_run_duration_seconds", phase)] = round(run.duration, 6)
+    return out
+
+
+def xid_events(run: runner.Run) -> list:
+    """(seq, xid, class) of every Xid event the run's xid checks reported (config applied;
+    `ignore`-class Xids are not reported)."""
+    out = []
+    for r in run.results:
+        if r.check not in ("xid.hardware", "xid.application"):
+            continue
+        for event in r.data.get("events", []):
+            if event.get("class") in XID_CLASSES and isinstance(event.get("xid"), int):
+                out.append((event.get("seq"), event["xid"], event["class"]))
+    return out
+
+
+def kmsg_position(run: runner.Run, events: list) -> tuple | None:
+    """(boot id, last sequence number) this run read up to; None when it read no kernel log."""
+    base = run.baselines.get("xid")
+    if not isinstance(base, dict):
+        return None
+    seqs = [s for s in [base.get("seq"), *(e[0] for e in events)] if isinstance(s, int)]
+    boot = _boot_id(str(base.get("boot_id") or ""))
+    return (boot, max(seqs)) if seqs else None
+
+
+def uncounted(events: list, before: tuple | None, after: tuple | None) -> list:
+    """Events no earlier writer counted: concurrent runs of one boot read the same records."""
+    if before is None or after is None or before[0] != after[0]:
+        return events
+    return [e for e in events if isinstance(e[0], int) and e[0] > before[1]]
+
+
+def _add(samples: dict, name: str, labels: tuple, amount: float) -> None:
+    samples[(name, labels)] = samples.get((name, labels), 0.0) + amount
+
+
+def merge(previous: dict, current: dict, run: runner.Run, node: str, counts: tuple) -> dict:
+    """The new file's samples: this run's series, other phases' carried over, counters added.
+
+    `counts` is (drain outcome or None, Xid events to count). Counters start at 0 for every
+    known label value, so `increase()` sees the first event.
+    """
+    phase = ("phase", run.phase)
+    out = {k: v for k, v in previous.items() if k[0] in COUNTERS or phase not in k[1]}
+    out.update(current)
+    me = (("node", node),)
+    for verdict in VERDICTS:
+        amount = 1.0 if verdict == run.verdict else 0.0
+        _add(out, "slurmhealth_runs_total", (*me, phase, ("verdict", verdict)), amount)
+    drain, xids = counts
+    for outcome in DRAIN_OUTCOMES:
+        _add(out, "slurmhealth_drains_total", (*me, ("outcome", outcome)), float(outcome == drain))
+    for _, xid, cls in xids:
+        _add(out, "slurmhealth_xid_events_total", (*me, ("xid", str(xid)), ("class", cls)), 1.0)
+    return out
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            text = handle.read(READ_MAX + 1)
+    except FileNotFoundError:
+        return ""
+    return text if len(text) <= READ_MAX else ""
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write a temporary file beside `path` (node_exporter reads only *.prom), mode 0644, and
+    rename it over `path`. No fsync: after a crash the next run rewrites the file anyway."""
+    directory, base = os.path.split(path)
+    tmp = os.path.join(directory, f".{base}.{os.getpid()}.tmp")
+    try:
+        os.unlink(tmp)  # a crashed writer's leftover with our pid
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        os.fchmod(fd, 0o644)  # whatever the umask: node_exporter runs as its own user
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _lock(path: str) -> int | None:
+    """An exclusive lock beside the file for the read-merge-write, or None after LOCK_WAIT_S
+    (the write then goes ahead unlocked: still whole, the merge may miss a concurrent run)."""
+    import fcntl  # noqa: PLC0415 - a C module, only when metrics are on
+
+    directory, base = os.path.split(path)
+    fd = os.open(
+        os.path.join(directory, f".{base}.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644
+    )
+    give_up = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() > give_up:
+                os.close(fd)
+                return None
+            time.sleep(0.002)
+
+
+def update(path: str, run: runner.Run, node: str, drain: str | None = None) -> None:
+    """Merge one run into the node's file. Raises OSError when the file cannot be written."""
+    lock = _lock(path)
+    try:
+        previous, before = parse_previous(_read(path), node)
+        events = xid_events(run)
+        after = kmsg_position(run, events)
+        counted = uncounted(events, before, after)
+        samples = merge(previous, run_samples(run, node), run, node, (drain, counted))
+        write_atomic(path, render(samples, after or before))
+    finally:
+        if lock is not None:
+            os.close(lock)

@@ -1,0 +1,526 @@
+"""node_exporter textfile metrics: the written file parsed by prometheus_client's own parser and
+scraped through a real node_exporter; real hook processes, concurrent writers, unwritable
+directories."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from conftest import FIXTURES, snapshot_path
+from hypothesis import given
+from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
+from test_hook import REPO, Node
+from test_import_weight import HEAVY, imported
+
+from slurmhealth import config, metrics, runner
+from slurmhealth.checks import REGISTRY
+
+SYSFS = os.path.join(FIXTURES, "sysfs", "healthy-8x-ndr")
+KMSG = os.path.join(FIXTURES, "kmsg")
+HOSTILE = 'gpu"01\\x\n} bad{="1"},\tü'
+NODE_EXPORTER = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+LABEL_NAMES = {"node", "version", "check", "status", "source", "phase", "verdict", "xid", "class"}
+
+
+def a_run(phase="prolog", snapshot="healthy", kmsg="healthy.kmsg", node="gpu01"):
+    """A real run of every check on replayed facts (no store)."""
+    expect = config.defaults()
+    options = runner.Options(snapshot_path(snapshot), SYSFS, os.path.join(KMSG, kmsg))
+    return runner.run(node, expect, options, None, phase)
+
+
+def parsed(path) -> dict:
+    """{(sample name, frozenset(labels)): value}; prometheus_client raises on a malformed file."""
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = (sample.name, frozenset(sample.labels.items()))
+            assert key not in out, f"duplicate series {key}"
+            out[key] = sample.value
+    return out
+
+
+def value(samples: dict, name: str, **labels) -> float:
+    return samples[(name, frozenset(labels.items()))]
+
+
+def families(path) -> dict:
+    with open(path, encoding="utf-8") as handle:
+        return {f.name: f for f in text_string_to_metric_families(handle.read())}
+
+
+def test_a_run_writes_every_family_with_help_and_type(tmp_path):
+    path = tmp_path / "slurmhealth.prom"
+    metrics.update(str(path), a_run(snapshot="gpu-lost"), "gpu01", "drained")
+    found = families(path)
+    # prometheus_client names counter families without _total
+    names = {
+        n if metrics.FAMILIES[n][0] == "gauge" else n[: -len("_total")] for n in metrics.FAMILIES
+    }
+    assert set(found) == names - {"slurmhealth_xid_events"}  # no Xid in this kernel log
+    for name, (kind, _, help_text) in metrics.FAMILIES.items():
+        family = found.get(name if kind == "gauge" else name[: -len("_total")])
+        if family is not None:
+            assert (family.type, family.documentation) == (kind, help_text)
+    samples = parsed(path)
+    assert (
+        value(samples, "slurmhealth_check_status", node="gpu01", check="gpu.count", status="fail")
+        == 1
+    )
+    assert (
+        value(samples, "slurmhealth_check_status", node="gpu01", check="gpu.count", status="ok")
+        == 0
+    )
+    assert (
+        value(samples, "slurmhealth_run_verdict", node="gpu01", phase="prolog", verdict="fail") == 1
+    )
+    assert value(samples, "slurmhealth_drains_total", node="gpu01", outcome="drained") == 1
+    assert value(samples, "slurmhealth_drains_total", node="gpu01", outcome="breaker") == 0
+    assert value(samples, "slurmhealth_source_up", node="gpu01", source="nvml") == 1
+    checks = {dict(k[1])["check"] for k in samples if k[0] == "slurmhealth_check_status"}
+    assert checks == set(REGISTRY)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
+
+
+def test_check_status_is_a_state_set_one_status_per_check(tmp_path):
+    path = tmp_path / "m.prom"
+    run = a_run(snapshot="thermal")
+    metrics.update(str(path), run, "gpu01")
+    samples = parsed(path)
+    for result in run.results:
+        states = {
+            s: value(
+                samples, "slurmhealth_check_status", node="gpu01", check=result.check, status=s
+            )
+            for s in ("ok", "warn", "fail", "skip", "error")
+        }
+        assert states == {s: float(s == result.status) for s in states}
+
+
+def test_messages_and_process_names_never_become_labels(tmp_path):
+    path = tmp_path / "m.prom"
+    run = a_run(kmsg="hostile-names.kmsg")
+    assert any("evil" in str(r.data) for r in run.results)  # the hostile names were read
+    metrics.update(str(path), run, "gpu01")
+    text = path.read_text()
+    assert "evil" not in text and "script" not in text and "rm -rf" not in text
+    samples = parsed(path)
+    assert {k for _, labels in samples for k, _ in labels} <= LABEL_NAMES | {"outcome"}
+    xids = {dict(k[1])["xid"] for k in samples if k[0] == "slurmhealth_xid_events_total"}
+    assert xids and all(x.isdigit() for x in xids)
+
+
+def test_hostile_node_names_are_escaped_and_parse_back(tmp_path):
+    path = tmp_path / "m.prom"
+    metrics.update(str(path), a_run(node=HOSTILE), HOSTILE)
+    samples = parsed(path)
+    nodes = {dict(k[1])["node"] for k in samples}
+    assert nodes == {HOSTILE}
+    assert len(path.read_text().splitlines()) == len(samples) + 2 * len(families(path)) + 1
+
+
+@given(st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40))
+def test_any_label_value_round_trips_through_the_prometheus_parser(text):
+    rendered = metrics.render({("slurmhealth_source_up", (("node", text), ("source", "x"))): 1.0})
+    (family,) = text_string_to_metric_families(rendered)
+    assert family.samples[0].labels == {"node": text, "source": "x"}
+    assert metrics.unescape(metrics.escape(text)) == text
+
+
+def test_undecodable_node_names_become_question_marks(tmp_path):
+    path = tmp_path / "m.prom"
+    name = b"gpu\xff01".decode("utf-8", "surrogateescape")  # as os.environ gives it
+    metrics.update(str(path), a_run(node=name), name)
+    assert {dict(k[1])["node"] for k in parsed(path)} == {"gpu?01"}
+
+
+def test_path_for_keeps_node_names_inside_the_directory():
+    assert metrics.path_for("/d/slurmhealth-{node}.prom", "gpu07") == "/d/slurmhealth-gpu07.prom"
+    assert metrics.path_for("/d/{node}.prom", "../../etc/x y") == "/d/______etc_x_y.prom"
+    assert metrics.path_for("/d/fixed.prom", "gpu07") == "/d/fixed.prom"
+
+
+def test_each_phase_keeps_its_series_and_counters_add_up(tmp_path):
+    path = str(tmp_path / "m.prom")
+    metrics.update(path, a_run("prolog", snapshot="gpu-lost"), "gpu01", "drained")
+    first = parsed(path)
+    metrics.update(path, a_run("epilog"), "gpu01")
+    metrics.update(path, a_run("healthcheck"), "gpu01")
+    metrics.update(path, a_run("prolog"), "gpu01")
+    samples = parsed(path)
+    for phase, verdict in (("prolog", "ok"), ("epilog", "ok"), ("healthcheck", "ok")):
+        assert (
+            value(samples, "slurmhealth_run_verdict", node="gpu01", phase=phase, verdict=verdict)
+            == 1
+        )
+    prolog_time = (
+        "slurmhealth_last_run_timestamp_seconds",
+        frozenset({("node", "gpu01"), ("phase", "prolog")}),
+    )
+    assert samples[prolog_time] > first[prolog_time]
+    runs = {
+        (dict(k[1])["phase"], dict(k[1])["verdict"]): v
+        for k, v in samples.items()
+        if k[0] == "slurmhealth_runs_total"
+    }
+    assert runs[("prolog", "fail")] == 1 and runs[("prolog", "ok")] == 1
+    assert runs[("epilog", "ok")] == 1 and runs[("healthcheck", "ok")] == 1
+    assert sum(runs.values()) == 4
+    assert value(samples, "slurmhealth_drains_total", node="gpu01", outcome="drained") == 1
+    # check status is the latest run's, whatever its phase
+    assert (
+        value(samples, "slurmhealth_check_status", node="gpu01", check="gpu.count", status="ok")
+        == 1
+    )
+
+
+def test_xids_are_counted_once_however_often_the_same_records_are_read(tmp_path):
+    path = str(tmp_path / "m.prom")
+    for _ in range(3):  # a run without a store reads the whole log each time
+        metrics.update(path, a_run("check", kmsg="xid-forms.kmsg"), "gpu01")
+    samples = parsed(path)
+    counted = {
+        (dict(k[1])["xid"], dict(k[1])["class"]): v
+        for k, v in samples.items()
+        if k[0] == "slurmhealth_xid_events_total"
+    }
+    events = metrics.xid_events(a_run("check", kmsg="xid-forms.kmsg"))
+    expected: dict = {}
+    for _, xid, cls in events:
+        expected[(str(xid), cls)] = expected.get((str(xid), cls), 0) + 1
+    assert counted == expected and ("79", "fail") in counted
+
+
+def test_lines_that_are_not_ours_are_not_carried_forward(tmp_path):
+    path = tmp_path / "m.prom"
+    path.write_text(
+        "# junk\n"
+        'slurmhealth_runs_total{node="gpu01",phase="prolog",verdict="ok"} 41\n'
+        'slurmhealth_runs_total{node="gpu01",phase="prolog",verdict="bogus"} 5\n'
+        'slurmhealth_runs_total{node="gpu02",phase="prolog",verdict="ok"} 7\n'
+        'slurmhealth_runs_total{node="gpu01",phase="epilog",verdict="ok",x="y"} 3\n'
+        'slurmhealth_runs_total{node="gpu01",phase="epilog",verdict="warn"} -4\n'
+        'slurmhealth_run_duration_seconds{node="gpu01",phase="epilog"} NaN\n'
+        'slurmhealth_xid_events_total{node="gpu01",xid="79 ",class="fail"} 2\n'
+        'slurmhealth_xid_events_total{node="gpu01",xid="79",class="fail",} 2\n'
+        'other_metric{node="gpu01"} 1\n'
+        "slurmhealth_runs_total{node=gpu01} 1\n"
+    )
+    metrics.update(str(path), a_run("prolog"), "gpu01")
+    runs = {k: v for k, v in parsed(path).items() if k[0] == "slurmhealth_runs_total"}
+    assert runs == {
+        (
+            "slurmhealth_runs_total",
+            frozenset({("node", "gpu01"), ("phase", "prolog"), ("verdict", v)}),
+        ): n
+        for v, n in (("ok", 42.0), ("warn", 0.0), ("fail", 0.0))
+    }
+    text = path.read_text()
+    assert "other_metric" not in text and "gpu02" not in text and "NaN" not in text
+    assert "xid_events" not in text
+
+
+def test_a_file_that_cannot_be_written_raises_and_leaves_no_temporary(tmp_path):
+    target = tmp_path / "is-a-directory.prom"
+    target.mkdir()
+    with pytest.raises(OSError):
+        metrics.update(str(target), a_run(), "gpu01")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".is-a-directory.prom.lock", target.name]
+
+
+def test_the_mode_is_0644_whatever_the_umask(tmp_path):
+    path = tmp_path / "m.prom"
+    old = os.umask(0o077)
+    try:
+        metrics.update(str(path), a_run(), "gpu01")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
+
+
+# --- through the real hook ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def node(tmp_path):
+    return Node(tmp_path)
+
+
+def test_off_by_default_no_file_and_the_module_not_even_imported(node, tmp_path):
+    assert config.defaults()["settings"]["metrics_file"] == ""
+    code = "import sys, slurmhealth.hook as h; h.main(sys.argv[1:])"
+    env = dict(node.env(), PYTHONVERBOSE="1")
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "prolog"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0
+    assert "import 'slurmhealth.runner'" in proc.stderr  # the measurement works
+    assert "import 'slurmhealth.metrics'" not in proc.stderr
+    assert not [p for p in tmp_path.rglob("*") if p.suffix in (".prom", ".lock", ".tmp")]
+
+
+@pytest.mark.parametrize("mode", ["prolog", "epilog", "healthcheck"])
+def test_every_hook_writes_the_file_through_the_real_entry(node, tmp_path, mode):
+    out = tmp_path / "textfile"
+    out.mkdir()
+    node.configure("healthy", metrics_file=str(out / "slurmhealth-{node}.prom"))
+    proc = node.run(mode, job=None if mode == "healthcheck" else "7")
+    assert proc.returncode == 0, proc.stderr
+    samples = parsed(out / "slurmhealth-gpu01.prom")
+    assert value(samples, "slurmhealth_run_verdict", node="gpu01", phase=mode, verdict="ok") == 1
+    assert value(samples, "slurmhealth_runs_total", node="gpu01", phase=mode, verdict="ok") == 1
+    assert sorted(p.name for p in out.iterdir()) == [
+        ".slurmhealth-gpu01.prom.lock",
+        "slurmhealth-gpu01.prom",
+    ]
+
+
+def test_the_environment_overrides_the_config(node, tmp_path):
+    node.configure("healthy", metrics_file=str(tmp_path / "from-config.prom"))
+    proc = node.run("prolog", SLURMHEALTH_METRICS_FILE=str(tmp_path / "from-env.prom"))
+    assert proc.returncode == 0
+    assert (tmp_path / "from-env.prom").exists() and not (tmp_path / "from-config.prom").exists()
+
+
+def test_check_writes_only_when_asked(tmp_path):
+    path = tmp_path / "check.prom"
+    base = ["--no-db", "--gpu-source", snapshot_path("gpu-lost"), "--sysfs-root", SYSFS]
+    base += ["--kmsg", os.path.join(KMSG, "healthy.kmsg"), "--node", "gpu09"]
+    run = [sys.executable, "-m", "slurmhealth", "check", *base]
+    env = dict(os.environ, SLURMHEALTH_METRICS_FILE=str(path))  # the hooks' variable: not check's
+    assert subprocess.run(run, env=env, capture_output=True, check=False).returncode == 1
+    assert not path.exists()
+    proc = subprocess.run(
+        [*run, "--metrics-file", str(path)], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 1, proc.stderr
+    samples = parsed(path)
+    assert (
+        value(samples, "slurmhealth_run_verdict", node="gpu09", phase="check", verdict="fail") == 1
+    )
+
+
+@pytest.mark.parametrize("snapshot, code", [("healthy", 0), ("gpu-lost", 1)])
+def test_an_unwritable_directory_is_one_log_line_and_the_verdict_stands(
+    node, tmp_path, snapshot, code
+):
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    node.configure(snapshot, metrics_file=str(not_a_dir / "m.prom"))
+    proc = node.run("prolog")
+    assert proc.returncode == code
+    lines = [line for line in proc.stderr.splitlines() if "metrics" in line]
+    assert (
+        len(lines) == 1 and "could not write metrics" in lines[0] and "verdict stands" in lines[0]
+    ), proc.stderr
+    if code:
+        assert node.slurm()["reason"] == "slurmhealth: GPU 3 GpuIsLost"
+
+
+def test_a_bug_in_the_metrics_code_changes_nothing_but_a_log_line(node, tmp_path):
+    boom = tmp_path / "boom"
+    boom.mkdir()
+    (boom / "sitecustomize.py").write_text(
+        "import slurmhealth.metrics as m\n"
+        "def update(*a, **k):\n    raise RuntimeError('bug')\n"
+        "m.update = update\n"
+    )
+    node.configure("gpu-lost", metrics_file=str(tmp_path / "m.prom"))
+    proc = node.run("prolog", PYTHONPATH=os.pathsep.join([str(boom), REPO]))
+    assert proc.returncode == 1  # the verdict, not the fail-open of an internal error
+    assert node.slurm()["reason"] == "slurmhealth: GPU 3 GpuIsLost"
+    lines = [line for line in proc.stderr.splitlines() if "metrics" in line]
+    assert len(lines) == 1 and lines[0].endswith("verdict stands: bug"), proc.stderr
+
+
+def test_a_stuck_lock_holder_delays_a_hook_at_most_the_lock_wait(node, tmp_path):
+    path = tmp_path / "m.prom"
+    node.configure("healthy", metrics_file=str(path))
+    with open(tmp_path / ".m.prom.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        started = time.monotonic()
+        proc = node.run("prolog")
+        waited = time.monotonic() - started
+    assert proc.returncode == 0 and path.exists()  # written unlocked, still whole
+    assert metrics.LOCK_WAIT_S <= waited < metrics.LOCK_WAIT_S + 5
+    assert (
+        value(parsed(path), "slurmhealth_runs_total", node="gpu01", phase="prolog", verdict="ok")
+        == 1
+    )
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A read-only tmpfs: root writes anywhere a plain chmod would forbid."""
+    if os.geteuid() != 0:
+        if os.environ.get("SLURMHEALTH_REQUIRE_REAL") == "1":
+            pytest.fail("SLURMHEALTH_REQUIRE_REAL=1 but mounting a read-only tmpfs needs root")
+        pytest.skip("mounting a read-only tmpfs needs root")
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,ro", "tmpfs", str(mount)], check=True)
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_read_only_directory_is_one_log_line_and_the_verdict_stands(node, read_only_dir):
+    node.configure("gpu-lost", metrics_file=str(read_only_dir / "m.prom"))
+    proc = node.run("prolog")
+    assert proc.returncode == 1
+    lines = [line for line in proc.stderr.splitlines() if "metrics" in line]
+    assert len(lines) == 1 and "Read-only file system" in lines[0], proc.stderr
+    assert node.slurm()["reason"] == "slurmhealth: GPU 3 GpuIsLost"
+
+
+def test_concurrent_hooks_keep_the_file_whole_and_count_every_run(node, tmp_path):
+    """Many prologs and epilogs at once while a reader parses the file as fast as it can."""
+    out = tmp_path / "textfile"
+    out.mkdir()
+    path = out / "slurmhealth.prom"
+    node.configure("thermal", metrics_file=str(path))
+    reader = subprocess.Popen(
+        [sys.executable, "-c", READER, str(path)], stdout=subprocess.PIPE, text=True
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "slurmhealth", "prolog" if n % 2 else "epilog"],
+            env=node.env(job=str(500 + n)),
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for n in range(24)
+    ]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert all(p.returncode == 0 for p in procs), errors
+    time.sleep(0.2)
+    reader.terminate()
+    reads, bad = reader.communicate(timeout=30)[0].split()
+    assert int(reads) > 0 and bad == "0", (reads, bad)
+    samples = parsed(path)
+    runs = {k: v for k, v in samples.items() if k[0] == "slurmhealth_runs_total"}
+    assert sum(runs.values()) == 24  # the lock: no run's count lost
+    assert (
+        value(samples, "slurmhealth_runs_total", node="gpu01", phase="prolog", verdict="warn") == 12
+    )
+    assert sorted(p.name for p in out.iterdir()) == [".slurmhealth.prom.lock", "slurmhealth.prom"]
+
+
+# Reads the file in a loop; prints reads and reads that were not a whole file.
+READER = """
+import signal, sys
+from prometheus_client.parser import text_string_to_metric_families as parse
+reads = bad = 0
+def stop(*_):
+    print(reads, bad)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+while True:
+    try:
+        text = open(sys.argv[1]).read()
+    except FileNotFoundError:
+        continue
+    reads += 1
+    try:
+        names = {f.name for f in parse(text)}
+        whole = text.endswith("\\n") and {"slurmhealth_build_info", "slurmhealth_drains"} <= names
+    except Exception:
+        whole = False
+    bad += not whole
+"""
+
+
+# --- a real node_exporter -----------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def node_exporter(tmp_path):
+    """node_exporter with only the textfile collector, on a free local port."""
+    if NODE_EXPORTER is None:
+        reason = "node_exporter not installed (apt-get install prometheus-node-exporter)"
+        if os.environ.get("SLURMHEALTH_REQUIRE_REAL") == "1":
+            pytest.fail(f"SLURMHEALTH_REQUIRE_REAL=1 but {reason}")
+        pytest.skip(reason)
+    directory = tmp_path / "textfile"
+    directory.mkdir()
+    port = _free_port()
+    argv = [NODE_EXPORTER, "--collector.disable-defaults", "--collector.textfile"]
+    argv += [
+        f"--collector.textfile.directory={directory}",
+        f"--web.listen-address=127.0.0.1:{port}",
+    ]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}/metrics"
+    for _ in range(100):
+        try:
+            urllib.request.urlopen(url, timeout=1).read()
+            break
+        except OSError:
+            time.sleep(0.05)
+    yield directory, url
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def test_node_exporter_serves_what_the_hooks_wrote(node, node_exporter):
+    directory, url = node_exporter
+    node.name = HOSTILE.replace("\n", "")  # slurmd gives no newline in a node name; the rest, maybe
+    node.set_slurm("IDLE", "")
+    node.configure("gpu-lost", metrics_file=str(directory / "slurmhealth-{node}.prom"))
+    assert node.run("prolog").returncode == 1
+    assert node.run("epilog", SLURM_JOB_EXIT_CODE="0").returncode == 1
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    scraped = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            scraped[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    assert value(scraped, "node_textfile_scrape_error") == 0
+    assert (
+        value(scraped, "slurmhealth_run_verdict", node=node.name, phase="prolog", verdict="fail")
+        == 1
+    )
+    assert (
+        value(scraped, "slurmhealth_run_verdict", node=node.name, phase="epilog", verdict="fail")
+        == 1
+    )
+    assert (
+        value(scraped, "slurmhealth_check_status", node=node.name, check="gpu.count", status="fail")
+        == 1
+    )
+
+
+def test_a_prolog_writing_metrics_imports_nothing_heavy(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        f'[settings]\ngpu_source = "{snapshot_path("healthy")}"\nsysfs_root = "{SYSFS}"\n'
+        f'kmsg = "{os.path.join(KMSG, "healthy.kmsg")}"\n'
+        f'metrics_file = "{tmp_path / "m.prom"}"\n'
+    )
+    env = {"SLURMD_NODENAME": "gpu01", "SLURMHEALTH_CONFIG": str(cfg)}
+    env.update(SLURMHEALTH_STATE_DIR=str(tmp_path), SLURM_JOB_ID="1")
+    imported(["prolog"], env)  # the first run parses the config and caches it
+    modules = imported(["prolog"], dict(env, SLURM_JOB_ID="2"))
+    assert "slurmhealth.metrics" in modules and (tmp_path / "m.prom").exists()
+    assert not modules & (HEAVY | {"tomllib", "tomli"}), modules & HEAVY
