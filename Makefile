@@ -6,9 +6,9 @@ PY39 ?= $(firstword $(wildcard $(PYENV_ROOT)/versions/3.9*/bin/python3) $(shell 
 VENV := .venv
 VENV39 := .venv39
 VENVB := .venv-bench
-SOURCES := $(shell find slurmhealth -name '*.py' -o -name '*.html')
+SOURCES := $(shell find slurmhealth -name '*.py' -o -name '*.html' -o -name '*.md')
 
-.PHONY: demo test test-py39 lint bench deps clean
+.PHONY: demo test test-py39 lint bench deps clean package
 
 deps:
 	@bash scripts/install-deps
@@ -56,7 +56,13 @@ bench: $(VENVB)/.installed
 	$(VENVB)/bin/python bench/bench_check.py
 	$(VENVB)/bin/python bench/bench_hook.py
 	$(VENVB)/bin/python bench/bench_fleet.py
+	$(VENVB)/bin/python bench/bench_report.py
 	$(VENVB)/bin/python bench/validate_lemons.py
 
+# The .deb and the .rpm, built offline from a copy of the tree (docs/packaging.md).
+package:
+	@bash scripts/install-deps
+	bash packaging/build-packages dist
+
 clean:
-	rm -rf $(VENV) $(VENV39) $(VENVB) build *.egg-info demo-out
+	rm -rf $(VENV) $(VENV39) $(VENVB) build dist *.egg-info demo-out

@@ -1,0 +1,652 @@
+"""packaging/: cron entries, systemd units, the periodic jobs' script, the example files, and the
+.deb and .rpm built for real (packaging/build-packages: dpkg-buildpackage, rpmbuild) and read back.
+
+Tools that are missing (dpkg-buildpackage, rpmbuild, systemd-analyze, scontrol, root) skip the
+test that needs them, except under SLURMHEALTH_REQUIRE_REAL=1 (CI), where they fail it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import io
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+
+import click
+import pytest
+from conftest import run_cli, snapshot_path
+
+from slurmhealth import __version__, config
+from slurmhealth.checks import REGISTRY
+from slurmhealth.cli import cli
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGING = os.path.join(ROOT, "packaging")
+PERIODIC = os.path.join(PACKAGING, "slurmhealth-periodic")
+UNITS = os.path.join(PACKAGING, "systemd")
+LIBEXEC = "/usr/libexec/slurmhealth"
+JOBS = ("collect", "report", "lemons", "export")
+SLURMHEALTH = os.path.join(os.path.dirname(sys.executable), "slurmhealth")
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("SLURMHEALTH_REQUIRE_REAL") == "1":
+        pytest.fail(f"SLURMHEALTH_REQUIRE_REAL=1 but this test cannot run: {reason}")
+    pytest.skip(reason)
+
+
+def _need(*tools: str) -> None:
+    missing = [t for t in tools if shutil.which(t) is None]
+    if missing:
+        _unavailable(f"{', '.join(missing)} not installed (scripts/install-deps)")
+
+
+def _read(*parts: str) -> str:
+    with open(os.path.join(ROOT, *parts), encoding="utf-8") as handle:
+        return handle.read()
+
+
+# -- cron.d -------------------------------------------------------------------------------------
+
+CRON_RANGES = ((0, 59), (0, 23), (1, 31), (1, 12), (0, 7))
+CRON_ENTRY = re.compile(r"^#?(\S+\s+\S+\s+\S+\s+\S+\s+\S+)\s+root\s+(.+)$")
+
+
+def _cron_field_ok(field: str, low: int, high: int) -> bool:
+    for part in field.split(","):
+        found = re.fullmatch(r"(\*|(\d+)(?:-(\d+))?)(?:/(\d+))?", part)
+        if not found:
+            return False
+        numbers = [int(n) for n in found.groups()[1:] if n is not None]
+        if not all(low <= n <= high for n in numbers[:2]) or (found.group(4) == "0"):
+            return False
+    return True
+
+
+def cron_entries(text: str) -> list:
+    """(schedule fields, command, enabled) of every entry, disabled ones included."""
+    entries = []
+    for line in text.splitlines():
+        found = CRON_ENTRY.match(line)
+        if found:
+            entries.append((found.group(1).split(), found.group(2), not line.startswith("#")))
+    return entries
+
+
+def test_cron_entries_are_valid_locked_jobs_that_ship_disabled():
+    text = _read("packaging", "cron.d", "slurmhealth")
+    entries = cron_entries(text)
+    jobs = {}
+    for fields, command, enabled in entries:
+        assert all(_cron_field_ok(f, *r) for f, r in zip(fields, CRON_RANGES)), fields
+        # The package goes onto every node: a head-node job must not start on a compute node.
+        assert not enabled, command
+        argv = shlex.split(command)
+        assert argv[0] == f"{LIBEXEC}/slurmhealth-periodic" and argv[-1] in JOBS, command
+        assert "-q" in argv, "cron mails stdout: routine counts must not"
+        jobs[argv[-1]] = fields
+    assert jobs.keys() == set(JOBS)
+    assert jobs["collect"][:2] == ["*/5", "*"] and jobs["export"][:2] == ["*/5", "*"]
+    assert jobs["report"] == ["0", "6", "*", "*", "*"]
+    assert jobs["lemons"][0].isdigit() and jobs["lemons"][1:] == ["*"] * 4
+    for line in text.splitlines():
+        if line and not line.startswith("#") and not CRON_ENTRY.match(line):
+            assert re.fullmatch(r"[A-Z_]+=\S+", line), f"not an entry nor a variable: {line}"
+
+
+def test_cron_field_validator_rejects_what_cron_rejects():
+    assert _cron_field_ok("*/5", 0, 59) and _cron_field_ok("1-5,7", 0, 7)
+    assert not _cron_field_ok("60", 0, 59) and not _cron_field_ok("*/0", 0, 59)
+    assert not _cron_field_ok("mon", 0, 7)
+
+
+# -- the periodic jobs' script --------------------------------------------------------------------
+
+
+@pytest.fixture
+def periodic_env(tmp_path):
+    """A node and a head node in a tmp dir: state dir, spool, stores, an env file path."""
+    for name in ("state", "spool"):
+        (tmp_path / name).mkdir()
+    return {
+        "PATH": os.environ["PATH"],
+        "SLURMHEALTH_BIN": SLURMHEALTH,
+        "SLURMHEALTH_STATE_DIR": str(tmp_path / "state"),
+        "SLURMHEALTH_SPOOL": str(tmp_path / "spool"),
+        "SLURMHEALTH_DB": str(tmp_path / "gpu07.db"),
+        "SLURMHEALTH_FLEET_DB": str(tmp_path / "fleet.db"),
+        "SLURMHEALTH_NODE": "gpu07",
+        "SLURMHEALTH_PERIODIC_ENV": str(tmp_path / "periodic.env"),
+    }
+
+
+def periodic(env: dict, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run the script with the system's /bin/sh (dash on Debian), as cron and systemd do."""
+    return subprocess.run(
+        ["/bin/sh", PERIODIC, *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _node_with_one_run(env: dict) -> None:
+    """gpu07's store holds one check run that lost a GPU (check exits 1 on a failing check)."""
+    done = run_cli(
+        "check",
+        "--gpu-source",
+        snapshot_path("gpu-lost"),
+        "--db",
+        env["SLURMHEALTH_DB"],
+        "--node",
+        "gpu07",
+    )
+    assert done.returncode == 1, done.stderr
+
+
+def test_periodic_export_collect_report_lemons_end_to_end(periodic_env):
+    _node_with_one_run(periodic_env)
+    done = periodic(periodic_env, "-q", "export")
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+    spool = os.path.join(periodic_env["SLURMHEALTH_SPOOL"], "gpu07.ndjson")
+    with open(spool, encoding="utf-8") as handle:
+        assert '"node":"gpu07"' in handle.read().replace(" ", "")
+    # The collect job adds --sacct and publish (a real Slurm: tests/slurm); merge by hand here.
+    merged = run_cli(
+        "collect", periodic_env["SLURMHEALTH_SPOOL"], "--db", periodic_env["SLURMHEALTH_FLEET_DB"]
+    )
+    assert merged.returncode == 0, merged.stderr
+    done = periodic(periodic_env, "report")
+    assert done.returncode == 0, done.stderr
+    reports = os.path.join(periodic_env["SLURMHEALTH_STATE_DIR"], "reports")
+    latest = os.path.join(reports, "latest.html")
+    assert os.readlink(latest) == f"slurmhealth-{time.strftime('%Y-%m-%d')}.html"
+    with open(latest, encoding="utf-8") as handle:
+        assert "GPU 3 GpuIsLost" in handle.read(), "the node's failure reached the report"
+    done = periodic(periodic_env, "-q", "lemons")
+    assert (done.returncode, done.stdout) == (0, ""), done.stderr
+
+
+def test_periodic_skips_a_run_while_the_previous_one_holds_the_lock(periodic_env):
+    _need("flock")
+    _node_with_one_run(periodic_env)
+    lock = os.path.join(periodic_env["SLURMHEALTH_STATE_DIR"], "periodic-export.lock")
+    # The previous run, still going: flock(2) on the same file, as flock(1) takes it.
+    with open(lock, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        done = periodic(periodic_env, "-q", "export", timeout=20)
+    assert done.returncode == 0
+    assert "export skipped" in done.stderr and len(done.stderr.splitlines()) == 1
+    assert os.listdir(periodic_env["SLURMHEALTH_SPOOL"]) == []
+    assert periodic(periodic_env, "-q", "export").returncode == 0, "the lock outlived its holder"
+    assert os.listdir(periodic_env["SLURMHEALTH_SPOOL"]) == ["gpu07.ndjson"]
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (("nightly",), 2, "(no job nightly)"),
+        ((), 2, "(one job)"),
+        (("-x", "report"), 2, "(unknown option -x)"),
+        (("export",), 1, "is not a directory"),
+        (("collect",), 1, "is not a directory"),
+    ],
+)
+def test_periodic_user_errors_are_one_line(periodic_env, args, code, message):
+    periodic_env["SLURMHEALTH_SPOOL"] += "-not-mounted"
+    done = periodic(periodic_env, *args)
+    assert done.returncode == code
+    assert message in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
+    assert not os.path.exists(periodic_env["SLURMHEALTH_SPOOL"]), "a missing spool was created"
+
+
+def test_periodic_missing_binary_says_so(periodic_env):
+    periodic_env["SLURMHEALTH_BIN"] = "/nonexistent/slurmhealth"
+    done = periodic(periodic_env, "lemons")
+    assert done.returncode == 1 and "/nonexistent/slurmhealth not found" in done.stderr
+
+
+def test_periodic_dry_run_runs_nothing(periodic_env):
+    _node_with_one_run(periodic_env)
+    (export,) = _dry_run(periodic_env, "export")
+    assert export[1:4] == ["export", "--since", "2d"]
+    assert os.listdir(periodic_env["SLURMHEALTH_SPOOL"]) == []
+    assert os.listdir(periodic_env["SLURMHEALTH_STATE_DIR"]) == [], "not even a lock"
+
+
+def _dry_run(env: dict, job: str) -> list:
+    done = periodic(env, "-n", job)
+    assert done.returncode == 0, done.stderr
+    return [shlex.split(line) for line in done.stdout.splitlines()]
+
+
+def _parse_with_the_cli(argv: list) -> None:
+    """Parse argv as `slurmhealth` would, without running it: a wrong option raises."""
+    name, *rest = argv
+    group = click.Context(cli, info_name="slurmhealth")
+    command = cli.get_command(group, name)
+    assert command is not None, f"no command {name}"
+    command.make_context(name, rest, parent=group)
+
+
+def test_periodic_commands_are_ones_the_cli_accepts(periodic_env):
+    with open(periodic_env["SLURMHEALTH_PERIODIC_ENV"], "w") as handle:
+        handle.write("SLURMHEALTH_MAIL_TO=hpc-admins@example.org\nSLURMHEALTH_SPOOL=/srv/spool\n")
+    commands = {job: _dry_run(periodic_env, job) for job in JOBS}
+    for argvs in commands.values():
+        for argv in argvs:
+            assert argv[0] == SLURMHEALTH
+            _parse_with_the_cli(argv[1:])
+    assert [a[1] for a in commands["collect"]] == ["collect", "publish"]
+    assert commands["collect"][0][2] == "/srv/spool" and "--sacct" in commands["collect"][0]
+    assert commands["export"][0][-2:] == ["-o", "/srv/spool/gpu07.ndjson"]
+    assert commands["report"][0][-2:] == ["--mail-to", "hpc-admins@example.org"]
+    assert commands["lemons"][0][1:] == ["lemons", "--apply"]
+    with pytest.raises(click.UsageError):  # the parse above would have caught a wrong option
+        _parse_with_the_cli(["report", "--mail", "x"])
+
+
+def test_periodic_ignores_an_env_file_it_does_not_own(periodic_env):
+    if os.geteuid() != 0:
+        _unavailable("needs root to give the env file to another user")
+    path = periodic_env["SLURMHEALTH_PERIODIC_ENV"]
+    with open(path, "w") as handle:
+        handle.write("SLURMHEALTH_MAIL_TO=attacker@example.org\n")
+    os.chown(path, 65534, 65534)
+    (report,) = _dry_run(periodic_env, "report")
+    assert "--mail-to" not in report
+
+
+# -- systemd units ------------------------------------------------------------------------------
+
+
+def read_unit(path: str) -> dict:
+    """{section: {key: [values]}}: systemd's syntax (repeated keys add up), comments dropped."""
+    sections: dict = {}
+    current = None
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            line = line.strip()
+            if not line or line[0] in "#;":
+                continue
+            if line.startswith("["):
+                current = sections.setdefault(line.strip("[]"), {})
+                continue
+            key, sep, value = line.partition("=")
+            assert sep and current is not None, f"{path}: not key=value: {line}"
+            current.setdefault(key, []).append(value)
+    return sections
+
+
+HARDENING = {
+    "ProtectSystem": "strict",
+    "PrivateTmp": "yes",
+    "PrivateDevices": "yes",
+    "NoNewPrivileges": "yes",
+    "ProtectKernelTunables": "yes",
+    "ProtectKernelModules": "yes",
+    "ProtectControlGroups": "yes",
+    "RestrictSUIDSGID": "yes",
+    "LockPersonality": "yes",
+    "SystemCallArchitectures": "native",
+    "UMask": "0077",
+}
+
+
+@pytest.mark.parametrize("job", JOBS)
+def test_each_job_has_a_hardened_oneshot_service_and_a_timer(job):
+    service = read_unit(os.path.join(UNITS, f"slurmhealth-{job}.service"))
+    timer = read_unit(os.path.join(UNITS, f"slurmhealth-{job}.timer"))
+    assert service["Service"]["Type"] == ["oneshot"]
+    assert service["Service"]["ExecStart"] == [f"{LIBEXEC}/slurmhealth-periodic {job}"]
+    for key, value in HARDENING.items():
+        assert service["Service"].get(key) == [value], (job, key)
+    assert service["Service"]["ProtectHome"][0] in ("yes", "read-only")
+    assert "/var/lib/slurmhealth" in " ".join(service["Service"]["ReadWritePaths"]).split()
+    assert "Install" not in service, "the timer starts the service, nothing else"
+    assert len(timer["Timer"]["OnCalendar"]) == 1
+    assert timer["Install"]["WantedBy"] == ["timers.target"]
+    kinds = ("service", "timer")
+    assert set(os.listdir(UNITS)) == {f"slurmhealth-{j}.{k}" for j in JOBS for k in kinds}
+
+
+def test_timers_fire_when_the_cron_entries_do():
+    _need("systemd-analyze")
+    expected = {
+        "collect": "*-*-* *:00/5:00",
+        "export": "*-*-* *:00/5:00",
+        "report": "*-*-* 06:00:00",
+        "lemons": "*-*-* *:17:00",
+    }
+    entries = cron_entries(_read("packaging", "cron.d", "slurmhealth"))
+    cron = {shlex.split(command)[-1]: fields for fields, command, _ in entries}
+    assert cron["lemons"][0] == "17", "the hourly sweep runs at the same minute in both"
+    for job, normalized in expected.items():
+        timer = read_unit(os.path.join(UNITS, f"slurmhealth-{job}.timer"))
+        (calendar,) = timer["Timer"]["OnCalendar"]
+        done = subprocess.run(
+            ["systemd-analyze", "calendar", calendar], capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        assert f"Normalized form: {normalized}" in done.stdout
+
+
+def _verify_root(tmp_path, units_dir: str):
+    """A root with the host's units, ours, and the script our ExecStart= names."""
+    root = tmp_path / "root"
+    shutil.copytree("/lib/systemd/system", root / "lib/systemd/system", symlinks=True)
+    (root / LIBEXEC.lstrip("/")).mkdir(parents=True)
+    shutil.copy2(PERIODIC, root / LIBEXEC.lstrip("/") / "slurmhealth-periodic")
+    ours = []
+    for name in sorted(os.listdir(units_dir)):
+        shutil.copy(os.path.join(units_dir, name), root / "lib/systemd/system" / name)
+        ours.append(str(root / "lib/systemd/system" / name))
+    return root, ours
+
+
+def _verify(root, units: list) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["systemd-analyze", "verify", f"--root={root}", *units],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_systemd_analyze_verify_is_clean(tmp_path):
+    _need("systemd-analyze")
+    if not os.path.isdir("/lib/systemd/system"):
+        _unavailable("no /lib/systemd/system to verify against (apt-get install systemd)")
+    root, units = _verify_root(tmp_path, UNITS)
+    done = _verify(root, units)
+    assert (done.returncode, done.stdout + done.stderr) == (0, "")
+    # The same harness sees a unit's mistake: it is not clean by accident.
+    with open(units[0], "a") as handle:
+        handle.write("ProtectSytem=strict\n")
+    done = _verify(root, units)
+    assert "Unknown key" in done.stderr and "ProtectSytem" in done.stderr
+
+
+# -- example files --------------------------------------------------------------------------------
+
+
+def _toml():
+    try:
+        import tomllib
+    except ImportError:  # Python < 3.11
+        import tomli as tomllib
+    return tomllib
+
+
+def uncommented(text: str) -> str:
+    """The example with every commented TOML line switched on (values shown as ... stay off)."""
+    lines = []
+    for line in text.splitlines():
+        body = line[2:] if line.startswith("# ") else None
+        is_toml = body is not None and (
+            body.startswith("[") or re.match(r"[A-Za-z_][\w.]* = (?!\.\.\.)", body)
+        )
+        lines.append(body if is_toml else line)
+    return "\n".join(lines) + "\n"
+
+
+def test_example_toml_is_the_catalogue_and_every_shown_default_is_the_real_one():
+    text = _read("packaging", "slurmhealth.toml")
+    tomllib = _toml()
+    assert set(tomllib.loads(text)) == set(config.defaults()) - {"checks"}
+    switched_on = tomllib.loads(uncommented(text))
+    config.parse(uncommented(text), "slurmhealth.toml")
+    assert set(switched_on["checks"]) == set(REGISTRY)
+    assert switched_on["node"][0]["match"]
+    for section, values in config.defaults().items():
+        if section == "checks":
+            continue
+        shown = {k: v for k, v in values.items() if v is not None}
+        assert switched_on[section] == shown, section
+
+
+SLURM_BASE = """ClusterName=packaging
+SlurmctldHost=localhost(127.0.0.1)
+NodeName=gpu01 CPUs=1 State=UNKNOWN
+PartitionName=gpu Nodes=gpu01 Default=YES
+"""
+
+
+def _slurm_parses(tmp_path, text: str) -> subprocess.CompletedProcess:
+    """Slurm's own parser reads the file: `scontrol show hostnames` needs no controller."""
+    path = tmp_path / "slurm.conf"
+    path.write_text(text)
+    return subprocess.run(
+        ["scontrol", "show", "hostnames", "gpu[01-02]"],
+        env=dict(os.environ, SLURM_CONF=str(path)),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def test_slurm_conf_example_is_a_snippet_slurm_accepts(tmp_path):
+    _need("scontrol")
+    example = _read("packaging", "slurm.conf.example")
+    done = _slurm_parses(tmp_path, SLURM_BASE + example)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.split() == ["gpu01", "gpu02"]
+    done = _slurm_parses(tmp_path, SLURM_BASE + example + "HealthCheckIntreval=300\n")
+    assert done.returncode != 0 and "unrecognized key: HealthCheckIntreval" in done.stderr
+    hook = re.search(r"^HealthCheckProgram=(\S+)", example, re.M).group(1)
+    assert hook == f"{LIBEXEC}/slurmhealth-hook", "the path the packages install"
+
+
+def test_package_versions_agree_with_the_code():
+    changelog = _read("packaging", "debian", "changelog").splitlines()[0]
+    assert changelog.startswith(f"slurmhealth ({__version__}-")
+    spec = _read("packaging", "rpm", "slurmhealth.spec")
+    assert re.search(r"^Version:\s+(\S+)$", spec, re.M).group(1) == __version__
+    assert f"- {__version__}-" in spec.split("%changelog", 1)[1].splitlines()[1]
+
+
+# -- the packages, built for real -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory):
+    """Both packages, built once from a copy of this tree by packaging/build-packages."""
+    _need("dpkg-buildpackage", "dh", "dh_python3", "rpmbuild", "rpm2archive")
+    out = tmp_path_factory.mktemp("dist")
+    done = subprocess.run(
+        [os.path.join(PACKAGING, "build-packages"), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    names = os.listdir(out)
+    (deb,) = [n for n in names if n.endswith(".deb")]
+    (rpm,) = [n for n in names if n.endswith(".rpm")]
+    return {"deb": str(out / deb), "rpm": str(out / rpm), "dir": out}
+
+
+def _run(*argv: str) -> str:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _source_files(top: str) -> set:
+    """Package files relative to slurmhealth/: every module and template the wheel must carry."""
+    found = set()
+    for folder, dirs, files in os.walk(os.path.join(ROOT, "slurmhealth", top)):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        rel = os.path.relpath(folder, os.path.join(ROOT, "slurmhealth"))
+        found |= {os.path.normpath(os.path.join(rel, f)) for f in files if not f.endswith(".pyc")}
+    return found
+
+
+def _common_paths(sitelib: str, units: str, doc: str) -> set:
+    return {
+        "/usr/bin/slurmhealth",
+        f"{LIBEXEC}/slurmhealth-hook",
+        f"{LIBEXEC}/slurmhealth-periodic",
+        "/etc/cron.d/slurmhealth",
+        "/etc/slurmhealth/periodic.env",
+        f"{doc}/README.md",
+        f"{doc}/packaging.md",
+        f"{doc}/examples/slurmhealth.toml",
+        f"{doc}/examples/slurm.conf.example",
+        *(f"{units}/{name}" for name in os.listdir(UNITS)),
+        *(f"{sitelib}/slurmhealth/{f}" for f in _source_files(".")),
+    }
+
+
+def test_deb_carries_the_package_hooks_units_cron_and_docs(packages):
+    listing = _run("dpkg-deb", "-c", packages["deb"])
+    paths = {line.split()[5].lstrip(".") for line in listing.splitlines()}
+    expected = _common_paths(
+        "/usr/lib/python3/dist-packages", "/lib/systemd/system", "/usr/share/doc/slurmhealth"
+    )
+    assert expected - paths == set()
+    modes = {line.split()[5].lstrip("."): line.split()[0] for line in listing.splitlines()}
+    assert modes[f"{LIBEXEC}/slurmhealth-hook"] == "-rwxr-xr-x"
+    assert modes["/usr/bin/slurmhealth"] == "-rwxr-xr-x"
+
+
+def test_deb_control_depends_on_python_click_jinja2_and_not_on_nvml(packages):
+    fields = {
+        name: _run("dpkg-deb", "-f", packages["deb"], name).strip()
+        for name in ("Version", "Depends", "Recommends", "Suggests", "Architecture")
+    }
+    assert fields["Version"] == f"{__version__}-1" and fields["Architecture"] == "all"
+    depends = [d.strip() for d in fields["Depends"].split(",")]
+    assert {"python3 (>= 3.9)", "python3-click", "python3-jinja2"} <= set(depends)
+    assert "nvml" not in fields["Depends"].lower() and "pynvml" in fields["Suggests"]
+    info = _run("dpkg-deb", "-I", packages["deb"])
+    assert "conffiles" in info and "postinst" in info
+    conffiles = subprocess.run(
+        ["dpkg-deb", "--ctrl-tarfile", packages["deb"]], capture_output=True, check=True
+    ).stdout
+    with tarfile.open(fileobj=io.BytesIO(conffiles)) as tar:
+        listed = tar.extractfile("./conffiles").read().decode().split()
+        postinst = tar.extractfile("./postinst").read().decode()
+    assert {"/etc/cron.d/slurmhealth", "/etc/slurmhealth/periodic.env"} <= set(listed)
+    assert _read("packaging", "debian", "postinst").split("#DEBHELPER#")[0] in postinst
+    assert "deb-systemd-invoke start" not in postinst, "timers are the admin's to enable"
+
+
+def test_deb_postinst_creates_the_state_dir_root_only(tmp_path):
+    """The source postinst (dh's snippets aside) run for real, /var/lib on a private tmpfs."""
+    if os.geteuid() != 0:
+        _unavailable("needs root (a private mount namespace)")
+    _need("unshare")
+    postinst = os.path.join(PACKAGING, "debian", "postinst")
+    script = (
+        "mount -t tmpfs tmpfs /var/lib && "
+        f"sh {shlex.quote(postinst)} configure && stat -c '%a %U %G' /var/lib/slurmhealth && "
+        "chmod 755 /var/lib/slurmhealth && "
+        f"sh {shlex.quote(postinst)} configure && stat -c '%a' /var/lib/slurmhealth"
+    )
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    if done.returncode != 0 and "mount" in done.stderr and "ermission" in done.stderr:
+        _unavailable(f"no private mounts here: {done.stderr.strip()}")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["700 root root", "755"], "an admin's choice is kept"
+
+
+def _extracted_deb(packages, tmp_path) -> str:
+    root = str(tmp_path / "deb")
+    _run("dpkg-deb", "-x", packages["deb"], root)
+    return root
+
+
+def _extracted_rpm(packages, tmp_path) -> str:
+    copy = str(tmp_path / "slurmhealth.rpm")
+    shutil.copy(packages["rpm"], copy)
+    _run("rpm2archive", copy)
+    root = str(tmp_path / "rpm")
+    with tarfile.open(copy + ".tgz") as tar:
+        tar.extractall(root)
+    return root
+
+
+def _packaged_run(root: str, sitelib: str, *args: str) -> subprocess.CompletedProcess:
+    """The packaged /usr/bin/slurmhealth and package, on this interpreter (it has click)."""
+    env = dict(os.environ, PYTHONPATH=root + sitelib)
+    return subprocess.run(
+        [sys.executable, root + "/usr/bin/slurmhealth", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=root,
+    )
+
+
+def _report_from_packaged_code(root: str, sitelib: str, tmp_path) -> None:
+    where = _packaged_run(root, sitelib, "--version")
+    assert where.returncode == 0 and __version__ in where.stdout, where.stderr
+    spool = tmp_path / "spool"
+    spool.mkdir(exist_ok=True)
+    fleet = str(tmp_path / "fleet.db")
+    assert _packaged_run(root, sitelib, "collect", str(spool), "--db", fleet).returncode == 0
+    done = _packaged_run(root, sitelib, "report", "--db", fleet, "--format", "html")
+    assert done.returncode == 0 and "<html" in done.stdout.lower(), done.stderr
+    probe = subprocess.run(
+        [sys.executable, "-c", "import slurmhealth.report as r; print(r.__file__)"],
+        env=dict(os.environ, PYTHONPATH=root + sitelib),
+        capture_output=True,
+        text=True,
+        cwd=root,
+    )
+    assert probe.stdout.startswith(root + sitelib), "ran the packaged code, not the checkout"
+
+
+def test_deb_payload_runs_and_renders_a_report(packages, tmp_path):
+    root = _extracted_deb(packages, tmp_path)
+    _report_from_packaged_code(root, "/usr/lib/python3/dist-packages", tmp_path)
+
+
+def _rpm_query(packages, *args: str) -> list:
+    return _run("rpm", "-qp", *args, packages["rpm"]).splitlines()
+
+
+def test_rpm_carries_the_package_hooks_units_cron_and_docs(packages):
+    listing = _rpm_query(packages, "--qf", "[%{FILEMODES:perms} %{FILENAMES}\n]")
+    modes = {line.split()[1]: line.split()[0] for line in listing}
+    (init,) = [p for p in modes if p.endswith("/site-packages/slurmhealth/__init__.py")]
+    sitelib = init.rsplit("/slurmhealth/", 1)[0]
+    expected = _common_paths(sitelib, "/usr/lib/systemd/system", "/usr/share/doc/slurmhealth")
+    assert expected - set(modes) == set()
+    assert modes["/var/lib/slurmhealth"] == "drwx------"
+    assert modes[f"{LIBEXEC}/slurmhealth-hook"] == "-rwxr-xr-x"
+    configs = set(_rpm_query(packages, "-c"))
+    assert {"/etc/cron.d/slurmhealth", "/etc/slurmhealth/periodic.env"} <= configs
+
+
+def test_rpm_requires_python_click_jinja2_and_not_nvml(packages):
+    requires = set(_rpm_query(packages, "--requires"))
+    assert {"python3 >= 3.9", "python3-click", "python3-jinja2"} <= requires
+    assert not [r for r in requires if "nvidia" in r or "dist(" in r], requires
+    assert "python3dist(nvidia-ml-py)" in _rpm_query(packages, "--suggests")
+    version = _rpm_query(packages, "--qf", "%{VERSION}")
+    assert version == [__version__]
+
+
+def test_rpm_payload_runs_and_renders_a_report(packages, tmp_path):
+    root = _extracted_rpm(packages, tmp_path)
+    (init,) = [
+        os.path.join(d, f)
+        for d, _, fs in os.walk(root)
+        for f in fs
+        if f == "__init__.py" and d.endswith("site-packages/slurmhealth")
+    ]
+    sitelib = os.path.dirname(os.path.dirname(init))[len(root) :]
+    with open(root + "/usr/bin/slurmhealth") as handle:
+        assert "from slurmhealth.hook import main" in handle.read()
+    _report_from_packaged_code(root, sitelib, tmp_path)
