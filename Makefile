@@ -42,6 +42,7 @@ demo: $(VENV)/.installed
 	@bash scripts/demo
 	@$(VENV)/bin/python scripts/demo-fleet
 	@$(VENV)/bin/python scripts/demo-slurm
+	@$(VENV)/bin/python scripts/demo-report
 
 # A regular (non-editable) install, as on a cluster node: the editable finder alone costs ~12 ms
 # of interpreter start-up and would blur every figure.
