@@ -650,3 +650,10 @@ def test_rpm_payload_runs_and_renders_a_report(packages, tmp_path):
     with open(root + "/usr/bin/slurmhealth") as handle:
         assert "from slurmhealth.hook import main" in handle.read()
     _report_from_packaged_code(root, sitelib, tmp_path)
+
+
+def test_periodic_collect_publishes_unless_switched_off(periodic_env):
+    commands = [argv[1] for argv in _dry_run(periodic_env, "collect")]
+    assert commands == ["collect", "publish"]
+    off = dict(periodic_env, SLURMHEALTH_PUBLISH="no")
+    assert [argv[1] for argv in _dry_run(off, "collect")] == ["collect"]
