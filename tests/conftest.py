@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pty
+import select
 import subprocess
 import sys
 
@@ -35,3 +38,44 @@ def run_cli(
 @pytest.fixture
 def db(tmp_path):
     return str(tmp_path / "node.db")
+
+
+def run_on_pty(args: list, env: dict | None = None, timeout: float = 120) -> tuple:
+    """Run `python -m slurmhealth ARGS` with stderr on a pseudo-terminal, as an admin at a
+    terminal would: (exit code, stdout, what the terminal showed)."""
+    main, side = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "slurmhealth", *args],
+        stdout=subprocess.PIPE,
+        stderr=side,
+        env=dict(os.environ, COLUMNS="100", **(env or {})),
+    )
+    os.close(side)
+    shown = b""
+    while select.select([main], [], [], timeout)[0]:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        shown += chunk
+    out = proc.stdout.read() if proc.stdout else b""
+    os.close(main)
+    return proc.wait(timeout=60), out.decode(), shown.decode(errors="replace")
+
+
+@contextlib.contextmanager
+def tmpfs(path, options: str):
+    """A real tmpfs mounted at `path` (root only: skipped otherwise, a failure in CI)."""
+    if os.geteuid() != 0:
+        reason = "mounting a tmpfs needs root"
+        if os.environ.get("SLURMHEALTH_REQUIRE_REAL") == "1":
+            pytest.fail(f"SLURMHEALTH_REQUIRE_REAL=1 but {reason}")
+        pytest.skip(reason)
+    path.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)

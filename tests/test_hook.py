@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from conftest import FIXTURES, TESTS, snapshot_path
+from conftest import FIXTURES, TESTS, snapshot_path, tmpfs
 
 FAKE_SLURM = os.path.join(TESTS, "fakeslurm")
 FIXTURES_KMSG = pathlib.Path(FIXTURES) / "kmsg"
@@ -267,15 +267,8 @@ def test_a_corrupt_store_is_moved_aside_and_a_new_one_started(node):
 @pytest.fixture
 def small_fs(tmp_path):
     """A 512 KiB tmpfs: filled up, or remounted read-only, by the test."""
-    if not IS_ROOT:
-        if os.environ.get("SLURMHEALTH_REQUIRE_REAL") == "1":
-            pytest.fail("SLURMHEALTH_REQUIRE_REAL=1 but mounting a small tmpfs needs root")
-        pytest.skip("mounting a small tmpfs needs root")
-    mount = tmp_path / "fs"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount)], check=True)
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
+    with tmpfs(tmp_path / "fs", "size=512k") as mount:
+        yield mount
 
 
 def test_a_full_filesystem_keeps_the_verdict_and_logs(node, small_fs):

@@ -15,7 +15,7 @@ import time
 import urllib.request
 
 import pytest
-from conftest import FIXTURES, snapshot_path
+from conftest import FIXTURES, snapshot_path, tmpfs
 from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
@@ -368,15 +368,8 @@ def test_a_stuck_lock_holder_delays_a_hook_at_most_the_lock_wait(node, tmp_path)
 @pytest.fixture
 def read_only_dir(tmp_path):
     """A read-only tmpfs: root writes anywhere a plain chmod would forbid."""
-    if os.geteuid() != 0:
-        if os.environ.get("SLURMHEALTH_REQUIRE_REAL") == "1":
-            pytest.fail("SLURMHEALTH_REQUIRE_REAL=1 but mounting a read-only tmpfs needs root")
-        pytest.skip("mounting a read-only tmpfs needs root")
-    mount = tmp_path / "ro"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,ro", "tmpfs", str(mount)], check=True)
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
+    with tmpfs(tmp_path / "ro", "size=64k,ro") as mount:
+        yield mount
 
 
 def test_a_read_only_directory_is_one_log_line_and_the_verdict_stands(node, read_only_dir):

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import os
-import pty
-import select
 import subprocess
 import sys
 
 import pytest
+from conftest import run_on_pty
 
 from slurmhealth import fleet, simulate, store
 
@@ -26,38 +25,9 @@ def spool(tmp_path_factory):
     return path
 
 
-def _run_on_pty(args: list, env: dict) -> tuple:
-    """Run with stderr on a pseudo-terminal; (exit code, stdout, what the terminal showed)."""
-    main, side = pty.openpty()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "slurmhealth", *args],
-        stdout=subprocess.PIPE,
-        stderr=side,
-        env=env,
-    )
-    os.close(side)
-    shown = b""
-    while True:
-        ready, _, _ = select.select([main], [], [], 60)
-        if not ready:
-            proc.kill()
-            break
-        try:
-            chunk = os.read(main, 65536)
-        except OSError:  # EIO: the child closed the terminal
-            break
-        if not chunk:
-            break
-        shown += chunk
-    out = proc.stdout.read() if proc.stdout else b""
-    code = proc.wait(timeout=60)
-    os.close(main)
-    return code, out.decode(), shown.decode(errors="replace")
-
-
 def test_import_shows_a_bar_on_a_terminal(tmp_path, spool):
-    env = dict(os.environ, SLURMHEALTH_FLEET_DB=str(tmp_path / "fleet.db"), COLUMNS="100")
-    code, out, shown = _run_on_pty(["import", str(spool)], env)
+    env = {"SLURMHEALTH_FLEET_DB": str(tmp_path / "fleet.db")}
+    code, out, shown = run_on_pty(["import", str(spool)], env)
     assert code == 0, shown
     assert "records" in out and "added" in out
     assert f"import {spool}" in shown and "100%" in shown, shown

@@ -9,16 +9,13 @@ import email.policy
 import html
 import json
 import os
-import pty
 import re
-import select
 import stat
-import subprocess
 import sys
 from html.parser import HTMLParser
 
 import pytest
-from conftest import TESTS, run_cli
+from conftest import TESTS, run_cli, run_on_pty
 
 from slurmhealth import lemons, report, simulate, store
 
@@ -659,32 +656,9 @@ def large_db(tmp_path_factory) -> str:
     return path
 
 
-def on_pty(args: list) -> tuple:
-    """Run `slurmhealth ARGS` with stderr on a pseudo-terminal: (exit code, what it showed)."""
-    main, side = pty.openpty()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "slurmhealth", *args],
-        stdout=subprocess.DEVNULL,
-        stderr=side,
-        env=dict(os.environ, COLUMNS="100"),
-    )
-    os.close(side)
-    shown = b""
-    while select.select([main], [], [], 120)[0]:
-        try:
-            chunk = os.read(main, 65536)
-        except OSError:  # EIO: the child closed the terminal
-            break
-        if not chunk:
-            break
-        shown += chunk
-    os.close(main)
-    return proc.wait(timeout=60), shown.decode(errors="replace")
-
-
 def test_a_large_store_shows_progress_on_a_terminal_only(large_db, tmp_path):
     args = ["report", "--db", large_db, "--now", "2024-01-29", "-o", str(tmp_path / "r.html")]
-    code, shown = on_pty(args)
+    code, _, shown = run_on_pty(args)
     assert code == 0, shown
     assert "report" in shown and "100%" in shown, shown
     proc = run_cli(*args)

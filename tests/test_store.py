@@ -105,15 +105,22 @@ def test_xid_events_are_recorded_with_gpu_class_and_hostile_names_as_data(db):
     assert conn.execute("SELECT count(*) FROM runs").fetchone()[0] == 1  # tables intact
 
 
-def test_a_version_1_store_is_migrated_in_place(db):
+def store_at_version(db: str, version: int):
+    """A store as an older slurmhealth left it: the first `version` migrations applied."""
     import sqlite3
 
     old = sqlite3.connect(db, isolation_level=None)
-    for statement in store.MIGRATIONS[0].split(";"):
-        if statement.strip():
-            old.execute(statement)
+    for migration in store.MIGRATIONS[:version]:
+        for statement in migration.split(";"):
+            if statement.strip():
+                old.execute(statement)
+    old.execute(f"PRAGMA user_version = {version}")
+    return old
+
+
+def test_a_version_1_store_is_migrated_in_place(db):
+    old = store_at_version(db, 1)
     old.execute("INSERT INTO jobs (node, job_id, uid) VALUES ('gpu01', '1', 0)")
-    old.execute("PRAGMA user_version = 1")
     old.close()
     conn = store.connect(db)
     assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION
@@ -122,15 +129,8 @@ def test_a_version_1_store_is_migrated_in_place(db):
 
 
 def test_a_version_3_store_gains_the_published_table_and_keeps_its_jobs(db):
-    import sqlite3
-
-    old = sqlite3.connect(db, isolation_level=None)
-    for migration in store.MIGRATIONS[:3]:
-        for statement in migration.split(";"):
-            if statement.strip():
-                old.execute(statement)
+    old = store_at_version(db, 3)
     old.execute("INSERT INTO jobs (node, job_id, end) VALUES ('gpu01', '7', 1.5)")
-    old.execute("PRAGMA user_version = 3")
     old.close()
     conn = store.connect(db)
     assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 4

@@ -151,6 +151,17 @@ def _pid_alive(pid: int) -> bool:
         return False
 
 
+def copy_store(source: str, target: str) -> None:
+    """A consistent copy of a live node store (the hooks keep writing it): the backup API."""
+    src = sqlite3.connect(f"file:{source}?mode=ro", uri=True, timeout=30)
+    dst = sqlite3.connect(target)
+    try:
+        src.backup(dst)
+    finally:
+        dst.close()
+        src.close()
+
+
 class Lab:
     """munge + slurmctld + `nodes` slurmd under a temp dir; a context manager.
 

@@ -14,7 +14,6 @@ import json
 import os
 import pwd
 import shutil
-import sqlite3
 import subprocess
 import tempfile
 import time
@@ -23,7 +22,7 @@ import click
 import pytest
 
 from .conftest import _unavailable
-from .lab import REPO, Lab, missing, xid_message
+from .lab import REPO, Lab, copy_store, missing, xid_message
 
 SICK, FINE = "gpu01", "gpu02"
 GPU3_BUS = "0000:5d:00"  # GPU 3 of the bundled snapshots
@@ -104,16 +103,6 @@ def as_user(lab: Lab, user: str, argv: list, fleet: str, userland: str = "") -> 
 def user_job(lab: Lab, user: str, userland: str, fleet: str, *args: str) -> object:
     argv = [USER_PYTHON, "-m", "slurmhealth", "job", *args]
     return as_user(lab, user, argv, fleet, userland)
-
-
-def copy_store(source: str, target: str) -> None:
-    src = sqlite3.connect(f"file:{source}?mode=ro", uri=True, timeout=30)
-    dst = sqlite3.connect(target)
-    try:
-        src.backup(dst)
-    finally:
-        dst.close()
-        src.close()
 
 
 def collect_and_publish(lab: Lab, head: str) -> subprocess.CompletedProcess:

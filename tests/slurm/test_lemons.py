@@ -20,7 +20,7 @@ import time
 import pytest
 
 from .conftest import _unavailable
-from .lab import TERMINAL_JOB_STATES, Lab, missing, snapshot, xid_message
+from .lab import TERMINAL_JOB_STATES, Lab, copy_store, missing, snapshot, xid_message
 
 FAULTY = "gpu02"  # intermittent hardware Xids during its jobs
 NOISY = "gpu03"  # application Xids (the job's own fault): not hardware evidence
@@ -73,17 +73,6 @@ def actions(lab: Lab, node: str, after: float = 0) -> list:
     """The node store's actions since `after` (drains, resumes, refusals by the hooks)."""
     sql = "SELECT * FROM actions WHERE node = ? AND time >= ? ORDER BY time"
     return lab.query(node, sql, (node, after))
-
-
-def copy_store(source: str, target: str) -> None:
-    """A consistent copy of a live node store (the hooks keep writing it): the backup API."""
-    src = sqlite3.connect(f"file:{source}?mode=ro", uri=True, timeout=30)
-    dst = sqlite3.connect(target)
-    try:
-        src.backup(dst)
-    finally:
-        dst.close()
-        src.close()
 
 
 # ---- accounting --------------------------------------------------------------------------------
