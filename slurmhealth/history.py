@@ -82,6 +82,7 @@ _PRUNE = (
     ("runs", "started < ?"),
     ("actions", "time < ?"),
     ("jobs", "coalesce(end, start) < ?"),
+    ("published", "time < ?"),  # what `publish` wrote long ago: no job that old is published
 )
 
 

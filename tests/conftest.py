@@ -79,3 +79,16 @@ def tmpfs(path, options: str):
         yield path
     finally:
         subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def planted_bug(tmp_path, module: str, function: str) -> str:
+    """A PYTHONPATH entry whose sitecustomize makes `module.function` raise RuntimeError('bug'):
+    our own bug, planted in a real hook process."""
+    boom = tmp_path / "boom"
+    boom.mkdir()
+    (boom / "sitecustomize.py").write_text(
+        f"import {module} as m\n"
+        "def broken(*a, **k):\n    raise RuntimeError('bug')\n"
+        f"m.{function} = broken\n"
+    )
+    return str(boom)

@@ -57,6 +57,10 @@ def test_prune_deletes_old_records_only(db):
     now = time.time()
     recorded(db, "ecc-dbe", "old", now - 100 * 86400)
     recorded(db, "healthy", "new", now - 86400)
+    conn = store.connect(db)
+    for job, when in (("old", now - 100 * 86400), ("new", now - 86400)):
+        conn.execute("INSERT INTO published VALUES (?, 'd', ?, 100)", (job, when))
+    conn.close()
     proc = run_cli("prune", "--older-than", "90d", "--db", db)
     assert proc.returncode == 0 and "deleted" in proc.stdout
     conn = store.connect(db)
@@ -68,6 +72,7 @@ def test_prune_deletes_old_records_only(db):
         == 0
     )
     assert [r[0] for r in conn.execute("SELECT job_id FROM jobs")] == ["new"]
+    assert [r[0] for r in conn.execute("SELECT job_id FROM published")] == ["new"]
 
 
 def test_bad_durations_and_missing_stores_are_one_line_errors(db, tmp_path):

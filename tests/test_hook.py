@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from conftest import FIXTURES, TESTS, snapshot_path, tmpfs
+from conftest import FIXTURES, TESTS, planted_bug, snapshot_path, tmpfs
 
 FAKE_SLURM = os.path.join(TESTS, "fakeslurm")
 FIXTURES_KMSG = pathlib.Path(FIXTURES) / "kmsg"
@@ -239,14 +239,8 @@ def test_a_broken_config_fails_open_and_says_so(node):
 
 
 def test_our_own_bug_fails_open(node, tmp_path):
-    boom = tmp_path / "boom"
-    boom.mkdir()
-    (boom / "sitecustomize.py").write_text(
-        "import slurmhealth.runner as r\n"
-        "def run(*a, **k):\n    raise RuntimeError('bug')\n"
-        "r.run = run\n"
-    )
-    proc = node.run("prolog", PYTHONPATH=os.pathsep.join([str(boom), REPO]))
+    boom = planted_bug(tmp_path, "slurmhealth.runner", "run")
+    proc = node.run("prolog", PYTHONPATH=os.pathsep.join([boom, REPO]))
     assert proc.returncode == 0
     assert "internal error, job not gated" in proc.stderr and "RuntimeError: bug" in proc.stderr
 

@@ -15,7 +15,7 @@ import time
 import urllib.request
 
 import pytest
-from conftest import FIXTURES, snapshot_path, tmpfs
+from conftest import FIXTURES, planted_bug, snapshot_path, tmpfs
 from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
@@ -334,15 +334,9 @@ def test_an_unwritable_directory_is_one_log_line_and_the_verdict_stands(
 
 
 def test_a_bug_in_the_metrics_code_changes_nothing_but_a_log_line(node, tmp_path):
-    boom = tmp_path / "boom"
-    boom.mkdir()
-    (boom / "sitecustomize.py").write_text(
-        "import slurmhealth.metrics as m\n"
-        "def update(*a, **k):\n    raise RuntimeError('bug')\n"
-        "m.update = update\n"
-    )
+    boom = planted_bug(tmp_path, "slurmhealth.metrics", "update")
     node.configure("gpu-lost", metrics_file=str(tmp_path / "m.prom"))
-    proc = node.run("prolog", PYTHONPATH=os.pathsep.join([str(boom), REPO]))
+    proc = node.run("prolog", PYTHONPATH=os.pathsep.join([boom, REPO]))
     assert proc.returncode == 1  # the verdict, not the fail-open of an internal error
     assert node.slurm()["reason"] == "slurmhealth: GPU 3 GpuIsLost"
     lines = [line for line in proc.stderr.splitlines() if "metrics" in line]
