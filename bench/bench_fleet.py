@@ -2,7 +2,7 @@
 
 1. Fleet stores of 100k and 1M recorded runs from 2,000 nodes (health checks, prolog/epilog
    pairs of single- and multi-node jobs, warn/fail results, Xids, drains), built by direct inserts.
-2. `lemons` over a 28-day window: fleet.signals (+ policy.score when it exists), each in a fresh
+2. `lemons` over a 28-day window: signals.signals (+ policy.score when it exists), each in a fresh
    process: seconds and peak RSS (goal <= 10 s and <= 1 GiB at 1M; 10x data <= 11x time).
 3. export of the 1M store to NDJSON and `import` of it into an empty fleet store (records/s),
    then the same import again (idempotent: adds nothing).
@@ -23,7 +23,8 @@ import sys
 import tempfile
 import time
 
-from slurmhealth import fleet, store
+from slurmhealth.core import store
+from slurmhealth.fleet import sync
 
 NODES = 2000
 END = 1_780_000_000.0  # 2026-05-28: a fixed "now", so every run measures the same data
@@ -53,7 +54,7 @@ class Builder:
 
     def __init__(self, seed: int) -> None:
         self.rng = random.Random(seed)  # noqa: S311 - data, not secrets
-        self.rows: dict = {kind: [] for kind in fleet.KINDS}
+        self.rows: dict = {kind: [] for kind in sync.KINDS}
         self.runs = 0
         self.job_id = 1000
 
@@ -131,7 +132,7 @@ def build_store(path: str, runs: int, seed: int = 1) -> dict:
     conn.execute("PRAGMA synchronous = OFF")
     conn.execute("PRAGMA cache_size = -262144")
     conn.execute("BEGIN")
-    for kind, spec in fleet.KINDS.items():
+    for kind, spec in sync.KINDS.items():
         marks = ", ".join("?" * len(spec.columns))
         conn.executemany(f"INSERT OR IGNORE INTO {spec.table} VALUES ({marks})", rows[kind])  # noqa: S608
     conn.execute("COMMIT")
@@ -141,15 +142,16 @@ def build_store(path: str, runs: int, seed: int = 1) -> dict:
 
 MEASURE = """
 import json, resource, sys, time
-from slurmhealth import fleet, store
+from slurmhealth.fleet import signals, sync
+from slurmhealth.core import store
 conn = store.connect(sys.argv[1])
 end = float(sys.argv[2]); start = end - float(sys.argv[3])
 t0 = time.perf_counter()
-sig = fleet.signals(conn, start, end)
+sig = signals.signals(conn, start, end)
 t1 = time.perf_counter()
 scored = None
 try:
-    from slurmhealth import policy
+    from slurmhealth.fleet import policy
 except ImportError:
     policy = None
 if policy is not None and hasattr(policy, "score"):
@@ -179,7 +181,7 @@ def measure(path: str) -> dict:
 def timed_import(path: str, spool: str) -> tuple:
     conn = store.connect(path)
     started = time.perf_counter()
-    report = fleet.import_ndjson(conn, spool)
+    report = sync.import_ndjson(conn, spool)
     seconds = time.perf_counter() - started
     conn.close()
     return seconds, report
@@ -219,7 +221,7 @@ def main() -> None:
         conn = store.connect(biggest)
         started = time.perf_counter()
         with open(spool, "w") as out:
-            counts = fleet.export(conn, out)
+            counts = sync.export(conn, out)
         exported = time.perf_counter() - started
         conn.close()
         records = sum(counts.values())

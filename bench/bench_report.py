@@ -21,7 +21,7 @@ import time
 
 import bench_fleet
 
-from slurmhealth import simulate
+from slurmhealth.fleet import simulate
 
 GOAL_S, GOAL_RSS = 10.0, 2**30
 

@@ -1,7 +1,7 @@
 """The admin and user side of `slurmhealth`: click commands, each a thin veneer over the library.
 
-`check` itself lives in hook.py (import-light, it runs before every job); it is listed here so
-that `slurmhealth --help` shows it.
+`check` itself lives in node/agent.py (import-light, it runs before every job; the entry point
+sends it there); it is listed here so that `slurmhealth --help` shows it.
 """
 
 from __future__ import annotations
@@ -14,19 +14,12 @@ from collections.abc import Iterator
 
 import click
 
-from slurmhealth import (
-    __version__,
-    config,
-    fleet,
-    history,
-    hook,
-    lemons,
-    runner,
-    slurm,
-    store,
-    timespec,
-)
-from slurmhealth.checks import AREAS
+from slurmhealth import __version__
+from slurmhealth.core import slurm, store, timespec
+from slurmhealth.core.constants import BREAKER
+from slurmhealth.fleet import accounting, history, lemons, sync
+from slurmhealth.node import agent, config, runner
+from slurmhealth.node.checks import AREAS
 
 
 def source_options(func: object) -> object:
@@ -91,7 +84,7 @@ def check(ctx: click.Context) -> None:
     Example:
         slurmhealth check --only gpu,ib --json
     """
-    hook.main(["check", *ctx.args])
+    ctx.exit(agent.run_check(list(ctx.args)))
 
 
 @cli.command()
@@ -110,7 +103,7 @@ def snapshot(
     Example:
         slurmhealth snapshot -o /tmp/gpu01.json
     """
-    name = hook.node_name({"--node": [node]} if node else {})
+    name = agent.node_name(node)
     settings = config.defaults()["settings"]
     timeouts = {s: settings[f"timeout_{s}"] for s in runner.SOURCES}
     try:
@@ -165,7 +158,7 @@ def show(path: str | None, node: str | None) -> None:
     Example:
         slurmhealth config show --node gpu07
     """
-    name = hook.node_name({"--node": [node]} if node else {})
+    name = agent.node_name(node)
     effective = _load_config(path).for_node(name)
     click.echo(json.dumps({"node": name, **effective}, indent=1, sort_keys=True))
 
@@ -208,7 +201,7 @@ def genconf(
     Example:
         slurmhealth config genconf -o /etc/slurmhealth/slurmhealth.toml
     """
-    name = hook.node_name({"--node": [node]} if node else {})
+    name = agent.node_name(node)
     expect = config.defaults()
     try:
         run = runner.run(name, expect, _options(gpu_source, sysfs_root, kmsg), phase="check")
@@ -383,17 +376,17 @@ def export_cmd(db: str | None, since: str | None, now: str | None, output: str) 
     Example:
         slurmhealth export --since 7d -o /shared/slurmhealth/spool/gpu07.ndjson
     """
-    conn = _open(db or store.default_path(hook.node_name({})))
+    conn = _open(db or store.default_path(agent.node_name()))
     start = _since(since, now)
     if output == "-":
-        fleet.export(conn, click.get_text_stream("stdout"), start)  # type: ignore[arg-type]
+        sync.export(conn, click.get_text_stream("stdout"), start)  # type: ignore[arg-type]
         return
     part = f"{output}.part"
     try:
         with open(part, "w", encoding="utf-8") as out:
-            total = fleet.count_records(conn, start)  # type: ignore[arg-type]
+            total = sync.count_records(conn, start)  # type: ignore[arg-type]
             with _progress(total, "export") as tick:
-                counts = fleet.export(conn, out, start, tick)  # type: ignore[arg-type]
+                counts = sync.export(conn, out, start, tick)  # type: ignore[arg-type]
         os.replace(part, output)
     except OSError as exc:
         raise click.ClickException(str(exc)) from None
@@ -419,8 +412,8 @@ def import_cmd(files: tuple, db: str | None) -> None:
         try:
             size = 0 if name == "-" else os.path.getsize(name)
             with _progress(size, f"import {name}") as tick:
-                report = fleet.import_ndjson(conn, source, tick)  # type: ignore[arg-type]
-        except (fleet.FleetError, OSError) as exc:
+                report = sync.import_ndjson(conn, source, tick)  # type: ignore[arg-type]
+        except (sync.FleetError, OSError) as exc:
             raise click.ClickException(f"{name}: {exc}") from None
         click.echo(
             f"{name}: {report['records']:,} records: {_added(report['added'])} added, "
@@ -471,10 +464,10 @@ def collect_cmd(
     end = _instant(now)
     start = end - _duration(since)
     try:
-        paths = fleet.collect_paths(directory)
+        paths = sync.collect_paths(directory)
         with _progress(len(paths), "collect") as tick:
-            report = fleet.collect(conn, directory, start, tick)  # type: ignore[arg-type]
-    except fleet.FleetError as exc:
+            report = sync.collect(conn, directory, start, tick)  # type: ignore[arg-type]
+    except sync.FleetError as exc:
         raise click.ClickException(str(exc)) from None
     for path, why in report["skipped"]:
         click.echo(f"{path}: skipped: {why}", err=True)
@@ -487,18 +480,18 @@ def collect_cmd(
 
 
 def _collect_sacct(conn: object, start: float, end: float, slurm_bin: str) -> None:
-    from slurmhealth.slurm import SlurmError  # noqa: PLC0415
+    from slurmhealth.core.slurm import SlurmError  # noqa: PLC0415
 
     try:
-        text = fleet.fetch_sacct(start, end, slurm_bin)
+        text = accounting.fetch_sacct(start, end, slurm_bin)
     except SlurmError as exc:
         raise click.ClickException(f"{exc} (job outcomes from accounting not merged)") from None
     try:
-        result = fleet.ingest_sacct(conn, text, utc=True)  # type: ignore[arg-type]
-    except fleet.FleetError as exc:
+        result = accounting.ingest_sacct(conn, text, utc=True)  # type: ignore[arg-type]
+    except sync.FleetError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"sacct: {result['jobs']:,} job rows added or updated")
-    for line in result["bad"][: fleet.BAD_SHOWN]:
+    for line in result["bad"][: sync.BAD_SHOWN]:
         click.echo(f"sacct: skipped: {line}", err=True)
 
 
@@ -550,7 +543,7 @@ def lemons_cmd(
         click.echo(json.dumps(doc, indent=1))
     else:
         click.echo(_lemon_text(scored, applied, span))
-    if any(a["outcome"] == "breaker" for a in applied):
+    if any(a["outcome"] == BREAKER for a in applied):
         sys.exit(3)
 
 
@@ -591,19 +584,19 @@ def report_cmd(
         slurmhealth report -o /var/www/html/slurmhealth.html --mail-to hpc-admins@example.org
         slurmhealth report --format md --since 7d --now 2026-11-29
     """
-    from slurmhealth import report as nightly  # noqa: PLC0415 - jinja2 on this command only
+    from slurmhealth.report import build, mail, render  # noqa: PLC0415 - jinja2 here only
 
     try:
-        nightly.check_address(mail_to or "root")
-    except nightly.ReportError as exc:
+        mail.check_address(mail_to or "root")
+    except build.ReportError as exc:
         raise click.BadParameter(str(exc), param_hint="--mail-to") from None
     conn = _open(_fleet_path(db))
     try:
-        nodes = nightly.live_nodes(slurm_bin) if use_sinfo else None
-        with _progress(nightly.STEPS if nightly.large(conn) else 0, "report") as tick:  # type: ignore[arg-type]
-            doc = nightly.build(conn, _instant(now), _duration(since), nodes, tick)  # type: ignore[arg-type]
-        text = nightly.render(doc, fmt)
-    except nightly.ReportError as exc:
+        nodes = build.live_nodes(slurm_bin) if use_sinfo else None
+        with _progress(build.STEPS if build.large(conn) else 0, "report") as tick:  # type: ignore[arg-type]
+            doc = build.build(conn, _instant(now), _duration(since), nodes, tick)  # type: ignore[arg-type]
+        text = render.render(doc, fmt)
+    except build.ReportError as exc:
         raise click.ClickException(str(exc)) from None
     try:
         with click.open_file(output, "w", encoding="utf-8", atomic=output != "-") as handle:
@@ -612,8 +605,8 @@ def report_cmd(
         raise click.ClickException(f"{output}: {exc.strerror or exc}") from None
     if mail_to:
         try:
-            nightly.mail(doc, fmt, text, mail_to)
-        except nightly.ReportError as exc:
+            mail.mail(doc, fmt, text, mail_to)
+        except build.ReportError as exc:
             click.echo(f"slurmhealth report: {exc}", err=True)
             sys.exit(MAIL_FAILED)
 
@@ -637,7 +630,7 @@ def job_cmd(job_id: str, db: str | None, slurm_bin: str, as_json: bool) -> None:
         slurmhealth job 123456
         slurmhealth job 123456 --json
     """
-    from slurmhealth import jobs  # noqa: PLC0415
+    from slurmhealth.fleet import jobs  # noqa: PLC0415
 
     try:
         found = jobs.lookup(job_id, _fleet_path(db), slurm_bin)
@@ -662,7 +655,7 @@ def publish_cmd(db: str | None, since: str, now: str | None, slurm_bin: str, pub
     Example:
         slurmhealth publish --since 2h
     """
-    from slurmhealth import jobs  # noqa: PLC0415
+    from slurmhealth.fleet import jobs  # noqa: PLC0415
 
     end = _instant(now)
     start = end - _duration(since)

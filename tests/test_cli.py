@@ -9,7 +9,7 @@ import re
 import pytest
 from conftest import FAKE_NVML, FIXTURES, run_cli, snapshot_path
 
-from slurmhealth.checks import REGISTRY
+from slurmhealth.node.checks import REGISTRY
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from slurmhealth import config
+from slurmhealth.node import config
 
 GOOD = """
 [settings]

@@ -14,8 +14,10 @@ import time
 import pytest
 from conftest import FIXTURES, run_cli, snapshot_path
 
-from slurmhealth import config, fleet, policy, runner, store
-from slurmhealth.slurm import SlurmError
+from slurmhealth.core import store
+from slurmhealth.core.slurm import SlurmError
+from slurmhealth.fleet import accounting, policy, signals, sync
+from slurmhealth.node import config, runner
 
 DAY = 86400.0
 T0 = 1_780_000_000.0  # 2026-05-28T20:26:40Z
@@ -56,7 +58,7 @@ def node_store(path: str, node: str) -> sqlite3.Connection:
 
 def export_text(conn: sqlite3.Connection, since: float | None = None) -> str:
     out = io.StringIO()
-    fleet.export(conn, out, since)
+    sync.export(conn, out, since)
     return out.getvalue()
 
 
@@ -67,11 +69,11 @@ def test_export_import_round_trip_equals_the_source(tmp_path):
     source = node_store(str(tmp_path / "gpu01.db"), "gpu01")
     text = export_text(source)
     header = json.loads(text.splitlines()[0])
-    assert header["type"] == "header" and header["format"] == fleet.FORMAT
+    assert header["type"] == "header" and header["format"] == sync.FORMAT
     kinds = {json.loads(line)["type"] for line in text.splitlines()[1:]}
     assert kinds == {"run", "result", "event", "job", "action"}  # every kind is exercised
     target = store.connect(str(tmp_path / "fleet.db"))
-    report = fleet.import_ndjson(target, io.StringIO(text))
+    report = sync.import_ndjson(target, io.StringIO(text))
     assert report["bad_count"] == 0 and report["truncated"] is None
     assert dump(target) == dump(source)
     assert target.execute("SELECT count(*) FROM baselines").fetchone()[0] == 0  # node-local
@@ -83,9 +85,9 @@ def test_importing_twice_changes_nothing(tmp_path):
     spool = tmp_path / "gpu01.ndjson"
     spool.write_text(text)
     target = store.connect(str(tmp_path / "fleet.db"))
-    first = fleet.import_ndjson(target, str(spool))
+    first = sync.import_ndjson(target, str(spool))
     before = dump(target)
-    second = fleet.import_ndjson(target, str(spool))
+    second = sync.import_ndjson(target, str(spool))
     assert sum(first["added"].values()) == first["records"] > 0
     assert sum(second["added"].values()) == 0 and second["unchanged"] == second["records"]
     assert dump(target) == before
@@ -94,10 +96,10 @@ def test_importing_twice_changes_nothing(tmp_path):
 def test_small_chunks_give_the_same_store(tmp_path, monkeypatch):
     text = export_text(node_store(str(tmp_path / "gpu01.db"), "gpu01"))
     whole = store.connect(str(tmp_path / "a.db"))
-    fleet.import_ndjson(whole, io.StringIO(text))
-    monkeypatch.setattr(fleet, "CHUNK", 2)
+    sync.import_ndjson(whole, io.StringIO(text))
+    monkeypatch.setattr(sync, "CHUNK", 2)
     chunked = store.connect(str(tmp_path / "b.db"))
-    fleet.import_ndjson(chunked, io.StringIO(text))
+    sync.import_ndjson(chunked, io.StringIO(text))
     assert dump(chunked) == dump(whole)
 
 
@@ -108,11 +110,11 @@ def test_a_truncated_last_line_is_reported_and_skipped(tmp_path):
     spool = tmp_path / "cut.ndjson"
     spool.write_bytes(cut.encode())
     target = store.connect(str(tmp_path / "fleet.db"))
-    report = fleet.import_ndjson(target, str(spool))
+    report = sync.import_ndjson(target, str(spool))
     assert report["truncated"] == len(lines) and report["bad_count"] == 0
     assert report["records"] == len(lines) - 2  # all but the header and the cut line
     last = json.loads(lines[-1])
-    table = fleet.KINDS[last["type"]].table
+    table = sync.KINDS[last["type"]].table
     assert table == "actions"  # the last record of an export
     assert target.execute("SELECT count(*) FROM actions").fetchone()[0] == 0
 
@@ -132,7 +134,7 @@ def test_malformed_lines_are_reported_and_the_rest_imported(tmp_path):
         json.dumps({**good, "id": "a5"}),
     ]
     target = store.connect(str(tmp_path / "fleet.db"))
-    report = fleet.import_ndjson(target, [line + "\n" for line in lines])
+    report = sync.import_ndjson(target, [line + "\n" for line in lines])
     assert [n for n, _ in report["bad"]] == [2, 3, 4, 5, 6, 7, 8]
     assert report["truncated"] is None and report["records"] == 2
     assert "run without node" in report["bad"][1][1]
@@ -142,8 +144,8 @@ def test_malformed_lines_are_reported_and_the_rest_imported(tmp_path):
 
 def test_a_newer_format_is_refused(tmp_path):
     target = store.connect(str(tmp_path / "fleet.db"))
-    with pytest.raises(fleet.FleetError, match="newer"):
-        fleet.import_ndjson(target, ['{"type": "header", "format": 99}\n'])
+    with pytest.raises(sync.FleetError, match="newer"):
+        sync.import_ndjson(target, ['{"type": "header", "format": 99}\n'])
 
 
 def test_export_since_keeps_only_newer_records(tmp_path):
@@ -174,12 +176,12 @@ def test_job_rows_fill_in_and_never_go_back(tmp_path):
     epilog = job_record(uid=1000, user="alice", start=T0, end=T0 + 5, exit_code=3, state="ended")
     accounting = job_record(slurm_state="FAILED", exit_code=0, start=T0 - 1)
     for lines in ([prolog], [epilog], [accounting], [prolog], [prolog, epilog, accounting]):
-        fleet.import_ndjson(conn, lines)
+        sync.import_ndjson(conn, lines)
     row = conn.execute(
         "SELECT uid, user, start, end, exit_code, state, num_nodes, slurm_state FROM jobs"
     ).fetchone()
     assert row == (1000, "alice", T0, T0 + 5, 3, "ended", 2, "FAILED")
-    again = fleet.import_ndjson(conn, [prolog, epilog, accounting])
+    again = sync.import_ndjson(conn, [prolog, epilog, accounting])
     assert again["unchanged"] == 3
 
 
@@ -189,7 +191,7 @@ def test_an_event_keeps_the_job_the_epilog_gave_it(tmp_path):
     base.update(time=T0, kind="xid", code=79, **{"class": "fail"})
     seen_by_healthcheck = json.dumps({**base, "job_id": None}) + "\n"
     seen_by_epilog = json.dumps({**base, "job_id": "41"}) + "\n"
-    fleet.import_ndjson(conn, [seen_by_healthcheck, seen_by_epilog, seen_by_healthcheck])
+    sync.import_ndjson(conn, [seen_by_healthcheck, seen_by_epilog, seen_by_healthcheck])
     assert conn.execute("SELECT job_id FROM events").fetchall() == [("41",)]
 
 
@@ -207,7 +209,7 @@ def test_collect_merges_node_stores_and_spools_and_skips_garbage(tmp_path):
     (spool / "gpu04.ndjson.part").write_text("{")  # an export still being written: not read
     fleet_path = str(spool / "fleet.db")  # the fleet store in the same folder is not a source
     conn = store.connect(fleet_path)
-    report = fleet.collect(conn, str(spool))
+    report = sync.collect(conn, str(spool))
     assert [os.path.basename(p) for p, _ in report["merged"]] == [
         "gpu01.db",
         "gpu02.db",
@@ -218,7 +220,7 @@ def test_collect_merges_node_stores_and_spools_and_skips_garbage(tmp_path):
     ]
     expected = {t: sorted(dump(a)[t] + dump(b)[t] + dump(c)[t]) for t in KEYS}
     assert {t: sorted(rows) for t, rows in dump(conn).items()} == expected
-    again = fleet.collect(conn, str(spool))
+    again = sync.collect(conn, str(spool))
     assert sum(again["added"].values()) == 0 and len(again["skipped"]) == 1
 
 
@@ -235,7 +237,7 @@ def test_a_store_still_being_copied_is_skipped(tmp_path):
     for share in (0.3, 0.6, 0.99):  # an scp or rsync --inplace not finished yet
         (spool / f"copy{share}.db").write_bytes(data[: int(len(data) * share)])
     fleet_conn = store.connect(str(tmp_path / "fleet.db"))
-    report = fleet.collect(fleet_conn, str(spool))
+    report = sync.collect(fleet_conn, str(spool))
     assert report["merged"] == [] and len(report["skipped"]) == 3
     assert all("malformed" in why or "damaged" in why for _, why in report["skipped"])
     assert fleet_conn.execute("SELECT count(*) FROM runs").fetchone()[0] == 0
@@ -255,7 +257,7 @@ def test_collect_reads_an_older_schema_and_refuses_a_newer_one(tmp_path):
     new.execute("PRAGMA user_version = 99")
     new.close()
     conn = store.connect(str(tmp_path / "fleet.db"))
-    report = fleet.collect(conn, str(spool))
+    report = sync.collect(conn, str(spool))
     assert conn.execute("SELECT node, job_id, num_nodes FROM jobs").fetchall() == [
         ("gpu09", "5", None)
     ]
@@ -264,7 +266,7 @@ def test_collect_reads_an_older_schema_and_refuses_a_newer_one(tmp_path):
 
 WRITER = """
 import sys, time
-from slurmhealth import store
+from slurmhealth.core import store
 conn = store.connect(sys.argv[1])
 print("ready", flush=True)
 for i in range(int(sys.argv[2])):
@@ -293,14 +295,14 @@ def test_collect_while_a_node_store_is_written_is_consistent(tmp_path):
     conn = store.connect(str(tmp_path / "fleet.db"))
     during = []
     while writer.poll() is None:
-        report = fleet.collect(conn, str(spool))
+        report = sync.collect(conn, str(spool))
         assert report["skipped"] == []
         counts = [conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in KEYS]
         runs, results, events, jobs, actions = counts
         assert runs == results == jobs and events == actions == 0  # whole transactions only
         during.append(runs)
     assert writer.wait() == 0
-    fleet.collect(conn, str(spool))
+    sync.collect(conn, str(spool))
     assert conn.execute("SELECT count(*) FROM runs").fetchone()[0] == total
     assert dump(conn) == dump(store.connect(node_db))
     assert any(0 < n < total for n in during), during  # some collects ran mid-write
@@ -327,7 +329,7 @@ MAY1_10 = 1_777_629_600.0  # 2026-05-01T10:00:00Z
 
 
 def test_sacct_output_in_every_form_is_parsed():
-    rows, bad = fleet.parse_sacct(SACCT, utc=True)
+    rows, bad = accounting.parse_sacct(SACCT, utc=True)
     got = {(r["node"], r["job_id"], r["slurm_state"]): r for r in rows}
     assert sorted(got) == [
         ("gpu01", "13", "COMPLETED"),
@@ -362,7 +364,7 @@ def test_sacct_output_in_every_form_is_parsed():
 
 
 def test_sacct_times_are_local_unless_utc():
-    rows, _ = fleet.parse_sacct(SACCT.splitlines()[0])
+    rows, _ = accounting.parse_sacct(SACCT.splitlines()[0])
     assert rows[0]["start"] == time.mktime(
         time.strptime("2026-05-01T10:00:00", "%Y-%m-%dT%H:%M:%S")
     )
@@ -381,7 +383,7 @@ def test_sacct_fills_what_the_hooks_could_not_know_and_never_erases(tmp_path):
         "num_nodes) VALUES (?,?,?,?,?,?,?,?,?,?)",
         hook_rows,
     )
-    result = fleet.ingest_sacct(conn, SACCT, utc=True)
+    result = accounting.ingest_sacct(conn, SACCT, utc=True)
     assert result["jobs"] == 10 and len(result["bad"]) == 2
     row = conn.execute("SELECT * FROM jobs WHERE job_id = '8'").fetchone()
     assert row == (*hook_rows[0], "FAILED")
@@ -391,7 +393,7 @@ def test_sacct_fills_what_the_hooks_could_not_know_and_never_erases(tmp_path):
     assert crashed == (MAY1_10 - 1, MAY1_10 + 1800, "running", "NODE_FAIL")
     requeued = conn.execute("SELECT slurm_state FROM jobs WHERE node='gpu04' AND job_id='13'")
     assert requeued.fetchone() == ("NODE_FAIL",)  # it failed here once: that stays
-    assert fleet.ingest_sacct(conn, SACCT, utc=True)["jobs"] == 0  # idempotent
+    assert accounting.ingest_sacct(conn, SACCT, utc=True)["jobs"] == 0  # idempotent
 
 
 def fake_sacct(tmp_path, script: str) -> str:
@@ -408,12 +410,12 @@ def test_fetch_sacct_runs_sacct_by_path_in_utc(tmp_path):
     bin_dir = fake_sacct(
         tmp_path, f'echo "$TZ $*" > {args}\necho "12|NODE_FAIL|0:0|gpu04|2026-05-01T10:00:00|x|u"\n'
     )
-    text = fleet.fetch_sacct(MAY1_10, MAY1_10 + DAY, slurm_bin=bin_dir)
+    text = accounting.fetch_sacct(MAY1_10, MAY1_10 + DAY, slurm_bin=bin_dir)
     assert text.startswith("12|NODE_FAIL")
     tz, *argv = args.read_text().split()
     assert tz == "UTC" and "-P" in argv and "-D" in argv and "-X" in argv
     assert argv[argv.index("-S") + 1] == "2026-05-01T10:00:00"
-    assert argv[argv.index("-o") + 1] == fleet.SACCT_FIELDS
+    assert argv[argv.index("-o") + 1] == accounting.SACCT_FIELDS
 
 
 def test_collect_sacct_counts_a_job_whose_node_died_before_its_epilog(tmp_path):
@@ -426,7 +428,7 @@ def test_collect_sacct_counts_a_job_whose_node_died_before_its_epilog(tmp_path):
     proc = run_cli(*args, "--now", "2026-05-02", "--since", "2d")
     assert proc.returncode == 0, proc.stderr
     assert "sacct: 1 job rows added or updated" in proc.stdout
-    got = fleet.signals(store.connect(fleet_db), MAY1_10 - DAY, MAY1_10 + DAY)
+    got = signals.signals(store.connect(fleet_db), MAY1_10 - DAY, MAY1_10 + DAY)
     assert got["gpu04"]["jobs"] == got["gpu04"]["hw_job_failures"] == 1
 
 
@@ -435,7 +437,7 @@ def test_without_slurmdbd_sacct_fails_in_one_line(tmp_path):
         tmp_path, 'echo "sacct: error: Slurm accounting storage is disabled" >&2\nexit 1\n'
     )
     with pytest.raises(SlurmError, match="^sacct: error: Slurm accounting storage is disabled$"):
-        fleet.fetch_sacct(0, 1, slurm_bin=bin_dir)
+        accounting.fetch_sacct(0, 1, slurm_bin=bin_dir)
     spool = tmp_path / "spool"
     spool.mkdir()
     proc = run_cli(
@@ -535,7 +537,7 @@ def signal_store(path: str) -> sqlite3.Connection:
 
 def test_signals_equal_the_hand_count(tmp_path):
     conn = signal_store(str(tmp_path / "fleet.db"))
-    got = fleet.signals(conn, T0, T0 + 28 * DAY)
+    got = signals.signals(conn, T0, T0 + 28 * DAY)
     assert got == {
         "gpu01": {
             **ZERO,
@@ -563,14 +565,14 @@ def test_signals_equal_the_hand_count(tmp_path):
 
 def test_signals_window_is_half_open(tmp_path):
     conn = signal_store(str(tmp_path / "fleet.db"))
-    got = fleet.signals(conn, T0 + 20, T0 + DAY)
+    got = signals.signals(conn, T0 + 20, T0 + DAY)
     assert got["gpu01"]["check_fails"] == 1 and got["gpu01"]["check_warns"] == 0
-    assert fleet.signals(conn, T0 + 100 * DAY, T0 + 101 * DAY) == {}
+    assert signals.signals(conn, T0 + 100 * DAY, T0 + 101 * DAY) == {}
 
 
 def test_signals_use_the_covering_indexes(tmp_path):
     conn = signal_store(str(tmp_path / "fleet.db"))
-    for _, _, sql in fleet._PER_NODE:
+    for _, _, sql in signals._PER_NODE:
         plan = " ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, ("n", 0, 1)))
         assert "COVERING INDEX" in plan and "SCAN" not in plan.replace("SCAN n", ""), plan
 
@@ -620,7 +622,7 @@ def test_user_errors_are_one_line(tmp_path, args, message):
 
 def test_signals_equal_the_simulators_on_its_fleet(tmp_path):
     """The contract has two sides (docs/signals.md): SQL over a store, and the simulator's."""
-    simulate = pytest.importorskip("slurmhealth.simulate")
+    simulate = pytest.importorskip("slurmhealth.fleet.simulate")
     if not all(hasattr(simulate, f) for f in ("Fleet", "events", "write_store", "signals")):
         pytest.skip("simulator without write_store/signals")
     fleet_model = simulate.Fleet(nodes=16, days=14, seed=3, lemons={"gpu0003": 30}, incident_day=5)
@@ -629,4 +631,4 @@ def test_signals_equal_the_simulators_on_its_fleet(tmp_path):
     simulate.write_store(history, conn)
     start, end = fleet_model.start, fleet_model.end
     for window in ((start, end), (start + 3 * DAY + 77, start + 6 * DAY + 5)):
-        assert fleet.signals(conn, *window) == simulate.signals(history, *window)
+        assert signals.signals(conn, *window) == simulate.signals(history, *window)

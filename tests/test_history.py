@@ -7,7 +7,8 @@ import time
 
 from conftest import run_cli, snapshot_path
 
-from slurmhealth import config, runner, store, timespec
+from slurmhealth.core import store, timespec
+from slurmhealth.node import config, runner
 
 
 def recorded(db: str, name: str, job: str, when: float, phase: str = "prolog") -> None:

@@ -239,7 +239,7 @@ def test_a_broken_config_fails_open_and_says_so(node):
 
 
 def test_our_own_bug_fails_open(node, tmp_path):
-    boom = planted_bug(tmp_path, "slurmhealth.runner", "run")
+    boom = planted_bug(tmp_path, "slurmhealth.node.runner", "run")
     proc = node.run("prolog", PYTHONPATH=os.pathsep.join([boom, REPO]))
     assert proc.returncode == 0
     assert "internal error, job not gated" in proc.stderr and "RuntimeError: bug" in proc.stderr

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slurmhealth import hostlist
+from slurmhealth.core import hostlist
 
 
 def test_expand_ranges_keep_zero_padding():

@@ -46,7 +46,7 @@ def imported(args: list, env: dict | None = None) -> set:
 
 def test_check_on_a_snapshot_imports_nothing_heavy():
     modules = imported(["check", "--no-db", "--gpu-source", snapshot_path("healthy")])
-    assert "slurmhealth.runner" in modules  # the measurement works
+    assert "slurmhealth.node.runner" in modules  # the measurement works
     assert not modules & HEAVY, modules & HEAVY
 
 
@@ -65,5 +65,5 @@ def test_a_passing_prolog_imports_nothing_heavy(tmp_path):
     }
     imported(["prolog"], env)  # the first run parses the config and caches it
     modules = imported(["prolog"], dict(env, SLURM_JOB_ID="2"))
-    assert "slurmhealth.store" in modules
-    assert not modules & (HEAVY | {"tomllib", "tomli", "slurmhealth.actions"}), modules & HEAVY
+    assert "slurmhealth.core.store" in modules
+    assert not modules & (HEAVY | {"tomllib", "tomli", "slurmhealth.node.actions"}), modules & HEAVY

@@ -16,7 +16,9 @@ import zlib
 import pytest
 from conftest import FIXTURES, run_cli, snapshot_path
 
-from slurmhealth import config, fleet, jobs, runner, slurm, store
+from slurmhealth.core import slurm, store
+from slurmhealth.fleet import accounting, jobs, sync
+from slurmhealth.node import config, runner
 
 HEALTHY_KMSG = os.path.join(FIXTURES, "kmsg", "healthy.kmsg")
 HOSTILE_KMSG = os.path.join(FIXTURES, "kmsg", "hostile-names.kmsg")
@@ -173,7 +175,7 @@ def node_fail(conn, job: str, nodes: str, start: float, end: float) -> None:
     """What `collect --sacct` merges for a job Slurm ended with NODE_FAIL: every node of it."""
     stamp = lambda t: time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))  # noqa: E731
     line = f"{job}|NODE_FAIL|0:0|{nodes}|{stamp(start)}|{stamp(end)}|alice"
-    assert fleet.ingest_sacct(conn, line, utc=True)["bad"] == []
+    assert accounting.ingest_sacct(conn, line, utc=True)["bad"] == []
 
 
 def test_node_fail_blames_the_node_whose_epilog_never_ran_not_every_node(conn, tmp_path):
@@ -228,7 +230,7 @@ def raw_event(conn, node: str, job: str, process: str) -> None:
     record = {"type": "event", "id": f"xid:{node}:raw", "run_id": "r", "node": node,
               "job_id": job, "time": time.time(), "kind": "xid", "code": 13, "gpu": 1,
               "process": process, "class": "app"}  # fmt: skip
-    report = fleet.import_ndjson(conn, io.StringIO(json.dumps(record) + "\n"))
+    report = sync.import_ndjson(conn, io.StringIO(json.dumps(record) + "\n"))
     assert report["added"]["event"] == 1
 
 
@@ -426,7 +428,7 @@ def test_publish_refuses_without_private_data_and_the_cli_says_why(conn, tmp_pat
 def test_job_reads_the_published_summary_through_accounting(conn, tmp_path, acct):
     summary = xid79_job(conn, tmp_path, "41")
     acct.write({"41": ended(comment=jobs.encode(summary))}, caller="alice")
-    nowhere = str(tmp_path / "no-fleet.db")
+    nowhere = str(tmp_path / "no-sync.db")
     proc = run_cli("job", "41", "--db", nowhere, "--json", env=acct.env)
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout)

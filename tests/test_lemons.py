@@ -9,7 +9,8 @@ import os
 import pytest
 from conftest import TESTS, run_cli
 
-from slurmhealth import simulate, store
+from slurmhealth.core import store
+from slurmhealth.fleet import simulate
 
 FAKE_SLURM = os.path.join(TESTS, "fakeslurm")
 

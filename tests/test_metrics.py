@@ -22,8 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_hook import REPO, Node
 from test_import_weight import HEAVY, imported
 
-from slurmhealth import config, metrics, runner
-from slurmhealth.checks import REGISTRY
+from slurmhealth.node import config, metrics, runner
+from slurmhealth.node.checks import REGISTRY
 
 SYSFS = os.path.join(FIXTURES, "sysfs", "healthy-8x-ndr")
 KMSG = os.path.join(FIXTURES, "kmsg")
@@ -260,7 +260,7 @@ def node(tmp_path):
 
 def test_off_by_default_no_file_and_the_module_not_even_imported(node, tmp_path):
     assert config.defaults()["settings"]["metrics_file"] == ""
-    code = "import sys, slurmhealth.hook as h; h.main(sys.argv[1:])"
+    code = "import sys, slurmhealth.node.agent as h; h.main(sys.argv[1:])"
     env = dict(node.env(), PYTHONVERBOSE="1")
     proc = subprocess.run(
         [sys.executable, "-c", code, "prolog"],
@@ -270,8 +270,8 @@ def test_off_by_default_no_file_and_the_module_not_even_imported(node, tmp_path)
         text=True,
     )
     assert proc.returncode == 0
-    assert "import 'slurmhealth.runner'" in proc.stderr  # the measurement works
-    assert "import 'slurmhealth.metrics'" not in proc.stderr
+    assert "import 'slurmhealth.node.runner'" in proc.stderr  # the measurement works
+    assert "import 'slurmhealth.node.metrics'" not in proc.stderr
     assert not [p for p in tmp_path.rglob("*") if p.suffix in (".prom", ".lock", ".tmp")]
 
 
@@ -334,7 +334,7 @@ def test_an_unwritable_directory_is_one_log_line_and_the_verdict_stands(
 
 
 def test_a_bug_in_the_metrics_code_changes_nothing_but_a_log_line(node, tmp_path):
-    boom = planted_bug(tmp_path, "slurmhealth.metrics", "update")
+    boom = planted_bug(tmp_path, "slurmhealth.node.metrics", "update")
     node.configure("gpu-lost", metrics_file=str(tmp_path / "m.prom"))
     proc = node.run("prolog", PYTHONPATH=os.pathsep.join([boom, REPO]))
     assert proc.returncode == 1  # the verdict, not the fail-open of an internal error
@@ -509,5 +509,5 @@ def test_a_prolog_writing_metrics_imports_nothing_heavy(tmp_path):
     env.update(SLURMHEALTH_STATE_DIR=str(tmp_path), SLURM_JOB_ID="1")
     imported(["prolog"], env)  # the first run parses the config and caches it
     modules = imported(["prolog"], dict(env, SLURM_JOB_ID="2"))
-    assert "slurmhealth.metrics" in modules and (tmp_path / "m.prom").exists()
+    assert "slurmhealth.node.metrics" in modules and (tmp_path / "m.prom").exists()
     assert not modules & (HEAVY | {"tomllib", "tomli"}), modules & HEAVY

@@ -22,9 +22,10 @@ import click
 import pytest
 from conftest import run_cli, snapshot_path
 
-from slurmhealth import __version__, config
-from slurmhealth.checks import REGISTRY
+from slurmhealth import __version__
 from slurmhealth.cli import cli
+from slurmhealth.node import config
+from slurmhealth.node.checks import REGISTRY
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGING = os.path.join(ROOT, "packaging")
@@ -598,7 +599,7 @@ def _report_from_packaged_code(root: str, sitelib: str, tmp_path) -> None:
     done = _packaged_run(root, sitelib, "report", "--db", fleet, "--format", "html")
     assert done.returncode == 0 and "<html" in done.stdout.lower(), done.stderr
     probe = subprocess.run(
-        [sys.executable, "-c", "import slurmhealth.report as r; print(r.__file__)"],
+        [sys.executable, "-c", "import slurmhealth.report.build as r; print(r.__file__)"],
         env=dict(os.environ, PYTHONPATH=root + sitelib),
         capture_output=True,
         text=True,
@@ -648,7 +649,7 @@ def test_rpm_payload_runs_and_renders_a_report(packages, tmp_path):
     ]
     sitelib = os.path.dirname(os.path.dirname(init))[len(root) :]
     with open(root + "/usr/bin/slurmhealth") as handle:
-        assert "from slurmhealth.hook import main" in handle.read()
+        assert "from slurmhealth.__main__ import main" in handle.read()
     _report_from_packaged_code(root, sitelib, tmp_path)
 
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from slurmhealth import policy
+from slurmhealth.fleet import policy
 
 DAY = 86400.0
 

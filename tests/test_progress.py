@@ -9,7 +9,8 @@ import sys
 import pytest
 from conftest import run_on_pty
 
-from slurmhealth import fleet, simulate, store
+from slurmhealth.core import store
+from slurmhealth.fleet import simulate, sync
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +21,7 @@ def spool(tmp_path_factory):
     simulate.write_store(simulate.Fleet(nodes=32, days=14, seed=5, incident_day=None), conn)
     path = tmp / "fleet.ndjson"
     with open(path, "w", encoding="utf-8") as out:
-        fleet.export(conn, out)
+        sync.export(conn, out)
     conn.close()
     return path
 

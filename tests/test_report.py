@@ -17,7 +17,10 @@ from html.parser import HTMLParser
 import pytest
 from conftest import TESTS, run_cli, run_on_pty
 
-from slurmhealth import lemons, report, simulate, store
+from slurmhealth.core import store, timespec
+from slurmhealth.fleet import lemons, simulate
+from slurmhealth.report import build as report
+from slurmhealth.report import render
 
 DAY = simulate.DAY
 HOSTILE_PROCESS = "<script>alert(1)</script>"
@@ -70,8 +73,8 @@ def test_failures_match_sql_and_the_simulators_truth(conn, sim):
     d = report.build(conn, after(sim), DAY)
     start, end = sim.fleet.start, sim.fleet.end
     assert (d["window"]["start"], d["window"]["end"]) == (
-        report.timespec.iso(start),
-        report.timespec.iso(end),
+        timespec.iso(start),
+        timespec.iso(end),
     )
     drains = conn.execute(
         "SELECT count(*) FROM actions WHERE action = 'drain' AND ok = 1 AND time >= ? AND time < ?",
@@ -263,7 +266,7 @@ def test_node_states_from_the_store(tmp_path):
     by_node = {n["node"]: n for n in d["fleet"]["out"]}
     assert d["fleet"]["counts"] == {"ok": 2, "failing": 1, "draining": 1, "drained": 1, "down": 0}
     assert by_node["drained"]["reason"] == "slurmhealth: GPU 3 lost"
-    assert by_node["drained"]["since"] == report.timespec.iso(now - 900)
+    assert by_node["drained"]["since"] == timespec.iso(now - 900)
     assert by_node["failing"]["reason"] == "gpu.count: 7 GPUs visible, 8 expected"
     assert by_node["draining"]["state"] == "draining"
     assert d["actions"]["counts"] == {"drain": 3, "resume": 1, "breaker": 0, "failed": 0}
@@ -274,7 +277,7 @@ def test_an_empty_store_reports_without_numbers(tmp_path):
     d = report.build(conn, 100 * DAY, DAY)
     assert d["fleet"]["nodes"] == 0 and d["rate"]["per_1000_node_days"] is None
     for fmt in report.FORMATS:
-        assert "slurmhealth" in report.render(d, fmt)
+        assert "slurmhealth" in render.render(d, fmt)
 
 
 # --- the three formats carry the same numbers -------------------------------------------------
@@ -418,10 +421,10 @@ def typed(rows: list) -> list:
 
 
 def test_json_html_and_markdown_carry_the_same_numbers(doc):
-    d = json.loads(report.render(doc, "json"))
+    d = json.loads(render.render(doc, "json"))
     assert d == json.loads(json.dumps(doc))
-    page = html_tables(report.render(doc, "html"))
-    md = md_tables(report.render(doc, "md"))
+    page = html_tables(render.render(doc, "html"))
+    md = md_tables(render.render(doc, "md"))
     for table_id, (header, want) in expected_tables(d).items():
         if not want:
             continue
@@ -444,7 +447,7 @@ def test_json_html_and_markdown_carry_the_same_numbers(doc):
 
 
 def test_heatmap_and_trend_are_inline_svg_without_script(doc):
-    text = report.render(doc, "html")
+    text = render.render(doc, "html")
     page = html_tables(text)
     assert page.scripts == 0 and "<script" not in text.lower()
     assert 'id="heatmap"' in text and 'id="trend"' in text and 'id="heatmap-legend"' in text
@@ -477,7 +480,7 @@ def hostile(tmp_path) -> dict:
 
 
 def test_hostile_strings_render_as_text(hostile):
-    page_text = report.render(hostile, "html")
+    page_text = render.render(hostile, "html")
     assert "<script>alert" not in page_text and "<img" not in page_text and "<i>x" not in page_text
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page_text
     page = html_tables(page_text)
@@ -485,7 +488,7 @@ def test_hostile_strings_render_as_text(hostile):
     assert page.tables["xids"][1][4] == HOSTILE_PROCESS
     out = {r[0]: r for r in page.tables["out-of-service"][1:]}
     assert out[HOSTILE_NODE][3] == " ".join(HOSTILE_REASON.split())
-    md_text = report.render(hostile, "md")
+    md_text = render.render(hostile, "md")
     assert "<script>" not in md_text and "<img" not in md_text
     tables = md_tables(md_text)
     for table in tables:
@@ -493,14 +496,14 @@ def test_hostile_strings_render_as_text(hostile):
     rows = {r[0]: r for r in md_table(tables, "node")[1:] if len(r) == 5}
     assert rows[HOSTILE_NODE][3] == " ".join(HOSTILE_REASON.split())
     assert md_table(tables, "class", "Xid")[1][4] == HOSTILE_PROCESS
-    assert json.loads(report.render(hostile, "json"))["xids"]["codes"][0]["processes"] == [
+    assert json.loads(render.render(hostile, "json"))["xids"]["codes"][0]["processes"] == [
         HOSTILE_PROCESS
     ]
 
 
 def test_markdown_cells_are_one_line_and_inert():
-    assert report.md_escape("a|b\nc`d`<e>") == "a\\|b c\\`d\\`&lt;e&gt;"
-    assert report.md_escape(None) == ""
+    assert render.md_escape("a|b\nc`d`<e>") == "a\\|b c\\`d\\`&lt;e&gt;"
+    assert render.md_escape(None) == ""
 
 
 # --- the command ---------------------------------------------------------------------------------
@@ -518,7 +521,7 @@ def test_cli_writes_each_format(fleet_db, sim, tmp_path):
         assert proc.returncode == 0 and proc.stderr == "", proc.stderr  # quiet off a terminal
         assert out.stat().st_size > 1000
     doc = json.loads((tmp_path / "r.json").read_text())
-    assert doc["generated"] == report.timespec.iso(float(now))
+    assert doc["generated"] == timespec.iso(float(now))
     proc = cli(fleet_db, "--now", now, "--format", "md")
     assert proc.returncode == 0 and proc.stdout == (tmp_path / "r.md").read_text()
 

@@ -15,7 +15,10 @@ import subprocess
 import pytest
 from test_report import HOSTILE_PROCESS, html_tables
 
-from slurmhealth import report, simulate, store
+from slurmhealth.core import store
+from slurmhealth.fleet import simulate
+from slurmhealth.report import build as report
+from slurmhealth.report import render
 
 CHROMIUM = ("/usr/bin/chromium", "chromium", "chromium-browser")
 FLAGS = (
@@ -97,7 +100,7 @@ def page(tmp_path_factory) -> str:
         (now - 3600, HOSTILE_PROCESS),
     )
     path = tmp / "report.html"
-    path.write_text(report.render(report.build(conn, now, 86400), "html"), encoding="utf-8")
+    path.write_text(render.render(report.build(conn, now, 86400), "html"), encoding="utf-8")
     conn.close()
     return str(path)
 

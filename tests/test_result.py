@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from slurmhealth import result
-from slurmhealth.result import Result
+from slurmhealth.core import result
+from slurmhealth.core.result import Result
 
 
 def test_messages_become_one_safe_bounded_line():

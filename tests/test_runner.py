@@ -9,8 +9,9 @@ import time
 import pytest
 from conftest import FAKE_NVML, FIXTURES, run_cli, snapshot_path
 
-from slurmhealth import config, runner, store
-from slurmhealth.checks import gpu
+from slurmhealth.core import store
+from slurmhealth.node import config, runner
+from slurmhealth.node.checks import gpu
 
 
 def expect(**settings) -> dict:

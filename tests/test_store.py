@@ -8,7 +8,8 @@ import sys
 
 from conftest import snapshot_path
 
-from slurmhealth import config, runner, store
+from slurmhealth.core import store
+from slurmhealth.node import config, runner
 
 
 def a_run() -> runner.Run:
@@ -54,7 +55,8 @@ def test_a_newer_schema_is_refused(db):
 
 WRITER = """
 import sys
-from slurmhealth import config, runner, store
+from slurmhealth.node import config, runner
+from slurmhealth.core import store
 run = runner.run("gpu01", config.defaults(), runner.Options(gpu_source=sys.argv[2]), ["gpu"])
 store.record_run(store.connect(sys.argv[1]), run, job_id=sys.argv[3])
 """

@@ -6,9 +6,9 @@ import json
 
 import pytest
 from conftest import snapshot_path
+from slurmhealth.node.checks.base import Context
 
-from slurmhealth.checks import gpu
-from slurmhealth.checks.base import Context
+from slurmhealth.node.checks import gpu
 
 
 def facts(name: str) -> dict:

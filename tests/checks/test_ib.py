@@ -8,11 +8,12 @@ import os
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from slurmhealth.node.checks.base import Context
+from slurmhealth.node.sources.sysfs import COUNTERS
+from slurmhealth.node.sources.sysfs import read as gather
 
-from slurmhealth import result
-from slurmhealth.checks import ib
-from slurmhealth.checks.base import Context
-from slurmhealth.sources.sysfs import COUNTERS, gather
+from slurmhealth.core import result
+from slurmhealth.node.checks import ib
 
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "sysfs")
 EIGHT = [f"mlx5_{i}" for i in range(8)]

@@ -6,9 +6,9 @@ import copy
 import json
 
 from conftest import snapshot_path
+from slurmhealth.node.checks.base import Context
 
-from slurmhealth.checks import nvlink
-from slurmhealth.checks.base import Context
+from slurmhealth.node.checks import nvlink
 
 
 def facts(name: str = "healthy") -> dict:

@@ -8,10 +8,10 @@ import os
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from slurmhealth.node.checks.base import Context
 
-from slurmhealth.checks import xid
-from slurmhealth.checks.base import Context
-from slurmhealth.sources import kmsg
+from slurmhealth.node.checks import xid
+from slurmhealth.node.sources import kmsg
 
 FIX = os.path.join(os.path.dirname(__file__), "..", "fixtures", "kmsg")
 
@@ -23,7 +23,7 @@ GPUS = {
 
 
 def facts_of(name: str, **kwargs: object) -> dict:
-    return xid.parse(kmsg.gather(os.path.join(FIX, name), **kwargs))
+    return xid.parse(kmsg.read(os.path.join(FIX, name), **kwargs))
 
 
 def ctx(**kwargs: object) -> Context:
@@ -611,9 +611,9 @@ def test_baseline_keeps_the_saved_seq_when_nothing_is_new():
 def test_baseline_round_trip_through_the_source():
     """What baseline saves is what the next gather needs: nothing is read twice."""
     path = os.path.join(FIX, "xid-forms.kmsg")
-    first = xid.parse(kmsg.gather(path))
+    first = xid.parse(kmsg.read(path))
     saved = xid.baseline(first)
-    again = xid.parse(kmsg.gather(path, saved["seq"], saved["boot_id"]))
+    again = xid.parse(kmsg.read(path, saved["seq"], saved["boot_id"]))
     assert again["events"] == [] and xid.baseline(again) == saved
 
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurmhealth.sources import kmsg
+from slurmhealth.node.sources import kmsg
 
 FIX = os.path.join(os.path.dirname(__file__), "..", "fixtures", "kmsg")
 
@@ -30,7 +30,7 @@ def by_seq(raw: dict) -> dict:
 
 
 def test_kmsg_file_records_and_shape():
-    raw = kmsg.gather(fixture("xid-forms.kmsg"))
+    raw = kmsg.read(fixture("xid-forms.kmsg"))
     assert set(raw) == {"path", "boot_id", "records", "first_seq", "lost", "missed", "after_seq"}
     assert raw["boot_id"] is None  # a file has no boot id
     assert [r["seq"] for r in raw["records"]] == list(range(27))
@@ -46,20 +46,20 @@ def test_kmsg_file_records_and_shape():
 
 
 def test_dictionary_lines_are_not_message():
-    records = by_seq(kmsg.gather(fixture("xid-forms.kmsg")))
+    records = by_seq(kmsg.read(fixture("xid-forms.kmsg")))
     assert records[2]["msg"] == "mlx5_core 0000:1a:00.0: firmware version: 28.39.1002"
     assert not any("SUBSYSTEM=" in r["msg"] or "DEVICE=" in r["msg"] for r in records.values())
 
 
 def test_pri_keeps_the_level_only():
-    records = by_seq(kmsg.gather(fixture("healthy.kmsg")))
+    records = by_seq(kmsg.read(fixture("healthy.kmsg")))
     assert records[19]["msg"].startswith("systemd[1]: Started nvidia-persistenced")
     assert records[19]["pri"] == 6  # 30 = facility daemon (3) * 8 + level info (6)
     assert records[12]["pri"] == 5
 
 
 def test_snapshot_replays_exactly():
-    raw = kmsg.gather(fixture("xid-forms.kmsg"), after_seq=9)
+    raw = kmsg.read(fixture("xid-forms.kmsg"), after_seq=9)
     assert json.loads(json.dumps(raw)) == raw
 
 
@@ -67,7 +67,7 @@ def test_snapshot_replays_exactly():
 
 
 def test_dmesg_lines_use_line_numbers_and_timestamps():
-    raw = kmsg.gather(fixture("xid-forms.dmesg"))
+    raw = kmsg.read(fixture("xid-forms.dmesg"))
     records = by_seq(raw)
     assert 4 not in records  # the blank line
     assert raw["first_seq"] == 1  # a dmesg file starts at line 1
@@ -82,7 +82,7 @@ def test_dmesg_lines_use_line_numbers_and_timestamps():
 
 
 def test_dmesg_prefixes():
-    records = by_seq(kmsg.gather(fixture("xid-forms.dmesg")))
+    records = by_seq(kmsg.read(fixture("xid-forms.dmesg")))
     # dmesg -r: <level>[time]
     assert (records[6]["pri"], records[6]["usec"]) == (4, 86401000000)
     assert records[6]["msg"].startswith("NVRM: Xid (PCI:0000:18:00): 79")
@@ -101,7 +101,7 @@ def test_dmesg_prefixes():
 
 def test_syslog_line_of_another_program_keeps_its_prefix():
     """Only the `kernel:` tag is stripped: a user's syslog line cannot pass for a kernel one."""
-    records = by_seq(kmsg.gather(fixture("xid-forms.dmesg")))
+    records = by_seq(kmsg.read(fixture("xid-forms.dmesg")))
     spoof = records[15]["msg"]
     assert spoof.startswith("Nov 17 10:22:40 gpu01 systemd[1]: NVRM: Xid")
 
@@ -128,37 +128,37 @@ def test_dmesg_fields(line, pri, usec, msg):
 
 
 def test_after_seq_keeps_only_newer_records():
-    raw = kmsg.gather(fixture("xid-forms.kmsg"), after_seq=20)
+    raw = kmsg.read(fixture("xid-forms.kmsg"), after_seq=20)
     assert [r["seq"] for r in raw["records"]] == [21, 22, 23, 24, 25, 26]
     assert raw["first_seq"] == 0 and raw["lost"] is False and raw["after_seq"] == 20
 
 
 def test_nothing_new():
-    raw = kmsg.gather(fixture("xid-forms.kmsg"), after_seq=26)
+    raw = kmsg.read(fixture("xid-forms.kmsg"), after_seq=26)
     assert raw["records"] == [] and raw["lost"] is False
 
 
 def test_after_seq_beyond_every_record_keeps_all():
     """A rotated file or a reset ring: the saved position means nothing, read it all."""
-    raw = kmsg.gather(fixture("xid-forms.kmsg"), after_seq=10**6)
+    raw = kmsg.read(fixture("xid-forms.kmsg"), after_seq=10**6)
     assert len(raw["records"]) == 27 and raw["lost"] is False
 
 
 def test_dmesg_file_after_seq_is_a_line_number():
-    raw = kmsg.gather(fixture("xid-forms.dmesg"), after_seq=13)
+    raw = kmsg.read(fixture("xid-forms.dmesg"), after_seq=13)
     assert [r["seq"] for r in raw["records"]] == [14, 15, 16]
     assert raw["lost"] is False
 
 
 def test_wrapped_ring_reports_the_gap():
-    raw = kmsg.gather(fixture("wrapped.kmsg"), after_seq=41000)
+    raw = kmsg.read(fixture("wrapped.kmsg"), after_seq=41000)
     assert raw["first_seq"] == 50000
     assert raw["lost"] is True and raw["missed"] == 8999
     assert len(raw["records"]) == 10  # everything left is newer than the saved seq
 
 
 def test_contiguous_ring_is_not_lost():
-    raw = kmsg.gather(fixture("wrapped.kmsg"), after_seq=49999)
+    raw = kmsg.read(fixture("wrapped.kmsg"), after_seq=49999)
     assert raw["lost"] is False and raw["missed"] == 0 and len(raw["records"]) == 10
 
 
@@ -193,13 +193,13 @@ def test_reboot_with_small_saved_seq_still_reads_all():
 def test_unknown_boot_ids_are_not_compared():
     raw = kmsg.select(entries(5, 6, 7), "/dev/kmsg", 6, saved_boot=None, boot="b1")
     assert [r["seq"] for r in raw["records"]] == [7]
-    raw = kmsg.gather(fixture("xid-forms.kmsg"), after_seq=25, boot_id="whatever")
+    raw = kmsg.read(fixture("xid-forms.kmsg"), after_seq=25, boot_id="whatever")
     assert [r["seq"] for r in raw["records"]] == [26]
 
 
 @pytest.mark.parametrize("saved", ["12", 12.0, True, [12]])
 def test_damaged_saved_position_reads_everything(saved):
-    raw = kmsg.gather(fixture("xid-forms.kmsg"), after_seq=saved, boot_id=["not", "a", "str"])
+    raw = kmsg.read(fixture("xid-forms.kmsg"), after_seq=saved, boot_id=["not", "a", "str"])
     assert len(raw["records"]) == 27 and raw["after_seq"] is None
 
 
@@ -331,7 +331,7 @@ def test_device_record_with_escapes_and_extra_header_fields():
 def test_real_dev_kmsg_if_readable():
     """The real non-blocking path: open, read record by record until EAGAIN."""
     try:
-        raw = kmsg.gather()
+        raw = kmsg.read()
     except OSError as exc:
         pytest.skip(f"/dev/kmsg not readable here: {exc}")
     seqs = [r["seq"] for r in raw["records"]]
@@ -339,10 +339,10 @@ def test_real_dev_kmsg_if_readable():
     assert raw["boot_id"] == kmsg.boot_id()
     assert all(isinstance(r["usec"], int) and 0 <= r["pri"] <= 7 for r in raw["records"])
     if seqs:
-        again = kmsg.gather(after_seq=seqs[-1], boot_id=raw["boot_id"])
+        again = kmsg.read(after_seq=seqs[-1], boot_id=raw["boot_id"])
         assert all(r["seq"] > seqs[-1] for r in again["records"])
         assert again["lost"] is False
-        rebooted = kmsg.gather(after_seq=seqs[-1], boot_id="a-previous-boot")
+        rebooted = kmsg.read(after_seq=seqs[-1], boot_id="a-previous-boot")
         assert [r["seq"] for r in rebooted["records"]][: len(seqs)] == seqs
 
 
@@ -351,7 +351,7 @@ def test_real_dev_kmsg_if_readable():
 
 def test_missing_path_raises_a_clear_oserror():
     with pytest.raises(OSError) as info:
-        kmsg.gather("/nonexistent/kmsg")
+        kmsg.read("/nonexistent/kmsg")
     assert info.value.errno == errno.ENOENT
     assert info.value.filename == "/nonexistent/kmsg"
     assert "cannot read the kernel log" in str(info.value)
@@ -359,12 +359,12 @@ def test_missing_path_raises_a_clear_oserror():
 
 def test_directory_raises_oserror():
     with pytest.raises(OSError) as info:
-        kmsg.gather(FIX)
+        kmsg.read(FIX)
     assert "cannot read the kernel log" in str(info.value)
 
 
 def test_garbage_file_never_raises():
-    raw = kmsg.gather(fixture("non-utf8.kmsg"))
+    raw = kmsg.read(fixture("non-utf8.kmsg"))
     records = by_seq(raw)
     assert "caf\ufffd\ufffd\ufffd" in records[1]["msg"]  # bad bytes replaced, record kept
     assert all(len(r["msg"]) <= kmsg.MSG_MAX for r in raw["records"])
@@ -388,7 +388,7 @@ def test_any_file_content_never_raises(lines):
     with tempfile.NamedTemporaryFile("wb", suffix=".log") as handle:
         handle.write(b"\n".join(lines))
         handle.flush()
-        raw = kmsg.gather(handle.name, after_seq=3)
+        raw = kmsg.read(handle.name, after_seq=3)
     for rec in raw["records"]:
         assert isinstance(rec["seq"], int) and isinstance(rec["msg"], str)
         assert rec["pri"] is None or 0 <= rec["pri"] <= 7
@@ -429,7 +429,7 @@ def test_import_pulls_no_heavy_module():
     """`re` brings enum with it; typing, dataclasses and pathlib must not come along."""
     root = os.path.join(os.path.dirname(__file__), "..", "..")
     code = (
-        f"import sys; sys.path.insert(0, {root!r}); import slurmhealth.sources.kmsg; "
+        f"import sys; sys.path.insert(0, {root!r}); import slurmhealth.node.sources.kmsg; "
         "print(sorted({'typing', 'dataclasses', 'pathlib'} & set(sys.modules)))"
     )
     out = subprocess.run(

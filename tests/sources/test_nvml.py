@@ -8,14 +8,14 @@ import sys
 import pytest
 from conftest import FAKE_NVML, snapshot_path
 
-from slurmhealth.sources import SourceUnavailable
+from slurmhealth.node.sources import SourceUnavailable
 
 
 @pytest.fixture
 def nvml(monkeypatch):
     monkeypatch.syspath_prepend(FAKE_NVML)
     monkeypatch.delitem(sys.modules, "pynvml", raising=False)
-    from slurmhealth.sources import nvml as module
+    from slurmhealth.node.sources import nvml as module
 
     return module
 
@@ -29,7 +29,7 @@ def use(monkeypatch, name: str, fault: str = "") -> dict:
 
 def test_gather_returns_the_snapshot_shape(nvml, monkeypatch):
     expected = use(monkeypatch, "healthy")
-    raw = nvml.gather()
+    raw = nvml.sweep()
     assert raw["count"] == 8 and raw["driver_version"] == "550.90.07"
     got, want = raw["devices"][3], expected["devices"][3]
     for key in (
@@ -51,7 +51,7 @@ def test_gather_returns_the_snapshot_shape(nvml, monkeypatch):
 
 def test_unsupported_values_are_none_with_the_reason(nvml, monkeypatch):
     use(monkeypatch, "healthy")
-    raw = nvml.gather()
+    raw = nvml.sweep()
     dev = raw["devices"][0]
     assert dev["fields"]["retired_pending"] is None  # Hopper: NotSupported
     assert dev["error"] is None
@@ -59,7 +59,7 @@ def test_unsupported_values_are_none_with_the_reason(nvml, monkeypatch):
 
 def test_a_lost_gpu_is_recorded_not_raised(nvml, monkeypatch):
     use(monkeypatch, "healthy", "lost:5")
-    raw = nvml.gather()
+    raw = nvml.sweep()
     assert raw["devices"][5]["error"] == "GpuIsLost"
     assert raw["devices"][4]["error"] is None
 
@@ -68,7 +68,7 @@ def test_a_lost_gpu_is_recorded_not_raised(nvml, monkeypatch):
 def test_no_driver_is_unavailable(nvml, monkeypatch, fault):
     use(monkeypatch, "healthy", fault)
     with pytest.raises(SourceUnavailable, match="NVML unavailable"):
-        nvml.gather()
+        nvml.sweep()
 
 
 def test_without_nvlink_the_links_are_none(nvml, monkeypatch, tmp_path):
@@ -81,7 +81,7 @@ def test_without_nvlink_the_links_are_none(nvml, monkeypatch, tmp_path):
     path.write_text(json.dumps(doc))
     monkeypatch.setenv("FAKE_NVML_SNAPSHOT", str(path))
     monkeypatch.setenv("FAKE_NVML_FAULT", "")
-    raw = nvml.gather()
+    raw = nvml.sweep()
     assert raw["devices"][0]["nvlink"] is None
     assert raw["devices"][0]["errors"]["nvlink"] == "NotSupported"
     assert raw["devices"][0]["fabric"] is None

@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from slurmhealth.sources import sysfs
+from slurmhealth.node.sources import sysfs
 
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "sysfs")
 HEALTHY = os.path.join(FIXTURES, "healthy-8x-ndr")
@@ -38,7 +38,7 @@ def fail_open(monkeypatch, suffix: str, code: int) -> None:
 
 
 def test_healthy_raw_strings():
-    raw = sysfs.gather(HEALTHY)
+    raw = sysfs.read(HEALTHY)
     assert sorted(raw["devices"]) == [f"mlx5_{i}" for i in range(8)]
     assert "errors" not in raw
     dev = raw["devices"]["mlx5_0"]
@@ -64,7 +64,7 @@ def test_healthy_raw_strings():
 
 
 def test_snapshot_round_trip_is_exact():
-    raw = sysfs.gather(os.path.join(FIXTURES, "counters-na"))
+    raw = sysfs.read(os.path.join(FIXTURES, "counters-na"))
     assert json.loads(json.dumps(raw)) == raw
     assert raw["devices"]["mlx5_1"]["ports"]["1"]["counters"]["link_downed"] == "N/A (no PMA)"
 
@@ -72,22 +72,22 @@ def test_snapshot_round_trip_is_exact():
 @pytest.mark.parametrize("sub", ["", "class", "class/infiniband-not-here"])
 def test_no_infiniband_dir(tmp_path, sub):
     (tmp_path / sub).mkdir(parents=True, exist_ok=True)
-    assert sysfs.gather(str(tmp_path)) == {"devices": {}}
+    assert sysfs.read(str(tmp_path)) == {"devices": {}}
 
 
 def test_missing_root():
-    assert sysfs.gather("/nonexistent/slurmhealth-sys") == {"devices": {}}
+    assert sysfs.read("/nonexistent/slurmhealth-sys") == {"devices": {}}
 
 
 def test_empty_infiniband_dir(tmp_path):
     (tmp_path / "class" / "infiniband").mkdir(parents=True)
-    assert sysfs.gather(str(tmp_path)) == {"devices": {}}
+    assert sysfs.read(str(tmp_path)) == {"devices": {}}
 
 
 def test_einval_counter_is_none_and_recorded(monkeypatch):
     # Restricted-PF HCAs answer some counter reads with EINVAL (reference §3.2).
     fail_open(monkeypatch, "mlx5_0/ports/1/counters/link_downed", errno.EINVAL)
-    raw = sysfs.gather(HEALTHY)
+    raw = sysfs.read(HEALTHY)
     counters = raw["devices"]["mlx5_0"]["ports"]["1"]["counters"]
     assert counters["link_downed"] is None
     assert counters["symbol_error"] == "0"
@@ -97,7 +97,7 @@ def test_einval_counter_is_none_and_recorded(monkeypatch):
 @pytest.mark.parametrize("code,name", [(errno.EIO, "EIO"), (errno.EACCES, "EACCES")])
 def test_unreadable_device_file(monkeypatch, code, name):
     fail_open(monkeypatch, "mlx5_4/fw_ver", code)
-    raw = sysfs.gather(HEALTHY)
+    raw = sysfs.read(HEALTHY)
     assert raw["devices"]["mlx5_4"]["fw_ver"] is None
     assert raw["devices"]["mlx5_4"]["ports"]["1"]["state"] == "4: ACTIVE"
     assert raw["errors"] == {"mlx5_4/fw_ver": name}
@@ -107,7 +107,7 @@ def test_non_utf8_is_replaced_and_noted(tmp_path):
     root = copy_fixture(tmp_path)
     with open(ib_file(root, "mlx5_2/ports/1/state"), "wb") as f:
         f.write(b"4: ACT\xffVE\n")
-    raw = sysfs.gather(root)
+    raw = sysfs.read(root)
     assert raw["devices"]["mlx5_2"]["ports"]["1"]["state"] == "4: ACT\ufffdVE"
     assert raw["errors"] == {"mlx5_2:1/state": "non-UTF-8"}
 
@@ -120,7 +120,7 @@ def test_truncated_and_garbage_files(tmp_path):
         f.write("4: ACT")  # cut short, no newline
     with open(ib_file(root, "mlx5_2/fw_ver"), "wb") as f:
         f.write(b"\x00" * 100_000)  # binary, longer than a page
-    raw = sysfs.gather(root)
+    raw = sysfs.read(root)
     assert raw["devices"]["mlx5_0"]["ports"]["1"]["rate"] == ""
     assert raw["devices"]["mlx5_1"]["ports"]["1"]["state"] == "4: ACT"
     assert raw["devices"]["mlx5_2"]["fw_ver"] == "\x00" * 4096  # one page at most
@@ -132,7 +132,7 @@ def test_missing_pieces_recorded(tmp_path):
     shutil.rmtree(ib_file(root, "mlx5_1/ports/1/counters"))
     shutil.rmtree(ib_file(root, "mlx5_2/ports"))
     os.remove(ib_file(root, "mlx5_3/board_id"))
-    raw = sysfs.gather(root)
+    raw = sysfs.read(root)
     assert set(raw["devices"]["mlx5_1"]["ports"]["1"]["counters"].values()) == {None}
     assert raw["errors"]["mlx5_1:1/counters/symbol_error"] == "ENOENT"
     assert raw["devices"]["mlx5_2"]["ports"] == {}
@@ -146,7 +146,7 @@ def test_stray_file_in_class_dir(tmp_path):
     root = copy_fixture(tmp_path, "rate-200")
     with open(ib_file(root, "README"), "w") as f:
         f.write("not a device\n")
-    raw = sysfs.gather(root)
+    raw = sysfs.read(root)
     assert raw["devices"]["README"]["ports"] == {}
     assert raw["errors"]["README/ports"] == "ENOTDIR"
     assert raw["devices"]["mlx5_1"]["ports"]["1"]["rate"] == "200 Gb/sec (4X HDR)"
@@ -160,7 +160,7 @@ def test_symlinked_devices_like_real_sysfs(tmp_path):
     cls = tmp_path / "sys" / "class" / "infiniband"
     cls.mkdir(parents=True)
     os.symlink(str(real / "mlx5_0"), str(cls / "mlx5_0"))
-    raw = sysfs.gather(str(tmp_path / "sys"))
+    raw = sysfs.read(str(tmp_path / "sys"))
     assert raw["devices"]["mlx5_0"]["ports"]["1"]["phys_state"] == "5: LinkUp"
 
 
@@ -169,4 +169,4 @@ def test_unlistable_class_dir(monkeypatch):
         raise PermissionError(errno.EACCES, "denied", path)
 
     monkeypatch.setattr(sysfs.os, "listdir", fake_listdir)
-    assert sysfs.gather(HEALTHY) == {"devices": {}, "errors": {"class/infiniband": "EACCES"}}
+    assert sysfs.read(HEALTHY) == {"devices": {}, "errors": {"class/infiniband": "EACCES"}}

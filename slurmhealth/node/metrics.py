@@ -17,13 +17,14 @@ import os
 import re
 import time
 
-from slurmhealth import __version__, runner
-from slurmhealth.result import FAIL, OK, STATUSES, WARN
+from slurmhealth import __version__
+from slurmhealth.core.constants import DRAIN_OUTCOMES
+from slurmhealth.core.result import FAIL, OK, STATUSES, WARN
+from slurmhealth.node import runner
 
 PHASES = ("prolog", "epilog", "healthcheck", "check")
 VERDICTS = (OK, WARN, FAIL)
 XID_CLASSES = ("app", WARN, FAIL)
-DRAIN_OUTCOMES = ("drained", "skipped", "breaker", "failed")
 # runner's source keys -> the module that reads them (slurmhealth/sources/)
 SOURCE_NAMES = {"gpu": "nvml", "ib": "sysfs", "kmsg": "kmsg"}
 
@@ -249,16 +250,13 @@ def run_samples(run: runner.Run, node: str) -> dict:
 
 
 def xid_events(run: runner.Run) -> list:
-    """(seq, xid, class) of every Xid event the run's xid checks reported (config applied;
-    `ignore`-class Xids are not reported)."""
-    out = []
-    for r in run.results:
-        if r.check not in ("xid.hardware", "xid.application"):
-            continue
-        for event in r.data.get("events", []):
-            if event.get("class") in XID_CLASSES and isinstance(event.get("xid"), int):
-                out.append((event.get("seq"), event["xid"], event["class"]))
-    return out
+    """(seq, xid, class) of every Xid event the run recorded (config applied; `ignore`-class
+    Xids are not reported)."""
+    return [
+        (e.get("seq"), e["xid"], e["class"])
+        for e in run.events
+        if e["kind"] == "xid" and e.get("class") in XID_CLASSES and isinstance(e.get("xid"), int)
+    ]
 
 
 def kmsg_position(run: runner.Run, events: list) -> tuple | None:

@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import re
 
-from slurmhealth.checks.base import Context, norm_bus_id, summarize
-from slurmhealth.result import (
+from slurmhealth.core.result import (
     DRAIN,
     FAIL,
     NONE,
@@ -37,6 +36,7 @@ from slurmhealth.result import (
     warn,
     worst_action,
 )
+from slurmhealth.node.checks.base import Context, norm_bus_id, summarize
 
 AREA = "xid"
 SOURCE = "kmsg"
@@ -530,3 +530,34 @@ def baseline(facts: dict) -> dict:
 def expectations(facts: dict) -> dict:
     """Nothing node-specific to learn from a healthy node's kernel log."""
     return {}
+
+
+def expected(expect: dict) -> bool:
+    """A node without a readable kernel log skips the Xid checks: nothing to expect."""
+    return False
+
+
+EVENT_KEYS = ("xid", "gpu", "bus_id", "pid", "name", "class", "action", "text", "repeats", "seq")
+
+
+def events_of(facts: dict, ctx: Context) -> list:
+    """Every Xid event to record, classified under the node's config: {"key": a stable id
+    part from the kernel-log record, "job": on the job's GPUs, and EVENT_KEYS}. What the
+    config ignores, or what a disabled check would have reported, is not recorded."""
+    disabled = {
+        name for name, o in ctx.expect.get("checks", {}).items() if o.get("enabled") is False
+    }
+    reported = set()
+    if "xid.hardware" not in disabled:
+        reported |= {FAIL, WARN}
+    if "xid.application" not in disabled:
+        reported.add(APP)
+    boot = facts.get("boot_id") or ""
+    out = []
+    for event in events_for(facts, ctx):
+        if event["class"] in reported:
+            item = {k: event.get(k) for k in EVENT_KEYS}
+            item["key"] = f"{boot}:{event.get('seq')}:{event.get('xid')}"
+            item["job"] = event.get("job", True)
+            out.append(item)
+    return out

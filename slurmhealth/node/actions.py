@@ -8,11 +8,20 @@ from __future__ import annotations
 
 import time
 
-from slurmhealth import policy, slurm, store
+from slurmhealth.core import safety, slurm, store
+from slurmhealth.core.constants import (
+    ACT_BREAKER,
+    ACT_DRAIN,
+    ACT_DRAIN_SKIPPED,
+    BREAKER,
+    DRAINED,
+    FAILED,
+    LEMON,
+    PREFIX,
+    PROBATION,
+    SKIPPED,
+)
 
-DRAINED, SKIPPED, BREAKER, FAILED = "drained", "skipped", "breaker", "failed"
-PROBATION = "probation:"
-LEMON = "lemon:"
 # Health checks start on every node at once: hooks that counted the fleet's drains before the
 # others drained all think they are first. After draining, wait for the burst to land,
 # recount, and yield (undo our drain) unless we are among the first up to the cap.
@@ -44,7 +53,7 @@ def _history(conn: object, node: str) -> list:
 def _reason(message: str, conn: object, node: str, settings: dict, now: float) -> str:
     """Our reason; on probation it says an admin must resume (we never will)."""
     days = settings["probation_days"]
-    if policy.on_probation([*_history(conn, node), (now, "drain")], now, days):
+    if safety.on_probation([*_history(conn, node), (now, "drain")], now, days):
         return slurm.reason(
             f"{PROBATION} an admin must resume (failed within {days:g} d of our resume): {message}"
         )
@@ -73,7 +82,8 @@ def drain(
         if not slurm.may_drain(info):
             if record_skip:
                 detail = f"already out: {info['reason'] or info['state']}"
-                _note(conn, node, "drain-skipped", slurm.reason(message), actor, True, detail, log)
+                why = slurm.reason(message)
+                _note(conn, node, ACT_DRAIN_SKIPPED, why, actor, True, detail, log)
             return SKIPPED
         fleet = client.nodes()
     except slurm.SlurmError as exc:
@@ -82,27 +92,27 @@ def drain(
     why = _reason(message, conn, node, settings, now)
     if fleet:
         recent = slurm.drained_by_us(fleet, now - settings["breaker_window"])
-        if not policy.breaker(len(recent), len(fleet), settings["breaker_share"]):
+        if not safety.may_drain_more(len(recent), len(fleet), settings["breaker_share"]):
             detail = (
                 f"{len(recent)} of {len(fleet)} nodes drained by "
                 f"slurmhealth in {settings['breaker_window'] / 60:g} min (max "
                 f"{settings['breaker_share']:.0%}); not draining {node}"
             )
             log(f"CIRCUIT BREAKER OPEN: {detail}")  # type: ignore[operator]
-            _note(conn, node, "breaker", why, actor, False, f"circuit breaker: {detail}", log)
+            _note(conn, node, ACT_BREAKER, why, actor, False, f"circuit breaker: {detail}", log)
             return BREAKER
     try:
         client.drain(node, why)
     except slurm.SlurmError as exc:
         log(f"could not drain {node} ({why}): {exc}")  # type: ignore[operator]
-        _note(conn, node, "drain", why, actor, False, str(exc), log)
+        _note(conn, node, ACT_DRAIN, why, actor, False, str(exc), log)
         return FAILED
     if fleet and _yield_to_earlier(client, node, settings, now, log):
         detail = f"others drained first in the same burst: {node} resumed"
         log(f"CIRCUIT BREAKER OPEN: {detail}")  # type: ignore[operator]
-        _note(conn, node, "breaker", why, actor, False, f"circuit breaker: {detail}", log)
+        _note(conn, node, ACT_BREAKER, why, actor, False, f"circuit breaker: {detail}", log)
         return BREAKER
-    _note(conn, node, "drain", why, actor, True, "", log)
+    _note(conn, node, ACT_DRAIN, why, actor, True, "", log)
     return DRAINED
 
 
@@ -125,7 +135,7 @@ def _yield_to_earlier(
             if n["name"] in slurm.drained_by_us(fleet, now - settings["breaker_window"])
         ]
         ours.sort(key=lambda n: (n["since"] or 0, n["name"]))
-        cap = policy.allowed_drains(0, len(fleet), settings["breaker_share"])
+        cap = safety.allowed_drains(0, len(fleet), settings["breaker_share"])
         if node in [n["name"] for n in ours[:cap]]:
             return False
         client.resume(node)
@@ -140,4 +150,4 @@ def may_resume(info: dict) -> bool:
     health checks (that is what makes it a lemon), so only an admin lifts those."""
     if not slurm.ours(info):
         return False
-    return not info["reason"].startswith((f"{slurm.PREFIX} {PROBATION}", f"{slurm.PREFIX} {LEMON}"))
+    return not info["reason"].startswith((f"{PREFIX} {PROBATION}", f"{PREFIX} {LEMON}"))

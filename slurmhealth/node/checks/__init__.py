@@ -12,7 +12,7 @@ Each area module is a plain module with the same small interface (no entry-point
 
 from __future__ import annotations
 
-from slurmhealth.checks import gpu, ib, nvlink, xid
+from slurmhealth.node.checks import gpu, ib, nvlink, xid
 
 AREAS = {m.AREA: m for m in (gpu, nvlink, ib, xid)}
 

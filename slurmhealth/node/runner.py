@@ -11,32 +11,14 @@ import json
 import threading
 import time
 
-from slurmhealth.checks import AREAS
-from slurmhealth.checks.base import Context, norm_bus_id
-from slurmhealth.result import ERROR, FAIL, OK, WARN, Result, fail, skip, verdict
-from slurmhealth.sources import SourceUnavailable
+from slurmhealth.core.result import ERROR, FAIL, OK, WARN, Result, fail, skip, verdict
+from slurmhealth.node import sources
+from slurmhealth.node.checks import AREAS
+from slurmhealth.node.checks.base import Context, norm_bus_id
+from slurmhealth.node.sources import Options, SourceUnavailable
 
 SNAPSHOT_FORMAT = "slurmhealth-snapshot/1"
 SOURCES = ("gpu", "ib", "kmsg")
-
-
-class Options:
-    """Where facts come from. gpu_source: "nvml" or a snapshot file; None paths: defaults or
-    the snapshot's own sections."""
-
-    __slots__ = ("gpu_source", "kmsg", "kmsg_after", "sysfs_root")
-
-    def __init__(
-        self,
-        gpu_source: str = "nvml",
-        sysfs_root: str | None = None,
-        kmsg: str | None = None,
-        kmsg_after: dict | None = None,
-    ) -> None:
-        self.gpu_source = gpu_source
-        self.sysfs_root = sysfs_root
-        self.kmsg = kmsg
-        self.kmsg_after = kmsg_after or {}
 
 
 class Gathered:
@@ -82,33 +64,18 @@ def _replayed(doc: dict, source: str) -> Gathered:
     return Gathered("ok", doc[source])
 
 
-def _gather_live(source: str, options: Options) -> object:
-    if source == "gpu":
-        from slurmhealth.sources import nvml  # noqa: PLC0415 - pynvml only when used
-
-        return nvml.gather()
-    if source == "ib":
-        from slurmhealth.sources import sysfs  # noqa: PLC0415
-
-        return sysfs.gather(options.sysfs_root or "/sys")
-    from slurmhealth.sources import kmsg  # noqa: PLC0415
-
-    after = options.kmsg_after
-    return kmsg.gather(options.kmsg or "/dev/kmsg", after.get("seq"), after.get("boot_id"))
-
-
-def _plan(sources: set, options: Options) -> dict:
+def _plan(wanted: set, options: Options) -> dict:
     """source -> a zero-argument gather function, or a Gathered already known (replay)."""
     doc = None
     if options.gpu_source not in ("nvml", "", None):
         doc = load_snapshot(options.gpu_source)
     plan: dict = {}
-    for source in sources:
+    for source in wanted:
         explicit = {"ib": options.sysfs_root, "kmsg": options.kmsg}.get(source)
         if doc is not None and not explicit:
             plan[source] = _replayed(doc, source)
         else:
-            plan[source] = lambda s=source: _gather_live(s, options)
+            plan[source] = lambda s=source: sources.gather(s, options)
     return plan
 
 
@@ -125,10 +92,10 @@ def _worker(func: object, box: list) -> None:
         box.append(Gathered("error", None, f"{type(exc).__name__}: {exc}"))
 
 
-def gather(sources: set, options: Options, timeouts: dict, deadline: float) -> tuple:
+def gather(wanted: set, options: Options, timeouts: dict, deadline: float) -> tuple:
     """Gather sources concurrently; returns ({source: Gathered}, hung)."""
     started = time.monotonic()
-    plan = _plan(sources, options)
+    plan = _plan(wanted, options)
     running = {}
     out: dict = {}
     for source, job in plan.items():
@@ -161,11 +128,64 @@ class Run:
         self.sources: dict = {}
         self.baselines: dict = {}
         self.facts: dict = {}
+        self.events: list = []  # what the areas' events_of() reported, to record
+        self.resets: list = []  # GPU indexes a reset would mend (areas' resets_of())
         self.verdict = OK
         self.record_versions = True  # False: unchanged since recorded (VERSIONS_EVERY)
         self.hung = False
         self.started = time.time()
         self.duration = 0.0
+
+    def records(self, job_id: str | None = None) -> dict:
+        """The run as the store records it (core/store.py record_run). Only what is not ok is
+        kept per check (an ok check says nothing the verdict doesn't): a node's history stays
+        small with a health check every few minutes. Only the epilog gives events to the job,
+        and only those on the job's GPUs: what a prolog reads happened before the job."""
+        from slurmhealth import __version__  # noqa: PLC0415
+
+        sources = {k: v.to_dict(self.record_versions) for k, v in self.sources.items()}
+        results = [
+            {
+                "check_name": x.check,
+                "status": x.status,
+                "message": x.message,
+                "action": x.action,
+                "data": json.dumps(x.data, default=str),
+                "duration": x.duration,
+            }
+            for x in self.results
+            if x.status != OK
+        ]
+        events = [
+            {
+                "id": f"{e['kind']}:{self.node}:{e['key']}",
+                "node": self.node,
+                "job_id": job_id if self.phase == "epilog" and e.get("job", True) else None,
+                "time": self.started,
+                "kind": e["kind"],
+                "code": e.get("xid"),
+                "gpu": e.get("gpu"),
+                "bus_id": e.get("bus_id"),
+                "pid": e.get("pid"),
+                "process": e.get("name"),
+                "class": e.get("class"),
+                "action": e.get("action"),
+                "text": e.get("text"),
+                "repeats": e.get("repeats") or 1,
+            }
+            for e in self.events
+        ]
+        run = {
+            "node": self.node,
+            "job_id": job_id,
+            "phase": self.phase,
+            "started": self.started,
+            "duration": self.duration,
+            "verdict": self.verdict,
+            "tool_version": __version__,
+            "sources": json.dumps(sources),
+        }
+        return {"run": run, "results": results, "events": events, "baselines": self.baselines}
 
     def to_dict(self) -> dict:
         return {
@@ -178,17 +198,6 @@ class Run:
         }
 
 
-def _expected(area: str, expect: dict) -> bool:
-    """Does the config expect this area to report? Missing-but-expected is a fail."""
-    if area == "gpu":
-        return bool(expect.get("count"))
-    if area == "nvlink":
-        return bool(expect.get("links_per_gpu"))
-    if area == "ib":
-        return bool(expect.get("devices") or expect.get("ports"))
-    return False
-
-
 def _source_results(area: str, got: Gathered, expect: dict) -> list:
     """Results of an area whose source gave no facts: the first check carries the reason."""
     names = [fn.__name__ for fn in AREAS[area].CHECKS]
@@ -197,7 +206,7 @@ def _source_results(area: str, got: Gathered, expect: dict) -> list:
         first = fail(f"{AREAS[area].SOURCE} {got.message}", got.to_dict(), "drain")
     elif got.status == "error":
         first = Result(ERROR, what, got.to_dict())
-    elif _expected(area, expect):
+    elif AREAS[area].expected(expect):
         first = fail(what, got.to_dict(), "drain")
     else:
         first = skip(what, got.to_dict())
@@ -261,15 +270,16 @@ def _bus_map(gathered: dict, baselines: dict) -> dict:
     return out
 
 
-def _versions(area: str, facts: dict) -> dict:
-    """The area's `versions_of(facts)`, if it has one: recorded with the run's sources, they
-    travel to the fleet store, where the nightly report compares them across the fleet. A
-    crash here is our bug and costs the record, never the run."""
-    func = getattr(AREAS[area], "versions_of", None)
+def _contributed(area: str, name: str, *args: object) -> object:
+    """What an area contributes besides its results, if it has the function (checks/__init__):
+    versions_of (recorded with the run's sources; the report compares them across the fleet),
+    events_of (recorded events), resets_of (GPUs a reset would mend). A crash here is our bug
+    and costs that contribution, never the run."""
+    func = getattr(AREAS[area], name, None)
     try:
-        return func(facts) if func else {}
+        return func(*args) if func else None
     except Exception:
-        return {}
+        return None
 
 
 # Unchanged versions are recorded again this often: a health check every 5 min would otherwise
@@ -320,7 +330,11 @@ def run(
         if facts is not None:
             out.facts[area] = facts
             out.baselines[area] = AREAS[area].baseline(facts)
-            got.versions.update(_versions(area, facts))
+            got.versions.update(_contributed(area, "versions_of", facts) or {})
+            kind = AREAS[area].AREA
+            events = _contributed(area, "events_of", facts, ctx) or []
+            out.events.extend(dict(e, kind=kind) for e in events)
+            out.resets.extend(_contributed(area, "resets_of", facts) or [])
     before = baselines.get("versions") or {}
     out.record_versions, kept = _versions_due(out.sources, before, out.started)
     if kept:

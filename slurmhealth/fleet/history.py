@@ -6,7 +6,7 @@ import glob
 import os
 import sqlite3
 
-from slurmhealth import store
+from slurmhealth.core import store
 
 
 def store_paths(db: str | None, node: str | None) -> list:

@@ -7,9 +7,9 @@ Error counters (DL replay, recovery, CRC) are cumulative: only deltas since the 
 
 from __future__ import annotations
 
-from slurmhealth.checks import gpu
-from slurmhealth.checks.base import Context, summarize
-from slurmhealth.result import DRAIN, RESET_GPU, Result, fail, ok, skip, warn
+from slurmhealth.core.result import DRAIN, RESET_GPU, Result, fail, ok, skip, warn
+from slurmhealth.node.checks import gpu
+from slurmhealth.node.checks.base import Context, summarize
 
 AREA = "nvlink"
 SOURCE = "gpu"
@@ -125,3 +125,8 @@ def baseline(facts: dict) -> dict:
 def expectations(facts: dict) -> dict:
     active = [sum(x["active"] for x in d["nvlink"]) for d in _linked(facts)]
     return {"links_per_gpu": min(active)} if active else {}
+
+
+def expected(expect: dict) -> bool:
+    """NVLinks are expected when the config names links per GPU (never on a PCIe card)."""
+    return bool(expect.get("links_per_gpu"))

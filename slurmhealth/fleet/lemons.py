@@ -7,13 +7,16 @@ the fleet store.
 
 from __future__ import annotations
 
-from slurmhealth import actions, fleet, policy, slurm
+from slurmhealth.core import slurm
+from slurmhealth.core.constants import BREAKER, LEMON
+from slurmhealth.fleet import policy, signals
+from slurmhealth.node import actions
 
 
 def sweep(conn: object, now: float, window: float, params: dict | None = None) -> list:
     """Every node with history in the window, scored against the fleet, lemons first."""
-    signals = fleet.signals(conn, now - window, now)  # type: ignore[arg-type]
-    return policy.score(signals, params)
+    counts = signals.signals(conn, now - window, now)  # type: ignore[arg-type]
+    return policy.score(counts, params)
 
 
 def apply(scored: list, client: slurm.Slurm, settings: dict, conn: object, log: object) -> list:
@@ -23,13 +26,13 @@ def apply(scored: list, client: slurm.Slurm, settings: dict, conn: object, log: 
         outcome = actions.drain(
             client,
             entry["node"],
-            f"{actions.LEMON} {entry['reason']}",
+            f"{LEMON} {entry['reason']}",
             settings,
             conn,
             "slurmhealth lemons",
             log,
         )
         applied.append({"node": entry["node"], "outcome": outcome})
-        if outcome == actions.BREAKER:
+        if outcome == BREAKER:
             break
     return applied

@@ -14,7 +14,7 @@ is deterministic per seed (one `random.Random(seed)`), pure Python, and every as
   rate, k times that on a lemon (the assumption that lets more evidence beat job failures alone).
 - Users' faults: failed jobs and application Xids (13, 31) on all nodes alike.
 - A fleet-wide incident: every node fails one health check for an hour; drains obey the
-  circuit breaker (policy.breaker).
+  circuit breaker (safety.may_drain_more).
 
 events(fleet) builds a History (records, ground truth, breaker counts); signals() computes the
 lemon signals from it in memory exactly as docs/signals.md defines them over a store;
@@ -31,8 +31,9 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
-from slurmhealth import policy, store
-from slurmhealth.runner import VERSIONS_EVERY
+from slurmhealth.core import safety, store
+from slurmhealth.fleet import policy
+from slurmhealth.node.runner import VERSIONS_EVERY
 
 DAY = 86400
 EPOCH = 1_704_067_200  # 2024-01-01 00:00 UTC
@@ -405,7 +406,7 @@ class _Builder:
         recent: deque = deque()
         drained_until = [0] * f.nodes
         stats = self.hist.breaker
-        stats.update(cap=policy.allowed_drains(0, f.nodes, f.breaker_share))
+        stats.update(cap=safety.allowed_drains(0, f.nodes, f.breaker_share))
         stats.update(attempts=0, drained=0, stopped=0, max_in_window=0)
         for at, i, actor, message, release in sorted(self.attempts):
             if drained_until[i] > at:
@@ -414,7 +415,7 @@ class _Builder:
                 recent.popleft()
             stats["attempts"] += 1
             reason = f"slurmhealth: {message}"
-            if not policy.breaker(len(recent), f.nodes, f.breaker_share):
+            if not safety.may_drain_more(len(recent), f.nodes, f.breaker_share):
                 detail = (
                     f"circuit breaker: {len(recent)} of {f.nodes} nodes drained by slurmhealth "
                     f"in {f.breaker_window / 60:g} min (max {f.breaker_share:.0%})"
@@ -693,6 +694,12 @@ def _event_rows(h: History):
         )
 
 
+# The order of the simulator's job tuples (History.jobs).
+JOB_COLUMNS = (
+    "node", "job_id", "start", "end", "num_nodes", "state", "slurm_state", "uid", "user", "exit_code"
+)
+
+
 def write_store(source: Fleet | History, conn) -> dict:
     """Write a simulated history (or simulate the fleet first) into a store opened with
     store.connect: runs (ok ones included), results of the runs that were not ok, events,
@@ -705,26 +712,25 @@ def write_store(source: Fleet | History, conn) -> dict:
     statements = (
         (
             "runs",
-            "INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            store.insert_sql("runs", verb="INSERT OR REPLACE"),
             _run_rows(h, __version__),
         ),
         (
             "results",
-            "INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?)",
+            store.insert_sql("results", verb="INSERT OR REPLACE"),
             ((r[0], r[6], r[5], r[7], r[8], "{}", 0.01) for r in h.runs),
         ),
         (
             "events",
-            "INSERT OR REPLACE INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            store.insert_sql("events", verb="INSERT OR REPLACE"),
             _event_rows(h),
         ),
         (
             "jobs",
-            "INSERT OR REPLACE INTO jobs (node, job_id, start, end, num_nodes, state, "
-            "slurm_state, uid, user, exit_code) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            store.insert_sql("jobs", JOB_COLUMNS, verb="INSERT OR REPLACE"),
             h.jobs,
         ),
-        ("actions", "INSERT OR REPLACE INTO actions VALUES (?, ?, ?, ?, ?, ?, ?, ?)", h.actions),
+        ("actions", store.insert_sql("actions", verb="INSERT OR REPLACE"), h.actions),
     )
     cache = conn.execute("PRAGMA cache_size").fetchone()[0]
     conn.execute("PRAGMA cache_size = -131072")  # 128 MiB: 1M runs insert ~1.5x faster

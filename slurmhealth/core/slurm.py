@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 import time
 
-from slurmhealth.result import clean
+from slurmhealth.core.constants import PREFIX
+from slurmhealth.core.result import clean
 
-PREFIX = "slurmhealth:"
 REASON_MAX = 160
 SEARCH = ("/usr/bin", "/usr/local/bin", "/opt/slurm/bin", "/usr/local/slurm/bin")
 # Node state flags that mean "someone took this node out of service" (scontrol spells them

@@ -12,15 +12,12 @@ import json
 import os
 import sys
 
-from slurmhealth import config, runner
-from slurmhealth.checks import AREAS
-from slurmhealth.result import FAIL
+from slurmhealth.core.constants import BREAKER, HOOKS
+from slurmhealth.core.result import FAIL
+from slurmhealth.node import config, runner
+from slurmhealth.node.checks import AREAS
 
-HOOKS = ("prolog", "epilog", "healthcheck")
-LIGHT = ("check", *HOOKS)
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
-# NVML_FI_DEV_GET_GPU_RECOVERY_ACTION values that a GPU reset clears (GPU_RESET, DRAIN_AND_RESET)
-_RESET_ACTIONS = (1, 4)
 
 CHECK_HELP = """Usage: slurmhealth check [OPTIONS]
 
@@ -101,12 +98,10 @@ def _one(opts: dict, name: str, default: str | None = None) -> str | None:
     return values[-1] if values else default
 
 
-def node_name(opts: dict) -> str:
-    return (
-        _one(opts, "--node")
-        or os.environ.get("SLURMD_NODENAME")
-        or os.uname().nodename.split(".")[0]
-    )
+def node_name(explicit: str | None = None) -> str:
+    """The one place a node's name is worked out: the option, else $SLURMD_NODENAME (several
+    slurmd may run on one host, `slurmd -N gpu01`), else the short host name."""
+    return explicit or os.environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
 
 
 def _areas(opts: dict) -> list | None:
@@ -124,7 +119,7 @@ def open_store(path: str, mode: str) -> object:
 
     A corrupt file is moved aside and a new store started, so history resumes at once.
     """
-    from slurmhealth import store  # noqa: PLC0415 - sqlite3 only when a store is used
+    from slurmhealth.core import store  # noqa: PLC0415 - sqlite3 only when a store is used
 
     try:
         return store.connect(path)
@@ -150,7 +145,8 @@ def load_config(path: str | None, conn: object) -> config.Config:
     resolved = config.resolve_path(path)
     if resolved is None or conn is None:
         return config.load(resolved)
-    from slurmhealth import __version__, store  # noqa: PLC0415
+    from slurmhealth import __version__  # noqa: PLC0415
+    from slurmhealth.core import store  # noqa: PLC0415
 
     try:
         st = os.stat(resolved)
@@ -172,13 +168,15 @@ def load_config(path: str | None, conn: object) -> config.Config:
     return loaded
 
 
-def record(conn: object, run: runner.Run, mode: str, **kw: object) -> None:
+def record(
+    conn: object, run: runner.Run, mode: str, job_id: str | None = None, **kw: object
+) -> None:
     """Record a run; if the store fails, the run's verdict still goes to syslog."""
     if conn is not None:
-        from slurmhealth import store  # noqa: PLC0415
+        from slurmhealth.core import store  # noqa: PLC0415
 
         try:
-            store.record_run(conn, run, **kw)  # type: ignore[arg-type]
+            store.record_run(conn, run.records(job_id), **kw)  # type: ignore[arg-type]
             return
         except store.StoreError as exc:
             log(f"could not record the run, verdict stands: {exc}", mode)
@@ -201,17 +199,17 @@ def check(argv: list) -> int:
         print(CHECK_HELP, end="")
         return EXIT_OK
     areas = _areas(opts)
-    node = node_name(opts)
+    node = node_name(_one(opts, "--node"))
     conn = None
     if not opts.get("--no-db"):
-        from slurmhealth import store  # noqa: PLC0415
+        from slurmhealth.core import store  # noqa: PLC0415
 
         path = _one(opts, "--db") or store.default_path(node)
         conn = open_store(path, "check")
     expect = load_config(_one(opts, "--config"), conn).for_node(node)
     baselines = {}
     if conn is not None:
-        from slurmhealth import store  # noqa: PLC0415
+        from slurmhealth.core import store  # noqa: PLC0415
 
         baselines = store.load_baselines(conn, node)  # type: ignore[arg-type]
     options = runner.Options(
@@ -268,7 +266,8 @@ def drain(node: str, message: str, settings: dict, conn: object, mode: str) -> s
     Failure path only. All Slurm calls together (look at the node, count the fleet's drains,
     drain) share one budget of settings.drain_timeout: slurmd is never held past it.
     """
-    from slurmhealth import actions, slurm  # noqa: PLC0415
+    from slurmhealth.core import slurm  # noqa: PLC0415
+    from slurmhealth.node import actions  # noqa: PLC0415
 
     client = slurm.Slurm(
         settings["slurm_bin"], settings["drain_timeout"], settings["drain_timeout"]
@@ -287,7 +286,8 @@ def drain(node: str, message: str, settings: dict, conn: object, mode: str) -> s
 
 def maybe_resume(node: str, settings: dict, conn: object) -> None:
     """Resume our own drain after `resume_after` consecutive passing health checks."""
-    from slurmhealth import actions, slurm, store  # noqa: PLC0415
+    from slurmhealth.core import slurm, store  # noqa: PLC0415
+    from slurmhealth.node import actions  # noqa: PLC0415
 
     client = slurm.Slurm(settings["slurm_bin"], settings["drain_timeout"])
     try:
@@ -306,22 +306,11 @@ def maybe_resume(node: str, settings: dict, conn: object) -> None:
         log(f"could not resume {node}: {exc}", "healthcheck")
 
 
-def reset_needed(run: runner.Run) -> list:
-    """Idle GPUs whose pending row remap or recovery action a GPU reset would clear."""
-    out = []
-    for dev in (run.facts.get("gpu") or {}).get("devices", []):
-        fields = dev["fields"]
-        wants = fields.get("remap_pending") or fields.get("recovery_action") in _RESET_ACTIONS
-        if wants and not dev["error"] and not dev["processes"]:
-            out.append(dev["index"])
-    return out
-
-
 def reset_gpus(node: str, indexes: list, settings: dict, conn: object) -> list:
     """Reset each GPU with nvidia-smi (epilog, GPU idle); returns those whose reset failed."""
     import subprocess  # noqa: PLC0415 - rare path
 
-    from slurmhealth import store  # noqa: PLC0415
+    from slurmhealth.core import store  # noqa: PLC0415
 
     failed = []
     for index in indexes:
@@ -354,7 +343,7 @@ def write_metrics(path: str | None, run: runner.Run, drain_outcome: str | None, 
     if not path:
         return
     try:
-        from slurmhealth import metrics  # noqa: PLC0415 - only when metrics are on
+        from slurmhealth.node import metrics  # noqa: PLC0415 - only when metrics are on
 
         path = metrics.path_for(path, run.node)
         metrics.update(path, run, run.node, drain_outcome)
@@ -362,9 +351,9 @@ def write_metrics(path: str | None, run: runner.Run, drain_outcome: str | None, 
         log(f"could not write metrics to {path}, verdict stands: {exc}", mode)
 
 
-def _hook_config(conn: object, mode: str) -> dict:
+def _hook_config(conn: object, node: str, mode: str) -> dict:
     try:
-        return load_config(None, conn).for_node(os.environ.get("SLURMD_NODENAME", ""))
+        return load_config(None, conn).for_node(node)
     except config.ConfigError as exc:
         log(f"config broken, running with built-in defaults: {exc}", mode)
         return config.defaults()
@@ -374,7 +363,7 @@ def _baselines(conn: object, node: str, job_id: str, mode: str) -> dict:
     """Node baselines; the epilog takes counters (GPU, NVLink, IB) from its job's prolog."""
     if conn is None:
         return {}
-    from slurmhealth import store  # noqa: PLC0415
+    from slurmhealth.core import store  # noqa: PLC0415
 
     try:
         node_level = store.load_baselines(conn, node)  # type: ignore[arg-type]
@@ -413,24 +402,23 @@ def _job_columns(mode: str, job: dict, run: runner.Run, conn: object) -> dict | 
 def _job_state(conn: object, node: str, job_id: str) -> str | None:
     if conn is None:
         return None
+    from slurmhealth.core import store  # noqa: PLC0415
+
     try:
-        row = conn.execute(  # type: ignore[attr-defined]
-            "SELECT state FROM jobs WHERE node = ? AND job_id = ?", (node, job_id)
-        ).fetchone()
+        return store.job_state(conn, node, job_id)  # type: ignore[arg-type]
     except Exception:
         return None
-    return row[0] if row else None
 
 
 def hook(mode: str) -> int:
     """Prolog, epilog or health check: gate, record, drain on fail. Exit 1 only on a failing
     check (slurmd then requeues the job / drains the node)."""
-    from slurmhealth import store  # noqa: PLC0415
+    from slurmhealth.core import store  # noqa: PLC0415
 
-    node = node_name({})
+    node = node_name()
     job = job_env(dict(os.environ)) if mode != "healthcheck" else {"id": "", "gpus": None}
     conn = open_store(store.default_path(node), mode)
-    expect = _hook_config(conn, mode)
+    expect = _hook_config(conn, node, mode)
     settings = expect["settings"]
     baselines = _baselines(conn, node, job["id"], mode)
     options = runner.Options(
@@ -459,7 +447,7 @@ def hook(mode: str) -> int:
         message = message or _epilog_reset(node, run, settings, conn)
     outcome = drain(node, message, settings, conn, mode) if message else None
     write_metrics(metrics_path(settings), run, outcome, mode)
-    if outcome == "breaker":
+    if outcome == BREAKER:
         return EXIT_OK  # the breaker is open: fail open, loudly (drain() logged and recorded it)
     if not message and mode == "healthcheck":
         maybe_resume(node, settings, conn)
@@ -468,7 +456,7 @@ def hook(mode: str) -> int:
 
 def _epilog_reset(node: str, run: runner.Run, settings: dict, conn: object) -> str:
     """Reset idle GPUs that need it when allowed; otherwise (or if that fails) a drain reason."""
-    indexes = reset_needed(run)
+    indexes = run.resets
     if not indexes:
         return ""
     if settings["reset_gpus"]:
@@ -486,27 +474,51 @@ def _finish(code: int) -> None:
     os._exit(code)
 
 
-def main(argv: list | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] not in LIGHT:
-        from slurmhealth.cli import cli  # noqa: PLC0415 - click, for the admin side only
+HOOK_HELP = """Usage: slurmhealth {mode}
 
-        cli.main(args=argv, prog_name="slurmhealth")
-        return
-    if argv[0] in HOOKS:
-        try:
-            code = hook(argv[0])
-        except Exception:  # our bug is not the node's fault: fail open, loudly
-            import traceback  # noqa: PLC0415
+  Slurm's {what}: gather, check, record, and on a failing check drain the node with a
+  reason that says what is wrong, then exit 1. Takes no options: settings come from
+  /etc/slurmhealth/slurmhealth.toml ($SLURMHEALTH_CONFIG) and slurmd's environment.
+  Run `slurmhealth check` to see a node's verdicts without acting.
+"""
+_HOOK_WHAT = {
+    "prolog": "prolog, run by slurmd before each job",
+    "epilog": "epilog, run by slurmd after each job",
+    "healthcheck": "HealthCheckProgram, run by slurmd every HealthCheckInterval",
+}
 
-            log(f"internal error, job not gated: {traceback.format_exc()}", argv[0])
-            code = EXIT_OK
-        _finish(code)
+
+def run_check(argv: list) -> int:
+    """`slurmhealth check ARGS` -> exit code; a user's error is one line on stderr, exit 2."""
     try:
-        code = check(argv[1:])
+        return check(argv)
     except (UsageError, config.ConfigError, ValueError, OSError) as exc:
         lines = str(exc).splitlines() or [""]
         more = f" (+{len(lines) - 1} more problems)" if len(lines) > 1 else ""
         print(f"slurmhealth: error: {lines[0]}{more}", file=sys.stderr)
-        code = EXIT_USAGE
-    _finish(code)
+        return EXIT_USAGE
+
+
+def run_hook(mode: str, argv: list) -> int:
+    """A hook as slurmd runs it (no arguments). Help never acts; any other argument is a usage
+    error, so a typo in slurm.conf never gates jobs by accident."""
+    if argv:
+        if argv[0] in ("-h", "--help"):
+            print(HOOK_HELP.format(mode=mode, what=_HOOK_WHAT[mode]), end="")
+            return EXIT_OK
+        print(f"slurmhealth: error: {mode} takes no arguments (got {argv[0]!r})", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return hook(mode)
+    except Exception:  # our bug is not the node's fault: fail open, loudly
+        import traceback  # noqa: PLC0415
+
+        log(f"internal error, job not gated: {traceback.format_exc()}", mode)
+        return EXIT_OK
+
+
+def main(argv: list) -> None:
+    """`check` or a hook, then exit at once (see _finish). The entry point sends only these
+    here; every other command goes to the click CLI."""
+    mode, rest = argv[0], argv[1:]
+    _finish(run_hook(mode, rest) if mode in HOOKS else run_check(rest))

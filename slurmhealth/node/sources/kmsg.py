@@ -1,6 +1,6 @@
 """Kernel log source: raw records from /dev/kmsg or a saved file (kmsg records or dmesg lines).
 
-`gather(path, after_seq, boot_id)` returns plain JSON-able raw facts; a snapshot of them replays
+`read(path, after_seq, boot_id)` returns plain JSON-able raw facts; a snapshot of them replays
 exactly (the checks in checks/xid.py only ever see this dict):
 
     {"path": "/dev/kmsg",
@@ -31,6 +31,8 @@ from __future__ import annotations
 import errno
 import os
 import re
+
+from slurmhealth.node.sources import Options
 
 KMSG = "/dev/kmsg"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
@@ -254,7 +256,13 @@ def _read(fd: int, after_seq: int | None, saved_boot: str | None) -> tuple:
         return file_entries(handle), False, None
 
 
-def gather(path: str = KMSG, after_seq: int | None = None, boot_id: str | None = None) -> dict:
+def gather(options: Options) -> dict:
+    """The registry's entry: the configured log, after the saved position."""
+    after = options.kmsg_after
+    return read(options.kmsg or KMSG, after.get("seq"), after.get("boot_id"))
+
+
+def read(path: str = KMSG, after_seq: int | None = None, boot_id: str | None = None) -> dict:
     """Read the kernel log at `path`: records after `after_seq` (see the module docstring).
 
     `boot_id` is the id saved with `after_seq`; a saved position of the wrong type (a damaged

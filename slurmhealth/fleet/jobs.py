@@ -22,8 +22,9 @@ import sqlite3
 import time
 import zlib
 
-from slurmhealth import slurm
-from slurmhealth.result import clean
+from slurmhealth.core import slurm
+from slurmhealth.core.constants import FAILED_STATES, RUNNING_STATES
+from slurmhealth.core.result import clean
 
 PREFIX = "slurmhealth:v1:"
 FORMAT = 1
@@ -37,8 +38,6 @@ PUBLISH_LATENCY_S = 15 * 60  # the documented collect + publish timer period (do
 # node's first health check comes only when its slurmd is back).
 DRAIN_SLACK_S = 1800
 SACCT_CHUNK = 100  # job ids per sacct call
-RUNNING = ("PENDING", "RUNNING", "REQUEUED", "SUSPENDED", "CONFIGURING", "COMPLETING", "RESIZING")
-FAILED = ("FAILED", "TIMEOUT", "OUT_OF_MEMORY", "CANCELLED", "DEADLINE", "PREEMPTED")
 
 # What a hardware Xid means to a user, in words (the rest: "a hardware fault on GPU n").
 _XID_WORDS = {
@@ -284,13 +283,13 @@ def _exit_words(data: dict) -> str:
         return f" (killed by signal {data['signal']})"
     if data.get("exit_code"):
         return f" (exit code {data['exit_code']})"
-    if data.get("state") in FAILED:
+    if data.get("state") in FAILED_STATES:
         return f" (Slurm: {data['state']})"
     return ""
 
 
 def _failed(data: dict) -> bool:
-    return bool(data.get("exit_code") or data.get("signal")) or data.get("state") in FAILED
+    return bool(data.get("exit_code") or data.get("signal")) or data.get("state") in FAILED_STATES
 
 
 def _app_xids(nodes: list) -> str:
@@ -321,7 +320,7 @@ def _hardware(faulty: list) -> tuple:
 
 
 def _still_running(data: dict, ran: list) -> bool:
-    if data.get("state") in RUNNING:
+    if data.get("state") in RUNNING_STATES:
         return True
     return data.get("state") is None and all(n.get("state") == "running" for n in ran)
 
@@ -661,11 +660,11 @@ def private(client: slurm.Slurm) -> bool:
 
 
 def _remember(conn: sqlite3.Connection, job_id: str, sign: str, comment: str) -> None:
-    from slurmhealth import store  # noqa: PLC0415 - the user side never writes
+    from slurmhealth.core import store  # noqa: PLC0415 - the user side never writes
 
     with store.immediate(conn):
         conn.execute(
-            "INSERT OR REPLACE INTO published VALUES (?, ?, ?, ?)",
+            store.insert_sql("published", verb="INSERT OR REPLACE"),
             (job_id, sign, time.time(), len(comment)),
         )
 
@@ -748,7 +747,7 @@ def _sacct_time(text: str) -> float | None:
 
 
 def _not_published(job_id: str, state: str, ended: str, now: float) -> str:
-    if state.split(maxsplit=1)[0] in RUNNING:
+    if state.split(maxsplit=1)[0] in RUNNING_STATES:
         return f"job {job_id} is {state.lower()}: its health summary is published after it ends"
     end = _sacct_time(ended)
     if end is not None and now < end + 2 * PUBLISH_LATENCY_S:
@@ -782,7 +781,7 @@ def from_accounting(client: slurm.Slurm, job_id: str, now: float | None = None) 
 
 def _from_fleet(path: str, job_id: str) -> dict | None:
     """The summary from the fleet store when this caller may read it (admins), else None."""
-    from slurmhealth import store  # noqa: PLC0415
+    from slurmhealth.core import store  # noqa: PLC0415
 
     if not (os.path.isfile(path) and os.access(path, os.R_OK)):
         return None

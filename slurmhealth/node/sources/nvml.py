@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from slurmhealth.sources import SourceUnavailable
+from slurmhealth.node.sources import Options, SourceUnavailable
 
 # Field ids batched into one nvmlDeviceGetFieldValues call per GPU (reference §2.4): fields
 # served by the same driver call are fetched once, so this is the cheapest sweep.
@@ -196,7 +196,12 @@ def _load() -> object:
     return pynvml
 
 
-def gather() -> dict:
+def gather(options: Options) -> dict:
+    """The registry's entry: the live sweep (a snapshot replays without this module)."""
+    return sweep()
+
+
+def sweep() -> dict:
     """One NVML sweep of every GPU. Raises SourceUnavailable when NVML cannot start at all."""
     nvml = _load()
     started = time.perf_counter()

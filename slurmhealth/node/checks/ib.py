@@ -32,8 +32,8 @@ so a counter at its maximum hides every new error; that warns "saturated, reset 
 
 from __future__ import annotations
 
-from slurmhealth.checks.base import Context, summarize
-from slurmhealth.result import DRAIN, SERVICE, Result, fail, ok, skip, warn
+from slurmhealth.core.result import DRAIN, SERVICE, Result, fail, ok, skip, warn
+from slurmhealth.node.checks.base import Context, summarize
 
 AREA = "ib"
 SOURCE = "ib"
@@ -444,3 +444,8 @@ def expectations(facts: dict) -> dict:
     if len(fws) == 1 and None not in fws:
         out["fw_ver"] = fws.pop()
     return out
+
+
+def expected(expect: dict) -> bool:
+    """InfiniBand is expected when the config names HCAs or ports."""
+    return bool(expect.get("devices") or expect.get("ports"))

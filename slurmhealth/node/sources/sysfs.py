@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import os
 
+from slurmhealth.node.sources import Options
+
 DEVICE_FILES = ("fw_ver", "hca_type", "board_id", "node_guid")
 PORT_FILES = ("state", "phys_state", "rate", "link_layer")
 # The error counters the ib checks judge (reference §3.2).
@@ -89,7 +91,12 @@ def _device(path: str, name: str, errors: dict) -> dict:
     return device
 
 
-def gather(root: str = "/sys") -> dict:
+def gather(options: Options) -> dict:
+    """The registry's entry: InfiniBand under the configured root."""
+    return read(options.sysfs_root or "/sys")
+
+
+def read(root: str = "/sys") -> dict:
     """Read every HCA under `root/class/infiniband`; never raises on a broken tree."""
     base = os.path.join(root, "class", "infiniband")
     if not os.path.isdir(base):

@@ -20,8 +20,8 @@ import json
 import os
 import re
 
-from slurmhealth import hostlist
-from slurmhealth.checks import AREAS, REGISTRY
+from slurmhealth.core import hostlist
+from slurmhealth.node.checks import AREAS, REGISTRY
 
 DEFAULT_PATH = "/etc/slurmhealth/slurmhealth.toml"
 
@@ -242,7 +242,7 @@ def _example_section(name: str, schema: dict) -> list[str]:
 
 def example_text() -> str:
     """The annotated example config: the catalogue of every setting and check, all commented."""
-    from slurmhealth.checks import describe  # noqa: PLC0415
+    from slurmhealth.node.checks import describe  # noqa: PLC0415
 
     lines = [
         "# slurmhealth expectations: /etc/slurmhealth/slurmhealth.toml",

@@ -6,8 +6,8 @@ clock event reasons) and §6 (what belongs in a prolog).
 
 from __future__ import annotations
 
-from slurmhealth.checks.base import Context, summarize
-from slurmhealth.result import DRAIN, REBOOT, RESET_GPU, SERVICE, Result, fail, ok, skip, warn
+from slurmhealth.core.result import DRAIN, REBOOT, RESET_GPU, SERVICE, Result, fail, ok, skip, warn
+from slurmhealth.node.checks.base import Context, summarize
 
 AREA = "gpu"
 SOURCE = "gpu"
@@ -390,4 +390,26 @@ def expectations(facts: dict) -> dict:
     vbioses = {d["vbios"] for d in devices if d["vbios"]}
     if len(vbioses) == 1:
         out["vbios_version"] = vbioses.pop()
+    return out
+
+
+def expected(expect: dict) -> bool:
+    """GPUs are expected when the config names a count: then no NVML is a fail, not a skip."""
+    return bool(expect.get("count"))
+
+
+# NVML_FI_DEV_GET_GPU_RECOVERY_ACTION values that a GPU reset clears: GPU_RESET (1) and
+# DRAIN_AND_RESET (4) (nvml.h, nvmlDeviceGpuRecoveryAction_t).
+RESET_ACTIONS = (1, 4)
+
+
+def resets_of(facts: dict) -> list:
+    """Idle GPUs whose pending row remap or recovery action a GPU reset would clear: the epilog
+    resets them (settings.reset_gpus) or drains the node until someone does."""
+    out = []
+    for dev in facts.get("devices", []):
+        fields = dev["fields"]
+        wants = fields.get("remap_pending") or fields.get("recovery_action") in RESET_ACTIONS
+        if wants and not dev["error"] and not dev["processes"]:
+            out.append(dev["index"])
     return out

@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sqlite3
-import subprocess
 from collections.abc import Callable
 from typing import Optional
 
-from slurmhealth import __version__, actions, fleet, policy, slurm, timespec
-from slurmhealth.result import clean
+from slurmhealth import __version__
+from slurmhealth.core import slurm, timespec
+from slurmhealth.core.constants import LEMON, PREFIX
+from slurmhealth.core.result import clean
+from slurmhealth.fleet import policy, signals
 
 FORMAT = "slurmhealth-report/1"
 FORMATS = ("html", "md", "json")
@@ -307,7 +308,7 @@ def lemon_candidates(scored: list) -> list:
 
 def failure_records(conn: sqlite3.Connection, start: float, end: float) -> list:
     """Every record of a node failure in [start, end) (see FAILURE_DEFINITION), by time."""
-    lemon = f"{slurm.PREFIX} {actions.LEMON}"
+    lemon = f"{PREFIX} {LEMON}"
     rows = [
         (t, node, "drain", reason)
         for t, node, reason in conn.execute(
@@ -519,17 +520,17 @@ def _build(
     sinfo: list | None,
     tick: Callable[[int], None],
 ) -> dict:
-    signals = fleet.signals(conn, w_start, w_end)
-    scored = policy.score(signals)  # as lemons.sweep, over the same whole days
+    counts = signals.signals(conn, w_start, w_end)
+    scored = policy.score(counts)  # as lemons.sweep, over the same whole days
     tick(1)
-    nodes = sorted(set(signals) | set(_period_nodes(conn, start, now)))
+    nodes = sorted(set(counts) | set(_period_nodes(conn, start, now)))
     if sinfo is None:
         states = fleet_summary([node_state(conn, n, now) for n in nodes], "store")
     else:
         states = fleet_summary([slurm_state(info) for info in sinfo], "sinfo")
     tick(1)
     failures = episodes(failure_records(conn, w_start, w_end))
-    node_days = sum(s["node_days"] for s in signals.values())
+    node_days = sum(s["node_days"] for s in counts.values())
     tick(1)
     doc = {
         "format": FORMAT,
@@ -581,141 +582,3 @@ def live_nodes(slurm_bin: str = "", timeout: float = 30.0) -> list:
         return slurm.Slurm(slurm_bin, timeout).nodes()
     except slurm.SlurmError as exc:
         raise ReportError(f"{exc} (node states from Slurm)") from None
-
-
-# --- rendering -------------------------------------------------------------------------------
-
-_MD_SPECIAL = str.maketrans(
-    {
-        "\\": "\\\\",
-        "|": "\\|",
-        "`": "\\`",
-        "*": "\\*",
-        "_": "\\_",
-        "[": "\\[",
-        "]": "\\]",
-        "<": "&lt;",
-        ">": "&gt;",
-        "&": "&amp;",
-    }
-)
-
-
-def md_escape(value: object) -> str:
-    """One Markdown table cell: one line; `|`, backticks, emphasis, links and HTML-ish text
-    shown as text, whatever a node name or a kernel log holds."""
-    if value is None:
-        return ""
-    text = "".join(" " if ch.isspace() else ch for ch in str(value))
-    return text.translate(_MD_SPECIAL)
-
-
-def number(value: object) -> str:
-    """Counts with thousands separators; other numbers as the dict holds them; None: n/a."""
-    if value is None:
-        return "n/a"
-    if isinstance(value, int) and not isinstance(value, bool):
-        return f"{value:,}"
-    return str(value)
-
-
-def _environment(fmt: str) -> object:
-    import jinja2  # noqa: PLC0415 - the admin side only; never the hot path
-
-    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(here),
-        autoescape=jinja2.select_autoescape(["html"]),  # by the template's name: report.html
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-        # Markdown: every value that reaches the page is escaped, not only those remembered.
-        finalize=md_escape if fmt == "md" else None,
-    )
-    env.filters["num"] = number
-    return env
-
-
-def render(doc: dict, fmt: str) -> str:
-    """The report in one format: JSON is the dict itself; HTML and Markdown render it."""
-    if fmt == "json":
-        return json.dumps(doc, indent=1) + "\n"
-    if fmt not in FORMATS:
-        raise ReportError(f"unknown format {fmt!r} (use {', '.join(FORMATS)})")
-    template = _environment(fmt).get_template(f"report.{fmt}")  # type: ignore[attr-defined]
-    return template.render(r=doc)
-
-
-# --- mail ------------------------------------------------------------------------------------
-
-MTA_PATHS = ("/usr/sbin/sendmail", "/usr/lib/sendmail")
-
-
-def find_sendmail() -> str:
-    """The local MTA's sendmail: $SLURMHEALTH_SENDMAIL when set (and only it), else on PATH,
-    else where MTAs put it; ReportError when there is none."""
-    import shutil  # noqa: PLC0415
-
-    chosen = os.environ.get("SLURMHEALTH_SENDMAIL")
-    candidates = (chosen,) if chosen else (shutil.which("sendmail"), *MTA_PATHS)
-    for path in candidates:
-        if path and os.path.isabs(path) and os.access(path, os.X_OK):
-            return path
-    raise ReportError(
-        "no local MTA (sendmail not found on PATH or in /usr/sbin): report not mailed"
-    )
-
-
-def subject(doc: dict) -> str:
-    """Numbers only: nothing untrusted reaches a mail header."""
-    counts = doc["fleet"]["counts"]
-    out = counts["drained"] + counts["draining"] + counts["down"]
-    return (
-        f"slurmhealth report {doc['generated'][:10]}: {doc['fleet']['nodes']} nodes, "
-        f"{out} out of service, {len(doc['lemons']['candidates'])} lemon candidates"
-    )
-
-
-def check_address(to: str) -> None:
-    """Mail addresses, comma-separated: printable, no line breaks (no header injection)."""
-    from email.utils import getaddresses  # noqa: PLC0415
-
-    if any(not ch.isprintable() for ch in to) or not all(a for _, a in getaddresses([to])):
-        raise ReportError(f"not a mail address: {clean(to, 80)!r}")
-
-
-def message(doc: dict, fmt: str, text: str, to: str) -> bytes:
-    """A MIME message: HTML as text/html with the Markdown as its plain-text alternative;
-    Markdown and JSON as text/plain."""
-    import email.policy  # noqa: PLC0415
-    from email.message import EmailMessage  # noqa: PLC0415
-
-    check_address(to)
-    # Long enough lines that the subject is never folded (some MUAs show a folded one badly).
-    msg = EmailMessage(policy=email.policy.default.clone(max_line_length=200))
-    msg["To"] = to
-    msg["Subject"] = subject(doc)
-    if fmt == "html":
-        msg.set_content(render(doc, "md"))
-        msg.add_alternative(text, subtype="html")
-    else:
-        msg.set_content(text)
-    return msg.as_bytes()
-
-
-def mail(doc: dict, fmt: str, text: str, to: str, timeout: float = 60.0) -> None:
-    """Send the report through the local MTA (`sendmail -t -oi`, an argv list, no shell)."""
-    payload = message(doc, fmt, text, to)
-    argv = [find_sendmail(), "-t", "-oi"]
-    try:
-        proc = subprocess.run(
-            argv, input=payload, capture_output=True, timeout=timeout, check=False
-        )
-    except subprocess.TimeoutExpired:
-        raise ReportError(f"sendmail timed out after {timeout:g} s: report not mailed") from None
-    except OSError as exc:
-        raise ReportError(f"sendmail: {clean(exc, 120)}: report not mailed") from None
-    if proc.returncode != 0:
-        why = clean(proc.stderr.decode("utf-8", "replace") or f"exit {proc.returncode}", 160)
-        raise ReportError(f"sendmail failed ({why}): report not mailed")

@@ -9,7 +9,6 @@ docs/signals.md. The record format is docs/fleet.md.
 
 from __future__ import annotations
 
-import calendar
 import glob
 import json
 import math
@@ -21,9 +20,9 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Optional
 from urllib.parse import quote
 
-from slurmhealth import __version__, policy, store
-from slurmhealth.hostlist import PatternError, expand, split_terms
-from slurmhealth.result import clean
+from slurmhealth import __version__
+from slurmhealth.core import store
+from slurmhealth.core.result import clean
 
 FORMAT = 1  # the NDJSON record format (docs/fleet.md); a newer one is refused
 CHUNK = 50_000  # records per import transaction (measured: docs/fleet.md)
@@ -32,51 +31,25 @@ Progress = Optional[Callable[[int], None]]
 
 
 class Kind:
-    """One record type: its table, columns, the NOT NULL ones, defaults and JSON-text columns."""
+    """One record type as it travels: its table, columns, the ones a record must carry (keys
+    and NOT NULL without a default), defaults and JSON-text columns: all from the store's
+    table spec (core/store.py TABLES)."""
 
-    def __init__(self, table: str, columns: str, required: str, defaults: dict, json_cols=()):
-        self.table = table
-        self.columns = tuple(columns.split())
-        index = {c: i for i, c in enumerate(self.columns)}
-        self.required = tuple(index[c] for c in required.split())
-        self.defaults = tuple((index[c], v) for c, v in defaults.items())
-        self.json = tuple(index[c] for c in json_cols)
+    def __init__(self, table: store.Table) -> None:
+        self.table = table.name
+        self.columns = table.names()
+        self.required = tuple(
+            i
+            for i, c in enumerate(table.columns)
+            if (c.required or c.name in table.key) and c.default is None
+        )
+        self.defaults = tuple(
+            (i, c.default) for i, c in enumerate(table.columns) if c.default is not None
+        )
+        self.json = tuple(i for i, c in enumerate(table.columns) if c.json)
 
 
-KINDS = {
-    "run": Kind(
-        "runs",
-        "id node job_id phase started duration verdict tool_version sources",
-        "id node phase started duration verdict tool_version",
-        {"sources": "{}"},
-        ("sources",),
-    ),
-    "result": Kind(
-        "results",
-        "run_id check_name status message action data duration",
-        "run_id check_name status message action",
-        {"data": "{}", "duration": 0.0},
-        ("data",),
-    ),
-    "event": Kind(
-        "events",
-        "id run_id node job_id time kind code gpu bus_id pid process class action text repeats",
-        "id run_id node time kind",
-        {},
-    ),
-    "job": Kind(
-        "jobs",
-        "node job_id uid user start end exit_code signal state num_nodes slurm_state",
-        "node job_id",
-        {},
-    ),
-    "action": Kind(
-        "actions",
-        "id node time action reason actor ok detail",
-        "id node time action reason actor",
-        {"ok": 1, "detail": ""},
-    ),
-}
+KINDS = {kind: Kind(table) for kind, table in store.KINDS.items()}
 
 # Merge rules. Id'd records never change once written, except an event's job: the epilog may
 # attribute an Xid that a health check stored first. A job row fills in as its prolog, epilog
@@ -480,210 +453,3 @@ def _collect_one(conn: sqlite3.Connection, path: str, since: float | None, repor
     report["merged"].append((path, added))
     for kind, n in added.items():
         report["added"][kind] += n
-
-
-# ---------------------------------------------------------------------------------------------
-# Slurm accounting
-
-SACCT_FIELDS = "JobIDRaw,State,ExitCode,NodeList,Start,End,User"
-# The job-level ExitCode is 0:0 whatever happened for these (the signal is on the step line):
-# it says nothing of the job's exit (shared/reference/slurm-local-cluster.md).
-_NO_EXIT = {"CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
-_NO_NODES = {"", "None assigned", "(null)", "None"}
-
-
-def _sacct_time(text: str, utc: bool) -> float | None:
-    """sacct's `2026-05-01T10:00:00` (local time, or UTC when sacct ran with TZ=UTC)."""
-    if text in ("", "Unknown", "None"):
-        return None
-    parsed = time.strptime(text, "%Y-%m-%dT%H:%M:%S")
-    return float(calendar.timegm(parsed)) if utc else time.mktime(parsed)
-
-
-def _exit(state: str, text: str) -> tuple:
-    code, _, signal = text.partition(":")
-    if state in _NO_EXIT or not code.isdigit():
-        return None, None
-    return int(code), int(signal) if signal.isdigit() else None
-
-
-def parse_sacct(text: str, utc: bool = False) -> tuple:
-    """`sacct -P -n -X -o JobID,State,ExitCode,NodeList,Start,End,User` -> (job rows, bad lines).
-
-    One row per node of each job: {node, job_id, user, start, end, exit_code, signal,
-    num_nodes, slurm_state}. State keeps its first word (`CANCELLED by 0` -> CANCELLED); a job
-    with no node (pending, cancelled before start) has no row; step lines (`8.batch`) are
-    ignored.
-    """
-    rows, bad = [], []
-    for line in text.splitlines():
-        fields = line.strip().split("|")
-        if fields == [""]:
-            continue
-        if len(fields) != 7:
-            bad.append(clean(line, 120))
-            continue
-        job_id, state, exit_text, nodelist, start, end, user = (f.strip() for f in fields)
-        if "." in job_id or nodelist in _NO_NODES:
-            continue
-        try:
-            nodes = [n for term in split_terms(nodelist) for n in expand(term)]
-            times = _sacct_time(start, utc), _sacct_time(end, utc)
-        except (PatternError, ValueError):
-            bad.append(clean(line, 120))
-            continue
-        word = state.split()[0] if state.split() else ""
-        exit_code, signal = _exit(word, exit_text)
-        for node in nodes:
-            rows.append(
-                {
-                    "node": node,
-                    "job_id": job_id,
-                    "user": user or None,
-                    "start": times[0],
-                    "end": times[1],
-                    "exit_code": exit_code,
-                    "signal": signal,
-                    "num_nodes": len(nodes),
-                    "slurm_state": word or None,
-                }
-            )
-    return rows, bad
-
-
-def ingest_sacct(conn: sqlite3.Connection, text: str, utc: bool = False) -> dict:
-    """Merge sacct's job records into the jobs table: {"jobs": rows changed, "bad": [lines]}.
-
-    Accounting fills what the hooks could not know (the final state, a job whose node crashed
-    before its epilog: NODE_FAIL); it never replaces a hook's value with a null.
-    """
-    rows, bad = parse_sacct(text, utc)
-    columns = KINDS["job"].columns
-    values = [tuple(row.get(c) for c in columns) for row in rows]
-    try:
-        with store.immediate(conn):
-            changed = _changes(conn, _VALUES["job"], values, many=True)
-    except sqlite3.Error as exc:
-        raise FleetError(f"accounting records not merged: {clean(exc, 120)}") from None
-    return {"jobs": changed, "bad": bad}
-
-
-def fetch_sacct(start: float, end: float, slurm_bin: str = "", timeout: float = 120.0) -> str:
-    """sacct's records of jobs running in [start, end), every user, requeued runs too (-D).
-
-    Runs with TZ=UTC, so its times are UTC: ingest them with `utc=True`. Raises SlurmError with
-    one line (e.g. "accounting storage is disabled" without slurmdbd).
-    """
-    import subprocess  # noqa: PLC0415 - admin side only
-
-    from slurmhealth.slurm import SlurmError, find_bin  # noqa: PLC0415
-
-    def stamp(t: float) -> str:
-        return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))
-
-    argv = [find_bin("sacct", slurm_bin), "-P", "-n", "-X", "-D", "-a", "-o", SACCT_FIELDS]
-    argv += ["-S", stamp(start), "-E", stamp(end)]
-    try:
-        proc = subprocess.run(
-            argv,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-            env=dict(os.environ, TZ="UTC"),
-        )
-    except subprocess.TimeoutExpired:
-        raise SlurmError(f"sacct timed out after {timeout:g} s") from None
-    except OSError as exc:
-        raise SlurmError(f"sacct: {exc}") from None
-    if proc.returncode != 0:
-        why = clean(proc.stderr or proc.stdout or f"exit {proc.returncode}", 200)
-        raise SlurmError(f"sacct: {why[7:] if why.startswith('sacct: ') else why}")
-    return proc.stdout
-
-
-# ---------------------------------------------------------------------------------------------
-# lemon signals (docs/signals.md is the contract)
-
-
-# A loose index scan: each distinct node of a table in ~2,000 index seeks, not a full scan.
-_NODES = """WITH RECURSIVE n(node) AS (
-    SELECT min(node) FROM {0}
-    UNION ALL
-    SELECT (SELECT min(node) FROM {0} WHERE node > n.node) FROM n WHERE n.node IS NOT NULL)
-    SELECT node FROM n WHERE node IS NOT NULL"""
-
-# Per node over [start, end), each a range of a covering index (store migration 3): the cost
-# follows the records in the window, not the size of the store.
-_PER_NODE = (
-    (
-        "runs",
-        ("", "check_fails", "check_warns", "node_days"),
-        """SELECT count(*), sum(verdict = 'fail'), sum(verdict = 'warn'),
-                  count(DISTINCT CAST(started / 86400 AS INTEGER))
-           FROM runs WHERE node = ? AND started >= ? AND started < ?""",
-    ),
-    (
-        "jobs",
-        ("jobs", "hw_job_failures", "multi_node_jobs", "multi_node_failures"),
-        """SELECT count(*),
-                  sum(j.state = 'prolog_failed' OR j.slurm_state = 'NODE_FAIL'
-                      OR EXISTS (SELECT 1 FROM events e WHERE e.job_id = j.job_id
-                                 AND e.node = j.node AND e.class = 'fail')),
-                  sum(j.num_nodes > 1),
-                  sum(j.num_nodes > 1 AND j.slurm_state IN ('FAILED', 'NODE_FAIL'))
-           FROM jobs j WHERE j.node = ? AND j.start >= ? AND j.start < ?""",
-    ),
-)
-# Events and actions are few: one grouped query each.
-_GROUPED = (
-    (
-        ("hw_xids", "warn_xids"),
-        """SELECT node, sum(class = 'fail'), sum(class = 'warn')
-           FROM events WHERE time >= ? AND time < ? GROUP BY node""",
-    ),
-    (
-        ("drains",),
-        """SELECT node, sum(action = 'drain' AND ok = 1)
-           FROM actions WHERE time >= ? AND time < ? GROUP BY node""",
-    ),
-)
-
-
-def _per_node(conn: sqlite3.Connection, table: str, sql: str, start: float, end: float):
-    for (node,) in conn.execute(_NODES.format(table)).fetchall():
-        row = conn.execute(sql, (node, start, end)).fetchone()
-        if row[0]:
-            yield node, row
-
-
-def signals(conn: sqlite3.Connection, start: float, end: float) -> dict:
-    """{node: {signal: count}} for every node with any record in [start, end), per
-    docs/signals.md; application Xids and ordinary job failures count nowhere.
-
-    One read transaction: a consistent snapshot while collect writes.
-    """
-    out: dict = {}
-
-    def add(node: str, names: tuple, values: tuple) -> None:
-        counts = out.get(node)
-        if counts is None:
-            counts = out[node] = dict.fromkeys(policy.SIGNALS, 0)
-        for name, value in zip(names, values):
-            if name:
-                counts[name] = value or 0
-
-    own = not conn.in_transaction
-    if own:
-        conn.execute("BEGIN")
-    try:
-        for table, names, sql in _PER_NODE:
-            for node, row in _per_node(conn, table, sql, start, end):
-                add(node, names, row)
-        for names, sql in _GROUPED:
-            for node, *values in conn.execute(sql, (start, end)):
-                add(node, names, values)
-    finally:
-        if own:
-            conn.execute("COMMIT")
-    return {node: out[node] for node in sorted(out)}

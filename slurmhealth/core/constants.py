@@ -1,0 +1,46 @@
+"""Names shared by every layer: phases, drain outcomes, our reason prefixes, Slurm job states.
+
+One home, so a comparison is against a name that a grep finds everywhere it is used.
+"""
+
+from __future__ import annotations
+
+DAY = 86400.0
+
+# Phases of a run: Slurm's hooks, and an admin's `slurmhealth check`.
+PROLOG, EPILOG, HEALTHCHECK, CHECK = "prolog", "epilog", "healthcheck", "check"
+HOOKS = (PROLOG, EPILOG, HEALTHCHECK)
+PHASES = (*HOOKS, CHECK)
+
+# What one automatic drain attempt came to (node/actions.drain).
+DRAINED = "drained"  # the node is drained, with our reason
+SKIPPED = "skipped"  # someone else took the node out already: left alone
+BREAKER = "breaker"  # the circuit breaker is open: nothing drained, loudly
+FAILED = "failed"  # scontrol failed or timed out
+DRAIN_OUTCOMES = (DRAINED, SKIPPED, BREAKER, FAILED)
+
+# Reasons: every reason slurmhealth writes starts with PREFIX (LBNL NHC's etiquette), so it
+# resumes only its own drains. Probation and lemon drains are lifted by an admin, never by us.
+PREFIX = "slurmhealth:"
+PROBATION = "probation:"
+LEMON = "lemon:"
+
+# sacct states of a job that has not ended (sacct(1), JOB STATE CODES).
+RUNNING_STATES = (
+    "PENDING",
+    "RUNNING",
+    "REQUEUED",
+    "SUSPENDED",
+    "CONFIGURING",
+    "COMPLETING",
+    "RESIZING",
+)
+# sacct states of a job that ended without success.
+FAILED_STATES = ("FAILED", "TIMEOUT", "OUT_OF_MEMORY", "CANCELLED", "DEADLINE", "PREEMPTED")
+
+# What the actions table records (core/store.py): the drain outcomes above as they are written.
+ACT_DRAIN = "drain"
+ACT_RESUME = "resume"
+ACT_BREAKER = BREAKER  # a drain the circuit breaker refused
+ACT_DRAIN_SKIPPED = "drain-skipped"
+ACT_RESET_GPU = "reset_gpu"

@@ -1,0 +1,525 @@
+"""The node store: one SQLite file per node, WAL, busy timeout, schema versioned here only.
+
+Many prologs may start at once on a shared node: every write is one short IMMEDIATE
+transaction under a generous busy timeout, so writers queue instead of failing. Record ids are
+stable (random once written; an Xid event's id derives from the kernel-log record that carried
+it), so exported records import idempotently and two runs reading the same record store it once.
+Plain sqlite3 on purpose: this module is on the prolog/epilog hot path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+
+DEFAULT_DIR = "/var/lib/slurmhealth"
+BUSY_TIMEOUT_S = 30.0
+
+class Column:
+    """One column: SQL type, NOT NULL, default, JSON text, the schema version that added it."""
+
+    __slots__ = ("default", "json", "name", "required", "since", "type")
+
+    def __init__(
+        self,
+        name: str,
+        type_: str,
+        required: bool = False,
+        default: object = None,
+        json_text: bool = False,
+        since: int = 1,
+    ) -> None:
+        self.name, self.type, self.required = name, type_, required
+        self.default, self.json, self.since = default, json_text, since
+
+    def ddl(self) -> str:
+        out = f"{self.name} {self.type}"
+        out += " NOT NULL" if self.required else ""
+        return out + (f" DEFAULT {_literal(self.default)}" if self.default is not None else "")
+
+
+class Table:
+    """A table: its columns in order, its key, the record kind it travels as (export/import,
+    docs/fleet.md; None: node-local state that stays home), and what one row is."""
+
+    __slots__ = ("columns", "key", "kind", "name", "row", "since")
+
+    def __init__(
+        self, name: str, key: tuple, columns: tuple, kind: str | None, row: str, since: int = 1
+    ) -> None:
+        self.name, self.key, self.columns = name, key, columns
+        self.kind, self.row, self.since = kind, row, since
+
+    def names(self) -> tuple:
+        return tuple(c.name for c in self.columns)
+
+    def create(self, version: int) -> str:
+        cols = [c.ddl() for c in self.columns if c.since <= version]
+        return f"CREATE TABLE {self.name} ({', '.join(cols)}, PRIMARY KEY ({', '.join(self.key)}))"
+
+
+def _literal(value: object) -> str:
+    return f"'{value}'" if isinstance(value, str) else repr(value)
+
+
+C = Column
+# The one table spec: migrations, named inserts, export/import (fleet/sync.py) and the table in
+# docs/store.md (tests/core/test_store.py compares it) all come from here. Adding a column is one
+# line here, with `since` the next version, plus that version's entry in INDEXES (even if empty).
+TABLES = (
+    Table(
+        "runs",
+        ("id",),
+        (
+            C("id", "TEXT"),
+            C("node", "TEXT", True),
+            C("job_id", "TEXT"),
+            C("phase", "TEXT", True),
+            C("started", "REAL", True),
+            C("duration", "REAL", True),
+            C("verdict", "TEXT", True),
+            C("tool_version", "TEXT", True),
+            C("sources", "TEXT", True, "{}", json_text=True),
+        ),
+        "run",
+        "run of check, prolog, epilog or healthcheck",
+    ),
+    Table(
+        "results",
+        ("run_id", "check_name"),
+        (
+            C("run_id", "TEXT", True),
+            C("check_name", "TEXT", True),
+            C("status", "TEXT", True),
+            C("message", "TEXT", True),
+            C("action", "TEXT", True),
+            C("data", "TEXT", True, "{}", json_text=True),
+            C("duration", "REAL", True, 0.0),
+        ),
+        "result",
+        "check of a run that was not ok",
+    ),
+    Table(
+        "events",
+        ("id",),
+        (
+            C("id", "TEXT"),
+            C("run_id", "TEXT", True),
+            C("node", "TEXT", True),
+            C("job_id", "TEXT"),
+            C("time", "REAL", True),
+            C("kind", "TEXT", True),
+            C("code", "INTEGER"),
+            C("gpu", "INTEGER"),
+            C("bus_id", "TEXT"),
+            C("pid", "INTEGER"),
+            C("process", "TEXT"),
+            C("class", "TEXT"),
+            C("action", "TEXT"),
+            C("text", "TEXT"),
+            C("repeats", "INTEGER"),
+        ),
+        "event",
+        "Xid seen in the kernel log",
+    ),
+    Table(
+        "jobs",
+        ("node", "job_id"),
+        (
+            C("node", "TEXT", True),
+            C("job_id", "TEXT", True),
+            C("uid", "INTEGER"),
+            C("user", "TEXT"),
+            C("start", "REAL"),
+            C("end", "REAL"),
+            C("exit_code", "INTEGER"),
+            C("signal", "INTEGER"),
+            C("state", "TEXT"),
+            C("num_nodes", "INTEGER", since=2),
+            C("slurm_state", "TEXT", since=2),
+        ),
+        "job",
+        "job on a node",
+    ),
+    Table(
+        "actions",
+        ("id",),
+        (
+            C("id", "TEXT"),
+            C("node", "TEXT", True),
+            C("time", "REAL", True),
+            C("action", "TEXT", True),
+            C("reason", "TEXT", True),
+            C("actor", "TEXT", True),
+            C("ok", "INTEGER", True, 1),
+            C("detail", "TEXT", True, ""),
+        ),
+        "action",
+        "drain, drain-skipped, breaker, resume, reset_gpu",
+    ),
+    Table(
+        "meta",
+        ("key",),
+        (C("key", "TEXT"), C("value", "TEXT", True)),
+        None,
+        "key (the parsed-config cache)",
+    ),
+    Table(
+        "baselines",
+        ("node", "area", "job_id"),
+        (
+            C("node", "TEXT", True),
+            C("area", "TEXT", True),
+            C("job_id", "TEXT", True, ""),
+            C("data", "TEXT", True, json_text=True),
+            C("updated", "REAL", True),
+        ),
+        None,
+        "area per node (job_id '') and per running job",
+    ),
+    Table(
+        "published",
+        ("job_id",),
+        (
+            C("job_id", "TEXT"),
+            C("digest", "TEXT", True),
+            C("time", "REAL", True),
+            C("bytes", "INTEGER", True),
+        ),
+        None,
+        "job whose summary `publish` wrote into its AdminComment (fleet store)",
+        since=4,
+    ),
+)
+del C
+TABLE = {t.name: t for t in TABLES}
+KINDS = {t.kind: t for t in TABLES if t.kind}  # record kinds that travel, in export order
+
+# Indexes (and their changes) by the version that made them: what a table spec cannot say.
+INDEXES = {
+    1: (
+        "CREATE INDEX runs_node_started ON runs (node, started)",
+        "CREATE INDEX runs_job ON runs (job_id)",
+        "CREATE INDEX events_node_time ON events (node, time)",
+        "CREATE INDEX actions_node_time ON actions (node, time)",
+    ),
+    # 2: what Slurm accounting says of a job (sacct), and its size: multi-node failures are
+    # lemon evidence.
+    2: ("CREATE INDEX jobs_start ON jobs (start)", "CREATE INDEX runs_started ON runs (started)"),
+    # 3: the lemon signals (fleet/signals.py) read each node's runs and jobs in a window from
+    # covering indexes, and a job's hardware Xids by job: 1M runs from 2,000 nodes in 0.5 s
+    # instead of 3.7 s (docs/fleet.md). The (node, started) index is widened, not doubled, so a
+    # prolog's write costs the same.
+    3: (
+        "DROP INDEX runs_node_started",
+        "CREATE INDEX runs_node_started_verdict ON runs (node, started, verdict)",
+        "CREATE INDEX jobs_node_start ON jobs (node, start, job_id, state, slurm_state, num_nodes)",
+        "CREATE INDEX events_fail_job ON events (job_id, node) WHERE class = 'fail'",
+    ),
+    # 4: job summaries published into Slurm's AdminComment (fleet/jobs.py publish): jobs by
+    # their end, so finding the recently finished ones reads an index range.
+    4: ("CREATE INDEX jobs_end ON jobs (end)",),
+}
+SCHEMA_VERSION = max(INDEXES)
+
+
+def migration(version: int) -> tuple:
+    """The statements that take a store from version-1 to `version`."""
+    out = [t.create(version) for t in TABLES if t.since == version]
+    for table in TABLES:
+        for col in table.columns:
+            if table.since < col.since == version:
+                out.append(f"ALTER TABLE {table.name} ADD COLUMN {col.ddl()}")
+    return (*out, *INDEXES[version])
+
+
+MIGRATIONS = tuple(migration(v) for v in range(1, SCHEMA_VERSION + 1))
+
+
+def insert_sql(
+    table: str, columns: tuple | None = None, verb: str = "INSERT", tail: str = ""
+) -> str:
+    """A named insert: `VERB INTO table (columns) VALUES (?, ...) tail`; every column by
+    default. Column names come from the spec, never from data."""
+    names = columns or TABLE[table].names()
+    marks = ", ".join("?" * len(names))
+    return f"{verb} INTO {table} ({', '.join(names)}) VALUES ({marks}) {tail}".rstrip()
+
+
+def row(table: str, record: dict) -> tuple:
+    """A record dict as a row of every column of `table`, in order (spec defaults for missing)."""
+    return tuple(
+        record[c.name] if record.get(c.name) is not None else c.default
+        for c in TABLE[table].columns
+    )
+
+
+def markdown_tables() -> str:
+    """The store's tables as docs/store.md shows them (kept equal by a test)."""
+    lines = ["| table | one row per | columns |", "|---|---|---|"]
+    for t in TABLES:
+        cols = ", ".join(f"`{c.name}`" + (" (JSON)" if c.json else "") for c in t.columns)
+        lines.append(f"| `{t.name}` | {t.row} | {cols} |")
+    return "\n".join(lines)
+
+
+class StoreError(Exception):
+    """The store cannot be opened or written (read-only, full, corrupt): one line."""
+
+    def __init__(self, message: str, corrupt: bool = False) -> None:
+        super().__init__(message)
+        self.corrupt = corrupt
+
+
+def state_dir() -> str:
+    """Where node stores live: $SLURMHEALTH_STATE_DIR or /var/lib/slurmhealth (node-local disk,
+    never NFS: SQLite WAL needs local locking)."""
+    return os.environ.get("SLURMHEALTH_STATE_DIR") or DEFAULT_DIR
+
+
+def default_path(node: str) -> str:
+    """$SLURMHEALTH_DB, else `<state dir>/<node>.db` (several slurmd on one host: one each)."""
+    return os.environ.get("SLURMHEALTH_DB") or os.path.join(state_dir(), f"{node}.db")
+
+
+def new_id() -> str:
+    return os.urandom(12).hex()
+
+
+class immediate:  # noqa: N801 - used like a function: `with immediate(conn):`
+    """One write transaction: BEGIN IMMEDIATE (writers queue on the busy timeout), COMMIT, or
+    ROLLBACK on any exception, a failed COMMIT (disk full) included."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.conn.execute("BEGIN IMMEDIATE")
+        return self.conn
+
+    def __exit__(self, kind: object, exc: object, tb: object) -> bool:
+        if kind is None:
+            try:
+                self.conn.execute("COMMIT")
+            except BaseException:
+                self._rollback()
+                raise
+        else:
+            self._rollback()
+        return False
+
+    def _rollback(self) -> None:
+        if self.conn.in_transaction:
+            self.conn.execute("ROLLBACK")
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"store schema {version} is newer than this slurmhealth ({SCHEMA_VERSION})"
+        )
+    if version == SCHEMA_VERSION:
+        return
+    with immediate(conn):
+        version = conn.execute("PRAGMA user_version").fetchone()[0]  # another process won?
+        for number in range(version, SCHEMA_VERSION):
+            for statement in MIGRATIONS[number]:
+                conn.execute(statement)
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+
+def connect(path: str) -> sqlite3.Connection:
+    """Open (creating if needed) a store in WAL mode; StoreError with a one-line reason.
+
+    A new store is root-only writable (0640 in a 0755 directory): users read summaries through
+    the admin path, never the file.
+    """
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o755, exist_ok=True)
+        fresh = not os.path.exists(path)
+        conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        if fresh:
+            os.chmod(path, 0o640)
+        _migrate(conn)
+    except sqlite3.DatabaseError as exc:
+        # OperationalError (locked, read-only, cannot open) is a subclass: only the base class
+        # and "malformed" mean the bytes are not a database.
+        corrupt = type(exc) is sqlite3.DatabaseError or "malformed" in str(exc)
+        raise StoreError(f"{path}: {exc}", corrupt) from None
+    except OSError as exc:
+        raise StoreError(f"{path}: {exc}") from None
+    return conn
+
+
+def move_aside(path: str) -> str:
+    """Rename a corrupt store (and its WAL files) out of the way; returns the new name."""
+    aside = f"{path}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    for suffix in ("", "-wal", "-shm"):
+        if os.path.exists(path + suffix):
+            os.replace(path + suffix, aside + suffix)
+    return aside
+
+
+def get_meta(conn: sqlite3.Connection, key: str) -> object:
+    row = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+    return json.loads(row[0]) if row else None
+
+
+def set_meta(conn: sqlite3.Connection, key: str, value: object) -> None:
+    conn.execute(insert_sql("meta", verb="INSERT OR REPLACE"), (key, json.dumps(value)))
+
+
+def load_baselines(conn: sqlite3.Connection, node: str, job_id: str = "") -> dict:
+    """{area: data} saved by the previous run on this node (or by this job's prolog)."""
+    rows = conn.execute(
+        "SELECT area, data FROM baselines WHERE node = ? AND job_id = ?", (node, job_id)
+    ).fetchall()
+    return {area: json.loads(data) for area, data in rows}
+
+
+_INSERT_EVENT = insert_sql(
+    "events",
+    tail="ON CONFLICT (id) DO UPDATE SET job_id = coalesce(excluded.job_id, events.job_id)",
+)
+_JOB_COLUMNS = TABLE["jobs"].names()[2:]
+
+
+def _write_job(conn: sqlite3.Connection, node: str, job_id: str, job: dict) -> None:
+    conn.execute("INSERT OR IGNORE INTO jobs (node, job_id) VALUES (?, ?)", (node, job_id))
+    columns = [c for c in _JOB_COLUMNS if c in job]
+    if columns:
+        sets = ", ".join(f"{c} = ?" for c in columns)  # column names from the spec
+        values = [job[c] for c in columns]
+        conn.execute(
+            f"UPDATE jobs SET {sets} WHERE node = ? AND job_id = ?",  # noqa: S608
+            (*values, node, job_id),
+        )
+
+
+def record_run(
+    conn: sqlite3.Connection,
+    records: dict,
+    job: dict | None = None,
+    job_baselines: bool = False,
+) -> str:
+    """Write one run, its results, events, baselines and job row in one transaction.
+
+    records: {"run": runs columns but id, "results": [results columns but run_id], "events":
+    [events columns but run_id], "baselines": {area: data}} (the node agent's Run.records()).
+    job: columns of the jobs row to set (prolog: uid, user, start; epilog: end, exit code).
+    job_baselines: also keep this run's baselines under the job id (the prolog's, for the
+    epilog's deltas).
+    """
+    run_id = new_id()
+    now = time.time()
+    run = dict(records["run"], id=run_id)
+    node, job_id = run["node"], run.get("job_id")
+    results = [row("results", dict(r, run_id=run_id)) for r in records["results"]]
+    events = [row("events", dict(e, run_id=run_id)) for e in records["events"]]
+    keys = [""] + ([job_id] if job_baselines and job_id else [])
+    baselines = [
+        (node, area, key, json.dumps(data), now)
+        for area, data in records["baselines"].items()
+        for key in keys
+    ]
+    try:
+        with immediate(conn):
+            conn.execute(insert_sql("runs"), row("runs", run))
+            conn.executemany(insert_sql("results"), results)
+            conn.executemany(_INSERT_EVENT, events)
+            conn.executemany(insert_sql("baselines", verb="INSERT OR REPLACE"), baselines)
+            if job_id and job is not None:
+                _write_job(conn, node, job_id, job)
+    except sqlite3.Error as exc:
+        raise StoreError(str(exc)) from None
+    return run_id
+
+
+def attribute_events(conn: sqlite3.Connection, node: str, job_id: str, gpus: list | None) -> int:
+    """Give the job the Xids other runs (health checks) read while it ran on its GPUs.
+
+    A health check during a job reads the kernel log first and records the Xids without a job;
+    the epilog then claims those read after the job's prolog, on the job's GPUs (or on an
+    unknown GPU when the job's GPUs are unknown)."""
+    row = conn.execute(
+        "SELECT start FROM jobs WHERE node = ? AND job_id = ?", (node, job_id)
+    ).fetchone()
+    if not row or row[0] is None:
+        return 0
+    sql = "UPDATE events SET job_id = ? WHERE node = ? AND job_id IS NULL AND time > ?"
+    args: list = [job_id, node, row[0]]
+    if gpus:
+        sql += f" AND gpu IN ({', '.join('?' for _ in gpus)})"  # placeholders only
+        args += list(gpus)
+    return conn.execute(sql, args).rowcount
+
+
+def job_state(conn: sqlite3.Connection, node: str, job_id: str) -> str | None:
+    """The hooks' state of a job on a node (running, ended, prolog_failed), or None."""
+    row = conn.execute(
+        "SELECT state FROM jobs WHERE node = ? AND job_id = ?", (node, job_id)
+    ).fetchone()
+    return row[0] if row else None
+
+
+def forget_job_baselines(conn: sqlite3.Connection, node: str, job_id: str) -> None:
+    conn.execute("DELETE FROM baselines WHERE node = ? AND job_id = ?", (node, job_id))
+
+
+def record_action(
+    conn: sqlite3.Connection,
+    node: str,
+    action: str,
+    why: str,
+    actor: str,
+    ok: bool = True,
+    detail: str = "",
+    when: float | None = None,
+) -> str:
+    """A drain, resume, reset or refusal, with who did it and whether it worked."""
+    action_id = new_id()
+    try:
+        conn.execute(
+            insert_sql("actions"),
+            (
+                action_id,
+                node,
+                time.time() if when is None else when,
+                action,
+                why,
+                actor,
+                int(ok),
+                detail,
+            ),
+        )
+    except sqlite3.Error as exc:
+        raise StoreError(str(exc)) from None
+    return action_id
+
+
+def last_action(conn: sqlite3.Connection, node: str, action: str) -> tuple | None:
+    """(time, reason) of the node's latest successful action of this kind."""
+    return conn.execute(
+        "SELECT time, reason FROM actions WHERE node = ? AND action = ? AND ok = 1 "
+        "ORDER BY time DESC LIMIT 1",
+        (node, action),
+    ).fetchone()
+
+
+def recent_verdicts(
+    conn: sqlite3.Connection, node: str, phase: str, since: float, limit: int
+) -> list:
+    """Verdicts of the node's latest runs of a phase since a time, newest first."""
+    rows = conn.execute(
+        "SELECT verdict FROM runs WHERE node = ? AND phase = ? AND started >= ? "
+        "ORDER BY started DESC LIMIT ?",
+        (node, phase, since, limit),
+    ).fetchall()
+    return [row[0] for row in rows]
