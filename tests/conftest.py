@@ -12,6 +12,7 @@ import sys
 import pytest
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(TESTS)
 FIXTURES = os.path.join(TESTS, "fixtures")
 SNAPSHOTS = os.path.join(FIXTURES, "snapshots")
 FAKE_NVML = os.path.join(TESTS, "fakenvml")

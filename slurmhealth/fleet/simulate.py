@@ -695,8 +695,8 @@ def _event_rows(h: History):
 
 
 # The order of the simulator's job tuples (History.jobs).
-JOB_COLUMNS = (
-    "node", "job_id", "start", "end", "num_nodes", "state", "slurm_state", "uid", "user", "exit_code"
+JOB_COLUMNS = tuple(
+    "node job_id start end num_nodes state slurm_state uid user exit_code".split()
 )
 
 

@@ -23,7 +23,7 @@ def a_run() -> runner.Run:
 
 def test_a_run_is_recorded_with_results_and_baselines(db):
     conn = store.connect(db)
-    run_id = store.record_run(conn, a_run(), job_id="42")
+    run_id = store.record_run(conn, a_run().records("42"))
     row = conn.execute(
         "SELECT node, job_id, phase, verdict FROM runs WHERE id = ?", (run_id,)
     ).fetchone()
@@ -58,7 +58,7 @@ import sys
 from slurmhealth.node import config, runner
 from slurmhealth.core import store
 run = runner.run("gpu01", config.defaults(), runner.Options(gpu_source=sys.argv[2]), ["gpu"])
-store.record_run(store.connect(sys.argv[1]), run, job_id=sys.argv[3])
+store.record_run(store.connect(sys.argv[1]), run.records(sys.argv[3]))
 """
 
 
@@ -81,7 +81,7 @@ def test_concurrent_writers_lose_nothing(db):
 
 def test_data_round_trips_as_json(db):
     conn = store.connect(db)
-    store.record_run(conn, a_run())
+    store.record_run(conn, a_run().records())
     data = conn.execute("SELECT data FROM results WHERE check_name='gpu.ecc'").fetchone()[0]
     assert json.loads(data)["uncorrectable"][0].startswith("GPU 2")
 
@@ -99,7 +99,7 @@ def test_xid_events_are_recorded_with_gpu_class_and_hostile_names_as_data(db):
         ["gpu", "xid"],
     )
     conn = store.connect(db)
-    store.record_run(conn, run)
+    store.record_run(conn, run.records())
     rows = conn.execute("SELECT code, gpu, class, process FROM events").fetchall()
     assert rows and all(r[1] is not None for r in rows)
     names = [r[3] for r in rows if r[3]]
@@ -113,9 +113,8 @@ def store_at_version(db: str, version: int):
 
     old = sqlite3.connect(db, isolation_level=None)
     for migration in store.MIGRATIONS[:version]:
-        for statement in migration.split(";"):
-            if statement.strip():
-                old.execute(statement)
+        for statement in migration:
+            old.execute(statement)
     old.execute(f"PRAGMA user_version = {version}")
     return old
 

@@ -48,10 +48,11 @@ def node_store(path: str, node: str) -> sqlite3.Connection:
     """A node store as the hooks leave it: prolog/epilog of a job, a health check, a drain."""
     conn = store.connect(path)
     job = {"uid": 1000, "user": "alice", "start": T0, "state": "running", "num_nodes": 1}
-    store.record_run(conn, recorded_run(node, "prolog", "healthy"), "41", job)
+    store.record_run(conn, recorded_run(node, "prolog", "healthy").records("41"), job)
     ended = {"end": T0 + 60, "state": "ended", "exit_code": 0, "signal": 0}
-    store.record_run(conn, recorded_run(node, "epilog", "ecc-dbe"), "41", ended)
-    store.record_run(conn, recorded_run(node, "healthcheck", "thermal", "hostile-names.kmsg"))
+    store.record_run(conn, recorded_run(node, "epilog", "ecc-dbe").records("41"), ended)
+    healthcheck = recorded_run(node, "healthcheck", "thermal", "hostile-names.kmsg")
+    store.record_run(conn, healthcheck.records())
     store.record_action(conn, node, "drain", "slurmhealth: gpu.ecc", "slurmhealth epilog")
     return conn
 
@@ -247,9 +248,8 @@ def test_collect_reads_an_older_schema_and_refuses_a_newer_one(tmp_path):
     spool = tmp_path / "spool"
     spool.mkdir()
     old = sqlite3.connect(str(spool / "v1.db"), isolation_level=None)
-    for statement in store.MIGRATIONS[0].split(";"):
-        if statement.strip():
-            old.execute(statement)
+    for statement in store.MIGRATIONS[0]:
+        old.execute(statement)
     old.execute("INSERT INTO jobs (node, job_id, uid, start) VALUES ('gpu09', '5', 0, ?)", (T0,))
     old.execute("PRAGMA user_version = 1")
     old.close()

@@ -19,7 +19,7 @@ from conftest import FIXTURES, planted_bug, snapshot_path, tmpfs
 from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
-from test_hook import REPO, Node
+from test_agent import REPO, Node
 from test_import_weight import HEAVY, imported
 
 from slurmhealth.node import config, metrics, runner

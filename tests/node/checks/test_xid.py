@@ -5,15 +5,16 @@ from __future__ import annotations
 import json
 import os
 
+import conftest
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from slurmhealth.node.checks.base import Context
 
 from slurmhealth.node.checks import xid
+from slurmhealth.node.checks.base import Context
 from slurmhealth.node.sources import kmsg
 
-FIX = os.path.join(os.path.dirname(__file__), "..", "fixtures", "kmsg")
+FIX = os.path.join(conftest.FIXTURES, "kmsg")
 
 # A DGX-H100-like node: NVML bus ids (8-digit domain, upper case, .0) -> GPU index.
 GPUS = {

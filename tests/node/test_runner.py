@@ -112,7 +112,7 @@ def test_hung_process_exits_on_time(tmp_path):
 def test_baselines_carry_counters_between_runs(tmp_path):
     conn = store.connect(str(tmp_path / "n.db"))
     first = replay()
-    store.record_run(conn, first)
+    store.record_run(conn, first.records())
     with open(snapshot_path("healthy")) as handle:
         doc = json.load(handle)
     doc["gpu"]["devices"][1]["nvlink"][7]["recovery"] = 25
@@ -150,7 +150,7 @@ def test_a_file_that_is_not_a_snapshot_is_refused(tmp_path, content):
 
 def test_a_lost_gpu_is_named_in_xid_messages_from_the_last_inventory(tmp_path):
     conn = store.connect(str(tmp_path / "n.db"))
-    store.record_run(conn, replay())  # the healthy node's inventory
+    store.record_run(conn, replay().records())  # the healthy node's inventory
     run = runner.run(
         "gpu01",
         expect(),
@@ -189,7 +189,7 @@ def test_versions_travel_with_the_sources_into_the_store(tmp_path):
     assert sources["gpu"]["versions"] == gpu_versions
     assert sources["ib"]["versions"] == ib_versions
     conn = store.connect(str(tmp_path / "n.db"))
-    store.record_run(conn, run)
+    store.record_run(conn, run.records())
     stored = json.loads(conn.execute("SELECT sources FROM runs").fetchone()[0])
     assert stored["gpu"]["versions"] == gpu_versions
     assert stored["ib"]["versions"] == ib_versions
@@ -208,7 +208,7 @@ def test_unchanged_versions_are_recorded_again_only_every_six_hours(tmp_path):
         run = runner.run("gpu01", expect(), options, ["gpu", "ib"], baselines=baselines)
         shown = run.to_dict()["sources"]  # check --json always shows them
         assert shown["gpu"]["versions"] and shown["ib"]["versions"]
-        store.record_run(conn, run)
+        store.record_run(conn, run.records())
         row = conn.execute("SELECT sources FROM runs ORDER BY rowid DESC LIMIT 1").fetchone()
         return "versions" in json.loads(row[0])["gpu"]
 

@@ -13,7 +13,7 @@ import signal
 import subprocess
 
 import pytest
-from test_report import HOSTILE_PROCESS, html_tables
+from test_build import HOSTILE_PROCESS, html_tables
 
 from slurmhealth.core import store
 from slurmhealth.fleet import simulate

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import conftest
 import pytest
 
 from slurmhealth.node import config
@@ -92,7 +93,7 @@ def test_packaged_example_is_the_generated_catalogue_and_valid():
     import os
 
     path = os.path.join(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "packaging", "slurmhealth.toml"
+        conftest.REPO, "packaging", "slurmhealth.toml"
     )
     with open(path) as handle:
         text = handle.read()

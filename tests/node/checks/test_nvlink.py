@@ -6,9 +6,9 @@ import copy
 import json
 
 from conftest import snapshot_path
-from slurmhealth.node.checks.base import Context
 
 from slurmhealth.node.checks import nvlink
+from slurmhealth.node.checks.base import Context
 
 
 def facts(name: str = "healthy") -> dict:

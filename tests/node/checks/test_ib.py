@@ -5,17 +5,18 @@ from __future__ import annotations
 import copy
 import os
 
+import conftest
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from slurmhealth.core import result
+from slurmhealth.node.checks import ib
 from slurmhealth.node.checks.base import Context
 from slurmhealth.node.sources.sysfs import COUNTERS
 from slurmhealth.node.sources.sysfs import read as gather
 
-from slurmhealth.core import result
-from slurmhealth.node.checks import ib
-
-FIXTURES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "sysfs")
+FIXTURES = os.path.join(conftest.FIXTURES, "sysfs")
 EIGHT = [f"mlx5_{i}" for i in range(8)]
 EIGHT_PORTS = [f"{d}:1" for d in EIGHT]
 

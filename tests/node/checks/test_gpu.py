@@ -6,9 +6,9 @@ import json
 
 import pytest
 from conftest import snapshot_path
-from slurmhealth.node.checks.base import Context
 
 from slurmhealth.node.checks import gpu
+from slurmhealth.node.checks.base import Context
 
 
 def facts(name: str) -> dict:

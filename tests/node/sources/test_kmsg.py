@@ -9,13 +9,14 @@ import subprocess
 import sys
 import tempfile
 
+import conftest
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slurmhealth.node.sources import kmsg
 
-FIX = os.path.join(os.path.dirname(__file__), "..", "fixtures", "kmsg")
+FIX = os.path.join(conftest.FIXTURES, "kmsg")
 
 
 def fixture(name: str) -> str:
@@ -427,7 +428,7 @@ def test_read_loop_any_sequence_of_epipe(script):
 
 def test_import_pulls_no_heavy_module():
     """`re` brings enum with it; typing, dataclasses and pathlib must not come along."""
-    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    root = conftest.REPO
     code = (
         f"import sys; sys.path.insert(0, {root!r}); import slurmhealth.node.sources.kmsg; "
         "print(sorted({'typing', 'dataclasses', 'pathlib'} & set(sys.modules)))"

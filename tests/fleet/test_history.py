@@ -21,7 +21,7 @@ def recorded(db: str, name: str, job: str, when: float, phase: str = "prolog") -
     )
     run.started = when
     store.record_run(
-        store.connect(db), run, job_id=job, job={"uid": 0, "user": "root", "start": when}
+        store.connect(db), run.records(job), job={"uid": 0, "user": "root", "start": when}
     )
 
 

@@ -58,14 +58,14 @@ def job_on(
     refused = run.verdict == "fail"
     state = "prolog_failed" if refused else "running"
     opened = {"uid": 1000, "user": "alice", "start": run.started, "state": state}
-    store.record_run(conn, run, job, dict(opened, num_nodes=nodes), job_baselines=True)
+    store.record_run(conn, run.records(job), dict(opened, num_nodes=nodes), job_baselines=True)
     if epilog is None:
         return
     run = a_run(node, "epilog", epilog, kmsg)
     closed: dict = {"uid": 1000, "user": "alice", "end": run.started}
     if not refused:
         closed.update(state="ended", exit_code=exit_code, signal=signal)
-    store.record_run(conn, run, job, closed)
+    store.record_run(conn, run.records(job), closed)
     store.attribute_events(conn, node, job, ALL_GPUS)
 
 
@@ -186,7 +186,7 @@ def test_node_fail_blames_the_node_whose_epilog_never_ran_not_every_node(conn, t
     # the crashed node's health checks after the job are not the job's
     later = a_run("gpu02", "healthcheck", "gpu-lost")
     later.started = end + 120
-    store.record_run(conn, later)
+    store.record_run(conn, later.records())
     got = jobs.summary(conn, "47")
     assert got["verdict"] == "hardware" and got["exclude"] == ["gpu02"]
     assert got["conclusion"].startswith("node gpu02 stopped responding (Slurm: NODE_FAIL) at ")

@@ -8,11 +8,12 @@ import json
 import os
 import shutil
 
+import conftest
 import pytest
 
 from slurmhealth.node.sources import sysfs
 
-FIXTURES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "sysfs")
+FIXTURES = os.path.join(conftest.FIXTURES, "sysfs")
 HEALTHY = os.path.join(FIXTURES, "healthy-8x-ndr")
 
 
