@@ -17,7 +17,7 @@ import click
 from slurmhealth import __version__
 from slurmhealth.core import slurm, store, timespec
 from slurmhealth.core.constants import BREAKER
-from slurmhealth.fleet import accounting, history, lemons, sync
+from slurmhealth.fleet import accounting, history, lemons, queries, sync
 from slurmhealth.node import agent, config, runner
 from slurmhealth.node.checks import AREAS
 
@@ -287,10 +287,10 @@ def history_cmd(
     runs, actions, jobs = [], [], []
     for path in history.store_paths(db, node):
         conn = _open(path)
-        runs += history.runs(conn, node, job, start, limit)  # type: ignore[arg-type]
-        actions += history.actions(conn, node, start)  # type: ignore[arg-type]
+        runs += queries.run_history(conn, node, job, start, limit)  # type: ignore[arg-type]
+        actions += queries.action_history(conn, node, start)  # type: ignore[arg-type]
         if job:
-            jobs += history.jobs(conn, job)  # type: ignore[arg-type]
+            jobs += queries.job_history(conn, job)  # type: ignore[arg-type]
     runs.sort(key=lambda r: r["started"], reverse=True)
     actions.sort(key=lambda a: a["time"], reverse=True)
     if as_json:
@@ -315,7 +315,7 @@ def prune(older: str, node: str | None, db: str | None, now: str | None) -> None
     """
     before = _instant(now) - _duration(older)
     for path in history.store_paths(db, node):
-        counts = history.prune(_open(path), before)  # type: ignore[arg-type]
+        counts = store.prune(_open(path), before)  # type: ignore[arg-type]
         summary = ", ".join(f"{n} {table}" for table, n in counts.items())
         click.echo(f"{path}: deleted {summary}")
 
@@ -593,7 +593,7 @@ def report_cmd(
     conn = _open(_fleet_path(db))
     try:
         nodes = build.live_nodes(slurm_bin) if use_sinfo else None
-        with _progress(build.STEPS if build.large(conn) else 0, "report") as tick:  # type: ignore[arg-type]
+        with _progress(build.STEPS if queries.large_store(conn) else 0, "report") as tick:  # type: ignore[arg-type]
             doc = build.build(conn, _instant(now), _duration(since), nodes, tick)  # type: ignore[arg-type]
         text = render.render(doc, fmt)
     except build.ReportError as exc:

@@ -523,3 +523,47 @@ def recent_verdicts(
         (node, phase, since, limit),
     ).fetchall()
     return [row[0] for row in rows]
+
+
+def record_published(conn: sqlite3.Connection, job_id: str, digest: str, size: int) -> None:
+    """Remember that `publish` wrote the job's summary (its digest and size in bytes) into
+    its AdminComment, in one transaction (fleet/jobs.py)."""
+    with immediate(conn):
+        conn.execute(
+            insert_sql("published", verb="INSERT OR REPLACE"),
+            (job_id, digest, time.time(), size),
+        )
+
+
+def drain_history(conn: sqlite3.Connection, node: str) -> list:
+    """[(time, action)] of slurmhealth's successful drains and resumes of the node, oldest
+    first (node/actions.py: probation)."""
+    rows = conn.execute(
+        "SELECT time, action FROM actions WHERE node = ? AND ok = 1 AND action IN "
+        "('drain', 'resume') ORDER BY time",
+        (node,),
+    )
+    return [tuple(row) for row in rows]
+
+
+# Children before parents; each table with the column that dates its rows.
+_PRUNE = (
+    ("results", "run_id IN (SELECT id FROM runs WHERE started < ?)"),
+    ("events", "time < ?"),
+    ("runs", "started < ?"),
+    ("actions", "time < ?"),
+    ("jobs", "coalesce(end, start) < ?"),
+    ("published", "time < ?"),  # what `publish` wrote long ago: no job that old is published
+)
+
+
+def prune(conn: sqlite3.Connection, before: float) -> dict:
+    """Delete records older than `before` in one transaction, then VACUUM (admin side: never
+    in a hook); {table: rows deleted}."""
+    counts = {}
+    with immediate(conn):
+        for table, condition in _PRUNE:
+            cursor = conn.execute(f"DELETE FROM {table} WHERE {condition}", (before,))  # noqa: S608
+            counts[table] = cursor.rowcount
+    conn.execute("VACUUM")
+    return counts

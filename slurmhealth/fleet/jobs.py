@@ -25,6 +25,7 @@ import zlib
 from slurmhealth.core import slurm
 from slurmhealth.core.constants import FAILED_STATES, RUNNING_STATES
 from slurmhealth.core.result import clean
+from slurmhealth.fleet import queries
 
 PREFIX = "slurmhealth:v1:"
 FORMAT = 1
@@ -60,85 +61,10 @@ class JobError(Exception):
 # building a summary from a store (the fleet store on the head node)
 
 
-def _dicts(cursor: sqlite3.Cursor) -> list:
-    names = [d[0] for d in cursor.description]
-    return [dict(zip(names, row)) for row in cursor]
-
-
-def _job_rows(conn: sqlite3.Connection, job_id: str) -> list:
-    return _dicts(
-        conn.execute(
-            "SELECT node, uid, user, start, end, exit_code, signal, state, slurm_state "
-            "FROM jobs WHERE job_id = ? ORDER BY node",
-            (job_id,),
-        )
-    )
-
-
-def _hook_runs(conn: sqlite3.Connection, job_id: str) -> dict:
-    """{(node, phase): run} of the job's prolog and epilog runs; the latest of each wins (a
-    requeued job may start twice on one node)."""
-    rows = _dicts(
-        conn.execute(
-            "SELECT id, node, phase, started, verdict FROM runs WHERE job_id = ? "
-            "AND phase IN ('prolog', 'epilog') ORDER BY started",
-            (job_id,),
-        )
-    )
-    return {(r["node"], r["phase"]): r for r in rows}
-
-
-def _health_checks(conn: sqlite3.Connection, node: str, start: float, end: float) -> list:
-    """Health checks on the node while the job ran that did not pass."""
-    return _dicts(
-        conn.execute(
-            "SELECT id, phase, started FROM runs WHERE node = ? AND started >= ? "
-            "AND started <= ? AND verdict != 'ok' AND phase = 'healthcheck' ORDER BY started",
-            (node, start, end),
-        )
-    )
-
-
-def _problems(conn: sqlite3.Connection, runs: list) -> list:
-    out = []
-    for run in runs:
-        rows = conn.execute(
-            "SELECT check_name, status, message FROM results WHERE run_id = ? "
-            "AND status IN ('fail', 'warn', 'error') ORDER BY check_name",
-            (run["id"],),
-        )
-        for check, status, message in rows:
-            out.append(
-                {
-                    "phase": run["phase"],
-                    "time": run["started"],
-                    "check": check,
-                    "status": status,
-                    "message": message,
-                }
-            )
-    return out
-
-
-def _xids(conn: sqlite3.Connection, node: str, job_id: str) -> list:
-    """Xids the epilog gave the job (those on its GPUs, read after its prolog)."""
-    return _dicts(
-        conn.execute(
-            "SELECT time, gpu, code, class, process FROM events WHERE node = ? AND job_id = ? "
-            "AND kind = 'xid' ORDER BY time, gpu, code",
-            (node, job_id),
-        )
-    )
-
-
 def _drain(conn: sqlite3.Connection, node: str, start: float, end: float) -> dict | None:
     """slurmhealth's first drain of the node in [start, end + slack], and whether no resume of
     ours followed it (an admin's `scontrol update State=RESUME` is not recorded)."""
-    rows = conn.execute(
-        "SELECT time, action, reason FROM actions WHERE node = ? AND time >= ? AND ok = 1 "
-        "AND action IN ('drain', 'resume') ORDER BY time",
-        (node, start),
-    ).fetchall()
+    rows = queries.drains_and_resumes(conn, node, start)
     drains = [r for r in rows if r[1] == "drain" and r[0] <= end + DRAIN_SLACK_S]
     if not drains:
         return None
@@ -156,7 +82,8 @@ def _node_facts(
     # A node that crashed has no end of its own: the job ended when its other nodes (or Slurm
     # accounting) say so; what the node's health checks find after that is not the job's.
     end = row["end"] if row["end"] is not None else job_end or time.time()
-    checked = [r for r in (prolog, epilog) if r] + _health_checks(conn, node, start, end)
+    unhealthy = queries.health_checks_not_ok(conn, node, start, end)
+    checked = [r for r in (prolog, epilog) if r] + unhealthy
     return {
         "node": node,
         "state": row["state"],
@@ -166,8 +93,8 @@ def _node_facts(
         "end": row["end"] if row["end"] is not None or row["slurm_state"] != "NODE_FAIL" else end,
         "prolog": prolog["verdict"] if prolog else None,
         "epilog": epilog["verdict"] if epilog else None,
-        "problems": _problems(conn, sorted(checked, key=lambda r: r["started"])),
-        "xids": _xids(conn, node, job_id),
+        "problems": queries.problems(conn, sorted(checked, key=lambda r: r["started"])),
+        "xids": queries.job_xids(conn, node, job_id),
         "drain": _drain(conn, node, start, end),
     }
 
@@ -198,10 +125,10 @@ def _job_facts(job_id: str, rows: list, nodes: list) -> dict:
 
 def facts(conn: sqlite3.Connection, job_id: str) -> dict:
     """What the store knows of a job, node by node (no conclusion); JobError if nothing."""
-    rows = _job_rows(conn, job_id)
+    rows = queries.job_rows(conn, job_id)
     if not rows:
         raise JobError(f"job {clean(job_id, 40)}: not in the fleet store")
-    runs = _hook_runs(conn, job_id)
+    runs = queries.hook_runs(conn, job_id)
     ends = [r["end"] for r in rows if r["end"] is not None]
     nodes = [_node_facts(conn, job_id, row, runs, max(ends, default=None)) for row in rows]
     return _job_facts(job_id, rows, nodes)
@@ -582,14 +509,6 @@ def digest(comment: str) -> str:
 # publishing (head node, as an admin) and reading back (login node, as the job's owner)
 
 
-def finished(conn: sqlite3.Connection, start: float, end: float) -> list:
-    """Jobs with a node that ended in [start, end] (store migration 4 indexes jobs by end)."""
-    rows = conn.execute(
-        "SELECT DISTINCT job_id FROM jobs WHERE end >= ? AND end <= ?", (start, end)
-    ).fetchall()
-    return sorted((r[0] for r in rows), key=lambda j: (len(j), j))
-
-
 def _recorded(data: dict) -> bool:
     """Did a slurmhealth hook run for the job anywhere (not only accounting rows)?"""
     return any(n.get("prolog") or n.get("epilog") for n in data["nodes"])
@@ -605,8 +524,7 @@ def pending(conn: sqlite3.Connection, job_ids: list) -> tuple:
             continue
         comment = encode(data)
         sign = digest(comment)
-        row = conn.execute("SELECT digest FROM published WHERE job_id = ?", (job_id,)).fetchone()
-        if row and row[0] == sign:
+        if queries.published_digest(conn, job_id) == sign:
             unchanged += 1
         else:
             todo.append((job_id, comment, sign))
@@ -662,11 +580,7 @@ def private(client: slurm.Slurm) -> bool:
 def _remember(conn: sqlite3.Connection, job_id: str, sign: str, comment: str) -> None:
     from slurmhealth.core import store  # noqa: PLC0415 - the user side never writes
 
-    with store.immediate(conn):
-        conn.execute(
-            store.insert_sql("published", verb="INSERT OR REPLACE"),
-            (job_id, sign, time.time(), len(comment)),
-        )
+    store.record_published(conn, job_id, sign, len(comment))
 
 
 def _publish_one(
@@ -709,7 +623,7 @@ def publish(
             "slurmdbd.conf lacks PrivateData=jobs: every user could read every job's summary "
             "with sacct; set it and restart slurmdbd (or pass --public)"
         )
-    todo, unchanged, unrecorded = pending(conn, finished(conn, start, end))
+    todo, unchanged, unrecorded = pending(conn, queries.finished_jobs(conn, start, end))
     report: dict = {"published": [], "unchanged": unchanged, "foreign": [], "unknown": []}
     report.update(unrecorded=unrecorded, failed=[])
     current = read_comments(client, [job for job, _, _ in todo]) if todo else {}

@@ -42,12 +42,7 @@ def _note(
 def _history(conn: object, node: str) -> list:
     if conn is None:
         return []
-    rows = conn.execute(  # type: ignore[attr-defined]
-        "SELECT time, action FROM actions WHERE node = ? AND ok = 1 AND action IN "
-        "('drain', 'resume') ORDER BY time",
-        (node,),
-    )
-    return [tuple(row) for row in rows]
+    return store.drain_history(conn, node)  # type: ignore[arg-type]
 
 
 def _reason(message: str, conn: object, node: str, settings: dict, now: float) -> str:

@@ -21,7 +21,7 @@ from slurmhealth import __version__
 from slurmhealth.core import slurm, timespec
 from slurmhealth.core.constants import LEMON, PREFIX
 from slurmhealth.core.result import clean
-from slurmhealth.fleet import policy, signals
+from slurmhealth.fleet import policy, queries, signals
 
 FORMAT = "slurmhealth-report/1"
 FORMATS = ("html", "md", "json")
@@ -71,40 +71,8 @@ def _day(t: float) -> str:
 # --- fleet state -----------------------------------------------------------------------------
 
 
-def _last_action(conn: sqlite3.Connection, node: str, now: float) -> tuple | None:
-    return conn.execute(
-        "SELECT time, action, reason, actor FROM actions WHERE node = ? AND time < ? AND ok = 1 "
-        "AND action IN ('drain', 'resume') ORDER BY time DESC LIMIT 1",
-        (node, now),
-    ).fetchone()
-
-
-def _last_run(conn: sqlite3.Connection, node: str, now: float) -> tuple | None:
-    return conn.execute(
-        "SELECT id, verdict, started FROM runs WHERE node = ? AND started < ? "
-        "ORDER BY started DESC LIMIT 1",
-        (node, now),
-    ).fetchone()
-
-
-def _busy(conn: sqlite3.Connection, node: str, now: float) -> bool:
-    """A job still runs on the node (a drained node with a job is draining): started within
-    a week (the longest job) and not ended by `now`, as far as the hooks and sacct know."""
-    row = conn.execute(
-        "SELECT 1 FROM jobs WHERE node = ? AND start >= ? AND start < ? AND (end > ? OR "
-        "(end IS NULL AND state = 'running' AND coalesce(slurm_state, 'RUNNING') = 'RUNNING')) "
-        "LIMIT 1",
-        (node, now - 7 * DAY, now, now),
-    ).fetchone()
-    return row is not None
-
-
 def _failing_why(conn: sqlite3.Connection, run_id: str) -> str:
-    rows = conn.execute(
-        "SELECT check_name, message FROM results WHERE run_id = ? AND status = 'fail' "
-        "ORDER BY check_name LIMIT 2",
-        (run_id,),
-    ).fetchall()
+    rows = queries.failing_results(conn, run_id)
     return "; ".join(f"{check}: {message}" for check, message in rows) or "failed its last run"
 
 
@@ -112,9 +80,9 @@ def node_state(conn: sqlite3.Connection, node: str, now: float) -> dict:
     """One node as the store sees it: ok, failing (its last run failed, yet slurmhealth has
     not drained it: the breaker held, or Slurm took it down), draining or drained (our latest
     drain stands; a job still runs), with why and since when."""
-    act, run = _last_action(conn, node, now), _last_run(conn, node, now)
+    act, run = queries.last_action(conn, node, now), queries.last_run(conn, node, now)
     if act and act[1] == "drain":
-        state = "draining" if _busy(conn, node, now) else "drained"
+        state = "draining" if queries.busy(conn, node, now) else "drained"
         return _state(node, state, act[2], act[0], act[3])
     if run and run[1] == "fail":
         return _state(node, "failing", _failing_why(conn, run[0]), run[2], "")
@@ -161,11 +129,7 @@ def fleet_summary(states: list, source: str) -> dict:
 
 def period_actions(conn: sqlite3.Connection, start: float, end: float) -> dict:
     """Drains, resumes, breaker refusals and failed actions in the period, newest first."""
-    rows = conn.execute(
-        "SELECT time, node, action, reason, actor, ok, detail FROM actions "
-        "WHERE time >= ? AND time < ? ORDER BY time DESC, node",
-        (start, end),
-    ).fetchall()
+    rows = queries.actions_between(conn, start, end)
     counts = {"drain": 0, "resume": 0, "breaker": 0, "failed": 0}
     for _, _, action, _, _, ok, _ in rows:
         if action == "breaker":
@@ -192,10 +156,7 @@ def period_actions(conn: sqlite3.Connection, start: float, end: float) -> dict:
 def period_runs(conn: sqlite3.Connection, start: float, end: float) -> dict:
     """Runs in the period by verdict: the denominator of the check counts."""
     counts = {"ok": 0, "warn": 0, "fail": 0}
-    for verdict, n in conn.execute(
-        "SELECT verdict, count(*) FROM runs WHERE started >= ? AND started < ? GROUP BY verdict",
-        (start, end),
-    ):
+    for verdict, n in queries.verdict_counts(conn, start, end):
         counts[verdict] = counts.get(verdict, 0) + n
     return {"total": sum(counts.values()), **counts}
 
@@ -203,13 +164,7 @@ def period_runs(conn: sqlite3.Connection, start: float, end: float) -> dict:
 def check_counts(conn: sqlite3.Connection, start: float, end: float) -> list:
     """Fail and warn results per check in the period, most fails first. Only runs that were
     not ok keep results (store.record_run), so the join reads few rows."""
-    rows = conn.execute(
-        "SELECT r.check_name, sum(r.status = 'fail'), sum(r.status = 'warn') "
-        "FROM runs u JOIN results r ON r.run_id = u.id "
-        "WHERE u.started >= ? AND u.started < ? AND u.verdict != 'ok' "
-        "AND r.status IN ('fail', 'warn') GROUP BY r.check_name",
-        (start, end),
-    ).fetchall()
+    rows = queries.check_counts(conn, start, end)
     out = [{"check": clean(name, 80), "fail": f, "warn": w} for name, f, w in rows]
     return sorted(out, key=lambda c: (-c["fail"], -c["warn"], c["check"]))
 
@@ -219,11 +174,7 @@ def xid_counts(conn: sqlite3.Connection, start: float, end: float) -> dict:
     and processes seen. Process names come from the kernel log: untrusted, cleaned here, escaped
     by the templates."""
     codes: dict = {}
-    for cls, code, node, process in conn.execute(
-        "SELECT class, code, node, process FROM events "
-        "WHERE kind = 'xid' AND time >= ? AND time < ?",
-        (start, end),
-    ):
+    for cls, code, node, process in queries.xids_between(conn, start, end):
         entry = codes.setdefault(
             (cls or "unknown", code), {"count": 0, "nodes": set(), "procs": set()}
         )
@@ -263,13 +214,7 @@ def own_cost(conn: sqlite3.Connection, start: float, end: float) -> list:
     """slurmhealth's own wall time per run of prolog and epilog in the period (runs.duration)."""
     out = []
     for phase in ("prolog", "epilog"):
-        durations = [
-            row[0]
-            for row in conn.execute(
-                "SELECT duration FROM runs WHERE started >= ? AND started < ? AND phase = ?",
-                (start, end, phase),
-            )
-        ]
+        durations = queries.durations(conn, start, end, phase)
         p50, p99 = percentile(durations, 0.50), percentile(durations, 0.99)
         out.append(
             {
@@ -311,24 +256,13 @@ def failure_records(conn: sqlite3.Connection, start: float, end: float) -> list:
     lemon = f"{PREFIX} {LEMON}"
     rows = [
         (t, node, "drain", reason)
-        for t, node, reason in conn.execute(
-            "SELECT time, node, reason FROM actions WHERE action = 'drain' AND ok = 1 "
-            "AND time >= ? AND time < ?",
-            (start, end),
-        )
+        for t, node, reason in queries.drains_between(conn, start, end)
         if not reason.startswith(lemon)
     ]
-    # NODE_FAIL is the job's state on all its nodes; the node that crashed is the one whose
-    # epilog never ran (state not 'ended'). Dated by the job's end (sacct's End), else its
-    # start; the index range on start reaches back a week, the longest job.
+    # the node that crashed under a job (queries.node_fails_between says how it is found)
     rows += [
         (t, node, "node_fail", f"crashed under job {job} (NODE_FAIL)")
-        for t, node, job in conn.execute(
-            "SELECT coalesce(end, start), node, job_id FROM jobs WHERE start >= ? AND start < ? "
-            "AND slurm_state = 'NODE_FAIL' AND coalesce(state, 'running') != 'ended' "
-            "AND coalesce(end, start) >= ? AND coalesce(end, start) < ?",
-            (start - 7 * DAY, end, start, end),
-        )
+        for t, node, job in queries.node_fails_between(conn, start, end)
     ]
     return sorted(rows)
 
@@ -420,11 +354,7 @@ def _mttf_hours(per_node_day: float | None, nodes: int) -> float | None:
 def recorded_versions(conn: sqlite3.Connection, node: str, end: float) -> dict | None:
     """The versions the node's latest run recorded (runner.Gathered.versions) within
     VERSIONS_LOOKBACK before `end`; None when it recorded none (no run, or no facts parsed)."""
-    rows = conn.execute(
-        "SELECT sources FROM runs WHERE node = ? AND started >= ? AND started < ?"
-        " AND instr(sources, '\"versions\"') ORDER BY started DESC",
-        (node, end - VERSIONS_LOOKBACK, end),
-    )
+    rows = queries.version_sources(conn, node, end - VERSIONS_LOOKBACK, end)
     for (text,) in rows:
         try:
             sources = json.loads(text)
@@ -523,7 +453,9 @@ def _build(
     counts = signals.signals(conn, w_start, w_end)
     scored = policy.score(counts)  # as lemons.sweep, over the same whole days
     tick(1)
-    nodes = sorted(set(counts) | set(_period_nodes(conn, start, now)))
+    # the window's nodes, and those with runs in the period but none in the window (new
+    # nodes, or a report at 00:30)
+    nodes = sorted(set(counts) | set(queries.nodes_with_runs(conn, start, now)))
     if sinfo is None:
         states = fleet_summary([node_state(conn, n, now) for n in nodes], "store")
     else:
@@ -561,19 +493,6 @@ def _build(
     doc["cost"] = own_cost(conn, start, now)
     tick(1)
     return doc
-
-
-def _period_nodes(conn: sqlite3.Connection, start: float, end: float) -> list:
-    """Nodes with runs in the period but none in the window (new nodes, or a report at 00:30)."""
-    rows = conn.execute(
-        "SELECT DISTINCT node FROM runs WHERE started >= ? AND started < ?", (start, end)
-    )
-    return [row[0] for row in rows]
-
-
-def large(conn: sqlite3.Connection, runs: int = 100_000) -> bool:
-    """Is the store big enough for a progress bar? max(rowid): no count(*) over 1M rows."""
-    return (conn.execute("SELECT max(rowid) FROM runs").fetchone()[0] or 0) >= runs
 
 
 def live_nodes(slurm_bin: str = "", timeout: float = 30.0) -> list:

@@ -18,7 +18,7 @@ import pytest
 from conftest import TESTS, run_cli, run_on_pty
 
 from slurmhealth.core import store, timespec
-from slurmhealth.fleet import lemons, simulate
+from slurmhealth.fleet import lemons, queries, simulate
 from slurmhealth.report import build as report
 from slurmhealth.report import render
 
@@ -648,13 +648,13 @@ def test_node_states_from_sinfo(fleet_db, sim, tmp_path):
 
 @pytest.fixture(scope="module")
 def large_db(tmp_path_factory) -> str:
-    """A fleet store past report.large()'s threshold (100k runs)."""
+    """A fleet store past queries.large_store()'s threshold (100k runs)."""
     path = str(tmp_path_factory.mktemp("large") / "fleet.db")
     conn = store.connect(path)
     simulate.write_store(
         simulate.Fleet(nodes=100, days=28, seed=3, healthcheck_interval=1800), conn
     )
-    assert report.large(conn)
+    assert queries.large_store(conn)
     conn.close()
     return path
 

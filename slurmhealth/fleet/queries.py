@@ -1,0 +1,332 @@
+"""Every read of the fleet and node store tables that the head-node side makes (the nightly
+report, job summaries, `slurmhealth history`), as named functions: a schema change is one
+place to look. The lemon signals (fleet/signals.py) and the bulk export/import (fleet/sync.py)
+keep their own spec-driven statements; every write lives in core/store.py.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+DAY = 86400
+WEEK = 7 * DAY  # the longest job: how far back a job's start is looked for
+
+
+def _dicts(cursor: sqlite3.Cursor) -> list:
+    names = [d[0] for d in cursor.description]
+    return [dict(zip(names, row)) for row in cursor]
+
+
+# --- the report: a node's state -----------------------------------------------------------------
+
+
+def last_action(conn: sqlite3.Connection, node: str, now: float) -> tuple | None:
+    """(time, action, reason, actor) of the node's latest successful drain or resume before
+    `now`, or None."""
+    return conn.execute(
+        "SELECT time, action, reason, actor FROM actions WHERE node = ? AND time < ? AND ok = 1 "
+        "AND action IN ('drain', 'resume') ORDER BY time DESC LIMIT 1",
+        (node, now),
+    ).fetchone()
+
+
+def last_run(conn: sqlite3.Connection, node: str, now: float) -> tuple | None:
+    """(id, verdict, started) of the node's latest run before `now`, or None."""
+    return conn.execute(
+        "SELECT id, verdict, started FROM runs WHERE node = ? AND started < ? "
+        "ORDER BY started DESC LIMIT 1",
+        (node, now),
+    ).fetchone()
+
+
+def busy(conn: sqlite3.Connection, node: str, now: float) -> bool:
+    """A job still runs on the node (a drained node with a job is draining): started within
+    a week (the longest job) and not ended by `now`, as far as the hooks and sacct know."""
+    row = conn.execute(
+        "SELECT 1 FROM jobs WHERE node = ? AND start >= ? AND start < ? AND (end > ? OR "
+        "(end IS NULL AND state = 'running' AND coalesce(slurm_state, 'RUNNING') = 'RUNNING')) "
+        "LIMIT 1",
+        (node, now - WEEK, now, now),
+    ).fetchone()
+    return row is not None
+
+
+def failing_results(conn: sqlite3.Connection, run_id: str) -> list:
+    """[(check_name, message)] of the run's first two failed checks, by check name."""
+    return conn.execute(
+        "SELECT check_name, message FROM results WHERE run_id = ? AND status = 'fail' "
+        "ORDER BY check_name LIMIT 2",
+        (run_id,),
+    ).fetchall()
+
+
+# --- the report: the period ---------------------------------------------------------------------
+
+
+def actions_between(conn: sqlite3.Connection, start: float, end: float) -> list:
+    """[(time, node, action, reason, actor, ok, detail)] of every action in [start, end),
+    newest first."""
+    return conn.execute(
+        "SELECT time, node, action, reason, actor, ok, detail FROM actions "
+        "WHERE time >= ? AND time < ? ORDER BY time DESC, node",
+        (start, end),
+    ).fetchall()
+
+
+def verdict_counts(conn: sqlite3.Connection, start: float, end: float) -> sqlite3.Cursor:
+    """(verdict, runs) rows: runs started in [start, end) per verdict."""
+    return conn.execute(
+        "SELECT verdict, count(*) FROM runs WHERE started >= ? AND started < ? GROUP BY verdict",
+        (start, end),
+    )
+
+
+def check_counts(conn: sqlite3.Connection, start: float, end: float) -> list:
+    """[(check_name, fails, warns)] of the runs started in [start, end). Only runs that were
+    not ok keep results (store.record_run), so the join reads few rows."""
+    return conn.execute(
+        "SELECT r.check_name, sum(r.status = 'fail'), sum(r.status = 'warn') "
+        "FROM runs u JOIN results r ON r.run_id = u.id "
+        "WHERE u.started >= ? AND u.started < ? AND u.verdict != 'ok' "
+        "AND r.status IN ('fail', 'warn') GROUP BY r.check_name",
+        (start, end),
+    ).fetchall()
+
+
+def xids_between(conn: sqlite3.Connection, start: float, end: float) -> sqlite3.Cursor:
+    """(class, code, node, process) rows of every Xid event in [start, end). The process
+    names come from the kernel log: untrusted."""
+    return conn.execute(
+        "SELECT class, code, node, process FROM events "
+        "WHERE kind = 'xid' AND time >= ? AND time < ?",
+        (start, end),
+    )
+
+
+def durations(conn: sqlite3.Connection, start: float, end: float, phase: str) -> list:
+    """[runs.duration] of the phase's runs started in [start, end): slurmhealth's own wall
+    time."""
+    return [
+        row[0]
+        for row in conn.execute(
+            "SELECT duration FROM runs WHERE started >= ? AND started < ? AND phase = ?",
+            (start, end, phase),
+        )
+    ]
+
+
+def nodes_with_runs(conn: sqlite3.Connection, start: float, end: float) -> list:
+    """[node] of every node with a run started in [start, end)."""
+    rows = conn.execute(
+        "SELECT DISTINCT node FROM runs WHERE started >= ? AND started < ?", (start, end)
+    )
+    return [row[0] for row in rows]
+
+
+def large_store(conn: sqlite3.Connection, runs: int = 100_000) -> bool:
+    """Does the store hold `runs` runs or more (worth a progress bar)? max(rowid): no
+    count(*) over 1M rows."""
+    return (conn.execute("SELECT max(rowid) FROM runs").fetchone()[0] or 0) >= runs
+
+
+# --- the report: the window ---------------------------------------------------------------------
+
+
+def drains_between(conn: sqlite3.Connection, start: float, end: float) -> sqlite3.Cursor:
+    """(time, node, reason) rows of every successful drain in [start, end)."""
+    return conn.execute(
+        "SELECT time, node, reason FROM actions WHERE action = 'drain' AND ok = 1 "
+        "AND time >= ? AND time < ?",
+        (start, end),
+    )
+
+
+def node_fails_between(conn: sqlite3.Connection, start: float, end: float) -> sqlite3.Cursor:
+    """(time, node, job_id) rows of the nodes that crashed under a job in [start, end).
+
+    NODE_FAIL is the job's state on all its nodes; the node that crashed is the one whose
+    epilog never ran (state not 'ended'). Dated by the job's end (sacct's End), else its
+    start; the index range on start reaches back a week, the longest job."""
+    return conn.execute(
+        "SELECT coalesce(end, start), node, job_id FROM jobs WHERE start >= ? AND start < ? "
+        "AND slurm_state = 'NODE_FAIL' AND coalesce(state, 'running') != 'ended' "
+        "AND coalesce(end, start) >= ? AND coalesce(end, start) < ?",
+        (start - WEEK, end, start, end),
+    )
+
+
+def version_sources(
+    conn: sqlite3.Connection, node: str, start: float, end: float
+) -> sqlite3.Cursor:
+    """(sources JSON text,) rows of the node's runs started in [start, end) that recorded
+    versions, newest first."""
+    return conn.execute(
+        "SELECT sources FROM runs WHERE node = ? AND started >= ? AND started < ?"
+        " AND instr(sources, '\"versions\"') ORDER BY started DESC",
+        (node, start, end),
+    )
+
+
+# --- job summaries (fleet/jobs.py) ---------------------------------------------------------------
+
+
+def job_rows(conn: sqlite3.Connection, job_id: str) -> list:
+    """[{node, uid, user, start, end, exit_code, signal, state, slurm_state}] of the job, one
+    per node, by node."""
+    return _dicts(
+        conn.execute(
+            "SELECT node, uid, user, start, end, exit_code, signal, state, slurm_state "
+            "FROM jobs WHERE job_id = ? ORDER BY node",
+            (job_id,),
+        )
+    )
+
+
+def hook_runs(conn: sqlite3.Connection, job_id: str) -> dict:
+    """{(node, phase): run} of the job's prolog and epilog runs; the latest of each wins (a
+    requeued job may start twice on one node)."""
+    rows = _dicts(
+        conn.execute(
+            "SELECT id, node, phase, started, verdict FROM runs WHERE job_id = ? "
+            "AND phase IN ('prolog', 'epilog') ORDER BY started",
+            (job_id,),
+        )
+    )
+    return {(r["node"], r["phase"]): r for r in rows}
+
+
+def health_checks_not_ok(conn: sqlite3.Connection, node: str, start: float, end: float) -> list:
+    """[{id, phase, started}] of the health checks on the node in [start, end] that did not
+    pass, oldest first."""
+    return _dicts(
+        conn.execute(
+            "SELECT id, phase, started FROM runs WHERE node = ? AND started >= ? "
+            "AND started <= ? AND verdict != 'ok' AND phase = 'healthcheck' ORDER BY started",
+            (node, start, end),
+        )
+    )
+
+
+def problems(conn: sqlite3.Connection, runs: list) -> list:
+    """[{phase, time, check, status, message}] of the failed, warning and erroring checks of
+    each run ({id, phase, started}), run by run."""
+    out = []
+    for run in runs:
+        rows = conn.execute(
+            "SELECT check_name, status, message FROM results WHERE run_id = ? "
+            "AND status IN ('fail', 'warn', 'error') ORDER BY check_name",
+            (run["id"],),
+        )
+        for check, status, message in rows:
+            out.append(
+                {
+                    "phase": run["phase"],
+                    "time": run["started"],
+                    "check": check,
+                    "status": status,
+                    "message": message,
+                }
+            )
+    return out
+
+
+def job_xids(conn: sqlite3.Connection, node: str, job_id: str) -> list:
+    """[{time, gpu, code, class, process}] of the Xids the epilog gave the job on the node
+    (those on its GPUs, read after its prolog)."""
+    return _dicts(
+        conn.execute(
+            "SELECT time, gpu, code, class, process FROM events WHERE node = ? AND job_id = ? "
+            "AND kind = 'xid' ORDER BY time, gpu, code",
+            (node, job_id),
+        )
+    )
+
+
+def drains_and_resumes(conn: sqlite3.Connection, node: str, since: float) -> list:
+    """[(time, action, reason)] of slurmhealth's successful drains and resumes of the node
+    from `since` on, oldest first."""
+    return conn.execute(
+        "SELECT time, action, reason FROM actions WHERE node = ? AND time >= ? AND ok = 1 "
+        "AND action IN ('drain', 'resume') ORDER BY time",
+        (node, since),
+    ).fetchall()
+
+
+def finished_jobs(conn: sqlite3.Connection, start: float, end: float) -> list:
+    """Ids of the jobs with a node that ended in [start, end], in numeric order (store
+    migration 4 indexes jobs by end)."""
+    rows = conn.execute(
+        "SELECT DISTINCT job_id FROM jobs WHERE end >= ? AND end <= ?", (start, end)
+    ).fetchall()
+    return sorted((r[0] for r in rows), key=lambda j: (len(j), j))
+
+
+def published_digest(conn: sqlite3.Connection, job_id: str) -> str | None:
+    """The digest of the summary `publish` last wrote for the job, or None."""
+    row = conn.execute("SELECT digest FROM published WHERE job_id = ?", (job_id,)).fetchone()
+    return row[0] if row else None
+
+
+# --- `slurmhealth history` -----------------------------------------------------------------------
+
+
+def run_history(
+    conn: sqlite3.Connection, node: str | None, job: str | None, since: float, limit: int
+) -> list:
+    """[{id, node, job, phase, started, duration, verdict, problems}] of the runs started
+    from `since` on (of the node, of the job), newest first, at most `limit`, each with its
+    non-ok results."""
+    where, args = ["started >= ?"], [since]
+    if node:
+        where.append("node = ?")
+        args.append(node)
+    if job:
+        where.append("job_id = ?")
+        args.append(job)
+    # Only the fixed clauses above are joined into the text; every value is a parameter.
+    sql = f"SELECT id, node, job_id, phase, started, duration, verdict FROM runs WHERE {' AND '.join(where)} ORDER BY started DESC LIMIT ?"  # noqa: S608, E501
+    rows = conn.execute(sql, (*args, limit)).fetchall()
+    out = []
+    for run_id, run_node, job_id, phase, started, duration, verdict in rows:
+        problems = conn.execute(
+            "SELECT check_name, status, message, action FROM results "
+            "WHERE run_id = ? AND status NOT IN ('ok', 'skip') ORDER BY check_name",
+            (run_id,),
+        )
+        out.append(
+            {
+                "id": run_id,
+                "node": run_node,
+                "job": job_id,
+                "phase": phase,
+                "started": started,
+                "duration": duration,
+                "verdict": verdict,
+                "problems": [
+                    dict(zip(("check", "status", "message", "action"), p)) for p in problems
+                ],
+            }
+        )
+    return out
+
+
+def action_history(conn: sqlite3.Connection, node: str | None, since: float) -> list:
+    """[{node, time, action, reason, actor, ok, detail}] of every action from `since` on (of
+    the node), newest first."""
+    sql = "SELECT node, time, action, reason, actor, ok, detail FROM actions WHERE time >= ?"
+    args: list = [since]
+    if node:
+        sql += " AND node = ?"
+        args.append(node)
+    keys = ("node", "time", "action", "reason", "actor", "ok", "detail")
+    return [dict(zip(keys, row)) for row in conn.execute(sql + " ORDER BY time DESC", args)]
+
+
+def job_history(conn: sqlite3.Connection, job: str) -> list:
+    """[{node, job, uid, user, start, end, exit_code, signal}] of the job, one per node."""
+    keys = ("node", "job", "uid", "user", "start", "end", "exit_code", "signal")
+    rows = conn.execute(
+        "SELECT node, job_id, uid, user, start, end, exit_code, signal FROM jobs WHERE job_id = ?",
+        (job,),
+    )
+    return [dict(zip(keys, row)) for row in rows]
