@@ -16,10 +16,34 @@ REPO = os.path.dirname(TESTS)
 FIXTURES = os.path.join(TESTS, "fixtures")
 SNAPSHOTS = os.path.join(FIXTURES, "snapshots")
 FAKE_NVML = os.path.join(TESTS, "fakenvml")
+# Only the healthy snapshot is a file in SNAPSHOTS; every fault is built from it by faults.py
+_generated: list = []
+
+
+def faults_module():
+    """tests/fixtures/snapshots/faults.py: the healthy snapshot plus its table of fault patches."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("faults", os.path.join(SNAPSHOTS, "faults.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def snapshot_path(name: str) -> str:
-    return os.path.join(SNAPSHOTS, f"h100-hgx-{name}.json")
+    """The path of h100-hgx-<name>.json. faults.py writes every snapshot once per process, on first
+    use, into a fresh temp dir (mode 0755, removed at exit) that hook processes can read too."""
+    if not _generated:
+        import atexit
+        import shutil
+        import tempfile
+
+        directory = tempfile.mkdtemp(prefix="slurmhealth-snapshots-")
+        os.chmod(directory, 0o755)
+        atexit.register(shutil.rmtree, directory, True)
+        faults_module().write_all(directory)
+        _generated.append(directory)
+    return os.path.join(_generated[0], f"h100-hgx-{name}.json")
 
 
 def run_cli(

@@ -70,8 +70,12 @@ class LabError(Exception):
 
 
 def snapshot(name: str) -> str:
-    """A bundled snapshot: snapshot('gpu-lost') -> tests/fixtures/.../h100-hgx-gpu-lost.json."""
-    return os.path.join(SNAPSHOTS, f"h100-hgx-{name}.json")
+    """A bundled snapshot: snapshot('gpu-lost') -> .../h100-hgx-gpu-lost.json, built from the
+    healthy one by tests/fixtures/snapshots/faults.py into a temp dir that root's slurmd and hooks
+    can read (conftest.snapshot_path: once per process, removed at exit)."""
+    from conftest import snapshot_path  # tests/ is on sys.path: pytest's rootdir, demo-slurm's
+
+    return snapshot_path(name)
 
 
 def missing(accounting: bool = False) -> str | None:
