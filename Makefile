@@ -8,7 +8,7 @@ VENV39 := .venv39
 VENVB := .venv-bench
 SOURCES := $(shell find slurmhealth -name '*.py' -o -name '*.html' -o -name '*.md')
 
-.PHONY: demo test test-py39 lint bench deps clean package
+.PHONY: demo test test-fast test-py39 lint bench deps clean package
 
 deps:
 	@bash scripts/install-deps
@@ -33,6 +33,11 @@ lint: $(VENV)/.installed
 test: $(VENV)/.installed lint
 	$(VENV)/bin/python -m pytest
 	@$(MAKE) --no-print-directory test-py39
+
+# The edit-test loop: everything but the tests marked `real` (a real Slurm, MariaDB, Chromium,
+# tmpfs, package builds) or `slow`; under 2 minutes on 2 cores. `make test` and CI run them all.
+test-fast: $(VENV)/.installed lint
+	$(VENV)/bin/python -m pytest -q -m "not real and not slow" -p no:cacheprovider
 
 test-py39:
 	@if [ -z "$(PY39)" ] && [ -z "$$CI" ]; then echo "SKIP Python 3.9: not installed"; exit 0; fi; \

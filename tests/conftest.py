@@ -90,14 +90,33 @@ def run_on_pty(args: list, env: dict | None = None, timeout: float = 120) -> tup
     return proc.wait(timeout=60), out.decode(), shown.decode(errors="replace")
 
 
+def require_real(reason: str) -> None:
+    """The one way a test that needs a real service or privilege gives up: skip on a laptop
+    without it, fail under CI (.ci/run sets SLURMHEALTH_REQUIRE_REAL=1), so CI never passes by
+    skipping what it must run. Call it with why the test cannot run; it does not return."""
+    if os.environ.get("SLURMHEALTH_REQUIRE_REAL") == "1":
+        pytest.fail(f"SLURMHEALTH_REQUIRE_REAL=1 but this test cannot run: {reason}")
+    pytest.skip(reason)
+
+
+# Tests that need real services or root, by where they live or what they use: marked `real`, so
+# `make test-fast` can leave them out (they still call require_real when the service is absent).
+REAL_PATHS = ("slurm/", "report/test_browser.py", "test_packaging.py")
+REAL_FIXTURES = ("small_fs", "node_exporter", "lab")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        where = os.path.relpath(str(item.fspath), TESTS).replace(os.sep, "/")
+        if where.startswith(REAL_PATHS) or set(REAL_FIXTURES) & set(item.fixturenames):
+            item.add_marker(pytest.mark.real)
+
+
 @contextlib.contextmanager
 def tmpfs(path, options: str):
     """A real tmpfs mounted at `path` (root only: skipped otherwise, a failure in CI)."""
     if os.geteuid() != 0:
-        reason = "mounting a tmpfs needs root"
-        if os.environ.get("SLURMHEALTH_REQUIRE_REAL") == "1":
-            pytest.fail(f"SLURMHEALTH_REQUIRE_REAL=1 but {reason}")
-        pytest.skip(reason)
+        require_real("mounting a tmpfs needs root")
     path.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], check=True)
     try:
@@ -117,3 +136,17 @@ def planted_bug(tmp_path, module: str, function: str) -> str:
         f"m.{function} = broken\n"
     )
     return str(boom)
+
+
+def store_at_version(db: str, version: int):
+    """A store as an older slurmhealth left it: the first `version` migrations applied."""
+    import sqlite3  # noqa: PLC0415
+
+    from slurmhealth.core import store  # noqa: PLC0415
+
+    old = sqlite3.connect(db, isolation_level=None)
+    for migration in store.MIGRATIONS[:version]:
+        for statement in migration:
+            old.execute(statement)
+    old.execute(f"PRAGMA user_version = {version}")
+    return old

@@ -232,3 +232,24 @@ def test_the_parsed_config_is_cached_in_the_store_until_the_file_changes(tmp_pat
     cfg.write_text("[gpu]\ncount = [\n")  # and a broken one is reported, not served stale
     proc = run_cli(*args)
     assert proc.returncode == 2 and f"{cfg}:" in proc.stderr
+
+
+def test_check_through_the_click_cli_returns_instead_of_ending_the_process():
+    """The click group lists `check` too; invoked in-process it returns its exit code (it used
+    to re-enter the hook's main, which ends the process with os._exit)."""
+    from click.testing import CliRunner
+
+    from slurmhealth.cli import cli
+
+    args = ["check", "--no-db", "--gpu-source", snapshot_path("gpu-lost"), "--only", "gpu"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 1, result.output
+    assert "gpu.count" in result.output and "GpuIsLost" in result.output
+
+
+def test_the_entry_point_sends_only_node_commands_to_the_agent():
+    """`check --help` is the agent's own help; every other command's help is click's."""
+    node_help = run_cli("check", "--help")
+    assert node_help.returncode == 0 and node_help.stdout.startswith("Usage: slurmhealth check")
+    admin_help = run_cli("history", "--help")
+    assert admin_help.returncode == 0 and "Usage: slurmhealth history" in admin_help.stdout

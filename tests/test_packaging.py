@@ -20,7 +20,7 @@ import time
 
 import click
 import pytest
-from conftest import run_cli, snapshot_path
+from conftest import require_real, run_cli, snapshot_path
 
 from slurmhealth import __version__
 from slurmhealth.cli import cli
@@ -36,16 +36,10 @@ JOBS = ("collect", "report", "lemons", "export")
 SLURMHEALTH = os.path.join(os.path.dirname(sys.executable), "slurmhealth")
 
 
-def _unavailable(reason: str) -> None:
-    if os.environ.get("SLURMHEALTH_REQUIRE_REAL") == "1":
-        pytest.fail(f"SLURMHEALTH_REQUIRE_REAL=1 but this test cannot run: {reason}")
-    pytest.skip(reason)
-
-
 def _need(*tools: str) -> None:
     missing = [t for t in tools if shutil.which(t) is None]
     if missing:
-        _unavailable(f"{', '.join(missing)} not installed (scripts/install-deps)")
+        require_real(f"{', '.join(missing)} not installed (scripts/install-deps)")
 
 
 def _read(*parts: str) -> str:
@@ -252,7 +246,7 @@ def test_periodic_commands_are_ones_the_cli_accepts(periodic_env):
 
 def test_periodic_ignores_an_env_file_it_does_not_own(periodic_env):
     if os.geteuid() != 0:
-        _unavailable("needs root to give the env file to another user")
+        require_real("needs root to give the env file to another user")
     path = periodic_env["SLURMHEALTH_PERIODIC_ENV"]
     with open(path, "w") as handle:
         handle.write("SLURMHEALTH_MAIL_TO=attacker@example.org\n")
@@ -360,7 +354,7 @@ def _verify(root, units: list) -> subprocess.CompletedProcess:
 def test_systemd_analyze_verify_is_clean(tmp_path):
     _need("systemd-analyze")
     if not os.path.isdir("/lib/systemd/system"):
-        _unavailable("no /lib/systemd/system to verify against (apt-get install systemd)")
+        require_real("no /lib/systemd/system to verify against (apt-get install systemd)")
     root, units = _verify_root(tmp_path, UNITS)
     done = _verify(root, units)
     assert (done.returncode, done.stdout + done.stderr) == (0, "")
@@ -539,7 +533,7 @@ def test_deb_control_depends_on_python_click_jinja2_and_not_on_nvml(packages):
 def test_deb_postinst_creates_the_state_dir_root_only(tmp_path):
     """The source postinst (dh's snippets aside) run for real, /var/lib on a private tmpfs."""
     if os.geteuid() != 0:
-        _unavailable("needs root (a private mount namespace)")
+        require_real("needs root (a private mount namespace)")
     _need("unshare")
     postinst = os.path.join(PACKAGING, "debian", "postinst")
     script = (
@@ -555,7 +549,7 @@ def test_deb_postinst_creates_the_state_dir_root_only(tmp_path):
         timeout=30,
     )
     if done.returncode != 0 and "mount" in done.stderr and "ermission" in done.stderr:
-        _unavailable(f"no private mounts here: {done.stderr.strip()}")
+        require_real(f"no private mounts here: {done.stderr.strip()}")
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:2] == ["700 root root", "755"], "an admin's choice is kept"
 

@@ -12,6 +12,8 @@ from conftest import run_on_pty
 from slurmhealth.core import store
 from slurmhealth.fleet import simulate, sync
 
+pytestmark = pytest.mark.slow  # a real pty and a store large enough for a bar
+
 
 @pytest.fixture(scope="module")
 def spool(tmp_path_factory):

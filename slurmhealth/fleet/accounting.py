@@ -14,7 +14,7 @@ from slurmhealth.fleet.sync import _VALUES, KINDS, FleetError, _changes
 
 SACCT_FIELDS = "JobIDRaw,State,ExitCode,NodeList,Start,End,User"
 # The job-level ExitCode is 0:0 whatever happened for these (the signal is on the step line):
-# it says nothing of the job's exit (shared/reference/slurm-local-cluster.md).
+# it says nothing of the job's exit (sacct(1); measured in tests/slurm).
 _NO_EXIT = {"CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 _NO_NODES = {"", "None assigned", "(null)", "None"}
 

@@ -23,7 +23,7 @@ import time
 import zlib
 
 from slurmhealth.core import slurm
-from slurmhealth.core.constants import FAILED_STATES, RUNNING_STATES
+from slurmhealth.core.constants import ACT_DRAIN, ACT_RESUME, FAILED_STATES, RUNNING_STATES
 from slurmhealth.core.result import clean
 from slurmhealth.fleet import queries
 
@@ -65,11 +65,11 @@ def _drain(conn: sqlite3.Connection, node: str, start: float, end: float) -> dic
     """slurmhealth's first drain of the node in [start, end + slack], and whether no resume of
     ours followed it (an admin's `scontrol update State=RESUME` is not recorded)."""
     rows = queries.drains_and_resumes(conn, node, start)
-    drains = [r for r in rows if r[1] == "drain" and r[0] <= end + DRAIN_SLACK_S]
+    drains = [r for r in rows if r[1] == ACT_DRAIN and r[0] <= end + DRAIN_SLACK_S]
     if not drains:
         return None
     when, _, reason = drains[0]
-    resumed = any(r[1] == "resume" and r[0] > when for r in rows)
+    resumed = any(r[1] == ACT_RESUME and r[0] > when for r in rows)
     return {"time": when, "reason": reason, "still": not resumed}
 
 

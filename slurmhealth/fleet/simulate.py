@@ -32,6 +32,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from slurmhealth.core import safety, store
+from slurmhealth.core.constants import ACT_BREAKER, ACT_DRAIN, ACT_RESUME
 from slurmhealth.fleet import policy
 from slurmhealth.node.runner import VERSIONS_EVERY
 
@@ -420,18 +421,18 @@ class _Builder:
                     f"circuit breaker: {len(recent)} of {f.nodes} nodes drained by slurmhealth "
                     f"in {f.breaker_window / 60:g} min (max {f.breaker_share:.0%})"
                 )
-                acts.append((self.names[i], at, "breaker", reason, actor, 0, detail))
+                acts.append((self.names[i], at, ACT_BREAKER, reason, actor, 0, detail))
                 stats["stopped"] += 1
                 continue
             recent.append(at)
             stats["drained"] += 1
             stats["max_in_window"] = max(stats["max_in_window"], len(recent))
-            acts.append((self.names[i], at, "drain", reason, actor, 1, ""))
+            acts.append((self.names[i], at, ACT_DRAIN, reason, actor, 1, ""))
             slots = self.slot_range(i, release, f.end)
             drained_until[i] = self.hist.slot_time(i, slots[0]) if slots else f.end
             if slots:
                 why = f"1 passing health checks after: {reason}"
-                acts.append((self.names[i], drained_until[i], "resume", why, actor, 1, ""))
+                acts.append((self.names[i], drained_until[i], ACT_RESUME, why, actor, 1, ""))
         acts.sort(key=lambda a: (a[1], a[0]))
         self.hist.actions = [(f"sim{f.seed}-a{n}", *a) for n, a in enumerate(acts)]
 
@@ -554,7 +555,7 @@ def _tally(h: History, start: float, end: float, by_day: bool) -> dict:
             r["check_warns"] += verdict == "warn"
     for _id, node, t, action, _why, _actor, ok, _detail in h.actions:
         if start <= t < end:
-            row(t, node)["drains"] += action == "drain" and ok == 1
+            row(t, node)["drains"] += action == ACT_DRAIN and ok == 1
     for node, days in _run_days(h, start, end).items():
         for day in days:
             row(day * DAY, node)["node_days"] += 1

@@ -13,14 +13,17 @@ from slurmhealth.core.constants import (
     ACT_BREAKER,
     ACT_DRAIN,
     ACT_DRAIN_SKIPPED,
+    ACT_RESUME,
     BREAKER,
     DRAINED,
     FAILED,
+    HEALTHCHECK,
     LEMON,
     PREFIX,
     PROBATION,
     SKIPPED,
 )
+from slurmhealth.core.result import FAIL
 
 # Health checks start on every node at once: hooks that counted the fleet's drains before the
 # others drained all think they are first. After draining, wait for the burst to land,
@@ -48,7 +51,7 @@ def _history(conn: object, node: str) -> list:
 def _reason(message: str, conn: object, node: str, settings: dict, now: float) -> str:
     """Our reason; on probation it says an admin must resume (we never will)."""
     days = settings["probation_days"]
-    if safety.on_probation([*_history(conn, node), (now, "drain")], now, days):
+    if safety.on_probation([*_history(conn, node), (now, ACT_DRAIN)], now, days):
         return slurm.reason(
             f"{PROBATION} an admin must resume (failed within {days:g} d of our resume): {message}"
         )
@@ -146,3 +149,33 @@ def may_resume(info: dict) -> bool:
     if not slurm.ours(info):
         return False
     return not info["reason"].startswith((f"{PREFIX} {PROBATION}", f"{PREFIX} {LEMON}"))
+
+
+def resume_due(verdicts: list, needed: int) -> bool:
+    """`needed` (at least 1) health checks since our drain, newest first, and none failed."""
+    needed = max(1, needed)
+    return len(verdicts) >= needed and FAIL not in verdicts[:needed]
+
+
+def resume_if_due(
+    client: slurm.Slurm, node: str, settings: dict, conn: object, log: object
+) -> bool:
+    """Resume our own drain of `node` once settings.resume_after consecutive health checks
+    passed since it; never an admin's drain, a lemon's or one on probation (may_resume).
+    Returns whether the node was resumed; a Slurm or store failure is one log line."""
+    try:
+        info = client.node(node)
+        if not may_resume(info) or conn is None:
+            return False
+        since = (store.last_action(conn, node, ACT_DRAIN) or (0.0,))[0]  # type: ignore[arg-type]
+        needed = max(1, settings["resume_after"])
+        verdicts = store.recent_verdicts(conn, node, HEALTHCHECK, since, needed)  # type: ignore[arg-type]
+        if not resume_due(verdicts, needed):
+            return False
+        client.resume(node)
+        why = f"{needed} passing health checks after: {info['reason']}"
+        _note(conn, node, ACT_RESUME, why, f"slurmhealth {HEALTHCHECK}", True, "", log)
+    except (slurm.SlurmError, store.StoreError) as exc:
+        log(f"could not resume {node}: {exc}")  # type: ignore[operator]
+        return False
+    return True

@@ -12,8 +12,8 @@ import json
 import os
 import sys
 
-from slurmhealth.core.constants import BREAKER, HOOKS
-from slurmhealth.core.result import FAIL
+from slurmhealth.core.constants import ACT_RESET_GPU, BREAKER, HEALTHCHECK, HOOKS
+from slurmhealth.core.result import FAIL, OK, RESET_GPU
 from slurmhealth.node import config, runner
 from slurmhealth.node.checks import AREAS
 
@@ -234,7 +234,7 @@ def _int_or_none(text: str | None) -> int | None:
 
 
 def job_env(env: dict) -> dict:
-    """What slurmd tells a prolog/epilog about the job (shared/reference/slurm-local-cluster.md).
+    """What slurmd tells a prolog/epilog about the job (Slurm's Prolog and Epilog Guide).
 
     SLURM_JOB_EXIT_CODE is a raw wait status: 768 is `exit 3`, 9 is SIGKILL.
     """
@@ -286,24 +286,11 @@ def drain(node: str, message: str, settings: dict, conn: object, mode: str) -> s
 
 def maybe_resume(node: str, settings: dict, conn: object) -> None:
     """Resume our own drain after `resume_after` consecutive passing health checks."""
-    from slurmhealth.core import slurm, store  # noqa: PLC0415
+    from slurmhealth.core import slurm  # noqa: PLC0415
     from slurmhealth.node import actions  # noqa: PLC0415
 
     client = slurm.Slurm(settings["slurm_bin"], settings["drain_timeout"])
-    try:
-        info = client.node(node)
-        if not actions.may_resume(info) or conn is None:
-            return
-        since = (store.last_action(conn, node, "drain") or (0.0,))[0]  # type: ignore[arg-type]
-        needed = max(1, settings["resume_after"])
-        verdicts = store.recent_verdicts(conn, node, "healthcheck", since, needed)  # type: ignore[arg-type]
-        if len(verdicts) < needed or FAIL in verdicts:
-            return
-        client.resume(node)
-        why = f"{needed} passing health checks after: {info['reason']}"
-        store.record_action(conn, node, "resume", why, "slurmhealth healthcheck")  # type: ignore[arg-type]
-    except (slurm.SlurmError, store.StoreError) as exc:
-        log(f"could not resume {node}: {exc}", "healthcheck")
+    actions.resume_if_due(client, node, settings, conn, lambda text: log(text, HEALTHCHECK))
 
 
 def reset_gpus(node: str, indexes: list, settings: dict, conn: object) -> list:
@@ -325,7 +312,7 @@ def reset_gpus(node: str, indexes: list, settings: dict, conn: object) -> list:
         if conn is not None:
             try:
                 store.record_action(
-                    conn, node, "reset_gpu", f"GPU {index}", "slurmhealth epilog", ok, detail
+                    conn, node, ACT_RESET_GPU, f"GPU {index}", "slurmhealth epilog", ok, detail
                 )  # type: ignore[arg-type]
             except store.StoreError as exc:
                 log(f"could not record the reset: {exc}", "epilog")
@@ -463,7 +450,7 @@ def _epilog_reset(node: str, run: runner.Run, settings: dict, conn: object) -> s
         indexes = reset_gpus(node, indexes, settings, conn)
         if not indexes:
             return ""
-    needing = [r.message for r in run.results if r.action == "reset_gpu" and r.status != "ok"]
+    needing = [r.message for r in run.results if r.action == RESET_GPU and r.status != OK]
     return needing[0] if needing else f"GPU {indexes[0]} needs a reset"
 
 

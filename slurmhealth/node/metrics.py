@@ -18,11 +18,10 @@ import re
 import time
 
 from slurmhealth import __version__
-from slurmhealth.core.constants import DRAIN_OUTCOMES
+from slurmhealth.core.constants import DRAIN_OUTCOMES, PHASES
 from slurmhealth.core.result import FAIL, OK, STATUSES, WARN
 from slurmhealth.node import runner
 
-PHASES = ("prolog", "epilog", "healthcheck", "check")
 VERDICTS = (OK, WARN, FAIL)
 XID_CLASSES = ("app", WARN, FAIL)
 # runner's source keys -> the module that reads them (slurmhealth/sources/)

@@ -19,7 +19,7 @@ from typing import Optional
 
 from slurmhealth import __version__
 from slurmhealth.core import slurm, timespec
-from slurmhealth.core.constants import LEMON, PREFIX
+from slurmhealth.core.constants import ACT_BREAKER, ACT_DRAIN, ACT_RESUME, LEMON, PREFIX
 from slurmhealth.core.result import clean
 from slurmhealth.fleet import policy, queries, signals
 
@@ -34,8 +34,8 @@ EPISODE_S = 3600  # a node's second failure record within this is the same failu
 # and at least every runner.VERSIONS_EVERY (6 h); two days spans a node idle over a weekend's
 # missed health checks without reading a node's whole history.
 VERSIONS_LOOKBACK = 2 * 86400.0
-# Hardware failures per 1,000 node-days, Meta's two A100 clusters (arXiv 2410.21680; see
-# shared/reference/gpu-node-health.md §4.2): the yardstick the fleet's own rate is set against.
+# Hardware failures per 1,000 node-days, Meta's two A100 clusters (arXiv 2410.21680;
+# docs/sources.md): the yardstick the fleet's own rate is set against.
 PUBLISHED = (("RSC-2", 2.34), ("RSC-1", 6.50))
 MTTF_NODES = (1, 32, 128, 1024)
 STEPS = 9  # progress ticks of build()
@@ -81,7 +81,7 @@ def node_state(conn: sqlite3.Connection, node: str, now: float) -> dict:
     not drained it: the breaker held, or Slurm took it down), draining or drained (our latest
     drain stands; a job still runs), with why and since when."""
     act, run = queries.last_action(conn, node, now), queries.last_run(conn, node, now)
-    if act and act[1] == "drain":
+    if act and act[1] == ACT_DRAIN:
         state = "draining" if queries.busy(conn, node, now) else "drained"
         return _state(node, state, act[2], act[0], act[3])
     if run and run[1] == "fail":
@@ -130,10 +130,10 @@ def fleet_summary(states: list, source: str) -> dict:
 def period_actions(conn: sqlite3.Connection, start: float, end: float) -> dict:
     """Drains, resumes, breaker refusals and failed actions in the period, newest first."""
     rows = queries.actions_between(conn, start, end)
-    counts = {"drain": 0, "resume": 0, "breaker": 0, "failed": 0}
+    counts = {ACT_DRAIN: 0, ACT_RESUME: 0, ACT_BREAKER: 0, "failed": 0}
     for _, _, action, _, _, ok, _ in rows:
-        if action == "breaker":
-            counts["breaker"] += 1
+        if action == ACT_BREAKER:
+            counts[ACT_BREAKER] += 1
         elif not ok:
             counts["failed"] += 1
         elif action in counts:
@@ -255,7 +255,7 @@ def failure_records(conn: sqlite3.Connection, start: float, end: float) -> list:
     """Every record of a node failure in [start, end) (see FAILURE_DEFINITION), by time."""
     lemon = f"{PREFIX} {LEMON}"
     rows = [
-        (t, node, "drain", reason)
+        (t, node, ACT_DRAIN, reason)
         for t, node, reason in queries.drains_between(conn, start, end)
         if not reason.startswith(lemon)
     ]

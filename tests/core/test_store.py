@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from conftest import snapshot_path
+from conftest import snapshot_path, store_at_version
 
 from slurmhealth.core import store
 from slurmhealth.node import config, runner
@@ -105,18 +105,6 @@ def test_xid_events_are_recorded_with_gpu_class_and_hostile_names_as_data(db):
     names = [r[3] for r in rows if r[3]]
     assert any("'" in n or ";" in n or "$(" in n for n in names), names
     assert conn.execute("SELECT count(*) FROM runs").fetchone()[0] == 1  # tables intact
-
-
-def store_at_version(db: str, version: int):
-    """A store as an older slurmhealth left it: the first `version` migrations applied."""
-    import sqlite3
-
-    old = sqlite3.connect(db, isolation_level=None)
-    for migration in store.MIGRATIONS[:version]:
-        for statement in migration:
-            old.execute(statement)
-    old.execute(f"PRAGMA user_version = {version}")
-    return old
 
 
 def test_a_version_1_store_is_migrated_in_place(db):

@@ -188,9 +188,6 @@ def test_write_store_simulates_a_fleet_itself(tmp_path):
     assert counts["runs"] == conn.execute("SELECT count(*) FROM runs").fetchone()[0] > 4 * 2 * 24
 
 
-@pytest.mark.skipif(
-    False, reason="the store signals exist"
-)
 @pytest.mark.parametrize("window", WINDOWS)
 def test_store_signals_equal_in_memory_signals(lemony, stored, window):
     conn, _ = stored

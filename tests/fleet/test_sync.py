@@ -16,7 +16,7 @@ from conftest import FIXTURES, run_cli, snapshot_path
 
 from slurmhealth.core import store
 from slurmhealth.core.slurm import SlurmError
-from slurmhealth.fleet import accounting, policy, signals, sync
+from slurmhealth.fleet import accounting, policy, signals, simulate, sync
 from slurmhealth.node import config, runner
 
 DAY = 86400.0
@@ -622,9 +622,6 @@ def test_user_errors_are_one_line(tmp_path, args, message):
 
 def test_signals_equal_the_simulators_on_its_fleet(tmp_path):
     """The contract has two sides (docs/signals.md): SQL over a store, and the simulator's."""
-    simulate = pytest.importorskip("slurmhealth.fleet.simulate")
-    if not all(hasattr(simulate, f) for f in ("Fleet", "events", "write_store", "signals")):
-        pytest.skip("simulator without write_store/signals")
     fleet_model = simulate.Fleet(nodes=16, days=14, seed=3, lemons={"gpu0003": 30}, incident_day=5)
     history = simulate.events(fleet_model)
     conn = store.connect(str(tmp_path / "fleet.db"))

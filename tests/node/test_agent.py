@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from conftest import FIXTURES, TESTS, planted_bug, snapshot_path, tmpfs
+from conftest import FIXTURES, TESTS, planted_bug, require_real, snapshot_path, tmpfs
 
 FAKE_SLURM = os.path.join(TESTS, "fakeslurm")
 FIXTURES_KMSG = pathlib.Path(FIXTURES) / "kmsg"
@@ -149,8 +149,10 @@ def test_a_hung_slurmctld_cannot_hold_the_prolog_and_the_exit_code_still_protect
     assert node.db().execute("SELECT action, ok FROM actions").fetchone() == ("drain", 0)
 
 
-@pytest.mark.skipif(not os.path.exists("/usr/bin/scontrol"), reason="Slurm client not installed")
+@pytest.mark.real
 def test_real_scontrol_without_a_controller_gives_up_in_time(node, tmp_path):
+    if not os.path.exists("/usr/bin/scontrol"):
+        require_real("Slurm client not installed (apt-get install slurm-client)")
     conf = tmp_path / "slurm.conf"
     conf.write_text(
         "ClusterName=dead\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort=1\n"
@@ -416,3 +418,36 @@ def test_xids_a_health_check_read_during_the_job_still_go_to_the_job(node, tmp_p
     node.run("healthcheck", job=None)  # reads the Xid first, with no job
     node.run("epilog", job="21", SLURM_JOB_GPUS="4", SLURM_JOB_EXIT_CODE="0")
     assert node.db().execute("SELECT code, gpu, job_id FROM events").fetchall() == [(63, 4, "21")]
+
+
+@pytest.mark.parametrize("mode", ["prolog", "epilog", "healthcheck"])
+def test_hook_help_never_acts(node, mode):
+    node.configure("gpu-lost")  # a failing node: acting would drain it
+    for flag in ("--help", "-h"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "slurmhealth", mode, flag],
+            env=node.env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.startswith(f"Usage: slurmhealth {mode}")
+    assert node.calls() == [] and node.slurm()["state"] == "IDLE"
+    assert not node.state_dir.exists()  # no store opened, nothing recorded
+
+
+def test_a_hook_given_arguments_is_a_usage_error_that_acts_not(node):
+    node.configure("gpu-lost")
+    proc = subprocess.run(
+        [sys.executable, "-m", "slurmhealth", "prolog", "--bogus"],
+        env=node.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2 and "takes no arguments" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert node.calls() == [] and not node.state_dir.exists()

@@ -15,7 +15,7 @@ import time
 import urllib.request
 
 import pytest
-from conftest import FIXTURES, planted_bug, snapshot_path, tmpfs
+from conftest import FIXTURES, planted_bug, require_real, snapshot_path, tmpfs
 from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
@@ -445,10 +445,7 @@ def _free_port() -> int:
 def node_exporter(tmp_path):
     """node_exporter with only the textfile collector, on a free local port."""
     if NODE_EXPORTER is None:
-        reason = "node_exporter not installed (apt-get install prometheus-node-exporter)"
-        if os.environ.get("SLURMHEALTH_REQUIRE_REAL") == "1":
-            pytest.fail(f"SLURMHEALTH_REQUIRE_REAL=1 but {reason}")
-        pytest.skip(reason)
+        require_real("node_exporter not installed (apt-get install prometheus-node-exporter)")
     directory = tmp_path / "textfile"
     directory.mkdir()
     port = _free_port()

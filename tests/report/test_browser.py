@@ -13,6 +13,7 @@ import signal
 import subprocess
 
 import pytest
+from conftest import require_real
 from test_build import HOSTILE_PROCESS, html_tables
 
 from slurmhealth.core import store
@@ -36,19 +37,13 @@ TIMEOUT_S = 90  # a 2-core box shared with others can be slow; a hung Chromium i
 WINDOW = "1280,3800"
 
 
-def _unavailable(reason: str) -> None:
-    if os.environ.get("SLURMHEALTH_REQUIRE_REAL") == "1":
-        pytest.fail(f"SLURMHEALTH_REQUIRE_REAL=1 but the Chromium tests cannot run: {reason}")
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
 def chromium() -> str:
     for name in CHROMIUM:
         found = shutil.which(name)
         if found:
             return found
-    _unavailable("Chromium not installed (apt-get install chromium)")
+    require_real("Chromium not installed (apt-get install chromium)")
     return ""
 
 

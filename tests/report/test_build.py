@@ -613,6 +613,7 @@ def test_a_failing_sendmail_is_reported(fleet_db, sim, tmp_path):
     assert json.loads(msg.get_content()) == json.loads(out.read_text())
 
 
+@pytest.mark.slow  # a real sinfo without a config retries for 60 s: the report gives up at 30
 def test_node_states_from_sinfo(fleet_db, sim, tmp_path):
     state = tmp_path / "slurm.json"
     nodes = {

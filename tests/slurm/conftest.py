@@ -7,24 +7,17 @@ never pass by silently skipping the real-cluster tests.
 
 from __future__ import annotations
 
-import os
-
 import pytest
+from conftest import require_real
 
 from .lab import Lab, LabError, missing
-
-
-def _unavailable(reason: str) -> None:
-    if os.environ.get("SLURMHEALTH_REQUIRE_REAL") == "1":
-        pytest.fail(f"SLURMHEALTH_REQUIRE_REAL=1 but the real-Slurm tests cannot run: {reason}")
-    pytest.skip(reason)
 
 
 @pytest.fixture(scope="module")
 def lab():
     reason = missing()
     if reason:
-        _unavailable(reason)
+        require_real(f"the real-Slurm tests cannot run: {reason}")
     with Lab(nodes=4) as running:
         yield running
 

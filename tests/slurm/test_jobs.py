@@ -20,8 +20,8 @@ import time
 
 import click
 import pytest
+from conftest import require_real
 
-from .conftest import _unavailable
 from .lab import REPO, Lab, copy_store, missing, xid_message
 
 SICK, FINE = "gpu01", "gpu02"
@@ -36,7 +36,7 @@ def lab():
     if reason is None and not os.access(USER_PYTHON, os.X_OK):
         reason = f"{USER_PYTHON} missing: the users' side runs on the system Python"
     if reason:
-        _unavailable(reason)
+        require_real(reason)
     # No health check: the job's epilog, not a health check, is the one to read the Xid.
     with Lab(nodes=2, accounting=True, private_data=True, health_check_interval=0) as running:
         yield running

@@ -18,8 +18,8 @@ import subprocess
 import time
 
 import pytest
+from conftest import require_real
 
-from .conftest import _unavailable
 from .lab import TERMINAL_JOB_STATES, Lab, copy_store, missing, snapshot, xid_message
 
 FAULTY = "gpu02"  # intermittent hardware Xids during its jobs
@@ -36,7 +36,7 @@ EXIT_BREAKER = 3
 def lab():
     reason = missing(accounting=True)
     if reason:
-        _unavailable(reason)
+        require_real(reason)
     with Lab(nodes=4, accounting=True) as running:
         yield running
 

@@ -6,8 +6,6 @@ A check is `fn(facts, ctx) -> Result`: a small pure function. Facts come from th
 
 from __future__ import annotations
 
-PHASES = ("check", "prolog", "epilog", "healthcheck")
-
 
 class Context:
     """Read-only inputs of a check other than its facts.
@@ -44,7 +42,8 @@ class Context:
 def norm_bus_id(bus_id: str) -> str:
     """Normalise a PCI address to the kernel log's form: 4-hex domain, bus, device, lower case.
 
-    NVML says `00000000:9B:00.0`, the kernel log `0000:9b:00` (reference §1.1): join on this form.
+    NVML says `00000000:9B:00.0`, the kernel log `0000:9b:00` (nvml.h; the driver's NVRM
+    lines): join on this form.
     """
     text = bus_id.strip().lower()
     if text.startswith("pci:"):

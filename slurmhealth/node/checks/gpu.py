@@ -1,7 +1,7 @@
 """GPU checks from one NVML sweep per GPU (the `gpu` section of a snapshot).
 
-Reference: shared/reference/gpu-node-health.md §2 (NVML calls, field ids, recovery actions,
-clock event reasons) and §6 (what belongs in a prolog).
+Sources: NVIDIA's NVML API reference and nvml.h (calls, field ids, recovery actions, clock event
+reasons) and NVIDIA's GPU memory error management guide (docs/sources.md).
 """
 
 from __future__ import annotations
@@ -26,14 +26,15 @@ DEFAULTS = {
 # Memory counters kept as baselines: the epilog reports what grew during the job.
 _MEMORY = ("ecc_sbe_volatile", "ecc_dbe_volatile", "remap_correctable", "remap_uncorrectable")
 
-# nvmlClocksEventReason bits (reference §2.3)
+# nvmlClocksEventReason bits (nvml.h, nvmlClocksEventReason*)
 _CLOCK_EVENTS = {
     0x8: "HW slowdown",
     0x20: "SW thermal slowdown",
     0x40: "HW thermal slowdown",
     0x80: "HW power brake",
 }
-# NVML_FI_DEV_GET_GPU_RECOVERY_ACTION values (reference §2.4) -> (name, our action)
+# NVML_FI_DEV_GET_GPU_RECOVERY_ACTION values (nvml.h, nvmlDeviceGpuRecoveryAction_t)
+# -> (name, our action)
 _RECOVERY = {
     1: ("GPU_RESET", RESET_GPU),
     2: ("NODE_REBOOT", REBOOT),

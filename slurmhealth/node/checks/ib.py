@@ -1,8 +1,9 @@
 """InfiniBand checks from sysfs (the `ib` section of a snapshot, see sources/sysfs.py).
 
-Reference: shared/reference/gpu-node-health.md §3 (sysfs layout, counter widths, thresholds
-others use) and §6 (ports ACTIVE/LinkUp at the expected rate in the prolog, counter deltas in
-the epilog).
+Sources: the kernel's Documentation/ABI/stable/sysfs-class-infiniband and
+drivers/infiniband/core/sysfs.c (layout, counter widths), the thresholds gpud and Meta's GCM use
+(docs/sources.md). Ports must be ACTIVE/LinkUp at the expected rate in the prolog; counters are
+judged as deltas in the epilog.
 
 Which ports are judged: the `ports` expectation when set; else every port of the present HCAs
 whose link layer is the expected one (InfiniBand by default), so a RoCE/Ethernet port is only
@@ -13,19 +14,19 @@ Counter thresholds are deltas since the previous run on this node (prolog to epi
 next prolog). A delta at or above `<counter>_warn` warns, at or above `<counter>_fail` fails
 (drain). Defaults, per counter:
 - symbol_error (16 bit): warn 10, fail 1000. A few symbol errors are line noise on a healthy
-  link; thousands between two runs mean a failing cable or transceiver (reference §3.2).
+  link; thousands between two runs mean a failing cable or transceiver (sysfs-class-infiniband).
 - port_rcv_errors (16 bit): warn 10, fail 1000. Bad packets received, mostly the same
   physical cause as symbol errors, so the same scale.
 - link_downed (8 bit): warn 1, fail 3. Every increment is a link flap that kills in-flight
-  traffic; gpud calls 3 flaps a flapping port (reference §3.4).
+  traffic; gpud calls 3 flaps a flapping port (gpud; Meta GCM check-ib).
 - link_error_recovery (8 bit): warn 1, fail 10. A successful retrain stalls traffic; repeated
   retrains mean a marginal link.
 - local_link_integrity_errors, excessive_buffer_overrun_errors (4 bit): warn 1, fail 5. Any
-  increment is a signal-integrity problem (reference §3.2); 5 is a third of the 4-bit range.
-Meta GCM warns on any error counter above 0 and goes critical above 100 (reference §3.4); the
+  increment is a signal-integrity problem (sysfs-class-infiniband); 5 is a third of the 4-bit range.
+Meta GCM warns on any error counter above 0 and goes critical above 100 (its check-ib); the
 per-counter scale above is gentler on the noisy 16-bit counters and stricter on link flaps.
 
-Saturated counters: PMA counters stop at their maximum instead of wrapping (reference §3.2),
+Saturated counters: PMA counters stop at their maximum instead of wrapping (sysfs-class-infiniband),
 so a counter at its maximum hides every new error; that warns "saturated, reset counters"
 (`perfquery -R`), even without a baseline.
 """
@@ -39,7 +40,7 @@ AREA = "ib"
 SOURCE = "ib"
 
 # Counter -> (width in bits, warn delta, fail delta, why). Widths from PORT_PMA_ATTR in the
-# kernel's drivers/infiniband/core/sysfs.c (reference §3.2); the defaults are argued above.
+# kernel's drivers/infiniband/core/sysfs.c (sysfs-class-infiniband); the defaults are argued above.
 _COUNTERS = {
     "symbol_error": (16, 10, 1000, "a few are line noise, thousands a failing cable"),
     "link_downed": (8, 1, 3, "each one is a link flap; 3 is a flapping port (gpud)"),
@@ -69,7 +70,7 @@ DEFAULTS = {
 }
 
 # ib_port_state (include/rdma/ib_verbs.h) and PortPhysicalState (drivers/infiniband/core/
-# sysfs.c phys_state_show), reference §3.1.
+# sysfs.c phys_state_show).
 _STATES = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
 _PHYS_STATES = {
     1: "Sleep",

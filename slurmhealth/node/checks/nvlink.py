@@ -1,7 +1,8 @@
 """NVLink checks from the same NVML sweep as the GPU checks.
 
-Links are enumerated 0.. until NVML says NotSupported (reference §2.2); a GPU without NVLink
-(PCIe cards, the single H200 VM) reports NotSupported on link 0: skip unless links are expected.
+Links are enumerated 0.. until NVML says NotSupported (nvml.h, nvmlDeviceGetNvLinkState); a GPU
+without NVLink (PCIe cards, a single H200 in a VM) reports NotSupported on link 0: skip unless
+links are expected.
 Error counters (DL replay, recovery, CRC) are cumulative: only deltas since the last run matter.
 """
 

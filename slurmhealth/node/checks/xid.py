@@ -57,7 +57,7 @@ DEFAULTS = {
     "dedup_s": (60, int, "identical Xid lines within this many seconds are one event"),
 }
 
-# Xid -> (catalog mnemonic, class, action), from reference §1.2 (NVIDIA's Xid catalog buckets,
+# Xid -> (catalog mnemonic, class, action), from NVIDIA's Xid catalogue (its buckets,
 # its older per-Xid guidance, and the toolkit column). "app": the job's own fault, recorded,
 # never drains; "warn": recorded, never drains alone (the action is a hint for an idle point);
 # "fail": hardware, the node takes no job until the action is done.
@@ -148,7 +148,8 @@ _BUS = r"(?:PCI:)?([0-9A-Fa-f]{1,8}(?::[0-9A-Fa-f]{1,4}){1,2}(?:\.[0-7])?)"
 _XID_LINE = (
     r"\s*NVRM: Xid \(" + _BUS + r"(?: GPU-I:([0-9]{1,4}))?[^)]{0,64}\): ([0-9]{1,6})\b,? ?(.*)"
 )
-# Fallen off the bus without Xid text (reference §1.1): one line, or `The NVIDIA GPU <bus>`
+# Fallen off the bus without Xid text (the driver's NVRM lines, docs/sources.md): one line, or
+# `The NVIDIA GPU <bus>`
 # followed within a few records by `... fallen off the bus and is not responding to commands.`
 _GPU_OFF = r"\s*NVRM: GPU " + _BUS + r": GPU has fallen off the bus"
 _THE_GPU = r"\s*NVRM: The NVIDIA GPU " + _BUS
@@ -330,7 +331,7 @@ DEFAULT_POLICY = policy({})
 def _nvlink5(text: str) -> tuple:
     """Xid 144-150 carry their severity in the line: `NETIR_LINK_EVT Fatal ...` / `Nonfatal`.
 
-    The catalog's decode sheet refines this per unit and status word (reference §1.3); the
+    The catalog's decode sheet refines this per unit and status word (NVIDIA's Xid catalogue); the
     word printed by the driver is the cheap, conservative reading. Undecodable: warn.
     """
     found = re.search(_NVLINK5_SEVERITY, text, re.I | re.A)

@@ -5,7 +5,7 @@ snapshot (docs/snapshot-format.md). A value NVML cannot give is None and the rea
 the device's `errors` map ("NotSupported", "GpuIsLost", ...), so checks can tell "unsupported"
 from "broken" and a replayed snapshot gives the same verdicts as the live node.
 
-Reference: shared/reference/gpu-node-health.md §2 (calls, field ids, measured costs).
+Sources: NVIDIA's NVML API reference and nvml.h (calls, field ids; docs/sources.md).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 
 from slurmhealth.node.sources import Options, SourceUnavailable
 
-# Field ids batched into one nvmlDeviceGetFieldValues call per GPU (reference §2.4): fields
+# Field ids batched into one nvmlDeviceGetFieldValues call per GPU (nvml.h): fields
 # served by the same driver call are fetched once, so this is the cheapest sweep.
 FIELDS = {
     "ecc_current": 1,
@@ -33,7 +33,7 @@ FIELDS = {
 # Per-link NVLink error counters (scopeId = link); unsupported on Blackwell+ (NVML 13 header).
 LINK_FIELDS = {"replay": 161, "recovery": 162, "crc": 163}
 
-# c_nvmlFieldValue_t.valueType -> union member (reference §2.4)
+# c_nvmlFieldValue_t.valueType -> union member (nvml.h, nvmlDeviceGetFieldValues)
 _VALUE_MEMBER = {
     0: "dVal",
     1: "uiVal",
@@ -97,7 +97,7 @@ def _fields(sweep: _Sweep) -> dict:
 
 
 def _nvlinks(sweep: _Sweep) -> list | None:
-    """Links 0.. until NotSupported (reference §2.2); None when the GPU has no NVLink."""
+    """Links 0.. until NotSupported (nvml.h); None when the GPU has no NVLink."""
     nvml = sweep.nvml
     links = []
     for link in range(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18)):
@@ -130,7 +130,7 @@ def _processes(sweep: _Sweep) -> list | None:
 
 
 def _fabric(sweep: _Sweep) -> dict | None:
-    """NVSwitch fabric state (Hopper+); this binding wants a struct argument (reference §8)."""
+    """NVSwitch fabric state (Hopper+); nvidia-ml-py's binding wants a struct argument."""
     nvml = sweep.nvml
     try:
         info = nvml.c_nvmlGpuFabricInfo_t()  # type: ignore[attr-defined]

@@ -1,4 +1,4 @@
-"""InfiniBand facts from sysfs: `ROOT/class/infiniband/<dev>/` (reference §3.1).
+"""InfiniBand facts from sysfs: `ROOT/class/infiniband/<dev>/` (sysfs-class-infiniband).
 
 `gather(root)` returns the raw file contents (trailing newline stripped) as plain strings, the
 `ib` section of a snapshot, so a replayed snapshot gives the same verdicts as the live node:
@@ -28,7 +28,7 @@ from slurmhealth.node.sources import Options
 
 DEVICE_FILES = ("fw_ver", "hca_type", "board_id", "node_guid")
 PORT_FILES = ("state", "phys_state", "rate", "link_layer")
-# The error counters the ib checks judge (reference §3.2).
+# The error counters the ib checks judge (sysfs-class-infiniband).
 COUNTERS = (
     "symbol_error",
     "link_downed",

@@ -86,7 +86,7 @@ def test_empty_infiniband_dir(tmp_path):
 
 
 def test_einval_counter_is_none_and_recorded(monkeypatch):
-    # Restricted-PF HCAs answer some counter reads with EINVAL (reference §3.2).
+    # Restricted-PF HCAs answer some counter reads with EINVAL (docs/sources.md).
     fail_open(monkeypatch, "mlx5_0/ports/1/counters/link_downed", errno.EINVAL)
     raw = sysfs.read(HEALTHY)
     counters = raw["devices"]["mlx5_0"]["ports"]["1"]["counters"]

@@ -1,0 +1,193 @@
+"""The drain and resume decisions, in-process: a Slurm client stand-in that keeps node states in
+memory, a real store file. The end-to-end versions (a real hook process, scontrol stand-ins and a
+real slurmctld) are in test_agent.py and tests/slurm."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from slurmhealth.core import slurm, store
+from slurmhealth.core.constants import BREAKER, DRAINED, FAILED, SKIPPED
+from slurmhealth.node import actions, config
+from slurmhealth.node.checks import gpu
+
+SETTINGS = config.defaults()["settings"]
+
+
+class Client:
+    """The calls actions.py makes of core.slurm.Slurm, answered from a dict of nodes."""
+
+    def __init__(self, states: dict, fail: str = "") -> None:
+        self.states = {
+            name: {"name": name, "state": s, "flags": s.split("+"), "reason": r, "since": t}
+            for name, (s, r, t) in states.items()
+        }
+        self.fail = fail  # "node", "nodes" or "drain": that call raises SlurmError
+        self.calls: list = []
+
+    def _maybe_fail(self, call: str) -> None:
+        self.calls.append(call)
+        if self.fail == call:
+            raise slurm.SlurmError(f"scontrol {call}: timed out")
+
+    def node(self, name: str) -> dict:
+        self._maybe_fail("node")
+        return dict(self.states[name])
+
+    def nodes(self) -> list:
+        self._maybe_fail("nodes")
+        return [dict(n) for n in self.states.values()]
+
+    def drain(self, name: str, why: str) -> None:
+        self._maybe_fail("drain")
+        self.states[name].update(state="IDLE+DRAIN", flags=["IDLE", "DRAIN"], reason=why)
+        self.states[name]["since"] = time.time()
+
+    def resume(self, name: str) -> None:
+        self._maybe_fail("resume")
+        self.states[name].update(state="IDLE", flags=["IDLE"], reason="")
+
+
+def fleet(n: int = 20, **special) -> dict:
+    out = {f"gpu{i:02d}": ("IDLE", "", 0.0) for i in range(1, n + 1)}
+    out.update(special)
+    return out
+
+
+@pytest.fixture
+def conn(tmp_path):
+    return store.connect(str(tmp_path / "node.db"))
+
+
+def drain(client, conn, node="gpu01", message="GPU 3 GpuIsLost", **settings):
+    logged: list = []
+    outcome = actions.drain(
+        client, node, message, dict(SETTINGS, **settings), conn, "test", logged.append
+    )
+    return outcome, logged
+
+
+def recorded(conn):
+    return [tuple(r) for r in conn.execute("SELECT action, reason, ok FROM actions ORDER BY time")]
+
+
+def test_a_node_in_service_is_drained_with_our_reason(conn):
+    client = Client(fleet())
+    outcome, _ = drain(client, conn)
+    assert outcome == DRAINED
+    assert client.states["gpu01"]["reason"] == "slurmhealth: GPU 3 GpuIsLost"
+    assert recorded(conn) == [("drain", "slurmhealth: GPU 3 GpuIsLost", 1)]
+
+
+def test_a_node_someone_else_took_out_is_left_alone(conn):
+    client = Client(fleet(gpu01=("IDLE+DRAIN", "admin: fan", 1.0)))
+    outcome, _ = drain(client, conn)
+    assert outcome == SKIPPED and "drain" not in client.calls
+    assert client.states["gpu01"]["reason"] == "admin: fan"
+    assert recorded(conn)[0][0] == "drain-skipped"
+
+
+def test_the_breaker_refuses_past_its_share_and_says_so(conn):
+    now = time.time()
+    ours = {f"gpu{i:02d}": ("IDLE+DRAIN", "slurmhealth: x", now) for i in (2, 3)}
+    client = Client(fleet(20, **ours))  # 2 of 20 already drained by us: the 10% cap
+    outcome, logged = drain(client, conn)
+    assert outcome == BREAKER and "drain" not in client.calls
+    assert any("CIRCUIT BREAKER OPEN" in line for line in logged)
+    assert recorded(conn) == [("breaker", "slurmhealth: GPU 3 GpuIsLost", 0)]
+
+
+def test_a_failed_drain_is_recorded_as_failed(conn):
+    client = Client(fleet(), fail="drain")
+    outcome, logged = drain(client, conn)
+    assert outcome == FAILED and any("could not drain" in line for line in logged)
+    assert recorded(conn) == [("drain", "slurmhealth: GPU 3 GpuIsLost", 0)]
+
+
+def test_a_node_we_resumed_that_fails_again_soon_is_on_probation(conn):
+    now = time.time()
+    store.record_action(conn, "gpu01", "drain", "slurmhealth: old", "test", when=now - 86400)
+    store.record_action(conn, "gpu01", "resume", "3 passes", "test", when=now - 3600)
+    client = Client(fleet())
+    outcome, _ = drain(client, conn)
+    assert outcome == DRAINED
+    reason = client.states["gpu01"]["reason"]
+    assert reason.startswith("slurmhealth: probation: an admin must resume")
+    assert not actions.may_resume(client.node("gpu01"))
+
+
+@pytest.mark.parametrize(
+    ("reason", "ours"),
+    [
+        ("slurmhealth: GPU 3 GpuIsLost", True),
+        ("slurmhealth: probation: an admin must resume", False),
+        ("slurmhealth: lemon: 5 hardware faults", False),
+        ("admin: replace fan", False),
+    ],
+)
+def test_only_our_plain_drains_may_be_resumed(reason, ours):
+    info = {"name": "n", "state": "IDLE+DRAIN", "flags": ["IDLE", "DRAIN"], "reason": reason}
+    assert actions.may_resume(info) is ours
+
+
+@pytest.mark.parametrize(
+    ("verdicts", "needed", "due"),
+    [
+        (["ok", "ok", "ok"], 3, True),
+        (["ok", "warn", "ok"], 3, True),
+        (["ok", "ok"], 3, False),
+        (["ok", "fail", "ok"], 3, False),
+        ([], 0, False),  # at least one pass, whatever the setting says
+        (["ok"], 0, True),
+    ],
+)
+def test_resume_is_due_after_enough_consecutive_passes(verdicts, needed, due):
+    assert actions.resume_due(verdicts, needed) is due
+
+
+def test_resume_lifts_our_drain_after_the_passes_and_records_it(conn):
+    client = Client(fleet())
+    drain(client, conn)
+    assert not actions.resume_if_due(client, "gpu01", SETTINGS, conn, print)  # no passes yet
+    for _ in range(SETTINGS["resume_after"]):
+        run = {"node": "gpu01", "phase": "healthcheck", "started": time.time(), "duration": 0.1}
+        run.update(verdict="ok", tool_version="t", sources="{}", job_id=None)
+        store.record_run(conn, {"run": run, "results": [], "events": [], "baselines": {}})
+    assert actions.resume_if_due(client, "gpu01", SETTINGS, conn, print)
+    assert client.states["gpu01"]["reason"] == ""
+    assert recorded(conn)[-1][0] == "resume"
+
+
+def test_resume_never_touches_an_admins_drain(conn):
+    client = Client(fleet(gpu01=("IDLE+DRAIN", "admin: fan", 1.0)))
+    assert not actions.resume_if_due(client, "gpu01", SETTINGS, conn, print)
+    assert "resume" not in client.calls
+
+
+def test_a_slurm_failure_while_resuming_is_one_log_line(conn):
+    logged: list = []
+    client = Client(fleet(), fail="node")
+    assert not actions.resume_if_due(client, "gpu01", SETTINGS, conn, logged.append)
+    assert len(logged) == 1 and "could not resume gpu01" in logged[0]
+
+
+def _device(index, remap_pending=False, recovery=0, processes=(), error=None):
+    fields = {"remap_pending": remap_pending, "recovery_action": recovery}
+    return {"index": index, "fields": fields, "processes": list(processes), "error": error}
+
+
+def test_resets_are_asked_for_idle_gpus_that_a_reset_would_mend():
+    facts = {
+        "devices": [
+            _device(0),
+            _device(1, remap_pending=True),
+            _device(2, recovery=1),  # NVML GPU_RESET
+            _device(3, recovery=4),  # DRAIN_AND_RESET
+            _device(4, recovery=2),  # NODE_REBOOT: a reset does not mend it
+            _device(5, remap_pending=True, processes=[{"pid": 7}]),  # busy: not now
+            _device(6, remap_pending=True, error="GpuIsLost"),  # lost: a reset cannot reach it
+        ]
+    }
+    assert gpu.resets_of(facts) == [1, 2, 3]

@@ -1,0 +1,275 @@
+"""The layout's rules, read from the source: imports go one way (entry -> fleet/report -> node ->
+core), no module imports itself back through others, the node side stays on the standard
+library, every check area and source keeps its interface, and the store is the only home of SQL
+that writes its tables."""
+
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import os
+import re
+import sys
+
+import pytest
+from conftest import REPO, store_at_version
+
+from slurmhealth.core import store
+from slurmhealth.node import sources
+from slurmhealth.node.checks import AREAS, REGISTRY
+
+PACKAGE = os.path.join(REPO, "slurmhealth")
+# Lower layers never import higher ones. report may read the fleet's lemon signals; the
+# fleet never renders a report.
+RANK = {"core": 0, "node": 1, "fleet": 2, "report": 3, "cli": 4, "__main__": 4, "__init__": 0}
+# What the node side may import beyond the standard library (each lazily, with a fallback).
+NODE_THIRD_PARTY = {"pynvml", "tomli"}
+
+
+def modules() -> dict:
+    """{dotted module name: path} of every module of the package."""
+    out = {}
+    for folder, _, files in os.walk(PACKAGE):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                rel = os.path.relpath(path, REPO)[:-3].replace(os.sep, ".")
+                out[rel.removesuffix(".__init__")] = path
+    return out
+
+
+def imports_of(path: str, name: str) -> set:
+    """Every module a file imports, at the top or inside a function, absolute names."""
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            out.add(base)
+            out.update(f"{base}.{alias.name}" for alias in node.names)
+    return out
+
+
+MODULES = modules()
+
+
+@functools.cache
+def graph() -> dict:
+    """{module: {package modules it imports}}."""
+    return {
+        name: {m for m in imports_of(path, name) if m in MODULES and m != name}
+        for name, path in MODULES.items()
+    }
+
+
+def layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def test_the_layers_are_the_packages_the_docs_draw():
+    assert {layer(m) for m in MODULES} == set(RANK)
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_go_one_way(module):
+    mine = RANK[layer(module)]
+    upward = [m for m in graph()[module] if RANK[layer(m)] > mine and layer(m) != "__init__"]
+    assert upward == [], f"{module} imports a higher layer"
+
+
+def test_no_import_cycles():
+    edges = graph()
+    seen: dict = {}
+
+    def visit(node: str, path: list) -> None:
+        if seen.get(node) == "done":
+            return
+        if seen.get(node) == "open":
+            cycle = path[path.index(node) :] + [node]
+            pytest.fail("import cycle: " + " -> ".join(cycle))
+        seen[node] = "open"
+        for nxt in sorted(edges[node]):
+            if not nxt.endswith(".__init__") and nxt.rpartition(".")[0] != node:
+                visit(nxt, [*path, node])
+        seen[node] = "done"
+
+    for name in sorted(edges):
+        visit(name, [])
+
+
+def test_a_planted_upward_import_is_caught(tmp_path):
+    """The rule's own control: the checker sees a function-level import of the CLI."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from slurmhealth.cli import cli\n")
+    assert "slurmhealth.cli" in imports_of(str(bad), "slurmhealth.node.bad")
+
+
+def stdlib_names() -> set:
+    """The standard library's top-level modules (sys.stdlib_module_names from 3.10; on 3.9 what
+    the interpreter's own library folder and built-ins hold)."""
+    names = getattr(sys, "stdlib_module_names", None)
+    if names is not None:
+        return set(names)
+    import sysconfig
+
+    folder = sysconfig.get_paths()["stdlib"]
+    found = {n[:-3] if n.endswith(".py") else n for n in os.listdir(folder)}
+    found |= {n.split(".")[0] for n in os.listdir(os.path.join(folder, "lib-dynload"))}
+    return found | set(sys.builtin_module_names)
+
+
+def test_the_node_side_imports_only_the_standard_library():
+    stdlib = stdlib_names() | {"__future__"}
+    assert {"os", "sqlite3", "json"} <= stdlib and "click" not in stdlib
+    for name, path in MODULES.items():
+        if layer(name) not in ("node", "core") and name != "slurmhealth.__main__":
+            continue
+        foreign = {
+            m.split(".")[0]
+            for m in imports_of(path, name)
+            if not m.startswith("slurmhealth") and m.split(".")[0] not in stdlib
+        }
+        assert foreign <= NODE_THIRD_PARTY, f"{name} imports {foreign - NODE_THIRD_PARTY}"
+
+
+def test_the_simulator_is_never_imported_by_node_code():
+    users = {m for m, deps in graph().items() if "slurmhealth.fleet.simulate" in deps}
+    assert not {m for m in users if layer(m) in ("core", "node")}
+
+
+# --- the check areas' interface (node/checks/__init__.py) ---------------------------------------
+
+REQUIRED = {
+    "parse": 1,
+    "baseline": 1,
+    "expectations": 1,
+    "expected": 1,
+}
+OPTIONAL = {"versions_of": 1, "events_of": 2, "resets_of": 1}
+
+
+@pytest.mark.parametrize("area", sorted(AREAS))
+def test_every_area_keeps_the_interface(area):
+    module = AREAS[area]
+    assert module.AREA == area
+    assert module.SOURCE in sources.REGISTRY
+    assert isinstance(module.DEFAULTS, dict)
+    for key, spec in module.DEFAULTS.items():
+        assert isinstance(spec, tuple) and len(spec) == 3 and spec[2], f"{area}.{key}: no why"
+    for name, arity in {**REQUIRED, **OPTIONAL}.items():
+        func = getattr(module, name, None)
+        if func is None and name in OPTIONAL:
+            continue
+        assert callable(func), f"{area} lacks {name}"
+        params = inspect.signature(func).parameters.values()
+        required = [p for p in params if p.default is inspect.Parameter.empty]
+        assert len(required) == arity, f"{area}.{name} signature"
+    for check in module.CHECKS:
+        assert list(inspect.signature(check).parameters) == ["facts", "ctx"]
+        assert (check.__doc__ or "").strip(), f"{area}.{check.__name__} has no catalogue line"
+    extra = {
+        n
+        for n, v in vars(module).items()
+        if n.endswith("_of") and callable(v) and n not in OPTIONAL
+    }
+    assert not extra, f"{area} contributes {extra}: add it to the interface (checks/__init__.py)"
+
+
+def test_check_names_are_area_dot_function():
+    assert all(re.fullmatch(r"[a-z]+\.[a-z_]+", name) for name in REGISTRY)
+
+
+@pytest.mark.parametrize("source", sorted(sources.REGISTRY))
+def test_every_source_registers_one_gather_of_options(source):
+    import importlib
+
+    module = importlib.import_module(sources.REGISTRY[source])
+    assert list(inspect.signature(module.gather).parameters) == ["options"]
+
+
+# --- the store is a layer -----------------------------------------------------------------------
+
+_WRITE = re.compile(
+    r"\b(INSERT\s+(OR\s+\w+\s+)?INTO|UPDATE|DELETE\s+FROM|CREATE\s+(TABLE|INDEX)|ALTER\s+TABLE)\s+"
+    r"(" + "|".join(store.TABLE) + r")\b",
+    re.I,
+)
+# Where SQL may change the store's tables: the store itself, and the fleet's bulk merge,
+# whose statements are built from the same spec (store.insert_sql, sync.KINDS).
+SQL_HOMES = {
+    "slurmhealth.core.store",
+    "slurmhealth.fleet.sync",
+}
+
+
+def test_only_the_store_layer_writes_the_stores_tables():
+    writers = set()
+    for name, path in MODULES.items():
+        tree = ast.parse(open(path, encoding="utf-8").read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                if _WRITE.search(node.value):
+                    writers.add(name)
+    assert writers <= SQL_HOMES, f"SQL writing the store outside it: {writers - SQL_HOMES}"
+
+
+def test_no_positional_inserts():
+    for name, path in MODULES.items():
+        text = open(path, encoding="utf-8").read()
+        assert not re.search(r"INTO\s+\w+\s+VALUES", text), f"{name}: a positional INSERT"
+
+
+def test_the_docs_table_of_the_store_is_the_spec():
+    with open(os.path.join(REPO, "docs", "store.md"), encoding="utf-8") as handle:
+        assert store.markdown_tables() in handle.read()
+
+
+def test_a_new_store_has_exactly_the_specs_columns(tmp_path):
+    conn = store.connect(str(tmp_path / "s.db"))
+    for table in store.TABLES:
+        columns = [row[1] for row in conn.execute(f"PRAGMA table_info({table.name})")]
+        assert tuple(columns) == table.names()
+
+
+def test_migrating_each_old_version_gives_the_same_columns(tmp_path):
+    for version in range(1, store.SCHEMA_VERSION):
+        path = str(tmp_path / f"v{version}.db")
+        store_at_version(path, version).close()
+        conn = store.connect(path)
+        for table in store.TABLES:
+            columns = [row[1] for row in conn.execute(f"PRAGMA table_info({table.name})")]
+            assert tuple(columns) == table.names(), (version, table.name)
+
+
+_READ = re.compile(
+    r"\b(SELECT\s[^;]*?\bFROM|JOIN)\s+(" + "|".join(store.TABLE) + r")\b",
+    re.I,
+)
+# Where SQL may read the store's tables: the store itself, the one fleet query module, the
+# lemon signals query, the bulk export/import and the simulator's bulk writer.
+QUERY_HOMES = {
+    "slurmhealth.core.store",
+    "slurmhealth.fleet.queries",
+    "slurmhealth.fleet.signals",
+    "slurmhealth.fleet.sync",
+    "slurmhealth.fleet.simulate",
+}
+
+
+def test_only_the_query_modules_read_the_stores_tables():
+    readers = set()
+    for name, path in MODULES.items():
+        tree = ast.parse(open(path, encoding="utf-8").read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                if _READ.search(node.value):
+                    readers.add(name)
+    assert readers <= QUERY_HOMES, f"SQL reading the store outside it: {readers - QUERY_HOMES}"
