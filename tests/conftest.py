@@ -145,8 +145,8 @@ def store_at_version(db: str, version: int):
     from slurmhealth.core import store  # noqa: PLC0415
 
     old = sqlite3.connect(db, isolation_level=None)
-    for migration in store.MIGRATIONS[:version]:
-        for statement in migration:
+    for number in range(1, version + 1):
+        for statement in store.migration(number):
             old.execute(statement)
     old.execute(f"PRAGMA user_version = {version}")
     return old

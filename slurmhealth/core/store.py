@@ -235,9 +235,6 @@ def migration(version: int) -> tuple:
     return (*out, *INDEXES[version])
 
 
-MIGRATIONS = tuple(migration(v) for v in range(1, SCHEMA_VERSION + 1))
-
-
 def insert_sql(
     table: str, columns: tuple | None = None, verb: str = "INSERT", tail: str = ""
 ) -> str:
@@ -325,8 +322,8 @@ def _migrate(conn: sqlite3.Connection) -> None:
         return
     with immediate(conn):
         version = conn.execute("PRAGMA user_version").fetchone()[0]  # another process won?
-        for number in range(version, SCHEMA_VERSION):
-            for statement in MIGRATIONS[number]:
+        for number in range(version + 1, SCHEMA_VERSION + 1):
+            for statement in migration(number):
                 conn.execute(statement)
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 

@@ -248,7 +248,7 @@ def test_collect_reads_an_older_schema_and_refuses_a_newer_one(tmp_path):
     spool = tmp_path / "spool"
     spool.mkdir()
     old = sqlite3.connect(str(spool / "v1.db"), isolation_level=None)
-    for statement in store.MIGRATIONS[0]:
+    for statement in store.migration(1):
         old.execute(statement)
     old.execute("INSERT INTO jobs (node, job_id, uid, start) VALUES ('gpu09', '5', 0, ?)", (T0,))
     old.execute("PRAGMA user_version = 1")
