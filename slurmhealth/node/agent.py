@@ -1,9 +1,9 @@
-"""The `slurmhealth` entry point and its import-light commands: check, prolog, epilog, healthcheck.
+"""The node agent: `slurmhealth check` and the hooks slurmd runs (prolog, epilog, healthcheck).
 
-These run before and after every job, so this module never imports click, jinja2 or
-sqlite_utils: it parses its few options by hand and hands every other command to the click CLI
-(cli.py). The hooks fail open: a broken config, an unwritable store or our own bug is logged
-loudly and never drains a node; only a failing check does.
+The entry point (__main__.py) sends exactly these here. They run before and after every job, so
+this module never imports click or jinja2: it parses its few options by hand. The hooks fail
+open: a broken config, an unwritable store or our own bug is logged loudly and never drains a
+node; only a failing check does.
 """
 
 from __future__ import annotations
