@@ -15,8 +15,9 @@ from collections.abc import Iterator
 import click
 
 from slurmhealth import __version__
-from slurmhealth.core import slurm, store, timespec
+from slurmhealth.core import files, slurm, store, timespec
 from slurmhealth.core.constants import BREAKER
+from slurmhealth.core.result import clean
 from slurmhealth.fleet import accounting, history, lemons, queries, sync
 from slurmhealth.node import agent, config, runner
 from slurmhealth.node.checks import AREAS
@@ -113,8 +114,13 @@ def snapshot(
     except (OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     text = json.dumps(doc, indent=1, sort_keys=True) + "\n"
-    with click.open_file(output, "w") as handle:
-        handle.write(text)
+    if output == "-":
+        click.echo(text, nl=False)
+        return
+    try:
+        files.write_private(output, text)  # 0600, never through a planted symlink
+    except OSError as exc:
+        raise click.ClickException(f"{output}: {exc.strerror or exc}") from None
 
 
 @cli.group(name="config")
@@ -241,21 +247,38 @@ def _duration(text: str) -> float:
         raise click.BadParameter(str(exc)) from None
 
 
+def _when(epoch: object) -> str:
+    """A stored time as ISO 8601 UTC; a stored value that is no time, as cleaned text."""
+    try:
+        return timespec.iso(epoch)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError, OSError):
+        return clean(epoch, 20)
+
+
+def _order(value: object) -> float:
+    """A sort key for a stored time: the records of a forged store may hold any type."""
+    return float(value) if isinstance(value, (int, float)) else float("-inf")
+
+
 def _history_text(runs: list, actions: list) -> str:
+    """Every stored string is untrusted (imported exports, copied stores): cleaned here."""
     lines = [f"{'TIME':<20}  {'NODE':<10}  {'PHASE':<11}  {'JOB':<8}  {'VERDICT':<7}  PROBLEMS"]
     for run in runs:
-        problems = "; ".join(f"{p['check']} {p['status']}: {p['message']}" for p in run["problems"])
+        problems = "; ".join(
+            f"{clean(p['check'])} {clean(p['status'])}: {clean(p['message'])}"
+            for p in run["problems"]
+        )
         lines.append(
-            f"{timespec.iso(run['started']):<20}  {run['node']:<10}  {run['phase']:<11}  "
-            f"{run['job'] or '-':<8}  {run['verdict']:<7}  {problems}"
+            f"{_when(run['started']):<20}  {clean(run['node']):<10}  {clean(run['phase']):<11}  "
+            f"{clean(run['job'] or '-'):<8}  {clean(run['verdict']):<7}  {problems}"
         )
     if actions:
         lines += ["", f"{'TIME':<20}  {'NODE':<10}  {'ACTION':<13}  BY / REASON"]
         for act in actions:
-            failed = "" if act["ok"] else f" (FAILED: {act['detail']})"
+            failed = "" if act["ok"] else f" (FAILED: {clean(act['detail'])})"
             lines.append(
-                f"{timespec.iso(act['time']):<20}  {act['node']:<10}  "
-                f"{act['action']:<13}  {act['actor']}: {act['reason']}{failed}"
+                f"{_when(act['time']):<20}  {clean(act['node']):<10}  "
+                f"{clean(act['action']):<13}  {clean(act['actor'])}: {clean(act['reason'])}{failed}"
             )
     return "\n".join(lines)
 
@@ -286,38 +309,49 @@ def history_cmd(
     start = _instant(now) - _duration(since)
     runs, actions, jobs = [], [], []
     for path in history.store_paths(db, node):
-        conn = _open(path)
-        runs += queries.run_history(conn, node, job, start, limit)  # type: ignore[arg-type]
-        actions += queries.action_history(conn, node, start)  # type: ignore[arg-type]
-        if job:
-            jobs += queries.job_history(conn, job)  # type: ignore[arg-type]
-    runs.sort(key=lambda r: r["started"], reverse=True)
-    actions.sort(key=lambda a: a["time"], reverse=True)
-    if as_json:
-        click.echo(json.dumps({"runs": runs[:limit], "actions": actions, "jobs": jobs}, indent=1))
+        try:
+            found = history.read(_open(path), node, job, start, limit)  # type: ignore[arg-type]
+        except store.StoreError as exc:
+            raise click.ClickException(f"{path}: {exc}") from None
+        runs, actions, jobs = runs + found[0], actions + found[1], jobs + found[2]
+    runs.sort(key=lambda r: _order(r["started"]), reverse=True)
+    actions.sort(key=lambda a: _order(a["time"]), reverse=True)
+    if as_json:  # json.dumps escapes control characters (and, ensure_ascii, all but ASCII)
+        doc = {"runs": runs[:limit], "actions": actions, "jobs": jobs}
+        click.echo(json.dumps(doc, indent=1, ensure_ascii=True, default=str))
     else:
         click.echo(_history_text(runs[:limit], [] if job else actions))
 
 
 @cli.command()
 @click.option(
-    "--older-than", "older", required=True, help="delete records older than this, e.g. 90d"
+    "--older-than",
+    "older",
+    required=True,
+    help="delete records older than this, with a unit: 90d (s, m, h, d, w; a bare number "
+    "is refused)",
 )
+@click.option("--dry-run", is_flag=True, help="say how many records would go; delete nothing")
 @click.option("--node", default=None, help="only this node's store")
 @click.option("--db", default=None, help="a store file [$SLURMHEALTH_DB or the state dir]")
 @click.option("--now", default=None, help="replay: the time to count back from")
-def prune(older: str, node: str | None, db: str | None, now: str | None) -> None:
+def prune(older: str, dry_run: bool, node: str | None, db: str | None, now: str | None) -> None:
     """Delete old records and VACUUM (admin side: never run from a prolog).
 
     \b
     Example:
+        slurmhealth prune --older-than 90d --dry-run
         slurmhealth prune --older-than 90d
     """
     before = _instant(now) - _duration(older)
     for path in history.store_paths(db, node):
-        counts = store.prune(_open(path), before)  # type: ignore[arg-type]
+        try:
+            counts = store.prune(_open(path), before, dry_run)  # type: ignore[arg-type]
+        except store.StoreError as exc:
+            raise click.ClickException(f"{path}: {exc}") from None
         summary = ", ".join(f"{n} {table}" for table, n in counts.items())
-        click.echo(f"{path}: deleted {summary}")
+        verb = "would delete" if dry_run else "deleted"
+        click.echo(f"{path}: {verb} {summary}" + (" (dry run: nothing deleted)" if dry_run else ""))
 
 
 # --- the fleet store: export on nodes, import and collect on the head node (docs/fleet.md) ---
@@ -369,8 +403,9 @@ fleet_db_option = click.option(
 def export_cmd(db: str | None, since: str | None, now: str | None, output: str) -> None:
     """Write the store's records as NDJSON with stable ids (format: docs/fleet.md).
 
-    A file is written as FILE.part and renamed when complete, so `collect` never reads half an
-    export. Baselines and cached config stay on the node.
+    A file is written as a private (0600) temporary file beside it and renamed when complete,
+    so `collect` never reads half an export; a symlink at FILE is refused. Baselines and cached
+    config stay on the node.
 
     \b
     Example:
@@ -381,15 +416,13 @@ def export_cmd(db: str | None, since: str | None, now: str | None, output: str) 
     if output == "-":
         sync.export(conn, click.get_text_stream("stdout"), start)  # type: ignore[arg-type]
         return
-    part = f"{output}.part"
     try:
-        with open(part, "w", encoding="utf-8") as out:
+        with files.open_private(output) as out:
             total = sync.count_records(conn, start)  # type: ignore[arg-type]
             with _progress(total, "export") as tick:
                 counts = sync.export(conn, out, start, tick)  # type: ignore[arg-type]
-        os.replace(part, output)
     except OSError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise click.ClickException(f"{output}: {exc.strerror or exc}") from None
     click.echo(f"{output}: {sum(counts.values()):,} records ({_added(counts)})")
 
 
@@ -414,17 +447,18 @@ def import_cmd(files: tuple, db: str | None) -> None:
             with _progress(size, f"import {name}") as tick:
                 report = sync.import_ndjson(conn, source, tick)  # type: ignore[arg-type]
         except (sync.FleetError, OSError) as exc:
-            raise click.ClickException(f"{name}: {exc}") from None
+            raise click.ClickException(f"{clean(name, 300)}: {clean(exc, 300)}") from None
         click.echo(
-            f"{name}: {report['records']:,} records: {_added(report['added'])} added, "
-            f"{report['unchanged']:,} unchanged"
+            f"{clean(name, 300)}: {report['records']:,} records: {_added(report['added'])} "
+            f"added, {report['unchanged']:,} unchanged"
         )
         _report_bad(name, report)
 
 
 def _report_bad(name: str, report: dict) -> None:
+    name = clean(name, 300)  # a spool's file names are any node's to choose
     for lineno, why in report["bad"]:
-        click.echo(f"{name}:{lineno}: skipped: {why}", err=True)
+        click.echo(f"{name}:{lineno}: skipped: {clean(why)}", err=True)
     more = report["bad_count"] - len(report["bad"])
     if more > 0:
         click.echo(f"{name}: {more:,} more lines skipped", err=True)
@@ -447,26 +481,51 @@ def _report_bad(name: str, report: dict) -> None:
     "--sacct", "use_sacct", is_flag=True, help="also merge job outcomes from Slurm accounting"
 )
 @click.option("--slurm-bin", default="", help="directory of sacct [$SLURMHEALTH_SLURM_BIN, PATH]")
+@click.option(
+    "--spool-owner",
+    "spool_owners",
+    multiple=True,
+    envvar="SLURMHEALTH_SPOOL_OWNER",
+    metavar="USER",
+    help="also trust files owned by USER (nodes writing as nobody over root-squashed NFS) "
+    "[$SLURMHEALTH_SPOOL_OWNER; default: root's files only]",
+)
 def collect_cmd(
-    directory: str, db: str | None, since: str, now: str | None, use_sacct: bool, slurm_bin: str
+    directory: str,
+    db: str | None,
+    since: str,
+    now: str | None,
+    use_sacct: bool,
+    slurm_bin: str,
+    spool_owners: tuple,
 ) -> None:
     """Merge node stores (copied *.db files) and NDJSON spools (*.ndjson) into the fleet store.
 
-    A file that cannot be read (not a database, still being copied) is reported and skipped.
-    --sacct adds what Slurm accounting knows of each job (final state, NODE_FAIL): a job whose
-    node died before its epilog still counts. Collecting again adds nothing.
+    A file that cannot be read (not a database, still being copied) is reported and skipped,
+    and so is one anyone could have forged: a symlink, not owned by root (or --spool-owner), or
+    writable by group or others (docs/fleet.md). --sacct adds what Slurm accounting knows of
+    each job (final state, NODE_FAIL): a job whose node died before its epilog still counts.
+    Collecting again adds nothing.
 
     \b
     Example:
         slurmhealth collect /shared/slurmhealth/spool --sacct --since 2d
     """
+    import pwd  # noqa: PLC0415
+
+    owners = []
+    for name in spool_owners:
+        try:
+            owners.append(int(name) if name.isdigit() else pwd.getpwnam(name).pw_uid)
+        except KeyError:
+            raise click.BadParameter(f"no user {name}", param_hint="--spool-owner") from None
     conn = _open_fleet(db)
     end = _instant(now)
     start = end - _duration(since)
     try:
         paths = sync.collect_paths(directory)
         with _progress(len(paths), "collect") as tick:
-            report = sync.collect(conn, directory, start, tick)  # type: ignore[arg-type]
+            report = sync.collect(conn, directory, start, tick, owners)  # type: ignore[arg-type]
     except sync.FleetError as exc:
         raise click.ClickException(str(exc)) from None
     for path, why in report["skipped"]:
@@ -498,13 +557,14 @@ def _collect_sacct(conn: object, start: float, end: float, slurm_bin: str) -> No
 def _lemon_text(scored: list, applied: list, window: float) -> str:
     lemons = [e for e in scored if e["lemon"]]
     lines = [f"{len(lemons)} lemon(s) among {len(scored)} nodes over {window / 86400:g} days"]
-    for entry in lemons:
-        lines.append(f"  {entry['node']:<12} score {entry['score']:.1f}  {entry['reason']}")
+    for entry in lemons:  # node names come from the store: untrusted, cleaned
+        node, reason = clean(entry["node"]), clean(entry["reason"])
+        lines.append(f"  {node:<12} score {entry['score']:.1f}  {reason}")
         for name, ev in entry["evidence"].items():
             if ev.get("count"):
                 lines.append(f"      {name}: {ev['count']} (fleet expects {ev['expected']:.2f})")
     for item in applied:
-        lines.append(f"  {item['node']}: {item['outcome']}")
+        lines.append(f"  {clean(item['node'])}: {clean(item['outcome'])}")
     return "\n".join(lines)
 
 
@@ -536,7 +596,7 @@ def lemons_cmd(
         settings = _load_config(path).for_node("")["settings"]
         client = slurm.Slurm(settings["slurm_bin"], settings["drain_timeout"] * 5)
         applied = lemons.apply(
-            scored, client, settings, conn, lambda text: click.echo(text, err=True)
+            scored, client, settings, conn, lambda text: click.echo(clean(text, 500), err=True)
         )
     if as_json:
         doc = {"lemons": [e for e in scored if e["lemon"]], "nodes": scored, "applied": applied}
@@ -599,8 +659,10 @@ def report_cmd(
     except build.ReportError as exc:
         raise click.ClickException(str(exc)) from None
     try:
-        with click.open_file(output, "w", encoding="utf-8", atomic=output != "-") as handle:
-            handle.write(text)
+        if output == "-":
+            click.echo(text, nl=False)
+        else:  # 0600 (an existing report keeps its mode), never through a planted symlink
+            files.write_private(output, text, keep_mode=True)
     except OSError as exc:
         raise click.ClickException(f"{output}: {exc.strerror or exc}") from None
     if mail_to:
@@ -635,8 +697,11 @@ def job_cmd(job_id: str, db: str | None, slurm_bin: str, as_json: bool) -> None:
     try:
         found = jobs.lookup(job_id, _fleet_path(db), slurm_bin)
     except jobs.JobError as exc:
-        raise click.ClickException(str(exc)) from None
-    click.echo(json.dumps(found, indent=1, sort_keys=True) if as_json else jobs.render_text(found))
+        raise click.ClickException(clean(exc, 500)) from None
+    if as_json:  # json.dumps escapes control characters
+        click.echo(json.dumps(found, indent=1, sort_keys=True, ensure_ascii=True, default=str))
+    else:
+        click.echo(jobs.render_text(found))
 
 
 @cli.command(name="publish")

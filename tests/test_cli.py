@@ -253,3 +253,78 @@ def test_the_entry_point_sends_only_node_commands_to_the_agent():
     assert node_help.returncode == 0 and node_help.stdout.startswith("Usage: slurmhealth check")
     admin_help = run_cli("history", "--help")
     assert admin_help.returncode == 0 and "Usage: slurmhealth history" in admin_help.stdout
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [("--sysfs-root", "no such directory"), ("--kmsg", "no such file")],
+)
+def test_a_named_path_that_does_not_exist_is_a_usage_error(option, message):
+    """A typo must not read as "no InfiniBand" or "no Xids" and print ok."""
+    proc = check("--gpu-source", snapshot_path("healthy"), option, "/nonexistent/slurmhealth")
+    assert proc.returncode == 2 and message in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_check_into_a_closed_pipe_ends_quietly():
+    """`check --json | head -1`: no error message, and the check's own exit status."""
+    import subprocess
+    import sys
+
+    line = (
+        f"{sys.executable} -m slurmhealth check --no-db --json "
+        f"--gpu-source {snapshot_path('healthy')} | true; "
+        'echo "status=${PIPESTATUS[0]}"'
+    )
+    proc = subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.strip() == "status=0", proc.stderr
+    assert proc.stderr == ""
+
+
+# --- durations: a unit or a one-line refusal, the same for every option -------------------------
+
+DURATION_OPTIONS = [
+    ("history", "--since"),
+    ("prune", "--older-than"),
+    ("export", "--since"),
+    ("collect", "{tmp}", "--since"),
+    ("lemons", "--window"),
+    ("report", "-o", "{tmp}/r.html", "--since"),
+    ("publish", "--since"),
+]
+
+
+@pytest.mark.parametrize("command", DURATION_OPTIONS, ids=lambda c: f"{c[0]} {c[-1]}")
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("90", "'90' has no unit (s, m, h, d or w: e.g. 90d for days)"),
+        ("1e300d", "more than 1000 years"),
+        ("nand", "not a duration"),
+        ("-1d", "negative"),
+    ],
+)
+def test_every_duration_option_refuses_a_bare_number_in_one_line(tmp_path, command, value, message):
+    """One parser (core/timespec.py) for every duration option: `prune --older-than 90` once
+    meant 90 seconds and deleted every record."""
+    from slurmhealth.core import store
+
+    db = str(tmp_path / "node.db")
+    store.connect(db).close()
+    args = [a.replace("{tmp}", str(tmp_path)) for a in command]
+    proc = run_cli(*args, value, "--db", db, env={"SLURMHEALTH_SLURM_BIN": "/nonexistent"})
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    (error,) = [line for line in proc.stderr.splitlines() if line.startswith("Error")]
+    assert message in error
+
+
+def test_an_instant_out_of_range_is_a_one_line_error(tmp_path):
+    db = str(tmp_path / "node.db")
+    from slurmhealth.core import store
+
+    store.connect(db).close()
+    for now in ("1e300", "nan", "-5"):
+        proc = run_cli("history", "--db", db, "--now", now)
+        assert proc.returncode == 2 and "out of range" in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr

@@ -10,12 +10,14 @@ from __future__ import annotations
 import fcntl
 import io
 import os
+import pwd
 import re
 import shlex
 import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 
 import click
@@ -253,6 +255,137 @@ def test_periodic_ignores_an_env_file_it_does_not_own(periodic_env):
     os.chown(path, 65534, 65534)
     (report,) = _dry_run(periodic_env, "report")
     assert "--mail-to" not in report
+
+
+# -- the hook's env file: its values run as root ----------------------------------------------
+
+HOOK = os.path.join(PACKAGING, "slurmhealth-hook")
+
+
+@pytest.fixture
+def user():
+    """A real unprivileged account (useradd), gone again after the test; root only."""
+    if os.geteuid() != 0:
+        require_real("needs root to create a user and to run the hook as slurmd does")
+    _need("useradd", "userdel", "runuser")
+    name = f"shtest-{os.urandom(3).hex()}"
+    subprocess.run(
+        ["useradd", "--no-create-home", "--shell", "/bin/sh", name], check=True, capture_output=True
+    )
+    try:
+        yield pwd.getpwnam(name)
+    finally:
+        subprocess.run(["userdel", name], check=False, capture_output=True)
+
+
+@pytest.fixture
+def etc():
+    """/etc/slurm in a directory every user can reach: slurm.conf's directory (0755, root),
+    a root-owned program for SLURMHEALTH_BIN that leaves a mark, and a user's program that
+    would too. Removed after."""
+    base = tempfile.mkdtemp(prefix="slurmhealth-hook-")
+    os.chmod(base, 0o755)
+    slurm = os.path.join(base, "slurm")
+    os.mkdir(slurm, 0o755)
+    for name in ("ours", "theirs"):
+        with open(os.path.join(base, name), "w") as handle:
+            handle.write(f'#!/bin/sh\necho "$0 $1" > {base}/ran-{name}\n')
+        os.chmod(os.path.join(base, name), 0o755)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def hook(etc: str) -> subprocess.CompletedProcess:
+    """The hook as slurmd runs a prolog: /bin/sh, no PATH, SLURM_CONF and the context only."""
+    env = {"SLURM_CONF": os.path.join(etc, "slurm", "slurm.conf")}
+    env["SLURM_SCRIPT_CONTEXT"] = "prolog_slurmd"
+    return subprocess.run(["/bin/sh", HOOK], env=env, capture_output=True, text=True, timeout=30)
+
+
+def _env_file(etc: str, mode: int = 0o644) -> str:
+    path = os.path.join(etc, "slurm", "slurmhealth.env")
+    with open(path, "w") as handle:
+        handle.write(f"SLURMHEALTH_BIN={etc}/ours\n")
+    os.chmod(path, mode)
+    return path
+
+
+def test_the_hook_reads_a_root_only_env_file(etc):
+    _env_file(etc)
+    done = hook(etc)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert open(os.path.join(etc, "ran-ours")).read() == f"{etc}/ours prolog\n"
+
+
+def test_a_world_writable_env_file_is_refused_and_the_users_program_never_runs(etc, user):
+    path = _env_file(etc, 0o666)  # root-owned: the old check (owner only) let it through
+    as_user = ["runuser", "-u", user.pw_name, "--", "sh", "-c"]
+    write = f"echo SLURMHEALTH_BIN={etc}/theirs > {path}"
+    subprocess.run([*as_user, write], check=True, capture_output=True, timeout=30)
+    done = hook(etc)
+    assert done.returncode == 0, "fail open: a suspicious install never drains the node"
+    assert done.stderr == (
+        f"slurmhealth: {path} not read: writable by group or others (-rw-rw-rw-): prolog skipped\n"
+    )
+    assert not os.path.exists(os.path.join(etc, "ran-theirs")), "the user's program ran as root"
+    assert not os.path.exists(os.path.join(etc, "ran-ours")), "nothing runs"
+
+
+@pytest.mark.parametrize("fault", ["group-writable", "directory", "symlink", "owner"])
+def test_an_env_file_someone_else_could_have_written_is_refused_loudly(etc, fault):
+    if fault == "owner" and os.geteuid() != 0:
+        require_real("needs root to give the env file to another user")
+    path = _env_file(etc)
+    why = {
+        "group-writable": "writable by group or others (-rw-rw-r--)",
+        "directory": f"its directory {etc}/slurm is writable by group or others (drwxrwxrwt)",
+        "symlink": "a symlink",
+        "owner": "owned by uid 65534, not root",
+    }[fault]
+    if fault == "group-writable":
+        os.chmod(path, 0o664)
+    elif fault == "directory":
+        os.chmod(os.path.dirname(path), 0o1777)
+    elif fault == "symlink":
+        os.rename(path, os.path.join(etc, "real.env"))
+        os.symlink(os.path.join(etc, "real.env"), path)
+    else:
+        os.chown(path, 65534, 65534)
+    done = hook(etc)
+    assert done.returncode == 0
+    assert done.stderr == f"slurmhealth: {path} not read: {why}: prolog skipped\n"
+    assert "ran-ours" not in os.listdir(etc), "nothing runs"
+
+
+def test_the_refusal_goes_to_syslog_too(etc):
+    """The same line through logger(1), by its absolute path: a stand-in bind-mounted over
+    /usr/bin/logger in a private mount namespace records what the hook gave it."""
+    if os.geteuid() != 0:
+        require_real("needs root (a private mount namespace)")
+    _need("unshare")
+    if not os.path.exists("/usr/bin/logger"):
+        require_real("no /usr/bin/logger to stand in for (bsdutils, util-linux)")
+    path = _env_file(etc, 0o666)
+    stand_in = os.path.join(etc, "logger")
+    with open(stand_in, "w") as handle:
+        handle.write(f'#!/bin/sh\nprintf "%s|" "$@" > {etc}/logged\n')
+    os.chmod(stand_in, 0o755)
+    script = f"mount --bind {shlex.quote(stand_in)} /usr/bin/logger && /bin/sh {shlex.quote(HOOK)}"
+    env = {"SLURM_CONF": os.path.join(etc, "slurm", "slurm.conf"), "PATH": os.environ["PATH"]}
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    if done.returncode != 0 and "mount" in done.stderr and "ermission" in done.stderr:
+        require_real(f"no private mounts here: {done.stderr.strip()}")
+    assert done.returncode == 0 and len(done.stderr.splitlines()) == 1, done.stderr
+    with open(os.path.join(etc, "logged")) as handle:
+        logged = handle.read().split("|")
+    line = f"{path} not read: writable by group or others (-rw-rw-rw-): healthcheck skipped"
+    assert logged == ["-t", "slurmhealth", "-p", "daemon.err", "--", line, ""]
 
 
 # -- systemd units ------------------------------------------------------------------------------

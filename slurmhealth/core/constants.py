@@ -17,7 +17,8 @@ DRAINED = "drained"  # the node is drained, with our reason
 SKIPPED = "skipped"  # someone else took the node out already: left alone
 BREAKER = "breaker"  # the circuit breaker is open: nothing drained, loudly
 FAILED = "failed"  # scontrol failed or timed out
-DRAIN_OUTCOMES = (DRAINED, SKIPPED, BREAKER, FAILED)
+WOULD_DRAIN = "would_drain"  # monitor-only mode: nothing drained, what would have been recorded
+DRAIN_OUTCOMES = (DRAINED, SKIPPED, BREAKER, FAILED, WOULD_DRAIN)
 
 # Reasons: every reason slurmhealth writes starts with PREFIX (LBNL NHC's etiquette), so it
 # resumes only its own drains. Probation and lemon drains are lifted by an admin, never by us.
@@ -44,3 +45,4 @@ ACT_RESUME = "resume"
 ACT_BREAKER = BREAKER  # a drain the circuit breaker refused
 ACT_DRAIN_SKIPPED = "drain-skipped"
 ACT_RESET_GPU = "reset_gpu"
+ACT_WOULD_DRAIN = "would-drain"  # monitor-only: the drain enforcing would have made

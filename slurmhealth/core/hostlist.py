@@ -1,11 +1,23 @@
 """Node-set patterns as Slurm admins write them: `gpu[01-16]`, `gpu[01-04,07],login1`,
 globs (`gpu*`) and negation (`gpu[01-16],!gpu05`).
+
+A bracket term (`r[00-99]n[0000-9999]`) is parsed once into literal parts and bracket sets and a
+name is matched by walking it, ranges checked by number and width: matching and validating never
+expand the pattern, so their cost does not depend on how many names it covers. Only expand()
+lists names, and it refuses more than MAX_NAMES of them.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import functools
+import itertools
 import re
+
+MAX_NAMES = 100_000  # most names expand() lists from one term (sacct nodelists are far smaller)
+
+_BRACKET = re.compile(r"\[([^\]]*)\]")
+_ASCII_DIGITS = frozenset("0123456789")
 
 
 class PatternError(ValueError):
@@ -31,29 +43,105 @@ def split_terms(pattern: str) -> list[str]:
     return [t for t in terms if t]
 
 
-def _range_items(body: str, pattern: str) -> list[str]:
-    items = []
+def _bracket_set(body: str, term: str) -> tuple:
+    """`01-16,20` -> items: a str (`20`, the name holds it verbatim) or a range
+    (low, high, width, longest): the numbers low..high, each zero-padded to width digits."""
+    items: list = []
     for part in body.split(","):
         lo, sep, hi = part.strip().partition("-")
         if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise PatternError(f"bad range {part!r} in {pattern!r}")
+            raise PatternError(f"bad range {part!r} in {term!r}")
         if not sep:
             items.append(lo)
             continue
-        if int(hi) < int(lo) or int(hi) - int(lo) > 100000:
-            raise PatternError(f"bad range {part!r} in {pattern!r}")
-        width = len(lo)
-        items.extend(str(n).zfill(width) for n in range(int(lo), int(hi) + 1))
-    return items
+        try:
+            low, high = int(lo), int(hi)
+            longest = max(len(lo), len(str(high)))
+        except ValueError:  # a digit int() cannot read ('²'), or thousands of digits
+            raise PatternError(f"bad range {part!r} in {term!r}") from None
+        if high < low:
+            raise PatternError(f"bad range {part!r} in {term!r}")
+        items.append((low, high, len(lo), longest))
+    return tuple(items)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse(term: str) -> tuple:
+    """A bracket term -> its parts: literal strs and bracket sets (tuples), in order.
+
+    Text after the last `[...]` is literal, an unclosed `[` included (split_terms rejects it).
+    """
+    parts: list = []
+    rest = term
+    found = _BRACKET.search(rest)
+    while found:
+        parts += [rest[: found.start()], _bracket_set(found.group(1), term)]
+        rest = rest[found.end() :]
+        found = _BRACKET.search(rest)
+    parts.append(rest)
+    return tuple(parts)
+
+
+def _set_ends(items: tuple, name: str, start: int) -> set:
+    """Where one bracket set, read from name[start:], can end."""
+    ends = set()
+    digits = start
+    while digits < len(name) and name[digits] in _ASCII_DIGITS:
+        digits += 1
+    for item in items:
+        if isinstance(item, str):
+            if name.startswith(item, start):
+                ends.add(start + len(item))
+            continue
+        low, high, width, longest = item
+        for end in range(start + width, min(digits, start + longest) + 1):
+            text = name[start:end]
+            # str(n).zfill(width): exactly width digits, or more without a leading zero
+            if (len(text) == width or text[0] != "0") and low <= int(text) <= high:
+                ends.add(end)
+    return ends
+
+
+def _walk(parts: tuple, name: str) -> bool:
+    """True when name is one of the names of the parsed term, without listing them."""
+    positions = {0}
+    for part in parts:
+        if isinstance(part, str):
+            positions = {p + len(part) for p in positions if name.startswith(part, p)}
+        else:
+            positions = set().union(*(_set_ends(part, name, p) for p in positions))
+        if not positions:
+            return False
+    return len(name) in positions
+
+
+def _size(part: tuple) -> int:
+    return sum(1 if isinstance(item, str) else item[1] - item[0] + 1 for item in part)
+
+
+def _names(part: tuple) -> list:
+    out: list = []
+    for item in part:
+        if isinstance(item, str):
+            out.append(item)
+        else:
+            out.extend(str(n).zfill(item[2]) for n in range(item[0], item[1] + 1))
+    return out
 
 
 def expand(term: str) -> list[str]:
-    """All names of one bracketed term: `gpu[01-03]` -> gpu01 gpu02 gpu03 (zero padding kept)."""
-    match = re.search(r"\[([^\]]*)\]", term)
-    if not match:
-        return [term]
-    head, tail = term[: match.start()], term[match.end() :]
-    return [n for item in _range_items(match.group(1), term) for n in expand(head + item + tail)]
+    """All names of one bracketed term: `gpu[01-03]` -> gpu01 gpu02 gpu03 (zero padding kept).
+
+    PatternError when the term names more than MAX_NAMES nodes (counted before listing any).
+    """
+    parts = _parse(term)
+    total = 1
+    for part in parts[1::2]:
+        total *= _size(part)
+        if total > MAX_NAMES:
+            raise PatternError(f"{term!r} names more than {MAX_NAMES} nodes: not expanded")
+    lists = [[part] if isinstance(part, str) else _names(part) for part in parts]
+    return ["".join(choice) for choice in itertools.product(*lists)]
 
 
 def _is_glob(term: str) -> bool:
@@ -62,14 +150,15 @@ def _is_glob(term: str) -> bool:
 
 def _term_matches(term: str, node: str) -> bool:
     if "[" in term and not _is_glob(term):
-        return node in expand(term)
+        return _walk(_parse(term), node)
     return fnmatch.fnmatchcase(node, term)
 
 
 def matches(pattern: str, node: str) -> bool:
     """True when `node` is in the set: any positive term matches and no `!` term does.
 
-    A pattern of only negations means "every node except".
+    A pattern of only negations means "every node except". Bracket terms are matched without
+    expanding them (microseconds, however many names they cover).
     """
     terms = split_terms(pattern)
     positive = [t for t in terms if not t.startswith("!")]
@@ -80,9 +169,13 @@ def matches(pattern: str, node: str) -> bool:
 
 
 def validate(pattern: str) -> None:
-    """Raise PatternError when the pattern cannot be read."""
+    """Raise PatternError when the pattern cannot be read.
+
+    Syntax only: nothing is expanded, so a pattern covering any number of names is valid
+    (`gpu[0-99999][0-99999]`); only expand() has a cap (MAX_NAMES), and matching needs none.
+    """
     if not pattern.strip():
         raise PatternError("empty node pattern")
     for term in (t.lstrip("!") for t in split_terms(pattern)):
         if "[" in term and not _is_glob(term):
-            expand(term)
+            _parse(term)

@@ -328,22 +328,23 @@ def _migrate(conn: sqlite3.Connection) -> None:
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
 
-def connect(path: str) -> sqlite3.Connection:
+def connect(path: str, busy_timeout: float = BUSY_TIMEOUT_S) -> sqlite3.Connection:
     """Open (creating if needed) a store in WAL mode; StoreError with a one-line reason.
 
-    A new store is root-only writable (0640 in a 0755 directory): users read summaries through
-    the admin path, never the file.
+    A new store is root-only (0640 in a 0700 directory, both from their first byte, whatever the
+    umask; SQLite gives -wal and -shm the file's mode): users read summaries through the admin
+    path, never the file.
     """
+    from slurmhealth.core import files  # noqa: PLC0415
+
     try:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o755, exist_ok=True)
-        fresh = not os.path.exists(path)
-        conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
-        conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        files.private_dir(os.path.dirname(os.path.abspath(path)))
+        files.create_private(path, 0o640)
+        conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None)
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
         if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
             conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
-        if fresh:
-            os.chmod(path, 0o640)
         _migrate(conn)
     except sqlite3.DatabaseError as exc:
         # OperationalError (locked, read-only, cannot open) is a subclass: only the base class
@@ -364,15 +365,46 @@ def move_aside(path: str) -> str:
     return aside
 
 
+# SQLITE_CORRUPT and SQLITE_NOTADB reach Python as the base DatabaseError class; the messages
+# say it too ("malformed" alone is not enough: SQL's JSON functions say "malformed JSON").
+_CORRUPT = ("database disk image is malformed", "file is not a database")
+
+
+def _translate(exc: sqlite3.Error) -> StoreError:
+    """A sqlite3 error met after connect() as a one-line StoreError. A store whose header is
+    fine but whose pages are damaged opens fine and fails here, at a read or a write:
+    corrupt=True then, so the caller can move_aside() the file as connect() failures are."""
+    text = str(exc)
+    corrupt = type(exc) is sqlite3.DatabaseError or any(m in text for m in _CORRUPT)
+    return StoreError(text, corrupt)
+
+
+def _translated(func):  # type: ignore[no-untyped-def]  # a decorator for the functions below
+    """The store function with its sqlite3 errors as StoreError (see _translate)."""
+
+    def call(*args: object, **kwargs: object) -> object:
+        try:
+            return func(*args, **kwargs)
+        except sqlite3.Error as exc:
+            raise _translate(exc) from None
+
+    call.__name__, call.__qualname__, call.__doc__ = func.__name__, func.__qualname__, func.__doc__
+    call.__wrapped__ = func  # type: ignore[attr-defined]
+    return call
+
+
+@_translated
 def get_meta(conn: sqlite3.Connection, key: str) -> object:
     row = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
     return json.loads(row[0]) if row else None
 
 
+@_translated
 def set_meta(conn: sqlite3.Connection, key: str, value: object) -> None:
     conn.execute(insert_sql("meta", verb="INSERT OR REPLACE"), (key, json.dumps(value)))
 
 
+@_translated
 def load_baselines(conn: sqlite3.Connection, node: str, job_id: str = "") -> dict:
     """{area: data} saved by the previous run on this node (or by this job's prolog)."""
     rows = conn.execute(
@@ -435,10 +467,11 @@ def record_run(
             if job_id and job is not None:
                 _write_job(conn, node, job_id, job)
     except sqlite3.Error as exc:
-        raise StoreError(str(exc)) from None
+        raise _translate(exc) from None
     return run_id
 
 
+@_translated
 def attribute_events(conn: sqlite3.Connection, node: str, job_id: str, gpus: list | None) -> int:
     """Give the job the Xids other runs (health checks) read while it ran on its GPUs.
 
@@ -458,6 +491,7 @@ def attribute_events(conn: sqlite3.Connection, node: str, job_id: str, gpus: lis
     return conn.execute(sql, args).rowcount
 
 
+@_translated
 def job_state(conn: sqlite3.Connection, node: str, job_id: str) -> str | None:
     """The hooks' state of a job on a node (running, ended, prolog_failed), or None."""
     row = conn.execute(
@@ -466,6 +500,7 @@ def job_state(conn: sqlite3.Connection, node: str, job_id: str) -> str | None:
     return row[0] if row else None
 
 
+@_translated
 def forget_job_baselines(conn: sqlite3.Connection, node: str, job_id: str) -> None:
     conn.execute("DELETE FROM baselines WHERE node = ? AND job_id = ?", (node, job_id))
 
@@ -497,10 +532,11 @@ def record_action(
             ),
         )
     except sqlite3.Error as exc:
-        raise StoreError(str(exc)) from None
+        raise _translate(exc) from None
     return action_id
 
 
+@_translated
 def last_action(conn: sqlite3.Connection, node: str, action: str) -> tuple | None:
     """(time, reason) of the node's latest successful action of this kind."""
     return conn.execute(
@@ -510,6 +546,7 @@ def last_action(conn: sqlite3.Connection, node: str, action: str) -> tuple | Non
     ).fetchone()
 
 
+@_translated
 def recent_verdicts(
     conn: sqlite3.Connection, node: str, phase: str, since: float, limit: int
 ) -> list:
@@ -522,6 +559,7 @@ def recent_verdicts(
     return [row[0] for row in rows]
 
 
+@_translated
 def record_published(conn: sqlite3.Connection, job_id: str, digest: str, size: int) -> None:
     """Remember that `publish` wrote the job's summary (its digest and size in bytes) into
     its AdminComment, in one transaction (fleet/jobs.py)."""
@@ -532,6 +570,7 @@ def record_published(conn: sqlite3.Connection, job_id: str, digest: str, size: i
         )
 
 
+@_translated
 def drain_history(conn: sqlite3.Connection, node: str) -> list:
     """[(time, action)] of slurmhealth's successful drains and resumes of the node, oldest
     first (node/actions.py: probation)."""
@@ -554,9 +593,16 @@ _PRUNE = (
 )
 
 
-def prune(conn: sqlite3.Connection, before: float) -> dict:
+@_translated
+def prune(conn: sqlite3.Connection, before: float, dry_run: bool = False) -> dict:
     """Delete records older than `before` in one transaction, then VACUUM (admin side: never
-    in a hook); {table: rows deleted}."""
+    in a hook); {table: rows deleted}. dry_run: {table: rows that would go}, read in one
+    statement (one snapshot), nothing deleted."""
+    if dry_run:
+        # table names and conditions from _PRUNE, never from data
+        counts = ", ".join(f"(SELECT count(*) FROM {t} WHERE {c})" for t, c in _PRUNE)  # noqa: S608
+        found = conn.execute(f"SELECT {counts}", (before,) * len(_PRUNE)).fetchone()
+        return {table: n for (table, _), n in zip(_PRUNE, found)}
     counts = {}
     with immediate(conn):
         for table, condition in _PRUNE:

@@ -5,14 +5,32 @@ from __future__ import annotations
 
 import glob
 import os
+import sqlite3
 
 from slurmhealth.core import store
+from slurmhealth.fleet import queries
 
 
 def store_paths(db: str | None, node: str | None) -> list:
-    """--db, else the node's store, else every store in the state directory."""
+    """--db, else $SLURMHEALTH_DB, else the node's store, else every store in the state
+    directory (store.default_path: $SLURMHEALTH_DB names the one store, as for the hooks)."""
+    db = db or os.environ.get("SLURMHEALTH_DB")
     if db:
         return [db]
     if node:
         return [store.default_path(node)]
     return sorted(glob.glob(os.path.join(store.state_dir(), "*.db")))
+
+
+def read(
+    conn: sqlite3.Connection, node: str | None, job: str | None, since: float, limit: int
+) -> tuple:
+    """(runs, actions, jobs) of one store as fleet/queries.py reads them (jobs only with a job);
+    StoreError with one line when the store cannot be read (locked, damaged)."""
+    try:
+        runs = queries.run_history(conn, node, job, since, limit)
+        actions = queries.action_history(conn, node, since)
+        jobs = queries.job_history(conn, job) if job else []
+    except sqlite3.Error as exc:
+        raise store.StoreError(str(exc)) from None
+    return runs, actions, jobs

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import math
 import os
 import sqlite3
 import time
@@ -147,7 +148,10 @@ def local_time(epoch: float | None) -> str:
     """Local time with the date and zone: a user reads it next to their own job's output."""
     if epoch is None:
         return "an unknown time"
-    return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(epoch))
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(epoch))  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError, OSError):  # a damaged summary's time
+        return "an unknown time"
 
 
 def _refused(node: dict) -> bool:
@@ -157,7 +161,8 @@ def _refused(node: dict) -> bool:
 def _xid_words(xid: dict) -> str:
     gpu = xid.get("gpu")
     words = _XID_WORDS.get(xid.get("code"), "had a hardware fault on GPU {gpu}")  # type: ignore[arg-type]
-    return f"{words.format(gpu='?' if gpu is None else gpu)} (Xid {xid.get('code')})"
+    gpu = "?" if gpu is None else clean(gpu, 20)
+    return f"{words.format(gpu=gpu)} (Xid {clean(xid.get('code'), 20)})"
 
 
 def fault(node: dict) -> str:
@@ -207,9 +212,9 @@ def _refused_sentence(refused: list, ran: list) -> str:
 
 def _exit_words(data: dict) -> str:
     if data.get("signal"):
-        return f" (killed by signal {data['signal']})"
+        return f" (killed by signal {clean(data['signal'], 20)})"
     if data.get("exit_code"):
-        return f" (exit code {data['exit_code']})"
+        return f" (exit code {clean(data['exit_code'], 20)})"
     if data.get("state") in FAILED_STATES:
         return f" (Slurm: {data['state']})"
     return ""
@@ -225,7 +230,7 @@ def _app_xids(nodes: list) -> str:
         return ""
     node, xid = seen[0]
     return (
-        f"; GPU {xid.get('gpu')} on {node} reported Xid {xid.get('code')} at "
+        f"; GPU {clean(xid.get('gpu'), 20)} on {node} reported Xid {clean(xid.get('code'), 20)} at "
         f"{local_time(xid.get('time'))}, which is usually the application's own error"
     )
 
@@ -304,10 +309,8 @@ def with_conclusion(data: dict) -> dict:
 def _node_line(node: dict) -> str:
     drain = node.get("drain")
     drained = "-" if not drain else ("yes" if drain.get("still") else "resumed")
-    return (
-        f"  {clean(node.get('node'), 20):<12} {node.get('prolog') or '-':<7} "
-        f"{node.get('epilog') or '-':<7} {drained}"
-    )
+    prolog, epilog = clean(node.get("prolog") or "-", 12), clean(node.get("epilog") or "-", 12)
+    return f"  {clean(node.get('node'), 20):<12} {prolog:<7} {epilog:<7} {drained}"
 
 
 def _problem_lines(nodes: list) -> list:
@@ -333,11 +336,11 @@ def _xid_lines(nodes: list) -> list:
             process = clean(x.get("process") or "-", 40)
             lines.append(
                 f"  {clean(node['node'], 20):<12} {local_time(x.get('time'))}  "
-                f"GPU {x.get('gpu')}  Xid {x.get('code')} ({clean(x.get('class'), 8)})  "
-                f"process {process}"
+                f"GPU {clean(x.get('gpu'), 20)}  Xid {clean(x.get('code'), 20)} "
+                f"({clean(x.get('class'), 8)})  process {process}"
             )
         if node.get("more_xids"):
-            lines.append(f"  {clean(node['node'], 20):<12} ... {node['more_xids']} more")
+            lines.append(f"  {clean(node['node'], 20):<12} ... {clean(node['more_xids'])} more")
     return lines
 
 
@@ -364,7 +367,7 @@ def render_text(data: dict) -> str:
     lines = [_header(data), f"  {'NODE':<12} {'PROLOG':<7} {'EPILOG':<7} DRAINED"]
     lines += [_node_line(n) for n in nodes] + _ok_line(data)
     if data.get("omitted"):
-        lines.append(f"  ({data['omitted']} node(s) left out of the published summary)")
+        lines.append(f"  ({clean(data['omitted'])} node(s) left out of the published summary)")
     problems, xids = _problem_lines(nodes), _xid_lines(nodes)
     if problems:
         lines += ["checks that did not pass:", *problems]
@@ -465,7 +468,9 @@ def _unpacked(comment: str) -> object:
     body = inflate.decompress(raw, UNPACKED_MAX)
     if inflate.unconsumed_tail:
         raise ValueError("too big")
-    return json.loads(body)
+    if not inflate.eof:
+        raise ValueError("cut")
+    return json.loads(body)  # deep nesting: RecursionError
 
 
 def decode(comment: str) -> dict:
@@ -475,28 +480,76 @@ def decode(comment: str) -> dict:
         raise JobError("not a slurmhealth summary")
     try:
         data = _unpacked(comment)
-    except (ValueError, zlib.error):
+    except (ValueError, zlib.error, RecursionError):
         raise JobError("the published summary is damaged (cut or edited)") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
+    version = data.get("format") if isinstance(data, dict) else None
+    if type(version) is not int or version != FORMAT:  # not True, which == 1
         raise JobError("the published summary has a format this slurmhealth cannot read")
     if not _sane(data):
         raise JobError("the published summary is damaged (unexpected structure)")
     return with_conclusion(data)
 
 
+# What conclude() and render_text() rely on, field by field: a comment is admin-written, but a
+# damaged or forged one must give a message, not a traceback. A kind: "text" (str), "int",
+# "time" (a finite number), "count" (an int >= 0, never null), "scalar" (any JSON scalar:
+# cleaned where printed); null or missing is allowed but for counts (missing: 0).
+_SUMMARY_FIELDS = {
+    "job": "scalar", "user": "scalar", "uid": "scalar", "state": "text", "exit_code": "int",
+    "signal": "int", "start": "time", "end": "time", "omitted": "count", "ok_count": "count",
+}  # fmt: skip
+_NODE_FIELDS = {
+    "state": "text", "slurm_state": "text", "prolog": "text", "epilog": "text",
+    "start": "time", "end": "time", "more_problems": "count", "more_xids": "count",
+}  # fmt: skip
+_PROBLEM_FIELDS = {
+    "phase": "text", "time": "time", "check": "scalar", "status": "scalar", "message": "scalar"
+}  # fmt: skip
+_XID_FIELDS = {"time": "time", "gpu": "int", "code": "int", "class": "text", "process": "scalar"}
+_DRAIN_FIELDS = {"time": "time", "reason": "scalar", "still": "scalar"}
+
+
+def _fits(value: object, kind: str) -> bool:
+    if value is None:
+        return kind != "count"
+    if kind == "text":
+        return isinstance(value, str)
+    if kind == "scalar":
+        return isinstance(value, (str, int, float))
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if kind == "time":
+        return math.isfinite(value)
+    return isinstance(value, int) and (kind == "int" or value >= 0)
+
+
+def _fields(record: object, spec: dict) -> bool:
+    if not isinstance(record, dict):
+        return False
+    return all(k not in record or _fits(record[k], kind) for k, kind in spec.items())
+
+
+def _records(node: dict, key: str, spec: dict) -> bool:
+    items = node.setdefault(key, [])
+    return isinstance(items, list) and all(_fields(i, spec) for i in items)
+
+
 def _sane(data: dict) -> bool:
-    """The shapes conclude() and render_text() rely on (a comment is admin-written, but a
-    damaged one must give a message, not a traceback)."""
+    """Every field conclude() and render_text() read has the type they expect."""
     nodes, names = data.get("nodes"), data.setdefault("ok_nodes", [])
     if not isinstance(nodes, list) or not isinstance(names, list):
         return False
+    if not _fields(data, _SUMMARY_FIELDS) or not all(isinstance(n, str) for n in names):
+        return False
     for node in nodes:
-        if not isinstance(node, dict) or not isinstance(node.get("node"), str):
+        if not _fields(node, _NODE_FIELDS) or not isinstance(node.get("node"), str):
             return False
-        lists = [node.setdefault(k, []) for k in ("problems", "xids")]
-        if not all(isinstance(v, list) and all(isinstance(i, dict) for i in v) for v in lists):
+        if not _records(node, "problems", _PROBLEM_FIELDS):
             return False
-        if not isinstance(node.get("drain") or {}, dict):
+        if not _records(node, "xids", _XID_FIELDS):
+            return False
+        drain = node.get("drain")
+        if drain is not None and not _fields(drain, _DRAIN_FIELDS):
             return False
     return True
 
@@ -661,8 +714,9 @@ def _sacct_time(text: str) -> float | None:
 
 
 def _not_published(job_id: str, state: str, ended: str, now: float) -> str:
-    if state.split(maxsplit=1)[0] in RUNNING_STATES:
-        return f"job {job_id} is {state.lower()}: its health summary is published after it ends"
+    if (state.split(maxsplit=1) or ["?"])[0] in RUNNING_STATES:
+        said = clean(state.lower(), 40)
+        return f"job {job_id} is {said}: its health summary is published after it ends"
     end = _sacct_time(ended)
     if end is not None and now < end + 2 * PUBLISH_LATENCY_S:
         by = local_time(end + PUBLISH_LATENCY_S)
@@ -685,8 +739,8 @@ def from_accounting(client: slurm.Slurm, job_id: str, now: float | None = None) 
     if not line.strip():
         raise JobError(f"job {job_id} not found, or not yours (Slurm shows you only your own jobs)")
     _, user, state, ended, comment = (line.split("|", 4) + ["", "", "", ""])[:5]
-    if not comment:
-        raise JobError(_not_published(job_id, state or "?", ended, now or time.time()))
+    if not comment.strip():
+        raise JobError(_not_published(job_id, state.strip() or "?", ended, now or time.time()))
     if not ours(comment):
         raise JobError(f"job {job_id} has no slurmhealth summary (another tool's comment)")
     data = decode(comment)
@@ -707,6 +761,8 @@ def _from_fleet(path: str, job_id: str) -> dict | None:
         return dict(summary(conn, job_id), source="fleet store")
     except JobError:
         return None
+    except sqlite3.Error as exc:  # readable but damaged: say so rather than guess
+        raise JobError(f"fleet store {clean(path, 200)}: {clean(exc, 200)}") from None
     finally:
         conn.close()
 
@@ -721,4 +777,5 @@ def lookup(job_id: str, fleet_path: str, slurm_bin: str = "") -> dict:
     try:
         return from_accounting(slurm.Slurm(slurm_bin, timeout=30.0), job_id)
     except slurm.SlurmError as exc:
-        raise JobError(f"cannot read job {job_id} from Slurm accounting: {exc}") from None
+        why = clean(exc, 300)
+        raise JobError(f"cannot read job {job_id} from Slurm accounting: {why}") from None

@@ -21,7 +21,7 @@ from typing import Optional
 from urllib.parse import quote
 
 from slurmhealth import __version__
-from slurmhealth.core import store
+from slurmhealth.core import files, store
 from slurmhealth.core.result import clean
 
 FORMAT = 1  # the NDJSON record format (docs/fleet.md); a newer one is refused
@@ -372,18 +372,77 @@ def _checked_copy(path: str, copy: str) -> None:
         raise FleetError(clean(str(exc).replace(copy, "copy"), 120)) from None
 
 
-def merge_store(conn: sqlite3.Connection, path: str, since: float | None = None) -> dict:
-    """Merge a node store file (records newer than `since`) in one transaction: {type: added}."""
-    with tempfile.TemporaryDirectory(prefix="slurmhealth-collect-") as tmp:
-        copy = os.path.join(tmp, "node.db")
-        _checked_copy(path, copy)
-        conn.execute("ATTACH DATABASE ? AS node", (copy,))
-        try:
-            return _merge_attached(conn, since)
-        except sqlite3.Error as exc:
-            raise FleetError(clean(exc, 120)) from None
-        finally:
-            conn.execute("DETACH DATABASE node")
+def _copy_fd(fd: int, target: str) -> None:
+    with open(target, "xb") as out:
+        while True:
+            block = os.read(fd, 1 << 20)
+            if not block:
+                return
+            out.write(block)
+
+
+def _trusted_source(path: str, fd: int, tmp: str, owners: Iterable[int]) -> str:
+    """What SQLite may read of the store `path`, whose checked descriptor is `fd`.
+
+    Its -wal (frames SQLite applies on read) and -shm pass the same checks. In a directory only
+    trusted owners write, that is `path` itself: no one else can replace it or plant a -wal
+    beside it. Elsewhere (a shared spool) a private copy of the file and its -wal, read through
+    checked descriptors: SQLite never opens a name there (copy quiet stores into such a spool:
+    the copy is taken without SQLite's locking; a torn one fails the check and is skipped).
+    """
+    sidecars: dict = {}
+    try:
+        for suffix in ("-wal", "-shm"):
+            try:
+                sidecars[suffix] = files.open_trusted(path + suffix, owners)
+            except FileNotFoundError:
+                pass
+            except files.Unsafe as exc:
+                name = os.path.basename(path + suffix)
+                raise files.Unsafe(path, f"its {name} is {exc.strerror}") from None
+        if not files.others_may_write(os.path.dirname(os.path.abspath(path)), owners):
+            return path
+        source = os.path.join(tmp, "source.db")
+        _copy_fd(fd, source)
+        if "-wal" in sidecars:
+            _copy_fd(sidecars["-wal"], source + "-wal")
+        return source
+    finally:
+        for sidecar in sidecars.values():
+            os.close(sidecar)
+
+
+def merge_store(
+    conn: sqlite3.Connection, path: str, since: float | None = None, owners: Iterable[int] = ()
+) -> dict:
+    """Merge a node store file (records newer than `since`) in one transaction: {type: added}.
+
+    The file must pass files.open_trusted (owned by root, this user or `owners`, writable by no
+    one else; files.Unsafe if not), checked on the opened descriptor.
+    """
+    fd = files.open_trusted(path, owners)
+    try:
+        with tempfile.TemporaryDirectory(prefix="slurmhealth-collect-") as tmp:
+            copy = os.path.join(tmp, "node.db")
+            source = _trusted_source(path, fd, tmp, owners)
+            _checked_copy(source, copy)
+            if source == path:  # SQLite opened the name: the file we checked, still?
+                checked, now = os.fstat(fd), os.stat(path, follow_symlinks=False)
+                if (checked.st_dev, checked.st_ino) != (now.st_dev, now.st_ino):
+                    raise FleetError("replaced while it was read")
+            return _merge_copy(conn, copy, since)
+    finally:
+        os.close(fd)
+
+
+def _merge_copy(conn: sqlite3.Connection, copy: str, since: float | None) -> dict:
+    conn.execute("ATTACH DATABASE ? AS node", (copy,))
+    try:
+        return _merge_attached(conn, since)
+    except sqlite3.Error as exc:
+        raise FleetError(clean(exc, 120)) from None
+    finally:
+        conn.execute("DETACH DATABASE node")
 
 
 def _merge_attached(conn: sqlite3.Connection, since: float | None) -> dict:
@@ -407,7 +466,8 @@ def _same_file(a: str, b: str) -> bool:
 def collect_paths(directory: str) -> list:
     """The files `collect` reads: node stores (`*.db`), then NDJSON spools (`*.ndjson`).
 
-    An export in progress is written as `NAME.ndjson.part` and renamed when complete.
+    An export in progress is a hidden temporary file (`.NAME.ndjson.RANDOM.tmp`), renamed over
+    NAME.ndjson when complete.
     """
     if not os.path.isdir(directory):
         raise FleetError(f"{directory}: not a directory")
@@ -420,11 +480,15 @@ def collect(
     directory: str,
     since: float | None = None,
     progress: Progress = None,
+    owners: Iterable[int] = (),
 ) -> dict:
     """Merge every node store (`*.db`) and NDJSON spool (`*.ndjson`) in a directory.
 
     A file that cannot be read (not a database, damaged, still being copied, a newer schema) is
-    reported and skipped; the rest are merged. Idempotent: collecting again adds nothing.
+    reported and skipped; the rest are merged. So is a file anyone could have forged (the trust
+    model: docs/fleet.md): a symlink, not a regular file, owned by someone else than root, this
+    user or the uids `owners`, or writable by group or others; checked on the opened file.
+    Idempotent: collecting again adds nothing.
     Returns {"merged": [(path, {type: added})], "skipped": [(path, why)], "added": {type: n},
     "imports": [(path, import report)]}.
     """
@@ -433,20 +497,26 @@ def collect(
     report: dict = {"merged": [], "skipped": [], "imports": [], "added": dict.fromkeys(KINDS, 0)}
     for path in paths:
         if not _same_file(path, fleet):
-            _collect_one(conn, path, since, report)
+            _collect_one(conn, path, since, report, owners)
         if progress:
             progress(1)
     return report
 
 
-def _collect_one(conn: sqlite3.Connection, path: str, since: float | None, report: dict) -> None:
+def _collect_one(
+    conn: sqlite3.Connection, path: str, since: float | None, report: dict, owners: Iterable[int]
+) -> None:
     try:
         if path.endswith(".db"):
-            added = merge_store(conn, path, since)
+            added = merge_store(conn, path, since, owners)
         else:
-            result = import_ndjson(conn, path)
+            with os.fdopen(files.open_trusted(path, owners), "rb") as handle:
+                result = import_ndjson(conn, handle)
             report["imports"].append((path, result))
             added = result["added"]
+    except files.Unsafe as exc:
+        report["skipped"].append((path, exc.strerror))
+        return
     except (FleetError, OSError) as exc:
         report["skipped"].append((path, clean(exc, 160)))
         return

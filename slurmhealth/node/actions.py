@@ -42,16 +42,24 @@ def _note(
         log(f"could not record the {action}: {exc}")  # type: ignore[operator]
 
 
-def _history(conn: object, node: str) -> list:
+def _history(conn: object, node: str, log: object) -> list:
+    """Our drains and resumes of the node, for probation; [] when the store cannot say (the
+    drain itself never depends on whether the store could be read)."""
     if conn is None:
         return []
-    return store.drain_history(conn, node)  # type: ignore[arg-type]
+    try:
+        return store.drain_history(conn, node)  # type: ignore[arg-type]
+    except Exception as exc:
+        log(f"could not read the node's drain history, probation unknown: {exc}")  # type: ignore[operator]
+        return []
 
 
-def _reason(message: str, conn: object, node: str, settings: dict, now: float) -> str:
+def _reason(
+    message: str, conn: object, node: str, settings: dict, now: float, log: object
+) -> str:
     """Our reason; on probation it says an admin must resume (we never will)."""
     days = settings["probation_days"]
-    if safety.on_probation([*_history(conn, node), (now, ACT_DRAIN)], now, days):
+    if safety.on_probation([*_history(conn, node, log), (now, ACT_DRAIN)], now, days):
         return slurm.reason(
             f"{PROBATION} an admin must resume (failed within {days:g} d of our resume): {message}"
         )
@@ -85,9 +93,16 @@ def drain(
             return SKIPPED
         fleet = client.nodes()
     except slurm.SlurmError as exc:
-        fleet = None  # cannot count the fleet: a sick node must still be drained
-        log(f"could not read node states: {exc}")  # type: ignore[operator]
-    why = _reason(message, conn, node, settings, now)
+        # Without a fresh count of the fleet the breaker cannot hold, and a fleet-wide fault
+        # (a slow or restarting controller among its signs) is exactly when every node would
+        # drain itself: drain nothing now. The agent keeps the fault pending and acts on it at
+        # the next run that can count.
+        why = _reason(message, conn, node, settings, now, log)
+        detail = f"cannot count the fleet's drains ({exc}); not draining {node} now"
+        log(f"CIRCUIT BREAKER HOLDS: {detail}")  # type: ignore[operator]
+        _note(conn, node, ACT_BREAKER, why, actor, False, f"circuit breaker: {detail}", log)
+        return BREAKER
+    why = _reason(message, conn, node, settings, now, log)
     if fleet:
         recent = slurm.drained_by_us(fleet, now - settings["breaker_window"])
         if not safety.may_drain_more(len(recent), len(fleet), settings["breaker_share"]):

@@ -11,13 +11,73 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
-from slurmhealth.core.constants import ACT_RESET_GPU, BREAKER, HEALTHCHECK, HOOKS
+from slurmhealth.core.constants import (
+    ACT_RESET_GPU,
+    ACT_WOULD_DRAIN,
+    BREAKER,
+    DRAINED,
+    HEALTHCHECK,
+    HOOKS,
+    SKIPPED,
+    WOULD_DRAIN,
+)
 from slurmhealth.core.result import FAIL, OK, RESET_GPU
-from slurmhealth.node import config, runner
+from slurmhealth.node import config, runner, state
 from slurmhealth.node.checks import AREAS
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+DEFAULT_DEADLINE_S = config.SETTINGS["deadline"][0]
+# Each wait for the store's lock on the hook path (another process writing: a concurrent
+# prolog takes ~1-5 ms; an admin's sqlite3 shell or a long prune, minutes). Past it the write
+# is given up (logged with the verdict), so a locked store costs a hook at most a few of these.
+HOOK_BUSY_S = 1.0
+# Kept back from the deadline for what follows the last bounded wait: logging, exiting.
+RESERVE_S = 0.3
+PENDING_CHECK = "slurmhealth.pending"
+SPOOL_SUFFIX = ".unrecorded.ndjson"  # beside the store: runs it could not take, replayed later
+DRAIN_ACTION = "drain"
+
+
+class Deadline:
+    """The whole hook's deadline, enforced by a watchdog thread: whatever blocks (a store lock,
+    a hung NVML call, a stuck nvidia-smi), the process exits by settings.deadline, with the
+    verdict's exit code once it is known (`code`), else 0 (fail open), and says so."""
+
+    def __init__(self, mode: str, seconds: float = DEFAULT_DEADLINE_S) -> None:
+        self.mode = mode
+        self.started = time.monotonic()
+        self.code = EXIT_OK
+        self.summary = "no verdict yet"
+        self.timer: object = None
+        self.limit(seconds)
+
+    def limit(self, seconds: float) -> None:
+        """(Re)arm the watchdog to fire `seconds` after the hook started."""
+        import threading  # noqa: PLC0415 - already imported by the runner
+
+        self.stop()
+        self.ends = self.started + seconds
+        self.seconds = seconds
+        self.timer = threading.Timer(max(0.0, self.ends - time.monotonic()), self._fire)
+        self.timer.daemon = True  # type: ignore[attr-defined]
+        self.timer.start()  # type: ignore[attr-defined]
+
+    def left(self, reserve: float = 0.0) -> float:
+        """Seconds left before the deadline, less `reserve`; never below zero."""
+        return max(0.0, self.ends - time.monotonic() - reserve)
+
+    def stop(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()  # type: ignore[attr-defined]
+
+    def _fire(self) -> None:
+        log(
+            f"deadline of {self.seconds:g} s reached ({self.summary}): exiting {self.code}",
+            self.mode,
+        )
+        _finish(self.code)
 
 CHECK_HELP = """Usage: slurmhealth check [OPTIONS]
 
@@ -114,15 +174,16 @@ def _areas(opts: dict) -> list | None:
     return areas
 
 
-def open_store(path: str, mode: str) -> object:
+def open_store(path: str, mode: str, busy_timeout: float | None = None) -> object:
     """The node store, or None (logged) when it cannot be used: the verdict never depends on it.
 
     A corrupt file is moved aside and a new store started, so history resumes at once.
     """
     from slurmhealth.core import store  # noqa: PLC0415 - sqlite3 only when a store is used
 
+    busy = store.BUSY_TIMEOUT_S if busy_timeout is None else busy_timeout
     try:
-        return store.connect(path)
+        return store.connect(path, busy)
     except store.StoreError as exc:
         if not exc.corrupt:
             log(f"store unusable, verdict stands: {exc}", mode)
@@ -130,7 +191,7 @@ def open_store(path: str, mode: str) -> object:
         aside = store.move_aside(path)
         log(f"store corrupt, moved to {aside}, starting a new one: {exc}", mode)
     try:
-        return store.connect(path)
+        return store.connect(path, busy)
     except store.StoreError as exc:
         log(f"store unusable, verdict stands: {exc}", mode)
         return None
@@ -169,19 +230,56 @@ def load_config(path: str | None, conn: object) -> config.Config:
 
 
 def record(
-    conn: object, run: runner.Run, mode: str, job_id: str | None = None, **kw: object
+    conn: object,
+    run: runner.Run,
+    mode: str,
+    job_id: str | None = None,
+    spool: str = "",
+    **kw: object,
 ) -> None:
-    """Record a run; if the store fails, the run's verdict still goes to syslog."""
+    """Record a run. If the store cannot take it (locked past the busy timeout, unusable), the
+    run goes to the spool beside it, replayed by the next run that can write the store, and its
+    verdict goes to syslog at once: nothing recorded is lost."""
+    records = run.records(job_id)
     if conn is not None:
         from slurmhealth.core import store  # noqa: PLC0415
 
         try:
-            store.record_run(conn, run.records(job_id), **kw)  # type: ignore[arg-type]
+            store.record_run(conn, records, **kw)  # type: ignore[arg-type]
             return
         except store.StoreError as exc:
             log(f"could not record the run, verdict stands: {exc}", mode)
     failing = "; ".join(f"{r.check}: {r.message}" for r in run.results if r.status == FAIL)
     log(f"unrecorded run on {run.node}: {run.verdict} {failing}", mode)
+    if spool:
+        try:
+            state.spool(spool, {"records": records, "kw": kw})
+        except OSError as exc:
+            log(f"could not spool the run either: {exc}", mode)
+
+
+def replay_spool(conn: object, spool: str, mode: str) -> None:
+    """Record the runs earlier runs could not, oldest first; on a failure, spool the rest
+    again (the store is busy again: the next run tries)."""
+    if conn is None or not spool or not os.path.exists(spool):
+        return
+    from slurmhealth.core import store  # noqa: PLC0415
+
+    entries, taken = state.take_spool(spool)
+    for n, entry in enumerate(entries):
+        kw = entry.get("kw") if isinstance(entry.get("kw"), dict) else {}
+        try:
+            store.record_run(conn, entry["records"], **kw)  # type: ignore[arg-type]
+        except (store.StoreError, KeyError, TypeError) as exc:
+            log(f"could not replay spooled runs, kept for the next run: {exc}", mode)
+            for rest in entries[n:]:
+                try:
+                    state.spool(spool, rest)
+                except OSError:
+                    return  # the taken file stays: nothing is deleted unrecorded
+            break
+    if taken:
+        os.unlink(taken)
 
 
 def format_table(run: runner.Run) -> str:
@@ -199,6 +297,7 @@ def check(argv: list) -> int:
         print(CHECK_HELP, end="")
         return EXIT_OK
     areas = _areas(opts)
+    _named_paths_exist(opts)
     node = node_name(_one(opts, "--node"))
     conn = None
     if not opts.get("--no-db"):
@@ -206,12 +305,9 @@ def check(argv: list) -> int:
 
         path = _one(opts, "--db") or store.default_path(node)
         conn = open_store(path, "check")
+        replay_spool(conn, path + SPOOL_SUFFIX, "check")
     expect = load_config(_one(opts, "--config"), conn).for_node(node)
-    baselines = {}
-    if conn is not None:
-        from slurmhealth.core import store  # noqa: PLC0415
-
-        baselines = store.load_baselines(conn, node)  # type: ignore[arg-type]
+    baselines = _baselines(conn, node, "", "check")
     options = runner.Options(
         gpu_source=_one(opts, "--gpu-source", "nvml") or "nvml",
         sysfs_root=_one(opts, "--sysfs-root"),
@@ -220,10 +316,32 @@ def check(argv: list) -> int:
     )
     run = runner.run(node, expect, options, areas, "check", baselines)
     if not opts.get("--no-db"):
-        record(conn, run, "check")
+        record(conn, run, "check", spool=path + SPOOL_SUFFIX)
     write_metrics(_one(opts, "--metrics-file"), run, None, "check")
-    print(json.dumps(run.to_dict(), indent=1) if opts.get("--json") else format_table(run))
-    return EXIT_FAIL if run.verdict == FAIL else EXIT_OK
+    code = EXIT_FAIL if run.verdict == FAIL else EXIT_OK
+    try:
+        print(json.dumps(run.to_dict(), indent=1) if opts.get("--json") else format_table(run))
+        sys.stdout.flush()
+    except BrokenPipeError:  # `check --json | head -1`: the reader has all it wanted
+        _silence_stdout()
+    return code
+
+
+def _named_paths_exist(opts: dict) -> None:
+    """A path the admin names must exist: a typo must not read as "no InfiniBand, no Xids"."""
+    root, kmsg = _one(opts, "--sysfs-root"), _one(opts, "--kmsg")
+    if root is not None and not os.path.isdir(root):
+        raise UsageError(f"--sysfs-root {root}: no such directory")
+    if kmsg is not None and not os.path.exists(kmsg):
+        raise UsageError(f"--kmsg {kmsg}: no such file")
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the final flush cannot fail again (like other Unix tools,
+    a closed pipe ends the output quietly)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 # --- the hooks: prolog, epilog, healthcheck -------------------------------------------------
@@ -260,18 +378,21 @@ def _failure_message(run: runner.Run) -> str:
     return failing[0].message + more if failing else ""
 
 
-def drain(node: str, message: str, settings: dict, conn: object, mode: str) -> str:
-    """Drain through actions.drain (owned reasons, breaker, probation, recorded).
-
-    Failure path only. All Slurm calls together (look at the node, count the fleet's drains,
-    drain) share one budget of settings.drain_timeout: slurmd is never held past it.
-    """
+def slurm_client(settings: dict, clock: Deadline) -> object:
+    """Slurm for the failure path: each call bounded by settings.drain_timeout (a slow
+    controller answers each in time), all of them together by what is left of the run's
+    deadline (slurmd is never held past it)."""
     from slurmhealth.core import slurm  # noqa: PLC0415
+
+    return slurm.Slurm(settings["slurm_bin"], settings["drain_timeout"], clock.left(RESERVE_S))
+
+
+def drain(node: str, message: str, settings: dict, conn: object, mode: str, clock: Deadline) -> str:
+    """Drain through actions.drain (owned reasons, breaker, probation, recorded). Failure path
+    only."""
     from slurmhealth.node import actions  # noqa: PLC0415
 
-    client = slurm.Slurm(
-        settings["slurm_bin"], settings["drain_timeout"], settings["drain_timeout"]
-    )
+    client = slurm_client(settings, clock)
     return actions.drain(
         client,
         node,
@@ -284,16 +405,15 @@ def drain(node: str, message: str, settings: dict, conn: object, mode: str) -> s
     )
 
 
-def maybe_resume(node: str, settings: dict, conn: object) -> None:
+def maybe_resume(node: str, settings: dict, conn: object, clock: Deadline) -> None:
     """Resume our own drain after `resume_after` consecutive passing health checks."""
-    from slurmhealth.core import slurm  # noqa: PLC0415
     from slurmhealth.node import actions  # noqa: PLC0415
 
-    client = slurm.Slurm(settings["slurm_bin"], settings["drain_timeout"])
+    client = slurm_client(settings, clock)
     actions.resume_if_due(client, node, settings, conn, lambda text: log(text, HEALTHCHECK))
 
 
-def reset_gpus(node: str, indexes: list, settings: dict, conn: object) -> list:
+def reset_gpus(node: str, indexes: list, settings: dict, conn: object, clock: Deadline) -> list:
     """Reset each GPU with nvidia-smi (epilog, GPU idle); returns those whose reset failed."""
     import subprocess  # noqa: PLC0415 - rare path
 
@@ -303,7 +423,8 @@ def reset_gpus(node: str, indexes: list, settings: dict, conn: object) -> list:
     for index in indexes:
         argv = [settings["nvidia_smi"], "-r", "-i", str(index)]
         try:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+            limit = max(0.1, min(60.0, clock.left(RESERVE_S)))
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=limit, check=False)
             ok, detail = proc.returncode == 0, (proc.stdout + proc.stderr).strip()[:200]
         except (OSError, subprocess.TimeoutExpired) as exc:
             ok, detail = False, str(exc)
@@ -342,6 +463,9 @@ def _hook_config(conn: object, node: str, mode: str) -> dict:
     try:
         return load_config(None, conn).for_node(node)
     except config.ConfigError as exc:
+        if exc.usable is not None:  # only some values are unusable: their defaults apply
+            log(f"config values unusable, running with their defaults: {exc}", mode)
+            return exc.usable.for_node(node)
         log(f"config broken, running with built-in defaults: {exc}", mode)
         return config.defaults()
 
@@ -397,33 +521,51 @@ def _job_state(conn: object, node: str, job_id: str) -> str | None:
         return None
 
 
-def hook(mode: str) -> int:
+def hook(mode: str, clock: Deadline) -> int:
     """Prolog, epilog or health check: gate, record, drain on fail. Exit 1 only on a failing
-    check (slurmd then requeues the job / drains the node)."""
+    check (slurmd then requeues the job / drains the node).
+
+    Order matters: the kernel-log position and a fault to act on are saved in the side state
+    (node/state.py) before the store is written or Slurm is called, so neither a locked or lost
+    store nor a failed drain can lose them; a pending fault is acted on again by every run
+    until a drain lands."""
     from slurmhealth.core import store  # noqa: PLC0415
 
     node = node_name()
-    job = job_env(dict(os.environ)) if mode != "healthcheck" else {"id": "", "gpus": None}
-    conn = open_store(store.default_path(node), mode)
+    job = job_env(dict(os.environ)) if mode != HEALTHCHECK else {"id": "", "gpus": None}
+    side_path = state.path_for(store.state_dir(), node)
+    side = state.load(side_path)
+    conn = open_store(store.default_path(node), mode, HOOK_BUSY_S)
     expect = _hook_config(conn, node, mode)
     settings = expect["settings"]
+    clock.limit(settings["deadline"])
+    monitor = bool(settings.get("monitor_only"))
     baselines = _baselines(conn, node, job["id"], mode)
     options = runner.Options(
         gpu_source=settings["gpu_source"],
         sysfs_root=settings["sysfs_root"],
         kmsg=settings["kmsg"],
-        kmsg_after=baselines.get("xid"),
+        kmsg_after=_kmsg_after(side, baselines),
     )
-    run = runner.run(node, expect, options, None, mode, baselines, job["gpus"])
+    spool = store.default_path(node) + SPOOL_SUFFIX
+    replay_spool(conn, spool, mode)
+    run = runner.run(node, expect, options, None, mode, baselines, job["gpus"], clock.left())
+    pending = None if monitor else state.pending(side)
+    if pending and not any(r.message == pending["message"] for r in run.results):
+        run.carry(_pending_result(pending))
+    clock.code = EXIT_FAIL if run.verdict == FAIL and not monitor else EXIT_OK
+    message = _failure_message(run)
+    clock.summary = f"verdict {run.verdict}" + (f": {message}" if message else "")
+    _save_side(side_path, side, run, "" if monitor else message, pending, mode)
     record(
         conn,
         run,
         mode,
         job_id=job["id"] or None,
+        spool=spool,
         job=_job_columns(mode, job, run, conn),
         job_baselines=mode == "prolog",
     )
-    message = _failure_message(run)
     if mode == "epilog":
         if conn is not None and job["id"]:
             try:
@@ -431,23 +573,105 @@ def hook(mode: str) -> int:
                 store.forget_job_baselines(conn, node, job["id"])  # type: ignore[arg-type]
             except Exception as exc:
                 log(f"could not attribute the job's Xids: {exc}", mode)
-        message = message or _epilog_reset(node, run, settings, conn)
-    outcome = drain(node, message, settings, conn, mode) if message else None
+        if not message:
+            message = _epilog_reset(node, run, settings, conn, monitor, clock)
+            if message and not monitor:
+                _save_side(side_path, side, run, message, pending, mode)
+    if monitor:
+        _would(node, message, conn, mode)
+        write_metrics(metrics_path(settings), run, WOULD_DRAIN if message else None, mode)
+        return EXIT_OK  # monitor-only: everything recorded, nothing enforced
+    outcome = drain(node, message, settings, conn, mode, clock) if message else None
+    if outcome in (DRAINED, SKIPPED) and (pending or message):
+        _save_side(side_path, side, run, "", None, mode)  # acted on: nothing pending
     write_metrics(metrics_path(settings), run, outcome, mode)
     if outcome == BREAKER:
+        clock.code = EXIT_OK
         return EXIT_OK  # the breaker is open: fail open, loudly (drain() logged and recorded it)
-    if not message and mode == "healthcheck":
-        maybe_resume(node, settings, conn)
+    if not message and mode == HEALTHCHECK:
+        maybe_resume(node, settings, conn, clock)
     return EXIT_FAIL if run.verdict == FAIL else EXIT_OK
 
 
-def _epilog_reset(node: str, run: runner.Run, settings: dict, conn: object) -> str:
-    """Reset idle GPUs that need it when allowed; otherwise (or if that fails) a drain reason."""
+def _kmsg_after(side: dict, baselines: dict) -> dict | None:
+    """Where to resume reading the kernel log: the later of the side state's position and the
+    store's baseline on the same boot (either may lag: a store lost or locked, a run killed
+    between its two writes)."""
+    saved, stored = state.kmsg_position(side), baselines.get("xid")
+    if not isinstance(stored, dict) or not isinstance(stored.get("seq"), int):
+        return saved
+    if saved is None or saved.get("boot_id") != stored.get("boot_id"):
+        return saved or stored
+    return saved if saved["seq"] >= stored["seq"] else stored
+
+
+def _pending_result(pending: dict) -> object:
+    from slurmhealth.core.result import fail  # noqa: PLC0415
+
+    since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(pending.get("since") or 0))
+    result = fail(
+        f"{pending['message']} (pending since {since}: not yet acted on)",
+        {"pending": pending},
+        DRAIN_ACTION,
+    )
+    result.check = PENDING_CHECK
+    return result
+
+
+def _save_side(
+    path: str, side: dict, run: runner.Run, message: str, pending: dict | None, mode: str
+) -> None:
+    """The kernel-log position this run read up to, and the fault to act on (or none)."""
+    doc = dict(side)
+    position = run.baselines.get("xid")
+    if isinstance(position, dict) and isinstance(position.get("seq"), int):
+        doc["kmsg"] = {"seq": position["seq"], "boot_id": position.get("boot_id")}
+    if message:
+        first = pending["message"] if pending else _first_message(message)
+        since = pending.get("since") if pending else run.started
+        doc["pending"] = {"message": first, "since": since, "phase": mode}
+    else:
+        doc.pop("pending", None)
+    if doc == side:
+        return
+    try:
+        state.save(path, doc)
+        side.clear()
+        side.update(doc)
+    except OSError as exc:
+        log(f"could not save the node's side state {path}: {exc}", mode)
+
+
+def _first_message(message: str) -> str:
+    """A pending fault keeps its own words, not the `(pending since...)` of a carried one."""
+    return message.split(" (pending since ", 1)[0]
+
+
+def _would(node: str, message: str, conn: object, mode: str) -> None:
+    """Monitor-only: say and record what enforcing would have done."""
+    if not message:
+        return
+    from slurmhealth.core import slurm, store  # noqa: PLC0415
+
+    why = slurm.reason(message)
+    log(f"monitor-only: would drain {node}: {why}", mode)
+    if conn is not None:
+        try:
+            store.record_action(conn, node, ACT_WOULD_DRAIN, why, f"slurmhealth {mode}")  # type: ignore[arg-type]
+        except store.StoreError as exc:
+            log(f"could not record the would-be drain: {exc}", mode)
+
+
+def _epilog_reset(
+    node: str, run: runner.Run, settings: dict, conn: object, monitor: bool, clock: Deadline
+) -> str:
+    """Reset idle GPUs that need it when allowed; otherwise (or if that fails) a drain reason.
+    Monitor-only resets nothing: the reason is reported as a would-be drain."""
     indexes = run.resets
     if not indexes:
         return ""
-    if settings["reset_gpus"]:
-        indexes = reset_gpus(node, indexes, settings, conn)
+    if settings["reset_gpus"] and not monitor:
+        indexes = reset_gpus(node, indexes, settings, conn, clock)
         if not indexes:
             return ""
     needing = [r.message for r in run.results if r.action == RESET_GPU and r.status != OK]
@@ -456,8 +680,11 @@ def _epilog_reset(node: str, run: runner.Run, settings: dict, conn: object) -> s
 
 def _finish(code: int) -> None:
     """Exit now: a gather thread stuck in a C call (hung NVML) must not hold the process."""
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: nothing more to say there
+            pass
     os._exit(code)
 
 
@@ -495,13 +722,19 @@ def run_hook(mode: str, argv: list) -> int:
             return EXIT_OK
         print(f"slurmhealth: error: {mode} takes no arguments (got {argv[0]!r})", file=sys.stderr)
         return EXIT_USAGE
+    clock = Deadline(mode)
     try:
-        return hook(mode)
+        return hook(mode, clock)
     except Exception:  # our bug is not the node's fault: fail open, loudly
         import traceback  # noqa: PLC0415
 
-        log(f"internal error, job not gated: {traceback.format_exc()}", mode)
-        return EXIT_OK
+        # ...unless the checks already failed: a bug after the verdict must not let a sick
+        # node take the job (clock.code is the verdict's exit code once it is known).
+        what = "job refused: the checks had failed" if clock.code else "job not gated"
+        log(f"internal error, {what}: {traceback.format_exc()}", mode)
+        return clock.code
+    finally:
+        clock.stop()
 
 
 def main(argv: list) -> None:

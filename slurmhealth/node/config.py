@@ -17,6 +17,7 @@ is read.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 
@@ -41,6 +42,12 @@ SETTINGS = {
     "breaker_window": (3600.0, float, "circuit breaker window, seconds (any automatic drain)"),
     "probation_days": (7.0, float, "a node we resumed that fails within this many days stays out"),
     "reset_gpus": (False, bool, "epilog resets an idle GPU that needs it, instead of draining"),
+    "monitor_only": (
+        False,
+        bool,
+        "record every verdict and the drain it would make, enforce nothing: no drain, reset or "
+        "resume, hooks exit 0 (watch a week, then enforce)",
+    ),
     "nvidia_smi": ("/usr/bin/nvidia-smi", str, "nvidia-smi used for GPU resets"),
     "metrics_file": (
         "",
@@ -51,9 +58,93 @@ SETTINGS = {
 }
 SEVERITIES = ("warn", "fail")
 
+MOST_SECONDS = 86400.0  # longest deadline or timeout: a day (threading overflows near 1e10 s)
+
+
+def _finite(value: object) -> bool:
+    return not isinstance(value, float) or math.isfinite(value)
+
+
+def _xid_number(value: object) -> bool:
+    """An Xid as checks/xid.py reads it: 79, or "79" (TOML table keys are strings)."""
+    if isinstance(value, str):
+        return re.fullmatch(r"\s*[0-9]+\s*", value) is not None
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+_SECONDS = (
+    lambda v: _finite(v) and 0 < v <= MOST_SECONDS,
+    f"must be > 0 and at most {MOST_SECONDS:g} seconds",
+)
+_AT_LEAST_0 = (lambda v: _finite(v) and v >= 0, "must be >= 0")
+_AT_LEAST_1 = (lambda v: v >= 1, "must be >= 1 (at 0 every run would trip it)")
+_XID_CLASSES = AREAS["xid"].CLASSES  # app, warn, fail, ignore
+
+# Value constraints beyond the type, by "section.key": (test, why). The test sees a value of the
+# key's type; a value failing it is unusable: `config validate` and `check` reject it (FILE:LINE:
+# key: why), and a hook runs with the key's default instead (ConfigError.usable). Every numeric
+# key has one (tests/node/test_config.py): counts >= 0, seconds > 0 and finite, shares in [0, 1].
+BOUNDS: dict = {
+    **{f"settings.{k}": _SECONDS for k in ("deadline", "timeout_gpu", "timeout_ib")},
+    **{f"settings.{k}": _SECONDS for k in ("timeout_kmsg", "drain_timeout")},
+    "settings.resume_after": _AT_LEAST_0,  # 0 acts as 1 (node/actions.py)
+    "settings.breaker_share": (
+        lambda v: _finite(v) and 0 <= v <= 1,
+        "must be a share of the fleet from 0 to 1",
+    ),
+    "settings.breaker_window": (lambda v: _finite(v) and v > 0, "must be > 0 seconds, finite"),
+    "settings.probation_days": _AT_LEAST_0,
+    **{f"gpu.{k}": _AT_LEAST_0 for k in ("count", "pcie_gen", "pcie_width")},
+    "gpu.clock_event_mask": (lambda v: 0 <= v < 1 << 64, "must be a 64-bit mask (0 to 2^64-1)"),
+    "gpu.sbe_warn": _AT_LEAST_1,
+    "nvlink.links_per_gpu": _AT_LEAST_0,
+    "ib.rate": _AT_LEAST_0,
+    **{  # counter-delta thresholds: a delta at or above one warns or fails
+        f"{area}.{k}": _AT_LEAST_1
+        for area in ("nvlink", "ib")
+        for k in AREAS[area].DEFAULTS
+        if k.endswith(("_warn", "_fail"))
+    },
+    "ib.devices": (
+        lambda v: all(isinstance(e, str) and e.strip() for e in v),
+        "must be a list of HCA names (strings, as mlx5_0)",
+    ),
+    "ib.ports": (
+        lambda v: all(isinstance(e, str) and re.fullmatch(r"[^:\s]+:[0-9]+", e) for e in v),
+        "must be a list of ports as HCA:PORT strings (mlx5_0:1)",
+    ),
+    "xid.app": (lambda v: all(_xid_number(e) for e in v), "must be a list of Xid numbers"),
+    "xid.severity": (
+        lambda v: all(_xid_number(k) and c in _XID_CLASSES for k, c in v.items()),
+        'must map Xid numbers to app, warn, fail or ignore ({ 94 = "warn" })',
+    ),
+    "xid.unknown": (lambda v: v in ("warn", "fail", "ignore"), "must be warn, fail or ignore"),
+    "xid.dedup_s": _AT_LEAST_0,
+}
+
+
+def value_problem(section: str, key: str, value: object) -> str | None:
+    """Why a value of a known key is unusable (wrong type or out of bounds), else None."""
+    kind = _schema(section)[key][1]
+    if not _type_ok(value, kind):
+        return f"must be {kind.__name__}, not {value!r}"
+    test, why = BOUNDS.get(f"{section}.{key}", (None, ""))
+    if test is not None and not test(value):
+        return f"{why}, not {value!r}"
+    return None
+
 
 class ConfigError(Exception):
-    """A config the user wrote that cannot be used: message names the file and line."""
+    """A config the user wrote that cannot be used: message names the file and line.
+
+    `usable`: when the only problems are unusable values of known keys (wrong type, out of
+    bounds), the config without those values, so their defaults apply (what a hook runs with);
+    otherwise None (the file cannot be read, or a section, key, check or pattern is wrong).
+    """
+
+    def __init__(self, message: str, usable: Config | None = None) -> None:
+        super().__init__(message)
+        self.usable = usable
 
 
 def defaults() -> dict:
@@ -93,6 +184,23 @@ def _line_of(text: str, key: str) -> int:
         if pattern.search(line.split("#", 1)[0]):
             return number
     return 0
+
+
+def _value_line(text: str, key: str, value: object) -> int:
+    """Line of the `key = value` that reads as `value` (a key set at the top and again in a
+    [[node]] block has several); else _line_of's first line of the key."""
+    pattern = re.compile(r"(^|[\s.\[\"])" + re.escape(key) + r"\"?\s*=(.*)$")
+    for number, line in enumerate(text.splitlines(), 1):
+        found = pattern.search(line)
+        if not found or "#" in line[: found.start()]:
+            continue
+        try:
+            read = _toml_loads("v =" + found.group(2))["v"]
+        except ValueError:  # a multi-line array, an inline table: no better guess
+            continue
+        if repr(read) == repr(value):
+            return number
+    return _line_of(text, key)
 
 
 class Config:
@@ -135,13 +243,41 @@ def _check_section(section: str, values: object, where: str, text: str) -> list[
     errors = []
     schema = _schema(section)
     for key, value in values.items():
-        line = _line_of(text, key)
         if key not in schema:
-            errors.append(f"{where}:{line}: unknown key {section}.{key}")
-        elif not _type_ok(value, schema[key][1]):
+            errors.append(f"{where}:{_line_of(text, key)}: unknown key {section}.{key}")
+            continue
+        why = value_problem(section, key, value)
+        if why is None:
+            continue
+        line = _value_line(text, key, value)
+        if not _type_ok(value, schema[key][1]):
             want = schema[key][1].__name__
             errors.append(f"{where}:{line}: {section}.{key} must be {want}, not {value!r}")
+        else:
+            errors.append(f"{where}:{line}: {section}.{key}: {why}")
     return errors
+
+
+def _drop_unusable(data: dict) -> dict:
+    """The parsed file without the values value_problem rejects, in [[node]] blocks too."""
+
+    def layer(values: dict) -> dict:
+        out = dict(values)
+        for section, table in values.items():
+            if (section in AREAS or section == "settings") and isinstance(table, dict):
+                schema = _schema(section)
+                out[section] = {
+                    k: v
+                    for k, v in table.items()
+                    if k not in schema or value_problem(section, k, v) is None
+                }
+        return out
+
+    blocks = data.get("node")
+    out = layer(data)
+    if isinstance(blocks, list):
+        out["node"] = [layer(b) if isinstance(b, dict) else b for b in blocks]
+    return out
 
 
 def _check_overrides(values: object, where: str, text: str) -> list[str]:
@@ -170,8 +306,11 @@ def _check_nodes(blocks: object, where: str, text: str) -> list[str]:
         return [f"{where}:{_line_of(text, 'node')}: node must be an array of tables [[node]]"]
     errors = []
     for block in blocks:
-        pattern = block.get("match")
         line = _line_of(text, "match")
+        if not isinstance(block, dict):
+            errors.append(f"{where}:{_line_of(text, 'node')}: node must be an array of tables")
+            continue
+        pattern = block.get("match")
         if not isinstance(pattern, str):
             errors.append(f'{where}:{line}: every [[node]] needs match = "pattern"')
             continue
@@ -205,7 +344,8 @@ def _toml_loads(text: str) -> dict:
 
 
 def parse(text: str, where: str = "<config>") -> dict:
-    """TOML text -> validated data; ConfigError with `file:line: message` lines."""
+    """TOML text -> validated data; ConfigError with `file:line: message` lines (and, when
+    only values were unusable, `usable`: the config with their defaults, see ConfigError)."""
     try:
         data = _toml_loads(text)
     except ValueError as exc:  # TOMLDecodeError: "... (at line 3, column 7)"
@@ -214,7 +354,9 @@ def parse(text: str, where: str = "<config>") -> dict:
         raise ConfigError(f"{where}:{line}: {exc}") from None
     errors = validate(data, where, text)
     if errors:
-        raise ConfigError("\n".join(errors))
+        usable = _drop_unusable(data)
+        salvaged = None if validate(usable, where, text) else Config(usable, where)
+        raise ConfigError("\n".join(errors), salvaged)
     return data
 
 
@@ -269,13 +411,23 @@ def example_text() -> str:
 
 
 def resolve_path(path: str | None) -> str | None:
-    """--config, then SLURMHEALTH_CONFIG, then the default path if it exists."""
-    if path:
-        return path
-    env = os.environ.get("SLURMHEALTH_CONFIG")
-    if env:
-        return env
-    return DEFAULT_PATH if os.path.exists(DEFAULT_PATH) else None
+    """--config, then SLURMHEALTH_CONFIG, then the default path if it exists.
+
+    A config someone other than root could have written (group- or world-writable, another
+    owner, a symlink, in a directory others can write) is refused: it decides what drains a
+    node and which programs run as root. ConfigError, so the hooks run with built-in defaults,
+    loudly, and `check` or `config validate` say why."""
+    chosen = path or os.environ.get("SLURMHEALTH_CONFIG")
+    if not chosen:
+        chosen = DEFAULT_PATH if os.path.exists(DEFAULT_PATH) else None
+    if chosen is None:
+        return None
+    from slurmhealth.core import files  # noqa: PLC0415
+
+    why = files.trusted(chosen)
+    if why:
+        raise ConfigError(f"{chosen}: not trusted: {why}")
+    return chosen
 
 
 def load(path: str | None) -> Config:

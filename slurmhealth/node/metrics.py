@@ -310,26 +310,13 @@ def _read(path: str) -> str:
 
 
 def write_atomic(path: str, text: str) -> None:
-    """Write a temporary file beside `path` (node_exporter reads only *.prom), mode 0644, and
-    rename it over `path`. No fsync: after a crash the next run rewrites the file anyway."""
-    directory, base = os.path.split(path)
-    tmp = os.path.join(directory, f".{base}.{os.getpid()}.tmp")
-    try:
-        os.unlink(tmp)  # a crashed writer's leftover with our pid
-    except FileNotFoundError:
-        pass
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    try:
-        os.fchmod(fd, 0o644)  # whatever the umask: node_exporter runs as its own user
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """Write an exclusive temporary file beside `path` (`.NAME.RANDOM.tmp`: node_exporter reads
+    only *.prom), mode 0644 from its first byte whatever the umask (node_exporter runs as its
+    own user), and rename it over `path`; a symlink at `path` is refused (files.Unsafe, an
+    OSError), never followed. No fsync: after a crash the next run rewrites the file anyway."""
+    from slurmhealth.core import files  # noqa: PLC0415
+
+    files.write_private(path, text, mode=0o644)
 
 
 def _lock(path: str) -> int | None:

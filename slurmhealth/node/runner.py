@@ -58,7 +58,7 @@ def _replayed(doc: dict, source: str) -> Gathered:
     state = (doc.get("sources") or {}).get(source) or {}
     status = state.get("status", "ok")
     if status != "ok":
-        return Gathered(status, None, state.get("message", ""), state.get("seconds", 0))
+        return Gathered(status, doc.get(source), state.get("message", ""), state.get("seconds", 0))
     if doc.get(source) is None:
         return Gathered("unavailable", None, "not in the snapshot")
     return Gathered("ok", doc[source])
@@ -71,7 +71,8 @@ def _plan(wanted: set, options: Options) -> dict:
         doc = load_snapshot(options.gpu_source)
     plan: dict = {}
     for source in wanted:
-        explicit = {"ib": options.sysfs_root, "kmsg": options.kmsg}.get(source)
+        path = {"ib": options.sysfs_root, "kmsg": options.kmsg}.get(source)
+        explicit = path not in (None, "", sources.DEFAULT_PATHS.get(source))
         if doc is not None and not explicit:
             plan[source] = _replayed(doc, source)
         else:
@@ -84,7 +85,7 @@ def _worker(func: object, box: list) -> None:
     try:
         box.append(Gathered("ok", func(), seconds=time.perf_counter() - started))  # type: ignore[operator]
     except SourceUnavailable as exc:
-        box.append(Gathered("unavailable", None, str(exc), time.perf_counter() - started))
+        box.append(Gathered("unavailable", exc.found, str(exc), time.perf_counter() - started))
     except OSError as exc:
         message = f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc)
         box.append(Gathered("unavailable", None, message, time.perf_counter() - started))
@@ -133,8 +134,15 @@ class Run:
         self.verdict = OK
         self.record_versions = True  # False: unchanged since recorded (VERSIONS_EVERY)
         self.hung = False
+        self._error_fails = False
         self.started = time.time()
         self.duration = 0.0
+
+    def carry(self, result: Result) -> None:
+        """Add a result that is not a check of this run (a fault still pending from an earlier
+        one), and judge the verdict again."""
+        self.results.append(result)
+        self.verdict = verdict(self.results, self._error_fails)
 
     def records(self, job_id: str | None = None) -> dict:
         """The run as the store records it (core/store.py record_run). Only what is not ok is
@@ -206,7 +214,7 @@ def _source_results(area: str, got: Gathered, expect: dict) -> list:
         first = fail(f"{AREAS[area].SOURCE} {got.message}", got.to_dict(), "drain")
     elif got.status == "error":
         first = Result(ERROR, what, got.to_dict())
-    elif AREAS[area].expected(expect):
+    elif AREAS[area].expected(expect, got.raw):
         first = fail(what, got.to_dict(), "drain")
     else:
         first = skip(what, got.to_dict())
@@ -306,15 +314,19 @@ def run(
     phase: str = "check",
     baselines: dict | None = None,
     job_gpus: list | None = None,
+    deadline: float | None = None,
 ) -> Run:
-    """One full run: gather, check, verdict. Never raises for a node's state."""
+    """One full run: gather, check, verdict. Never raises for a node's state. `deadline`: the
+    seconds the gathers may take at most (default settings.deadline; the hooks pass what is
+    left of theirs)."""
     started = time.perf_counter()
     out = Run(node, phase)
     areas = [a for a in AREAS if areas is None or a in areas]
     settings = expect["settings"]
     timeouts = {s: settings[f"timeout_{s}"] for s in SOURCES}
     needed = {AREAS[a].SOURCE for a in areas}
-    out.sources, out.hung = gather(needed, options, timeouts, settings["deadline"])
+    limit = settings["deadline"] if deadline is None else min(deadline, settings["deadline"])
+    out.sources, out.hung = gather(needed, options, timeouts, limit)
     baselines = baselines or {}
     gpus = _bus_map(out.sources, baselines)
     for area in areas:
@@ -339,7 +351,8 @@ def run(
     out.record_versions, kept = _versions_due(out.sources, before, out.started)
     if kept:
         out.baselines["versions"] = kept
-    out.verdict = verdict(out.results, settings["error_fails"])
+    out._error_fails = settings["error_fails"]
+    out.verdict = verdict(out.results, out._error_fails)
     out.duration = time.perf_counter() - started
     return out
 

@@ -19,7 +19,14 @@ from typing import Optional
 
 from slurmhealth import __version__
 from slurmhealth.core import slurm, timespec
-from slurmhealth.core.constants import ACT_BREAKER, ACT_DRAIN, ACT_RESUME, LEMON, PREFIX
+from slurmhealth.core.constants import (
+    ACT_BREAKER,
+    ACT_DRAIN,
+    ACT_RESUME,
+    ACT_WOULD_DRAIN,
+    LEMON,
+    PREFIX,
+)
 from slurmhealth.core.result import clean
 from slurmhealth.fleet import policy, queries, signals
 
@@ -130,7 +137,7 @@ def fleet_summary(states: list, source: str) -> dict:
 def period_actions(conn: sqlite3.Connection, start: float, end: float) -> dict:
     """Drains, resumes, breaker refusals and failed actions in the period, newest first."""
     rows = queries.actions_between(conn, start, end)
-    counts = {ACT_DRAIN: 0, ACT_RESUME: 0, ACT_BREAKER: 0, "failed": 0}
+    counts = {ACT_DRAIN: 0, ACT_RESUME: 0, ACT_BREAKER: 0, "failed": 0, ACT_WOULD_DRAIN: 0}
     for _, _, action, _, _, ok, _ in rows:
         if action == ACT_BREAKER:
             counts[ACT_BREAKER] += 1

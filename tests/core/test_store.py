@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import sqlite3
 import subprocess
 import sys
+import time
 
-from conftest import snapshot_path, store_at_version
+import pytest
+from conftest import run_cli, snapshot_path, store_at_version
 
 from slurmhealth.core import store
 from slurmhealth.node import config, runner
@@ -128,3 +132,84 @@ def test_a_version_3_store_gains_the_published_table_and_keeps_its_jobs(db):
     plan = conn.execute("EXPLAIN QUERY PLAN SELECT job_id FROM jobs WHERE end >= 1").fetchall()
     assert "jobs_end" in str(plan)
     assert conn.execute("SELECT job_id, end FROM jobs").fetchall() == [("7", 1.5)]
+
+
+# --- a store damaged past its header: opens fine, fails later, reported corrupt ----------------
+
+
+def damaged_past_the_header(db: str) -> None:
+    """A real store with many rows whose every page but the first (the header and the schema)
+    is overwritten with garbage, as a torn write or a bad disk leaves it."""
+    conn = store.connect(db)
+    store.record_run(conn, a_run().records("41"))
+    for i in range(2000):
+        store.record_action(conn, f"gpu{i % 50:02d}", "drain", f"reason {i} " * 5, "me")
+    page = conn.execute("PRAGMA page_size").fetchone()[0]
+    conn.close()  # the last connection checkpoints the WAL into the file
+    size = os.path.getsize(db)
+    assert size > 20 * page and not os.path.exists(db + "-wal")
+    with open(db, "r+b") as f:
+        f.seek(page)
+        f.write((bytes(range(256)) * (size // 256 + 1))[: size - page])
+
+
+def test_a_store_damaged_past_its_header_is_corrupt_at_the_first_read_or_write(db):
+    damaged_past_the_header(db)
+    conn = store.connect(db)  # the header is fine: opening says nothing
+    calls = {
+        "record_run": lambda: store.record_run(conn, a_run().records("42")),
+        "record_action": lambda: store.record_action(conn, "gpu01", "drain", "why", "me"),
+        "load_baselines": lambda: store.load_baselines(conn, "gpu01"),
+        "recent_verdicts": lambda: store.recent_verdicts(conn, "gpu01", "healthcheck", 0, 5),
+        "last_action": lambda: store.last_action(conn, "gpu01", "drain"),
+        "drain_history": lambda: store.drain_history(conn, "gpu01"),
+        "prune": lambda: store.prune(conn, time.time(), dry_run=True),
+    }
+    for name, call in calls.items():
+        with pytest.raises(store.StoreError) as caught:
+            call()
+        assert caught.value.corrupt, name
+        assert "malformed" in str(caught.value) and "\n" not in str(caught.value), name
+    conn.close()
+    aside = store.move_aside(db)  # what the agent does with a corrupt StoreError
+    assert os.path.exists(aside) and not os.path.exists(db)
+    fresh = store.connect(db)
+    assert store.record_run(fresh, a_run().records("43"))
+
+
+def test_a_store_error_that_is_not_damage_is_not_corrupt(db):
+    store.connect(db).close()
+    readonly = sqlite3.connect(f"file:{db}?mode=ro", uri=True, isolation_level=None)
+    with pytest.raises(store.StoreError) as caught:
+        store.record_action(readonly, "gpu01", "drain", "why", "me")
+    assert not caught.value.corrupt and "readonly" in str(caught.value)
+
+
+def test_the_admin_commands_say_a_damaged_store_in_one_line(db):
+    damaged_past_the_header(db)
+    for args in (
+        ["history"],
+        ["prune", "--older-than", "90d"],
+        ["prune", "--older-than", "1d", "--dry-run"],
+    ):
+        proc = run_cli(*args, "--db", db)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stderr.splitlines() == [f"Error: {db}: database disk image is malformed"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="lead: node/agent.py must store.move_aside() on a corrupt StoreError after connect",
+)
+def test_a_check_moves_a_store_damaged_past_its_header_aside(db):
+    """The agent's side: the first run that meets the damage moves the file aside and records
+    into a fresh store; no later run logs "malformed" again."""
+    damaged_past_the_header(db)
+    args = ["check", "--db", db, "--node", "gpu01", "--gpu-source", snapshot_path("healthy")]
+    first = run_cli(*args)
+    assert first.returncode == 0, first.stderr
+    assert [p for p in os.listdir(os.path.dirname(db)) if ".corrupt-" in p]
+    second = run_cli(*args)
+    assert "malformed" not in second.stderr, second.stderr
+    conn = store.connect(db)
+    assert conn.execute("SELECT count(*) FROM runs").fetchone()[0] >= 1

@@ -82,3 +82,133 @@ def test_bad_durations_and_missing_stores_are_one_line_errors(db, tmp_path):
     proc = run_cli("history", "--db", str(tmp_path / "none.db"))
     assert proc.returncode == 1 and "no store at" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+# --- durations need a unit; prune --dry-run ------------------------------------------------------
+
+
+def aged_store(db: str, now: float) -> None:
+    """A real store with records 100 days old and 1 day old in every table that prune trims."""
+    recorded(db, "ecc-dbe", "old", now - 100 * 86400)
+    recorded(db, "healthy", "new", now - 86400)
+    conn = store.connect(db)
+    store.record_action(conn, "gpu01", "drain", "old", "slurmhealth prolog", when=now - 100 * 86400)
+    store.record_action(conn, "gpu01", "resume", "new", "slurmhealth", when=now - 86400)
+    for job, when in (("old", now - 100 * 86400), ("new", now - 86400)):
+        conn.execute("INSERT INTO published VALUES (?, 'd', ?, 100)", (job, when))
+    conn.close()
+
+
+def table_counts(db: str) -> dict:
+    conn = store.connect(db)
+    tables = [table for table, _ in store._PRUNE]
+    counts = {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in tables}  # noqa: S608
+    conn.close()
+    return counts
+
+
+def test_prune_refuses_a_bare_number_and_deletes_nothing(db):
+    aged_store(db, time.time())
+    before = table_counts(db)
+    proc = run_cli("prune", "--older-than", "90", "--db", db)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    (error,) = [line for line in proc.stderr.splitlines() if line.startswith("Error")]
+    assert "'90' has no unit" in error and "s, m, h, d or w" in error and "90d" in error
+    assert table_counts(db) == before
+
+
+def test_prune_dry_run_counts_per_table_and_deletes_nothing(db):
+    aged_store(db, time.time())
+    before = table_counts(db)
+    assert before["results"] > 0
+    proc = run_cli("prune", "--older-than", "90d", "--dry-run", "--db", db)
+    assert proc.returncode == 0, proc.stderr
+    assert table_counts(db) == before
+    (line,) = proc.stdout.splitlines()
+    assert line.startswith(f"{db}: would delete ") and line.endswith("(dry run: nothing deleted)")
+    listed = line.split("would delete ")[1].split(" (dry run")[0]
+    said = {table: int(n) for n, table in (part.split() for part in listed.split(", "))}
+    assert set(said) == set(before)
+    old = {"runs": 1, "actions": 1, "jobs": 1, "published": 1, "events": 0}
+    assert {t: said[t] for t in old} == old
+    assert said["results"] == before["results"] - table_counts_of_new_results(db) > 0
+    proc = run_cli("prune", "--older-than", "90d", "--db", db)
+    assert proc.returncode == 0 and "deleted" in proc.stdout
+    after = table_counts(db)
+    assert {t: before[t] - after[t] for t in said} == said
+    conn = store.connect(db)
+    assert [r[0] for r in conn.execute("SELECT job_id FROM runs")] == ["new"]
+    assert [r[0] for r in conn.execute("SELECT reason FROM actions")] == ["new"]
+
+
+def table_counts_of_new_results(db: str) -> int:
+    conn = store.connect(db)
+    sql = "SELECT count(*) FROM results JOIN runs ON runs.id = run_id WHERE job_id = 'new'"
+    count = conn.execute(sql).fetchone()[0]
+    conn.close()
+    return count
+
+
+def test_prune_help_names_the_units_and_acts_not(db):
+    aged_store(db, time.time())
+    before = table_counts(db)
+    proc = run_cli("prune", "--older-than", "90", "--db", db, "--help")
+    assert proc.returncode == 0 and "--dry-run" in proc.stdout
+    assert "bare number" in proc.stdout and "90d" in proc.stdout
+    assert table_counts(db) == before
+
+
+# --- stored strings are untrusted; $SLURMHEALTH_DB ---------------------------------------------
+
+HOSTILE = "gpu\x1b[2J\x1b]0;owned\x07\n\x00x\x9b1m"
+
+
+def forged_export(path, now: float) -> str:
+    """An export whose strings carry terminal escapes, BEL, newlines and NUL (JSON allows all)."""
+    records = [
+        {"type": "header", "format": 1},
+        {"type": "run", "id": "r1", "node": HOSTILE, "job_id": "1\x1b[31m", "phase": "prolog",
+         "started": now - 60, "duration": 0.1, "verdict": "fail\a", "tool_version": "0.1.0"},
+        {"type": "result", "run_id": "r1", "check_name": "gpu\x1b[1m.ecc", "status": "fail",
+         "message": f"lost\r\n{HOSTILE}\x00", "action": "drain"},
+        {"type": "action", "id": "a1", "node": HOSTILE, "time": now - 30, "action": "drain\x07",
+         "reason": f"why\n{HOSTILE}", "actor": "me\x1b[0m", "ok": 0, "detail": "no\x00pe"},
+    ]  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(path)
+
+
+def test_history_prints_no_control_characters_of_a_forged_store(tmp_path):
+    db = str(tmp_path / "forged.db")
+    imported = run_cli("import", "--db", db, forged_export(tmp_path / "forged.ndjson", time.time()))
+    assert imported.returncode == 0, imported.stderr
+    proc = run_cli("history", "--db", db, "--since", "1h")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout[:-1].split("\n")  # split on \n only: no line may hide another
+    assert len(lines) == 5  # header, the run, a blank line, the actions' header, the action
+    for line in lines:
+        assert line.isprintable(), repr(line)  # no ESC, BEL, CR, NUL, no C1 (\x9b) either
+    assert "lost gpu?[2J?]0;owned?" in lines[1] and "why gpu?[2J" in lines[4]
+    doc = run_cli("history", "--db", db, "--since", "1h", "--json").stdout
+    assert doc.isascii() and all(ch >= " " for ch in doc.replace("\n", ""))
+    got = json.loads(doc)
+    assert got["runs"][0]["node"] == HOSTILE and got["actions"][0]["reason"] == f"why\n{HOSTILE}"
+
+
+def test_history_without_db_reads_slurmhealth_db(tmp_path):
+    db = str(tmp_path / "elsewhere.db")
+    recorded(db, "ecc-dbe", "7", time.time() - 60)
+    empty_state = tmp_path / "state"
+    empty_state.mkdir()
+    env = {"SLURMHEALTH_DB": db, "SLURMHEALTH_STATE_DIR": str(empty_state)}
+    proc = run_cli("history", "--since", "1h", "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert [r["job"] for r in json.loads(proc.stdout)["runs"]] == ["7"]
+    proc = run_cli(
+        "history",
+        "--since",
+        "1h",
+        "--json",
+        env={"SLURMHEALTH_STATE_DIR": str(empty_state), "SLURMHEALTH_DB": ""},
+    )
+    assert json.loads(proc.stdout)["runs"] == []  # without it: the (empty) state directory

@@ -15,6 +15,8 @@ import zlib
 
 import pytest
 from conftest import FIXTURES, run_cli, snapshot_path
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slurmhealth.core import slurm, store
 from slurmhealth.fleet import accounting, jobs, sync
@@ -485,3 +487,194 @@ def test_a_job_refused_everywhere_never_ran(conn):
         "refused, so your job never ran there; Slurm requeues such a job (unless it was "
         "submitted with --no-requeue) and resubmitting is safe"
     )
+
+
+# --- damaged AdminComments: a one-line JobError, never a traceback ------------------------------
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=16,
+)
+
+
+@pytest.fixture(scope="module")
+def published_facts(tmp_path_factory) -> dict:
+    """What `publish` writes for a real job: a GPU lost on a drained node, an Xid of the
+    application's, a node the prolog refused, a quiet node (from a real store)."""
+    tmp_path = tmp_path_factory.mktemp("published")
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    app = r"4,901,90100000000,-;NVRM: Xid (PCI:0000:18:00): 13, pid=7, name=python, Graphics Exception"  # noqa: E501
+    job_on(conn, "gpu07", "41", kmsg=kmsg_with(tmp_path, "k", XID79, app), signal=9, nodes=3)
+    job_on(conn, "gpu08", "41", nodes=3)
+    job_on(conn, "gpu09", "41", prolog="gpu-lost", nodes=3)
+    store.record_action(conn, "gpu07", "drain", "slurmhealth: GPU 3", "slurmhealth epilog")
+    return jobs.compact(jobs.summary(conn, "41"))
+
+
+def _paths(doc: object, here: tuple = ()) -> list:
+    out = [here]
+    items = (
+        doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, list) else ()
+    )
+    for key, value in items:
+        out += _paths(value, (*here, key))
+    return out
+
+
+def _replaced(doc: dict, path: tuple, value: object) -> object:
+    if not path:
+        return value
+    out = json.loads(json.dumps(doc))
+    at = out
+    for key in path[:-1]:
+        at = at[key]
+    at[path[-1]] = value
+    return out
+
+
+def assert_decodes_or_refuses(comment: str) -> None:
+    """decode() gives a summary that renders as printable lines, or a one-line JobError."""
+    try:
+        got = jobs.decode(comment)
+    except jobs.JobError as exc:
+        assert "\n" not in str(exc)
+        return
+    assert all(line.isprintable() for line in jobs.render_text(got).splitlines())
+    json.dumps(got)
+
+
+def test_the_published_facts_decode(published_facts):
+    back = jobs.decode(jobs.encode(published_facts))
+    assert back["verdict"] == "hardware" and back["ok_nodes"] == ["gpu08"]
+    assert {n["node"] for n in back["nodes"]} == {"gpu07", "gpu09"}
+    assert {x["code"] for x in back["nodes"][0]["xids"]} == {13, 79}
+
+
+@settings(max_examples=400, deadline=None)
+@given(data=st.data(), value=_JSON)
+def test_a_wrong_type_anywhere_in_a_summary_is_refused_or_rendered(published_facts, data, value):
+    path = data.draw(st.sampled_from(_paths(published_facts)))
+    assert_decodes_or_refuses(packed(json.dumps(_replaced(published_facts, path, value)).encode()))
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_a_field_missing_anywhere_in_a_summary_is_refused_or_rendered(published_facts, data):
+    path = data.draw(st.sampled_from(_paths(published_facts)[1:]))
+    doc = json.loads(json.dumps(published_facts))
+    at = doc
+    for key in path[:-1]:
+        at = at[key]
+    del at[path[-1]]
+    assert_decodes_or_refuses(packed(json.dumps(doc).encode()))
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), char=st.sampled_from("abcdefghijklmnopqrstuvwxyz234567=!é\x00"))
+def test_a_mutated_comment_is_refused_or_rendered(published_facts, data, char):
+    comment = jobs.encode(published_facts)
+    body = comment[len(jobs.PREFIX) :]
+    where = data.draw(st.integers(0, len(body) - 1))
+    how = data.draw(st.sampled_from(["replace", "insert", "delete", "cut"]))
+    if how == "replace":
+        body = body[:where] + char + body[where + 1 :]
+    elif how == "insert":
+        body = body[:where] + char + body[where:]
+    elif how == "delete":
+        body = body[:where] + body[where + 1 :]
+    else:
+        body = body[:where]
+    assert_decodes_or_refuses(jobs.PREFIX + body)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(max_size=300))
+def test_any_text_is_refused_or_rendered(text):
+    assert_decodes_or_refuses(text)
+    assert_decodes_or_refuses(jobs.PREFIX + text)
+    jobs.parse_comments(text)  # never raises either
+
+
+DEEP = 100_000
+
+
+def damaged_comments(facts: dict) -> dict:
+    """One real published summary, damaged in each way a comment can be."""
+    good = jobs.encode(facts)
+    node = facts["nodes"][0]
+
+    def with_node(**changes: object) -> str:
+        return packed(json.dumps(dict(facts, nodes=[dict(node, **changes)])).encode())
+
+    return {
+        "bad base32": good[:-12] + "!!!!" + good[-8:],
+        "cut": good[:-9],
+        "bad zlib": jobs.PREFIX + base64.b32encode(b"\x78\x9c" + os.urandom(64)).decode().lower(),
+        "zip bomb": packed(b"[" + b"0," * (jobs.UNPACKED_MAX // 2) + b"0]"),
+        "deep nesting": packed(b"[" * DEEP + b"]" * DEEP),
+        "deep nesting in a node": packed(
+            b'{"format": 1, "nodes": [' + b"[" * DEEP + b"]" * DEEP + b"]}"
+        ),
+        "not an object": packed(b'"summary"'),
+        "format true": packed(json.dumps(dict(facts, format=True)).encode()),
+        "nodes an object": packed(json.dumps(dict(facts, nodes={"gpu07": node})).encode()),
+        "exit code a list": packed(json.dumps(dict(facts, exit_code=[1])).encode()),
+        "ok nodes of numbers": packed(json.dumps(dict(facts, ok_nodes=[1, "gpu08"])).encode()),
+        "ok count null": packed(json.dumps(dict(facts, ok_count=None)).encode()),
+        "end NaN": packed(json.dumps(dict(facts, end=float("nan"))).encode()),
+        "node name a number": with_node(node=7),
+        "prolog a list": with_node(prolog=["ok"]),
+        "xid code a list": with_node(xids=[dict(node["xids"][0], code=[79])]),
+        "xid time a string": with_node(xids=[dict(node["xids"][0], time="yesterday")]),
+        "problems a string": with_node(problems="gpu lost"),
+        "drain a number": with_node(drain=1),
+        "more xids a string": with_node(more_xids="many"),
+    }
+
+
+def test_every_damaged_comment_is_a_one_line_job_error(published_facts):
+    for why, comment in damaged_comments(published_facts).items():
+        with pytest.raises(jobs.JobError) as caught:
+            jobs.decode(comment)
+        assert "\n" not in str(caught.value), why
+
+
+def test_slurmhealth_job_says_a_damaged_summary_in_one_line(published_facts, tmp_path, acct):
+    """The real command, reading each damaged comment back through (stand-in) sacct."""
+    comments = damaged_comments(published_facts)
+    ids = {why: str(100 + i) for i, why in enumerate(comments)}
+    acct.write({ids[why]: ended(comment=c) for why, c in comments.items()}, caller="alice")
+    for why, job in ids.items():
+        proc = run_cli("job", job, "--db", str(tmp_path / "none.db"), env=acct.env)
+        assert proc.returncode == 1, (why, proc.stderr)
+        assert "Traceback" not in proc.stderr, (why, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1, (why, proc.stderr)
+        assert "published summary" in proc.stderr, (why, proc.stderr)
+
+
+def test_a_hostile_summary_that_decodes_prints_no_control_characters(
+    published_facts, acct, tmp_path
+):
+    """Well-typed but hostile strings everywhere a published summary carries text."""
+    bad = "\x1b[2J\x1b]0;owned\x07\r\nfake\x00line\x9b31m"
+    node = dict(published_facts["nodes"][0], node=bad, state=bad, prolog=bad, epilog=bad)
+    node["xids"] = [dict(x, process=bad, **{"class": bad}) for x in node["xids"]]
+    node["problems"] = [
+        dict(p, check=bad, status=bad, message=bad, phase=bad) for p in node["problems"]
+    ]
+    node["drain"] = dict(node["drain"], reason=bad, still=bad)
+    facts = dict(
+        published_facts, job=bad, user=bad, state=bad, uid=bad, nodes=[node], ok_nodes=[bad]
+    )
+    acct.write({"41": ended(comment=packed(json.dumps(facts).encode()))}, caller="alice")
+    proc = run_cli("job", "41", "--db", str(tmp_path / "none.db"), env=acct.env)
+    assert proc.returncode == 0, proc.stderr
+    for line in proc.stdout.splitlines():
+        assert line.isprintable(), repr(line)
+    as_json = run_cli("job", "41", "--db", str(tmp_path / "none.db"), "--json", env=acct.env)
+    assert as_json.returncode == 0 and as_json.stdout.isascii()
+    assert all(ch >= " " for ch in as_json.stdout.replace("\n", ""))
+    assert json.loads(as_json.stdout)["nodes"][0]["node"] == bad

@@ -5,14 +5,18 @@ from __future__ import annotations
 import io
 import json
 import os
+import pathlib
+import pwd
+import shutil
 import sqlite3
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
-from conftest import FIXTURES, run_cli, snapshot_path
+from conftest import FIXTURES, require_real, run_cli, snapshot_path
 
 from slurmhealth.core import store
 from slurmhealth.core.slurm import SlurmError
@@ -629,3 +633,165 @@ def test_signals_equal_the_simulators_on_its_fleet(tmp_path):
     start, end = fleet_model.start, fleet_model.end
     for window in ((start, end), (start + 3 * DAY + 77, start + 6 * DAY + 5)):
         assert signals.signals(conn, *window) == simulate.signals(history, *window)
+
+
+# --- the spool's trust model (docs/fleet.md): a real unprivileged user plants and forges --------
+
+
+@pytest.fixture
+def user():
+    """A real unprivileged account (useradd), gone again after the test; root only."""
+    if os.geteuid() != 0:
+        require_real("needs root to create a user and to act as root against it")
+    tools = [shutil.which(t) for t in ("useradd", "userdel", "runuser")]
+    if None in tools:
+        require_real("useradd, userdel and runuser are needed (passwd, util-linux)")
+    name = f"shtest-{os.urandom(3).hex()}"
+    subprocess.run(
+        [tools[0], "--no-create-home", "--shell", "/bin/sh", name], check=True, capture_output=True
+    )
+    try:
+        yield pwd.getpwnam(name)
+    finally:
+        subprocess.run([tools[1], name], check=False, capture_output=True)
+
+
+def as_user(user, *argv: str, stdin: str | None = None) -> None:
+    """Run argv as `user` (runuser: a real setuid to the account, nothing of root's kept)."""
+    done = subprocess.run(
+        ["runuser", "-u", user.pw_name, "--", *argv],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.fixture
+def shared():
+    """A directory every user can reach (tmp_path's parents are root's alone), removed after."""
+    base = tempfile.mkdtemp(prefix="slurmhealth-shared-")
+    os.chmod(base, 0o755)
+    yield pathlib.Path(base)
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def a_spool(shared, mode: int = 0o1777) -> pathlib.Path:
+    spool = shared / "spool"
+    spool.mkdir()
+    spool.chmod(mode)  # the shared spool every node's root writes (sticky, like /tmp)
+    return spool
+
+
+@pytest.mark.parametrize("spool_mode", [0o1777, 0o777], ids=["sticky", "world-writable"])
+def test_export_never_follows_a_users_symlink_and_is_private(shared, user, spool_mode):
+    victim = shared / "victim"  # a root-owned file the user cannot write
+    victim.write_text("precious\n")
+    spool = a_spool(shared, spool_mode)
+    node_db = str(shared / "gpu07.db")
+    node_store(node_db, "gpu07").close()
+    out = spool / "gpu07.ndjson"
+    as_user(user, "ln", "-s", str(victim), f"{out}.part")  # where the export used to write first
+    old = os.umask(0)  # not cron's 022: the mode is the export's own, whatever the umask
+    try:
+        done = run_cli("export", "--db", node_db, "-o", str(out))
+    finally:
+        os.umask(old)
+    assert done.returncode == 0, done.stderr
+    assert victim.read_text() == "precious\n"
+    st = os.lstat(out)
+    assert stat.S_ISREG(st.st_mode) and (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o600)
+    assert '"node":"gpu07"' in out.read_text()
+    # A symlink at the target itself: refused in one line, nothing written through it or over it.
+    other = spool / "gpu08.ndjson"
+    as_user(user, "ln", "-s", str(victim), str(other))
+    done = run_cli("export", "--db", node_db, "-o", str(other))
+    assert done.returncode == 1 and f"{other}: a symlink" in done.stderr, done.stderr
+    assert len(done.stderr.splitlines()) == 1 and "Traceback" not in done.stderr
+    assert victim.read_text() == "precious\n" and os.readlink(other) == str(victim)
+    assert not [n for n in os.listdir(spool) if n.endswith(".tmp")], "no temporary left"
+
+
+def test_collect_refuses_what_a_user_could_have_forged_and_says_which(shared, user):
+    spool = a_spool(shared)
+    node_store(str(shared / "gpu01.db"), "gpu01").close()
+    exported = run_cli(
+        "export", "--db", str(shared / "gpu01.db"), "-o", str(spool / "gpu01.ndjson")
+    )
+    assert exported.returncode == 0, exported.stderr
+    node_store(str(spool / "gpu03.db"), "gpu03").close()  # root's store in the shared spool
+    node_store(str(spool / "gpu02.db"), "gpu02").close()
+    forged = export_text(node_store(str(shared / "forge.db"), "gpu66"))  # drains, failed runs
+    (shared / "forge.db").chmod(0o644)
+    # What the user can do in a sticky spool: write files, link, make FIFOs, add a -wal beside
+    # root's store (SQLite would replay its frames).
+    as_user(user, "sh", "-c", f"cat > {spool}/gpu66.ndjson", stdin=forged)
+    as_user(user, "ln", "-s", str(spool / "gpu01.ndjson"), str(spool / "gpu67.ndjson"))
+    as_user(user, "mkfifo", str(spool / "gpu68.ndjson"))
+    as_user(user, "cp", str(shared / "forge.db"), str(spool / "gpu69.db"))
+    as_user(user, "sh", "-c", f"echo junk > {spool}/gpu02.db-wal")
+    (spool / "gpu70.ndjson").write_text(forged.replace("gpu66", "gpu70"))
+    (spool / "gpu70.ndjson").chmod(0o666)  # root's, but anyone may have rewritten it
+    fleet = str(shared / "fleet.db")
+    done = run_cli("collect", str(spool), "--db", fleet, "--since", "3650d", timeout=60)
+    assert done.returncode == 0, done.stderr
+    skipped = dict(
+        line.split(": skipped: ") for line in done.stderr.splitlines() if ": skipped: " in line
+    )
+    who = f"uid {user.pw_uid} ({user.pw_name})"
+    assert skipped == {
+        f"{spool}/gpu02.db": f"its gpu02.db-wal is owned by {who}, not root",
+        f"{spool}/gpu69.db": f"owned by {who}, not root",
+        f"{spool}/gpu66.ndjson": f"owned by {who}, not root",
+        f"{spool}/gpu67.ndjson": "a symlink",
+        f"{spool}/gpu68.ndjson": "not a regular file",
+        f"{spool}/gpu70.ndjson": "writable by group or others (mode 0666)",
+    }, done.stderr
+    assert "2 files merged, 6 skipped" in done.stdout
+    conn = sqlite3.connect(fleet)
+    assert {r[0] for r in conn.execute("SELECT DISTINCT node FROM runs")} == {"gpu01", "gpu03"}
+    assert {r[0] for r in conn.execute("SELECT DISTINCT node FROM actions")} == {"gpu01", "gpu03"}
+
+
+def test_a_store_in_a_shared_spool_is_read_from_a_private_copy(shared, monkeypatch):
+    """SQLite never opens a name in a directory others can write (a -wal could appear there
+    between the check and the open): it reads a copy made through the checked descriptors."""
+    spool = a_spool(shared)
+    node_store(str(spool / "gpu03.db"), "gpu03").close()
+    live = node_store(str(spool / "gpu04.db"), "gpu04")  # open: its records are in its -wal
+    live.execute("PRAGMA wal_autocheckpoint = 0")
+    store.record_action(live, "gpu04", "drain", "only in the wal", "test")
+    assert os.path.getsize(spool / "gpu04.db-wal") > 0
+    opened = []
+    real = sync._checked_copy
+    monkeypatch.setattr(
+        sync, "_checked_copy", lambda src, copy: (opened.append(src), real(src, copy))
+    )
+    conn = store.connect(str(shared / "fleet.db"))
+    report = sync.collect(conn, str(spool))
+    assert [os.path.basename(p) for p, _ in report["merged"]] == ["gpu03.db", "gpu04.db"]
+    assert len(opened) == 2 and not [p for p in opened if p.startswith(str(spool))], opened
+    reasons = conn.execute("SELECT reason FROM actions WHERE node = 'gpu04'").fetchall()
+    assert ("only in the wal",) in reasons, "the -wal was copied too"
+    spool.chmod(0o755)  # root's alone: the store is read in place, under SQLite's locking
+    opened.clear()
+    sync.collect(conn, str(spool))
+    assert opened == [str(spool / "gpu03.db"), str(spool / "gpu04.db")]
+    live.close()
+
+
+def test_spool_owner_trusts_the_files_of_a_named_user(shared, user):
+    spool = a_spool(shared)
+    forged = export_text(node_store(str(shared / "n.db"), "gpu66"))
+    as_user(user, "sh", "-c", f"umask 022; cat > {spool}/gpu66.ndjson", stdin=forged)
+    fleet = str(shared / "fleet.db")
+    args = ("collect", str(spool), "--db", fleet, "--since", "3650d")
+    refused = run_cli(*args)
+    assert "0 files merged, 1 skipped" in refused.stdout, refused.stderr
+    named = run_cli(*args, "--spool-owner", user.pw_name)
+    assert "1 files merged, 0 skipped" in named.stdout, named.stderr
+    by_env = run_cli(*args, env={"SLURMHEALTH_SPOOL_OWNER": str(user.pw_uid)})
+    assert "1 files merged, 0 skipped" in by_env.stdout, by_env.stderr
+    unknown = run_cli(*args, "--spool-owner", "no-such-user-here")
+    assert unknown.returncode == 2 and "no user no-such-user-here" in unknown.stderr

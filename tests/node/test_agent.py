@@ -139,14 +139,29 @@ def test_an_admins_drain_is_never_overwritten(node):
     assert action == ("drain-skipped", "already out: admin: replace fan")
 
 
-def test_a_hung_slurmctld_cannot_hold_the_prolog_and_the_exit_code_still_protects(node):
+def side_state(node) -> dict:
+    path = node.state_dir / f"{node.name}.state.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def test_a_hung_slurmctld_cannot_hold_the_prolog_and_the_fault_stays_pending(node):
+    """No answer from the controller: the breaker cannot count the fleet, so nothing is drained
+    (a fleet-wide fault looks just like this), loudly; the fault stays pending in the side
+    state, and the first run that can reach Slurm drains the node."""
     node.configure("gpu-lost", drain_timeout=0.5)
     started = time.monotonic()
     proc = node.run("prolog", FAKE_SLURM_HANG="1")
     assert time.monotonic() - started < 5
-    assert proc.returncode == 1
-    assert "timed out after 0.4" in proc.stderr  # the whole Slurm budget is 0.5 s
-    assert node.db().execute("SELECT action, ok FROM actions").fetchone() == ("drain", 0)
+    assert proc.returncode == 0 and "CIRCUIT BREAKER HOLDS" in proc.stderr
+    assert "timed out after 0.5" in proc.stderr  # each call bounded by drain_timeout
+    assert node.db().execute("SELECT action, ok FROM actions").fetchone() == ("breaker", 0)
+    assert side_state(node)["pending"]["message"] == "GPU 3 GpuIsLost"
+    node.configure("healthy", drain_timeout=0.5)  # the GPU is back, the controller answers
+    proc = node.run("prolog", job="102")
+    assert proc.returncode == 1, proc.stderr  # the pending fault is acted on: refused, drained
+    assert node.slurm()["reason"].startswith("slurmhealth: GPU 3 GpuIsLost (pending since")
+    assert "pending" not in side_state(node)
+    assert node.run("prolog", job="103").returncode == 0  # acted on: nothing pending any more
 
 
 @pytest.mark.real
@@ -162,8 +177,9 @@ def test_real_scontrol_without_a_controller_gives_up_in_time(node, tmp_path):
     started = time.monotonic()
     proc = node.run("prolog", SLURM_CONF=str(conf))
     assert time.monotonic() - started < 6
-    assert proc.returncode == 1
-    assert node.db().execute("SELECT action, ok FROM actions").fetchone() == ("drain", 0)
+    assert proc.returncode == 0 and "CIRCUIT BREAKER HOLDS" in proc.stderr
+    assert node.db().execute("SELECT action, ok FROM actions").fetchone() == ("breaker", 0)
+    assert side_state(node)["pending"]["message"] == "GPU 3 GpuIsLost"
 
 
 def test_epilog_records_exit_code_and_signal(node):
@@ -245,6 +261,17 @@ def test_our_own_bug_fails_open(node, tmp_path):
     proc = node.run("prolog", PYTHONPATH=os.pathsep.join([boom, REPO]))
     assert proc.returncode == 0
     assert "internal error, job not gated" in proc.stderr and "RuntimeError: bug" in proc.stderr
+
+
+def test_our_own_bug_after_a_failing_verdict_still_refuses_the_job(node, tmp_path):
+    """A bug in the drain path (or a store read inside it) must not let a sick node take the
+    job: the catch-all exits with the verdict's code, and the fault stays pending."""
+    boom = planted_bug(tmp_path, "slurmhealth.node.actions", "drain")
+    node.configure("gpu-lost")
+    proc = node.run("prolog", PYTHONPATH=os.pathsep.join([boom, REPO]))
+    assert proc.returncode == 1
+    assert "internal error, job refused" in proc.stderr and "RuntimeError: bug" in proc.stderr
+    assert side_state(node)["pending"]["message"] == "GPU 3 GpuIsLost"
 
 
 def test_a_corrupt_store_is_moved_aside_and_a_new_one_started(node):
@@ -451,3 +478,209 @@ def test_a_hook_given_arguments_is_a_usage_error_that_acts_not(node):
     assert proc.returncode == 2 and "takes no arguments" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert node.calls() == [] and not node.state_dir.exists()
+
+
+def _kmsg_with_xid79(tmp_path) -> str:
+    """A kernel log whose last record is Xid 79 on GPU 3 (bus 0000:5d:00 in the snapshots)."""
+    path = tmp_path / "xid.kmsg"
+    lines = (FIXTURES_KMSG / "healthy.kmsg").read_text().splitlines()
+    last = int(lines[-1].split(",")[1])
+    xid = "NVRM: Xid (PCI:0000:5d:00): 79, GPU has fallen off the bus."
+    lines.append(f"4,{last + 1},90000000000,-;{xid}")
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_a_health_check_drain_that_fails_is_retried_until_it_lands(node, tmp_path):
+    """Item: the Xid is read once; the drain fails (controller restarting); the kernel-log
+    position moves on, so the fault must live on as pending: the next health check (with no new
+    Xid to read) drains the node, and the run after that has nothing pending."""
+    node.configure("healthy", kmsg=_kmsg_with_xid79(tmp_path), drain_timeout=0.5)
+    first = node.run("healthcheck", job=None, FAKE_SLURM_UPDATE_FAILS="1")
+    assert first.returncode == 1 and "could not drain gpu01" in first.stderr
+    assert "Xid 79" in side_state(node)["pending"]["message"]
+    assert node.slurm()["state"] == "IDLE"
+    second = node.run("healthcheck", job=None)
+    assert second.returncode == 1, second.stderr
+    assert "Xid 79" in node.slurm()["reason"] and "pending since" in node.slurm()["reason"]
+    assert "pending" not in side_state(node)
+    xids = node.db().execute("SELECT count(*) FROM events WHERE code = 79").fetchone()[0]
+    assert xids == 1  # read once, recorded once
+
+
+def test_a_lost_store_does_not_read_the_kernel_log_again(node, tmp_path):
+    """Item: the kernel-log position lives in the side state too: a store moved aside (or
+    replaced) does not bring back an Xid the admin already handled."""
+    node.configure("healthy", kmsg=_kmsg_with_xid79(tmp_path))
+    assert node.run("healthcheck", job=None).returncode == 1  # Xid 79 read and drained
+    node.set_slurm("IDLE", "")  # the admin replaced the GPU and resumed the node
+    for suffix in ("", "-wal", "-shm"):
+        db = node.state_dir / f"{node.name}.db{suffix}"
+        if db.exists():
+            db.rename(str(db) + ".lost")
+    proc = node.run("healthcheck", job=None)
+    assert proc.returncode == 0, proc.stderr
+    assert node.slurm() == {"state": "IDLE", "reason": ""}
+
+
+def test_a_store_locked_by_another_process_costs_the_prolog_seconds_not_minutes(node):
+    """Item: an admin's sqlite3 shell holds the store's write lock. The prolog gives up each
+    wait after HOOK_BUSY_S, keeps its verdict (a failing node still drains and exits 1) and
+    ends well inside its deadline; the fault is in the side state, not lost."""
+    node.configure("gpu-lost")
+    node.run("healthcheck", job=None)  # create the store
+    node.set_slurm("IDLE", "")
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sqlite3, sys, time\n"
+            "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+            "c.execute('BEGIN EXCLUSIVE'); print('locked', flush=True); time.sleep(60)\n",
+            str(node.state_dir / f"{node.name}.db"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        started = time.monotonic()
+        proc = node.run("prolog", job="55")
+        took = time.monotonic() - started
+    finally:
+        holder.kill()
+        holder.wait()
+    assert proc.returncode == 1, proc.stderr
+    assert took < 10  # the default deadline; the busy timeout used to be 30 s per wait
+    assert node.slurm()["reason"] == "slurmhealth: GPU 3 GpuIsLost"
+    assert "unrecorded run" in proc.stderr or "store unusable" in proc.stderr
+    # Nothing recorded is lost: the run waited in the spool, and the next run replays it.
+    node.configure("healthy")
+    assert node.run("prolog", job="56").returncode == 0
+    jobs = [r[0] for r in node.db().execute("SELECT job_id FROM runs WHERE job_id IS NOT NULL")]
+    assert sorted(jobs) == ["55", "56"]
+    assert not list(node.state_dir.glob("*.unrecorded.ndjson*"))
+
+
+def test_the_whole_hook_ends_by_its_deadline_whatever_blocks(node, tmp_path):
+    """Item: a watchdog ends the hook at settings.deadline with the verdict's exit code, even
+    when something we did not bound blocks (here: a planted hang in the store write)."""
+    hang = tmp_path / "hang"
+    hang.mkdir()
+    (hang / "sitecustomize.py").write_text(
+        "import time\nimport slurmhealth.core.store as s\n"
+        "def slow(*a, **k):\n    time.sleep(60)\n"
+        "s.record_run = slow\n"
+    )
+    node.configure("gpu-lost", deadline=2.0)
+    started = time.monotonic()
+    proc = node.run("prolog", PYTHONPATH=os.pathsep.join([str(hang), REPO]))
+    assert time.monotonic() - started < 8
+    assert proc.returncode == 1 and "deadline of 2 s reached" in proc.stderr
+    assert side_state(node)["pending"]["message"] == "GPU 3 GpuIsLost"
+
+
+def test_monitor_only_records_what_it_would_do_and_enforces_nothing(node):
+    node.configure("gpu-lost", monitor_only=True)
+    proc = node.run("prolog")
+    assert proc.returncode == 0
+    assert "monitor-only: would drain gpu01: slurmhealth: GPU 3 GpuIsLost" in proc.stderr
+    assert node.slurm() == {"state": "IDLE", "reason": ""} and node.calls() == []
+    acts = node.db().execute("SELECT action, reason FROM actions").fetchall()
+    assert acts == [("would-drain", "slurmhealth: GPU 3 GpuIsLost")]
+    verdict = node.db().execute("SELECT verdict FROM runs").fetchone()[0]
+    assert verdict == "fail"  # the verdict is recorded as it is
+    assert "pending" not in side_state(node)  # nothing to act on later either
+
+
+def test_a_slow_controller_still_gets_the_health_check_drain(node, tmp_path):
+    """Item: 0.7 s per Slurm call. Each call is bounded by drain_timeout (2 s), not one 2 s
+    budget for the whole sequence (show node, sinfo, update, recount): the drain lands."""
+    node.configure("healthy", kmsg=_kmsg_with_xid79(tmp_path))
+    proc = node.run("healthcheck", job=None, FAKE_SLURM_DELAY="0.7")
+    assert proc.returncode == 1, proc.stderr
+    assert "Xid 79" in node.slurm()["reason"]
+    assert "pending" not in side_state(node)
+
+
+def test_without_a_fleet_count_the_breaker_holds_for_every_node(node, tmp_path):
+    """Item: 6 of 20 nodes fail at once and sinfo times out (a fleet-wide fault looks like
+    this), while scontrol update still works. Nothing may be drained past the breaker's cap:
+    with no count, nothing is drained at all; each node keeps its fault pending."""
+    failing = [f"gpu{i:02d}" for i in range(1, 7)]
+    others = [(f"gpu{i:02d}", "IDLE", "", 0.0) for i in range(2, 21)]
+    node.set_slurm("IDLE", "", others=others)
+    node.configure("gpu-lost")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "slurmhealth", "healthcheck"],
+            env=node.env(
+                None,
+                SLURMD_NODENAME=name,
+                SLURMHEALTH_STATE_DIR=str(tmp_path / name),
+                FAKE_SLURM_SINFO_FAILS="1",
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in failing
+    ]
+    errors = [p.communicate(timeout=60)[1] for p in procs]
+    states = json.loads(node.slurm_state.read_text())
+    assert [n for n, s in states.items() if "DRAIN" in s["state"]] == []
+    assert all("CIRCUIT BREAKER HOLDS" in e for e in errors), errors
+    for name in failing:
+        side = json.loads((tmp_path / name / f"{name}.state.json").read_text())
+        assert side["pending"]["message"] == "GPU 3 GpuIsLost"
+
+
+def test_an_out_of_range_value_never_drains_and_is_logged_once(node):
+    """Item: `deadline = 0` passed validation and then cut every run short. Now the hook runs
+    with the key's default, says so once on stderr (slurmd's log), gates nothing and records."""
+    node.configure(deadline=0)
+    proc = node.run("prolog")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("settings.deadline: must be > 0") == 1, proc.stderr
+    assert [c for c in node.calls() if c[0] == "update"] == []
+    runs = node.db().execute("SELECT node, job_id, phase, verdict FROM runs").fetchall()
+    assert runs == [("gpu01", "101", "prolog", "ok")]
+
+
+def test_check_with_an_out_of_range_value_is_a_config_error_on_one_line(node):
+    node.configure(breaker_share=1.5, resume_after=-1)
+    proc = subprocess.run(
+        [sys.executable, "-m", "slurmhealth", "check", "--no-db", "--config", str(node.config)],
+        env=node.env(None),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "settings.breaker_share: must be a share" in lines[0]
+    assert "(+1 more problems)" in lines[0]
+
+
+@pytest.mark.parametrize("mode", [0o666, 0o664])
+def test_a_config_others_could_write_is_refused_loudly_and_never_drains(node, mode):
+    """Item: a group- or world-writable config (root-owned) could point the hook at a snapshot
+    that fails every node, or at another nvidia-smi: it is refused, the hook runs with built-in
+    defaults, loudly."""
+    node.configure("gpu-lost")
+    os.chmod(node.config, mode)
+    proc = node.run("prolog")
+    assert proc.returncode == 0
+    assert "not trusted" in proc.stderr and "writable" in proc.stderr
+    assert node.calls() == []
+    check = subprocess.run(
+        [sys.executable, "-m", "slurmhealth", "check", "--no-db", "--config", str(node.config)],
+        env=node.env(None),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert check.returncode == 2 and "not trusted" in check.stderr

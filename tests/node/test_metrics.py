@@ -250,6 +250,36 @@ def test_the_mode_is_0644_whatever_the_umask(tmp_path):
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
 
 
+def test_the_mode_is_0644_from_the_first_byte_under_umask_0(tmp_path, monkeypatch):
+    """Created 0644, not wider and narrowed later: with fchmod switched off and umask 0."""
+    monkeypatch.setattr(os, "fchmod", lambda fd, mode: None)
+    path = tmp_path / "m.prom"
+    old = os.umask(0)
+    try:
+        metrics.write_atomic(str(path), "x 1\n")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
+
+
+def test_a_symlink_in_the_textfile_directory_is_never_written_through(tmp_path):
+    """At the old pid-named temporary, and at the file itself: the victim is untouched; the
+    file itself is refused (an OSError: one log line in the hook, the verdict stands)."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    path = tmp_path / "m.prom"
+    (tmp_path / f".m.prom.{os.getpid()}.tmp").symlink_to(victim)
+    metrics.update(str(path), a_run(), "gpu01")
+    assert victim.read_text() == "precious\n" and not path.is_symlink()
+    path.unlink()
+    path.symlink_to(victim)
+    with pytest.raises(OSError, match="a symlink"):
+        metrics.update(str(path), a_run(), "gpu01")
+    assert victim.read_text() == "precious\n" and path.is_symlink()
+    temporaries = [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+    assert temporaries == [f".m.prom.{os.getpid()}.tmp"], "only the planted one, still a link"
+
+
 # --- through the real hook ----------------------------------------------------------------------
 
 

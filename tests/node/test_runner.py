@@ -217,3 +217,45 @@ def test_unchanged_versions_are_recorded_again_only_every_six_hours(tmp_path):
     assert recorded(drifted)  # changed: recorded at once
     assert not recorded(drifted)
     assert recorded(drifted, age=runner.VERSIONS_EVERY + 1)  # unchanged, but 6 h on
+
+
+def _pci_tree(root, devices: dict):
+    """root/bus/pci/devices/<addr>/{vendor,class} as the kernel writes them (sysfs-bus-pci)."""
+    for addr, (vendor, cls) in devices.items():
+        d = root / "bus" / "pci" / "devices" / addr
+        d.mkdir(parents=True)
+        (d / "vendor").write_text(vendor + "\n")
+        (d / "class").write_text(cls + "\n")
+    return str(root)
+
+
+def test_no_nvml_with_nvidia_gpus_on_the_pci_bus_fails_even_without_a_config(
+    monkeypatch, tmp_path
+):
+    """Zero config must still catch a dead driver: NVML cannot start, yet the PCI bus shows
+    NVIDIA 3D controllers. An NVSwitch (a bridge) and other vendors' devices do not count."""
+    monkeypatch.syspath_prepend(FAKE_NVML)
+    monkeypatch.setenv("FAKE_NVML_FAULT", "driver_not_loaded")
+    gpus = {"0000:18:00.0": ("0x10de", "0x030200"), "0000:2a:00.0": ("0x10de", "0x030200")}
+    others = {"0000:05:00.0": ("0x10de", "0x068000"), "0000:00:1f.0": ("0x8086", "0x060100")}
+    root = _pci_tree(tmp_path / "sys", {**gpus, **others})
+    run = runner.run("gpu01", expect(), runner.Options(sysfs_root=root), ["gpu"])
+    count = by_name(run)["gpu.count"]
+    assert (count.status, run.verdict) == ("fail", "fail")
+    assert "DriverNotLoaded while 2 NVIDIA GPUs are on the PCI bus" in count.message
+    only_others = _pci_tree(tmp_path / "sys2", others)
+    run = runner.run("gpu01", expect(), runner.Options(sysfs_root=only_others), ["gpu"])
+    assert by_name(run)["gpu.count"].status == "skip"
+
+
+def test_a_snapshot_replays_its_own_sections_when_paths_are_left_at_their_defaults():
+    """The hooks pass settings.sysfs_root=/sys and kmsg=/dev/kmsg (the defaults): with a
+    snapshot as the GPU source they must replay the snapshot's InfiniBand and kernel-log
+    sections, as `check` does, not read the live node (a fault drill drained every node on
+    "HCA missing")."""
+    options = runner.Options(
+        gpu_source=snapshot_path("healthy"), sysfs_root="/sys", kmsg="/dev/kmsg"
+    )
+    run = runner.run("gpu01", expect(), options)
+    assert run.sources["ib"].status == "ok" and run.sources["kmsg"].status == "ok"
+    assert len(run.facts["ib"]["devices"]) == 8  # the snapshot's 8 HCAs, not this machine's

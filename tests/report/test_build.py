@@ -269,7 +269,13 @@ def test_node_states_from_the_store(tmp_path):
     assert by_node["drained"]["since"] == timespec.iso(now - 900)
     assert by_node["failing"]["reason"] == "gpu.count: 7 GPUs visible, 8 expected"
     assert by_node["draining"]["state"] == "draining"
-    assert d["actions"]["counts"] == {"drain": 3, "resume": 1, "breaker": 0, "failed": 0}
+    assert d["actions"]["counts"] == {
+        "drain": 3,
+        "resume": 1,
+        "breaker": 0,
+        "failed": 0,
+        "would-drain": 0,
+    }
 
 
 def test_an_empty_store_reports_without_numbers(tmp_path):
@@ -441,7 +447,7 @@ def test_json_html_and_markdown_carry_the_same_numbers(doc):
     acts = typed(page.tables["action-counts"][1:])[0]
     md_acts = typed(md_table(md, "drains")[1:])[0]
     c = d["actions"]["counts"]
-    assert acts == md_acts == [c["drain"], c["resume"], c["breaker"], c["failed"]]
+    assert acts == md_acts == [c["drain"], c["resume"], c["breaker"], c["failed"], c["would-drain"]]
     trend = {r[0]: r[1] for r in typed(md_table(md, "day")[1:])}
     assert trend == {x["day"]: x["failures"] for x in d["trend"]["days"]}
 
@@ -667,3 +673,17 @@ def test_a_large_store_shows_progress_on_a_terminal_only(large_db, tmp_path):
     assert "report" in shown and "100%" in shown, shown
     proc = run_cli(*args)
     assert proc.returncode == 0 and proc.stderr == ""
+
+
+def test_monitor_only_would_be_drains_are_counted_and_shown(tmp_path):
+    """Monitor-only mode records `would-drain` actions: the report counts them apart from
+    real drains, in all three formats."""
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    now = 1_800_000_000.0
+    why = "slurmhealth: GPU 3 GpuIsLost"
+    store.record_action(conn, "gpu07", "would-drain", why, "slurmhealth prolog", when=now - 60)
+    d = report.build(conn, now, 86400)
+    assert d["actions"]["counts"]["would-drain"] == 1 and d["actions"]["counts"]["drain"] == 0
+    assert [a["action"] for a in d["actions"]["list"]] == ["would-drain"]
+    assert "would drain (monitor-only)" in render.render(d, "html")
+    assert "would drain (monitor-only)" in render.render(d, "md")

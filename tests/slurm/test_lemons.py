@@ -210,7 +210,7 @@ def lemons(lab: Lab, history: dict, fleet: str, *args: str) -> subprocess.Comple
         "--now",
         f"{now:.3f}",
         "--window",
-        f"{now - history['start'] - 0.001:.3f}",
+        f"{now - history['start'] - 0.001:.3f}s",
         "--config",
         config,
         *args,

@@ -394,9 +394,12 @@ def expectations(facts: dict) -> dict:
     return out
 
 
-def expected(expect: dict) -> bool:
-    """GPUs are expected when the config names a count: then no NVML is a fail, not a skip."""
-    return bool(expect.get("count"))
+def expected(expect: dict, found: object = None) -> bool:
+    """GPUs are expected when the config names a count, or when NVIDIA GPUs sit on the PCI bus
+    while NVML cannot see them (`found`, from the source): then no NVML is a fail, not a skip,
+    so a node with no config still catches a dead driver or a GPU that fell off."""
+    pci = found.get("pci_gpus") if isinstance(found, dict) else None
+    return bool(expect.get("count")) or bool(pci)
 
 
 # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION values that a GPU reset clears: GPU_RESET (1) and

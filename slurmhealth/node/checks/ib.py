@@ -447,6 +447,6 @@ def expectations(facts: dict) -> dict:
     return out
 
 
-def expected(expect: dict) -> bool:
+def expected(expect: dict, found: object = None) -> bool:
     """InfiniBand is expected when the config names HCAs or ports."""
     return bool(expect.get("devices") or expect.get("ports"))

@@ -128,6 +128,6 @@ def expectations(facts: dict) -> dict:
     return {"links_per_gpu": min(active)} if active else {}
 
 
-def expected(expect: dict) -> bool:
+def expected(expect: dict, found: object = None) -> bool:
     """NVLinks are expected when the config names links per GPU (never on a PCIe card)."""
     return bool(expect.get("links_per_gpu"))

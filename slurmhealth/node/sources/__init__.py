@@ -17,11 +17,22 @@ REGISTRY = {
 }
 
 
+# The live defaults of the path options. With a snapshot, a source whose path is left at its
+# default replays the snapshot's own section: a fault drill never mixes in the live node.
+DEFAULT_PATHS = {"ib": "/sys", "kmsg": "/dev/kmsg"}
+
+
 class SourceUnavailable(Exception):
     """The source does not exist on this node (no NVML library, no driver, no kmsg).
 
     Distinct from a broken source: where nothing is expected from it, its checks skip.
+    `found`: raw facts that say the source should have been there all the same (NVIDIA GPUs
+    on the PCI bus that NVML cannot see); the area's `expected(expect, found)` judges them.
     """
+
+    def __init__(self, message: str, found: object = None) -> None:
+        super().__init__(message)
+        self.found = found
 
 
 class Options:

@@ -10,6 +10,7 @@ Sources: NVIDIA's NVML API reference and nvml.h (calls, field ids; docs/sources.
 
 from __future__ import annotations
 
+import os
 import time
 
 from slurmhealth.node.sources import Options, SourceUnavailable
@@ -197,8 +198,45 @@ def _load() -> object:
 
 
 def gather(options: Options) -> dict:
-    """The registry's entry: the live sweep (a snapshot replays without this module)."""
-    return sweep()
+    """The registry's entry: the live sweep (a snapshot replays without this module). When
+    NVML cannot start, say which NVIDIA GPUs the PCI bus still shows."""
+    try:
+        return sweep()
+    except SourceUnavailable as exc:
+        gpus = pci_gpus(options.sysfs_root or "/sys")
+        if not gpus:
+            raise
+        why = f"{exc} while {len(gpus)} NVIDIA GPUs are on the PCI bus ({gpus[0]}...)"
+        raise SourceUnavailable(why, {"pci_gpus": gpus}) from exc
+
+
+# PCI vendor id of NVIDIA, and the PCI class codes of a GPU: VGA-compatible display controller
+# (0x0300) and 3D controller (0x0302), as the kernel shows them in
+# /sys/bus/pci/devices/*/{vendor,class} (Documentation/ABI/testing/sysfs-bus-pci). NVSwitches
+# are bridges (0x0680) and are not counted.
+NVIDIA_VENDOR = "0x10de"
+GPU_CLASSES = ("0x0300", "0x0302")
+
+
+def pci_gpus(root: str) -> list:
+    """PCI addresses of NVIDIA GPUs under root/bus/pci/devices; [] when unreadable."""
+    base = os.path.join(root, "bus", "pci", "devices")
+    try:
+        names = sorted(os.listdir(base))
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        try:
+            with open(os.path.join(base, name, "vendor"), encoding="ascii") as handle:
+                vendor = handle.read(16).strip().lower()
+            with open(os.path.join(base, name, "class"), encoding="ascii") as handle:
+                cls = handle.read(16).strip().lower()
+        except (OSError, ValueError):
+            continue
+        if vendor == NVIDIA_VENDOR and cls.startswith(GPU_CLASSES):
+            out.append(name)
+    return out
 
 
 def sweep() -> dict:

@@ -1,0 +1,129 @@
+"""The node's small side state, kept outside the SQLite store: what must survive the store.
+
+A store can be locked for minutes (an admin's sqlite3 shell, a long prune), moved aside as
+corrupt, replaced or refused as too new. Two facts must never go with it:
+- the kernel-log position (boot id, last sequence read): lost, every old Xid would be read again
+  and a fault the admin already handled would drain the node again;
+- a fault seen but not yet acted on (the drain failed, the controller did not answer, the breaker
+  could not count the fleet): lost, the sick node would take the next job.
+
+One JSON file per node, `<state dir>/<node>.state.json`, replaced atomically, mode 0600 from its
+first byte, never written through a symlink. It is read and written once per run (~0.1 ms).
+Reading never raises: a missing or damaged file is an empty state (the store's baseline is then
+the fallback for the kernel-log position).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+FORMAT = 1
+READ_MAX = 1 << 16  # our file is a few hundred bytes; anything bigger is not ours
+
+
+def path_for(state_dir: str, node: str) -> str:
+    return os.path.join(state_dir, f"{node}.state.json")
+
+
+def load(path: str) -> dict:
+    """The saved state, or {} when there is none or it cannot be trusted."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return {}
+    try:
+        data = os.read(fd, READ_MAX + 1)
+    except OSError:
+        return {}
+    finally:
+        os.close(fd)
+    try:
+        doc = json.loads(data) if len(data) <= READ_MAX else None
+    except (ValueError, RecursionError):
+        doc = None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        return {}
+    return doc
+
+
+def kmsg_position(doc: dict) -> dict | None:
+    """{"seq", "boot_id"} of the last kernel-log record read, if the state has a sane one."""
+    pos = doc.get("kmsg")
+    if isinstance(pos, dict) and isinstance(pos.get("seq"), int) and not isinstance(
+        pos.get("seq"), bool
+    ):
+        return {"seq": pos["seq"], "boot_id": pos.get("boot_id")}
+    return None
+
+
+def pending(doc: dict) -> dict | None:
+    """The fault seen and not yet acted on: {"message", "since", "phase"}, or None."""
+    item = doc.get("pending")
+    if isinstance(item, dict) and isinstance(item.get("message"), str) and item["message"]:
+        return item
+    return None
+
+
+def save(path: str, doc: dict) -> None:
+    """Replace the state file: a private temp file created exclusively beside it, then renamed.
+    Raises OSError (the caller logs it: the verdict never depends on this file)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    body = json.dumps(dict(doc, format=FORMAT), separators=(",", ":")).encode()
+    temp = f"{path}.{os.getpid()}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    fd = os.open(temp, flags, 0o600)
+    try:
+        os.write(fd, body)
+    finally:
+        os.close(fd)
+    try:
+        os.replace(temp, path)  # a rename replaces a planted symlink itself, never its target
+    except BaseException:
+        os.unlink(temp)
+        raise
+
+
+# --- runs the store could not take --------------------------------------------------------------
+
+SPOOL_MAX = 16 << 20  # a store locked for days at a run a minute is ~10 MiB of spooled runs
+
+
+def spool(path: str, entry: dict) -> None:
+    """Append one run the store could not take (locked, full for a moment) to `path`, a private
+    file beside the store; the next run that can write the store replays it. Raises OSError."""
+    line = (json.dumps(entry, separators=(",", ":"), default=str) + "\n").encode()
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+    fd = os.open(path, flags, 0o600)
+    try:
+        if os.fstat(fd).st_size + len(line) > SPOOL_MAX:
+            raise OSError(f"{path} holds {SPOOL_MAX >> 20} MiB of unrecorded runs already")
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def take_spool(path: str) -> tuple:
+    """(entries, taken path) of the spooled runs, moved aside first so that a concurrent run
+    spools anew; ([], "") when there are none. The caller removes the taken file once the
+    entries are recorded (or puts it back by spooling them again)."""
+    taken = f"{path}.{os.getpid()}.taking"
+    try:
+        os.rename(path, taken)
+    except OSError:
+        return [], ""
+    entries = []
+    try:
+        fd = os.open(taken, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as handle:
+            for line in handle:
+                try:
+                    entry = json.loads(line)
+                except (ValueError, RecursionError):
+                    continue
+                if isinstance(entry, dict) and isinstance(entry.get("records"), dict):
+                    entries.append(entry)
+    except OSError:
+        return [], ""
+    return entries, taken
