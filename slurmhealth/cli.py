@@ -62,7 +62,20 @@ def _load_config(path: str | None) -> config.Config:
         raise click.ClickException(str(exc)) from None
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Group(click.Group):
+    """A store that turns out damaged or locked in the middle of any command is one line and
+    exit 1, never a traceback (a command's own checks say more where they can)."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        import sqlite3  # noqa: PLC0415 - already loaded by the store
+
+        try:
+            return super().invoke(ctx)
+        except (store.StoreError, sqlite3.Error) as exc:
+            raise click.ClickException(f"store: {clean(exc)}") from None
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="slurmhealth")
 def cli() -> None:
     """GPU node health for Slurm: checks, history, lemon detection.
@@ -220,8 +233,13 @@ def genconf(
             learned[area] = values
     text = genconf_text(name, learned)
     config.parse(text, "<genconf>")  # what we write must validate
-    with click.open_file(output, "w") as handle:
-        handle.write(text)
+    if output == "-":
+        click.echo(text, nl=False)
+        return
+    try:  # 0644 as admins install configs; never through a planted symlink
+        files.write_private(output, text, 0o644)
+    except OSError as exc:
+        raise click.ClickException(f"{output}: {exc.strerror or exc}") from None
 
 
 def _open(path: str) -> object:
@@ -529,7 +547,7 @@ def collect_cmd(
     except sync.FleetError as exc:
         raise click.ClickException(str(exc)) from None
     for path, why in report["skipped"]:
-        click.echo(f"{path}: skipped: {why}", err=True)
+        click.echo(f"{clean(path, 300)}: skipped: {clean(why)}", err=True)
     for path, result in report["imports"]:
         _report_bad(path, result)
     merged, skipped = len(report["merged"]), len(report["skipped"])

@@ -236,18 +236,27 @@ def record(
     job_id: str | None = None,
     spool: str = "",
     **kw: object,
-) -> None:
-    """Record a run. If the store cannot take it (locked past the busy timeout, unusable), the
-    run goes to the spool beside it, replayed by the next run that can write the store, and its
-    verdict goes to syslog at once: nothing recorded is lost."""
+) -> object:
+    """Record a run; returns the connection to go on with. If the store cannot take it (locked
+    past the busy timeout, unusable), the run goes to the spool beside it, replayed by the next
+    run that can write the store, and its verdict goes to syslog at once: nothing recorded is
+    lost. A store found damaged past its header only now is moved aside like a corrupt one, and
+    the run recorded in a new store."""
     records = run.records(job_id)
     if conn is not None:
         from slurmhealth.core import store  # noqa: PLC0415
 
         try:
             store.record_run(conn, records, **kw)  # type: ignore[arg-type]
-            return
+            return conn
         except store.StoreError as exc:
+            conn = _reopen_if_corrupt(conn, exc, spool, mode)
+            if conn is not None:
+                try:
+                    store.record_run(conn, records, **kw)  # type: ignore[arg-type]
+                    return conn
+                except store.StoreError as again:
+                    exc = again
             log(f"could not record the run, verdict stands: {exc}", mode)
     failing = "; ".join(f"{r.check}: {r.message}" for r in run.results if r.status == FAIL)
     log(f"unrecorded run on {run.node}: {run.verdict} {failing}", mode)
@@ -256,6 +265,24 @@ def record(
             state.spool(spool, {"records": records, "kw": kw})
         except OSError as exc:
             log(f"could not spool the run either: {exc}", mode)
+    return conn
+
+
+def _reopen_if_corrupt(conn: object, exc: Exception, spool: str, mode: str) -> object:
+    """The store's file is damaged (not merely locked or full): move it aside, start a new one
+    (None when that fails too; the caller spools). Otherwise the same connection."""
+    from slurmhealth.core import store  # noqa: PLC0415
+
+    if not getattr(exc, "corrupt", False) or not spool.endswith(SPOOL_SUFFIX):
+        return conn
+    path = spool[: -len(SPOOL_SUFFIX)]
+    try:
+        conn.close()  # type: ignore[attr-defined]
+    except Exception:  # noqa: S110 - closing a damaged store may fail too; it is moved aside
+        pass
+    aside = store.move_aside(path)
+    log(f"store damaged, moved to {aside}, starting a new one: {exc}", mode)
+    return open_store(path, mode, HOOK_BUSY_S)
 
 
 def replay_spool(conn: object, spool: str, mode: str) -> None:
@@ -316,7 +343,7 @@ def check(argv: list) -> int:
     )
     run = runner.run(node, expect, options, areas, "check", baselines)
     if not opts.get("--no-db"):
-        record(conn, run, "check", spool=path + SPOOL_SUFFIX)
+        conn = record(conn, run, "check", spool=path + SPOOL_SUFFIX)
     write_metrics(_one(opts, "--metrics-file"), run, None, "check")
     code = EXIT_FAIL if run.verdict == FAIL else EXIT_OK
     try:
@@ -557,7 +584,7 @@ def hook(mode: str, clock: Deadline) -> int:
     message = _failure_message(run)
     clock.summary = f"verdict {run.verdict}" + (f": {message}" if message else "")
     _save_side(side_path, side, run, "" if monitor else message, pending, mode)
-    record(
+    conn = record(
         conn,
         run,
         mode,

@@ -301,11 +301,13 @@ def merge(previous: dict, current: dict, run: runner.Run, node: str, counts: tup
 
 
 def _read(path: str) -> str:
+    """The previous file, to carry its series forward; never read through a symlink."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            text = handle.read(READ_MAX + 1)
-    except FileNotFoundError:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:  # none yet, or a symlink someone planted (ELOOP)
         return ""
+    with os.fdopen(fd, encoding="utf-8", errors="replace") as handle:
+        text = handle.read(READ_MAX + 1)
     return text if len(text) <= READ_MAX else ""
 
 

@@ -17,7 +17,7 @@ from slurmhealth.node.checks import AREAS
 from slurmhealth.node.checks.base import Context, norm_bus_id
 from slurmhealth.node.sources import Options, SourceUnavailable
 
-SNAPSHOT_FORMAT = "slurmhealth-snapshot/1"
+SNAPSHOT_FORMAT = "slurmhealth-snapshot/1"  # node/replay.py FORMAT
 SOURCES = ("gpu", "ib", "kmsg")
 
 
@@ -42,15 +42,10 @@ class Gathered:
 
 
 def load_snapshot(path: str) -> dict:
-    """A snapshot document; ValueError with a one-line reason when it is not one."""
-    with open(path, encoding="utf-8") as handle:
-        try:
-            doc = json.load(handle)
-        except ValueError as exc:
-            raise ValueError(f"{path}: not a JSON snapshot: {exc}") from None
-    if not isinstance(doc, dict) or doc.get("format") != SNAPSHOT_FORMAT:
-        raise ValueError(f"{path}: not a slurmhealth snapshot (format {SNAPSHOT_FORMAT})")
-    return doc
+    """A snapshot document, its shape checked (node/replay.py); ValueError with one line."""
+    from slurmhealth.node import replay  # noqa: PLC0415 - only when a snapshot is replayed
+
+    return replay.load(path)
 
 
 def _replayed(doc: dict, source: str) -> Gathered:

@@ -197,10 +197,6 @@ def test_the_admin_commands_say_a_damaged_store_in_one_line(db):
         assert proc.stderr.splitlines() == [f"Error: {db}: database disk image is malformed"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="lead: node/agent.py must store.move_aside() on a corrupt StoreError after connect",
-)
 def test_a_check_moves_a_store_damaged_past_its_header_aside(db):
     """The agent's side: the first run that meets the damage moves the file aside and records
     into a fresh store; no later run logs "malformed" again."""

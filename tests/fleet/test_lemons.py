@@ -85,3 +85,20 @@ def test_the_breaker_stops_the_sweep_loudly(fleet_db, tmp_path):
     assert "CIRCUIT BREAKER OPEN" in proc.stderr
     nodes = json.loads(state.read_text())
     assert sum(1 for v in nodes.values() if v["reason"]) == 1
+
+
+def test_lemons_on_a_fleet_store_damaged_past_its_header_is_one_line(tmp_path):
+    """A damaged fleet store met in the middle of a command: one line, exit 1, no traceback."""
+    from slurmhealth.core import store as store_module
+
+    db = str(tmp_path / "fleet.db")
+    conn = store_module.connect(db)
+    rows = [(f"r{i}", "gpu01", None, "check", float(i), 0.1, "ok", "t", "{}") for i in range(3000)]
+    conn.executemany(store_module.insert_sql("runs"), rows)
+    conn.close()
+    with open(db, "r+b") as handle:
+        handle.seek(8192)
+        handle.write(b"\xff" * 65536)
+    proc = run_cli("lemons", "--db", db, "--now", "4000", "--window", "1d")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

@@ -14,7 +14,6 @@ import pytest
 from conftest import faults_module, run_cli
 
 DEEP = 100_000
-XFAIL = pytest.mark.xfail(strict=True, reason="lead fixes runner.load_snapshot")
 
 # name -> patches on the healthy snapshot (faults.py's form: ("set", PATH, VALUE), ...)
 WRONG_TYPES = {
@@ -61,19 +60,6 @@ WRONG_TYPES = {
     "kmsg.lost a string": [("set", "kmsg.lost", "yes")],
 }
 
-# How each case fails today (measured on this tree; the lead fixes runner.load_snapshot). Strict
-# xfail: a case the fix handles turns into a failure until its name leaves these sets.
-TRACEBACK = {  # exit 1 from an uncaught exception, a traceback on stderr
-    "sources.gpu a string",  # AttributeError: 'str' object has no attribute 'get'
-    "the document 100k lists deep",  # RecursionError in json.load (not a ValueError)
-    "the gpu section 100k lists deep",
-    "the gpu section 100k objects deep",
-}
-SILENT = {  # exit 0: the damaged section replays as "no GPUs", "no Xids", a warn or an error
-    *(name for name in WRONG_TYPES if name != "sources.gpu a string"),
-    "a device field 500 lists deep",
-}
-FAILING = TRACEBACK | SILENT
 
 
 def _snapshot(tmp_path, name: str, text: str) -> str:
@@ -94,11 +80,7 @@ def check(path: str, *extra: str):
     return run_cli("check", "--no-db", "--node", "gpu01", "--gpu-source", path, *extra)
 
 
-def _case(name: str) -> object:
-    return pytest.param(name, marks=XFAIL) if name in FAILING else name
-
-
-@pytest.mark.parametrize("name", [_case(n) for n in WRONG_TYPES])
+@pytest.mark.parametrize("name", list(WRONG_TYPES))
 def test_a_wrong_type_in_a_snapshot(tmp_path, name):
     faults = faults_module()
     doc = faults.apply(faults.build("healthy"), WRONG_TYPES[name])
@@ -117,13 +99,13 @@ NESTED = {
 }
 
 
-@pytest.mark.parametrize("name", [_case(n) for n in NESTED])
+@pytest.mark.parametrize("name", list(NESTED))
 def test_deep_nesting_in_a_snapshot(tmp_path, name):
     path = _snapshot(tmp_path, name, NESTED[name])
     assert_refused_or_failed(check(path))
 
 
-@pytest.mark.parametrize("name", [_case("a device field 500 lists deep")])
+@pytest.mark.parametrize("name", ["a device field 500 lists deep"])
 def test_a_device_field_nested_within_the_parsers_limit(tmp_path, name):
     """500 deep parses (json's limit is the recursion limit): still a wrong type."""
     faults = faults_module()

@@ -1,0 +1,214 @@
+"""Snapshots: load one, check its shape, replay its sources (docs/snapshot-format.md).
+
+A snapshot is a file an admin replays: one a node wrote while failing, or one edited by hand. A
+wrong type anywhere the checks read, deep nesting or a number that is not finite would otherwise
+replay as "no GPUs" or "no Xids" and pass: every such file is refused with one line that names
+the first bad path. The shape below is what the sources write (sources/nvml.py, sysfs.py,
+kmsg.py); keys it does not name are left alone, so a newer snapshot with more facts still loads.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+FORMAT = "slurmhealth-snapshot/1"
+MAX_DEPTH = 64  # the deepest real snapshot path is 7 levels; JSON nesting past this is refused
+
+
+class Shape:
+    """What one value may be: `kinds` among "int", "num", "str", "bool", "null", "any", or a
+    dict/list/map shape: `keys` {key: Shape} for an object, `item` for a list, `values` for a
+    map (an object with free keys)."""
+
+    __slots__ = ("item", "keys", "kinds", "values")
+
+    def __init__(self, *kinds: str, keys: dict | None = None, item: Shape | None = None,
+                 values: Shape | None = None) -> None:
+        self.kinds, self.keys, self.item, self.values = kinds, keys, item, values
+
+
+def _s(*kinds: str) -> Shape:
+    return Shape(*kinds)
+
+
+def _obj(keys: dict, *kinds: str) -> Shape:
+    return Shape("obj", *kinds, keys=keys)
+
+
+def _list(item: Shape, *kinds: str) -> Shape:
+    return Shape("list", *kinds, item=item)
+
+
+def _map(values: Shape, *kinds: str) -> Shape:
+    return Shape("map", *kinds, values=values)
+
+
+INT, NUM, STR, BOOL = _s("int", "null"), _s("num", "null"), _s("str", "null"), _s("bool", "null")
+SOURCE = _obj({"status": _s("str"), "message": STR, "seconds": NUM, "versions": _map(STR, "null")})
+LINK = _obj({"link": INT, "active": BOOL, "crc": INT, "recovery": INT, "replay": INT})
+DEVICE = _obj(
+    {
+        "index": _s("int"),
+        "error": STR,
+        "errors": _map(_s("str")),
+        "fields": _map(NUM, "null"),
+        "nvlink": _list(LINK, "null"),
+        "fabric": _obj({"state": INT, "status": INT}, "null"),
+        "processes": _list(_obj({"pid": INT, "used_memory": INT}), "null"),
+        "bus_id": STR,
+        "uuid": STR,
+        "name": STR,
+        "serial": STR,
+        "vbios": STR,
+        "arch": INT,
+        "persistence": INT,
+        "temperature": NUM,
+        "temp_slowdown": NUM,
+        "clock_event_reasons": INT,
+        "pcie_max_gen": INT,
+        "pcie_max_width": INT,
+    }
+)
+GPU = _obj(
+    {
+        "count": INT,
+        "driver_version": STR,
+        "devices": _list(DEVICE),
+        "timing_ms": _map(NUM, "null"),
+        "pci_gpus": _list(_s("str"), "null"),
+    },
+    "null",
+)
+PORT = _obj(
+    {
+        "state": STR,
+        "phys_state": STR,
+        "rate": STR,
+        "link_layer": STR,
+        "counters": _map(STR, "null"),
+    }
+)
+IB = _obj(
+    {
+        "devices": _map(
+            _obj({"ports": _map(PORT), "fw_ver": STR, "hca_type": STR, "board_id": STR,
+                  "node_guid": STR})
+        ),
+        "errors": _map(_s("str"), "null"),
+    },
+    "null",
+)
+RECORD = _obj({"seq": _s("int"), "msg": _s("str"), "pri": INT, "usec": INT})
+KMSG = _obj(
+    {
+        "records": _list(RECORD),
+        "path": STR,
+        "boot_id": STR,
+        "first_seq": INT,
+        "after_seq": INT,
+        "lost": BOOL,
+        "missed": INT,
+    },
+    "null",
+)
+SNAPSHOT = _obj(
+    {
+        "format": _s("str"),
+        "node": STR,
+        "taken_at": STR,
+        "tool_version": STR,
+        "sources": _map(SOURCE, "null"),
+        "gpu": GPU,
+        "ib": IB,
+        "kmsg": KMSG,
+    }
+)
+
+
+def _kind(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "num" if math.isfinite(value) else "not finite"
+    if isinstance(value, str):
+        return "str"
+    if isinstance(value, list):
+        return "list"
+    return "obj" if isinstance(value, dict) else type(value).__name__
+
+
+def problem(value: object, shape: Shape, path: str = "", depth: int = 0) -> str:
+    """Where `value` first departs from `shape` ("gpu.devices.0.fields.ecc_current: a list,
+    not a number"), or "" when it fits."""
+    if depth > MAX_DEPTH:
+        return f"{path or 'the document'}: nested deeper than {MAX_DEPTH} levels"
+    kind = _kind(value)
+    allowed = set(shape.kinds)
+    fits = kind in allowed or "any" in allowed or (kind == "int" and "num" in allowed)
+    if kind == "obj" and "map" in allowed:
+        fits = True
+    if not fits:
+        want = " or ".join(_WORDS.get(k, k) for k in shape.kinds if k != "null")
+        return f"{path or 'the document'}: {_WORDS.get(kind, kind)}, not {want}"
+    if kind == "obj" and shape.keys is not None:
+        for key, inner in shape.keys.items():
+            if key in value:  # type: ignore[operator]
+                found = problem(value[key], inner, _join(path, key), depth + 1)  # type: ignore[index]
+                if found:
+                    return found
+    elif kind == "obj" and shape.values is not None:
+        for key, item in value.items():  # type: ignore[attr-defined]
+            found = problem(item, shape.values, _join(path, key), depth + 1)
+            if found:
+                return found
+    elif kind == "list" and shape.item is not None:
+        for i, item in enumerate(value):  # type: ignore[arg-type]
+            found = problem(item, shape.item, _join(path, str(i)), depth + 1)
+            if found:
+                return found
+    return ""
+
+
+_WORDS = {
+    "int": "an integer",
+    "num": "a number",
+    "str": "text",
+    "bool": "true/false",
+    "null": "null",
+    "list": "a list",
+    "obj": "an object",
+    "map": "an object",
+}
+
+
+def _join(path: str, key: str) -> str:
+    text = str(key)[:40]
+    return f"{path}.{text}" if path else text
+
+
+def load(path: str) -> dict:
+    """A snapshot document; ValueError with a one-line reason when it is not one."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            doc = json.load(handle, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError(f"{path}: not a snapshot: nested too deep") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not a JSON snapshot: {exc.reason}") from None
+    except ValueError as exc:
+        raise ValueError(f"{path}: not a JSON snapshot: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise ValueError(f"{path}: not a slurmhealth snapshot (format {FORMAT})")
+    found = problem(doc, SNAPSHOT)
+    if found:
+        raise ValueError(f"{path}: not a usable snapshot: {found}")
+    return doc
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a number a snapshot may hold")
