@@ -163,6 +163,10 @@ def scenarios(snapshots: str) -> list:
         ),
         ("corrupt store (moved aside)", {}, "prolog", {}, "corrupt"),
         ("config unreadable TOML (defaults)", {}, "prolog", {}, "badconfig"),
+        ("config out-of-range deadline = 0", dict(deadline=0), "prolog", {}, None),
+        ("config world-writable (refused)", {}, "prolog", {}, "writable"),
+        ("node pattern gpu[0-99999][0-99999]", {}, "prolog", {}, "pattern"),
+        ("monitor-only, failing node", dict(monitor_only=True), "prolog", {}, None),
     ]
 
 
@@ -187,9 +191,15 @@ def main() -> None:
         if setup == "corrupt":
             with open(os.path.join(node.state, f"{NODE}.db"), "r+b") as handle:
                 handle.write(b"not a database" * 100)
+        config_path = os.path.join(node.dir, "slurmhealth.toml")
         if setup == "badconfig":
-            with open(os.path.join(node.dir, "slurmhealth.toml"), "a") as handle:
+            with open(config_path, "a") as handle:
                 handle.write("[[[broken\n")
+        if setup == "writable":
+            os.chmod(config_path, 0o666)  # noqa: S103 - the fault this scenario injects
+        if setup == "pattern":
+            with open(config_path, "a") as handle:
+                handle.write('[[node]]\nmatch = "gpu[0-99999][0-99999]"\ngpu.count = 8\n')
         runs = 1 if setup == "hang" else args.runs
         results = [node.run(mode, str(n + 1), **extra) for n in range(runs)]
         if holder is not None:

@@ -24,7 +24,7 @@ PACKAGE = os.path.join(REPO, "slurmhealth")
 # fleet never renders a report.
 RANK = {"core": 0, "node": 1, "fleet": 2, "report": 3, "cli": 4, "__main__": 4, "__init__": 0}
 # What the node side may import beyond the standard library (each lazily, with a fallback).
-NODE_THIRD_PARTY = {"pynvml", "tomli"}
+NODE_THIRD_PARTY = {"pynvml", "tomli", "tomllib"}  # tomllib: stdlib from 3.11, guarded
 
 
 def modules() -> dict:

@@ -31,15 +31,28 @@ from slurmhealth.core.result import FAIL
 SETTLE_S = 0.3
 
 
-def _note(
-    conn: object, node: str, action: str, why: str, actor: str, ok: bool, detail: str, log: object
+def note(
+    conn: object,
+    node: str,
+    action: str,
+    why: str,
+    actor: str,
+    ok: bool,
+    detail: str,
+    log: object,
+    keep: object = None,
 ) -> None:
-    if conn is None:
-        return
-    try:
-        store.record_action(conn, node, action, why, actor, ok, detail)  # type: ignore[arg-type]
-    except store.StoreError as exc:
-        log(f"could not record the {action}: {exc}")  # type: ignore[operator]
+    """Record an action in the store; if the store cannot take it, hand it to `keep` (the
+    agent spools it beside the store, to be recorded by a later run): nothing is lost."""
+    when = time.time()
+    if conn is not None:
+        try:
+            store.record_action(conn, node, action, why, actor, ok, detail, when)  # type: ignore[arg-type]
+            return
+        except store.StoreError as exc:
+            log(f"could not record the {action}: {exc}")  # type: ignore[operator]
+    if keep is not None:
+        keep({"action": [node, action, why, actor, ok, detail, when]})  # type: ignore[operator]
 
 
 def _history(conn: object, node: str, log: object) -> list:
@@ -75,6 +88,7 @@ def drain(
     actor: str,
     log: object,
     record_skip: bool = True,
+    keep: object = None,
 ) -> str:
     """Drain `node` unless someone else took it out, or the breaker is open. Returns the outcome.
 
@@ -89,7 +103,7 @@ def drain(
             if record_skip:
                 detail = f"already out: {info['reason'] or info['state']}"
                 why = slurm.reason(message)
-                _note(conn, node, ACT_DRAIN_SKIPPED, why, actor, True, detail, log)
+                note(conn, node, ACT_DRAIN_SKIPPED, why, actor, True, detail, log, keep)
             return SKIPPED
         fleet = client.nodes()
     except slurm.SlurmError as exc:
@@ -100,7 +114,7 @@ def drain(
         why = _reason(message, conn, node, settings, now, log)
         detail = f"cannot count the fleet's drains ({exc}); not draining {node} now"
         log(f"CIRCUIT BREAKER HOLDS: {detail}")  # type: ignore[operator]
-        _note(conn, node, ACT_BREAKER, why, actor, False, f"circuit breaker: {detail}", log)
+        note(conn, node, ACT_BREAKER, why, actor, False, f"circuit breaker: {detail}", log, keep)
         return BREAKER
     why = _reason(message, conn, node, settings, now, log)
     if fleet:
@@ -112,20 +126,21 @@ def drain(
                 f"{settings['breaker_share']:.0%}); not draining {node}"
             )
             log(f"CIRCUIT BREAKER OPEN: {detail}")  # type: ignore[operator]
-            _note(conn, node, ACT_BREAKER, why, actor, False, f"circuit breaker: {detail}", log)
+            refused = f"circuit breaker: {detail}"
+            note(conn, node, ACT_BREAKER, why, actor, False, refused, log, keep)
             return BREAKER
     try:
         client.drain(node, why)
     except slurm.SlurmError as exc:
         log(f"could not drain {node} ({why}): {exc}")  # type: ignore[operator]
-        _note(conn, node, ACT_DRAIN, why, actor, False, str(exc), log)
+        note(conn, node, ACT_DRAIN, why, actor, False, str(exc), log, keep)
         return FAILED
     if fleet and _yield_to_earlier(client, node, settings, now, log):
         detail = f"others drained first in the same burst: {node} resumed"
         log(f"CIRCUIT BREAKER OPEN: {detail}")  # type: ignore[operator]
-        _note(conn, node, ACT_BREAKER, why, actor, False, f"circuit breaker: {detail}", log)
+        note(conn, node, ACT_BREAKER, why, actor, False, f"circuit breaker: {detail}", log, keep)
         return BREAKER
-    _note(conn, node, ACT_DRAIN, why, actor, True, "", log)
+    note(conn, node, ACT_DRAIN, why, actor, True, "", log, keep)
     return DRAINED
 
 
@@ -173,7 +188,7 @@ def resume_due(verdicts: list, needed: int) -> bool:
 
 
 def resume_if_due(
-    client: slurm.Slurm, node: str, settings: dict, conn: object, log: object
+    client: slurm.Slurm, node: str, settings: dict, conn: object, log: object, keep: object = None
 ) -> bool:
     """Resume our own drain of `node` once settings.resume_after consecutive health checks
     passed since it; never an admin's drain, a lemon's or one on probation (may_resume).
@@ -189,7 +204,7 @@ def resume_if_due(
             return False
         client.resume(node)
         why = f"{needed} passing health checks after: {info['reason']}"
-        _note(conn, node, ACT_RESUME, why, f"slurmhealth {HEALTHCHECK}", True, "", log)
+        note(conn, node, ACT_RESUME, why, f"slurmhealth {HEALTHCHECK}", True, "", log, keep)
     except (slurm.SlurmError, store.StoreError) as exc:
         log(f"could not resume {node}: {exc}")  # type: ignore[operator]
         return False

@@ -18,6 +18,7 @@ from slurmhealth.core.constants import (
     ACT_WOULD_DRAIN,
     BREAKER,
     DRAINED,
+    EPILOG,
     HEALTHCHECK,
     HOOKS,
     SKIPPED,
@@ -258,6 +259,7 @@ def record(
                 except store.StoreError as again:
                     exc = again
             log(f"could not record the run, verdict stands: {exc}", mode)
+            _wait_less(conn)
     failing = "; ".join(f"{r.check}: {r.message}" for r in run.results if r.status == FAIL)
     log(f"unrecorded run on {run.node}: {run.verdict} {failing}", mode)
     if spool:
@@ -266,6 +268,16 @@ def record(
         except OSError as exc:
             log(f"could not spool the run either: {exc}", mode)
     return conn
+
+
+def _wait_less(conn: object) -> None:
+    """The store kept us waiting once: the rest of this run waits 0.1 s per write, then spools
+    (a lock held that long is an admin's shell or a prune, not a concurrent prolog)."""
+    if conn is not None:
+        try:
+            conn.execute("PRAGMA busy_timeout = 100")  # type: ignore[attr-defined]
+        except Exception:  # noqa: S110 - the connection is unusable: its writes will spool
+            pass
 
 
 def _reopen_if_corrupt(conn: object, exc: Exception, spool: str, mode: str) -> object:
@@ -296,7 +308,10 @@ def replay_spool(conn: object, spool: str, mode: str) -> None:
     for n, entry in enumerate(entries):
         kw = entry.get("kw") if isinstance(entry.get("kw"), dict) else {}
         try:
-            store.record_run(conn, entry["records"], **kw)  # type: ignore[arg-type]
+            if "action" in entry:
+                store.record_action(conn, *entry["action"])  # type: ignore[arg-type]
+            else:
+                store.record_run(conn, entry["records"], **kw)  # type: ignore[arg-type]
         except (store.StoreError, KeyError, TypeError) as exc:
             log(f"could not replay spooled runs, kept for the next run: {exc}", mode)
             for rest in entries[n:]:
@@ -414,7 +429,9 @@ def slurm_client(settings: dict, clock: Deadline) -> object:
     return slurm.Slurm(settings["slurm_bin"], settings["drain_timeout"], clock.left(RESERVE_S))
 
 
-def drain(node: str, message: str, settings: dict, conn: object, mode: str, clock: Deadline) -> str:
+def drain(
+    node: str, message: str, settings: dict, conn: object, mode: str, clock: Deadline, spool: str
+) -> str:
     """Drain through actions.drain (owned reasons, breaker, probation, recorded). Failure path
     only."""
     from slurmhealth.node import actions  # noqa: PLC0415
@@ -429,23 +446,40 @@ def drain(node: str, message: str, settings: dict, conn: object, mode: str, cloc
         f"slurmhealth {mode}",
         lambda text: log(text, mode),
         record_skip=mode != "healthcheck",
+        keep=_keeper(spool, mode),
     )
 
 
-def maybe_resume(node: str, settings: dict, conn: object, clock: Deadline) -> None:
+def maybe_resume(node: str, settings: dict, conn: object, clock: Deadline, spool: str) -> None:
     """Resume our own drain after `resume_after` consecutive passing health checks."""
     from slurmhealth.node import actions  # noqa: PLC0415
 
     client = slurm_client(settings, clock)
-    actions.resume_if_due(client, node, settings, conn, lambda text: log(text, HEALTHCHECK))
+    say = lambda text: log(text, HEALTHCHECK)  # noqa: E731
+    actions.resume_if_due(client, node, settings, conn, say, _keeper(spool, HEALTHCHECK))
 
 
-def reset_gpus(node: str, indexes: list, settings: dict, conn: object, clock: Deadline) -> list:
+def _keeper(spool: str, mode: str) -> object:
+    """Where an action the store could not take goes: the spool, replayed by a later run."""
+
+    def keep(entry: dict) -> None:
+        try:
+            state.spool(spool, entry)
+        except OSError as exc:
+            log(f"could not spool the action either: {exc}", mode)
+
+    return keep
+
+
+def reset_gpus(
+    node: str, indexes: list, settings: dict, conn: object, clock: Deadline, spool: str
+) -> list:
     """Reset each GPU with nvidia-smi (epilog, GPU idle); returns those whose reset failed."""
     import subprocess  # noqa: PLC0415 - rare path
 
-    from slurmhealth.core import store  # noqa: PLC0415
+    from slurmhealth.node import actions  # noqa: PLC0415
 
+    keep = _keeper(spool, EPILOG)
     failed = []
     for index in indexes:
         argv = [settings["nvidia_smi"], "-r", "-i", str(index)]
@@ -457,13 +491,8 @@ def reset_gpus(node: str, indexes: list, settings: dict, conn: object, clock: De
             ok, detail = False, str(exc)
         if not ok:
             failed.append(index)
-        if conn is not None:
-            try:
-                store.record_action(
-                    conn, node, ACT_RESET_GPU, f"GPU {index}", "slurmhealth epilog", ok, detail
-                )  # type: ignore[arg-type]
-            except store.StoreError as exc:
-                log(f"could not record the reset: {exc}", "epilog")
+        actor, say = "slurmhealth epilog", lambda text: log(text, EPILOG)
+        actions.note(conn, node, ACT_RESET_GPU, f"GPU {index}", actor, ok, detail, say, keep)
     return failed
 
 
@@ -601,14 +630,14 @@ def hook(mode: str, clock: Deadline) -> int:
             except Exception as exc:
                 log(f"could not attribute the job's Xids: {exc}", mode)
         if not message:
-            message = _epilog_reset(node, run, settings, conn, monitor, clock)
+            message = _epilog_reset(node, run, settings, conn, monitor, clock, spool)
             if message and not monitor:
                 _save_side(side_path, side, run, message, pending, mode)
     if monitor:
-        _would(node, message, conn, mode)
+        _would(node, message, conn, mode, spool)
         write_metrics(metrics_path(settings), run, WOULD_DRAIN if message else None, mode)
         return EXIT_OK  # monitor-only: everything recorded, nothing enforced
-    outcome = drain(node, message, settings, conn, mode, clock) if message else None
+    outcome = drain(node, message, settings, conn, mode, clock, spool) if message else None
     if outcome in (DRAINED, SKIPPED) and (pending or message):
         _save_side(side_path, side, run, "", None, mode)  # acted on: nothing pending
     write_metrics(metrics_path(settings), run, outcome, mode)
@@ -616,7 +645,7 @@ def hook(mode: str, clock: Deadline) -> int:
         clock.code = EXIT_OK
         return EXIT_OK  # the breaker is open: fail open, loudly (drain() logged and recorded it)
     if not message and mode == HEALTHCHECK:
-        maybe_resume(node, settings, conn, clock)
+        maybe_resume(node, settings, conn, clock, spool)
     return EXIT_FAIL if run.verdict == FAIL else EXIT_OK
 
 
@@ -674,23 +703,28 @@ def _first_message(message: str) -> str:
     return message.split(" (pending since ", 1)[0]
 
 
-def _would(node: str, message: str, conn: object, mode: str) -> None:
+def _would(node: str, message: str, conn: object, mode: str, spool: str) -> None:
     """Monitor-only: say and record what enforcing would have done."""
     if not message:
         return
-    from slurmhealth.core import slurm, store  # noqa: PLC0415
+    from slurmhealth.core import slurm  # noqa: PLC0415
+    from slurmhealth.node import actions  # noqa: PLC0415
 
     why = slurm.reason(message)
     log(f"monitor-only: would drain {node}: {why}", mode)
-    if conn is not None:
-        try:
-            store.record_action(conn, node, ACT_WOULD_DRAIN, why, f"slurmhealth {mode}")  # type: ignore[arg-type]
-        except store.StoreError as exc:
-            log(f"could not record the would-be drain: {exc}", mode)
+    say = lambda text: log(text, mode)  # noqa: E731
+    actor = f"slurmhealth {mode}"
+    actions.note(conn, node, ACT_WOULD_DRAIN, why, actor, True, "", say, _keeper(spool, mode))
 
 
 def _epilog_reset(
-    node: str, run: runner.Run, settings: dict, conn: object, monitor: bool, clock: Deadline
+    node: str,
+    run: runner.Run,
+    settings: dict,
+    conn: object,
+    monitor: bool,
+    clock: Deadline,
+    spool: str,
 ) -> str:
     """Reset idle GPUs that need it when allowed; otherwise (or if that fails) a drain reason.
     Monitor-only resets nothing: the reason is reported as a would-be drain."""
@@ -698,7 +732,7 @@ def _epilog_reset(
     if not indexes:
         return ""
     if settings["reset_gpus"] and not monitor:
-        indexes = reset_gpus(node, indexes, settings, conn, clock)
+        indexes = reset_gpus(node, indexes, settings, conn, clock, spool)
         if not indexes:
             return ""
     needing = [r.message for r in run.results if r.action == RESET_GPU and r.status != OK]

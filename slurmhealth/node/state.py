@@ -122,7 +122,9 @@ def take_spool(path: str) -> tuple:
                     entry = json.loads(line)
                 except (ValueError, RecursionError):
                     continue
-                if isinstance(entry, dict) and isinstance(entry.get("records"), dict):
+                if isinstance(entry, dict) and (
+                    isinstance(entry.get("records"), dict) or isinstance(entry.get("action"), list)
+                ):
                     entries.append(entry)
     except OSError:
         return [], ""

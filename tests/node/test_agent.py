@@ -297,7 +297,7 @@ def small_fs(tmp_path):
 def test_a_full_filesystem_keeps_the_verdict_and_logs(node, small_fs):
     node.state_dir = small_fs
     assert node.run("prolog", job="1").returncode == 0  # the store exists
-    with open(small_fs / "filler", "wb") as handle:
+    with open(small_fs / "filler", "wb", buffering=0) as handle:
         try:
             while True:
                 handle.write(b"\0" * 65536)
@@ -559,6 +559,8 @@ def test_a_store_locked_by_another_process_costs_the_prolog_seconds_not_minutes(
     assert node.run("prolog", job="56").returncode == 0
     jobs = [r[0] for r in node.db().execute("SELECT job_id FROM runs WHERE job_id IS NOT NULL")]
     assert sorted(jobs) == ["55", "56"]
+    drains = node.db().execute("SELECT reason FROM actions WHERE action = 'drain'").fetchall()
+    assert drains[-1] == ("slurmhealth: GPU 3 GpuIsLost",)  # the drain made while locked
     assert not list(node.state_dir.glob("*.unrecorded.ndjson*"))
 
 
