@@ -227,6 +227,7 @@ def load_config(path: str | None, conn: object) -> config.Config:
         store.set_meta(conn, key, {"stamp": stamp, "data": loaded.data})  # type: ignore[arg-type]
     except Exception as exc:
         log(f"could not cache the config: {exc}")
+        _wait_less(conn)
     return loaded
 
 
@@ -314,6 +315,7 @@ def replay_spool(conn: object, spool: str, mode: str) -> None:
                 store.record_run(conn, entry["records"], **kw)  # type: ignore[arg-type]
         except (store.StoreError, KeyError, TypeError) as exc:
             log(f"could not replay spooled runs, kept for the next run: {exc}", mode)
+            _wait_less(conn)
             for rest in entries[n:]:
                 try:
                     state.spool(spool, rest)
