@@ -61,6 +61,7 @@ $(VENVB)/.installed: setup.cfg pyproject.toml $(SOURCES)
 bench: $(VENVB)/.installed
 	$(VENVB)/bin/python bench/bench_check.py
 	$(VENVB)/bin/python bench/bench_hook.py
+	$(VENVB)/bin/python bench/bench_faults.py
 	$(VENVB)/bin/python bench/bench_fleet.py
 	$(VENVB)/bin/python bench/bench_report.py
 	$(VENVB)/bin/python bench/validate_lemons.py
