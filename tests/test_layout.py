@@ -210,14 +210,20 @@ SQL_HOMES = {
 }
 
 
-def test_only_the_store_layer_writes_the_stores_tables():
-    writers = set()
+def modules_with_sql(pattern: re.Pattern) -> set:
+    """Modules with a string constant (SQL text) that matches `pattern`."""
+    found = set()
     for name, path in MODULES.items():
         tree = ast.parse(open(path, encoding="utf-8").read())
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
-                if _WRITE.search(node.value):
-                    writers.add(name)
+                if pattern.search(node.value):
+                    found.add(name)
+    return found
+
+
+def test_only_the_store_layer_writes_the_stores_tables():
+    writers = modules_with_sql(_WRITE)
     assert writers <= SQL_HOMES, f"SQL writing the store outside it: {writers - SQL_HOMES}"
 
 
@@ -265,11 +271,5 @@ QUERY_HOMES = {
 
 
 def test_only_the_query_modules_read_the_stores_tables():
-    readers = set()
-    for name, path in MODULES.items():
-        tree = ast.parse(open(path, encoding="utf-8").read())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str):
-                if _READ.search(node.value):
-                    readers.add(name)
+    readers = modules_with_sql(_READ)
     assert readers <= QUERY_HOMES, f"SQL reading the store outside it: {readers - QUERY_HOMES}"

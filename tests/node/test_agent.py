@@ -82,9 +82,12 @@ class Node:
         return env
 
     def run(self, mode, job="101", timeout=60, **extra):
-        # slurmd passes almost no environment: no PATH, no HOME
+        return self.command(mode, job=job, timeout=timeout, **extra)
+
+    def command(self, *args, job=None, timeout=60, **extra):
+        """`slurmhealth ARGS` as slurmd runs it: almost no environment (no PATH, no HOME)."""
         return subprocess.run(
-            [sys.executable, "-m", "slurmhealth", mode],
+            [sys.executable, "-m", "slurmhealth", *args],
             env=self.env(job, **extra),
             capture_output=True,
             text=True,
@@ -451,14 +454,7 @@ def test_xids_a_health_check_read_during_the_job_still_go_to_the_job(node, tmp_p
 def test_hook_help_never_acts(node, mode):
     node.configure("gpu-lost")  # a failing node: acting would drain it
     for flag in ("--help", "-h"):
-        proc = subprocess.run(
-            [sys.executable, "-m", "slurmhealth", mode, flag],
-            env=node.env(),
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        proc = node.command(mode, flag, job="101")
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.startswith(f"Usage: slurmhealth {mode}")
     assert node.calls() == [] and node.slurm()["state"] == "IDLE"
@@ -467,14 +463,7 @@ def test_hook_help_never_acts(node, mode):
 
 def test_a_hook_given_arguments_is_a_usage_error_that_acts_not(node):
     node.configure("gpu-lost")
-    proc = subprocess.run(
-        [sys.executable, "-m", "slurmhealth", "prolog", "--bogus"],
-        env=node.env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    proc = node.command("prolog", "--bogus", job="101")
     assert proc.returncode == 2 and "takes no arguments" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert node.calls() == [] and not node.state_dir.exists()
@@ -651,14 +640,7 @@ def test_an_out_of_range_value_never_drains_and_is_logged_once(node):
 
 def test_check_with_an_out_of_range_value_is_a_config_error_on_one_line(node):
     node.configure(breaker_share=1.5, resume_after=-1)
-    proc = subprocess.run(
-        [sys.executable, "-m", "slurmhealth", "check", "--no-db", "--config", str(node.config)],
-        env=node.env(None),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    proc = node.command("check", "--no-db", "--config", str(node.config))
     assert proc.returncode == 2
     lines = proc.stderr.splitlines()
     assert len(lines) == 1, proc.stderr
@@ -677,12 +659,5 @@ def test_a_config_others_could_write_is_refused_loudly_and_never_drains(node, mo
     assert proc.returncode == 0
     assert "not trusted" in proc.stderr and "writable" in proc.stderr
     assert node.calls() == []
-    check = subprocess.run(
-        [sys.executable, "-m", "slurmhealth", "check", "--no-db", "--config", str(node.config)],
-        env=node.env(None),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    check = node.command("check", "--no-db", "--config", str(node.config))
     assert check.returncode == 2 and "not trusted" in check.stderr
