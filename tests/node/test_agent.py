@@ -571,8 +571,9 @@ def test_the_whole_hook_ends_by_its_deadline_whatever_blocks(node, tmp_path):
     assert side_state(node)["pending"]["message"] == "GPU 3 GpuIsLost"
 
 
-def test_monitor_only_records_what_it_would_do_and_enforces_nothing(node):
-    node.configure("gpu-lost", monitor_only=True)
+def test_monitor_only_records_what_it_would_do_and_enforces_nothing(node, tmp_path):
+    prom = tmp_path / "slurmhealth.prom"
+    node.configure("gpu-lost", monitor_only=True, metrics_file=str(prom))
     proc = node.run("prolog")
     assert proc.returncode == 0
     assert "monitor-only: would drain gpu01: slurmhealth: GPU 3 GpuIsLost" in proc.stderr
@@ -582,6 +583,20 @@ def test_monitor_only_records_what_it_would_do_and_enforces_nothing(node):
     verdict = node.db().execute("SELECT verdict FROM runs").fetchone()[0]
     assert verdict == "fail"  # the verdict is recorded as it is
     assert "pending" not in side_state(node)  # nothing to act on later either
+    metrics = prom.read_text()  # node_exporter shows what would have happened
+    assert 'slurmhealth_drains_total{node="gpu01",outcome="would_drain"} 1' in metrics
+    assert 'slurmhealth_drains_total{node="gpu01",outcome="drained"} 0' in metrics
+
+
+def test_a_store_read_failing_in_the_drain_path_never_costs_the_drain(node, tmp_path):
+    """Item: the drain path reads the node's drain history (probation). A store that cannot be
+    read there must not escape into the catch-all (it used to: exit 0, no drain)."""
+    boom = planted_bug(tmp_path, "slurmhealth.core.store", "drain_history")
+    node.configure("gpu-lost")
+    proc = node.run("prolog", PYTHONPATH=os.pathsep.join([boom, REPO]))
+    assert proc.returncode == 1, proc.stderr
+    assert node.slurm()["reason"] == "slurmhealth: GPU 3 GpuIsLost"
+    assert "could not read the node's drain history" in proc.stderr
 
 
 def test_a_slow_controller_still_gets_the_health_check_drain(node, tmp_path):
