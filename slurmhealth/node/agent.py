@@ -30,10 +30,12 @@ from slurmhealth.node.checks import AREAS
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 DEFAULT_DEADLINE_S = config.SETTINGS["deadline"][0]
-# Each wait for the store's lock on the hook path (another process writing: a concurrent
-# prolog takes ~1-5 ms; an admin's sqlite3 shell or a long prune, minutes). Past it the write
-# is given up (logged with the verdict), so a locked store costs a hook at most a few of these.
-HOOK_BUSY_S = 1.0
+# The first wait for the store's lock on the hook path. A concurrent prolog holds it ~1-5 ms
+# (64 prologs starting at once on a loaded 2-core node queue for up to a second or two); an
+# admin's sqlite3 shell or a long prune, minutes. Past it the write is given up (the run is
+# spooled, its verdict logged) and the rest of the run waits 0.1 s per write (_wait_less), so a
+# locked store costs a hook about this much, well inside the deadline.
+HOOK_BUSY_S = 3.0
 # Kept back from the deadline for what follows the last bounded wait: logging, exiting.
 RESERVE_S = 0.3
 PENDING_CHECK = "slurmhealth.pending"

@@ -342,15 +342,16 @@ def test_64_prologs_at_once_lose_nothing(node):
         )
     errors = [p.communicate(timeout=120)[1] for p in procs]
     assert all(p.returncode == 0 for p in procs), errors
-    assert not any("locked" in e for e in errors), errors
+    assert not any("Traceback" in e for e in errors), errors
+    # A prolog that waited past its busy timeout (a loaded machine) spooled its run; the next
+    # run replays the spool. Either way every one of the 64 lands in the store.
+    assert node.run("prolog", job="2000").returncode == 0
     db = node.db()
-    assert (
-        db.execute("SELECT count(DISTINCT job_id) FROM runs WHERE phase='prolog'").fetchone()[0]
-        == 64
-    )
+    burst = "SELECT count(DISTINCT job_id) FROM runs WHERE phase='prolog' AND job_id != '2000'"
+    assert db.execute(burst).fetchone()[0] == 64
     per_run = db.execute("SELECT count(*) FROM results GROUP BY run_id").fetchall()
-    assert len(per_run) == 64 and {n for (n,) in per_run} == {1}  # gpu.thermal warns in each
-    assert db.execute("SELECT count(*) FROM jobs").fetchone()[0] == 64
+    assert len(per_run) == 65 and {n for (n,) in per_run} == {1}  # gpu.thermal warns in each
+    assert db.execute("SELECT count(*) FROM jobs").fetchone()[0] == 65
 
 
 def test_a_job_whose_prolog_failed_here_has_no_exit_status_here(node):
