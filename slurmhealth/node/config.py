@@ -97,6 +97,12 @@ BOUNDS: dict = {
     **{f"gpu.{k}": _AT_LEAST_0 for k in ("count", "pcie_gen", "pcie_width")},
     "gpu.clock_event_mask": (lambda v: 0 <= v < 1 << 64, "must be a 64-bit mask (0 to 2^64-1)"),
     "gpu.sbe_warn": _AT_LEAST_1,
+    **{f"gpu.{k}": _AT_LEAST_1 for k in ("sbe_total_warn", "remap_rows_max", "retired_pages_max")},
+    "nvlink.crc_fail_per_s": (lambda v: _finite(v) and v > 0, "must be > 0 errors per second"),
+    "nvlink.crc_min_interval_s": _SECONDS,
+    **{  # rate thresholds per hour: 0 means any rate (the count alone decides)
+        f"ib.{k}": _AT_LEAST_0 for k in AREAS["ib"].DEFAULTS if k.endswith("_per_h")
+    },
     "nvlink.links_per_gpu": _AT_LEAST_0,
     "ib.rate": _AT_LEAST_0,
     **{  # counter-delta thresholds: a delta at or above one warns or fails

@@ -336,7 +336,7 @@ def run(
         out.results.extend(results)
         if facts is not None:
             out.facts[area] = facts
-            out.baselines[area] = AREAS[area].baseline(facts)
+            out.baselines[area] = AREAS[area].baseline(facts, ctx.now)
             got.versions.update(_contributed(area, "versions_of", facts) or {})
             kind = AREAS[area].AREA
             events = _contributed(area, "events_of", facts, ctx) or []

@@ -6,7 +6,8 @@ Each area module is a plain module with the same small interface (no entry-point
   DEFAULTS  {key: (default, type, one line of why)}: the area's expectations and thresholds
   parse(raw) -> facts          pure, never raises on bad input; runs once per run
   CHECKS    (fn, ...) each fn(facts, ctx) -> Result, small and pure
-  baseline(facts) -> dict      what to remember for the next run (counters, sequence, inventory)
+  baseline(facts, now) -> dict what to remember for the next run (counters, sequence, inventory,
+                               and when: `now`, so the next run judges rates over the interval)
   expectations(facts) -> dict  the expectations a known-good node implies (config genconf)
 """
 

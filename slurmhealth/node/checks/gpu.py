@@ -2,9 +2,36 @@
 
 Sources: NVIDIA's NVML API reference and nvml.h (calls, field ids, recovery actions, clock event
 reasons) and NVIDIA's GPU memory error management guide (docs/sources.md).
+
+Absolute thresholds, not only baselines: a node's first run is judged too.
+- Corrected (single-bit) ECC total at or above `sbe_total_warn` warns. No published figure
+  exists: NVIDIA's memory error management guide leaves correctable HBM errors out of scope (ECC
+  corrects them, no RMA threshold), and DCGM's SBE limit is a placeholder
+  (DCGM_LIMIT_MAX_SBE_RATE 10, "dummy value until a real one is determined"). The default,
+  10,000,000, is ours: a healthy HBM stack counts few or none; tens of millions is one weak cell
+  corrected on every read for days (100/s for a day is 8.6 million), a row that should have been
+  remapped, whose next worse error is uncorrectable. It warns (lemon evidence), never drains.
+  The aggregate count (NVML_FI_DEV_ECC_SBE_AGG_TOTAL, field 5) is judged when the source reads
+  it as `ecc_sbe_aggregate`; today it reads the volatile one (since the driver loaded).
+- Rows remapped for uncorrectable errors at `remap_rows_max` fail (service) even before NVML
+  sets the remap failure flag: the guide's table gives "up to 512 remapping for the frame
+  buffer" (A100 and later), and a remap for a correctable error can be taken back for an
+  uncorrectable one, so only the uncorrectable count uses spares for good. Spares are per bank,
+  so a bank can run out well below 512 in all (the per-bank figure: to confirm; NVML's row
+  remapper histogram, nvmlDeviceGetRowRemapperHistogram, would tell): 512 is the point where
+  the spares are gone whatever the spread.
+- Pre-Ampere (NVML arch < NVML_DEVICE_ARCH_AMPERE, 7; nvml.h nvmlDeviceArchitecture_t: Kepler 2,
+  Maxwell 3, Pascal 4, Volta 5, Turing 6, Ampere 7, Ada 8, Hopper 9): retired pages (SBE plus
+  DBE causes, NVML_FI_DEV_RETIRED_SBE 29 and _DBE 30, read as `retired_sbe`/`retired_dbe`) at
+  `retired_pages_max` fail (service): the table holds at most 64 retirements (the guide's
+  comparison table; NVIDIA's dynamic page retirement documentation), and DCGM's memory health
+  watch fails at DCGM_LIMIT_MAX_RETIRED_PAGES, 63 ("updated to match the field diag"; 60
+  before). Skipped when the source does not read the counts.
 """
 
 from __future__ import annotations
+
+import time
 
 from slurmhealth.core.result import DRAIN, REBOOT, RESET_GPU, SERVICE, Result, fail, ok, skip, warn
 from slurmhealth.node.checks.base import Context, summarize
@@ -22,6 +49,21 @@ DEFAULTS = {
     "vbios_version": (None, str, "golden VBIOS version; unset: all GPUs alike; drift warns"),
     "clock_event_mask": (0xE8, int, "clock event bits that warn: HW slowdown/thermal/power brake"),
     "sbe_warn": (1000, int, "new correctable ECC errors since the last run that warn"),
+    "sbe_total_warn": (
+        10_000_000,
+        int,
+        "corrected ECC errors in all that warn, first run included (no published figure: ours)",
+    ),
+    "remap_rows_max": (
+        512,
+        int,
+        "rows remapped for uncorrectable errors that fail: the spare rows are gone (NVIDIA guide)",
+    ),
+    "retired_pages_max": (
+        63,
+        int,
+        "pre-Ampere retired pages that fail: the table holds 64 (DCGM's limit, NVIDIA docs)",
+    ),
 }
 # Memory counters kept as baselines: the epilog reports what grew during the job.
 _MEMORY = ("ecc_sbe_volatile", "ecc_dbe_volatile", "remap_correctable", "remap_uncorrectable")
@@ -166,13 +208,41 @@ def ecc(facts: dict, ctx: Context) -> Result:
     return ok("no uncorrectable ECC errors", data)
 
 
+def _limit(ctx: Context, key: str) -> int:
+    value = ctx.expect.get(key)
+    return DEFAULTS[key][0] if value is None else value
+
+
+def _spares_gone(dev: dict, ctx: Context) -> str | None:
+    """The GPU's spare memory is used up: uncorrectable remaps at the spare-row limit (Ampere+),
+    or the retired-page table at its limit (pre-Ampere); None otherwise or when not reported."""
+    fields = dev["fields"]
+    if dev["arch"] is not None and dev["arch"] < _AMPERE:
+        counts = [fields.get(k) for k in ("retired_sbe", "retired_dbe")]
+        pages = sum(c for c in counts if c is not None)
+        most = _limit(ctx, "retired_pages_max")
+        if any(c is not None for c in counts) and pages >= most:
+            return f"{label(dev)} {pages} retired pages, table limit {most}"
+        return None
+    rows, most = fields.get("remap_uncorrectable"), _limit(ctx, "remap_rows_max")
+    if rows is not None and rows >= most:
+        return f"{label(dev)} {rows} rows remapped for uncorrectable errors, spare-row limit {most}"
+    return None
+
+
 def row_remap(facts: dict, ctx: Context) -> Result:
-    """Row-remap failure fails (service); pending remap warns (reset_gpu); legacy pending fails."""
+    """Row-remap failure or spare rows used up fail (service); pending remap warns (reset_gpu).
+
+    Spare rows used up: uncorrectable remaps at `remap_rows_max`; pre-Ampere, retired pages at
+    `retired_pages_max`. A legacy pending retirement fails (reset_gpu)."""
     failed, pending, retired = [], [], []
     for dev in _alive(facts):
         fields = dev["fields"]
         if fields.get("remap_failure"):
             failed.append(f"{label(dev)} row remapping failed")
+        gone = _spares_gone(dev, ctx)
+        if gone:
+            failed.append(gone)
         if fields.get("remap_pending"):
             pending.append(f"{label(dev)} row remap pending, reset needed")
         legacy = dev["arch"] is not None and dev["arch"] < _AMPERE
@@ -314,26 +384,59 @@ def versions(facts: dict, ctx: Context) -> Result:
 
 
 def memory_errors(facts: dict, ctx: Context) -> Result:
-    """Correctable ECC errors and remapped rows that grew since the last run (memory wearing)."""
+    """Correctable ECC errors and remapped rows that grew since the last run (memory wearing).
+
+    A counter lower than its baseline (driver reload, GPU reset) starts a new baseline."""
     before = ctx.baseline.get("counters") or {}
     if not before:
         return ok("baseline recorded")
-    grew, deltas = [], {}
+    grew, deltas, resets = [], {}, []
     for dev in _alive(facts):
         old = before.get(str(dev["index"])) or {}
         for key in _MEMORY:
             now, then = dev["fields"].get(key), old.get(key)
             if now is not None and then is not None and now > then:
                 deltas.setdefault(str(dev["index"]), {})[key] = now - then
+            elif now is not None and then is not None and now < then:
+                resets.append(f"GPU {dev['index']} {key}")
         delta = deltas.get(str(dev["index"]), {})
         rows = delta.get("remap_correctable", 0) + delta.get("remap_uncorrectable", 0)
         if rows:
             grew.append(f"{label(dev)} {rows} new remapped rows")
         if delta.get("ecc_sbe_volatile", 0) >= ctx.expect.get("sbe_warn", 1000):
             grew.append(f"{label(dev)} {delta['ecc_sbe_volatile']} new correctable ECC errors")
+    data = {"deltas": deltas, "reset": resets}
     if grew:
-        return warn(summarize(grew), {"deltas": deltas})
-    return ok("memory error counters steady", {"deltas": deltas})
+        return warn(summarize(grew), data)
+    if resets:
+        return ok(f"counter reset: new baseline ({summarize(resets)})", data)
+    return ok("memory error counters steady", data)
+
+
+def corrected_ecc(facts: dict, ctx: Context) -> Result:
+    """Corrected ECC errors in all below `sbe_total_warn` (10 million), first run included.
+
+    The aggregate count when the source reads it, else the volatile one; tens of millions is a
+    weak cell corrected on every read."""
+    most = _limit(ctx, "sbe_total_warn")
+    high, seen = [], 0
+    for dev in _alive(facts):
+        fields = dev["fields"]
+        aggregate = fields.get("ecc_sbe_aggregate") is not None
+        key = "ecc_sbe_aggregate" if aggregate else "ecc_sbe_volatile"
+        total = fields.get(key)
+        if total is None:
+            continue
+        seen += 1
+        if total >= most:
+            kind = "aggregate" if aggregate else "volatile"
+            high.append(f"{label(dev)} {total} corrected ECC errors ({kind}), warn at {most}")
+    data = {"high": high}
+    if high:
+        return warn(summarize(high, " GPU"), data)
+    if not seen:
+        return skip("corrected ECC counts not reported", data)
+    return ok("corrected ECC totals low", data)
 
 
 CHECKS = (
@@ -341,6 +444,7 @@ CHECKS = (
     inventory,
     ecc,
     memory_errors,
+    corrected_ecc,
     row_remap,
     recovery_action,
     persistence,
@@ -352,10 +456,12 @@ CHECKS = (
 )
 
 
-def baseline(facts: dict) -> dict:
-    """The inventory and memory counters to compare the next run against, keyed by index."""
+def baseline(facts: dict, now: float | None = None) -> dict:
+    """The inventory and memory counters to compare the next run against, keyed by index, and
+    the time they were read (`now`, else the clock: the run's time)."""
     alive = _alive(facts)
     return {
+        "taken_at": time.time() if now is None else now,
         "inventory": {
             str(d["index"]): {"uuid": d["uuid"], "bus_id": d["bus_id"], "serial": d["serial"]}
             for d in alive

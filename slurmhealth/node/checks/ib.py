@@ -29,9 +29,30 @@ per-counter scale above is gentler on the noisy 16-bit counters and stricter on 
 Saturated counters: PMA counters stop at their maximum instead of wrapping (sysfs-class-infiniband),
 so a counter at its maximum hides every new error; that warns "saturated, reset counters"
 (`perfquery -R`), even without a baseline.
+
+Rates, not raw counts, for symbol errors and link flaps: the baseline keeps the time it was read
+(`taken_at`), and these two counters are judged per hour over the interval between the readings
+as well as by the counts above. A level is reached when the count reaches its `<counter>_warn`/
+`_fail` AND the rate its `<counter>_warn_per_h`/`_fail_per_h`: the count is the minimum that
+keeps a short interval (two runs 1 s apart) from turning one error into a huge rate, the rate
+keeps a long one (a week between two health checks) from adding line noise into a failure.
+- symbol_error: warn 10/h, fail 1000/h. A symbol error is at least one bit error on the lanes;
+  1000/h is 0.28/s, a bit error ratio near 7e-13 at NDR 400 Gb/s (1.4e-12 at HDR 200 Gb/s), the
+  order of the 1e-12 BER the InfiniBand link specification asks for (to confirm: the IBTA figure
+  and whether the port counts errors before or after FEC); warn two decades lower.
+- link_downed: warn at any rate (every flap killed in-flight traffic: GCM warns on any error
+  counter above 0), fail at 0.5/h: gpud's 3 flaps within Azure's 6-hour window
+  (azurehpc-health-checks azure_ib_link_flapping.nhc: no flap within 6 hours), 3 / 6 h.
+When the interval is unknown (a baseline saved without its time, a clock that went backwards)
+the counts alone judge, as before.
+A counter lower than its baseline was reset (HCA reset, reboot, `perfquery -R`): it starts a
+new baseline, never a negative delta and never a fail; the message says "counter reset: new
+baseline" (DCGM's health watch treats a lower volatile counter the same way).
 """
 
 from __future__ import annotations
+
+import time
 
 from slurmhealth.core.result import DRAIN, SERVICE, Result, fail, ok, skip, warn
 from slurmhealth.node.checks.base import Context, summarize
@@ -60,6 +81,22 @@ def _threshold_defaults() -> dict:
     return out
 
 
+# Counter -> (warn per hour, fail per hour, why): rates over the interval between two readings,
+# judged together with the counts above (argued in the module docstring).
+_RATES = {
+    "symbol_error": (10.0, 1000.0, "1000/h is near a 1e-12 bit error ratio at NDR (to confirm)"),
+    "link_downed": (0.0, 0.5, "any flap warns; 3 flaps in 6 hours fail (gpud, Azure HPC)"),
+}
+
+
+def _rate_defaults() -> dict:
+    out = {}
+    for name, (warn_at, fail_at, why) in _RATES.items():
+        out[f"{name}_warn_per_h"] = (warn_at, float, f"{name} per hour that warns: {why}")
+        out[f"{name}_fail_per_h"] = (fail_at, float, f"{name} per hour that fails (drain)")
+    return out
+
+
 DEFAULTS = {
     "devices": (None, list, "HCAs expected present (mlx5_0, ...); unset: whatever is present"),
     "ports": (None, list, "ports expected up, as mlx5_0:1; unset: every InfiniBand port present"),
@@ -67,6 +104,7 @@ DEFAULTS = {
     "link_layer": ("InfiniBand", str, "link layer of the expected ports (InfiniBand/Ethernet)"),
     "fw_ver": (None, str, "golden HCA firmware; unset: all HCAs alike; drift warns"),
     **_threshold_defaults(),
+    **_rate_defaults(),
 }
 
 # ib_port_state (include/rdma/ib_verbs.h) and PortPhysicalState (drivers/infiniband/core/
@@ -359,9 +397,40 @@ def _limits(ctx: Context, name: str) -> tuple:
     return (_expect(ctx, f"{name}_warn"), _expect(ctx, f"{name}_fail"))
 
 
+def interval(ctx: Context) -> float | None:
+    """Seconds since the baseline was taken; None when unknown (no time saved, or the clock went
+    backwards or stood still)."""
+    then = _dict(ctx.baseline).get("taken_at")
+    if isinstance(then, bool) or not isinstance(then, (int, float)):
+        return None
+    seconds = float(ctx.now) - float(then)
+    return seconds if seconds > 0 else None
+
+
+def _level(name: str, delta: int, seconds: float | None, ctx: Context) -> tuple:
+    """("fail"/"warn"/None, text) for one counter's increase over `seconds` (None: unknown)."""
+    warn_at, fail_at = _limits(ctx, name)
+    if name in _RATES and seconds is not None:
+        per_h = delta * 3600.0 / seconds
+        rate_warn = _expect(ctx, f"{name}_warn_per_h")
+        rate_fail = _expect(ctx, f"{name}_fail_per_h")
+        span = f"{per_h:.3g}/h over {seconds / 3600:.3g} h"
+        if delta >= fail_at and per_h >= rate_fail:
+            return "fail", f"+{delta} ({span}, fail at {fail_at} and {rate_fail:g}/h)"
+        if delta >= warn_at and per_h >= rate_warn:
+            return "warn", f"+{delta} ({span}, warn at {warn_at} and {rate_warn:g}/h)"
+        return None, ""
+    if delta >= fail_at:
+        return "fail", f"+{delta} (fail at {fail_at})"
+    if delta >= warn_at:
+        return "warn", f"+{delta} (warn at {warn_at})"
+    return None, ""
+
+
 def _port_counters(key: str, now: dict, before: dict, ctx: Context) -> tuple:
     """(fails, warns, data) of one port's counters against its baseline (may be {})."""
-    fails, warns, deltas, saturated = [], [], {}, []
+    fails, warns, deltas, saturated, reset = [], [], {}, [], []
+    seconds = interval(ctx)
     for name, value in now.items():
         if value is None:
             continue
@@ -371,20 +440,24 @@ def _port_counters(key: str, now: dict, before: dict, ctx: Context) -> tuple:
         base = before.get(name)
         if not isinstance(base, int) or isinstance(base, bool):
             continue
-        # Lower than the baseline: reset or reboot since, so the value is the delta since then.
-        deltas[name] = value - base if value >= base else value
-        warn_at, fail_at = _limits(ctx, name)
-        if deltas[name] >= fail_at:
-            fails.append(f"{key} {name} +{deltas[name]} (fail at {fail_at})")
-        elif deltas[name] >= warn_at:
-            warns.append(f"{key} {name} +{deltas[name]} (warn at {warn_at})")
+        if value < base:  # reset since (HCA reset, reboot, perfquery -R): a new baseline
+            reset.append(name)
+            continue
+        deltas[name] = value - base
+        level, text = _level(name, deltas[name], seconds, ctx)
+        if level == "fail":
+            fails.append(f"{key} {name} {text}")
+        elif level == "warn":
+            warns.append(f"{key} {name} {text}")
     unreadable = sorted(n for n, v in now.items() if v is None)
-    data = {"delta": deltas, "unreadable": unreadable, "saturated": saturated}
+    data = {"delta": deltas, "unreadable": unreadable, "saturated": saturated, "reset": reset}
     return fails, warns, data
 
 
 def counters(facts: dict, ctx: Context) -> Result:
-    """Error-counter deltas since the last run (flaps, symbol errors) and saturated counters."""
+    """Error-counter deltas since the last run (symbol errors, flaps also per hour); saturation.
+
+    A counter that went down (HCA reset) starts a new baseline, never a fail."""
     keys = [k for k in expected_ports(facts, ctx) if k in facts["ports"]]
     if not keys:
         return skip("no InfiniBand ports")
@@ -405,6 +478,9 @@ def counters(facts: dict, ctx: Context) -> Result:
     if fresh == len(keys):
         return ok("baseline recorded", data)
     note = f", baseline recorded for {fresh}" if fresh else ""
+    resets = [f"{k} {n}" for k in keys for n in data[k]["reset"]]
+    if resets:
+        note += f", counter reset: new baseline ({summarize(resets)})"
     judged = _count(len(keys) - fresh, "port")
     return ok(f"no counter errors on {judged} since last run{note}", data)
 
@@ -415,12 +491,13 @@ CHECKS = (devices_present, port_state, port_rate, link_layer, firmware, counters
 # ---------------------------------------------------------------- memory and genconf
 
 
-def baseline(facts: dict) -> dict:
-    """Readable counters of every port, for the next run's deltas."""
+def baseline(facts: dict, now: float | None = None) -> dict:
+    """Readable counters of every port and the time they were read (`now`, else the clock: the
+    run's time), for the next run's deltas and rates."""
     out = {}
     for key, port in facts["ports"].items():
         out[key] = {n: v for n, v in port["counters"].items() if v is not None}
-    return {"counters": out}
+    return {"counters": out, "taken_at": time.time() if now is None else now}
 
 
 def versions_of(facts: dict) -> dict:

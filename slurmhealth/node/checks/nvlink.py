@@ -4,9 +4,31 @@ Links are enumerated 0.. until NVML says NotSupported (nvml.h, nvmlDeviceGetNvLi
 without NVLink (PCIe cards, a single H200 in a VM) reports NotSupported on link 0: skip unless
 links are expected.
 Error counters (DL replay, recovery, CRC) are cumulative: only deltas since the last run matter.
+
+Rates, not raw counts (DCGM's NVLink health watch, DcgmHealthWatch::MonitorNVLink, with its
+limits in dcgm_gpu_hardware_limits.h; docs/sources.md):
+- CRC errors are judged per second over the time between the two readings: DCGM fails a GPU at
+  DCGM_LIMIT_MAX_NVLINK_CRC_ERROR, 100 CRC errors per second ("RM has informed us that CRC errors
+  only matter at rates of 100+ per second"). A CRC error is caught by the link and the flit is
+  replayed, so a slow trickle costs nothing; 100/s is a link that spends its time retrying.
+  `crc_warn` (a count during the interval) still warns on a trickle worth a look.
+- Replays and recoveries are counted during the interval (a job: epilog against its prolog).
+  DCGM fails on any replay or recovery (DCGM_LIMIT_MAX_NVLINK_ERROR, 1) inside its watch window,
+  one minute by default; our window is a whole job (hours at hundreds of GB/s per link), so the
+  per-job counts below stay more lenient than DCGM's per-minute one (warn 1 recovery, fail 10).
+- A short interval must not turn one error into a huge rate: the CRC rate is taken over at least
+  `crc_min_interval_s`, 60 s by default, DCGM's own default watch window (MonitorNVLink starts a
+  blank window one minute back): two runs 1 s apart with 1 CRC error give 1/60 per second.
+- The interval is unknown when the baseline has no time (saved before rates were judged) or the
+  clock went backwards: then CRC counts are judged against `crc_fail` as before.
+- A counter lower than its baseline was reset (GPU reset, driver reload): DCGM's health watch
+  does the same ("someone likely reset the volatile counter. Just reset ours"): a new baseline,
+  never a negative delta and never a fail; the message says "counter reset: new baseline".
 """
 
 from __future__ import annotations
+
+import time
 
 from slurmhealth.core.result import DRAIN, RESET_GPU, Result, fail, ok, skip, warn
 from slurmhealth.node.checks import gpu
@@ -27,6 +49,21 @@ DEFAULTS = {
 for _name, (_warn, _fail) in _THRESHOLDS.items():
     DEFAULTS[f"{_name}_warn"] = (_warn, int, f"{_name} counter increase since last run that warns")
     DEFAULTS[f"{_name}_fail"] = (_fail, int, f"{_name} counter increase since last run that fails")
+DEFAULTS["crc_fail"] = (
+    10000,
+    int,
+    "crc increase that fails when the interval is unknown (a baseline saved without its time)",
+)
+DEFAULTS["crc_fail_per_s"] = (
+    100.0,
+    float,
+    "CRC errors per second over the interval that fail: DCGM's NVLink health watch limit",
+)
+DEFAULTS["crc_min_interval_s"] = (
+    60.0,
+    float,
+    "shortest interval a CRC rate is taken over (DCGM's default watch window, one minute)",
+)
 
 
 def parse(raw: object) -> dict:
@@ -84,43 +121,92 @@ def _counters(facts: dict) -> dict:
     return out
 
 
-def _deltas(now: dict, before: dict) -> dict:
-    """Increase per counter; a lower value means the counters were reset: take it whole."""
-    return {n: v - before[n] if v >= before.get(n, 0) else v for n, v in now.items() if n in before}
+def _deltas(now: dict, before: dict) -> tuple:
+    """(increase per counter, counters lower than their baseline): a lower value means the
+    counter was reset (GPU reset, driver reload), so it starts a new baseline and has no delta."""
+    deltas, reset = {}, []
+    for name, value in now.items():
+        then = before.get(name)
+        if not isinstance(then, int) or isinstance(then, bool):
+            continue
+        if value < then:
+            reset.append(name)
+        else:
+            deltas[name] = value - then
+    return deltas, reset
+
+
+def interval(ctx: Context) -> float | None:
+    """Seconds since the baseline was taken; None when unknown (no time saved, or the clock went
+    backwards or stood still: no rate can be judged)."""
+    then = ctx.baseline.get("taken_at")
+    if isinstance(then, bool) or not isinstance(then, (int, float)):
+        return None
+    seconds = float(ctx.now) - float(then)
+    return seconds if seconds > 0 else None
+
+
+def _limit(ctx: Context, key: str) -> float:
+    value = ctx.expect.get(key)
+    return DEFAULTS[key][0] if value is None else value
+
+
+def _level(name: str, delta: int, seconds: float | None, ctx: Context) -> tuple:
+    """(fail/warn/None, text) for one counter's increase over `seconds` (None: unknown)."""
+    text = f"+{delta}"
+    if name == "crc" and seconds is not None:
+        per_s = delta / max(seconds, _limit(ctx, "crc_min_interval_s"))
+        text = f"+{delta} ({per_s:.3g}/s)"
+        if per_s >= _limit(ctx, "crc_fail_per_s"):
+            return "fail", text
+    elif delta >= _limit(ctx, f"{name}_fail"):
+        return "fail", text
+    return ("warn" if delta >= _limit(ctx, f"{name}_warn") else None), text
 
 
 def error_counters(facts: dict, ctx: Context) -> Result:
-    """NVLink replay, recovery and CRC counters rose no more than the thresholds since last run."""
+    """NVLink CRC errors per second (DCGM: fail at 100/s), replays and recoveries per interval.
+
+    Replays and recoveries are counted during the interval (a job); a counter that went down
+    starts a new baseline."""
     current = _counters(facts)
     if not current:
         return skip("NVLink error counters not supported")
     before = ctx.baseline.get("counters") or {}
     if not before:
         return ok("baseline recorded", {"links": len(current)})
-    fails, warns, deltas = [], [], {}
+    seconds = interval(ctx)
+    fails, warns, deltas, resets = [], [], {}, []
     for key, values in current.items():
-        for name, delta in _deltas(values, before.get(key, {})).items():
+        grew, reset = _deltas(values, before.get(key, {}))
+        resets += [f"GPU {key.replace(':', ' link ')} {name}" for name in reset]
+        for name, delta in grew.items():
             if delta <= 0:
                 continue
             deltas.setdefault(key, {})[name] = delta
-            text = f"GPU {key.replace(':', ' link ')} {name} +{delta}"
-            if delta >= ctx.expect.get(f"{name}_fail", _THRESHOLDS[name][1]):
+            level, amount = _level(name, delta, seconds, ctx)
+            text = f"GPU {key.replace(':', ' link ')} {name} {amount}"
+            if level == "fail":
                 fails.append(text)
-            elif delta >= ctx.expect.get(f"{name}_warn", _THRESHOLDS[name][0]):
+            elif level == "warn":
                 warns.append(text)
-    data = {"deltas": deltas}
+    data = {"deltas": deltas, "interval_s": seconds, "reset": resets}
     if fails:
         return fail(summarize(fails + warns), data, RESET_GPU)
     if warns:
         return warn(summarize(warns), data)
+    if resets:
+        return ok(f"counter reset: new baseline ({summarize(resets)})", data)
     return ok("NVLink error counters steady", data)
 
 
 CHECKS = (link_state, error_counters)
 
 
-def baseline(facts: dict) -> dict:
-    return {"counters": _counters(facts)}
+def baseline(facts: dict, now: float | None = None) -> dict:
+    """The link counters and the time they were read (`now`, else the clock: the run's time),
+    so the next run knows the interval its deltas span."""
+    return {"counters": _counters(facts), "taken_at": time.time() if now is None else now}
 
 
 def expectations(facts: dict) -> dict:

@@ -10,10 +10,16 @@ Config ([xid] in slurmhealth.toml), see DEFAULTS:
 
 Facts (parse):
     {"events": [{"seq", "usec", "xid", "bus_id", "gpu_instance", "pid", "name", "text",
-                 "repeats", "class", "action"}],   class/action under the built-in policy;
-                                                    repeats = lines merged into the event (>= 1)
+                 "detail", "repeats", "class", "action"}],
+                                  class/action under the built-in policy; repeats = lines merged
+                                  into the event (>= 1); detail = what the line itself says
+                                  (see `line_detail`), or None
      "records": 12, "first_seq": 0, "after_seq": 1200, "last_seq": 1211,
-     "lost": False, "missed": 0, "boot_id": "...", "window_s": 60}
+     "lost": False, "missed": 0, "foreign": 0, "boot_id": "...", "window_s": 60}
+`foreign` counts NVRM lines that are not the kernel's own: /dev/kmsg records (or `dmesg -r`
+lines) whose facility is not LOG_KERN (0), i.e. written from user space (`echo > /dev/kmsg`,
+systemd). They never become events. journalctl and syslog lines carry no facility: there a
+`logger -t kernel` line looks exactly like a kernel one and cannot be told apart.
 Process names come from the kernel log and are untrusted: kept as bounded one-line data.
 """
 
@@ -79,15 +85,25 @@ XIDS = {
     62: ("PMU_HALT_ERROR", FAIL, RESET_GPU),
     # Row remap recorded, not fatal; it only takes effect at the next GPU reset.
     63: ("INFOROM_DRAM_RETIREMENT_EVENT", WARN, RESET_GPU),
-    64: ("INFOROM_DRAM_RETIREMENT_FAILURE", FAIL, RESET_GPU),
+    # Row remap failed: an RMA criterion in NVIDIA's GPU memory error management guide ("RMA
+    # policy thresholds for row remapping"); the gpu area fails NVML's remap_failure with
+    # service too. A reset only activates what was remapped before (catalogue: RESET_GPU, then
+    # CONTACT_SUPPORT), so the node waits for service, not for a reset.
+    64: ("INFOROM_DRAM_RETIREMENT_FAILURE", FAIL, SERVICE),
     68: ("NVDEC0_ERROR", APP, NONE),
     69: ("GR_CLASS_ERROR", WARN, NONE),
+    # The line names the link and prints the link's error registers, e.g. `NVLink: fatal error
+    # detected on link 14(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)`. NVIDIA publishes no meaning
+    # for those words' bits, so they are kept (detail: link, words) and not decoded; the class
+    # stays the catalogue's RESET_GPU.
     74: ("NVLINK_ERROR", FAIL, RESET_GPU),
     # Unreachable over PCIe: a GPU reset cannot reach it; reboot (catalog RESTART_BM).
     79: ("GPU_HAS_FALLEN_OFF_THE_BUS", FAIL, REBOOT),
     92: ("EXCESSIVE_SBE_INTERRUPTS", WARN, NONE),
-    # Contained memory error: only that job died, but the remap waits for a GPU reset and the
-    # prolog is the idle point; k8s-device-plugin and Meta GCM both count 94 as critical.
+    # Contained memory error. Newer drivers say on the line whether the GPU needs a reset
+    # (`RST: Yes|No, D-RST: Yes|No`): see _containment. A line without those fields keeps this
+    # row: k8s-device-plugin and Meta GCM both count 94 as critical, and the remap waits for a
+    # GPU reset, for which the prolog is the idle point.
     94: ("CONTAINED_ERROR", FAIL, RESET_GPU),
     # Uncontained: the catalog's RESET_GPU (older guidance said reboot when MIG is off).
     95: ("UNCONTAINED_ERROR", FAIL, RESET_GPU),
@@ -112,7 +128,8 @@ XIDS = {
     150: ("NVLINK_MSE_ERROR", NVLINK5, RESET_GPU),
     # Confidential-computing key rotation: the catalog says restart the VM; not bare metal.
     151: ("KEY_ROTATION_ERROR", WARN, NONE),
-    # Informational: the driver changed the GPU's recovery action, which NVML reports.
+    # The driver changed the GPU's recovery action and names it on the line: see RECOVERY. A
+    # line whose action cannot be read keeps this row and points to NVML (gpu area).
     154: ("GPU_RECOVERY_ACTION_CHANGED", WARN, NONE),
     155: ("NVLINK_SW_DEFINED_ERROR", FAIL, RESET_GPU),
     # Retirement done: like 63, applies at the next reset.
@@ -133,6 +150,39 @@ XIDS = {
 
 NOTES = {154: "act on the GPU's recovery action (NVML, gpu area)"}
 
+# Xid 154 `GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)`: the new
+# action's value is nvmlDeviceGpuRecoveryAction_t (nvml.h); what each asks for is NVIDIA's GPU
+# memory error management guide, "Error Recovery and Response Flags". Same mapping as the gpu
+# area's NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (checks/gpu.py), so the log and NVML agree.
+#   None: "the GPU can be immediately used again": the earlier action is cleared.
+#   GPU Reset: terminate all GPU processes and reset the GPU.
+#   Node Reboot: the fault "may have left the OS in an inconsistent state": reboot.
+#   Drain P2P: quiesce all peer-to-peer traffic (end those processes, UVM persistence off), then
+#     read the action again. A new job would start P2P traffic, so the node takes none (fail,
+#     drain) until the driver names the next action, which is then acted on.
+#   Drain and Reset: drain P2P, then reset. A reset needs an idle GPU, which is drained by
+#     definition, so the action is reset_gpu (it outranks drain); the node fails meanwhile.
+#   5-7 (newer nvml.h: recover IMEX domain, bus reset, system reboot) as in the gpu area; an
+#   action this table does not know fails with drain.
+RECOVERY = {
+    0: ("recovery action cleared", IGNORE, NONE),
+    1: ("GPU reset required", FAIL, RESET_GPU),
+    2: ("node reboot required", FAIL, REBOOT),
+    3: ("drain P2P", FAIL, DRAIN),
+    4: ("drain P2P and reset", FAIL, RESET_GPU),
+    5: ("recover IMEX domain", FAIL, DRAIN),
+    6: ("bus reset", FAIL, REBOOT),
+    7: ("system reboot", FAIL, REBOOT),
+}
+# The words the driver prints in parentheses, for a line without the number.
+_RECOVERY_WORDS = {
+    "none": 0,
+    "gpu reset required": 1,
+    "node reboot required": 2,
+    "drain p2p": 3,
+    "drain and reset": 4,
+}
+
 NAME_MAX = 64  # a comm is 15 bytes, but the kernel escapes each odd byte as 4 chars (\xNN)
 TEXT_MAX = 160
 EVENTS_MAX = 50  # events listed in a result's data; the count is always complete
@@ -148,14 +198,33 @@ _BUS = r"(?:PCI:)?([0-9A-Fa-f]{1,8}(?::[0-9A-Fa-f]{1,4}){1,2}(?:\.[0-7])?)"
 _XID_LINE = (
     r"\s*NVRM: Xid \(" + _BUS + r"(?: GPU-I:([0-9]{1,4}))?[^)]{0,64}\): ([0-9]{1,6})\b,? ?(.*)"
 )
-# Fallen off the bus without Xid text (the driver's NVRM lines, docs/sources.md): one line, or
-# `The NVIDIA GPU <bus>`
-# followed within a few records by `... fallen off the bus and is not responding to commands.`
-_GPU_OFF = r"\s*NVRM: GPU " + _BUS + r": GPU has fallen off the bus"
+# Fallen off the bus without Xid text (the driver's NVRM lines, docs/sources.md): one line
+# naming the GPU by its PCI address only (`GPU 0000:18:00.0: GPU has fallen off the bus.`, or
+# with `at PCI:` as in the driver's `GPU at PCI:0000:18:00: GPU-<uuid>` line), or
+# `The NVIDIA GPU <bus>` followed within a few records by `... fallen off the bus and is not
+# responding to commands.` (or in one record, when dmesg joined its continuation lines).
+_GPU_OFF = r"\s*NVRM: GPU (?:at )?" + _BUS + r": GPU has fallen off the bus"
 _THE_GPU = r"\s*NVRM: The NVIDIA GPU " + _BUS
 PENDING_RECORDS = 3
 _NVLINK5_SEVERITY = r"\b(non-?fatal|fatal)\b"
 _NUMBERS = r"0x[0-9A-Fa-f]+|[0-9]+"
+# What a line says about itself (line_detail). Xid 154: `... from 0x0 (None) to 0x1 (GPU Reset
+# Required)`; the number is authoritative, the words serve a line without it.
+_RECOVERY_TO = (
+    r"recovery action changed from .{0,40}?\bto "
+    r"(?:(0x[0-9A-Fa-f]{1,8}|[0-9]{1,9}))? ?(?:\(([^)]{0,40})\))?"
+)
+# Xid 94/95: `Contained: CE User Channel (0x9). RST: No, D-RST: No` (`D-RST` must not pass for
+# `RST`, hence the look-behind).
+_CONTAINED = r"\b(Uncontained|Contained)\b"
+_RST = r"(?<![\w-])RST: ?(Yes|No)\b"
+_D_RST = r"\bD-RST: ?(Yes|No)\b"
+# Xid 74: `NVLink: fatal error detected on link 14(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)`.
+_WORD = r"(?:0x[0-9A-Fa-f]{1,16}|[0-9]{1,20})"
+_LINK_WORDS = r"\blink ?([0-9]{1,3}) ?\((" + _WORD + r"(?:, ?" + _WORD + r"){0,15})\)"
+_LINK = r"\blink ?([0-9]{1,3})\b"
+# A row-remapper failure in the driver's words (`Row Remapper Error`, `row remapping failed`).
+_REMAP_FAILED = r"\bremap\w{0,10}\W{1,3}(?:\w+\W{1,3}){0,3}?(?:error|fail\w{0,4})\b"
 
 
 def _int(value: object) -> int | None:
@@ -192,7 +261,52 @@ def _event(xid: int, bus: str | None, instance: str | None, rest: str) -> dict:
         "pid": _pid(pid) if pid is not None else None,
         "name": _name(name[: 4 * NAME_MAX]) if name is not None else None,
         "text": clean(rest[: 4 * TEXT_MAX], TEXT_MAX),
+        "detail": line_detail(xid, rest[: 4 * TEXT_MAX]),
     }
+
+
+def _yes(found: re.Match | None) -> bool | None:
+    return None if found is None else found.group(1) == "Yes"
+
+
+def _recovery(text: str) -> dict | None:
+    found = re.search(_RECOVERY_TO, text, re.A)
+    if found is None:
+        return None
+    number, words = found.groups()
+    code = int(number, 0) if number else _RECOVERY_WORDS.get((words or "").strip().lower())
+    return {"recovery": code} if code is not None else None
+
+
+def line_detail(xid: int, text: str) -> dict | None:
+    """What the driver's line says about its own severity, as plain data, or None:
+    Xid 154 {"recovery": n} (nvmlDeviceGpuRecoveryAction_t); Xid 94/95 {"contained",
+    "rst", "d_rst"} (True/False, None when the line has no such field); Xid 74 {"link",
+    "words"} (the link's error registers as printed, not decoded); any Xid whose text reports a
+    row-remap failure {"remap_failure": True}. Cheap: only these Xids run a regex."""
+    detail: dict = {}
+    if xid == 154:
+        detail = _recovery(text) or {}
+    elif xid in (94, 95):
+        contained = re.search(_CONTAINED, text, re.A)
+        rst, d_rst = re.search(_RST, text, re.A), re.search(_D_RST, text, re.A)
+        if contained or rst or d_rst:
+            detail = {
+                "contained": None if contained is None else contained.group(1) == "Contained",
+                "rst": _yes(rst),
+                "d_rst": _yes(d_rst),
+            }
+    elif xid == 74:
+        found = re.search(_LINK_WORDS, text, re.A | re.I)
+        if found:
+            words = [w.strip() for w in found.group(2).split(",")]
+            detail = {"link": int(found.group(1)), "words": words}
+        else:
+            found = re.search(_LINK, text, re.A | re.I)
+            detail = {"link": int(found.group(1)), "words": []} if found else {}
+    if "emap" in text and re.search(_REMAP_FAILED, text, re.A | re.I):
+        detail["remap_failure"] = True
+    return detail or None
 
 
 def parse_line(msg: str) -> dict | None:
@@ -225,10 +339,17 @@ def fallen_off(msg: str, seq: int, pending: tuple | None) -> tuple:
     return None, pending
 
 
+def _foreign(rec: dict) -> bool:
+    """A record from user space: its facility (PRI >> 3) is known and not LOG_KERN (0)."""
+    facility = rec.get("facility")
+    return isinstance(facility, int) and not isinstance(facility, bool) and facility != 0
+
+
 def _scan(records: list) -> tuple:
-    """(events, record count, last seq) of raw records; malformed records are skipped."""
+    """(events, record count, last seq, foreign NVRM lines) of raw records; malformed records
+    are skipped, and so are NVRM lines that user space wrote (`_foreign`)."""
     events = []
-    count, last, pending = 0, None, None
+    count, last, pending, foreign = 0, None, None, 0
     for rec in records:
         seq = _int(rec.get("seq")) if isinstance(rec, dict) else None
         if seq is None:
@@ -238,6 +359,9 @@ def _scan(records: list) -> tuple:
         msg = rec.get("msg")
         if not isinstance(msg, str) or "NVRM" not in msg:
             continue
+        if _foreign(rec):
+            foreign += 1
+            continue
         event = parse_line(msg)
         if event is None:
             bus, pending = fallen_off(msg, seq, pending)
@@ -245,13 +369,16 @@ def _scan(records: list) -> tuple:
         if event is not None:
             event.update(seq=seq, usec=_int(rec.get("usec")), repeats=1)
             events.append(event)
-    return events, count, last
+    return events, count, last, foreign
 
 
 def _key(event: dict) -> tuple:
-    """Same fault: same Xid, GPU, instance and text once numbers (pid, addresses) are blanked."""
+    """Same fault: same Xid, GPU, instance and text once numbers (pid, addresses) are blanked,
+    and the same decoded severity (a 154 to reset and a 154 back to none are two events)."""
     shape = re.sub(_NUMBERS, "#", event["text"], flags=re.A)
-    return event["xid"], event["bus_id"], event["gpu_instance"], shape
+    detail = event.get("detail") or {}
+    said = (detail.get("recovery"), detail.get("rst"), detail.get("d_rst"))
+    return event["xid"], event["bus_id"], event["gpu_instance"], shape, said
 
 
 def _near(kept: dict, event: dict, window_s: float) -> bool:
@@ -281,10 +408,10 @@ def parse(raw: object, window_s: float = DEFAULTS["dedup_s"][0]) -> dict:
     """Raw kmsg facts -> Xid events (deduplicated) and log continuity. Never raises."""
     raw = raw if isinstance(raw, dict) else {}
     records = raw.get("records")
-    events, count, last = _scan(records if isinstance(records, list) else [])
+    events, count, last, foreign = _scan(records if isinstance(records, list) else [])
     events = dedup(events, window_s)
     for event in events:
-        event["class"], event["action"] = classify(event["xid"], event["text"])
+        event["class"], event["action"] = classify(event["xid"], event["text"], None, event)
     boot = raw.get("boot_id")
     return {
         "events": events,
@@ -294,6 +421,7 @@ def parse(raw: object, window_s: float = DEFAULTS["dedup_s"][0]) -> dict:
         "last_seq": last,
         "lost": raw.get("lost") is True,
         "missed": max(_int(raw.get("missed")) or 0, 0),
+        "foreign": foreign,
         "boot_id": clean(boot, 64) if isinstance(boot, str) else None,
         "window_s": window_s,
     }
@@ -340,7 +468,46 @@ def _nvlink5(text: str) -> tuple:
     return WARN, NONE
 
 
-def _table_class(xid: int, text: str, unknown: str) -> tuple:
+def _containment(xid: int, detail: dict) -> tuple | None:
+    """Xid 94/95 by the line's own `RST` (GPU reset required) and `D-RST` (drain P2P, then
+    reset) fields, read as Xid 154's GPU Reset and Drain and Reset (NVIDIA's GPU memory error
+    management guide). A reset asked for: fail, reset_gpu. A contained error (94) whose GPU
+    needs no reset: per the guide's error containment, only the application that met the
+    error is terminated, other work continues and new work can start without a reset, so the
+    node is not drained: warn (the error is the memory's, not the job's: not the app class),
+    with reset_gpu as the idle-point hint the guide gives for the pending row remap. An
+    uncontained error (95) may have reached every workload on the GPU: the catalogue's reset
+    stands whatever the fields say. Reboot is never read from these fields: the driver asks
+    for one through Xid 154 (Node Reboot Required), handled there."""
+    rst, d_rst = detail.get("rst"), detail.get("d_rst")
+    if rst or d_rst:
+        return FAIL, RESET_GPU
+    if xid == 94 and rst is False and d_rst is False and detail.get("contained") is not False:
+        return WARN, RESET_GPU
+    return None
+
+
+def _said(xid: int, detail: object) -> tuple | None:
+    """(class, action) the line itself states, or None to use the table."""
+    if not isinstance(detail, dict):
+        return None
+    if detail.get("remap_failure") is True:
+        return FAIL, SERVICE  # row remap failed: service, as the gpu area's remap_failure
+    if xid == 154:
+        code = _int(detail.get("recovery"))
+        if code is None:
+            return None
+        entry = RECOVERY.get(code)
+        return (entry[1], entry[2]) if entry else (FAIL, DRAIN)
+    if xid in (94, 95):
+        return _containment(xid, detail)
+    return None
+
+
+def _table_class(xid: int, text: str, unknown: str, detail: object = None) -> tuple:
+    said = _said(xid, detail)
+    if said is not None:
+        return said
     entry = XIDS.get(xid)
     if entry is None:
         return unknown, DRAIN if unknown == FAIL else NONE
@@ -349,10 +516,14 @@ def _table_class(xid: int, text: str, unknown: str) -> tuple:
     return entry[1], entry[2]
 
 
-def classify(xid: int, text: str = "", rules: dict | None = None) -> tuple:
-    """(class, action) of one Xid: config override, then the app list, then the table."""
+def classify(
+    xid: int, text: str = "", rules: dict | None = None, event: dict | None = None
+) -> tuple:
+    """(class, action) of one Xid: config override, then the app list, then what the line says
+    (`event["detail"]`, else decoded from `text`), then the table."""
     rules = rules or DEFAULT_POLICY
-    cls, action = _table_class(xid, text, rules["unknown"])
+    detail = event["detail"] if event and "detail" in event else line_detail(xid, text)
+    cls, action = _table_class(xid, text, rules["unknown"], detail)
     if xid in rules["app"]:
         cls, action = APP, NONE
     elif cls == APP:  # taken off the app list by config: no longer the job's fault
@@ -390,7 +561,7 @@ def events_for(facts: dict, ctx: Context) -> list:
     job = ctx.job_gpus
     out = []
     for event in events:
-        cls, action = classify(event["xid"], event["text"], rules)
+        cls, action = classify(event["xid"], event["text"], rules, event)
         item = dict(event, gpu=gpus.get(event["bus_id"]), action=action)
         item["class"] = cls
         if isinstance(job, (list, tuple, set)):
@@ -447,15 +618,40 @@ def _mnemonic_words(mnemonic: str) -> str:
     return " ".join(_ACRONYMS.get(w, w) for w in mnemonic.lower().split("_"))
 
 
+def _said_words(event: dict) -> str:
+    """What the line itself said, in the project's words (never the log's: a log line is data)."""
+    detail = event.get("detail")
+    if not isinstance(detail, dict):
+        return ""
+    if detail.get("remap_failure") is True:
+        return "row remap failed"
+    xid = event["xid"]
+    if xid == 154 and _int(detail.get("recovery")) is not None:
+        entry = RECOVERY.get(detail["recovery"])
+        return entry[0] if entry else f"recovery action {detail['recovery']}"
+    if xid in (94, 95):
+        if detail.get("rst") is True:
+            return "reset required"
+        if detail.get("d_rst") is True:
+            return "drain P2P and reset required"
+        if xid == 94 and detail.get("rst") is False and detail.get("d_rst") is False:
+            return "no reset required"
+    if xid == 74 and _int(detail.get("link")) is not None:
+        return f"link {detail['link']}"
+    return ""
+
+
 def describe(event: dict) -> str:
-    """One event in a Slurm Reason: `GPU 3 (0000:9b:00) Xid 79 GPU has fallen off the bus x4`."""
+    """One event in a Slurm Reason: `GPU 3 (0000:9b:00) Xid 79 GPU has fallen off the bus x4`;
+    what the line said of itself follows a comma (`Xid 154 ..., GPU reset required`)."""
     entry = XIDS.get(event["xid"])
     what = _mnemonic_words(entry[0]) if entry else "not in the Xid table"
     if entry and entry[1] == NVLINK5:
         what += " fatal" if event["class"] == FAIL else " nonfatal"
-    line = f"{where(event)} Xid {event['xid']} {what}"
+    said = _said_words(event)
+    line = f"{where(event)} Xid {event['xid']} {what}" + (f", {said}" if said else "")
     line += f" x{event['repeats']}" if event["repeats"] > 1 else ""
-    note = NOTES.get(event["xid"])
+    note = None if said else NOTES.get(event["xid"])
     return f"{line}: {note}" if note else line
 
 
@@ -473,6 +669,7 @@ def _data(events: list) -> dict:
         "seq",
         "usec",
         "text",
+        "detail",
         "job",
     )
     listed = [{k: e[k] for k in keys if k in e} for e in events[:EVENTS_MAX]]
@@ -519,8 +716,9 @@ def log_continuity(facts: dict, ctx: Context) -> Result:
 CHECKS = (hardware, application, log_continuity)
 
 
-def baseline(facts: dict) -> dict:
-    """Where the next run starts: the last sequence number read (or the saved one) and boot."""
+def baseline(facts: dict, now: float | None = None) -> dict:
+    """Where the next run starts: the last sequence number read (or the saved one) and boot.
+    (`now` is not kept: the kernel log's sequence numbers order its records.)"""
     seq = facts.get("last_seq")
     return {
         "seq": seq if seq is not None else facts.get("after_seq"),

@@ -6,7 +6,8 @@ exactly (the checks in checks/xid.py only ever see this dict):
     {"path": "/dev/kmsg",
      "boot_id": "c88c3115-...",   this boot's id (/dev/kmsg only; None for a file)
      "records": [{"seq": 1234, "usec": 5678, "pri": 3,
-                  "msg": "NVRM: Xid (PCI:0000:9b:00): 79, ..."}],
+                  "msg": "NVRM: Xid (PCI:0000:9b:00): 79, ..."},
+                 {"seq": 1235, "usec": 5679, "pri": 6, "facility": 1, "msg": "..."}],
      "first_seq": 0,               seq of the oldest record still in the buffer (None when empty)
      "lost": False,                records were overwritten before we read them
      "missed": 0,                  how many, where known (0 when only EPIPE told us)
@@ -20,6 +21,20 @@ The caller saves {"seq", "boot_id"} (checks/xid.py `baseline`) and passes them b
 Record fields: seq is the kernel's sequence number (the 1-based line number for dmesg lines),
 usec the microseconds since boot (None when the line has no timestamp), pri the log level
 0-7 (None when unknown), msg the text (the kernel already escapes non-printables as \\xNN).
+`facility` (PRI >> 3) is there only when it is known and not 0: the kernel's own records are
+LOG_KERN (0); a record written to /dev/kmsg from user space (`echo > /dev/kmsg` is LOG_USER,
+systemd's are LOG_DAEMON) has another, so checks can refuse it as a kernel record. journalctl
+and syslog lines carry no facility: `logger -t kernel` cannot be told from the kernel there.
+
+File forms (one record a line unless noted): /dev/kmsg records; dmesg `[  123.456789] msg`,
+`dmesg -r` `<6>[  123.456789] msg`, `dmesg -T` `[Sat Nov 29 12:00:01 2025] msg`; syslog
+`Nov 29 12:00:01 host kernel: msg`; journalctl -k `-o short`, `-o short-precise`
+(`Nov 29 12:00:01.123456 host kernel: msg`), `-o short-iso`/`short-iso-precise`
+(`2025-11-29T12:00:01.123456+0000 host kernel: msg`) and `-o short-monotonic`
+(`[  123.456789] host kernel: msg`). dmesg and journalctl print the further lines of a
+multi-line record indented to the message column (util-linux dmesg(1), journalctl(1)): such an
+indented line joins the record above it, after a space. In a file of kmsg records an indented
+line is the record's ` KEY=VALUE` dictionary instead, and is skipped.
 
 Errors: a missing or unreadable path raises OSError (errno kept, filename = path, strerror says
 "cannot read the kernel log (...)"); the runner turns it into an unavailable source. A garbage
@@ -51,12 +66,19 @@ MSG_MAX = 8192
 # follow (caller=T123); the header ends well within this many bytes.
 HEAD_MAX = 128
 # dmesg forms: `[  123.456789] msg`, `dmesg -r`: `<6>[  123.456789] msg`, `dmesg -T`:
-# `[Mon Nov 17 10:22:33 2025] msg`, syslog/journal: `Nov 17 10:22:33 host kernel: [ 1.2] msg`
-# or `2025-11-17T10:22:33.123+00:00 host kernel: msg`. Only files need them: kept as strings
-# for re's own cache, so the /dev/kmsg path never pays their compile time (~0.5 ms).
-_SYSLOG = r"(?:[A-Z][a-z]{2} [ 0-9][0-9] [0-9:]{8}|[0-9]{4}-[0-9]{2}-[0-9]{2}T\S+) \S+ kernel: "
+# `[Mon Nov 17 10:22:33 2025] msg`, syslog/journal: `Nov 17 10:22:33 host kernel: [ 1.2] msg`,
+# journalctl's short-precise `Nov 17 10:22:33.123456 host kernel: msg`, short-iso(-precise)
+# `2025-11-17T10:22:33.123456+0000 host kernel: msg`, short-monotonic
+# `[  123.456789] host kernel: msg`. Only files need them: kept as strings for re's own cache,
+# so the /dev/kmsg path never pays their compile time (~0.5 ms). Only the `kernel:` tag is
+# stripped: another program's syslog line keeps its prefix and so never starts with `NVRM:`.
+_SYSLOG = (
+    r"(?:[A-Z][a-z]{2} [ 0-9][0-9] [0-9:]{8}(?:\.[0-9]{1,9})?"
+    r"|[0-9]{4}-[0-9]{2}-[0-9]{2}T\S+) \S+ kernel: "
+)
 _LEVEL = r"<([0-9]{1,3})>"
 _MONO = r"\[ *([0-9]{1,12})\.([0-9]{1,9})\] ?"
+_JOURNAL_MONO = r"\[ *([0-9]{1,12})\.([0-9]{1,9})\] \S+ kernel: "
 _WALL = r"\[[A-Z][a-z]{2} [A-Z][a-z]{2} [ 0-9][0-9] [0-9:]{8} [0-9]{4}\] ?"
 
 
@@ -97,7 +119,8 @@ def read_records(read: object) -> tuple:
 
 
 def kmsg_entry(data: bytes) -> tuple | None:
-    """(seq, pri, usec, message bytes) of one kmsg record, or None when it is not one.
+    """(seq, PRI, usec, message bytes) of one kmsg record, or None when it is not one. PRI is
+    the whole field, facility * 8 + level (`record` splits it).
 
     Continuation lines (` KEY=VALUE` after the first newline) are dictionary data, not message.
     Split by hand, not by regex: this runs for every record in the ring.
@@ -111,7 +134,7 @@ def kmsg_entry(data: bytes) -> tuple | None:
         return None
     stop = data.find(b"\n", end)
     body = data[end + 1 : stop if stop >= 0 else len(data)].rstrip(b"\r")
-    return int(seq), int(pri) & 7, int(usec), body
+    return int(seq), int(pri), int(usec), body
 
 
 def device_entries(chunks: list, after_seq: int | None = None) -> list:
@@ -140,14 +163,27 @@ def device_entries(chunks: list, after_seq: int | None = None) -> list:
 def file_entries(lines: object) -> list:
     """Entries of a file's lines: kmsg records where a line is one, else dmesg lines.
 
-    A dmesg line has no sequence number: its 1-based line number stands in. Blank lines,
-    continuation lines (leading space) and lines with NUL bytes (binary junk) are skipped.
+    A dmesg line has no sequence number: its 1-based line number stands in. Blank lines and
+    lines with NUL bytes (binary junk) are skipped. A line with leading space continues the
+    dmesg/journal line above it (dmesg and journalctl indent a multi-line record's further
+    lines); after a kmsg record it is dictionary data (` SUBSYSTEM=pci`) and is skipped.
     """
-    out = []
+    out: list = []
+    joins = False  # the last entry is a dmesg line that an indented line may continue
     for number, line in enumerate(lines, 1):  # type: ignore[call-overload]
-        if line[:1] in (b"", b"\n", b"\r", b" ", b"\t") or b"\0" in line:
+        first = line[:1]
+        if first in (b"", b"\n", b"\r") or b"\0" in line:
+            joins = False
+            continue
+        if first in (b" ", b"\t"):
+            more = line.strip()
+            if joins and more and len(out[-1][3]) < MSG_MAX:
+                seq, pri, usec, body = out[-1]
+                out[-1] = (seq, pri, usec, body + b" " + more)
+            joins = joins and bool(more)
             continue
         entry = kmsg_entry(line)
+        joins = entry is None
         if entry is None:
             entry = (number, None, None, line.rstrip(b"\r\n"))
         out.append(entry)
@@ -155,14 +191,19 @@ def file_entries(lines: object) -> list:
 
 
 def dmesg_fields(text: str) -> tuple:
-    """(pri, usec, message) of one dmesg/syslog line; prefixes that are not there are None."""
+    """(PRI, usec, message) of one dmesg/syslog/journal line; prefixes that are not there are
+    None. PRI is as printed by `dmesg -r` (facility * 8 + level)."""
+    journal = re.match(_JOURNAL_MONO, text, re.A)
+    if journal:  # journalctl -o short-monotonic: the boot-relative time, then `host kernel:`
+        usec = int(journal.group(1)) * 1000000 + int(journal.group(2)[:6].ljust(6, "0"))
+        return None, usec, text[journal.end() :]
     prefix = re.match(_SYSLOG, text, re.A)
     if prefix:
         text = text[prefix.end() :]
     pri = None
     level = re.match(_LEVEL, text, re.A)
     if level:
-        pri, text = int(level.group(1)) & 7, text[level.end() :]
+        pri, text = int(level.group(1)), text[level.end() :]
     usec = None
     mono = re.match(_MONO, text, re.A)
     if mono:
@@ -180,7 +221,12 @@ def record(entry: tuple) -> dict:
     text = body[:MSG_MAX].decode("utf-8", "replace")
     if usec is None and pri is None:
         pri, usec, text = dmesg_fields(text)
-    return {"seq": seq, "usec": usec, "pri": pri, "msg": text}
+    if pri is None:
+        return {"seq": seq, "usec": usec, "pri": None, "msg": text}
+    out = {"seq": seq, "usec": usec, "pri": pri & 7, "msg": text}
+    if pri >> 3:
+        out["facility"] = pri >> 3
+    return out
 
 
 def rebooted(saved_boot: str | None, boot: str | None) -> bool:

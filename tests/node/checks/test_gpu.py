@@ -67,6 +67,27 @@ FAULTS = [
     ("pcie-x8", gpu.pcie, "fail", "drain", "GPU 2 (00000000:3A:00.0) PCIe width x 8 < 16"),
     ("fabric-in-progress", gpu.fabric, "fail", "drain", "fabric IN_PROGRESS"),
     ("vbios-drift", gpu.versions, "warn", "none", "GPU 3 (00000000:5D:00.0) VBIOS 96.00.74.00.0D"),
+    (
+        "remap-spares-gone",
+        gpu.row_remap,
+        "fail",
+        "service",
+        "GPU 2 (00000000:3A:00.0) 512 rows remapped for uncorrectable errors, spare-row limit 512",
+    ),
+    (
+        "retired-pages-full",
+        gpu.row_remap,
+        "fail",
+        "service",
+        "GPU 0 (00000000:18:00.0) 64 retired pages, table limit 63",
+    ),
+    (
+        "sbe-tens-of-millions",
+        gpu.corrected_ecc,
+        "warn",
+        "none",
+        "GPU 4 (00000000:9A:00.0) 31457280 corrected ECC errors (volatile), warn at 10000000",
+    ),
 ]
 
 
@@ -194,3 +215,68 @@ def test_versions_of_records_the_driver_and_the_vbios_set_of_answering_gpus():
     lost = facts("gpu-lost")
     answering = {d["vbios"] for d in lost["devices"] if not d["error"] and d["vbios"]}
     assert gpu.versions_of(lost)["vbios"] == sorted(answering)
+
+
+# ---------------------------------------------------------------- absolute thresholds
+
+
+def test_first_run_is_no_free_pass():
+    """No baseline: the absolute thresholds still judge (remaps, retired pages, corrected ECC)."""
+    for variant, check in (
+        ("remap-spares-gone", gpu.row_remap),
+        ("retired-pages-full", gpu.row_remap),
+        ("sbe-tens-of-millions", gpu.corrected_ecc),
+    ):
+        result = check(facts(variant), Context(expect=ctx().expect, baseline={}))
+        assert result.status in ("warn", "fail"), variant
+
+
+def test_remap_failure_still_leads_and_the_limit_follows():
+    result = gpu.row_remap(facts("remap-failure"), ctx())  # 512 rows and the failure flag
+    assert result.message.startswith("GPU 1 (00000000:2A:00.0) row remapping failed (+1 more)")
+    assert (result.status, result.action) == ("fail", "service")
+
+
+def test_remap_limit_is_configurable_and_counts_only_uncorrectable_rows():
+    f = facts("healthy")
+    f["devices"][3]["fields"]["remap_correctable"] = 600  # correctable remaps can be taken back
+    f["devices"][3]["fields"]["remap_uncorrectable"] = 511
+    assert gpu.row_remap(f, ctx()).status == "ok"
+    assert gpu.row_remap(f, ctx(remap_rows_max=256)).status == "fail"
+
+
+def test_retired_page_table_judged_only_before_ampere_and_only_when_read():
+    f = facts("retired-pages-full")
+    f["devices"][0]["fields"]["retired_sbe"] = 18  # 62 pages: under DCGM's 63
+    assert gpu.row_remap(f, ctx()).status == "ok"
+    assert gpu.row_remap(f, ctx(retired_pages_max=60)).status == "fail"
+    f["devices"][0]["fields"]["retired_sbe"] = 20
+    f["devices"][0]["arch"] = 7  # Ampere: row remapping, the retirement counts do not apply
+    assert gpu.row_remap(f, ctx()).status == "ok"
+    f["devices"][0]["arch"] = 5
+    del f["devices"][0]["fields"]["retired_sbe"], f["devices"][0]["fields"]["retired_dbe"]
+    assert gpu.row_remap(f, ctx()).status == "ok"  # not read by the source: nothing to judge
+
+
+def test_corrected_ecc_prefers_the_aggregate_count_and_skips_when_unreported():
+    f = facts("healthy")
+    f["devices"][5]["fields"]["ecc_sbe_aggregate"] = 12_000_000
+    result = gpu.corrected_ecc(f, ctx())
+    assert result.status == "warn" and "12000000 corrected ECC errors (aggregate)" in result.message
+    assert gpu.corrected_ecc(f, ctx(sbe_total_warn=20_000_000)).status == "ok"
+    for dev in f["devices"]:
+        dev["fields"] = {}
+    assert gpu.corrected_ecc(f, ctx()).status == "skip"
+
+
+def test_memory_counter_that_went_down_starts_a_new_baseline():
+    before = gpu.baseline(facts("healthy"), now=0.0)
+    before["counters"]["6"]["ecc_sbe_volatile"] = 900  # the driver reloaded since
+    result = gpu.memory_errors(facts("healthy"), Context(expect=ctx().expect, baseline=before))
+    assert result.status == "ok"
+    assert result.message == "counter reset: new baseline (GPU 6 ecc_sbe_volatile)"
+
+
+def test_baseline_keeps_the_time_it_was_read():
+    assert gpu.baseline(facts("healthy"), now=77.0)["taken_at"] == 77.0
+    assert isinstance(gpu.baseline(facts("healthy"))["taken_at"], float)

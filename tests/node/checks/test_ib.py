@@ -185,7 +185,7 @@ def test_parse_and_checks_never_raise(raw, before):
     genconf = ib.expectations(facts)
     for check in ib.CHECKS:
         run(check, facts, baseline=before, **genconf)
-    assert set(ib.baseline(facts)) == {"counters"}
+    assert set(ib.baseline(facts)) == {"counters", "taken_at"}
 
 
 # ---------------------------------------------------------------- contract
@@ -194,7 +194,7 @@ def test_parse_and_checks_never_raise(raw, before):
 def test_module_contract():
     assert (ib.AREA, ib.SOURCE) == ("ib", "ib")
     for key, (default, kind, why) in ib.DEFAULTS.items():
-        assert kind in (list, int, str, bool), key
+        assert kind in (list, int, float, str, bool), key
         assert default is None or isinstance(default, kind), key
         assert why and "\n" not in why, key
     for name in COUNTERS:
@@ -470,12 +470,22 @@ def test_counter_thresholds_configurable(healthy):
     assert run(ib.counters, facts, before, link_downed_warn=5, link_downed_fail=9).status == "ok"
 
 
-def test_counter_reset_counts_new_value_as_delta(healthy):
+def test_counter_that_went_down_starts_a_new_baseline_never_a_fail(healthy):
     before = ib.baseline(healthy)
     before["counters"]["mlx5_0:1"]["symbol_error"] = 5000  # before a reboot or perfquery -R
+    before["counters"]["mlx5_4:1"]["link_downed"] = 9
     facts = with_counters(healthy, "mlx5_0:1", symbol_error=12)
     res = run(ib.counters, facts, before)
-    assert res.data["mlx5_0:1"]["delta"]["symbol_error"] == 12
+    assert "symbol_error" not in res.data["mlx5_0:1"]["delta"]
+    assert res.data["mlx5_0:1"]["reset"] == ["symbol_error"]
+    assert_result(res, result.OK)
+    assert res.message == (
+        "no counter errors on 8 ports since last run, counter reset: new baseline "
+        "(mlx5_0:1 symbol_error (+1 more))"
+    )
+    # The next run measures from the new value.
+    later = with_counters(facts, "mlx5_0:1", symbol_error=24)
+    res = run(ib.counters, later, ib.baseline(facts))
     assert_result(res, result.WARN, result.NONE, "mlx5_0:1 symbol_error +12 (warn at 10)")
 
 
@@ -562,3 +572,93 @@ def test_versions_of_records_firmware_per_hca():
     assert found == {name: dev["fw_ver"] for name, dev in facts["devices"].items()}
     assert len(set(found.values())) == 2
     assert ib.versions_of(ib.parse({})) == {"fw_ver": {}}
+
+
+# ---------------------------------------------------------------- rates over the interval
+
+HOUR = 3600.0
+
+
+def stamped(facts: dict, at: float) -> dict:
+    return ib.baseline(facts, now=at)
+
+
+def at(facts: dict, before: dict, now: float, **expect) -> result.Result:
+    res = ib.counters(facts, Context(expect=expect, baseline=before, now=now))
+    assert isinstance(res, result.Result)
+    return res
+
+
+def test_baseline_keeps_the_time_it_was_read(healthy):
+    assert ib.baseline(healthy, now=1234.5)["taken_at"] == 1234.5
+    assert isinstance(ib.baseline(healthy)["taken_at"], float)  # the clock: the run's time
+
+
+def test_rate_defaults_and_their_bounds():
+    assert ib.DEFAULTS["symbol_error_warn_per_h"][:2] == (10.0, float)
+    assert ib.DEFAULTS["symbol_error_fail_per_h"][:2] == (1000.0, float)
+    assert ib.DEFAULTS["link_downed_warn_per_h"][:2] == (0.0, float)
+    assert ib.DEFAULTS["link_downed_fail_per_h"][:2] == (0.5, float)
+
+
+@pytest.mark.parametrize(
+    "name,delta,hours,status",
+    [
+        # 1000 symbol errors in one hour: 1000/h, fails; in a 10-hour job: 100/h, warns only.
+        ("symbol_error", 1000, 1.0, result.FAIL),
+        ("symbol_error", 1000, 10.0, result.WARN),
+        # 50 in a week (168 h): 0.3/h, line noise; 50 in an hour: 50/h, warns.
+        ("symbol_error", 50, 168.0, result.OK),
+        ("symbol_error", 50, 1.0, result.WARN),
+        # 3 flaps within 6 hours: 0.5/h, flapping (gpud's 3, Azure's 6 h); over 3 days: warns.
+        ("link_downed", 3, 6.0, result.FAIL),
+        ("link_downed", 3, 72.0, result.WARN),
+        # One flap warns at any rate: it killed the job's in-flight traffic.
+        ("link_downed", 1, 720.0, result.WARN),
+    ],
+)
+def test_symbol_errors_and_flaps_are_judged_per_hour(healthy, name, delta, hours, status):
+    before = stamped(healthy, 1000.0)
+    value = before["counters"]["mlx5_3:1"][name] + delta
+    res = at(with_counters(healthy, "mlx5_3:1", **{name: value}), before, 1000.0 + hours * HOUR)
+    assert res.status == status, res
+    assert res.data["mlx5_3:1"]["delta"][name] == delta
+    if status != result.OK:
+        assert res.message.startswith(f"mlx5_3:1 {name} +{delta} (")
+        assert "/h over" in res.message
+
+
+def test_a_short_interval_does_not_turn_one_error_into_a_failure(healthy):
+    """Two runs 1 s apart: 1 symbol error is 3600/h, but the count (10) is the minimum."""
+    before = stamped(healthy, 1000.0)
+    one = with_counters(healthy, "mlx5_3:1", symbol_error=3)  # fixture: 2
+    assert at(one, before, 1001.0).status == result.OK
+    # Two flaps in a second: a warn (any flap), not the fail that 7200/h would give alone.
+    two = with_counters(healthy, "mlx5_3:1", link_downed=3)  # fixture: 1
+    assert at(two, before, 1001.0).status == result.WARN
+
+
+def test_rate_message_names_rate_and_thresholds(healthy):
+    before = stamped(healthy, 0.0)
+    facts = with_counters(healthy, "mlx5_1:1", link_downed=4)  # fixture: 1, so +3
+    res = at(facts, before, 2 * HOUR)
+    assert res.message == "mlx5_1:1 link_downed +3 (1.5/h over 2 h, fail at 3 and 0.5/h)"
+
+
+def test_rate_thresholds_configurable(healthy):
+    before = stamped(healthy, 0.0)
+    facts = with_counters(healthy, "mlx5_1:1", symbol_error=100)  # fixture: 0
+    assert at(facts, before, 10 * HOUR).status == result.WARN  # 10/h
+    assert at(facts, before, 10 * HOUR, symbol_error_warn_per_h=20.0).status == result.OK
+
+
+def test_unknown_interval_judges_counts_as_before(healthy):
+    """A baseline saved without its time, or a clock that went backwards: counts alone."""
+    before = ib.baseline(healthy)
+    del before["taken_at"]
+    facts = with_counters(healthy, "mlx5_3:1", symbol_error=1002)  # fixture: 2, so +1000
+    assert at(facts, before, 10 * HOUR).status == result.FAIL
+    backwards = stamped(healthy, 5 * HOUR)
+    assert at(facts, backwards, 4 * HOUR).status == result.FAIL
+    assert ib.interval(Context(baseline={"taken_at": True}, now=5.0)) is None
+    assert ib.interval(Context(baseline={"taken_at": 2.0}, now=5.0)) == 3.0

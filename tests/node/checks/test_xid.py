@@ -223,6 +223,126 @@ def test_fixture_dmesg_forms_match_kmsg_forms():
     assert (79, "0000:9a:00") not in dmesg  # `systemd[1]: NVRM: Xid ...` is not the kernel
 
 
+def test_fixture_verdicts_the_driver_states():
+    """xid-forms.kmsg: the 94 says `RST: No, D-RST: No` (warn, was fail) and the 154 names
+    `GPU Reset Required` (fail, was warn); every other event keeps its verdict."""
+    verdicts = {e["seq"]: (e["class"], e["action"]) for e in facts_of("xid-forms.kmsg")["events"]}
+    assert verdicts == {
+        10: ("fail", "reset_gpu"),
+        11: ("fail", "reboot"),
+        12: ("fail", "reboot"),
+        13: ("app", "none"),
+        14: ("warn", "reset_gpu"),
+        15: ("fail", "reset_gpu"),
+        16: ("warn", "none"),
+        17: ("fail", "reboot"),
+        20: ("fail", "reboot"),
+        21: ("app", "none"),
+        22: ("fail", "reset_gpu"),
+        23: ("warn", "reset_gpu"),
+        24: ("fail", "reset_gpu"),
+        25: ("warn", "none"),
+    }
+
+
+# The same faults in every form an admin feeds `--kmsg` (tests/fixtures/kmsg/README.md): /dev/kmsg
+# records, dmesg, dmesg -T, journalctl -k -o short-precise, short-iso-precise, short-monotonic.
+SAME_FAULTS = (
+    "same-faults.kmsg",
+    "same-faults.dmesg",
+    "same-faults.dmesg-T",
+    "same-faults.short-precise",
+    "same-faults.short-iso-precise",
+    "same-faults.short-monotonic",
+)
+
+
+def verdicts_of(name: str) -> list:
+    return [
+        (e["xid"], e["bus_id"], e["gpu_instance"], e["class"], e["action"], e["detail"])
+        for e in xid.events_for(facts_of(name), ctx())
+    ]
+
+
+@pytest.mark.parametrize("name", SAME_FAULTS)
+def test_same_faults_same_verdicts_in_every_form(name):
+    words = ["0x0", "0x0", "0x10000", "0x0", "0x0", "0x0", "0x0"]
+    no_reset = {"contained": True, "rst": False, "d_rst": False}
+    reset = {"contained": True, "rst": True, "d_rst": False}
+    uncontained = {"contained": False, "rst": True, "d_rst": False}
+    assert verdicts_of(name) == [
+        (79, "0000:18:00", None, "fail", "reboot", None),  # Xid line and its Xid-less twin
+        (94, "0000:5d:00", 5, "warn", "reset_gpu", no_reset),
+        (94, "0000:3a:00", None, "fail", "reset_gpu", reset),
+        (95, "0000:9a:00", None, "fail", "reset_gpu", uncontained),
+        (154, "0000:9a:00", None, "fail", "reset_gpu", {"recovery": 1}),
+        (154, "0000:ab:00", None, "fail", "reboot", {"recovery": 2}),
+        (154, "0000:db:00", None, "fail", "drain", {"recovery": 3}),
+        (154, "0000:db:00", None, "fail", "reset_gpu", {"recovery": 4}),
+        (154, "0000:3a:00", None, "ignore", "none", {"recovery": 0}),
+        (74, "0000:2a:00", None, "fail", "reset_gpu", {"link": 14, "words": words}),
+        (79, "0000:ba:00", None, "fail", "reboot", None),  # one record over two lines
+    ]
+    facts = facts_of(name)
+    assert facts["events"][0]["repeats"] == 2 and facts["foreign"] == 0
+    result = xid.hardware(facts, ctx())
+    assert (result.status, result.action) == ("fail", "reboot")
+    assert result.message == "GPU 0 (0000:18:00) Xid 79 GPU has fallen off the bus x2 (+9 more)"
+
+
+def test_same_faults_same_verdicts_across_forms():
+    first = verdicts_of(SAME_FAULTS[0])
+    assert all(verdicts_of(name) == first for name in SAME_FAULTS[1:])
+
+
+# --- records user space wrote --------------------------------------------------------------
+
+
+def test_user_space_records_are_not_kernel_xids():
+    """dev-kmsg ABI: a write to /dev/kmsg gets LOG_USER unless it names another facility, and
+    never LOG_KERN (0): an NVRM line with facility != 0 is no driver line."""
+    facts = facts_of("foreign.kmsg")
+    assert (
+        facts["foreign"] == 3
+    )  # user (1), daemon (3), user again; the non-NVRM one is not counted
+    assert [(e["xid"], e["bus_id"]) for e in facts["events"]] == [(48, "0000:5d:00")]
+    assert xid.hardware(facts, ctx()).action == "reset_gpu"  # not the spoofed reboot
+
+
+def test_facility_in_hand_made_records():
+    raw = raw_of("NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus.")
+    raw["records"][0]["facility"] = 1
+    facts = xid.parse(raw)
+    assert (facts["events"], facts["foreign"]) == ([], 1)
+    for odd in (0, None, True, "1"):  # kernel, unknown, or not a facility: not foreign
+        raw["records"][0]["facility"] = odd
+        assert len(xid.parse(raw)["events"]) == 1, odd
+
+
+def test_dmesg_raw_priority_carries_the_facility(tmp_path):
+    """`dmesg -r` prints the whole PRI: `<12>` is LOG_USER, `<4>` the kernel's."""
+    log = tmp_path / "dmesg-r.log"
+    log.write_text(
+        "<12>[90001.000000] NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus.\n"
+        "<4>[90002.000000] NVRM: Xid (PCI:0000:2a:00): 79, GPU has fallen off the bus.\n"
+    )
+    facts = xid.parse(kmsg.read(str(log)))
+    assert facts["foreign"] == 1
+    assert [e["bus_id"] for e in facts["events"]] == ["0000:2a:00"]
+
+
+def test_journal_lines_cannot_tell_logger_from_the_kernel(tmp_path):
+    """journalctl's short formats print `host kernel:` for `logger -t kernel` too, and carry no
+    facility: such a line passes for the kernel's. Known limit (docs/sources.md)."""
+    log = tmp_path / "journal.log"
+    log.write_text(
+        "Nov 29 12:00:30.000000 gpu01 kernel: NVRM: Xid (PCI:0000:18:00): 79, "
+        "GPU has fallen off the bus.\n"
+    )
+    facts = xid.parse(kmsg.read(str(log)))
+    assert (len(facts["events"]), facts["foreign"]) == (1, 0)
+
+
 # --- hostile process names -----------------------------------------------------------------
 
 
@@ -280,6 +400,7 @@ TABLE = [
     (143, "", "fail", "drain"),
     (61, "", "fail", "drain"),
     (63, "", "warn", "reset_gpu"),
+    (64, "", "fail", "service"),
     (156, "", "warn", "reset_gpu"),
     (164, "", "warn", "service"),
     (8, "", "warn", "none"),
@@ -410,7 +531,9 @@ def test_hardware_nvlink5_fatal_message():
     assert result.message == "GPU 0 (0000:18:00) Xid 149 NVLink netir error fatal"
 
 
-def test_xid_154_points_to_the_recovery_action():
+def test_xid_154_acts_on_the_recovery_action_it_names():
+    """The line as the driver prints it (NVIDIA developer forum report of driver 595.71.05,
+    `... 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)`)."""
     facts = xid.parse(
         raw_of(
             "NVRM: Xid (PCI:0000:9a:00): 154, GPU recovery action changed "
@@ -418,8 +541,148 @@ def test_xid_154_points_to_the_recovery_action():
         )
     )
     result = xid.hardware(facts, ctx())
-    assert result.status == "warn"
+    assert (result.status, result.action) == ("fail", "reset_gpu")
+    assert result.message == (
+        "GPU 4 (0000:9a:00) Xid 154 GPU recovery action changed, GPU reset required"
+    )
+    assert result.data["events"][0]["detail"] == {"recovery": 1}
+
+
+def test_xid_154_without_a_readable_action_points_to_nvml():
+    facts = xid.parse(raw_of("NVRM: Xid (PCI:0000:9a:00): 154, GPU recovery action changed"))
+    result = xid.hardware(facts, ctx())
+    assert (result.status, result.action) == ("warn", "none")
     assert "recovery action" in result.message and "gpu area" in result.message
+
+
+# nvmlDeviceGpuRecoveryAction_t (nvml.h): 0 NONE, 1 GPU_RESET, 2 NODE_REBOOT, 3 DRAIN_P2P,
+# 4 DRAIN_AND_RESET; what each asks: NVIDIA's GPU memory error management guide, "Error
+# Recovery and Response Flags". The line's words follow the driver's `(GPU Reset Required)`.
+RECOVERY_LINES = [
+    ("from 0x0 (None) to 0x1 (GPU Reset Required)", "fail", "reset_gpu", 1),
+    ("from 0x1 (GPU Reset Required) to 0x2 (Node Reboot Required)", "fail", "reboot", 2),
+    ("from 0x0 (None) to 0x3 (Drain P2P)", "fail", "drain", 3),
+    ("from 0x3 (Drain P2P) to 0x4 (Drain and Reset)", "fail", "reset_gpu", 4),
+    ("from 0x1 (GPU Reset Required) to 0x0 (None)", "ignore", "none", 0),
+    ("from 0x0 (None) to 0x7", "fail", "reboot", 7),  # newer nvml.h: system reboot
+    ("from 0x0 (None) to 0x2a (Something New)", "fail", "drain", 42),  # unknown: drain
+    ("from None to (Node Reboot Required)", "fail", "reboot", 2),  # words only
+]
+
+
+@pytest.mark.parametrize(("change", "cls", "action", "code"), RECOVERY_LINES)
+def test_xid_154_recovery_actions(change, cls, action, code):
+    event = one(f"NVRM: Xid (PCI:0000:9a:00): 154, GPU recovery action changed {change}")
+    assert (event["class"], event["action"], event["detail"]) == (cls, action, {"recovery": code})
+
+
+def test_xid_154_cleared_is_not_reported():
+    facts = xid.parse(
+        raw_of(
+            "NVRM: Xid (PCI:0000:9a:00): 154, GPU recovery action changed "
+            "from 0x1 (GPU Reset Required) to 0x0 (None)"
+        )
+    )
+    assert xid.hardware(facts, ctx()).status == "ok"
+    assert xid.events_of(facts, ctx()) == []
+
+
+def test_xid_154_set_and_cleared_are_two_events():
+    events = xid.parse(
+        raw_of(
+            "NVRM: Xid (PCI:0000:9a:00): 154, GPU recovery action changed from 0x0 to 0x1",
+            "NVRM: Xid (PCI:0000:9a:00): 154, GPU recovery action changed from 0x1 to 0x0",
+        )
+    )["events"]
+    assert [(e["detail"]["recovery"], e["class"]) for e in events] == [(1, "fail"), (0, "ignore")]
+
+
+# Xid 94/95 as recent drivers print them: `Contained:`/`Uncontained:`, the unit, then `RST:`
+# (GPU reset required) and `D-RST:` (drain P2P, then reset). NVIDIA's GPU memory error
+# management guide, "Error Containment" and "Response to Uncorrectable Contained ECC Errors":
+# a contained error terminates only the affected application, other work continues and new
+# work can start without a GPU reset.
+CONTAINMENT = [
+    ("94, pid=7194, Contained: CE User Channel (0x9). RST: No, D-RST: No", "warn", "reset_gpu"),
+    ("94, pid=7194, name=python3, Contained: SM (0x1). RST: Yes, D-RST: No", "fail", "reset_gpu"),
+    ("94, pid=7194, name=python3, Contained: SM (0x1). RST: No, D-RST: Yes", "fail", "reset_gpu"),
+    ("94, pid=7194, name=python3, Contained ECC error", "fail", "reset_gpu"),  # no fields: table
+    ("95, pid=7300, name=python3, Uncontained: FBHUB. RST: Yes, D-RST: No", "fail", "reset_gpu"),
+    ("95, pid=7300, name=python3, Uncontained: FBHUB. RST: No, D-RST: No", "fail", "reset_gpu"),
+    ("95, pid=7300, name=python3, Uncontained: FBHUB. RST: No, D-RST: Yes", "fail", "reset_gpu"),
+]
+
+
+@pytest.mark.parametrize(("rest", "cls", "action"), CONTAINMENT)
+def test_contained_and_uncontained_errors(rest, cls, action):
+    event = one(f"NVRM: Xid (PCI:0000:5d:00 GPU-I:05): {rest}")
+    assert (event["class"], event["action"]) == (cls, action)
+
+
+def test_contained_error_without_reset_does_not_drain():
+    facts = xid.parse(
+        raw_of(
+            "NVRM: Xid (PCI:0000:5d:00 GPU-I:05): 94, pid=7194, Contained: CE User Channel "
+            "(0x9). RST: No, D-RST: No"
+        )
+    )
+    result = xid.hardware(facts, ctx())
+    assert (result.status, result.action) == ("warn", "reset_gpu")
+    assert result.message == "GPU 3 (0000:5d:00) GI 5 Xid 94 contained error, no reset required"
+    assert result.data["events"][0]["detail"] == {"contained": True, "rst": False, "d_rst": False}
+    assert xid.application(facts, ctx()).message == "no application Xids"  # the memory's fault
+
+
+def test_d_rst_is_not_read_as_rst():
+    detail = xid.line_detail(94, "Contained: SM (0x1). D-RST: Yes")
+    assert detail == {"contained": True, "rst": None, "d_rst": True}
+
+
+def test_xid_74_keeps_link_and_register_words():
+    """The NVLink error line (NVIDIA's Xid catalogue, Xid 74); the words are not decoded."""
+    event = one(
+        "NVRM: Xid (PCI:0000:5d:00): 74, pid=1234, name=python3, NVLink: fatal error detected "
+        "on link 14(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)"
+    )
+    assert (event["class"], event["action"]) == ("fail", "reset_gpu")  # unchanged
+    assert event["detail"] == {
+        "link": 14,
+        "words": ["0x0", "0x0", "0x10000", "0x0", "0x0", "0x0", "0x0"],
+    }
+    result = xid.hardware(
+        xid.parse(raw_of(f"NVRM: Xid (PCI:0000:5d:00): 74, {event['text']}")), ctx()
+    )
+    assert result.message == "GPU 3 (0000:5d:00) Xid 74 NVLink error, link 14"
+    assert result.data["events"][0]["detail"]["words"][2] == "0x10000"
+    assert one("NVRM: Xid (PCI:0000:5d:00): 74, NVLink: link 3 down")["detail"] == {
+        "link": 3,
+        "words": [],
+    }
+    assert one("NVRM: Xid (PCI:0000:5d:00): 74, NVLink error")["detail"] is None
+
+
+@pytest.mark.parametrize(
+    "rest",
+    [
+        "64, Row Remapper Error: row remapping failed",  # modelled on the catalogue's wording
+        "64, pid=1, name=x, Row remapping failure",
+        "63, Row remapping failed: no spare rows in bank",
+        "64, INFOROM DRAM retirement failure",  # Xid 64 by number, whatever the text
+    ],
+)
+def test_row_remap_failure_is_service(rest):
+    """Row remap failure is an RMA criterion (NVIDIA's GPU memory error management guide); the
+    gpu area fails NVML's remap_failure with service, so the Xid does the same."""
+    event = one(f"NVRM: Xid (PCI:0000:9a:00): {rest}")
+    assert (event["class"], event["action"]) == ("fail", "service")
+
+
+def test_row_remap_event_is_not_a_failure():
+    event = one(
+        "NVRM: Xid (PCI:0000:9a:00): 63, pid=1896, Row Remapper: New row marked for remapping, "
+        "reset gpu to activate."
+    )
+    assert (event["class"], event["action"], event["detail"]) == ("warn", "reset_gpu", None)
 
 
 def test_unknown_xid_warns():
@@ -593,10 +856,12 @@ def test_parse_facts_shape():
         "pid",
         "name",
         "text",
+        "detail",
         "repeats",
         "class",
         "action",
     }
+    assert facts["foreign"] == 0
 
 
 def test_baseline_is_the_last_seq_read():
@@ -648,6 +913,20 @@ NVRMISH = st.one_of(
         st.text(max_size=20),
     ),
     st.builds(lambda b: b.decode("utf-8", "replace"), st.binary(max_size=200)),
+    # the lines whose own words set the verdict (line_detail)
+    st.builds(
+        lambda x, a, b: f"NVRM: Xid (PCI:0000:18:00): {x}, {a} RST: {b}",
+        st.sampled_from([74, 94, 95, 154, 63, 64]),
+        st.text(max_size=60),
+        st.text(max_size=20),
+    ),
+    st.builds(
+        lambda a, b: (
+            f"NVRM: Xid (PCI:0000:18:00): 154, GPU recovery action changed from {a} to {b}"
+        ),
+        st.text(max_size=20),
+        st.text(max_size=30),
+    ),
 )
 RECORD = st.fixed_dictionaries(
     {},
@@ -681,6 +960,40 @@ def test_parse_never_raises(raw):
     for check in xid.CHECKS:
         assert check(facts, ctx(job_gpus=[0])).status in ("ok", "warn", "fail")
     xid.baseline(facts)
+
+
+DETAIL_TEXT = st.one_of(
+    st.text(max_size=200),
+    st.builds(
+        lambda a, b, c: f"{a}recovery action changed from {b} to {c}",
+        st.text(max_size=20),
+        st.text(max_size=20),
+        st.text(max_size=40),
+    ),
+    st.builds(
+        lambda a, b: f"Contained: {a}. RST: {b}, D-RST: {b}",
+        st.text(max_size=40),
+        st.sampled_from(["Yes", "No", "", "yes", "Maybe"]),
+    ),
+    st.builds(
+        lambda n, w: f"NVLink: fatal error detected on link {n}({w})",
+        st.integers(-5, 10**6),
+        st.text(alphabet="0123456789abcdefx, ", max_size=200),
+    ),
+    st.builds(lambda a: f"Row Remapper {a}", st.text(max_size=40)),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.integers(0, 1000), DETAIL_TEXT)
+def test_detail_of_never_raises(code, text):
+    detail = xid.line_detail(code, text)
+    assert detail is None or (isinstance(detail, dict) and detail)
+    json.dumps(detail)
+    cls, action = xid.classify(code, text)
+    assert cls in ("app", "warn", "fail", "ignore")
+    assert action in ("none", "drain", "reset_gpu", "reboot", "service")
+    assert cls != "fail" or action != "none"
 
 
 NAME_TEXT = st.text(

@@ -114,15 +114,95 @@ def test_syslog_line_of_another_program_keeps_its_prefix():
         ("[12345.678901] NVRM: x", None, 12345678901, "NVRM: x"),
         ("[    1.5] short fraction", None, 1500000, "short fraction"),
         ("<3>[    2.000001] err", 3, 2000001, "err"),
-        ("<14>[    2.000001] user info", 6, 2000001, "user info"),
+        ("<14>[    2.000001] user info", 14, 2000001, "user info"),  # whole PRI: user.info
         ("[Tue Nov 18 09:01:02 2025] wall", None, None, "wall"),
         ("Nov  8 09:01:02 gpu01 kernel: [  7.25] sys", None, 7250000, "sys"),
         ("2025-11-18T09:01:02+0100 gpu01 kernel: iso", None, None, "iso"),
         ("plain text", None, None, "plain text"),
+        # journalctl -k -o short-precise, short-iso-precise, short-monotonic (journalctl(1))
+        ("Nov 29 12:00:01.123456 gpu01 kernel: NVRM: x", None, None, "NVRM: x"),
+        ("Nov  9 12:00:01.123456 gpu01 kernel: NVRM: x", None, None, "NVRM: x"),
+        ("2026-11-29T12:00:01.123456+0000 gpu01 kernel: NVRM: x", None, None, "NVRM: x"),
+        ("[  123.456789] gpu01 kernel: NVRM: x", None, 123456789, "NVRM: x"),
+        ("[86400.000001] gpu01.example.org kernel: NVRM: x", None, 86400000001, "NVRM: x"),
+        # another program's line keeps its tag: it can never start with `NVRM:`
+        ("[  123.456789] gpu01 systemd[1]: NVRM: x", None, 123456789, "gpu01 systemd[1]: NVRM: x"),
+        (
+            "Nov 29 12:00:01.123456 gpu01 logger[77]: NVRM: x",
+            None,
+            None,
+            "Nov 29 12:00:01.123456 gpu01 logger[77]: NVRM: x",
+        ),
     ],
 )
 def test_dmesg_fields(line, pri, usec, msg):
     assert kmsg.dmesg_fields(line) == (pri, usec, msg)
+
+
+# --- journalctl forms, continuation lines, facility ----------------------------------------
+
+SAME_FAULTS = [
+    "same-faults.dmesg",
+    "same-faults.dmesg-T",
+    "same-faults.short-precise",
+    "same-faults.short-iso-precise",
+    "same-faults.short-monotonic",
+]
+
+
+@pytest.mark.parametrize("name", SAME_FAULTS)
+def test_every_form_gives_the_kmsg_messages(name):
+    """Each form of tests/fixtures/kmsg/same-faults.*: the same messages as the kmsg records
+    (whose one multi-line record the kernel escapes as `\\x0a`, where dmesg and journalctl
+    print an indented further line, joined here with a space)."""
+    want = [
+        r["msg"].replace("\\x0a", " ") for r in kmsg.read(fixture("same-faults.kmsg"))["records"]
+    ]
+    raw = kmsg.read(fixture(name))
+    assert [r["msg"] for r in raw["records"]] == want
+    assert len(raw["records"]) == 15 and raw["first_seq"] == 1
+
+
+@pytest.mark.parametrize("name", ["same-faults.dmesg", "same-faults.short-monotonic"])
+def test_boot_relative_forms_keep_usec(name):
+    records = kmsg.read(fixture(name))["records"]
+    assert [r["usec"] for r in records][:3] == [86400000000, 86400512345, 86401123456]
+
+
+def test_continuation_joins_the_record_above():
+    raw = kmsg.read(fixture("same-faults.dmesg"))
+    joined = raw["records"][-2]
+    assert joined["msg"] == (
+        "NVRM: The NVIDIA GPU 0000:ba:00.0 (PCI ID: 10de:2330) installed in this system has "
+        "fallen off the bus and is not responding to commands."
+    )
+    assert joined["seq"] == 14 and raw["records"][-1]["seq"] == 16  # line numbers stay
+
+
+def test_indented_lines_after_kmsg_records_stay_dictionary():
+    entries = kmsg.file_entries([b"6,2,4521301,-;mlx5_core up\n", b" SUBSYSTEM=pci\n"])
+    assert [e[3] for e in entries] == [b"mlx5_core up"]
+
+
+def test_continuation_stops_at_a_blank_line():
+    entries = kmsg.file_entries([b"[ 1.0] first\n", b"\n", b"    orphan\n", b"[ 2.0] next\n"])
+    assert [kmsg.record(e)["msg"] for e in entries] == ["first", "next"]
+
+
+def test_continuation_is_bounded():
+    lines = [b"[ 1.0] start\n"] + [b"    " + b"x" * 1000 + b"\n"] * 50
+    (entry,) = kmsg.file_entries(lines)
+    assert len(entry[3]) < kmsg.MSG_MAX + 1100
+    assert len(kmsg.record(entry)["msg"]) <= kmsg.MSG_MAX
+
+
+def test_facility_is_kept_when_not_the_kernels():
+    """PRI = facility * 8 + level (dev-kmsg ABI); the kernel's own records are facility 0."""
+    records = by_seq(kmsg.read(fixture("foreign.kmsg")))
+    assert "facility" not in records[900] and "facility" not in records[905]
+    assert (records[901]["pri"], records[901]["facility"]) == (4, 1)  # <12>: user.warning
+    assert (records[902]["pri"], records[902]["facility"]) == (6, 3)  # <30>: daemon.info
+    assert not any("SUBSYSTEM=" in r["msg"] for r in records.values())
 
 
 # --- after_seq, reboots, wrapped rings -----------------------------------------------------
@@ -413,7 +493,10 @@ LINE_TEXT = st.text(
 def test_kmsg_record_roundtrip(seq, pri, usec, msg):
     line = f"{pri},{seq},{usec},-;{msg}\n".encode()
     (entry,) = kmsg.device_entries([line])
-    assert kmsg.record(entry) == {"seq": seq, "usec": usec, "pri": pri & 7, "msg": msg.rstrip("\r")}
+    want = {"seq": seq, "usec": usec, "pri": pri & 7, "msg": msg.rstrip("\r")}
+    if pri >> 3:
+        want["facility"] = pri >> 3
+    assert kmsg.record(entry) == want
 
 
 @settings(max_examples=100, deadline=None)
@@ -438,3 +521,54 @@ def test_import_pulls_no_heavy_module():
         [sys.executable, "-S", "-E", "-c", code], capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "[]"
+
+
+# journalctl -k -o short-precise / short-iso-precise / short-monotonic and dmesg prefixes
+PREFIX = st.one_of(
+    st.builds(
+        lambda d, s, u: f"Nov {d:2d} 12:00:{s:02d}.{u:06d} gpu01 kernel: ",
+        st.integers(1, 30),
+        st.integers(0, 59),
+        st.integers(0, 999999),
+    ),
+    st.builds(
+        lambda s, u: f"2026-11-29T12:00:{s:02d}.{u:06d}+0000 gpu01 kernel: ",
+        st.integers(0, 59),
+        st.integers(0, 999999),
+    ),
+    st.builds(
+        lambda t, u: f"[{t:5d}.{u:06d}] gpu01 kernel: ",
+        st.integers(0, 10**7),
+        st.integers(0, 999999),
+    ),
+    st.builds(lambda t, u: f"[{t:5d}.{u:06d}] ", st.integers(0, 10**7), st.integers(0, 999999)),
+    st.just("[Sat Nov 29 12:00:01 2025] "),
+)
+MESSAGE = st.text(
+    st.characters(exclude_categories=("Cs",), exclude_characters="\n\r\0"), max_size=120
+).filter(lambda m: m[:1] not in ("[", "<", " ", "\t") and m.strip() == m)
+
+
+@settings(max_examples=300, deadline=None)
+@given(PREFIX, MESSAGE)
+def test_every_prefix_is_stripped_exactly(prefix, msg):
+    pri, usec, text = kmsg.dmesg_fields(prefix + "NVRM: " + msg)
+    assert text == "NVRM: " + msg and pri is None
+    assert usec is None or usec >= 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(PREFIX, MESSAGE, st.lists(MESSAGE, max_size=2)), max_size=12))
+def test_multi_line_records_join_in_any_form(records):
+    """Whatever the form, a record printed over several lines reads back as one message."""
+    lines = []
+    for prefix, msg, more in records:
+        lines.append((prefix + "NVRM: " + msg + "\n").encode())
+        lines += [(" " * len(prefix) + m + "\n").encode() for m in more if m]
+    with tempfile.NamedTemporaryFile("wb", suffix=".log") as handle:
+        handle.write(b"".join(lines))
+        handle.flush()
+        raw = kmsg.read(handle.name)
+    want = [" ".join(["NVRM: " + msg] + [m for m in more if m]) for _, msg, more in records]
+    assert [r["msg"] for r in raw["records"]] == want
+    json.dumps(raw)
