@@ -16,7 +16,7 @@ import click
 
 from slurmhealth import __version__
 from slurmhealth.core import files, slurm, store, timespec
-from slurmhealth.core.constants import BREAKER
+from slurmhealth.core.constants import BREAKER, HELD
 from slurmhealth.core.result import clean
 from slurmhealth.fleet import accounting, history, lemons, queries, sync
 from slurmhealth.node import agent, config, runner
@@ -621,7 +621,7 @@ def lemons_cmd(
         click.echo(json.dumps(doc, indent=1))
     else:
         click.echo(_lemon_text(scored, applied, span))
-    if any(a["outcome"] == BREAKER for a in applied):
+    if any(a["outcome"] in (BREAKER, HELD) for a in applied):
         sys.exit(3)
 
 

@@ -328,3 +328,13 @@ def test_an_instant_out_of_range_is_a_one_line_error(tmp_path):
         proc = run_cli("history", "--db", db, "--now", now)
         assert proc.returncode == 2 and "out of range" in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr
+
+
+def test_docs_checks_is_the_generated_catalogue():
+    """docs/checks.md lists every check and every threshold with its why, from the code."""
+    from slurmhealth.node.checks import catalogue_markdown
+
+    with open(os.path.join(REPO, "docs", "checks.md"), encoding="utf-8") as handle:
+        text = handle.read()
+    assert text.endswith(catalogue_markdown())
+    assert all(f"`{name}`" in text for name in REGISTRY)

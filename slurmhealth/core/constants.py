@@ -16,15 +16,17 @@ PHASES = (*HOOKS, CHECK)
 DRAINED = "drained"  # the node is drained, with our reason
 SKIPPED = "skipped"  # someone else took the node out already: left alone
 BREAKER = "breaker"  # the circuit breaker is open: nothing drained, loudly
+HELD = "held"  # the fleet could not be counted: nothing drained now, the fault stays pending
 FAILED = "failed"  # scontrol failed or timed out
 WOULD_DRAIN = "would_drain"  # monitor-only mode: nothing drained, what would have been recorded
-DRAIN_OUTCOMES = (DRAINED, SKIPPED, BREAKER, FAILED, WOULD_DRAIN)
+DRAIN_OUTCOMES = (DRAINED, SKIPPED, BREAKER, HELD, FAILED, WOULD_DRAIN)
 
 # Reasons: every reason slurmhealth writes starts with PREFIX (LBNL NHC's etiquette), so it
 # resumes only its own drains. Probation and lemon drains are lifted by an admin, never by us.
 PREFIX = "slurmhealth:"
 PROBATION = "probation:"
 LEMON = "lemon:"
+SERVICE = "service:"  # the hardware needs service: an admin (or a passed diagnosis) lifts it
 
 # sacct states of a job that has not ended (sacct(1), JOB STATE CODES).
 RUNNING_STATES = (

@@ -610,3 +610,38 @@ def prune(conn: sqlite3.Connection, before: float, dry_run: bool = False) -> dic
             counts[table] = cursor.rowcount
     conn.execute("VACUUM")
     return counts
+
+
+# Rows recent_events returns at most: a flood of events costs a run no more (~3 us a row).
+RECENT_EVENTS_MAX = 200
+
+
+@_translated
+def recent_events(
+    conn: sqlite3.Connection,
+    node: str,
+    since: float,
+    kind: str = "xid",
+    classes: tuple | None = None,
+    codes: tuple = (),
+    limit: int = RECENT_EVENTS_MAX,
+) -> list:
+    """The node's events of a kind recorded since a time, newest first, as plain dicts (id,
+    time, code, gpu, bus_id, class, action, text, job_id, pid): what the node's checks
+    remember (node/checks/xid.py). With `classes`, only rows of those classes or of one of
+    `codes` (the agent: fatal Xids and Xid 13), so that a flood of other application Xids
+    neither costs the read nor crowds out the rows that matter. One range read of the
+    events_node_time index, at most `limit` rows."""
+    sql = (
+        "SELECT id, time, code, gpu, bus_id, class, action, text, job_id, pid FROM events "
+        "WHERE node = ? AND time >= ? AND kind = ?"
+    )
+    args: list = [node, since, kind]
+    if classes is not None:
+        marks = ", ".join("?" for _ in classes)
+        code_marks = ", ".join("?" for _ in codes) or "NULL"
+        sql += f" AND (class IN ({marks}) OR code IN ({code_marks}))"  # placeholders only
+        args += [*classes, *codes]
+    cursor = conn.execute(sql + " ORDER BY time DESC LIMIT ?", (*args, limit))
+    names = [d[0] for d in cursor.description]
+    return [dict(zip(names, row)) for row in cursor]

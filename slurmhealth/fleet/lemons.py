@@ -8,7 +8,7 @@ the fleet store.
 from __future__ import annotations
 
 from slurmhealth.core import slurm
-from slurmhealth.core.constants import BREAKER, LEMON
+from slurmhealth.core.constants import BREAKER, HELD, LEMON
 from slurmhealth.fleet import policy, signals
 from slurmhealth.node import actions
 
@@ -33,6 +33,6 @@ def apply(scored: list, client: slurm.Slurm, settings: dict, conn: object, log: 
             log,
         )
         applied.append({"node": entry["node"], "outcome": outcome})
-        if outcome == BREAKER:
+        if outcome in (BREAKER, HELD):  # past the cap, or the fleet cannot be counted: stop
             break
     return applied

@@ -18,9 +18,11 @@ from slurmhealth.core.constants import (
     DRAINED,
     FAILED,
     HEALTHCHECK,
+    HELD,
     LEMON,
     PREFIX,
     PROBATION,
+    SERVICE,
     SKIPPED,
 )
 from slurmhealth.core.result import FAIL
@@ -115,7 +117,7 @@ def drain(
         detail = f"cannot count the fleet's drains ({exc}); not draining {node} now"
         log(f"CIRCUIT BREAKER HOLDS: {detail}")  # type: ignore[operator]
         note(conn, node, ACT_BREAKER, why, actor, False, f"circuit breaker: {detail}", log, keep)
-        return BREAKER
+        return HELD
     why = _reason(message, conn, node, settings, now, log)
     if fleet:
         recent = slurm.drained_by_us(fleet, now - settings["breaker_window"])
@@ -174,11 +176,13 @@ def _yield_to_earlier(
 
 
 def may_resume(info: dict) -> bool:
-    """Only our own drains, and never one on probation or for a lemon: a lemon passes its
-    health checks (that is what makes it a lemon), so only an admin lifts those."""
+    """Only our own drains, and never one on probation, for a lemon or for service: a lemon
+    passes its health checks (that is what makes it a lemon), and hardware that needs service
+    may pass them between failures, so only an admin lifts those."""
     if not slurm.ours(info):
         return False
-    return not info["reason"].startswith((f"{PREFIX} {PROBATION}", f"{PREFIX} {LEMON}"))
+    kept = (PROBATION, LEMON, SERVICE)
+    return not info["reason"].startswith(tuple(f"{PREFIX} {k}" for k in kept))
 
 
 def resume_due(verdicts: list, needed: int) -> bool:

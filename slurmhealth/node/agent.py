@@ -20,11 +20,14 @@ from slurmhealth.core.constants import (
     DRAINED,
     EPILOG,
     HEALTHCHECK,
+    HELD,
     HOOKS,
+    SERVICE,
     SKIPPED,
     WOULD_DRAIN,
 )
 from slurmhealth.core.result import FAIL, OK, RESET_GPU
+from slurmhealth.core.result import SERVICE as SERVICE_ACTION
 from slurmhealth.node import config, runner, state
 from slurmhealth.node.checks import AREAS
 
@@ -360,6 +363,8 @@ def check(argv: list) -> int:
         kmsg=_one(opts, "--kmsg"),
         kmsg_after=baselines.get("xid"),
     )
+    if areas is None or "xid" in areas:
+        baselines = _with_history(conn, node, baselines, expect, "check")
     run = runner.run(node, expect, options, areas, "check", baselines)
     if not opts.get("--no-db"):
         conn = record(conn, run, "check", spool=path + SPOOL_SUFFIX)
@@ -419,9 +424,16 @@ def job_env(env: dict) -> dict:
 
 
 def _failure_message(run: runner.Run) -> str:
+    """The drain reason's words: the first failing check's message. When a failing check says
+    the hardware needs service (a missing HCA, a row-remap failure, a fatal Xid come back), the
+    reason says so first (`service: ...`): such a drain is lifted by an admin, never by passing
+    health checks."""
     failing = [r for r in run.results if r.status == FAIL]
     more = f" (+{len(failing) - 1} more checks)" if len(failing) > 1 else ""
-    return failing[0].message + more if failing else ""
+    if not failing:
+        return ""
+    service = any(r.action == SERVICE_ACTION for r in failing)
+    return (f"{SERVICE} " if service else "") + failing[0].message + more
 
 
 def slurm_client(settings: dict, clock: Deadline) -> object:
@@ -553,6 +565,24 @@ def _baselines(conn: object, node: str, job_id: str, mode: str) -> dict:
     return merged
 
 
+def _with_history(conn: object, node: str, baselines: dict, expect: dict, mode: str) -> dict:
+    """The baselines with the node's recent Xid events as the xid area's "recent": one
+    indexed read of the fatal ones and Xid 13, all that checks/xid.py's repeat rules use. No
+    store, or a read that fails: none, and those rules do not fire."""
+    window = AREAS["xid"].history_s(expect["xid"])
+    if conn is None or window <= 0:
+        return baselines
+    from slurmhealth.core import store  # noqa: PLC0415
+
+    try:
+        since = time.time() - window
+        rows = store.recent_events(conn, node, since, "xid", ("fail",), (13,))  # type: ignore
+    except Exception as exc:
+        log(f"could not read recent events: {exc}", mode)
+        return baselines
+    return dict(baselines, xid=dict(baselines.get("xid") or {}, recent=rows))
+
+
 def _job_columns(mode: str, job: dict, run: runner.Run, conn: object) -> dict | None:
     """The jobs row: the prolog opens it, the epilog closes it. A job whose prolog failed here
     never ran here: its epilog records the end but no exit status (the job ran elsewhere)."""
@@ -609,6 +639,7 @@ def hook(mode: str, clock: Deadline) -> int:
     )
     spool = store.default_path(node) + SPOOL_SUFFIX
     replay_spool(conn, spool, mode)
+    baselines = _with_history(conn, node, baselines, expect, mode)
     run = runner.run(node, expect, options, None, mode, baselines, job["gpus"], clock.left())
     pending = None if monitor else state.pending(side)
     if pending and not any(r.message == pending["message"] for r in run.results):
@@ -642,12 +673,15 @@ def hook(mode: str, clock: Deadline) -> int:
         write_metrics(metrics_path(settings), run, WOULD_DRAIN if message else None, mode)
         return EXIT_OK  # monitor-only: everything recorded, nothing enforced
     outcome = drain(node, message, settings, conn, mode, clock, spool) if message else None
-    if outcome in (DRAINED, SKIPPED) and (pending or message):
-        _save_side(side_path, side, run, "", None, mode)  # acted on: nothing pending
+    if outcome in (DRAINED, SKIPPED, BREAKER) and (pending or message):
+        # Acted on: drained, already out, or judged by the breaker (a fleet-wide fault: the
+        # refusal is recorded, and the node must not be drained later for it). A drain that
+        # failed, or one held because the fleet could not be counted, stays pending.
+        _save_side(side_path, side, run, "", None, mode)
     write_metrics(metrics_path(settings), run, outcome, mode)
-    if outcome == BREAKER:
+    if outcome in (BREAKER, HELD):
         clock.code = EXIT_OK
-        return EXIT_OK  # the breaker is open: fail open, loudly (drain() logged and recorded it)
+        return EXIT_OK  # fail open, loudly (drain() logged and recorded it)
     if not message and mode == HEALTHCHECK:
         maybe_resume(node, settings, conn, clock, spool)
     return EXIT_FAIL if run.verdict == FAIL else EXIT_OK
@@ -672,7 +706,7 @@ def _pending_result(pending: dict) -> object:
     result = fail(
         f"{pending['message']} (pending since {since}: not yet acted on)",
         {"pending": pending},
-        DRAIN_ACTION,
+        SERVICE_ACTION if pending.get("service") else DRAIN_ACTION,
     )
     result.check = PENDING_CHECK
     return result
@@ -687,9 +721,14 @@ def _save_side(
     if isinstance(position, dict) and isinstance(position.get("seq"), int):
         doc["kmsg"] = {"seq": position["seq"], "boot_id": position.get("boot_id")}
     if message:
-        first = pending["message"] if pending else _first_message(message)
-        since = pending.get("since") if pending else run.started
-        doc["pending"] = {"message": first, "since": since, "phase": mode}
+        if pending:
+            doc["pending"] = pending
+        else:
+            service = message.startswith(f"{SERVICE} ")
+            words = _first_message(message[len(SERVICE) + 1 :] if service else message)
+            doc["pending"] = {"message": words, "since": run.started, "phase": mode}
+            if service:
+                doc["pending"]["service"] = True
     else:
         doc.pop("pending", None)
     if doc == side:

@@ -105,6 +105,8 @@ BOUNDS: dict = {
     },
     "nvlink.links_per_gpu": _AT_LEAST_0,
     "ib.rate": _AT_LEAST_0,
+    **{f"ib.{k}": _AT_LEAST_0 for k in ("pcie_gen", "pcie_width")},
+    "gpu.mig": (lambda v: v.strip().lower() in ("", "off", "on"), "must be off, on or empty"),
     **{  # counter-delta thresholds: a delta at or above one warns or fails
         f"{area}.{k}": _AT_LEAST_1
         for area in ("nvlink", "ib")
@@ -126,6 +128,12 @@ BOUNDS: dict = {
     ),
     "xid.unknown": (lambda v: v in ("warn", "fail", "ignore"), "must be warn, fail or ignore"),
     "xid.dedup_s": _AT_LEAST_0,
+    # the node's memory (checks/xid.py _escalate): 0 turns a rule off; a year at most, as the
+    # agent reads that much of the store on every run
+    "xid.repeat_days": (lambda v: 0 <= v <= 366, "must be 0 (off) to 366 days"),
+    "xid.burst_max": _AT_LEAST_0,
+    "xid.burst_h": (lambda v: 0 < v <= 24 * 366, "must be > 0 and at most 8784 hours"),
+    "xid.tpc_jobs": _AT_LEAST_0,
 }
 
 

@@ -68,6 +68,11 @@ DEVICE = _obj(
         "clock_event_reasons": INT,
         "pcie_max_gen": INT,
         "pcie_max_width": INT,
+        "pcie_gen": INT,
+        "pcie_width": INT,
+        "memory_total": INT,
+        "mig_current": INT,
+        "mig_pending": INT,
     }
 )
 GPU = _obj(
@@ -93,7 +98,8 @@ IB = _obj(
     {
         "devices": _map(
             _obj({"ports": _map(PORT), "fw_ver": STR, "hca_type": STR, "board_id": STR,
-                  "node_guid": STR})
+                  "node_guid": STR, "current_link_speed": STR, "current_link_width": STR,
+                  "max_link_speed": STR, "max_link_width": STR})
         ),
         "errors": _map(_s("str"), "null"),
     },

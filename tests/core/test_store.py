@@ -209,3 +209,86 @@ def test_a_check_moves_a_store_damaged_past_its_header_aside(db):
     assert "malformed" not in second.stderr, second.stderr
     conn = store.connect(db)
     assert conn.execute("SELECT count(*) FROM runs").fetchone()[0] >= 1
+
+
+def _events(count: int, nodes: int, now: float, days: float) -> list:
+    """`count` Xid events spread over `nodes` nodes and the last `days` days."""
+    rows = []
+    for n in range(count):
+        record = {
+            "id": f"xid:gpu{n % nodes:02d}:boot:{n}:79",
+            "run_id": f"run{n}",
+            "node": f"gpu{n % nodes:02d}",
+            "time": now - (n * days * 86400.0 / count),
+            "kind": "xid",
+            "code": 79 if n % 3 else 13,
+            "gpu": n % 8,
+            "bus_id": "0000:5d:00",
+            "class": "fail" if n % 3 else "app",
+            "action": "reboot",
+            "text": "GPU has fallen off the bus.",
+        }
+        rows.append(store.row("events", record))
+    return rows
+
+
+def test_recent_events_are_one_node_kind_and_window_newest_first_as_plain_dicts(db):
+    conn = store.connect(db)
+    now = time.time()
+    with store.immediate(conn):
+        conn.executemany(store.insert_sql("events"), _events(40, 2, now, 10))
+        other = dict(zip(store.TABLE["events"].names(), _events(1, 1, now, 1)[0]))
+        conn.execute(
+            store.insert_sql("events"), store.row("events", dict(other, id="hca:1", kind="hca"))
+        )
+    rows = store.recent_events(conn, "gpu00", now - 5 * 86400)
+    assert rows and all(r["time"] >= now - 5 * 86400 for r in rows)
+    assert [r["time"] for r in rows] == sorted((r["time"] for r in rows), reverse=True)
+    fatal = store.recent_events(conn, "gpu00", 0, classes=("fail",))
+    assert fatal and {r["class"] for r in fatal} == {"fail"}
+    with_13 = store.recent_events(conn, "gpu00", 0, classes=("fail",), codes=(13,))
+    assert {r["code"] for r in with_13} == {13, 79} and len(with_13) > len(fatal)
+    assert store.recent_events(conn, "gpu00", 0, classes=()) == []
+    assert {r["id"].split(":")[1] for r in rows} == {"gpu00"}
+    assert set(rows[0]) == {
+        "id",
+        "time",
+        "code",
+        "gpu",
+        "bus_id",
+        "class",
+        "action",
+        "text",
+        "job_id",
+        "pid",
+    }
+    assert len(store.recent_events(conn, "gpu00", 0, limit=3)) == 3
+    plan = conn.execute(
+        "EXPLAIN QUERY PLAN SELECT id FROM events WHERE node = ? AND time >= ? AND kind = ? "
+        "ORDER BY time DESC LIMIT ?",
+        ("gpu00", 0, "xid", 10),
+    ).fetchall()
+    assert "events_node_time" in str(plan)
+
+
+def test_reading_recent_events_from_10000_costs_well_under_a_millisecond(db):
+    """The prolog's added read: a node store holding 10,000 events of 30 days (one node), of
+    which the 7-day window holds ~2,300 rows (capped at RECENT_EVENTS_MAX); and a quiet node
+    (the usual case) beside them. Printed with -s; only the quiet node is asserted (timing)."""
+    conn = store.connect(db)
+    now = time.time()
+    with store.immediate(conn):
+        conn.executemany(store.insert_sql("events"), _events(10_000, 1, now, 30))
+    costs = {}
+    for node in ("gpu00", "gpu99"):
+        times = []
+        for _ in range(50):
+            started = time.perf_counter()
+            store.recent_events(conn, node, now - 7 * 86400, "xid", ("fail",), (13,))
+            times.append(time.perf_counter() - started)
+        costs[node] = sorted(times)[len(times) // 2]
+    print(
+        f"recent_events median: busy node {costs['gpu00'] * 1e6:.0f} us, "
+        f"quiet node {costs['gpu99'] * 1e6:.0f} us"
+    )
+    assert costs["gpu99"] < 0.001

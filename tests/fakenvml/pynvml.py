@@ -154,6 +154,32 @@ def nvmlDeviceGetMaxPcieLinkWidth(h):
     return _dev(h, "pcie_max_width")
 
 
+def nvmlDeviceGetCurrPcieLinkGeneration(h):
+    return _dev(h, "pcie_gen")
+
+
+def nvmlDeviceGetCurrPcieLinkWidth(h):
+    return _dev(h, "pcie_width")
+
+
+class c_nvmlMemory_t:
+    def __init__(self, total):
+        self.total = total
+        self.used = 0
+        self.free = total
+
+
+def nvmlDeviceGetMemoryInfo(h, version=None):
+    return c_nvmlMemory_t(_dev(h, "memory_total"))
+
+
+def nvmlDeviceGetMigMode(h):
+    """[current, pending] as nvidia-ml-py returns them; NotSupported on a GPU without MIG."""
+    current = _dev(h, "mig_current")
+    pending = _dev(h, "mig_pending")
+    return [current, pending]
+
+
 class _Proc:
     def __init__(self, entry):
         self.pid = entry["pid"]

@@ -410,6 +410,9 @@ def test_the_circuit_breaker_stops_draining_past_its_share_of_the_fleet(node):
     assert node.slurm() == {"state": "IDLE", "reason": ""}
     action = node.db().execute("SELECT action, ok FROM actions").fetchone()
     assert action == ("breaker", 0)
+    # The breaker judged it (a fleet-wide fault): recorded, not kept pending, so the node is
+    # never drained later for it once the incident is over.
+    assert "pending" not in side_state(node)
     # drains older than the window, or an admin's, do not count
     old = [
         ("gpu02", "IDLE+DRAIN", "slurmhealth: GPU 1 GpuIsLost", now - 7200),
@@ -677,3 +680,62 @@ def test_a_config_others_could_write_is_refused_loudly_and_never_drains(node, mo
     assert node.calls() == []
     check = node.command("check", "--no-db", "--config", str(node.config))
     assert check.returncode == 2 and "not trusted" in check.stderr
+
+
+def test_the_same_fatal_xid_on_the_same_gpu_again_calls_for_service_from_the_store(node, tmp_path):
+    """Class 3, remember: the store holds the Xid 79 an earlier health check read (and
+    drained for); the node came back (resumed) and the GPU fell off the bus again. The run
+    reads that history from the store (one indexed read) and escalates the reboot to service.
+    `check --no-db` has no history: the same log is a plain Xid 79."""
+    log = _kmsg_with_xid79(tmp_path)
+    node.configure("healthy", kmsg=log)
+    assert node.run("healthcheck", job=None).returncode == 1
+    assert node.slurm()["reason"].startswith("slurmhealth: GPU 3 (0000:5d:00) Xid 79")
+    node.set_slurm("IDLE", "")  # rebooted and resumed by the admin
+    last = int(pathlib.Path(log).read_text().splitlines()[-1].split(",")[1])
+    with open(log, "a") as handle:
+        handle.write(
+            f"4,{last + 1},95000000000,-;NVRM: Xid (PCI:0000:5d:00): 79, GPU has fallen off "
+            "the bus.\n"
+        )
+    proc = node.run("healthcheck", job=None)
+    assert proc.returncode == 1, proc.stderr
+    assert node.slurm()["reason"].startswith(
+        "slurmhealth: service: again: Xid 79 on GPU 3 (0000:5d:00), 2nd time in 7 days"
+    )
+    actions = node.db().execute(
+        "SELECT action FROM results WHERE check_name = 'xid.hardware' ORDER BY rowid"
+    )
+    assert [a for (a,) in actions] == ["reboot", "service"]
+    events = node.db().execute("SELECT code, gpu, class, action FROM events ORDER BY time")
+    assert events.fetchall() == [(79, 3, "fail", "reboot"), (79, 3, "fail", "service")]
+
+    args = ["check", "--json", "--only", "xid", "--gpu-source", snapshot_path("healthy")]
+    no_db = json.loads(node.command(*args, "--kmsg", log, "--no-db").stdout)
+    hardware = [r for r in no_db["results"] if r["check"] == "xid.hardware"][0]
+    assert "again" not in hardware["message"] and hardware["action"] == "reboot"
+    with open(log, "a") as handle:  # and a third time, read by `check` with the store
+        handle.write(
+            f"4,{last + 2},96000000000,-;NVRM: Xid (PCI:0000:5d:00): 79, GPU has fallen off "
+            "the bus.\n"
+        )
+    db = str(node.state_dir / f"{node.name}.db")
+    with_db = json.loads(node.command(*args, "--kmsg", log, "--db", db).stdout)
+    hardware = [r for r in with_db["results"] if r["check"] == "xid.hardware"][0]
+    assert hardware["action"] == "service" and "3rd time in 7 days" in hardware["message"]
+
+
+def test_a_drain_for_service_is_never_lifted_by_passing_health_checks(node):
+    """A check that says the hardware needs service (here: a missing HCA) drains with
+    `slurmhealth: service: ...`; the health checks that pass afterwards (the HCA is back after
+    a reboot) never resume it: an admin does, after the service."""
+    node.configure("healthy", sysfs_root=os.path.join(FIXTURES, "sysfs", "missing-hca"))
+    hcas = ", ".join(f'"mlx5_{i}"' for i in range(8))
+    node.config.write_text(node.config.read_text() + f"\n[ib]\ndevices = [{hcas}]\n")
+    proc = node.run("healthcheck", job=None)
+    assert proc.returncode == 1, proc.stderr
+    assert node.slurm()["reason"].startswith("slurmhealth: service: ")
+    node.configure("healthy")
+    for _ in range(4):
+        assert node.run("healthcheck", job=None).returncode == 0
+    assert node.slurm()["reason"].startswith("slurmhealth: service: ")  # still out

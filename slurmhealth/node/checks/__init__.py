@@ -24,3 +24,26 @@ def describe(name: str) -> str:
     """First line of a check's docstring: the catalogue entry."""
     doc = REGISTRY[name].__doc__ or ""
     return doc.strip().splitlines()[0] if doc.strip() else ""
+
+
+def _value(value: object) -> str:
+    text = repr(value) if not isinstance(value, str) else f'"{value}"'
+    return text.replace("|", "\\|")
+
+
+def catalogue_markdown() -> str:
+    """docs/checks.md's body: per area, every check with its one line, and every setting with
+    its default and the line that argues it (the sources behind those are in docs/sources.md
+    and beside each threshold in the code). scripts/update-catalogue writes it; a test keeps
+    the file equal to the code."""
+    out = []
+    for area, module in AREAS.items():
+        out += [f"## `{area}` (source: {module.SOURCE})", "", "| check | what it verifies |"]
+        out.append("|---|---|")
+        out += [f"| `{area}.{fn.__name__}` | {describe(f'{area}.{fn.__name__}')} |"
+                for fn in module.CHECKS]
+        out += ["", "| setting | default | why |", "|---|---|---|"]
+        out += [f"| `{area}.{key}` | `{_value(spec[0])}` | {spec[2]} |"
+                for key, spec in module.DEFAULTS.items()]
+        out.append("")
+    return "\n".join(out)

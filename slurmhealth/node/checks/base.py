@@ -12,7 +12,9 @@ class Context:
 
     expect:   the node's effective expectations for this area (a plain dict, see config.py).
     baseline: what this area's `baseline(facts)` returned on the previous run on this node
-              (counters for deltas, the GPU inventory, the kernel-log sequence), or {}.
+              (counters for deltas, the GPU inventory, the kernel-log sequence), or {}. The
+              xid area's also holds "recent": the node's recent Xid events from its store
+              (agent.py _with_history), absent without a store.
     gpus:     normalised PCI bus id ("0000:9b:00") -> GPU index, from the GPU facts when known,
               so other areas (XID lines) can name the GPU.
     job_gpus: GPU indexes allocated to the current job (prolog/epilog), or None.

@@ -64,6 +64,8 @@ DEFAULTS = {
         int,
         "pre-Ampere retired pages that fail: the table holds 64 (DCGM's limit, NVIDIA docs)",
     ),
+    "model": ("", str, "GPU model every GPU is (NVML name); empty: all GPUs alike (majority)"),
+    "mig": ("", str, "MIG mode every GPU is in: off or on; empty: no expectation"),
 }
 # Memory counters kept as baselines: the epilog reports what grew during the job.
 _MEMORY = ("ecc_sbe_volatile", "ecc_dbe_volatile", "remap_correctable", "remap_uncorrectable")
@@ -127,6 +129,11 @@ def _device(raw: object, position: int) -> dict:
         "clock_event_reasons": _int(d.get("clock_event_reasons")),
         "pcie_max_gen": _int(d.get("pcie_max_gen")),
         "pcie_max_width": _int(d.get("pcie_max_width")),
+        "pcie_gen": _int(d.get("pcie_gen")),
+        "pcie_width": _int(d.get("pcie_width")),
+        "memory_total": _int(d.get("memory_total")),
+        "mig_current": _int(d.get("mig_current")),
+        "mig_pending": _int(d.get("mig_pending")),
         "processes": [p for p in procs if isinstance(p, dict)] if isinstance(procs, list) else None,
         "fabric": {k: _int(v) for k, v in fabric.items()} if fabric else None,
         "nvlink": [x for x in links if isinstance(x, dict)] if isinstance(links, list) else None,
@@ -190,22 +197,117 @@ def inventory(facts: dict, ctx: Context) -> Result:
 
 def ecc(facts: dict, ctx: Context) -> Result:
     """No uncorrectable volatile ECC errors; ECC enabled where expected."""
-    errors, disabled = [], []
+    errors, disabled, going = [], [], []
+    wanted = ctx.expect.get("ecc", True)
     for dev in _alive(facts):
         fields = dev["fields"]
         dbe = fields.get("ecc_dbe_volatile")
         if dbe:
             errors.append(f"{label(dev)} {dbe} uncorrectable volatile ECC errors")
-        if ctx.expect.get("ecc", True) and fields.get("ecc_current") == 0:
+        mode = (fields.get("ecc_current"), fields.get("ecc_pending"))
+        if wanted and mode[0] == 0:
             disabled.append(f"{label(dev)} ECC disabled")
-    data = {"uncorrectable": errors, "disabled": disabled}
+        elif wanted and mode == (1, 0):  # on now, off after the next reboot
+            going.append(f"{label(dev)} ECC will be disabled at the next reboot")
+    data = {"uncorrectable": errors, "disabled": disabled, "pending_disabled": going}
     if errors:
         return fail(summarize(errors + disabled), data, RESET_GPU)
     if disabled:
         return fail(summarize(disabled), data, DRAIN)
+    if going:
+        return warn(summarize(going, " GPU"), data)
     if not any(d["fields"].get("ecc_current") is not None for d in _alive(facts)):
         return skip("ECC not reported", data)
     return ok("no uncorrectable ECC errors", data)
+
+
+def _majority(values: list) -> object:
+    """Most common value; a tie goes to the value of the first GPU."""
+    return max(values, key=lambda v: (values.count(v), -values.index(v)))
+
+
+def _mib(value: int) -> str:
+    return f"{value // 2**20} MiB"  # as nvidia-smi shows nvmlMemory_t.total
+
+
+# Two GPUs of one name whose total memory differs by more than this share are different parts.
+# Parts sold under one name in two sizes differ by far more (A100 40/80 GB, V100 16/32 GB); the
+# total of one part moves by less (the ECC reservation of GDDR parts, 1/16 on Kepler: to confirm
+# for later GDDR parts; HBM parts keep ECC out of band).
+_MEMORY_SLACK = 0.10
+
+
+def _odd_memory(devices: list, name: object) -> list:
+    """Messages for GPUs of `name` whose total memory is off the majority of that name's."""
+    sizes = [d["memory_total"] for d in devices if d["name"] == name and d["memory_total"]]
+    if not sizes:
+        return []
+    ref = _majority(sizes)
+    odd = [
+        (d, size)
+        for d in devices
+        for size in (d["memory_total"],)
+        if d["name"] == name and size and abs(size - ref) > _MEMORY_SLACK * ref
+    ]
+    peers = len(sizes) - len(odd)
+    return [f"{label(d)} {name} {_mib(size)}, {peers} others {_mib(ref)}" for d, size in odd]
+
+
+def model(facts: dict, ctx: Context) -> Result:
+    """Every GPU the same part: name as `model` (unset: the majority's), memory as its peers'.
+
+    A wrong part swapped in (another model, another memory size) fails (service)."""
+    devices = [d for d in _alive(facts) if d["name"]]
+    if not devices:
+        return skip("GPU names not reported")
+    names = [d["name"] for d in devices]
+    wanted = (ctx.expect.get("model") or "").strip()
+    ref = wanted or _majority(names)
+    peers = names.count(ref)
+    if wanted:
+        odd = [f"{label(d)} {d['name']}, expected {ref}" for d in devices if d["name"] != ref]
+    else:
+        odd = [f"{label(d)} {d['name']}, {peers} others {ref}" for d in devices if d["name"] != ref]
+    odd += _odd_memory(devices, ref)
+    data = {"model": ref, "names": sorted(set(names)), "odd": odd}
+    if odd:
+        return fail(summarize(odd, " GPU"), data, SERVICE)
+    return ok(f"{len(devices)} GPUs {ref}", data)
+
+
+_MIG_MODES = {0: "off", 1: "on"}  # NVML_DEVICE_MIG_DISABLE, NVML_DEVICE_MIG_ENABLE (nvml.h)
+
+
+def _mig_name(value: int) -> str:
+    return _MIG_MODES.get(value, str(value))
+
+
+def mig(facts: dict, ctx: Context) -> Result:
+    """MIG mode as `mig` expects (off or on; unset: either); a pending mode change warns.
+
+    A GPU in the wrong mode serves the wrong jobs (drain)."""
+    wanted = str(ctx.expect.get("mig") or "").strip().lower()
+    want = {"off": 0, "on": 1}.get(wanted)
+    wrong, pending, seen = [], [], 0
+    for dev in _alive(facts):
+        now, later = dev["mig_current"], dev["mig_pending"]
+        if now is None:  # NotSupported: a GPU without MIG is never in MIG mode
+            if want == 1:
+                wrong.append(f"{label(dev)} MIG not reported, expected on")
+            continue
+        seen += 1
+        if want is not None and now != want:
+            wrong.append(f"{label(dev)} MIG {_mig_name(now)}, expected {wanted}")
+        if later is not None and later != now:
+            pending.append(f"{label(dev)} MIG {_mig_name(later)} pending (now {_mig_name(now)})")
+    data = {"expected": wanted or None, "wrong": wrong, "pending": pending}
+    if wrong:
+        return fail(summarize(wrong + pending, " GPU"), data, DRAIN)
+    if pending:
+        return warn(summarize(pending, " GPU"), data)
+    if not seen:
+        return skip("MIG not supported", data)
+    return ok(f"MIG {wanted} as expected" if wanted else "MIG mode steady", data)
 
 
 def _limit(ctx: Context, key: str) -> int:
@@ -344,6 +446,43 @@ def pcie(facts: dict, ctx: Context) -> Result:
     return ok("PCIe links at expected generation and width", data)
 
 
+def _link(gen: int | None, width: int | None) -> str:
+    return f"Gen{gen if gen is not None else '?'} x{width if width is not None else '?'}"
+
+
+def pcie_link(facts: dict, ctx: Context) -> Result:
+    """Under load, the current PCIe link at full generation and width; downtrained warns.
+
+    Full: `pcie_gen`/`pcie_width` when set, else the GPU's own max link. An idle GPU lowers its
+    link to save power: NVIDIA's nvidia-smi documents the current link generation and width
+    alike as "may be reduced when the GPU is not in use". So only a GPU running compute
+    processes is judged (a process holds a context: the GPU is in use), and it only warns."""
+    busy = [d for d in _alive(facts) if d["processes"]]
+    low, judged = [], 0
+    for dev in busy:
+        gen, width = dev["pcie_gen"], dev["pcie_width"]
+        if gen is None and width is None:
+            continue
+        judged += 1
+        want_gen = ctx.expect.get("pcie_gen") or dev["pcie_max_gen"]
+        want_width = ctx.expect.get("pcie_width") or dev["pcie_max_width"]
+        short_gen = gen is not None and want_gen is not None and gen < want_gen
+        short_width = width is not None and want_width is not None and width < want_width
+        if short_gen or short_width:
+            low.append(
+                f"{label(dev)} PCIe link {_link(gen, width)} under load, "
+                f"expected {_link(want_gen, want_width)}"
+            )
+    data = {"busy": [d["index"] for d in busy], "below": low}
+    if low:
+        return warn(summarize(low, " GPU"), data)
+    if not busy:  # nothing to judge, and nothing wrong: ok (a skip would be kept every run)
+        return ok("no GPU under load: current PCIe link not judged (drops at idle)", data)
+    if not judged:
+        return skip("current PCIe link not reported", data)
+    return ok(f"{judged} GPUs under load at their PCIe link", data)
+
+
 def fabric(facts: dict, ctx: Context) -> Result:
     """NVSwitch fabric (Hopper+): state COMPLETED with status success."""
     bad, seen = [], 0
@@ -442,6 +581,7 @@ def corrected_ecc(facts: dict, ctx: Context) -> Result:
 CHECKS = (
     count,
     inventory,
+    model,
     ecc,
     memory_errors,
     corrected_ecc,
@@ -451,6 +591,8 @@ CHECKS = (
     processes,
     thermal,
     pcie,
+    pcie_link,
+    mig,
     fabric,
     versions,
 )
@@ -483,15 +625,21 @@ def versions_of(facts: dict) -> dict:
 
 
 def expectations(facts: dict) -> dict:
-    """What a known-good node implies: its count, PCIe links, versions."""
+    """What a known-good node implies: its count, model, PCIe links, MIG mode, versions."""
     devices = _alive(facts)
     out: dict = {"count": facts["count"]}
     gens = [d["pcie_max_gen"] for d in devices if d["pcie_max_gen"]]
     widths = [d["pcie_max_width"] for d in devices if d["pcie_max_width"]]
+    names = {d["name"] for d in devices if d["name"]}
+    if len(names) == 1:
+        out["model"] = names.pop()
     if gens:
         out["pcie_gen"] = min(gens)
     if widths:
         out["pcie_width"] = min(widths)
+    modes = {d["mig_current"] for d in devices}
+    if len(modes) == 1 and None not in modes:
+        out["mig"] = _mig_name(modes.pop())  # type: ignore[arg-type]
     if facts["driver_version"]:
         out["driver_version"] = facts["driver_version"]
     vbioses = {d["vbios"] for d in devices if d["vbios"]}

@@ -103,6 +103,8 @@ DEFAULTS = {
     "rate": (None, int, "minimum Gb/s per port (400 for NDR); unset: all ports alike"),
     "link_layer": ("InfiniBand", str, "link layer of the expected ports (InfiniBand/Ethernet)"),
     "fw_ver": (None, str, "golden HCA firmware; unset: all HCAs alike; drift warns"),
+    "pcie_gen": (None, int, "HCA PCIe link generation that is full speed; unset: as the peers"),
+    "pcie_width": (None, int, "HCA PCIe link width that is full width; unset: as the peers"),
     **_threshold_defaults(),
     **_rate_defaults(),
 }
@@ -123,6 +125,9 @@ _ACTIVE = 4
 _LINK_UP = 5
 _IDENTITY = ("fw_ver", "hca_type", "board_id", "node_guid")
 _NAME_MAX = 32  # bound on any file-derived name that can reach a message
+# PCIe transfer rate (GT/s) -> generation: the speeds the kernel's pci_speed_string() names
+# (drivers/pci/probe.c), printed as "32.0 GT/s PCIe" (older kernels: "32 GT/s").
+_PCIE_GENS = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
 _DIGITS_MAX = 20  # a u64 counter has at most 20 decimal digits
 
 
@@ -190,6 +195,29 @@ def _float(text: str) -> float | None:
     return float(text)
 
 
+def parse_link_speed(text: object) -> int | None:
+    """PCIe speed text -> generation: "32.0 GT/s PCIe" -> 5, "8 GT/s" -> 3; "Unknown" -> None."""
+    if not isinstance(text, str):
+        return None
+    number, sep, _ = text.strip().partition(" GT/s")
+    speed = _float(number) if sep else None
+    return _PCIE_GENS.get(speed) if speed is not None else None  # type: ignore[call-overload]
+
+
+def _parse_link(device: dict) -> dict:
+    """The HCA's PCIe link now and at most; a width of 0 (link not trained) is unknown. `pci`:
+    whether the source read the link at all (an HCA without a PCI device has none)."""
+    widths = [_uint(device.get(f"{k}_link_width")) for k in ("current", "max")]
+    keys = ("current_link_speed", "current_link_width", "max_link_speed", "max_link_width")
+    return {
+        "pci": any(k in device for k in keys),
+        "gen": parse_link_speed(device.get("current_link_speed")),
+        "width": widths[0] or None,
+        "max_gen": parse_link_speed(device.get("max_link_speed")),
+        "max_width": widths[1] or None,
+    }
+
+
 def _parse_port(device: str, port: str, raw: dict) -> dict:
     state, state_name = parse_state(raw.get("state"), _STATES)
     phys, phys_name = parse_state(raw.get("phys_state"), _PHYS_STATES)
@@ -221,6 +249,7 @@ def parse(raw: object) -> dict:
         device = _dict(device_raw)
         dev = str(name)[:_NAME_MAX]
         facts["devices"][dev] = {f: _str(device.get(f)) for f in _IDENTITY}
+        facts["devices"][dev]["link"] = _parse_link(device)
         for port, port_raw in _dict(device.get("ports")).items():
             key = f"{dev}:{str(port)[:_NAME_MAX]}"
             facts["ports"][key] = _parse_port(dev, str(port)[:_NAME_MAX], _dict(port_raw))
@@ -365,12 +394,16 @@ def link_layer(facts: dict, ctx: Context) -> Result:
     return bad or ok(f"{_count(len(keys), 'port')} {wanted}", data)
 
 
-def _fw_scope(facts: dict, ctx: Context) -> dict:
-    """HCA -> firmware for the HCAs carrying expected ports or listed in `devices`."""
+def _scope(facts: dict, ctx: Context) -> list:
+    """The present HCAs carrying expected ports or listed in `devices`, sorted."""
     names = {facts["ports"][k]["device"] for k in expected_ports(facts, ctx) if k in facts["ports"]}
     names.update(str(d) for d in (_expect(ctx, "devices") or []))
-    devices = facts["devices"]
-    return {n: devices[n]["fw_ver"] for n in sorted(names) if n in devices}
+    return sorted(n for n in names if n in facts["devices"])
+
+
+def _fw_scope(facts: dict, ctx: Context) -> dict:
+    """HCA -> firmware for the HCAs carrying expected ports or listed in `devices`."""
+    return {n: facts["devices"][n]["fw_ver"] for n in _scope(facts, ctx)}
 
 
 def _majority(versions: list) -> str:
@@ -391,6 +424,51 @@ def firmware(facts: dict, ctx: Context) -> Result:
     data = {"fw_ver": fws, "reference": ref}
     bad = _verdict([], odd, data, DRAIN, "HCA")
     return bad or ok(f"{_count(len(known), 'HCA')} on firmware {ref}", data)
+
+
+def _gen_width(gen: object, width: object) -> str:
+    return f"Gen{gen if gen is not None else '?'} x{width if width is not None else '?'}"
+
+
+def _short(value: int | None, wanted: int | None) -> bool:
+    return value is not None and wanted is not None and value < wanted
+
+
+def pcie_link(facts: dict, ctx: Context) -> Result:
+    """HCA PCIe links at full generation and width now; a downtrained link (lanes, speed) warns.
+
+    Full: `pcie_gen`/`pcie_width` when set, else the best current link of the peers, capped by
+    each HCA's own max.
+
+    The HCA's link is read as the kernel shows it (sysfs-bus-pci current_link_speed/_width).
+    Unlike a GPU's, it is judged at any time: a ConnectX HCA does not lower its link when idle
+    (to confirm per model); the kernel's pcie_print_link_status(), which mlx5 calls at probe,
+    reports a link below the device's capability as "limited by" it."""
+    names = _scope(facts, ctx)
+    if not names:
+        return skip("no InfiniBand HCAs")
+    links = {n: facts["devices"][n]["link"] for n in names}
+    if not any(x["pci"] for x in links.values()):  # nothing to judge, nothing wrong
+        return ok("no HCA PCIe link in sysfs: not judged", {})
+    links = {n: x for n, x in links.items() if x["gen"] is not None or x["width"] is not None}
+    if not links:
+        return skip("HCA PCIe link not readable")
+    want_gen, want_width = _expect(ctx, "pcie_gen"), _expect(ctx, "pcie_width")
+    gens = [x["gen"] for x in links.values() if x["gen"] is not None]
+    widths = [x["width"] for x in links.values() if x["width"] is not None]
+    slow = []
+    for name, link in links.items():
+        ref_gen, ref_width = want_gen, want_width
+        if ref_gen is None and gens:
+            ref_gen = min(x for x in (max(gens), link["max_gen"]) if x is not None)
+        if ref_width is None and widths:
+            ref_width = min(x for x in (max(widths), link["max_width"]) if x is not None)
+        if _short(link["gen"], ref_gen) or _short(link["width"], ref_width):  # type: ignore[arg-type]
+            now = _gen_width(link["gen"], link["width"])
+            slow.append(f"{name} PCIe link {now}, expected {_gen_width(ref_gen, ref_width)}")
+    data = {n: _gen_width(x["gen"], x["width"]) for n, x in links.items()}
+    bad = _verdict([], slow, data, DRAIN, "HCA")
+    return bad or ok(f"{_count(len(links), 'HCA')} at full PCIe link", data)
 
 
 def _limits(ctx: Context, name: str) -> tuple:
@@ -485,7 +563,7 @@ def counters(facts: dict, ctx: Context) -> Result:
     return ok(f"no counter errors on {judged} since last run{note}", data)
 
 
-CHECKS = (devices_present, port_state, port_rate, link_layer, firmware, counters)
+CHECKS = (devices_present, port_state, port_rate, link_layer, firmware, pcie_link, counters)
 
 
 # ---------------------------------------------------------------- memory and genconf
@@ -508,7 +586,7 @@ def versions_of(facts: dict) -> dict:
 
 def expectations(facts: dict) -> dict:
     """What this (known-good) node implies: its HCAs, its active ports, their lowest rate, the
-    link layer and the firmware when uniform."""
+    link layer, the firmware when uniform and the HCAs' lowest current PCIe link."""
     active = {k: p for k, p in facts["ports"].items() if p["state"] == _ACTIVE}
     layers = sorted({p["link_layer"] for p in active.values() if p["link_layer"]})
     # A RoCE-only node expects Ethernet; any InfiniBand port makes it an InfiniBand node.
@@ -521,6 +599,11 @@ def expectations(facts: dict) -> dict:
     fws = {facts["devices"][p["device"]]["fw_ver"] for p in ports.values()}
     if len(fws) == 1 and None not in fws:
         out["fw_ver"] = fws.pop()
+    links = [facts["devices"][n]["link"] for n in sorted({p["device"] for p in ports.values()})]
+    for key in ("gen", "width"):
+        values = [x[key] for x in links if x[key] is not None]
+        if values:
+            out[f"pcie_{key}"] = min(values)
     return out
 
 

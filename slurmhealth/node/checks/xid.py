@@ -1,4 +1,5 @@
-"""Xid errors in the kernel log: parse the NVIDIA driver's lines, classify them, three checks.
+"""Xid errors in the kernel log: parse the NVIDIA driver's lines, classify them, check them;
+and the HCA events the mlx5 driver prints there.
 
 Reads the raw dict of sources/kmsg.py (records newer than the saved sequence number).
 
@@ -7,6 +8,8 @@ Config ([xid] in slurmhealth.toml), see DEFAULTS:
     severity = { 94 = "warn", 8 = "ignore" }   per-Xid class: app, warn, fail or ignore
     unknown = "warn"                    class of an Xid the table does not know
     dedup_s = 60                        identical lines closer than this are one event
+    repeat_days = 7, burst_max = 3, burst_h = 24, tpc_jobs = 3
+                                        the node's memory (its store's recent Xids): _escalate
 
 Facts (parse):
     {"events": [{"seq", "usec", "xid", "bus_id", "gpu_instance", "pid", "name", "text",
@@ -15,7 +18,10 @@ Facts (parse):
                                   into the event (>= 1); detail = what the line itself says
                                   (see `line_detail`), or None
      "records": 12, "first_seq": 0, "after_seq": 1200, "last_seq": 1211,
-     "lost": False, "missed": 0, "foreign": 0, "boot_id": "...", "window_s": 60}
+     "lost": False, "missed": 0, "foreign": 0, "boot_id": "...", "window_s": 60,
+     "hca": [{"kind": "module_hot"|"pcie_limited", "bus_id", "module", "text", "seq", "usec",
+              "repeats", and for a PCIe link "gbps", "link", "at", "capable_gbps",
+              "capable_link"}]}   mlx5_core lines (not Xids: see hca_events)
 `foreign` counts NVRM lines that are not the kernel's own: /dev/kmsg records (or `dmesg -r`
 lines) whose facility is not LOG_KERN (0), i.e. written from user space (`echo > /dev/kmsg`,
 systemd). They never become events. journalctl and syslog lines carry no facility: there a
@@ -61,6 +67,26 @@ DEFAULTS = {
     "severity": ({}, dict, 'per-Xid class app|warn|fail|ignore: { 94 = "warn", 8 = "ignore" }'),
     "unknown": ("warn", str, "class of an Xid missing from the table: warn, fail or ignore"),
     "dedup_s": (60, int, "identical Xid lines within this many seconds are one event"),
+    # Memory (the node store's recent events, read by the agent; none with --no-db): see
+    # _escalate. 0 turns a rule off.
+    "repeat_days": (
+        7,
+        int,
+        "the same fatal Xid on the same GPU (74: same link) again within N days: service, "
+        "the reset or reboot did not mend it (Xid catalogue: then CONTACT_SUPPORT)",
+    ),
+    "burst_max": (
+        3,
+        int,
+        "fatal-Xid reads on one GPU within burst_h that call for service (project's count)",
+    ),
+    "burst_h": (24, int, "the window of burst_max, in hours"),
+    "tpc_jobs": (
+        3,
+        int,
+        "Xid 13 on the same GPU, GPC and TPC in N jobs within repeat_days: warn, suspect "
+        "hardware, run diagnostics (NVIDIA GPU debug guidelines, Xid 13 workflow)",
+    ),
 }
 
 # Xid -> (catalog mnemonic, class, action), from NVIDIA's Xid catalogue (its buckets,
@@ -223,6 +249,8 @@ _D_RST = r"\bD-RST: ?(Yes|No)\b"
 _WORD = r"(?:0x[0-9A-Fa-f]{1,16}|[0-9]{1,20})"
 _LINK_WORDS = r"\blink ?([0-9]{1,3}) ?\((" + _WORD + r"(?:, ?" + _WORD + r"){0,15})\)"
 _LINK = r"\blink ?([0-9]{1,3})\b"
+# Xid 13: `Graphics SM Warp Exception on (GPC 1, TPC 3, SM 0): Out Of Range Address`.
+_GPC_TPC = r"\(GPC ?([0-9]{1,3}), ?TPC ?([0-9]{1,3})\b"
 # A row-remapper failure in the driver's words (`Row Remapper Error`, `row remapping failed`).
 _REMAP_FAILED = r"\bremap\w{0,10}\W{1,3}(?:\w+\W{1,3}){0,3}?(?:error|fail\w{0,4})\b"
 
@@ -282,10 +310,14 @@ def line_detail(xid: int, text: str) -> dict | None:
     """What the driver's line says about its own severity, as plain data, or None:
     Xid 154 {"recovery": n} (nvmlDeviceGpuRecoveryAction_t); Xid 94/95 {"contained",
     "rst", "d_rst"} (True/False, None when the line has no such field); Xid 74 {"link",
-    "words"} (the link's error registers as printed, not decoded); any Xid whose text reports a
-    row-remap failure {"remap_failure": True}. Cheap: only these Xids run a regex."""
+    "words"} (the link's error registers as printed, not decoded); Xid 13 {"gpc", "tpc"} where
+    the exception names its unit; any Xid whose text reports a row-remap failure
+    {"remap_failure": True}. Cheap: only these Xids run a regex."""
     detail: dict = {}
-    if xid == 154:
+    if xid == 13:
+        found = re.search(_GPC_TPC, text, re.A)
+        detail = {"gpc": int(found.group(1)), "tpc": int(found.group(2))} if found else {}
+    elif xid == 154:
         detail = _recovery(text) or {}
     elif xid in (94, 95):
         contained = re.search(_CONTAINED, text, re.A)
@@ -346,9 +378,11 @@ def _foreign(rec: dict) -> bool:
 
 
 def _scan(records: list) -> tuple:
-    """(events, record count, last seq, foreign NVRM lines) of raw records; malformed records
-    are skipped, and so are NVRM lines that user space wrote (`_foreign`)."""
-    events = []
+    """(events, record count, last seq, foreign NVRM lines, HCA events) of raw records;
+    malformed records are skipped, and so are NVRM and mlx5 lines that user space wrote
+    (`_foreign`)."""
+    events: list = []
+    hca: dict = {}
     count, last, pending, foreign = 0, None, None, 0
     for rec in records:
         seq = _int(rec.get("seq")) if isinstance(rec, dict) else None
@@ -357,7 +391,11 @@ def _scan(records: list) -> tuple:
         count += 1
         last = seq if last is None or seq > last else last
         msg = rec.get("msg")
-        if not isinstance(msg, str) or "NVRM" not in msg:
+        if not isinstance(msg, str):
+            continue
+        if "NVRM" not in msg:
+            if MLX5 in msg and not _foreign(rec):
+                _hca_event(msg, seq, _int(rec.get("usec")), hca)
             continue
         if _foreign(rec):
             foreign += 1
@@ -369,7 +407,65 @@ def _scan(records: list) -> tuple:
         if event is not None:
             event.update(seq=seq, usec=_int(rec.get("usec")), repeats=1)
             events.append(event)
-    return events, count, last, foreign
+    return events, count, last, foreign, list(hca.values())
+
+
+# --- HCA events: the mlx5 driver's and the PCI core's lines about a ConnectX HCA -------------
+#
+# Not Xids, and not recorded in the events table (whose rows are Xids): they are reported in the
+# hca_events check's result data only, which the store keeps for a result that is not ok.
+#   Module over temperature: drivers/net/ethernet/mellanox/mlx5/core/events.c, port_module()
+#   (older kernels: port.c, mlx5_port_module_event()), `Port module event[error]: module %u,
+#   %s, %s` with the status `Cable error` and the error `High Temperature`
+#   (mlx5_pme_error_to_string); printed through mlx5_core_err, which prefixes
+#   `<function>:<line>:(pid <n>): `, or mlx5_core_info in older kernels, which does not.
+#   PCIe link below what both ends can do, printed once at probe: drivers/pci/pci.c,
+#   __pcie_print_link_status(): `%u.%03u Gb/s available PCIe bandwidth, limited by %s x%d link
+#   at %s (capable of %u.%03u Gb/s with %s x%d link)` (the speed as pci_speed_string() names
+#   it, `16.0 GT/s PCIe`); a full-speed link prints `... bandwidth (%s x%d link)`, no event.
+MLX5 = "mlx5_core"
+MODULE_HOT = "module_hot"
+PCIE_LIMITED = "pcie_limited"
+_MLX5_LINE = r"\s*mlx5_core ([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]): (.*)"
+_MODULE_HOT = r"\bPort module event\[error\]: module ([0-9]{1,4}),.{0,80}\bHigh Temperature\b"
+_PCIE_LIMITED = (
+    r"([0-9]{1,7}\.[0-9]{3}) Gb/s available PCIe bandwidth, limited by (.{1,24}?) x([0-9]{1,2}) "
+    r"link at (\S{1,40}) \(capable of ([0-9]{1,7}\.[0-9]{3}) Gb/s with (.{1,24}?) "
+    r"x([0-9]{1,2}) link\)"
+)
+
+
+def _hca_event(msg: str, seq: int, usec: int | None, found: dict) -> None:
+    """Add the HCA event of one mlx5_core line to `found` ({(kind, bus, module): event}; a
+    repeat, such as the rate-limited module event, counts in `repeats`)."""
+    line = re.match(_MLX5_LINE, msg, re.A)
+    if line is None:
+        return
+    bus, rest = line.group(1).lower(), line.group(2)[: 4 * TEXT_MAX]
+    event: dict = {}
+    hot = re.search(_MODULE_HOT, rest, re.A) if "High Temperature" in rest else None
+    if hot:
+        event = {"kind": MODULE_HOT, "module": int(hot.group(1))}
+    elif "limited by" in rest:
+        pcie = re.search(_PCIE_LIMITED, rest, re.A)
+        if pcie:
+            gbps, speed, width, at, capable, cap_speed, cap_width = pcie.groups()
+            event = {
+                "kind": PCIE_LIMITED,
+                "module": None,
+                "gbps": float(gbps),
+                "link": f"{clean(speed, 24)} x{width}",
+                "at": clean(at, 40),
+                "capable_gbps": float(capable),
+                "capable_link": f"{clean(cap_speed, 24)} x{cap_width}",
+            }
+    if not event:
+        return
+    key = (event["kind"], bus, event["module"])
+    if key in found:
+        found[key]["repeats"] += 1
+        return
+    found[key] = dict(event, bus_id=bus, text=clean(rest, TEXT_MAX), seq=seq, usec=usec, repeats=1)
 
 
 def _key(event: dict) -> tuple:
@@ -387,6 +483,17 @@ def _near(kept: dict, event: dict, window_s: float) -> bool:
     return abs(event["usec"] - kept["usec"]) <= window_s * 1e6
 
 
+def _spread(kept: dict, event: dict) -> None:
+    """Xid 13 lines merged into one event but naming different GPC/TPC units: the exception
+    is not local to one unit (an application's bad address hits every SM that ran it), so the
+    event names none (`spread`), and the TPC rule (_escalate) never counts it."""
+    mine, theirs = kept.get("detail") or {}, event.get("detail") or {}
+    if "tpc" not in mine or mine.get("spread"):
+        return
+    if (mine.get("gpc"), mine.get("tpc")) != (theirs.get("gpc"), theirs.get("tpc")):
+        kept["detail"] = dict(mine, gpc=None, tpc=None, spread=True)
+
+
 def dedup(events: list, window_s: float) -> list:
     """Merge repeats of the same fault within `window_s` of the first one (the driver repeats
     Xids, e.g. 119 every 6 s); each kept event counts its lines in `repeats`."""
@@ -397,6 +504,7 @@ def dedup(events: list, window_s: float) -> list:
         kept = latest.get(key)
         if kept is not None and _near(kept, event, window_s):
             kept["repeats"] += event["repeats"]
+            _spread(kept, event)
             continue
         kept = dict(event)
         latest[key] = kept
@@ -408,7 +516,7 @@ def parse(raw: object, window_s: float = DEFAULTS["dedup_s"][0]) -> dict:
     """Raw kmsg facts -> Xid events (deduplicated) and log continuity. Never raises."""
     raw = raw if isinstance(raw, dict) else {}
     records = raw.get("records")
-    events, count, last, foreign = _scan(records if isinstance(records, list) else [])
+    events, count, last, foreign, hca = _scan(records if isinstance(records, list) else [])
     events = dedup(events, window_s)
     for event in events:
         event["class"], event["action"] = classify(event["xid"], event["text"], None, event)
@@ -422,6 +530,7 @@ def parse(raw: object, window_s: float = DEFAULTS["dedup_s"][0]) -> dict:
         "lost": raw.get("lost") is True,
         "missed": max(_int(raw.get("missed")) or 0, 0),
         "foreign": foreign,
+        "hca": hca,
         "boot_id": clean(boot, 64) if isinstance(boot, str) else None,
         "window_s": window_s,
     }
@@ -567,16 +676,191 @@ def events_for(facts: dict, ctx: Context) -> list:
         if isinstance(job, (list, tuple, set)):
             item["job"] = item["gpu"] in job
         out.append(item)
+    if out:
+        _escalate(out, facts, ctx)
     return out
 
 
+# --- memory: the node's recent Xids (the store, via the agent) -------------------------------
+#
+# The agent reads the node's recent Xid events from its store once per run (store.recent_events,
+# over history_s(expect)) and hands them in as the xid baseline's "recent": plain dicts with id,
+# time, code, gpu, bus_id, class, action, text, job_id, pid. Without a store (check --no-db, a
+# store that could not be read) there is no "recent" and these rules never fire. This run's own
+# events are not in the store yet, except when a concurrent run read the same kernel-log
+# record and recorded it first: rows with this run's event ids are left out.
+
+
+def _setting(expect: dict, key: str) -> float:
+    """A rule's number from config; 0 (off) when unusable."""
+    value = expect.get(key, DEFAULTS[key][0])
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        return 0
+    return value
+
+
+def history_s(expect: dict) -> float:
+    """How far back the rules look (the agent's one read of the store): the longest window of
+    a rule that is on; 0 when all are off."""
+    days = _setting(expect, "repeat_days") * 86400.0
+    burst = _setting(expect, "burst_h") * 3600.0 if _setting(expect, "burst_max") else 0.0
+    return max(days, burst)
+
+
+def _gpu_key(bus: object, gpu: object) -> tuple | None:
+    """A GPU by its PCI address (stable across boots), else its index."""
+    if isinstance(bus, str) and bus:
+        return ("bus", bus)
+    return ("gpu", gpu) if _int(gpu) is not None else None
+
+
+def _row_ok(row: object) -> bool:
+    return (
+        isinstance(row, dict)
+        and isinstance(row.get("time"), (int, float))
+        and _int(row.get("code")) is not None
+    )
+
+
+def _same_link(event: dict, row: dict) -> bool:
+    """Xid 74 repeats on the same NVLink; a line naming no link matches any."""
+    if event["xid"] != 74:
+        return True
+    link = (event.get("detail") or {}).get("link")
+    if link is None:
+        return True
+    then = (line_detail(74, str(row.get("text") or "")) or {}).get("link")
+    return then is None or then == link
+
+
+def _unit(xid: int, detail: object) -> tuple | None:
+    """(GPC, TPC) an Xid 13 event names, None when it names none or several (spread)."""
+    if xid != 13 or not isinstance(detail, dict) or detail.get("spread"):
+        return None
+    gpc, tpc = _int(detail.get("gpc")), _int(detail.get("tpc"))
+    return None if gpc is None or tpc is None else (gpc, tpc)
+
+
+def _owner(pid: object, job: object, other: object) -> tuple:
+    """Whose Xid 13 it was: the process (one per job and rank), else the job, else the read."""
+    if _int(pid) is not None:
+        return ("pid", pid)
+    return ("job", job) if job else ("read", other)
+
+
+def _escalate(events: list, facts: dict, ctx: Context) -> None:
+    """What the node's memory changes, in place (each sets event["again"]):
+    - repeat: a fatal Xid (class fail) that this GPU (Xid 74: this link) already had within
+      repeat_days, read by an earlier run: the reset or reboot that followed did not mend it.
+      The catalogue's buckets for these Xids are an immediate action (RESET_GPU, RESTART_BM)
+      and then an investigatory CONTACT_SUPPORT: service.
+    - burst: the burst_max-th run within burst_h that read a fatal Xid on this GPU (runs, not
+      Xids: one incident prints several, 48 with 63/94/154): service.
+    - tpc: Xid 13 naming one GPC/TPC, which tpc_jobs distinct jobs (processes) hit on this GPU
+      within repeat_days. NVIDIA's GPU debug guidelines: a Graphics Engine Exception that
+      repeats on the same GPC/TPC suggests the hardware; run diagnostics. A suspicion, not a
+      verdict: warn (recorded, lemon evidence, never drains alone), with service as the hint
+      (dcgmi diag / field diagnostics), instead of the application's class."""
+    recent = ctx.baseline.get("recent") if isinstance(ctx.baseline, dict) else None
+    if not isinstance(recent, list) or not recent:
+        return
+    boot = facts.get("boot_id") or ""
+    own = {f"{AREA}:{ctx.node}:{boot}:{e.get('seq')}:{e['xid']}" for e in events}
+    rows = [r for r in recent if _row_ok(r) and r.get("id") not in own]
+    days = _setting(ctx.expect, "repeat_days")
+    burst_max, burst_h = _setting(ctx.expect, "burst_max"), _setting(ctx.expect, "burst_h")
+    tpc_jobs = _setting(ctx.expect, "tpc_jobs")
+    now = ctx.now
+    for event in events:
+        key = _gpu_key(event["bus_id"], event.get("gpu"))
+        if key is None or event["class"] == IGNORE:
+            continue
+        mine = [r for r in rows if _gpu_key(r.get("bus_id"), r.get("gpu")) == key]
+        if event["class"] == FAIL:
+            again = _repeat(event, mine, now, days) or _burst(mine, now, burst_max, burst_h)
+            if again:
+                event["action"], event["again"] = SERVICE, again
+        unit = _unit(event["xid"], event.get("detail"))
+        if unit and tpc_jobs and days:
+            owners = {
+                _owner(r.get("pid"), r.get("job_id"), r.get("time"))
+                for r in mine
+                if r["code"] == 13
+                and now - r["time"] <= days * 86400
+                and _unit(13, line_detail(13, str(r.get("text") or ""))) == unit
+            }
+            owners.add(_owner(event.get("pid"), None, "now"))
+            if len(owners) >= tpc_jobs:
+                event["class"] = FAIL if event["class"] == FAIL else WARN
+                event["action"] = SERVICE
+                event["again"] = {"rule": "tpc", "count": len(owners), "days": days}
+                event["again"].update(gpc=unit[0], tpc=unit[1])
+
+
+def _repeat(event: dict, mine: list, now: float, days: float) -> dict | None:
+    if not days:
+        return None
+    runs = {
+        r["time"]
+        for r in mine
+        if r["code"] == event["xid"]
+        and r.get("class") == FAIL
+        and now - r["time"] <= days * 86400
+        and _same_link(event, r)
+    }
+    return {"rule": "repeat", "count": len(runs) + 1, "days": days} if runs else None
+
+
+def _burst(mine: list, now: float, most: float, hours: float) -> dict | None:
+    if not most or not hours:
+        return None
+    runs = {r["time"] for r in mine if r.get("class") == FAIL and now - r["time"] <= hours * 3600}
+    if runs and len(runs) + 1 >= most:
+        return {"rule": "burst", "count": len(runs) + 1, "hours": hours}
+    return None
+
+
+def _nth(n: int) -> str:
+    """1st, 2nd, 3rd, 4th, 11th, 21st."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def _again_words(event: dict, what: str) -> str:
+    """The Reason of an event the node's memory escalated (see _escalate)."""
+    again, xid = event["again"], event["xid"]
+    if again["rule"] == "burst":
+        return (
+            f"{again['count']} fatal Xid reads on {where(event)} in {again['hours']:g} h, "
+            f"now Xid {xid} {what}"
+        )
+    if again["rule"] == "tpc":
+        return (
+            f"again: Xid 13 on {where(event)} GPC {again['gpc']} TPC {again['tpc']}, "
+            f"{again['count']} jobs in {again['days']:g} days: suspect the GPU, run diagnostics"
+        )
+    link = (event.get("detail") or {}).get("link") if xid == 74 else None
+    link_words = f" link {link}" if link is not None else ""
+    return (
+        f"again: Xid {xid} on {where(event)}{link_words}, {_nth(again['count'])} time in "
+        f"{again['days']:g} days ({what})"
+    )
+
+
 def _ordered(events: list) -> list:
-    """Worst first: fail before warn, the worst action, the job's GPUs, then log order."""
+    """Worst first: fail before warn, escalated by the node's memory, the worst action, the
+    job's GPUs, then log order."""
     rank = {FAIL: 0, WARN: 1, APP: 2, IGNORE: 3}
     worst = worst_action([e["action"] for e in events])
     return sorted(
         events,
-        key=lambda e: (rank[e["class"]], e["action"] != worst, not e.get("job", True), e["seq"]),
+        key=lambda e: (
+            rank[e["class"]],
+            not e.get("again"),  # what the node's memory escalated is the news
+            e["action"] != worst,
+            not e.get("job", True),
+            e["seq"],
+        ),
     )
 
 
@@ -648,6 +932,8 @@ def describe(event: dict) -> str:
     what = _mnemonic_words(entry[0]) if entry else "not in the Xid table"
     if entry and entry[1] == NVLINK5:
         what += " fatal" if event["class"] == FAIL else " nonfatal"
+    if event.get("again"):
+        return _again_words(event, what)
     said = _said_words(event)
     line = f"{where(event)} Xid {event['xid']} {what}" + (f", {said}" if said else "")
     line += f" x{event['repeats']}" if event["repeats"] > 1 else ""
@@ -671,6 +957,7 @@ def _data(events: list) -> dict:
         "text",
         "detail",
         "job",
+        "again",
     )
     listed = [{k: e[k] for k in keys if k in e} for e in events[:EVENTS_MAX]]
     return {"count": len(events), "events": listed}
@@ -713,7 +1000,40 @@ def log_continuity(facts: dict, ctx: Context) -> Result:
     return ok(f"{facts.get('records', 0)} new kernel log records, none lost", data)
 
 
-CHECKS = (hardware, application, log_continuity)
+def _hca_words(event: dict) -> str:
+    times = f" x{event['repeats']}" if event.get("repeats", 1) > 1 else ""
+    if event["kind"] == MODULE_HOT:
+        return f"HCA {event['bus_id']} module {event['module']} over temperature{times}"
+    return (
+        f"HCA {event['bus_id']} PCIe link downtrained: {event['link']} at {event['at']}, "
+        f"capable of {event['capable_link']} ({event['gbps']:g} of "
+        f"{event['capable_gbps']:g} Gb/s){times}"
+    )
+
+
+def hca_events(facts: dict, ctx: Context) -> Result:
+    """HCA events in the kernel log since the last run (mlx5_core lines; not Xids, reported
+    here only: see the HCA section above).
+    Module over temperature: fail, service. The module passed its high-temperature alarm and
+    the firmware reports it as a cable error; its link is at risk (the module protects its
+    optics by shutting down), a job's collectives over that port fail or stall, and neither a
+    GPU reset nor a reboot cools it: airflow, the cage or the module need a person.
+    PCIe link downtrained at probe: warn, service hint. The HCA works at a fraction of its
+    bandwidth (a x8 Gen3 link feeds 63 Gb/s to a 400 Gb/s port), which slows every multi-node
+    job on the node without breaking it; the link was trained at boot and stays so until a
+    reseat or a reboot retrains it. Both are read once, when the kernel prints them."""
+    found = facts.get("hca") or []
+    if not found:
+        return ok("no HCA events in the kernel log")
+    found = sorted(found, key=lambda e: (e["kind"] != MODULE_HOT, e["seq"]))
+    message = summarize([_hca_words(e) for e in found])
+    data = {"count": len(found), "events": found[:EVENTS_MAX]}
+    if any(e["kind"] == MODULE_HOT for e in found):
+        return fail(message, data, SERVICE)
+    return warn(message, data, SERVICE)
+
+
+CHECKS = (hardware, application, log_continuity, hca_events)
 
 
 def baseline(facts: dict, now: float | None = None) -> dict:

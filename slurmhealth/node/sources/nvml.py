@@ -155,6 +155,21 @@ def _identity(sweep: _Sweep) -> None:
         value = sweep.get(key, func)
         record[key] = _text(value) if value is not None else None
     record["arch"] = sweep.get("arch", "nvmlDeviceGetArchitecture")
+    # Total installed memory in bytes (nvmlMemory_t.total): a part of the wrong size shows here
+    memory = sweep.get("memory_total", "nvmlDeviceGetMemoryInfo")
+    total = getattr(memory, "total", None)
+    record["memory_total"] = int(total) if total is not None else None
+
+
+def _mig(sweep: _Sweep) -> None:
+    """MIG mode now and after the next GPU reset: nvmlDeviceGetMigMode -> (current, pending),
+    NVML_DEVICE_MIG_DISABLE 0 / ENABLE 1; NotSupported on GPUs without MIG (both None, the
+    reason in errors["mig"])."""
+    modes = sweep.get("mig", "nvmlDeviceGetMigMode")
+    current = pending = None
+    if isinstance(modes, (list, tuple)) and len(modes) == 2:
+        current, pending = int(modes[0]), int(modes[1])
+    sweep.record["mig_current"], sweep.record["mig_pending"] = current, pending
 
 
 def _health(sweep: _Sweep) -> None:
@@ -168,6 +183,10 @@ def _health(sweep: _Sweep) -> None:
     )
     record["pcie_max_gen"] = get("pcie_max_gen", "nvmlDeviceGetMaxPcieLinkGeneration")
     record["pcie_max_width"] = get("pcie_max_width", "nvmlDeviceGetMaxPcieLinkWidth")
+    # The link now: drops at idle ("may be reduced when the GPU is not in use", nvidia-smi)
+    record["pcie_gen"] = get("pcie_gen", "nvmlDeviceGetCurrPcieLinkGeneration")
+    record["pcie_width"] = get("pcie_width", "nvmlDeviceGetCurrPcieLinkWidth")
+    _mig(sweep)
     record["processes"] = _processes(sweep)
     record["fabric"] = _fabric(sweep)
     record["nvlink"] = _nvlinks(sweep)

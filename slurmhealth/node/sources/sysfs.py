@@ -5,6 +5,8 @@
 
     {"devices": {"mlx5_0": {"fw_ver": "28.39.1002", "hca_type": "MT4129", "board_id": "...",
                             "node_guid": "b83f:d203:00a1:2b3c",
+                            "current_link_speed": "32.0 GT/s PCIe", "current_link_width": "16",
+                            "max_link_speed": "32.0 GT/s PCIe", "max_link_width": "16",
                             "ports": {"1": {"state": "4: ACTIVE", "phys_state": "5: LinkUp",
                                             "rate": "400 Gb/sec (4X NDR)",
                                             "link_layer": "InfiniBand",
@@ -14,7 +16,8 @@
 A file that cannot be read is None and the reason (errno name) goes to "errors", which is only
 present when something failed. Bytes that are not UTF-8 are decoded with replacement characters
 and noted as "non-UTF-8". Nothing here raises on a broken tree. No class/infiniband directory
-means no InfiniBand on the node: {"devices": {}}.
+means no InfiniBand on the node: {"devices": {}}. An HCA without a `device` directory (no PCI
+parent) has no link keys at all.
 
 Only the files the ib checks use are read: every PMA counter read is a MAD round trip to the
 HCA firmware, and hw_counters are not needed here.
@@ -27,6 +30,10 @@ import os
 from slurmhealth.node.sources import Options
 
 DEVICE_FILES = ("fw_ver", "hca_type", "board_id", "node_guid")
+# The HCA's PCIe link, in its PCI device (`<dev>/device` links to it): the kernel's
+# Documentation/ABI/testing/sysfs-bus-pci; speed as "32.0 GT/s PCIe" ("32 GT/s" before 5.x
+# kernels, "Unknown" or "Unknown speed" when not trained), width as "16".
+LINK_FILES = ("current_link_speed", "current_link_width", "max_link_speed", "max_link_width")
 PORT_FILES = ("state", "phys_state", "rate", "link_layer")
 # The error counters the ib checks judge (sysfs-class-infiniband).
 COUNTERS = (
@@ -84,8 +91,11 @@ def _port(path: str, key: str, errors: dict) -> dict:
 
 
 def _device(path: str, name: str, errors: dict) -> dict:
-    """Identity files of one HCA plus its ports ("1", "2", ...)."""
+    """Identity files of one HCA, its PCIe link when it has a PCI device, its ports ("1", ...)."""
     device = {f: _read(f"{path}/{f}", f"{name}/{f}", errors) for f in DEVICE_FILES}
+    if os.path.isdir(f"{path}/device"):  # no PCI parent (a software RDMA device): no link
+        for f in LINK_FILES:
+            device[f] = _read(f"{path}/device/{f}", f"{name}/device/{f}", errors)
     ports = _listdir(f"{path}/ports", f"{name}/ports", errors)
     device["ports"] = {p: _port(f"{path}/ports/{p}", f"{name}:{p}", errors) for p in ports}
     return device

@@ -88,6 +88,21 @@ FAULTS = [
         "none",
         "GPU 4 (00000000:9A:00.0) 31457280 corrected ECC errors (volatile), warn at 10000000",
     ),
+    (
+        "gpu-model-odd",
+        gpu.model,
+        "fail",
+        "service",
+        "GPU 5 (00000000:AB:00.0) NVIDIA H100 PCIe, 7 others NVIDIA H100 80GB HBM3",
+    ),
+    (
+        "ecc-pending-off",
+        gpu.ecc,
+        "warn",
+        "none",
+        "GPU 1 (00000000:2A:00.0) ECC will be disabled at the next reboot",
+    ),
+    ("mig-pending", gpu.mig, "warn", "none", "GPU 4 (00000000:9A:00.0) MIG on pending (now off)"),
 ]
 
 
@@ -186,6 +201,8 @@ def test_parse_survives_garbage():
 def test_expectations_of_a_known_good_node():
     assert gpu.expectations(facts("healthy")) == {
         "count": 8,
+        "model": "NVIDIA H100 80GB HBM3",
+        "mig": "off",
         "pcie_gen": 5,
         "pcie_width": 16,
         "driver_version": "550.90.07",
@@ -280,3 +297,161 @@ def test_memory_counter_that_went_down_starts_a_new_baseline():
 def test_baseline_keeps_the_time_it_was_read():
     assert gpu.baseline(facts("healthy"), now=77.0)["taken_at"] == 77.0
     assert isinstance(gpu.baseline(facts("healthy"))["taken_at"], float)
+
+
+# ---------------------------------------------------------------- what the node should be
+
+
+def _named(name: str, memory: int | None = None) -> dict:
+    f = facts("healthy")
+    for dev in f["devices"]:
+        dev["name"] = name
+        if memory is not None:
+            dev["memory_total"] = memory
+    return f
+
+
+def test_one_gpu_of_another_model_fails_naming_it_and_the_majority():
+    f = _named("NVIDIA A100-SXM4-80GB", 85899345920)
+    f["devices"][5]["name"] = "NVIDIA A100-SXM4-40GB"
+    f["devices"][5]["memory_total"] = 42949672960
+    result = gpu.model(f, ctx())
+    assert (result.status, result.action) == ("fail", "service")
+    assert result.message == (
+        "GPU 5 (00000000:AB:00.0) NVIDIA A100-SXM4-40GB, 7 others NVIDIA A100-SXM4-80GB"
+    )
+
+
+def test_one_gpu_with_other_memory_under_the_same_name_fails():
+    f = facts("healthy")
+    f["devices"][3]["memory_total"] = 42949672960  # 40 GiB among 81559 MiB parts
+    result = gpu.model(f, ctx())
+    assert (result.status, result.action) == ("fail", "service")
+    assert result.message == (
+        "GPU 3 (00000000:5D:00.0) NVIDIA H100 80GB HBM3 40960 MiB, 7 others 81559 MiB"
+    )
+    f["devices"][3]["memory_total"] = 85520809984 - 512 * 2**20  # a few hundred MiB off: same part
+    assert gpu.model(f, ctx()).status == "ok"
+
+
+def test_model_expectation_judges_every_gpu():
+    assert gpu.model(facts("healthy"), ctx(model="NVIDIA H100 80GB HBM3")).status == "ok"
+    result = gpu.model(facts("healthy"), ctx(model="NVIDIA H200"))
+    assert (result.status, result.action) == ("fail", "service")
+    assert result.message == (
+        "GPU 0 (00000000:18:00.0) NVIDIA H100 80GB HBM3, expected NVIDIA H200 (+7 more GPU)"
+    )
+    odd = gpu.model(facts("gpu-model-odd"), ctx(model="NVIDIA H100 80GB HBM3"))
+    assert (
+        odd.message == "GPU 5 (00000000:AB:00.0) NVIDIA H100 PCIe, expected NVIDIA H100 80GB HBM3"
+    )
+
+
+def test_model_skips_when_no_name_is_reported():
+    f = facts("healthy")
+    for dev in f["devices"]:
+        dev["name"] = None
+    assert gpu.model(f, ctx()).status == "skip"
+
+
+def test_ecc_off_now_still_fails_and_pending_off_only_warns():
+    off = gpu.ecc(facts("ecc-off"), ctx())  # off now and pending: the fail stands
+    assert (off.status, off.action, off.message) == (
+        "fail",
+        "drain",
+        "GPU 5 (00000000:AB:00.0) ECC disabled",
+    )
+    f = facts("healthy")
+    f["devices"][5]["fields"]["ecc_pending"] = 1
+    f["devices"][5]["fields"]["ecc_current"] = 0  # off now, on after the reboot: still off now
+    assert gpu.ecc(f, ctx()).status == "fail"
+    assert gpu.ecc(facts("ecc-pending-off"), ctx(ecc=False)).status == "ok"
+    dbe = facts("ecc-dbe")
+    dbe["devices"][1]["fields"]["ecc_pending"] = 0
+    assert gpu.ecc(dbe, ctx()).status == "fail"  # the worse news leads
+
+
+def test_mig_mode_against_the_expectation():
+    assert gpu.mig(facts("healthy"), ctx(mig="off")).status == "ok"
+    on = gpu.mig(facts("mig-on"), ctx())
+    assert on.status == "ok", "no expectation: a GPU in MIG mode is a choice"
+    result = gpu.mig(facts("mig-on"), ctx(mig="off"))
+    assert (result.status, result.action) == ("fail", "drain")
+    assert result.message == "GPU 6 (00000000:BA:00.0) MIG on, expected off"
+    result = gpu.mig(facts("healthy"), ctx(mig="on"))
+    assert result.message == "GPU 0 (00000000:18:00.0) MIG off, expected on (+7 more GPU)"
+
+
+def test_mig_not_supported_is_off():
+    f = facts("healthy")
+    for dev in f["devices"]:
+        dev["mig_current"] = dev["mig_pending"] = None
+    assert gpu.mig(f, ctx()).status == "skip"
+    assert gpu.mig(f, ctx(mig="off")).status == "skip"
+    result = gpu.mig(f, ctx(mig="on"))
+    assert (result.status, result.action) == ("fail", "drain")
+    assert "MIG not reported, expected on" in result.message
+
+
+def test_mig_pending_with_a_wrong_mode_fails():
+    f = facts("mig-pending")
+    result = gpu.mig(f, ctx(mig="on"))
+    assert result.status == "fail" and "GPU 0 (00000000:18:00.0) MIG off, expected on" in (
+        result.message
+    )
+    assert "MIG on pending (now off)" in str(result.data["pending"])
+
+
+def test_current_pcie_link_is_judged_only_under_load():
+    result = gpu.pcie_link(facts("pcie-under-load-gen3"), ctx(count=8))
+    assert (result.status, result.action) == ("warn", "none")
+    assert result.message == (
+        "GPU 2 (00000000:3A:00.0) PCIe link Gen3 x16 under load, expected Gen5 x16"
+    )
+    idle = facts("healthy")
+    for dev in idle["devices"]:
+        dev["pcie_gen"], dev["pcie_width"] = 1, 8  # idle: NVIDIA says it may be reduced
+    assert gpu.pcie_link(idle, ctx()).status == "ok"
+    assert "not judged" in gpu.pcie_link(idle, ctx()).message
+
+
+def test_current_pcie_width_under_load_and_the_expectations():
+    f = facts("processes-left")  # a process on GPU 0
+    assert gpu.pcie_link(f, ctx()).status == "ok"
+    f["devices"][0]["pcie_width"] = 8
+    result = gpu.pcie_link(f, ctx())
+    assert result.status == "warn" and "Gen5 x8 under load, expected Gen5 x16" in result.message
+    f["devices"][0]["pcie_width"], f["devices"][0]["pcie_gen"] = 16, 4
+    assert gpu.pcie_link(f, ctx(pcie_gen=4)).status == "ok"  # the configured floor rules
+    f["devices"][0]["pcie_gen"] = f["devices"][0]["pcie_width"] = None
+    assert gpu.pcie_link(f, ctx()).status == "skip"
+
+
+def test_under_load_fault_touches_only_the_link_and_the_left_process():
+    variant = facts("pcie-under-load-gen3")
+    for check in gpu.CHECKS:
+        if check in (gpu.pcie_link, gpu.processes, gpu.count):
+            continue
+        assert check(variant, ctx(count=8)).status in ("ok", "skip"), check.__name__
+
+
+def test_mig_on_fault_touches_only_mig():
+    variant = facts("mig-on")
+    for check in gpu.CHECKS:
+        status = check(variant, ctx(count=8, mig="off")).status
+        assert status in (("fail",) if check is gpu.mig else ("ok", "skip")), check.__name__
+
+
+def test_a_snapshot_with_the_new_fields_mistyped_is_refused():
+    from slurmhealth.node import replay
+
+    with open(snapshot_path("healthy")) as handle:
+        doc = json.load(handle)
+    assert replay.problem(doc, replay.SNAPSHOT) == ""
+    for key, bad in (("memory_total", "80GB"), ("mig_current", [1]), ("pcie_gen", "5")):
+        wrong = json.loads(json.dumps(doc))
+        wrong["gpu"]["devices"][1][key] = bad
+        assert replay.problem(wrong, replay.SNAPSHOT).startswith(f"gpu.devices.1.{key}: ")
+    wrong = json.loads(json.dumps(doc))
+    wrong["ib"]["devices"]["mlx5_0"]["current_link_width"] = 16
+    assert replay.problem(wrong, replay.SNAPSHOT).startswith("ib.devices.mlx5_0.current_link_width")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import os
 
 import conftest
@@ -207,6 +208,7 @@ def test_module_contract():
         "port_rate",
         "link_layer",
         "firmware",
+        "pcie_link",
         "counters",
     ]
 
@@ -662,3 +664,96 @@ def test_unknown_interval_judges_counts_as_before(healthy):
     assert at(facts, backwards, 4 * HOUR).status == result.FAIL
     assert ib.interval(Context(baseline={"taken_at": True}, now=5.0)) is None
     assert ib.interval(Context(baseline={"taken_at": 2.0}, now=5.0)) == 3.0
+
+
+# ---------------------------------------------------------------- the HCAs' PCIe link
+
+
+@pytest.mark.parametrize(
+    "text,gen",
+    [
+        ("32.0 GT/s PCIe", 5),  # pci_speed_string(), kernels since 5.x
+        ("16.0 GT/s PCIe", 4),
+        ("8.0 GT/s PCIe", 3),
+        ("5.0 GT/s PCIe", 2),
+        ("2.5 GT/s PCIe", 1),
+        ("64.0 GT/s PCIe", 6),
+        ("32 GT/s", 5),  # older kernels' current_link_speed_show()
+        ("8 GT/s", 3),
+        ("Unknown", None),
+        ("Unknown speed", None),
+        ("33.0 GT/s PCIe", None),
+        ("", None),
+        (None, None),
+        (16, None),
+    ],
+)
+def test_parse_link_speed(text, gen):
+    assert ib.parse_link_speed(text) == gen
+
+
+def test_full_links_are_ok_and_genconf_keeps_them():
+    facts = facts_of("pcie-gen5-x16")
+    assert facts["devices"]["mlx5_0"]["link"] == {
+        "pci": True,
+        "gen": 5,
+        "width": 16,
+        "max_gen": 5,
+        "max_width": 16,
+    }
+    assert_result(run(ib.pcie_link, facts), result.OK, message="8 HCAs at full PCIe link")
+    expect = ib.expectations(facts)
+    assert (expect["pcie_gen"], expect["pcie_width"]) == (5, 16)
+    for check in ib.CHECKS:
+        assert_result(run(check, facts, ib.baseline(facts), **expect), result.OK)
+
+
+def test_a_downtrained_hca_link_warns_naming_it():
+    facts = facts_of("pcie-hca-downtrained")
+    res = run(ib.pcie_link, facts)
+    assert_result(
+        res,
+        result.WARN,
+        message="mlx5_3 PCIe link Gen5 x8, expected Gen5 x16 (+1 more HCA)",
+    )
+    assert res.data["mlx5_6"] == "Gen4 x16"
+    for check in ib.CHECKS:  # nothing else notices
+        if check is not ib.pcie_link:
+            assert_result(run(check, facts), result.OK)
+
+
+def test_the_snapshot_fault_gives_the_same_warning():
+    with open(conftest.snapshot_path("hca-pcie-downtrained")) as handle:
+        facts = ib.parse(json.load(handle)["ib"])
+    assert (
+        run(ib.pcie_link, facts).message
+        == run(ib.pcie_link, facts_of("pcie-hca-downtrained")).message
+    )
+
+
+def test_hcas_all_below_their_max_are_a_slot_not_a_fault():
+    """Gen5 HCAs in a Gen4 server: every link at 16 GT/s is what the slots give."""
+    raw = raw_of("pcie-gen5-x16")
+    for device in raw["devices"].values():
+        device["current_link_speed"] = "16.0 GT/s PCIe"
+    facts = ib.parse(raw)
+    assert_result(run(ib.pcie_link, facts), result.OK)
+    assert_result(run(ib.pcie_link, facts, pcie_gen=5), result.WARN)
+    assert run(ib.pcie_link, facts, pcie_gen=4, pcie_width=16).status == result.OK
+
+
+def test_no_link_in_sysfs_is_not_judged_and_unreadable_skips():
+    assert_result(run(ib.pcie_link, facts_of("healthy-8x-ndr")), result.OK)
+    raw = raw_of("pcie-gen5-x16")
+    for device in raw["devices"].values():
+        device["current_link_speed"] = device["current_link_width"] = None
+    assert_result(run(ib.pcie_link, ib.parse(raw)), result.SKIP)
+    raw["devices"]["mlx5_0"]["current_link_width"] = "0"  # not trained: unknown, not x0
+    assert_result(run(ib.pcie_link, ib.parse(raw)), result.SKIP)
+    assert_result(run(ib.pcie_link, ib.parse({"devices": {}})), result.SKIP)
+
+
+def test_only_hcas_in_scope_are_judged():
+    raw = raw_of("pcie-hca-downtrained")
+    res = run(ib.pcie_link, ib.parse(raw), ports=["mlx5_0:1", "mlx5_1:1"])
+    assert_result(res, result.OK, message="2 HCAs at full PCIe link")

@@ -889,7 +889,12 @@ def test_expectations_are_empty():
 
 def test_module_contract():
     assert (xid.AREA, xid.SOURCE) == ("xid", "kmsg")
-    assert [f.__name__ for f in xid.CHECKS] == ["hardware", "application", "log_continuity"]
+    assert [f.__name__ for f in xid.CHECKS] == [
+        "hardware",
+        "application",
+        "log_continuity",
+        "hca_events",
+    ]
     for key, (default, kind, why) in xid.DEFAULTS.items():
         assert isinstance(default, kind) and isinstance(why, str) and why, key
     assert all(f.__doc__ for f in xid.CHECKS)
@@ -1023,3 +1028,200 @@ def test_parse_line_recovers_fields(code, domain, bus, dev, instance, pid, name,
     if event["name"] is not None:
         assert event["name"].isprintable() and len(event["name"]) <= xid.NAME_MAX
     assert len(event["text"]) <= xid.TEXT_MAX
+
+
+# --- memory: the node's recent Xids (the store's, handed in as the baseline's "recent") ------
+
+NOW = 1_750_000_000.0
+DAY = 86400.0
+
+
+def row(code, bus="0000:5d:00", ago=DAY, cls="fail", text="", pid=None, job=None, n=0):
+    """A recent event as store.recent_events returns it (GPU 3 of GPUS by default)."""
+    return {
+        "id": f"xid:gpu01:old-boot:{n}:{code}",
+        "time": NOW - ago,
+        "code": code,
+        "gpu": 3,
+        "bus_id": bus,
+        "class": cls,
+        "action": "reboot",
+        "text": text,
+        "job_id": job,
+        "pid": pid,
+    }
+
+
+def remembering(recent, **kwargs):
+    kwargs.setdefault("baseline", {"seq": 10, "boot_id": "b", "recent": recent})
+    return ctx(node="gpu01", now=NOW, **kwargs)
+
+
+OFF_BUS_3 = "NVRM: Xid (PCI:0000:5d:00): 79, GPU has fallen off the bus."
+
+
+def test_the_same_fatal_xid_again_on_the_same_gpu_calls_for_service():
+    facts = xid.parse(raw_of(OFF_BUS_3))
+    result = xid.hardware(facts, remembering([row(79, ago=3 * DAY)]))
+    assert (result.status, result.action) == ("fail", "service")
+    assert result.message == (
+        "again: Xid 79 on GPU 3 (0000:5d:00), 2nd time in 7 days (GPU has fallen off the bus)"
+    )
+    assert result.data["events"][0]["again"] == {"rule": "repeat", "count": 2, "days": 7}
+    # two earlier reads: the third time
+    twice = [row(79, ago=3 * DAY, n=1), row(79, ago=DAY, n=2)]
+    assert "3rd time in 7 days" in xid.hardware(facts, remembering(twice)).message
+    recorded = xid.events_of(facts, remembering([row(79, ago=3 * DAY)]))
+    assert [(e["class"], e["action"]) for e in recorded] == [("fail", "service")]
+
+
+@pytest.mark.parametrize(
+    ("recent", "why"),
+    [
+        (None, "no store: no memory (check --no-db)"),
+        ([], "nothing recent"),
+        ([row(79, ago=8 * DAY)], "older than repeat_days"),
+        ([row(79, bus="0000:9a:00")], "another GPU"),
+        ([row(48)], "another Xid (and one fatal read before: under burst_max)"),
+        ([row(79, cls="warn")], "not fatal then"),
+    ],
+)
+def test_no_escalation_without_a_matching_earlier_fatal_xid(recent, why):
+    facts = xid.parse(raw_of(OFF_BUS_3))
+    baseline = {"seq": 10} if recent is None else {"seq": 10, "recent": recent}
+    result = xid.hardware(facts, ctx(node="gpu01", now=NOW, baseline=baseline))
+    assert (result.action, result.message) == (
+        "reboot",
+        "GPU 3 (0000:5d:00) Xid 79 GPU has fallen off the bus",
+    ), why
+
+
+def test_an_event_a_concurrent_run_already_recorded_does_not_count_as_its_own_repeat():
+    raw = raw_of(OFF_BUS_3, boot_id="b")
+    facts = xid.parse(raw)
+    mine = dict(row(79, ago=0.5), id=f"xid:gpu01:b:{facts['events'][0]['seq']}:79")
+    assert xid.hardware(facts, remembering([mine])).action == "reboot"
+
+
+def test_repeat_rules_are_configurable_and_zero_turns_them_off():
+    facts = xid.parse(raw_of(OFF_BUS_3))
+    recent = [row(79, ago=10 * DAY)]
+    assert xid.hardware(facts, remembering(recent)).action == "reboot"
+    wide = xid.hardware(facts, remembering(recent, expect={"repeat_days": 14}))
+    assert (wide.action, "2nd time in 14 days" in wide.message) == ("service", True)
+    off = xid.hardware(facts, remembering([row(79)], expect={"repeat_days": 0}))
+    assert off.action == "reboot"
+    assert xid.history_s({}) == 7 * DAY
+    assert xid.history_s({"repeat_days": 0, "burst_h": 48}) == 2 * DAY
+    assert xid.history_s({"repeat_days": 0, "burst_max": 0, "tpc_jobs": 0}) == 0
+
+
+NVLINK_14 = (
+    "NVRM: Xid (PCI:0000:5d:00): 74, pid=1, name=python3, NVLink: fatal error detected on "
+    "link 14(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)"
+)
+
+
+def test_the_same_nvlink_error_on_the_same_link_again_is_service_another_link_is_not():
+    facts = xid.parse(raw_of(NVLINK_14))
+    same = row(74, text="NVLink: fatal error detected on link 14(0x0, 0x0, 0x10000, 0x0)")
+    result = xid.hardware(facts, remembering([same]))
+    assert (result.action, result.message) == (
+        "service",
+        "again: Xid 74 on GPU 3 (0000:5d:00) link 14, 2nd time in 7 days (NVLink error)",
+    )
+    other = row(74, text="NVLink: fatal error detected on link 3(0x0, 0x0, 0x10000, 0x0)")
+    assert xid.hardware(facts, remembering([other])).action == "reset_gpu"
+
+
+def test_the_third_run_with_a_fatal_xid_on_one_gpu_within_a_day_is_service():
+    dbe = "NVRM: Xid (PCI:0000:5d:00): 48, An uncorrectable double bit error (DBE) detected"
+    facts = xid.parse(raw_of(dbe))
+    two = [row(79, ago=20 * 3600, n=1), row(95, ago=3600, n=2)]
+    result = xid.hardware(facts, remembering(two))
+    assert (result.status, result.action) == ("fail", "service")
+    expected = "3 fatal Xid reads on GPU 3 (0000:5d:00) in 24 h, now Xid 48 GPU ECC DBE"
+    assert result.message == expected
+    # one incident is one read, however many Xids it printed
+    same_run = [dict(row(79, n=1), time=NOW - 3600), dict(row(95, n=2), time=NOW - 3600)]
+    assert xid.hardware(facts, remembering(same_run)).action == "reset_gpu"
+    # older than burst_h
+    stale = [row(79, ago=2 * DAY, n=1), row(95, ago=3600, n=2)]
+    assert xid.hardware(facts, remembering(stale)).action == "reset_gpu"
+
+
+def tpc_line(gpc=1, tpc=3, pid=1234):
+    return (
+        f"NVRM: Xid (PCI:0000:5d:00): 13, pid={pid}, name=python, Graphics SM Warp Exception "
+        f"on (GPC {gpc}, TPC {tpc}, SM 0): Out Of Range Address"
+    )
+
+
+def tpc_row(pid, gpc=1, tpc=3, ago=DAY, n=0):
+    text = f"Graphics SM Warp Exception on (GPC {gpc}, TPC {tpc}, SM 0): Out Of Range Address"
+    return row(13, ago=ago, cls="app", text=text, pid=pid, n=n)
+
+
+def test_xid_13_names_its_gpc_and_tpc():
+    assert one(tpc_line())["detail"] == {"gpc": 1, "tpc": 3}
+    assert one("NVRM: Xid (PCI:0000:5d:00): 13, Graphics Exception: ESR 0x1")["detail"] is None
+
+
+def test_xid_13_on_the_same_tpc_in_three_jobs_is_a_hardware_suspicion():
+    facts = xid.parse(raw_of(tpc_line(pid=3000)))
+    recent = [tpc_row(1000, n=1), tpc_row(2000, n=2)]
+    result = xid.hardware(facts, remembering(recent))
+    assert (result.status, result.action) == ("warn", "service")
+    assert result.message == (
+        "again: Xid 13 on GPU 3 (0000:5d:00) GPC 1 TPC 3, 3 jobs in 7 days: suspect the GPU, "
+        "run diagnostics"
+    )
+    assert xid.application(facts, remembering(recent)).message == "no application Xids"
+    # two jobs, another TPC, the same process twice, or no memory: the application's
+    assert xid.hardware(facts, remembering(recent[:1])).status == "ok"
+    other = [tpc_row(1000, tpc=4, n=1), tpc_row(2000, n=2)]
+    assert xid.hardware(facts, remembering(other)).status == "ok"
+    same_job = [tpc_row(3000, n=1), tpc_row(3000, n=2)]
+    assert xid.hardware(facts, remembering(same_job)).status == "ok"
+    assert xid.hardware(facts, ctx(now=NOW)).status == "ok"
+
+
+def test_an_xid_13_burst_over_many_tpcs_names_no_unit_and_is_never_a_suspicion():
+    lines = [tpc_line(gpc=g, tpc=t, pid=3000) for g in range(2) for t in range(3)]
+    facts = xid.parse(raw_of(*lines, usec_step=1000))
+    assert len(facts["events"]) == 1
+    assert facts["events"][0]["detail"]["spread"] is True
+    recent = [tpc_row(1000, gpc=0, tpc=0, n=1), tpc_row(2000, gpc=0, tpc=0, n=2)]
+    assert xid.hardware(facts, remembering(recent)).status == "ok"
+
+
+# --- HCA events -------------------------------------------------------------------------------
+
+
+def test_hca_events_read_module_over_temperature_and_a_downtrained_link():
+    facts = facts_of("hca-events.kmsg")
+    assert facts["events"] == []  # not Xids
+    kinds = [(e["kind"], e["bus_id"], e["module"], e["repeats"]) for e in facts["hca"]]
+    assert kinds == [
+        ("pcie_limited", "0000:17:00.0", None, 1),
+        ("module_hot", "0000:5c:00.0", 0, 2),  # the rate-limited repeat is one event
+        ("module_hot", "0000:d2:00.0", 3, 1),  # the older kernels' form, no function prefix
+    ]  # a full-speed link, a cable unplugged and a user-space line are not events
+    result = xid.hca_events(facts, ctx())
+    assert (result.status, result.action) == ("fail", "service")
+    assert result.message == "HCA 0000:5c:00.0 module 0 over temperature x2 (+2 more)"
+    assert result.data["count"] == 3
+
+
+def test_a_downtrained_hca_link_warns():
+    result = xid.hca_events(facts_of("hca-downtrained.kmsg"), ctx())
+    assert (result.status, result.action) == ("warn", "service")
+    assert result.message == (
+        "HCA 0000:17:00.0 PCIe link downtrained: 8.0 GT/s PCIe x8 at 0000:16:00.0, capable of "
+        "16.0 GT/s PCIe x16 (63.008 of 252.048 Gb/s)"
+    )
+
+
+def test_no_hca_events_on_a_healthy_boot():
+    result = xid.hca_events(facts_of("healthy.kmsg"), ctx())
+    assert (result.status, result.message) == ("ok", "no HCA events in the kernel log")

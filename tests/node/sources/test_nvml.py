@@ -85,3 +85,49 @@ def test_without_nvlink_the_links_are_none(nvml, monkeypatch, tmp_path):
     assert raw["devices"][0]["nvlink"] is None
     assert raw["devices"][0]["errors"]["nvlink"] == "NotSupported"
     assert raw["devices"][0]["fabric"] is None
+
+
+def test_model_memory_mig_and_current_link_are_read(nvml, monkeypatch):
+    expected = use(monkeypatch, "healthy")
+    raw = nvml.sweep()
+    for index in (0, 7):
+        got, want = raw["devices"][index], expected["devices"][index]
+        for key in ("name", "memory_total", "mig_current", "mig_pending", "pcie_gen", "pcie_width"):
+            assert got[key] == want[key], key
+        assert got["errors"] == {}
+    assert raw["devices"][0]["memory_total"] == 85520809984  # 81559 MiB, as nvidia-smi shows
+
+
+def test_new_fault_values_come_through(nvml, monkeypatch):
+    use(monkeypatch, "mig-pending")
+    dev = nvml.sweep()["devices"][4]
+    assert (dev["mig_current"], dev["mig_pending"]) == (0, 1)
+    use(monkeypatch, "pcie-under-load-gen3")
+    dev = nvml.sweep()["devices"][2]
+    assert (dev["pcie_gen"], dev["pcie_width"], dev["pcie_max_gen"]) == (3, 16, 5)
+    assert dev["processes"] == [{"pid": 51342, "used_memory": 42949672960}]
+
+
+def test_without_mig_or_the_new_calls_the_values_are_none(nvml, monkeypatch, tmp_path):
+    """A GPU without MIG answers NotSupported; an older snapshot lacks the keys altogether."""
+    with open(snapshot_path("healthy")) as handle:
+        doc = json.load(handle)
+    for dev in doc["gpu"]["devices"]:
+        dev["mig_current"] = dev["mig_pending"] = None
+        for key in ("memory_total", "pcie_gen", "pcie_width"):
+            del dev[key]
+    path = tmp_path / "no-mig.json"
+    path.write_text(json.dumps(doc))
+    monkeypatch.setenv("FAKE_NVML_SNAPSHOT", str(path))
+    monkeypatch.setenv("FAKE_NVML_FAULT", "")
+    dev = nvml.sweep()["devices"][0]
+    assert (dev["mig_current"], dev["mig_pending"]) == (None, None)
+    for key in ("memory_total", "pcie_gen", "pcie_width"):
+        assert dev[key] is None, key
+    assert dev["errors"] == {
+        "mig": "NotSupported",
+        "memory_total": "NotSupported",
+        "pcie_gen": "NotSupported",
+        "pcie_width": "NotSupported",
+    }
+    assert dev["error"] is None

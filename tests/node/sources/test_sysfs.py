@@ -171,3 +171,52 @@ def test_unlistable_class_dir(monkeypatch):
 
     monkeypatch.setattr(sysfs.os, "listdir", fake_listdir)
     assert sysfs.read(HEALTHY) == {"devices": {}, "errors": {"class/infiniband": "EACCES"}}
+
+
+# ---------------------------------------------------------------- the HCA's PCIe link
+
+PCIE = os.path.join(FIXTURES, "pcie-gen5-x16")
+
+
+def test_pcie_link_read_from_the_pci_device():
+    # <dev>/device is the HCA's PCI device (a link there on a real node); its link files as the
+    # kernel's Documentation/ABI/testing/sysfs-bus-pci documents them, "32.0 GT/s PCIe", "16".
+    raw = sysfs.read(PCIE)
+    assert "errors" not in raw
+    dev = raw["devices"]["mlx5_0"]
+    assert {k: dev[k] for k in sysfs.LINK_FILES} == {
+        "current_link_speed": "32.0 GT/s PCIe",
+        "current_link_width": "16",
+        "max_link_speed": "32.0 GT/s PCIe",
+        "max_link_width": "16",
+    }
+    down = sysfs.read(os.path.join(FIXTURES, "pcie-hca-downtrained"))["devices"]
+    assert down["mlx5_3"]["current_link_width"] == "8"
+    assert down["mlx5_6"]["current_link_speed"] == "16.0 GT/s PCIe"
+
+
+def test_no_pci_device_means_no_link_keys_and_no_errors():
+    raw = sysfs.read(HEALTHY)  # the older tree: no device/ directory
+    assert not set(sysfs.LINK_FILES) & set(raw["devices"]["mlx5_0"])
+    assert "errors" not in raw
+
+
+def test_unreadable_link_file_is_none_and_recorded(monkeypatch, tmp_path):
+    root = copy_fixture(tmp_path, "pcie-gen5-x16")
+    os.remove(ib_file(root, "mlx5_2/device/max_link_width"))
+    fail_open(monkeypatch, "mlx5_0/device/current_link_width", errno.EINVAL)
+    raw = sysfs.read(root)
+    assert raw["devices"]["mlx5_0"]["current_link_width"] is None
+    assert raw["devices"]["mlx5_0"]["current_link_speed"] == "32.0 GT/s PCIe"
+    assert raw["devices"]["mlx5_2"]["max_link_width"] is None
+    assert raw["errors"] == {
+        "mlx5_0/device/current_link_width": "EINVAL",
+        "mlx5_2/device/max_link_width": "ENOENT",
+    }
+
+
+def test_the_healthy_snapshot_ib_section_is_this_tree():
+    """The healthy snapshot's `ib` section is what the source reads from pcie-gen5-x16
+    (healthy-8x-ndr plus each HCA's PCIe link)."""
+    with open(conftest.snapshot_path("healthy")) as handle:
+        assert json.load(handle)["ib"] == sysfs.read(PCIE)
