@@ -105,6 +105,24 @@ def _str(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
+# The device's scalar facts as the NVML source writes them (sources/nvml.py), by type.
+_STR_KEYS = ("uuid", "bus_id", "serial", "vbios", "name")
+_INT_KEYS = (
+    "arch",
+    "persistence",
+    "temperature",
+    "temp_slowdown",
+    "clock_event_reasons",
+    "pcie_max_gen",
+    "pcie_max_width",
+    "pcie_gen",
+    "pcie_width",
+    "memory_total",
+    "mig_current",
+    "mig_pending",
+)
+
+
 def _device(raw: object, position: int) -> dict:
     """One GPU record with every key present and typed; garbage becomes None."""
     d = raw if isinstance(raw, dict) else {}
@@ -112,32 +130,18 @@ def _device(raw: object, position: int) -> dict:
     procs = d.get("processes")
     links = d.get("nvlink")
     fabric = d.get("fabric") if isinstance(d.get("fabric"), dict) else None
-    return {
+    out = {
         "index": _int(d.get("index")) if _int(d.get("index")) is not None else position,
         "error": _str(d.get("error")),
         "errors": d.get("errors") if isinstance(d.get("errors"), dict) else {},
-        "uuid": _str(d.get("uuid")),
-        "bus_id": _str(d.get("bus_id")),
-        "serial": _str(d.get("serial")),
-        "vbios": _str(d.get("vbios")),
-        "name": _str(d.get("name")),
-        "arch": _int(d.get("arch")),
-        "persistence": _int(d.get("persistence")),
         "fields": {k: _int(v) for k, v in fields.items()},
-        "temperature": _int(d.get("temperature")),
-        "temp_slowdown": _int(d.get("temp_slowdown")),
-        "clock_event_reasons": _int(d.get("clock_event_reasons")),
-        "pcie_max_gen": _int(d.get("pcie_max_gen")),
-        "pcie_max_width": _int(d.get("pcie_max_width")),
-        "pcie_gen": _int(d.get("pcie_gen")),
-        "pcie_width": _int(d.get("pcie_width")),
-        "memory_total": _int(d.get("memory_total")),
-        "mig_current": _int(d.get("mig_current")),
-        "mig_pending": _int(d.get("mig_pending")),
         "processes": [p for p in procs if isinstance(p, dict)] if isinstance(procs, list) else None,
         "fabric": {k: _int(v) for k, v in fabric.items()} if fabric else None,
         "nvlink": [x for x in links if isinstance(x, dict)] if isinstance(links, list) else None,
     }
+    out.update({k: _str(d.get(k)) for k in _STR_KEYS})
+    out.update({k: _int(d.get(k)) for k in _INT_KEYS})
+    return out
 
 
 def parse(raw: object) -> dict:
