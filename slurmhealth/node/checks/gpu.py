@@ -11,8 +11,8 @@ Absolute thresholds, not only baselines: a node's first run is judged too.
   10,000,000, is ours: a healthy HBM stack counts few or none; tens of millions is one weak cell
   corrected on every read for days (100/s for a day is 8.6 million), a row that should have been
   remapped, whose next worse error is uncorrectable. It warns (lemon evidence), never drains.
-  The aggregate count (NVML_FI_DEV_ECC_SBE_AGG_TOTAL, field 5) is judged when the source reads
-  it as `ecc_sbe_aggregate`; today it reads the volatile one (since the driver loaded).
+  The aggregate count (NVML_FI_DEV_ECC_SBE_AGG_TOTAL, field 5, read as `ecc_sbe_aggregate`) is
+  judged where NVML gives it, else the volatile one (since the driver loaded).
 - Rows remapped for uncorrectable errors at `remap_rows_max` fail (service) even before NVML
   sets the remap failure flag: the guide's table gives "up to 512 remapping for the frame
   buffer" (A100 and later), and a remap for a correctable error can be taken back for an

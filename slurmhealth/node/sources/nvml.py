@@ -22,7 +22,10 @@ FIELDS = {
     "ecc_pending": 2,
     "ecc_sbe_volatile": 3,
     "ecc_dbe_volatile": 4,
+    "ecc_sbe_aggregate": 5,  # corrected errors over the GPU's life (gpu.corrected_ecc)
     "ecc_dbe_aggregate": 6,
+    "retired_sbe": 29,  # pages retired for single-bit errors (pre-Ampere; gpu.row_remap)
+    "retired_dbe": 30,  # ... for double-bit errors
     "retired_pending": 31,
     "nvlink_count": 91,
     "remap_correctable": 142,

@@ -32,12 +32,16 @@ def test_gather_returns_the_snapshot_shape(nvml, monkeypatch):
     raw = nvml.sweep()
     assert raw["count"] == 8 and raw["driver_version"] == "550.90.07"
     got, want = raw["devices"][3], expected["devices"][3]
+    # The sweep reads every field of nvml.FIELDS; those the snapshot does not hold come back
+    # None (the stand-in answers for what the snapshot has), as on a GPU that lacks them.
+    assert {k: v for k, v in got["fields"].items() if k in want["fields"]} == want["fields"]
+    assert all(got["fields"][k] is None for k in set(got["fields"]) - set(want["fields"]))
+    assert set(got["fields"]) == set(nvml.FIELDS)
     for key in (
         "uuid",
         "bus_id",
         "vbios",
         "persistence",
-        "fields",
         "fabric",
         "nvlink",
         "pcie_max_gen",
@@ -131,3 +135,22 @@ def test_without_mig_or_the_new_calls_the_values_are_none(nvml, monkeypatch, tmp
         "pcie_width": "NotSupported",
     }
     assert dev["error"] is None
+
+
+def test_the_sweep_reads_retired_pages_and_lifetime_corrected_ecc(nvml, monkeypatch):
+    """NVML_FI_DEV_RETIRED_SBE (29), _DBE (30) and NVML_FI_DEV_ECC_SBE_AGG_TOTAL (5) are read
+    live, so the pre-Ampere retirement limit and the corrected-ECC total judge a real node, not
+    only a fixture: a live sweep of the retired-pages-full GPU fails gpu.row_remap."""
+    from slurmhealth.node.checks import gpu
+    from slurmhealth.node.checks.base import Context
+
+    expected = use(monkeypatch, "retired-pages-full")
+    raw = nvml.sweep()
+    fields = raw["devices"][0]["fields"]
+    want = expected["devices"][0]["fields"]
+    assert [fields[k] for k in ("retired_sbe", "retired_dbe")] == [
+        want[k] for k in ("retired_sbe", "retired_dbe")
+    ]
+    expect = {k: v[0] for k, v in gpu.DEFAULTS.items()}
+    result = gpu.row_remap(gpu.parse(raw), Context("gpu01", "prolog", expect))
+    assert result.status == "fail" and result.action == "service", result.message
