@@ -26,7 +26,7 @@ from slurmhealth.core.constants import (
     SKIPPED,
     WOULD_DRAIN,
 )
-from slurmhealth.core.result import FAIL, OK, RESET_GPU
+from slurmhealth.core.result import DRAIN, FAIL, OK, RESET_GPU
 from slurmhealth.core.result import SERVICE as SERVICE_ACTION
 from slurmhealth.node import config, runner, state
 from slurmhealth.node.checks import AREAS
@@ -43,7 +43,6 @@ HOOK_BUSY_S = 3.0
 RESERVE_S = 0.3
 PENDING_CHECK = "slurmhealth.pending"
 SPOOL_SUFFIX = ".unrecorded.ndjson"  # beside the store: runs it could not take, replayed later
-DRAIN_ACTION = "drain"
 
 
 class Deadline:
@@ -84,6 +83,7 @@ class Deadline:
             self.mode,
         )
         _finish(self.code)
+
 
 CHECK_HELP = """Usage: slurmhealth check [OPTIONS]
 
@@ -241,7 +241,7 @@ def record(
     run: runner.Run,
     mode: str,
     job_id: str | None = None,
-    spool: str = "",
+    path: str = "",
     **kw: object,
 ) -> object:
     """Record a run; returns the connection to go on with. If the store cannot take it (locked
@@ -257,7 +257,7 @@ def record(
             store.record_run(conn, records, **kw)  # type: ignore[arg-type]
             return conn
         except store.StoreError as exc:
-            conn = _reopen_if_corrupt(conn, exc, spool, mode)
+            conn = _reopen_if_corrupt(conn, exc, path, mode)
             if conn is not None:
                 try:
                     store.record_run(conn, records, **kw)  # type: ignore[arg-type]
@@ -268,9 +268,9 @@ def record(
             _wait_less(conn)
     failing = "; ".join(f"{r.check}: {r.message}" for r in run.results if r.status == FAIL)
     log(f"unrecorded run on {run.node}: {run.verdict} {failing}", mode)
-    if spool:
+    if path:
         try:
-            state.spool(spool, {"records": records, "kw": kw})
+            state.spool(spool_for(path), {"records": records, "kw": kw})
         except OSError as exc:
             log(f"could not spool the run either: {exc}", mode)
     return conn
@@ -286,14 +286,18 @@ def _wait_less(conn: object) -> None:
             pass
 
 
-def _reopen_if_corrupt(conn: object, exc: Exception, spool: str, mode: str) -> object:
+def spool_for(path: str) -> str:
+    """The spool of the store at `path`: the runs and actions it could not take."""
+    return path + SPOOL_SUFFIX
+
+
+def _reopen_if_corrupt(conn: object, exc: Exception, path: str, mode: str) -> object:
     """The store's file is damaged (not merely locked or full): move it aside, start a new one
     (None when that fails too; the caller spools). Otherwise the same connection."""
     from slurmhealth.core import store  # noqa: PLC0415
 
-    if not getattr(exc, "corrupt", False) or not spool.endswith(SPOOL_SUFFIX):
+    if not getattr(exc, "corrupt", False) or not path:
         return conn
-    path = spool[: -len(SPOOL_SUFFIX)]
     try:
         conn.close()  # type: ignore[attr-defined]
     except Exception:  # noqa: S110 - closing a damaged store may fail too; it is moved aside
@@ -354,7 +358,7 @@ def check(argv: list) -> int:
 
         path = _one(opts, "--db") or store.default_path(node)
         conn = open_store(path, "check")
-        replay_spool(conn, path + SPOOL_SUFFIX, "check")
+        replay_spool(conn, spool_for(path), "check")
     expect = load_config(_one(opts, "--config"), conn).for_node(node)
     baselines = _baselines(conn, node, "", "check")
     options = runner.Options(
@@ -367,7 +371,7 @@ def check(argv: list) -> int:
         baselines = _with_history(conn, node, baselines, expect, "check")
     run = runner.run(node, expect, options, areas, "check", baselines)
     if not opts.get("--no-db"):
-        conn = record(conn, run, "check", spool=path + SPOOL_SUFFIX)
+        conn = record(conn, run, "check", path=path)
     write_metrics(_one(opts, "--metrics-file"), run, None, "check")
     code = EXIT_FAIL if run.verdict == FAIL else EXIT_OK
     try:
@@ -424,16 +428,17 @@ def job_env(env: dict) -> dict:
 
 
 def _failure_message(run: runner.Run) -> str:
-    """The drain reason's words: the first failing check's message. When a failing check says
-    the hardware needs service (a missing HCA, a row-remap failure, a fatal Xid come back), the
-    reason says so first (`service: ...`): such a drain is lifted by an admin, never by passing
-    health checks."""
+    """The drain reason's words: the first failing check's message."""
     failing = [r for r in run.results if r.status == FAIL]
     more = f" (+{len(failing) - 1} more checks)" if len(failing) > 1 else ""
-    if not failing:
-        return ""
-    service = any(r.action == SERVICE_ACTION for r in failing)
-    return (f"{SERVICE} " if service else "") + failing[0].message + more
+    return failing[0].message + more if failing else ""
+
+
+def _needs_service(run: runner.Run) -> bool:
+    """A failing check says the hardware needs service (a missing HCA, a row-remap failure, a
+    fatal Xid come back): the reason says so first (`service: ...`), and such a drain is lifted
+    by an admin, never by passing health checks (actions.may_resume)."""
+    return any(r.status == FAIL and r.action == SERVICE_ACTION for r in run.results)
 
 
 def slurm_client(settings: dict, clock: Deadline) -> object:
@@ -625,7 +630,8 @@ def hook(mode: str, clock: Deadline) -> int:
     job = job_env(dict(os.environ)) if mode != HEALTHCHECK else {"id": "", "gpus": None}
     side_path = state.path_for(store.state_dir(), node)
     side = state.load(side_path)
-    conn = open_store(store.default_path(node), mode, HOOK_BUSY_S)
+    db_path = store.default_path(node)
+    conn = open_store(db_path, mode, HOOK_BUSY_S)
     expect = _hook_config(conn, node, mode)
     settings = expect["settings"]
     clock.limit(settings["deadline"])
@@ -637,7 +643,7 @@ def hook(mode: str, clock: Deadline) -> int:
         kmsg=settings["kmsg"],
         kmsg_after=_kmsg_after(side, baselines),
     )
-    spool = store.default_path(node) + SPOOL_SUFFIX
+    spool = spool_for(db_path)
     replay_spool(conn, spool, mode)
     baselines = _with_history(conn, node, baselines, expect, mode)
     run = runner.run(node, expect, options, None, mode, baselines, job["gpus"], clock.left())
@@ -645,15 +651,15 @@ def hook(mode: str, clock: Deadline) -> int:
     if pending and not any(r.message == pending["message"] for r in run.results):
         run.carry(_pending_result(pending))
     clock.code = EXIT_FAIL if run.verdict == FAIL and not monitor else EXIT_OK
-    message = _failure_message(run)
+    message, service = _failure_message(run), _needs_service(run)
     clock.summary = f"verdict {run.verdict}" + (f": {message}" if message else "")
-    _save_side(side_path, side, run, "" if monitor else message, pending, mode)
+    _save_side(side_path, side, run, "" if monitor else message, pending, mode, service)
     conn = record(
         conn,
         run,
         mode,
         job_id=job["id"] or None,
-        spool=spool,
+        path=db_path,
         job=_job_columns(mode, job, run, conn),
         job_baselines=mode == "prolog",
     )
@@ -668,11 +674,12 @@ def hook(mode: str, clock: Deadline) -> int:
             message = _epilog_reset(node, run, settings, conn, monitor, clock, spool)
             if message and not monitor:
                 _save_side(side_path, side, run, message, pending, mode)
+    reason = (f"{SERVICE} " if service else "") + message if message else ""
     if monitor:
-        _would(node, message, conn, mode, spool)
+        _would(node, reason, conn, mode, spool)
         write_metrics(metrics_path(settings), run, WOULD_DRAIN if message else None, mode)
         return EXIT_OK  # monitor-only: everything recorded, nothing enforced
-    outcome = drain(node, message, settings, conn, mode, clock, spool) if message else None
+    outcome = drain(node, reason, settings, conn, mode, clock, spool) if message else None
     if outcome in (DRAINED, SKIPPED, BREAKER) and (pending or message):
         # Acted on: drained, already out, or judged by the breaker (a fleet-wide fault: the
         # refusal is recorded, and the node must not be drained later for it). A drain that
@@ -706,14 +713,20 @@ def _pending_result(pending: dict) -> object:
     result = fail(
         f"{pending['message']} (pending since {since}: not yet acted on)",
         {"pending": pending},
-        SERVICE_ACTION if pending.get("service") else DRAIN_ACTION,
+        SERVICE_ACTION if pending.get("service") else DRAIN,
     )
     result.check = PENDING_CHECK
     return result
 
 
 def _save_side(
-    path: str, side: dict, run: runner.Run, message: str, pending: dict | None, mode: str
+    path: str,
+    side: dict,
+    run: runner.Run,
+    message: str,
+    pending: dict | None,
+    mode: str,
+    service: bool = False,
 ) -> None:
     """The kernel-log position this run read up to, and the fault to act on (or none)."""
     doc = dict(side)
@@ -724,9 +737,7 @@ def _save_side(
         if pending:
             doc["pending"] = pending
         else:
-            service = message.startswith(f"{SERVICE} ")
-            words = _first_message(message[len(SERVICE) + 1 :] if service else message)
-            doc["pending"] = {"message": words, "since": run.started, "phase": mode}
+            doc["pending"] = {"message": message, "since": run.started, "phase": mode}
             if service:
                 doc["pending"]["service"] = True
     else:
@@ -739,11 +750,6 @@ def _save_side(
         side.update(doc)
     except OSError as exc:
         log(f"could not save the node's side state {path}: {exc}", mode)
-
-
-def _first_message(message: str) -> str:
-    """A pending fault keeps its own words, not the `(pending since...)` of a carried one."""
-    return message.split(" (pending since ", 1)[0]
 
 
 def _would(node: str, message: str, conn: object, mode: str, spool: str) -> None:

@@ -17,7 +17,6 @@ from slurmhealth.node.checks import AREAS
 from slurmhealth.node.checks.base import Context, norm_bus_id
 from slurmhealth.node.sources import Options, SourceUnavailable
 
-SNAPSHOT_FORMAT = "slurmhealth-snapshot/1"  # node/replay.py FORMAT
 SOURCES = ("gpu", "ib", "kmsg")
 
 
@@ -356,9 +355,10 @@ def snapshot(node: str, options: Options, timeouts: dict, deadline: float) -> di
     """Everything the checks read on this node, as one JSON-able document."""
     gathered, _ = gather(set(SOURCES), options, timeouts, deadline)
     from slurmhealth import __version__  # noqa: PLC0415
+    from slurmhealth.node import replay  # noqa: PLC0415 - the format's one home
 
     doc: dict = {
-        "format": SNAPSHOT_FORMAT,
+        "format": replay.FORMAT,
         "node": node,
         "taken_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "tool_version": __version__,
