@@ -108,6 +108,8 @@ def drain(
                 note(conn, node, ACT_DRAIN_SKIPPED, why, actor, True, detail, log, keep)
             return SKIPPED
         fleet = client.nodes()
+        if not fleet:  # an answer that lists no node counts nothing either
+            raise slurm.SlurmError("sinfo listed no nodes")
     except slurm.SlurmError as exc:
         # Without a fresh count of the fleet the breaker cannot hold, and a fleet-wide fault
         # (a slow or restarting controller among its signs) is exactly when every node would
@@ -119,25 +121,23 @@ def drain(
         note(conn, node, ACT_BREAKER, why, actor, False, f"circuit breaker: {detail}", log, keep)
         return HELD
     why = _reason(message, conn, node, settings, now, log)
-    if fleet:
-        recent = slurm.drained_by_us(fleet, now - settings["breaker_window"])
-        if not safety.may_drain_more(len(recent), len(fleet), settings["breaker_share"]):
-            detail = (
-                f"{len(recent)} of {len(fleet)} nodes drained by "
-                f"slurmhealth in {settings['breaker_window'] / 60:g} min (max "
-                f"{settings['breaker_share']:.0%}); not draining {node}"
-            )
-            log(f"CIRCUIT BREAKER OPEN: {detail}")  # type: ignore[operator]
-            refused = f"circuit breaker: {detail}"
-            note(conn, node, ACT_BREAKER, why, actor, False, refused, log, keep)
-            return BREAKER
+    recent = slurm.drained_by_us(fleet, now - settings["breaker_window"])
+    if not safety.may_drain_more(len(recent), len(fleet), settings["breaker_share"]):
+        detail = (
+            f"{len(recent)} of {len(fleet)} nodes drained by "
+            f"slurmhealth in {settings['breaker_window'] / 60:g} min (max "
+            f"{settings['breaker_share']:.0%}); not draining {node}"
+        )
+        log(f"CIRCUIT BREAKER OPEN: {detail}")  # type: ignore[operator]
+        note(conn, node, ACT_BREAKER, why, actor, False, f"circuit breaker: {detail}", log, keep)
+        return BREAKER
     try:
         client.drain(node, why)
     except slurm.SlurmError as exc:
         log(f"could not drain {node} ({why}): {exc}")  # type: ignore[operator]
         note(conn, node, ACT_DRAIN, why, actor, False, str(exc), log, keep)
         return FAILED
-    if fleet and _yield_to_earlier(client, node, settings, now, log):
+    if _yield_to_earlier(client, node, settings, now, log):
         detail = f"others drained first in the same burst: {node} resumed"
         log(f"CIRCUIT BREAKER OPEN: {detail}")  # type: ignore[operator]
         note(conn, node, ACT_BREAKER, why, actor, False, f"circuit breaker: {detail}", log, keep)

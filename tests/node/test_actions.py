@@ -9,7 +9,7 @@ import time
 import pytest
 
 from slurmhealth.core import slurm, store
-from slurmhealth.core.constants import BREAKER, DRAINED, FAILED, SKIPPED
+from slurmhealth.core.constants import BREAKER, DRAINED, FAILED, HELD, SKIPPED
 from slurmhealth.node import actions, config
 from slurmhealth.node.checks import gpu
 
@@ -191,3 +191,12 @@ def test_resets_are_asked_for_idle_gpus_that_a_reset_would_mend():
         ]
     }
     assert gpu.resets_of(facts) == [1, 2, 3]
+
+
+def test_an_answer_that_lists_no_node_holds_the_breaker(conn):
+    """sinfo that answers with nothing cannot count the fleet: hold, as when it fails."""
+    client = Client(fleet())
+    client.nodes = lambda: []  # type: ignore[method-assign]
+    outcome, logged = drain(client, conn)
+    assert outcome == HELD and "drain" not in client.calls
+    assert any("CIRCUIT BREAKER HOLDS" in line for line in logged)
