@@ -192,6 +192,20 @@ TABLES = (
         "job whose summary `publish` wrote into its AdminComment (fleet store)",
         since=4,
     ),
+    Table(
+        "node_events",
+        ("node", "start", "state"),
+        (
+            C("node", "TEXT", True),
+            C("start", "REAL", True),
+            C("state", "TEXT", True),
+            C("end", "REAL"),
+            C("reason", "TEXT", True, ""),
+        ),
+        None,
+        "node down/drain/fail event from Slurm accounting (`sacctmgr show event`, fleet store)",
+        since=5,
+    ),
 )
 del C
 TABLE = {t.name: t for t in TABLES}
@@ -221,6 +235,9 @@ INDEXES = {
     # 4: job summaries published into Slurm's AdminComment (fleet/jobs.py publish): jobs by
     # their end, so finding the recently finished ones reads an index range.
     4: ("CREATE INDEX jobs_end ON jobs (end)",),
+    # 5: node events from Slurm accounting (fleet/accounting.py): which node of a NODE_FAIL job
+    # failed (the lemon evidence, docs/lemons.md), read by time.
+    5: ("CREATE INDEX node_events_start ON node_events (start)",),
 }
 SCHEMA_VERSION = max(INDEXES)
 
