@@ -56,6 +56,7 @@ def sweep(history: simulate.History, params: dict) -> tuple:
     """Daily sweeps: ({node: first time flagged by score}, {node: ... by the baseline})."""
     fleet = history.fleet
     daily = simulate.daily_signals(history)
+    items = simulate.fault_items(history, fleet.start, fleet.end)
     first_day = fleet.start // DAY
     window: dict = {}
     ours: dict = {}
@@ -63,10 +64,19 @@ def sweep(history: simulate.History, params: dict) -> tuple:
     for d in range(fleet.days):  # the fleet is no longer than the 28-day window
         simulate.add_signals(window, daily.get(first_day + d, {}))
         at = fleet.start + (d + 1) * DAY
-        for r in policy.score(window, params):
+        seen = {}
+        for node in set(window) | set(items):
+            mine = items.get(node, {})
+            seen[node] = dict(
+                window.get(node) or dict.fromkeys(policy.SIGNALS, 0),
+                faults=simulate.window_items(mine.get("faults", []), fleet.start, at),
+                warnings=simulate.window_items(mine.get("warnings", []), fleet.start, at),
+            )
+        seen = {n: s for n, s in seen.items() if s["node_days"] or s["faults"] or s["warnings"]}
+        for r in policy.score(seen, params):
             if r["lemon"]:
                 ours.setdefault(r["node"], at)
-        for node in baseline(window, params["alpha"]):
+        for node in baseline(seen, params["alpha"]):
             base.setdefault(node, at)
     return ours, base
 
@@ -80,12 +90,10 @@ def one_fleet(job: tuple) -> dict:
         fleet.warn_factor = 1.0
     history = simulate.events(fleet)
     ours, base = sweep(history, params)
-    final = simulate.signals(history, fleet.start, fleet.end)
-    hardware = params.get("hw_events", policy.DEFAULT_PARAMS["hw_events"])
-    least = params.get("min_hw_events", policy.DEFAULT_PARAMS["min_hw_events"])
+    least = params.get("min_faults", policy.DEFAULT_PARAMS["min_faults"])
     return {
         "k": k,
-        "evident": sum(sum(final[n][s] for s in hardware) >= least for n in fleet.lemons),
+        "evident": sum(len(history.faults.get(n, [])) >= least for n in fleet.lemons),
         "lemons": {n: history.faults.get(n, []) for n in fleet.lemons},
         "healthy": NODES - len(fleet.lemons),
         "ours": ours,
@@ -135,7 +143,7 @@ def _lemons(results: list) -> str:
 
 def table(by_k: dict) -> str:
     head = (
-        "| k | lemons | with >= 1 / 2 / 3 faults | with min_hw_events | precision | recall "
+        "| k | lemons | with >= 1 / 2 / 3 faults | with min_faults | precision | recall "
         "| median days 3rd fault -> flagged "
         "| healthy flagged / 1k node-months | baseline precision | baseline recall "
         "| baseline median days | baseline healthy / 1k node-months |"

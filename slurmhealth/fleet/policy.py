@@ -1,25 +1,28 @@
-"""The lemon policy, pure: per-node signals (docs/signals.md) and time in, decisions out.
+"""The lemon policy, pure: per-node evidence (docs/signals.md) in, decisions out.
 
-No I/O, no Slurm, no SQLite: `slurmhealth lemons` and the hooks feed it recorded history; the
-simulator and the tests feed it planted fleets. The model and its assumptions: docs/lemons.md.
+No I/O, no Slurm, no SQLite: `slurmhealth lemons` and the nightly report feed it recorded
+history; the simulator and the tests feed it planted fleets. The model and its assumptions:
+docs/lemons.md.
 
-score() in short: each signal of each node is tested against the fleet's pooled rate times the
-node's exposure (one-sided quasi-Poisson; for failed jobs out of jobs run, the Poisson tail is a
-slightly conservative stand-in for the binomial's); the pool leaves out the node itself and any node
-that is an outlier on its own, so lemons do not raise the bar they are measured against, and a
-fault that the whole fleet shows (an incident) raises everyone's expectation alike. Signals of
-one fault are dependent, so a group of them counts as its strongest signal, Bonferroni-corrected
-for the group's size; the groups are combined with Fisher's method. A node is a lemon when the
-combined p-value is below alpha / fleet size AND it has at least `min_hw_events` hardware events.
+score() in short: each node's hardware evidence is counted as distinct faults (fleet/faults.py:
+NODE_FAIL charged to the node that failed, records of one fault merged, a fault many nodes
+share left out), and the count is tested against the fleet's pooled fault rate times the node's
+days (one-sided quasi-Poisson, the pool robust to the lemons themselves). That one test alone
+decides at `primary_share` of the false-positive budget: nothing else can dilute it. The rest
+of the budget goes to Fisher's combination of the faults with the groups of softer evidence
+that this fleet has at all (warning episodes; failed multi-node jobs): more evidence, where it
+exists, finds lemons sooner. A node is a lemon when its p-value is below alpha / fleet size AND
+it has at least `min_faults` faults.
 """
 
 from __future__ import annotations
 
-import bisect
 import math
 
-# The lemon signals, in order (docs/signals.md is the contract: fleet.signals computes them
-# in SQL, simulate.signals in memory).
+from slurmhealth.fleet import faults as faultlib
+
+# The counts per node (docs/signals.md is the contract: fleet.signals computes them in SQL,
+# simulate.signals in memory), shown as evidence; the faults and warnings items come beside.
 SIGNALS = (
     "jobs",
     "hw_job_failures",
@@ -35,74 +38,58 @@ SIGNALS = (
 
 DAY = 86400.0
 
-# Which count each signal is measured against (docs/signals.md).
+# What each tested quantity is measured against.
 EXPOSURE = {
-    "hw_job_failures": "jobs",
+    "faults": "node_days",
+    "warnings": "node_days",
     "multi_node_failures": "multi_node_jobs",
+    "hw_job_failures": "jobs",
     "hw_xids": "node_days",
-    "check_fails": "node_days",
-    "drains": "node_days",
     "warn_xids": "node_days",
+    "check_fails": "node_days",
     "check_warns": "node_days",
+    "drains": "node_days",
 }
+TESTED = ("faults", "warnings", "multi_node_failures")
+SHOWN = ("hw_job_failures", "hw_xids", "drains", "check_fails", "warn_xids", "check_warns")
 
 DEFAULT_PARAMS = {
     # False-positive budget: the expected number of healthy nodes flagged by one sweep of the
     # whole fleet. Each node is tested at alpha / fleet size (Bonferroni).
     "alpha": 0.01,
-    # Never a lemon on less hardware evidence than this many hardware events in the window
-    # (the sum of the signals below). One severe fault during a job can make 3 (the failed job,
-    # its Xid, the drain): the statistics, not this floor, separate one bad day from a lemon.
-    "min_hw_events": 3,
-    "hw_events": ("hw_job_failures", "hw_xids", "drains"),
-    # Signals of one fault are dependent (a GPU falling off the bus fails the job, logs an Xid,
-    # fails checks, is drained): a group's p-value is its strongest signal's times the group's
-    # size. Groups are independent on a healthy node (by assumption) and combined with Fisher.
-    "groups": {
-        "hardware": (
-            "hw_job_failures",
-            "hw_xids",
-            "drains",
-            "multi_node_failures",
-            "check_fails",
-        ),
-        "warnings": ("warn_xids", "check_warns"),
-    },
-    # The lowest pooled rate assumed, per unit of exposure (per node-day; per job for the job
-    # signals): a small or clean fleet's pool of 0 would make any single event infinitely
-    # surprising. 0.001 per node-day is under the literature's 2.34-6.50 failures per 1,000.
-    "rate_floor": {
-        "hw_job_failures": 0.0005,
-        "multi_node_failures": 0.01,
-        "hw_xids": 0.001,
-        "check_fails": 0.01,
-        "drains": 0.001,
-        "warn_xids": 0.01,
-        "check_warns": 0.01,
-    },
-    # Scored by rank, not by rate: failed health checks count runs, that is how long faults
-    # lasted rather than how many there were (one 10-hour repair fails as many 5-minute checks
-    # as ten short ones), so no count model fits them. Empirical p-value: the share of the fleet
-    # with at least this rate; never below 1 / fleet size, so never decisive alone.
-    "rank_signals": ("check_fails",),
-    # Robust pooling: nodes significant on a signal by themselves (p < alpha / fleet size) are
-    # left out of that signal's pool and dispersion, at most this share of the fleet (at least
+    # The share of alpha that the fault count alone may use: on a fleet where only faults tell
+    # lemons apart, the test is the plain per-node Poisson test at 0.8 alpha.
+    "primary_share": 0.8,
+    # Never a lemon with fewer distinct faults than this (a NODE_FAIL share counts 1 / nodes).
+    "min_faults": 2,
+    # The lowest pooled rate assumed, per unit of exposure: a small or clean fleet's pool of 0
+    # would make any single event infinitely surprising. 0.001 faults per node-day is under the
+    # literature's 2.34-6.50 failures per 1,000.
+    "rate_floor": {"faults": 0.001, "warnings": 0.01, "multi_node_failures": 0.01},
+    # Items with no passing run known between them are one fault unless this far apart.
+    "fault_gap_s": 6 * 3600.0,
+    # A fault starting on many nodes within this of each other (either side) is shared (an
+    # incident): as many as the fleet's own fault rate reaches by chance with probability below
+    # shared_p, and at least shared_min_nodes.
+    "shared_window_s": 3600.0,
+    "shared_p": 1e-4,
+    "shared_min_nodes": 3,
+    # Robust pooling: nodes significant on a test by themselves (p < alpha / fleet size) are
+    # left out of that test's pool and dispersion, at most this share of the fleet (at least
     # one node of three or more), strongest first, until the set settles.
     "max_outlier_share": 0.10,
-    # Dispersion (quasi-Poisson): counts and expectations are divided by the pooled nodes'
-    # Pearson dispersion (never below 1). Before any outlier is known, this top share of the
-    # residuals is left out, so that lemons cannot inflate it and hide themselves.
-    "dispersion_trim": 0.02,
 }
 
 REASON_MAX = 120
 
 _NAMES = {
+    "hw_job_failures": "hardware-failed jobs",
     "hw_xids": "hardware Xids",
     "warn_xids": "warning Xids",
     "check_fails": "failed checks",
     "check_warns": "check warnings",
     "drains": "drains",
+    "warnings": "warning episodes",
 }
 
 
@@ -182,15 +169,20 @@ def _pooled(counts: list, exposure: list) -> list:
     return [rate * e for e in exposure]
 
 
-def _dispersion(counts: list, expected: list, keep: list, trim: float) -> float:
-    """Pearson dispersion of the pooled nodes, the largest `trim` share of residuals (at least
-    one, when trimming) left out; at least 1."""
-    residuals = sorted((c - m) ** 2 / m for c, m, k in zip(counts, expected, keep) if k and m > 0)
-    cut = max(1, math.ceil(trim * len(residuals))) if trim > 0 and len(residuals) > 2 else 0
-    kept = residuals[: len(residuals) - cut]
+def _dispersion(counts: list, expected: list, keep: list) -> float:
+    """Pearson dispersion of the pooled nodes; 1 unless the data show overdispersion.
+
+    At the small means of fault counts (0.1 per node-month) a Pearson residual has variance
+    2 + 1/mean, so the estimate scatters widely around 1 on a perfectly Poisson fleet; taken at
+    face value it would divide a lemon's evidence by noise. It counts only when it exceeds 1 by
+    three of its standard errors."""
+    kept = [((c - m) ** 2 / m, m) for c, m, k in zip(counts, expected, keep) if k and m > 0]
     if len(kept) < 2:
         return 1.0
-    return max(1.0, sum(kept) / (len(kept) - 1))
+    phi = sum(r for r, _ in kept) / (len(kept) - 1)
+    mean = sum(m for _, m in kept) / len(kept)
+    noise = 3 * math.sqrt((2 + 1 / mean) / len(kept))
+    return phi if phi > 1 + noise else 1.0
 
 
 def _outliers(counts: list, expected: list, phi: float, ln_cut: float, most: int) -> list:
@@ -212,29 +204,23 @@ def fit_signal(counts: list, exposure: list, floor: float, ln_cut: float, p: dic
     n = len(counts)
     share = p["max_outlier_share"]
     most = max(1, int(share * n)) if share > 0 and n >= 3 else 0
-    # First pass: nothing is known to be an outlier, so the dispersion leaves out the top
-    # residuals; then the pool and the dispersion are those of the nodes that are no outliers
-    # under the previous pass, untrimmed (trimming a healthy tail would understate it).
-    keep, trim = [True] * n, p["dispersion_trim"]
+    # Faults are counted to be Poisson: the first pass assumes so (dispersion 1) and finds the
+    # outliers; then the pool and the dispersion are those of the nodes that are no outliers
+    # under the previous pass, until the set and the dispersion settle. Starting from an
+    # estimate over every node instead would let two lemons of a small fleet inflate it and
+    # hide each other.
+    keep, phi = [True] * n, 1.0
     for _ in range(8):
         expected = _expected(counts, exposure, keep, floor)
-        phi = _dispersion(counts, expected, keep, trim)
         new = _outliers(counts, expected, phi, ln_cut, most) if most else [True] * n
-        if new == keep and not trim:
+        pooled = _expected(counts, exposure, new, floor) if new != keep else expected
+        spread = _dispersion(counts, pooled, new)
+        if new == keep and spread == phi:
             break
-        keep, trim = new, 0.0
+        keep, phi = new, spread
+    expected = _expected(counts, exposure, keep, floor)
     lnps = [ln_poisson_sf(c / phi, m / phi) if c > 0 else 0.0 for c, m in zip(counts, expected)]
     return expected, phi, lnps
-
-
-def rank_signal(counts: list, exposure: list) -> list:
-    """ln of the empirical p-value: the share of nodes whose rate is at least this node's."""
-    rates = sorted(c / e for c, e in zip(counts, exposure))
-    n = len(rates)
-    return [
-        math.log((n - bisect.bisect_left(rates, c / e)) / n) if c > 0 else 0.0
-        for c, e in zip(counts, exposure)
-    ]
 
 
 # --- the score ---------------------------------------------------------------------------------
@@ -249,92 +235,126 @@ def _params(params: dict | None) -> dict:
     return out
 
 
-def _exposures(signals: dict, nodes: list, signal: str) -> list:
-    """Exposure per node: at least 1 node-day, and never fewer jobs than failed jobs (a store
-    that lost some rows must not make a node's events impossible)."""
-    unit = EXPOSURE[signal]
+def _exposure(sig: dict, unit: str, count: float) -> float:
+    """At least 1 node-day, and never fewer jobs than failed jobs (a store that lost some rows
+    must not make a node's events impossible)."""
     if unit == "node_days":
-        return [max(signals[n].get(unit, 0), 1) for n in nodes]
-    return [max(signals[n].get(unit, 0), signals[n].get(signal, 0)) for n in nodes]
+        return max(sig.get(unit, 0), 1)
+    return max(sig.get(unit, 0), count)
 
 
-def _phrase(signal: str, count: int, expected: float, exposure: float) -> str:
-    if signal in ("hw_job_failures", "multi_node_failures"):
-        what = "jobs failed on node" if signal == "hw_job_failures" else "multi-node jobs failed"
+def _counted(signals: dict, nodes: list, key: str, p: dict) -> dict:
+    """{node: (count, kinds, shared)} of the node's fault or warning episodes."""
+    by_node = {n: faultlib.episodes(signals[n].get(key, ()), p["fault_gap_s"]) for n in nodes}
+    span = max(signals[n].get("node_days", 0) for n in nodes) * DAY
+    return faultlib.count(by_node, max(span, DAY), p)
+
+
+def _fit(counts: list, exposure: list, name: str, ln_cut: float, p: dict) -> tuple:
+    floor = p["rate_floor"].get(name, 0.0)
+    return fit_signal(counts, exposure, floor, ln_cut, p)
+
+
+def _phrase(name: str, test: dict, kinds: bool) -> str:
+    count, expected, exposure = test["count"], test["expected"], test["exposure"]
+    if name == "faults":
+        seen = ", ".join(f"{n} {faultlib.KINDS[k]}" for k, n in sorted(test["kinds"].items()))
+        line = f"{count:g} faults in {exposure:g} days vs {expected:.2g} expected"
+        return line + (f" ({seen})" if seen and kinds else "")
+    if name == "multi_node_failures":
         rate = expected / exposure if exposure else 0.0
-        return f"{count} of {exposure:g} {what} vs fleet {100 * rate:.2g}%"
-    return f"{count} {_NAMES[signal]} in {exposure:g} days vs {expected:.2g} expected"
+        return f"{count:g} of {exposure:g} multi-node jobs failed vs fleet {100 * rate:.2g}%"
+    return f"{count:g} {_NAMES[name]} in {exposure:g} days vs {expected:.2g} expected"
 
 
-def _reason(evidence: dict, groups: dict) -> str:
-    """The strongest evidence in one line; the strongest hardware evidence too, if another."""
-    ranked = sorted(evidence, key=lambda s: evidence[s]["ln_p"])
-    if not ranked or evidence[ranked[0]]["ln_p"] >= math.log(0.5):
+def _reason(tests: dict, ln_tests: dict) -> str:
+    """The faults first (with the kinds of evidence they showed, room permitting), then the
+    strongest other evidence when it is stronger still; one line."""
+    weak = math.log(0.5)
+    parts = ["faults"] if tests["faults"]["count"] and ln_tests["faults"] < weak else []
+    others = sorted((n for n in ln_tests if n != "faults"), key=lambda n: ln_tests[n])
+    if others and ln_tests[others[0]] < min(weak, ln_tests["faults"]):
+        parts.append(others[0])
+    if not parts:
         return "no excess over the fleet"
-    parts = [ranked[0]]
-    hardware = [s for s in ranked if s in groups.get("hardware", ())]
-    if hardware and hardware[0] != ranked[0] and evidence[hardware[0]]["ln_p"] < math.log(0.5):
-        parts.append(hardware[0])
-    line = "; ".join(
-        _phrase(s, evidence[s]["count"], evidence[s]["expected"], evidence[s]["exposure"])
-        for s in parts
-    )
+    line = "; ".join(_phrase(n, tests[n], kinds=True) for n in parts)
+    if len(line) > REASON_MAX:
+        line = "; ".join(_phrase(n, tests[n], kinds=False) for n in parts)
     return line[:REASON_MAX]
 
 
-def _node_result(node: str, evidence: dict, hw_events: int, ln_cut: float, p: dict) -> dict:
-    groups = p["groups"]
-    ln_group = []
-    for members in groups.values():
-        best = min(evidence[s]["ln_p"] for s in members)
-        ln_group.append(min(0.0, best + math.log(len(members))))
-    statistic = -2 * sum(ln_group)
-    ln_p = ln_chi2_sf_even(statistic, 2 * len(ln_group))
-    return {
-        "node": node,
-        "lemon": ln_p < ln_cut and hw_events >= p["min_hw_events"],
-        "score": round(-ln_p / math.log(10), 3),
-        "p_value": math.exp(ln_p),
-        "hw_events": hw_events,
-        "evidence": {
-            s: {"count": e["count"], "expected": round(e["expected"], 4)}
-            for s, e in evidence.items()
-        },
-        "reason": _reason(evidence, groups),
-    }
-
-
-def _fit(signals: dict, nodes: list, signal: str, ln_cut: float, p: dict) -> tuple:
-    """(counts, exposures, expected, dispersion, ln p) of one signal, node by node."""
-    counts = [signals[n].get(signal, 0) for n in nodes]
-    exposure = _exposures(signals, nodes, signal)
-    if signal in p["rank_signals"]:
-        return counts, exposure, _pooled(counts, exposure), 1.0, rank_signal(counts, exposure)
-    floor = p["rate_floor"].get(signal, 0.0)
-    return (counts, exposure, *fit_signal(counts, exposure, floor, ln_cut, p))
+def _combined(ln_tests: dict, used: list, p: dict) -> float:
+    """ln p of the node: the faults test at primary_share of the budget, or Fisher's
+    combination of every test with data in this fleet at the rest."""
+    ln_primary = ln_tests["faults"]
+    if len(used) < 2 or p["primary_share"] >= 1:
+        return ln_primary
+    statistic = -2 * sum(ln_tests[name] for name in used)
+    ln_fisher = ln_chi2_sf_even(statistic, 2 * len(used))
+    return min(
+        0.0,
+        ln_primary - math.log(p["primary_share"]),
+        ln_fisher - math.log(1 - p["primary_share"]),
+    )
 
 
 def score(signals: dict, params: dict | None = None) -> list:
     """Score every node against the fleet; one dict per node, highest score first.
 
-    signals: {node: {signal: count}} per docs/signals.md. Each result:
-    {"node", "lemon", "score" (-log10 p), "p_value", "hw_events",
-     "evidence": {signal: {"count", "expected"}}, "reason" (one line, <= 120 chars, no quotes)}.
+    signals: {node: {signal: count, "faults": items, "warnings": items}} per docs/signals.md.
+    Each result: {"node", "lemon", "score" (-log10 p), "p_value", "faults" (distinct faults,
+    shared ones left out), "evidence": {name: {"count", "expected"}}, "reason" (one line,
+    <= 120 chars, no quotes)}.
     """
     p = _params(params)
     nodes = sorted(signals)
     if not nodes:
         return []
     ln_cut = math.log(p["alpha"] / len(nodes))
-    tested = sorted({s for members in p["groups"].values() for s in members})
-    fits = {s: _fit(signals, nodes, s, ln_cut, p) for s in tested}
+    episodes = {key: _counted(signals, nodes, key, p) for key in ("faults", "warnings")}
+    fits, used = {}, []
+    for name in TESTED:
+        if name in episodes:
+            counts = [episodes[name][n][0] for n in nodes]
+        else:
+            counts = [signals[n].get(name, 0) for n in nodes]
+        unit = EXPOSURE[name]
+        exposure = [_exposure(signals[n], unit, c) for n, c in zip(nodes, counts)]
+        fits[name] = (counts, exposure, *_fit(counts, exposure, name, ln_cut, p))
+        if name == "faults" or sum(counts) > 0:
+            used.append(name)
+    shown = {}
+    for name in SHOWN:
+        counts = [signals[n].get(name, 0) for n in nodes]
+        exposure = [_exposure(signals[n], EXPOSURE[name], c) for n, c in zip(nodes, counts)]
+        shown[name] = (counts, _pooled(counts, exposure))
     out = []
     for i, node in enumerate(nodes):
-        evidence = {
-            s: {"count": f[0][i], "exposure": f[1][i], "expected": f[2][i], "ln_p": f[4][i]}
-            for s, f in fits.items()
+        tests = {
+            name: {"count": f[0][i], "exposure": f[1][i], "expected": f[2][i]}
+            for name, f in fits.items()
         }
-        hw_events = sum(signals[node].get(s, 0) for s in p["hw_events"])
-        out.append(_node_result(node, evidence, hw_events, ln_cut, p))
+        tests["faults"]["kinds"] = episodes["faults"][node][1]
+        ln_tests = {name: fits[name][4][i] for name in used}
+        ln_p = _combined(ln_tests, used, p)
+        count = episodes["faults"][node][0]
+        evidence = {
+            name: {"count": round(t["count"], 3), "expected": round(t["expected"], 4)}
+            for name, t in tests.items()
+        }
+        evidence["faults"]["shared"] = episodes["faults"][node][2]
+        for name, (counts, expected) in shown.items():
+            evidence[name] = {"count": counts[i], "expected": round(expected[i], 4)}
+        out.append(
+            {
+                "node": node,
+                "lemon": ln_p < ln_cut and count >= p["min_faults"] - 1e-9,
+                "score": round(-ln_p / math.log(10), 3),
+                "p_value": math.exp(ln_p),
+                "faults": round(count, 3),
+                "evidence": evidence,
+                "reason": _reason(tests, ln_tests),
+            }
+        )
     out.sort(key=lambda r: (-r["score"], r["node"]))
     return out

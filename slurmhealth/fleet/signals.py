@@ -1,10 +1,16 @@
-"""Lemon signals: the fleet store turned into per-node evidence counts (docs/signals.md)."""
+"""Lemon signals: the fleet store turned into per-node evidence (docs/signals.md).
+
+Counts per node (the SIGNALS of fleet/policy.py, shown as evidence) and the node's hardware
+evidence items and warning items, each with the node's next passing run, from which
+fleet/faults.py counts distinct faults.
+"""
 
 from __future__ import annotations
 
 import sqlite3
 
-from slurmhealth.fleet import policy
+from slurmhealth.core.constants import LEMON
+from slurmhealth.fleet import faults, policy
 
 # A loose index scan: each distinct node of a table in ~2,000 index seeks, not a full scan.
 _NODES = """WITH RECURSIVE n(node) AS (
@@ -31,7 +37,7 @@ _PER_NODE = (
                       OR EXISTS (SELECT 1 FROM events e WHERE e.job_id = j.job_id
                                  AND e.node = j.node AND e.class = 'fail')),
                   sum(j.num_nodes > 1),
-                  sum(j.num_nodes > 1 AND j.slurm_state IN ('FAILED', 'NODE_FAIL'))
+                  sum(j.num_nodes > 1 AND j.slurm_state = 'FAILED')
            FROM jobs j WHERE j.node = ? AND j.start >= ? AND j.start < ?""",
     ),
 )
@@ -44,10 +50,36 @@ _GROUPED = (
     ),
     (
         ("drains",),
-        """SELECT node, sum(action = 'drain' AND ok = 1)
+        """SELECT node, sum(action = 'drain' AND ok = 1 AND substr(reason, 1, ?) != ?)
            FROM actions WHERE time >= ? AND time < ? GROUP BY node""",
     ),
 )
+
+# The items (fleet/faults.py), each query a range of an index.
+_RUNS_BY_VERDICT = (
+    "SELECT started FROM runs WHERE node = ? AND started >= ? AND started < ? AND verdict = ? "
+    "ORDER BY started"
+)
+_NEXT_OK = (
+    "SELECT min(started) FROM runs WHERE node = ? AND started > ? AND started < ? "
+    "AND verdict = 'ok'"
+)
+_XIDS = (
+    "SELECT node, time, class FROM events WHERE time >= ? AND time < ? "
+    "AND class IN ('fail', 'warn')"
+)
+_DRAINS = (
+    "SELECT node, time, reason FROM actions WHERE time >= ? AND time < ? "
+    "AND action = 'drain' AND ok = 1"
+)
+_PROLOGS = "SELECT node, start FROM jobs WHERE start >= ? AND start < ? AND state = 'prolog_failed'"
+_NODE_FAILS = (
+    "SELECT node, job_id, start, end, state FROM jobs "
+    "WHERE start >= ? AND start < ? AND slurm_state = 'NODE_FAIL'"
+)
+_NODE_EVENTS = "SELECT node, start, reason FROM node_events WHERE start >= ? AND start < ?"
+
+OWN_LEMON = f"slurmhealth: {LEMON}"
 
 
 def _per_node(conn: sqlite3.Connection, table: str, sql: str, start: float, end: float):
@@ -57,9 +89,81 @@ def _per_node(conn: sqlite3.Connection, table: str, sql: str, start: float, end:
             yield node, row
 
 
+def _next_ok(conn: sqlite3.Connection, node: str, times: list, end: float) -> list:
+    """The node's first passing run after each time (sorted), before `end`; None if none. One
+    query per passing run found between items, not per item: no pass between two items means
+    the later one's next pass is the earlier one's."""
+    out: list = []
+    known = None
+    for t in times:
+        if out and (known is None or known > t):
+            out.append(known)
+            continue
+        known = conn.execute(_NEXT_OK, (node, t, end)).fetchone()[0]
+        out.append(known)
+    return out
+
+
+def _items(conn: sqlite3.Connection, counts: dict, start: float, end: float) -> None:
+    """Add each node's "faults" and "warnings" items (fleet/faults.py) to counts, in place."""
+    found: dict = {}  # node: [(time, kind, weight)]
+    warned: dict = {}  # node: [time]
+
+    def add(node: str, time: float, kind: str, weight: float = 1.0) -> None:
+        found.setdefault(node, []).append((time, kind, weight))
+
+    for node, c in counts.items():
+        if c["check_fails"]:
+            for (t,) in conn.execute(_RUNS_BY_VERDICT, (node, start, end, "fail")):
+                add(node, t, "check")
+        if c["check_warns"]:
+            for (t,) in conn.execute(_RUNS_BY_VERDICT, (node, start, end, "warn")):
+                warned.setdefault(node, []).append(t)
+    for node, t, cls in conn.execute(_XIDS, (start, end)):
+        if cls == "fail":
+            add(node, t, "xid")
+        else:
+            warned.setdefault(node, []).append(t)
+    early = start - faults.LONGEST_JOB_S
+    drains: dict = {}
+    for node, t, reason in conn.execute(_DRAINS, (early, end)):
+        if not reason.startswith(OWN_LEMON):
+            drains.setdefault(node, []).append(t)
+            if t >= start:
+                add(node, t, "drain")
+    for node, t in conn.execute(_PROLOGS, (start, end)):
+        add(node, t, "prolog")
+    downs: dict = {}
+    for node, t, reason in conn.execute(_NODE_EVENTS, (early, end)):
+        downs.setdefault(node, []).append(t)
+        if t >= start and faults.is_fault_reason(reason, OWN_LEMON):
+            add(node, t, "down")
+    jobs: dict = {}
+    for node, job_id, begin, finish, state in conn.execute(_NODE_FAILS, (early, end)):
+        jobs.setdefault(job_id, []).append((node, begin, finish, state))
+    for rows in jobs.values():
+        weights = faults.attribute(rows, downs, drains)
+        for node, begin, finish, _state in rows:
+            t = finish if finish is not None else begin
+            if start <= t < end and weights.get(node):
+                add(node, t, "node_fail", weights[node])
+    for node in set(found) | set(warned):
+        if node not in counts:
+            counts[node] = dict.fromkeys(policy.SIGNALS, 0)
+    for node, c in counts.items():
+        items = sorted(found.get(node, ()))
+        oks = _next_ok(conn, node, [t for t, _, _ in items], end)
+        c["faults"] = [(t, k, w, ok) for (t, k, w), ok in zip(items, oks)]
+        times = sorted(warned.get(node, ()))
+        c["warnings"] = [
+            (t, "warn", 1.0, ok) for t, ok in zip(times, _next_ok(conn, node, times, end))
+        ]
+
+
 def signals(conn: sqlite3.Connection, start: float, end: float) -> dict:
-    """{node: {signal: count}} for every node with any record in [start, end), per
-    docs/signals.md; application Xids and ordinary job failures count nowhere.
+    """{node: {signal: count, "faults": items, "warnings": items}} for every node with any
+    record in [start, end), per docs/signals.md; application Xids and ordinary job failures
+    count nowhere.
 
     One read transaction: a consistent snapshot while collect writes.
     """
@@ -80,9 +184,12 @@ def signals(conn: sqlite3.Connection, start: float, end: float) -> dict:
         for table, names, sql in _PER_NODE:
             for node, row in _per_node(conn, table, sql, start, end):
                 add(node, names, row)
-        for names, sql in _GROUPED:
-            for node, *values in conn.execute(sql, (start, end)):
-                add(node, names, values)
+        (xid_names, xid_sql), (drain_names, drain_sql) = _GROUPED
+        for node, *values in conn.execute(xid_sql, (start, end)):
+            add(node, xid_names, values)
+        for node, *values in conn.execute(drain_sql, (len(OWN_LEMON), OWN_LEMON, start, end)):
+            add(node, drain_names, values)
+        _items(conn, out, start, end)
     finally:
         if own:
             conn.execute("COMMIT")

@@ -5,11 +5,15 @@ is deterministic per seed (one `random.Random(seed)`), pure Python, and every as
 `Fleet` field, explained in docs/lemons.md:
 
 - Hardware faults strike each node as a Poisson process at the cluster's base rate (drawn per
-  seed from the literature's 2.34-6.50 per 1,000 node-days), k times that on a lemon.
+  seed from the literature's 2.34-6.50 per 1,000 node-days), k times that on a lemon; the
+  fleet may hold GPU generations with their own rates (`generations`), and a lemon's faults may
+  come in bursts (`lemon_burst`).
 - A fault during a job is a hardware Xid (the job FAILED, the epilog fails and drains) or a crash
   (the job NODE_FAIL, Slurm takes the node down); on an idle node the next prolog (the job
   prolog_failed, drained) or the health check (drained) finds it. Then the node fails its health
-  checks until repaired, and slurmhealth resumes its own drains.
+  checks until repaired (or once: `repair_hours` 0), and slurmhealth resumes its own drains
+  (none in monitor mode: `drains` False). Slurm accounting records a crash as a node event
+  (`node_event_share` of them).
 - Sub-fatal symptoms, warning Xids and health-check warnings, come on every node at a background
   rate, k times that on a lemon (the assumption that lets more evidence beat job failures alone).
 - Users' faults: failed jobs and application Xids (13, 31) on all nodes alike.
@@ -32,7 +36,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from slurmhealth.core import safety, store
-from slurmhealth.core.constants import ACT_BREAKER, ACT_DRAIN, ACT_RESUME
+from slurmhealth.core.constants import ACT_BREAKER, ACT_DRAIN, ACT_RESUME, LEMON
+from slurmhealth.fleet import faults as faultlib
 from slurmhealth.fleet import policy
 from slurmhealth.node.runner import VERSIONS_EVERY
 
@@ -68,6 +73,8 @@ class Fleet:
     seed: int = 0
     lemons: dict = field(default_factory=dict)  # {node name: k}: k times the base fault rate
     base_rate: float | None = None  # faults per node-day; None: drawn in LITERATURE_RATES
+    lemon_burst: int = 1  # a lemon's faults come in bursts of this many (same mean rate)
+    generations: tuple = ()  # ((share, factor), ...): consecutive node blocks, base rate x factor
     jobs_per_node_day: float = 4.0  # job rows per node-day (a multi-node job has one per node)
     utilization: float = 0.8  # share of node time in jobs
     multi_node_share: float = 0.2  # share of jobs that span nodes...
@@ -80,7 +87,10 @@ class Fleet:
     warn_repeat: float = 0.3  # chance a check warning shows again at the next health check
     xid_in_job_share: float = 0.5  # fault during a job: hardware Xid; else the node crashes
     prolog_share: float = 0.3  # fault on an idle node found by the next prolog; else the check
-    repair_hours: float = 2.0  # mean time a faulty node keeps failing its health checks
+    repair_hours: float = 2.0  # mean time a faulty node keeps failing its health checks; 0: once
+    repair_min_s: int | None = None  # a repair's least length; None: one health-check interval
+    node_event_share: float = 1.0  # crashes that Slurm accounting records as a node event
+    drains: bool = True  # False: monitor mode, slurmhealth records no drain/resume/breaker
     healthcheck_interval: int = 300  # seconds (Slurm HealthCheckInterval)
     incident_day: int | None = 14  # None: no incident
     incident_hours: float = 1.0  # from 10:00 UTC of incident_day
@@ -105,6 +115,34 @@ def pick_lemons(fleet: Fleet, count: int, k: float) -> dict:
     return {name: k for name in sorted(chosen)}
 
 
+def generation_of(fleet: Fleet) -> list:
+    """Each node's index in fleet.generations: consecutive blocks of nodes by share (all 0
+    when the fleet has no generations)."""
+    shares = [share for share, _factor in fleet.generations]
+    if not shares:
+        return [0] * fleet.nodes
+    factors = [factor for _share, factor in fleet.generations]
+    if min(shares + factors) < 0 or abs(sum(shares) - 1) > 1e-6:
+        raise ValueError("generations: shares and factors must be >= 0, shares add up to 1")
+    out: list = []
+    total = 0.0
+    for g, share in enumerate(shares):
+        total += share
+        out += [g] * (round(total * fleet.nodes) - len(out))
+    return (out + [len(shares) - 1] * fleet.nodes)[: fleet.nodes]
+
+
+def _validate(fleet: Fleet) -> None:
+    if not 0 < fleet.healthcheck_interval <= DAY:
+        raise ValueError("healthcheck_interval must be within (0, 86400] s")
+    if not isinstance(fleet.lemon_burst, int) or fleet.lemon_burst < 1:
+        raise ValueError("lemon_burst must be a whole number >= 1")
+    if fleet.repair_hours < 0 or (fleet.repair_min_s is not None and fleet.repair_min_s < 1):
+        raise ValueError("repair_hours must be >= 0 and repair_min_s >= 1 s")
+    if not 0 <= fleet.node_event_share <= 1:
+        raise ValueError("node_event_share must be within [0, 1]")
+
+
 @dataclass
 class History:
     """What a store would hold after the simulated weeks, plus the ground truth.
@@ -124,6 +162,8 @@ class History:
     actions: list  # (id, node, time, action, reason, actor, ok, detail)
     faults: dict  # ground truth: {node: [times the node's hardware faults were recorded]}
     breaker: dict  # cap, attempts, drained, stopped, max_in_window, incident_*
+    node_events: list = field(default_factory=list)  # (node, start, end, state, reason)
+    generation: list = field(default_factory=list)  # each node's index in fleet.generations
 
     def slots(self, i: int) -> int:
         """How many health-check slots node i has in the simulated period."""
@@ -163,8 +203,7 @@ class _Builder:
     """Builds one History; the steps run in order, each a short method."""
 
     def __init__(self, fleet: Fleet) -> None:
-        if not 0 < fleet.healthcheck_interval <= DAY:
-            raise ValueError("healthcheck_interval must be within (0, 86400] s")
+        _validate(fleet)
         self.f = fleet
         self.rng = random.Random(fleet.seed)  # noqa: S311 - a simulation, not a secret
         self.names = fleet.names()
@@ -177,6 +216,9 @@ class _Builder:
         step = fleet.healthcheck_interval
         self.offsets = [self.rng.randrange(step) for _ in self.names]
         self.hist = History(fleet, self.names, self.offsets, self.base, [], [], [], [], {}, {})
+        self.hist.generation = generation_of(fleet)
+        # Its own stream: which crashes accounting records leaves the rest of the history alone.
+        self.event_rng = random.Random(f"events-{fleet.seed}")  # noqa: S311
         self.marks: list = [{} for _ in self.names]  # per node: {slot: (verdict, check, ...)}
         self.job_runs: dict = {}  # explicit prolog/epilog runs by id
         self.attempts: list = []  # drain attempts: (time, node, actor, reason, release)
@@ -185,6 +227,11 @@ class _Builder:
 
     def k(self, i: int) -> float:
         return self.f.lemons.get(self.names[i], 1.0)
+
+    def rate(self, i: int) -> float:
+        """Node i's base fault rate per node-day: the cluster's, times its generation's factor."""
+        gens = self.f.generations
+        return self.base * gens[self.hist.generation[i]][1] if gens else self.base
 
     def warn_k(self, i: int) -> float:
         lemon = self.names[i] in self.f.lemons
@@ -255,19 +302,34 @@ class _Builder:
     # --- hardware faults --------------------------------------------------------------------
 
     def faults(self) -> None:
+        """Faults strike as a Poisson process; a lemon's come in bursts of fleet.lemon_burst
+        (bursts at 1/lemon_burst the rate), the next fault of a burst 2-12 hours after the
+        node is back."""
         f, rng = self.f, self.rng
-        strikes = []
+        strikes = []  # (time, node, faults of its burst still to come), a heap
         for i in range(f.nodes):
-            rate = self.base * self.k(i) / DAY
+            burst = f.lemon_burst if self.names[i] in f.lemons else 1
+            rate = self.rate(i) * self.k(i) / burst / DAY
             t = f.start + rng.expovariate(rate)
             while t < f.end - 600:  # a fault in the last minutes would show after the end
-                strikes.append((int(t), i))
+                strikes.append((int(t), i, burst - 1))
                 t += rng.expovariate(rate)
-        strikes.sort()
-        for t, i in strikes:
-            if self.out[i] and t < self.out[i][-1][1]:
-                continue  # still failing from the last fault: the same fault
-            self.fault(t, i)
+        heapq.heapify(strikes)
+        while strikes:
+            t, i, more = heapq.heappop(strikes)
+            back = self.strike(t, i)
+            after = back + int(rng.uniform(2, 12) * 3600) if more else f.end
+            if after < f.end - 600:
+                heapq.heappush(strikes, (after, i, more - 1))
+
+    def strike(self, t: int, i: int) -> int:
+        """A fault strikes node i at t; returns when the node is back in service."""
+        out = self.out[i]
+        if out and t < out[-1][1]:
+            return out[-1][1]  # still failing from the last fault: the same fault
+        count = len(out)
+        self.fault(t, i)
+        return out[-1][1] if len(out) > count else t
 
     def fault(self, t: int, i: int) -> None:
         running = self.running(i, t)
@@ -282,13 +344,20 @@ class _Builder:
             else:
                 self.check_fault(t, i)
 
-    def repair(self, i: int, at: int, check: tuple, actor: str | None, since: int = 0) -> None:
-        """The node fails its health checks from `at` until repaired; drained by `actor`; out of
-        service (no new jobs) from `since` (default `at`)."""
-        hours = self.rng.expovariate(1 / self.f.repair_hours)
-        until = at + max(self.f.healthcheck_interval, int(hours * 3600))
-        for slot in self.slot_range(i, at, until):
+    def repair(self, i: int, at: int, check: tuple, actor: str | None, since: int = 0) -> int:
+        """The node fails its health checks from `at` until repaired (at least one; only one
+        when repair_hours is 0: a transient fault); drained by `actor`; out of service (no new
+        jobs) from `since` (default `at`). Returns the end of the repair."""
+        f = self.f
+        hours = self.rng.expovariate(1 / f.repair_hours) if f.repair_hours else 0.0
+        least = f.healthcheck_interval if f.repair_min_s is None else f.repair_min_s
+        until = at + max(least, int(hours * 3600))
+        failing = self.slot_range(i, at, until) if f.repair_hours else range(0)
+        failing = failing or self.slot_range(i, at, f.end)[:1]
+        for slot in failing:
             self.mark(i, slot, "fail", check)
+        if failing:  # back after its last failing check, never before
+            until = max(until, self.hist.slot_time(i, failing[-1]) + 1)
         if actor:
             self.attempts.append((at, i, actor, check[1], until))
         since = min(since or at, at)
@@ -298,6 +367,7 @@ class _Builder:
             if i not in job.pfailed:  # the scheduler sends nothing to a node that is out
                 job.nodes.remove(i)
                 self.node_jobs[i].remove(job)
+        return until
 
     def job_run(self, i: int, job: _Job, phase: str, when: int, check: tuple) -> str:
         run_id = f"{self.names[i]}:{phase}:{job.id}"
@@ -327,7 +397,10 @@ class _Builder:
         for job in running:
             job.state, job.end, job.app_xid = "NODE_FAIL", min(job.end, t + 60), False
             job.crashed.add(i)
-        self.repair(i, t + 600, self.rng.choice(FAULT_CHECKS), None, since=t)
+        back = self.repair(i, t, self.rng.choice(FAULT_CHECKS), None, since=t)
+        if self.event_rng.random() < self.f.node_event_share:  # sacctmgr show event
+            end = back if back < self.f.end else None  # still down when the history ends
+            self.hist.node_events.append((self.names[i], t, end, "DOWN", "Not responding"))
 
     def prolog_fault(self, i: int, job: _Job) -> None:
         """The next job's prolog finds the fault: the job is requeued, the node drained."""
@@ -409,6 +482,8 @@ class _Builder:
         stats = self.hist.breaker
         stats.update(cap=safety.allowed_drains(0, f.nodes, f.breaker_share))
         stats.update(attempts=0, drained=0, stopped=0, max_in_window=0)
+        if not f.drains:  # monitor mode: Slurm and the admins take faulty nodes out, not us
+            return
         for at, i, actor, message, release in sorted(self.attempts):
             if drained_until[i] > at:
                 continue  # ours already: the hook drains a node once
@@ -456,6 +531,7 @@ class _Builder:
         runs.sort(key=lambda r: (r[4], r[0]))
         h.runs = runs
         h.events.sort(key=lambda e: (e[4], e[0]))
+        h.node_events.sort(key=lambda e: (e[1], e[0]))
         return h
 
     def ends_normally(self, job: _Job, i: int) -> bool:
@@ -469,8 +545,10 @@ class _Builder:
     def job_row(self, job: _Job, i: int) -> tuple:
         if i in job.pfailed:
             state, end = "prolog_failed", job.row_end(i)
-        elif i in job.crashed or job.end >= self.f.end:
+        elif job.end >= self.f.end:
             state, end = "running", None
+        elif i in job.crashed:  # no epilog ran; the end is accounting's (collect --sacct)
+            state, end = "running", job.end
         else:
             state, end = "ended", job.end
         slurm_state = job.state if job.end < self.f.end else "RUNNING"
@@ -516,8 +594,8 @@ def _run_days(h: History, start: float, end: float) -> dict:
         last = min(h.slots(i), math.ceil((hi - base) / step)) - 1
         if first <= last:  # slots are less than a day apart: every day between has one
             out[node] = set(range(h.slot_time(i, first) // DAY, h.slot_time(i, last) // DAY + 1))
-    for node, _job, begin, finish, *_ in h.jobs:
-        for t in (begin, finish):
+    for node, _job, begin, finish, _size, state, *_ in h.jobs:
+        for t in (begin, finish if state != "running" else None):
             if t is not None and start <= t < end:
                 out.setdefault(node, set()).add(int(t // DAY))
     return out
@@ -542,7 +620,7 @@ def _tally(h: History, start: float, end: float, by_day: bool) -> dict:
             r["hw_job_failures"] += hardware or (node, job_id) in hw
             if size and size > 1:
                 r["multi_node_jobs"] += 1
-                r["multi_node_failures"] += slurm_state in ("FAILED", "NODE_FAIL")
+                r["multi_node_failures"] += slurm_state == "FAILED"
     for _id, _run, node, _job, t, _code, cls, _gpu in h.events:
         if start <= t < end:
             r = row(t, node)
@@ -563,9 +641,124 @@ def _tally(h: History, start: float, end: float, by_day: bool) -> dict:
 
 
 def signals(history: History, start: float, end: float) -> dict:
-    """{node: {signal: count}} over [start, end), exactly as docs/signals.md defines them over a
-    store (fleet.signals), for every node with any record in the window."""
-    return _tally(history, start, end, by_day=False).get(0, {})
+    """{node: {signal: count, "faults": items, "warnings": items}} over [start, end), exactly
+    as docs/signals.md defines them over a store (fleet.signals), for every node with any
+    record in the window."""
+    out = _tally(history, start, end, by_day=False).get(0, {})
+    items = fault_items(history, start, end)
+    for node in set(items) - set(out):
+        out[node] = dict.fromkeys(policy.SIGNALS, 0)
+    for node, counts in out.items():
+        mine = items.get(node, {})
+        counts["faults"] = window_items(mine.get("faults", []), start, end)
+        counts["warnings"] = window_items(mine.get("warnings", []), start, end)
+    return {node: out[node] for node in sorted(out)}
+
+
+class _Passes:
+    """Each node's passing runs: every health-check slot not listed as failed or warned, every
+    prolog and (when its row has an end) epilog not listed."""
+
+    def __init__(self, h: History) -> None:
+        self.h = h
+        self.index = {n: i for i, n in enumerate(h.names)}
+        explicit = {r[0]: r[5] for r in h.runs}
+        self.bad_slots: list = [set() for _ in h.names]
+        for run_id, node, _job, phase, *_ in h.runs:
+            if phase == "healthcheck":
+                self.bad_slots[self.index[node]].add(int(run_id.rsplit(":", 1)[1]))
+        self.job_runs: list = [[] for _ in h.names]
+        for node, job_id, begin, finish, _size, state, *_ in h.jobs:
+            i = self.index[node]
+            if explicit.get(f"{node}:prolog:{job_id}", "ok") == "ok":
+                self.job_runs[i].append(begin)
+            if state == "running":  # no epilog (yet): a crashed node's end is accounting's
+                continue
+            if finish is not None and explicit.get(f"{node}:epilog:{job_id}", "ok") == "ok":
+                self.job_runs[i].append(finish)
+        for times in self.job_runs:
+            times.sort()
+
+    def after(self, node: str, t: float) -> float | None:
+        """The node's first passing run strictly after t (any time), or None."""
+        i, h = self.index[node], self.h
+        step, base = h.fleet.healthcheck_interval, h.fleet.start + h.offsets[i]
+        slot = max(0, math.floor((t - base) / step) + 1)
+        while slot < h.slots(i) and slot in self.bad_slots[i]:
+            slot += 1
+        best = h.slot_time(i, slot) if slot < h.slots(i) else None
+        runs = self.job_runs[i]
+        at = bisect.bisect_right(runs, t)
+        if at < len(runs) and (best is None or runs[at] < best):
+            best = runs[at]
+        return best
+
+
+def fault_items(h: History, start: float, end: float) -> dict:
+    """{node: {"faults": items, "warnings": items}} (fleet/faults.py) of the records in
+    [start, end), each item's next passing run unbounded (window_items bounds it). NODE_FAIL
+    attribution reads drains and node events from a month before `start`, as fleet.signals."""
+    lemon = f"slurmhealth: {LEMON}"
+    early = start - faultlib.LONGEST_JOB_S
+    found: dict = {}
+    warned: dict = {}
+
+    def add(node: str, t: float, kind: str, weight: float = 1.0) -> None:
+        if start <= t < end:
+            found.setdefault(node, []).append((t, kind, weight))
+
+    for _id, node, _job, _phase, t, verdict, *_ in h.runs:
+        if verdict == "fail":
+            add(node, t, "check")
+        elif verdict == "warn" and start <= t < end:
+            warned.setdefault(node, []).append(t)
+    for _id, _run, node, _job, t, _code, cls, _gpu in h.events:
+        if cls == "fail":
+            add(node, t, "xid")
+        elif cls == "warn" and start <= t < end:
+            warned.setdefault(node, []).append(t)
+    drains: dict = {}
+    for _id, node, t, action, why, _actor, ok, _detail in h.actions:
+        if action == ACT_DRAIN and ok == 1 and early <= t < end and not why.startswith(lemon):
+            drains.setdefault(node, []).append(t)
+            add(node, t, "drain")
+    downs: dict = {}
+    for node, t, _until, _state, reason in getattr(h, "node_events", ()):
+        if early <= t < end:
+            downs.setdefault(node, []).append(t)
+            if faultlib.is_fault_reason(reason, lemon):
+                add(node, t, "down")
+    jobs: dict = {}
+    for node, job_id, begin, finish, _size, state, slurm_state, *_ in h.jobs:
+        if state == "prolog_failed":
+            add(node, begin, "prolog")
+        if slurm_state == "NODE_FAIL" and early <= begin < end:
+            jobs.setdefault(job_id, []).append((node, begin, finish, state))
+    for rows in jobs.values():
+        weights = faultlib.attribute(rows, downs, drains)
+        for node, begin, finish, _state in rows:
+            if weights.get(node):
+                add(node, finish if finish is not None else begin, "node_fail", weights[node])
+    passes = _Passes(h)
+    out: dict = {}
+    for node in set(found) | set(warned):
+        hardware = sorted(found.get(node, ()))
+        warnings = sorted(warned.get(node, ()))
+        out[node] = {
+            "faults": [(t, k, w, passes.after(node, t)) for t, k, w in hardware],
+            "warnings": [(t, "warn", 1.0, passes.after(node, t)) for t in warnings],
+        }
+    return out
+
+
+def window_items(items: list, start: float, end: float) -> list:
+    """The items in [start, end), a next passing run at or after `end` unknown (None): what a
+    store holds at `end`."""
+    return [
+        (t, kind, weight, ok if ok is not None and ok < end else None)
+        for t, kind, weight, ok in items
+        if start <= t < end
+    ]
 
 
 def daily_signals(history: History) -> dict:
@@ -665,9 +858,9 @@ def _run_rows(h: History, version: str):
             period = when // VERSIONS_EVERY
             text = sources[node] if due else plain
             yield row(f"{node}:healthcheck:{slot}", node, None, "healthcheck", when, text)
-    for node, job_id, begin, finish, *_ in h.jobs:
+    for node, job_id, begin, finish, _size, state, *_ in h.jobs:
         yield row(f"{node}:prolog:{job_id}", node, job_id, "prolog", begin, plain)
-        if finish is not None:
+        if finish is not None and state != "running":  # a crashed node ran no epilog
             yield row(f"{node}:epilog:{job_id}", node, job_id, "epilog", finish, plain)
 
 
@@ -696,15 +889,15 @@ def _event_rows(h: History):
 
 
 # The order of the simulator's job tuples (History.jobs).
-JOB_COLUMNS = tuple(
-    "node job_id start end num_nodes state slurm_state uid user exit_code".split()
-)
+JOB_COLUMNS = tuple("node job_id start end num_nodes state slurm_state uid user exit_code".split())
+NODE_EVENT_COLUMNS = ("node", "start", "end", "state", "reason")  # History.node_events
 
 
 def write_store(source: Fleet | History, conn) -> dict:
     """Write a simulated history (or simulate the fleet first) into a store opened with
     store.connect: runs (ok ones included), results of the runs that were not ok, events,
-    jobs, actions, in one transaction. Ids are stable: writing twice changes nothing.
+    jobs, actions, node events, in one transaction. Ids are stable: writing twice changes
+    nothing.
     Returns {table: rows written}."""
     from slurmhealth import __version__  # noqa: PLC0415
 
@@ -732,6 +925,11 @@ def write_store(source: Fleet | History, conn) -> dict:
             h.jobs,
         ),
         ("actions", store.insert_sql("actions", verb="INSERT OR REPLACE"), h.actions),
+        (
+            "node_events",
+            store.insert_sql("node_events", NODE_EVENT_COLUMNS, verb="INSERT OR REPLACE"),
+            h.node_events,
+        ),
     )
     cache = conn.execute("PRAGMA cache_size").fetchone()[0]
     conn.execute("PRAGMA cache_size = -131072")  # 128 MiB: 1M runs insert ~1.5x faster

@@ -250,7 +250,7 @@ def lemon_candidates(scored: list) -> list:
             {
                 "node": entry["node"],
                 "score": round(entry["score"], 1),
-                "hw_events": entry["hw_events"],
+                "faults": entry["faults"],
                 "reason": clean(entry["reason"], 200),
                 "evidence": evidence,
             }

@@ -134,7 +134,12 @@ def test_daily_signals_add_up_to_the_window(lemony):
     total: dict = {}
     for day in sorted(daily)[2:6]:
         simulate.add_signals(total, daily[day])
-    assert total == simulate.signals(lemony, f.start + 2 * DAY, f.start + 6 * DAY)
+    window = simulate.signals(lemony, f.start + 2 * DAY, f.start + 6 * DAY)
+    counts = {n: {k: v for k, v in s.items() if k in policy.SIGNALS} for n, s in window.items()}
+    assert total == {n: c for n, c in counts.items() if n in total}
+    assert all(
+        not window[n]["faults"] and not window[n]["warnings"] for n in set(window) - set(total)
+    )
 
 
 def test_windows_outside_the_history_are_empty(lemony):
@@ -160,7 +165,7 @@ def test_write_store_writes_every_run(lemony, stored):
     conn, counts = stored
     f = lemony.fleet
     slots = sum(lemony.slots(i) for i in range(f.nodes))
-    job_runs = sum(1 + (r[3] is not None) for r in lemony.jobs)
+    job_runs = sum(1 + (r[3] is not None and r[5] != "running") for r in lemony.jobs)
     assert counts["runs"] == slots + job_runs
     assert conn.execute("SELECT count(*) FROM runs").fetchone()[0] == slots + job_runs
     assert conn.execute("SELECT count(*) FROM results").fetchone()[0] == len(lemony.runs)
@@ -248,3 +253,111 @@ def test_run_durations_spread_with_a_slow_tail(stored):
         )
         assert base <= values[0] and values[-1] <= 4.5 * base
         assert values[len(values) // 2] < 1.6 * base < values[int(0.995 * len(values))]
+
+
+# --- other fleet models (each a Fleet field whose default is the model above) -------------------
+
+
+def records(h: simulate.History) -> tuple:
+    return h.jobs, h.runs, h.events, h.actions, h.faults
+
+
+def test_defaults_leave_the_history_as_it_was():
+    plain = simulate.events(small(base_rate=0.05))
+    spelled = small(base_rate=0.05, node_event_share=1.0, drains=True, lemon_burst=1)
+    same = simulate.events(spelled)
+    assert records(plain) == records(same) and plain.node_events == same.node_events
+    assert plain.generation == [0] * 48
+
+
+def test_node_events_record_crashes_by_share_and_change_nothing_else():
+    none, half, every = (
+        simulate.events(small(base_rate=0.05, node_event_share=share)) for share in (0, 0.5, 1)
+    )
+    assert records(none) == records(half) == records(every)
+    assert none.node_events == [] and every.node_events
+    assert set(half.node_events) < set(every.node_events) and half.node_events
+    node_fail = {r[0] for r in every.jobs if r[6] == "NODE_FAIL"}
+    for node, start, end, state, reason in every.node_events:
+        assert (state, reason) == ("DOWN", "Not responding") and node in node_fail
+        assert start in every.faults[node]  # the crash is the fault
+        assert end is None or start < end <= every.fleet.end
+
+
+def test_node_events_go_into_the_store_once(tmp_path):
+    h = simulate.events(small(base_rate=0.05))
+    conn = store.connect(str(tmp_path / "events.db"))
+    assert simulate.write_store(h, conn)["node_events"] == len(h.node_events) > 0
+    simulate.write_store(h, conn)
+    rows = conn.execute("SELECT node, start, end, state, reason FROM node_events").fetchall()
+    assert sorted(rows) == sorted(h.node_events)
+
+
+def test_monitor_mode_records_no_drain_and_changes_nothing_else():
+    drained, watched = (simulate.events(small(base_rate=0.05, drains=d)) for d in (True, False))
+    assert {a[3] for a in drained.actions} == {"drain", "resume", "breaker"}
+    assert watched.actions == [] and watched.breaker["drained"] == 0
+    assert records(drained)[:3] == records(watched)[:3] and drained.faults == watched.faults
+    assert drained.node_events == watched.node_events
+
+
+def lemon_faults(burst: int) -> tuple:
+    """Over 12 seeds, two lemons at k=50: (fault counts, gaps between a lemon's faults)."""
+    counts, gaps = [], []
+    for seed in range(12):
+        f = small(nodes=16, days=28, seed=seed, base_rate=0.004, incident_day=None)
+        f.lemons, f.lemon_burst = {"gpu0003": 50, "gpu0010": 50}, burst
+        h = simulate.events(f)
+        for node in f.lemons:
+            times = h.faults.get(node, [])
+            counts.append(len(times))
+            gaps += [b - a for a, b in zip(times, times[1:])]
+    return counts, gaps
+
+
+def test_lemon_faults_come_in_bursts_at_the_same_mean_rate():
+    one, four = lemon_faults(1), lemon_faults(4)
+    mean = [sum(counts) / len(counts) for counts, _ in (one, four)]
+    assert 0.75 < mean[1] / mean[0] < 1.33  # ~5.6 faults in 28 days either way
+    within_a_day = [sum(g < DAY for g in gaps) / len(gaps) for _, gaps in (one, four)]
+    assert within_a_day[0] < 0.35 < 0.7 < within_a_day[1]
+    assert all(g >= 2 * 3600 for g in four[1])  # the next fault of a burst: 2-12 h after repair
+
+
+def test_generations_split_the_fleet_in_blocks_with_their_own_rates():
+    per_block, lemon = [0, 0], [0, 0]
+    for seed in range(8):
+        f = small(nodes=40, days=20, seed=seed, base_rate=0.05, incident_day=None)
+        f.generations = ((0.5, 1.0), (0.5, 2.5))
+        f.lemons = {"gpu0001": 20, "gpu0040": 20}  # one lemon in each block
+        h = simulate.events(f)
+        assert h.generation == [0] * 20 + [1] * 20
+        for node, times in h.faults.items():
+            gen = h.generation[h.names.index(node)]
+            (lemon if node in f.lemons else per_block)[gen] += len(times)
+    assert 2.0 < per_block[1] / per_block[0] < 3.1  # ~380 and ~950 faults
+    assert 1.8 < lemon[1] / lemon[0] < 3.1  # k times its own block's rate
+    with pytest.raises(ValueError):
+        simulate.events(small(generations=((0.5, 1.0), (0.4, 2.0))))
+
+
+def test_a_transient_fault_fails_exactly_one_health_check():
+    f = small(base_rate=0.1, repair_hours=0, repair_min_s=60, incident_day=None)
+    f.warn_xid_rate = f.check_warn_rate = 1e-9  # no warnings to tell apart
+    h = simulate.events(f)
+    failed: dict = {}
+    for _id, node, _job, phase, t, verdict, *_ in h.runs:
+        if phase == "healthcheck" and verdict == "fail":
+            failed.setdefault(node, []).append(t)
+    for node, times in h.faults.items():
+        for at, following in zip(times, [*times[1:], f.end]):
+            assert sum(at <= t < following for t in failed[node]) == 1
+    assert sum(map(len, failed.values())) == sum(map(len, h.faults.values())) > 30
+    by_check = [a for a in h.actions if a[5] == "slurmhealth healthcheck"]  # idle-node faults
+    for drain, resume in zip(by_check[::2], by_check[1::2]):
+        assert (drain[3], resume[3]) == ("drain", "resume")
+        assert resume[2] == drain[2] + f.healthcheck_interval  # resumed at the next check
+    steady = simulate.events(small(base_rate=0.1, incident_day=None))
+    assert sum(r[5] == "fail" for r in steady.runs) > 2 * len(h.faults)
+    with pytest.raises(ValueError):
+        simulate.events(small(repair_hours=-1))

@@ -405,7 +405,7 @@ def expected_tables(d: dict) -> dict:
         "lemons-table": (
             ("node", "score"),
             [
-                [c["node"], c["score"], c["hw_events"], c["reason"]]
+                [c["node"], c["score"], c["faults"], c["reason"]]
                 for c in d["lemons"]["candidates"]
             ],
         ),

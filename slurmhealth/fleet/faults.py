@@ -1,0 +1,173 @@
+"""Faults, not records: a node's hardware evidence turned into distinct faults (pure).
+
+One fault leaves many records: a GPU that falls off the bus during a job logs an Xid, fails the
+job, fails the epilog, is drained, then fails every health check until it is repaired. Counting
+records would count that one fault dozens of times, and count a long repair as many faults. The
+lemon model (fleet/policy.py, docs/lemons.md) counts faults instead:
+
+- `attribute`: a NODE_FAIL job is charged to the node that failed, where Slurm knows it (a node
+  event from accounting, the node's own drain, the node that never ran its epilog while its peers
+  did); only what cannot be attributed is shared over the job's nodes, each getting 1 / nodes.
+- `episodes`: a node's evidence items, in time order, are one fault until a passing run of the
+  node separates them (fail, pass, fail: two faults; a hundred failing runs in one repair: one).
+  Where no run of the node is known after an item, items more than `gap` apart are separate.
+- `shared`: a fault that starts on many nodes at once (an incident: a switch, a filesystem, a
+  bad configuration push) is the fleet's, not the node's: it counts for none of them.
+
+Items are (time, kind, weight, next_ok): kind is one of KINDS, weight in (0, 1], next_ok the
+time of the node's first passing run after `time` within the window (None: none known).
+fleet/signals.py builds them from a store, fleet/simulate.py from a simulated fleet.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+
+# The kinds of hardware evidence, and how a reason line names them.
+KINDS = {
+    "check": "failed checks",
+    "xid": "hardware Xids",
+    "drain": "drains",
+    "prolog": "failed prologs",
+    "node_fail": "NODE_FAIL",
+    "down": "node down",
+}
+
+# Slurm's own reasons for taking a node out (slurmctld sets them: a node that stopped answering,
+# a job step it could not kill, an unexpected reboot, a failed prolog or epilog): node events with
+# these reasons are fault evidence. An admin's free-text reason ("maintenance") is not.
+SLURM_FAULT_REASONS = (
+    "not responding",
+    "kill task failed",
+    "node unexpectedly rebooted",
+    "prolog error",
+    "prolog failed",
+    "epilog error",
+    "batch job complete failure",
+    "slurmhealth:",
+)
+
+# A node event or drain this long after a NODE_FAIL job's end still names its node: slurmctld
+# marks a silent node DOWN after SlurmdTimeout (300 s by default, slurm.conf(5)).
+ATTRIBUTION_SLACK_S = 600.0
+
+# The longest job whose NODE_FAIL still lands in a window by its end (Slurm's MaxTime is often
+# days; a month covers every common setting): attribution reads this far before a window.
+LONGEST_JOB_S = 30 * 86400.0
+
+
+def is_fault_reason(reason: str, lemon_prefix: str) -> bool:
+    """True for a node event reason that Slurm (or slurmhealth, not its lemon sweep) set for a
+    fault."""
+    text = reason.strip().lower()
+    if text.startswith(lemon_prefix.lower()):
+        return False
+    return any(text.startswith(r) for r in SLURM_FAULT_REASONS)
+
+
+def attribute(rows: list, downs: dict, drains: dict, slack: float = ATTRIBUTION_SLACK_S) -> dict:
+    """{node: weight} for one NODE_FAIL job.
+
+    rows: the job's rows, one per node: (node, start, end, state) with state the hooks' view
+    (`ended`: its epilog ran). downs: {node: [start times of node events]}; drains:
+    {node: [times of slurmhealth's drains]}. The first of these that names any of the job's
+    nodes within [start, end + slack] decides: node events, then drains, then the nodes
+    without an epilog when some peer has one. Those nodes get weight 1, the others 0; if none
+    decides, every node gets 1 / nodes.
+    """
+    nodes = sorted({r[0] for r in rows})
+    if len(nodes) == 1:
+        return {nodes[0]: 1.0}
+    begin = min((r[1] for r in rows if r[1] is not None), default=None)
+    finish = max((r[2] for r in rows if r[2] is not None), default=begin)
+    if begin is not None and finish is not None:
+        for marks in (downs, drains):
+            named = {n for n in nodes if _within(marks.get(n, ()), begin, finish + slack)}
+            if named:
+                return {n: float(n in named) for n in nodes}
+    ended = {r[0] for r in rows if r[3] == "ended"}
+    if ended and len(ended) < len(nodes):
+        return {n: float(n not in ended) for n in nodes}
+    return dict.fromkeys(nodes, 1.0 / len(nodes))
+
+
+def _within(times: object, lo: float, hi: float) -> bool:
+    return any(lo <= t <= hi for t in times)  # type: ignore[attr-defined]
+
+
+def episodes(items: list, gap: float) -> list:
+    """A node's items (time order) as faults: [(start, weight, {kind: items})]."""
+    out: list = []
+    previous = None
+    for item in items:
+        time, kind, weight, _next_ok = item
+        if weight <= 0:
+            continue
+        if previous is None or _separated(previous, time, gap):
+            out.append([time, weight, {kind: 1}])
+        else:
+            last = out[-1]
+            last[1] = max(last[1], weight)
+            last[2][kind] = last[2].get(kind, 0) + 1
+        previous = item
+    return [tuple(e) for e in out]
+
+
+def _separated(previous: tuple, time: float, gap: float) -> bool:
+    """A passing run between the last item and this one, or (none known) a long silence."""
+    before, next_ok = previous[0], previous[3]
+    if next_ok is not None:
+        return next_ok < time
+    return time - before > gap
+
+
+def burst_size(starts: int, span: float, window: float, p_cut: float, least: int) -> int:
+    """How many nodes starting a fault within `window` of each other make a shared fault: the
+    least count that the fleet's own rate of fault starts (`starts` over `span` seconds) would
+    reach by chance with probability below p_cut (Poisson), and at least `least`."""
+    mu = max(starts, 1) / max(span, window) * 2 * window
+    count, term = 0, math.exp(-mu)
+    tail = 1.0  # P(X >= count)
+    while tail >= p_cut and count < 10_000:
+        tail -= term
+        count += 1
+        term *= mu / count
+    return max(least, count)
+
+
+def shared(by_node: dict, span: float, window: float, p_cut: float, least: int) -> set:
+    """{(node, start)} of the faults that started on `burst_size` or more nodes within
+    `window` seconds (either side) of each other. Only whole faults (weight 1) are counted: the
+    shares of one unattributed NODE_FAIL job must not make a burst of their own."""
+    starts = sorted((e[0], node) for node, eps in by_node.items() for e in eps if e[1] >= 1.0)
+    if not starts:
+        return set()
+    need = burst_size(len(starts), span, window, p_cut, least)
+    times = [t for t, _ in starts]
+    out = set()
+    for t, node in starts:
+        lo, hi = bisect.bisect_left(times, t - window), bisect.bisect_right(times, t + window)
+        if hi - lo >= need and len({n for _, n in starts[lo:hi]}) >= need:
+            out.add((node, t))
+    return out
+
+
+def count(by_node: dict, span: float, params: dict) -> dict:
+    """{node: (faults, {kind: faults it showed in}, shared faults)} with the shared faults
+    (an incident) left out; faults is a weighted count (a share of a NODE_FAIL counts 1 / n)."""
+    common = shared(
+        by_node, span, params["shared_window_s"], params["shared_p"], params["shared_min_nodes"]
+    )
+    out = {}
+    for node, eps in by_node.items():
+        total, kinds, left_out = 0.0, {}, 0
+        for start, weight, seen in eps:
+            if weight >= 1.0 and (node, start) in common:
+                left_out += 1
+                continue
+            total += weight
+            for kind in seen:
+                kinds[kind] = kinds.get(kind, 0) + 1
+        out[node] = (total, kinds, left_out)
+    return out

@@ -1,0 +1,131 @@
+"""Faults, not records (fleet/faults.py): attribution of NODE_FAIL, episodes, shared faults."""
+
+from __future__ import annotations
+
+import pytest
+
+from slurmhealth.fleet import faults, policy
+
+HOUR = 3600.0
+PARAMS = policy.DEFAULT_PARAMS
+
+
+def items(*specs):
+    """(time, kind[, weight], next_ok) tuples, next_ok None for 'none known'."""
+    out = []
+    for spec in specs:
+        if len(spec) == 3:
+            t, kind, ok = spec
+            out.append((t, kind, 1.0, ok))
+        else:
+            out.append(spec)
+    return out
+
+
+def test_fail_pass_fail_is_two_faults():
+    eps = faults.episodes(items((0, "check", 300), (600, "check", 900)), gap=6 * HOUR)
+    assert [e[0] for e in eps] == [0, 600]
+
+
+def test_a_hundred_failing_runs_in_one_repair_are_one_fault():
+    run = [(i * 300.0, "check", 100 * 300.0) for i in range(100)]
+    eps = faults.episodes(
+        items((0, "xid", 100 * 300.0), (30, "drain", 100 * 300.0), *run), 6 * HOUR
+    )
+    assert len(eps) == 1
+    assert eps[0][2] == {"xid": 1, "drain": 1, "check": 100}
+
+
+def test_without_any_passing_run_known_a_long_silence_separates():
+    eps = faults.episodes(items((0, "node_fail", None), (HOUR, "down", None)), gap=6 * HOUR)
+    assert len(eps) == 1
+    eps = faults.episodes(items((0, "node_fail", None), (7 * HOUR, "node_fail", None)), 6 * HOUR)
+    assert len(eps) == 2
+
+
+def test_a_passing_run_at_the_same_second_does_not_separate():
+    eps = faults.episodes(items((0, "xid", 60), (60, "check", 400)), gap=6 * HOUR)
+    assert len(eps) == 1
+
+
+def test_an_episode_weighs_its_strongest_item():
+    eps = faults.episodes([(0, "node_fail", 0.25, None), (10, "check", 1.0, None)], 6 * HOUR)
+    assert eps == [(0, 1.0, {"node_fail": 1, "check": 1})]
+    assert faults.episodes([(0, "node_fail", 0.0, None)], 6 * HOUR) == []
+
+
+ROWS = [("a", 0.0, 100.0, "ended"), ("b", 0.0, 100.0, "running"), ("c", 0.0, 100.0, "ended")]
+
+
+def test_node_fail_goes_to_the_node_with_a_node_event():
+    assert faults.attribute(ROWS, {"c": [150.0]}, {"b": [90.0]}) == {"a": 0, "b": 0, "c": 1}
+
+
+def test_node_fail_goes_to_the_node_slurmhealth_drained():
+    assert faults.attribute(ROWS, {}, {"a": [90.0]}) == {"a": 1, "b": 0, "c": 0}
+
+
+def test_node_fail_goes_to_the_node_without_an_epilog():
+    assert faults.attribute(ROWS, {}, {}) == {"a": 0, "b": 1, "c": 0}
+
+
+def test_events_outside_the_job_name_nobody():
+    late = 100.0 + faults.ATTRIBUTION_SLACK_S + 1
+    rows = [(n, 0.0, 100.0, "ended") for n in "abcd"]
+    weights = faults.attribute(rows, {"a": [late], "b": [-5.0]}, {})
+    assert weights == dict.fromkeys("abcd", 0.25)
+
+
+def test_a_single_node_job_is_its_node():
+    assert faults.attribute([("a", 0.0, None, None)], {}, {}) == {"a": 1.0}
+
+
+@pytest.mark.parametrize(
+    ("reason", "fault"),
+    [
+        ("Not responding", True),
+        ("Kill task failed", True),
+        ("slurmhealth: gpu.count: 7 GPUs visible", True),
+        ("slurmhealth: lemon: 4 faults in 28 days", False),
+        ("maintenance window", False),
+        ("Node unexpectedly rebooted boot_time=1", True),
+    ],
+)
+def test_which_node_event_reasons_are_faults(reason, fault):
+    assert faults.is_fault_reason(reason, "slurmhealth: lemon:") is fault
+
+
+def fleet_episodes(nodes: int, burst_nodes: int, at: float) -> dict:
+    """Each node one fault of its own at a different day; burst_nodes also fail at `at`."""
+    out = {}
+    for i in range(nodes):
+        eps = [(i * 86400.0 / 7, 1.0, {"check": 1})]
+        if i < burst_nodes:
+            eps.append((at + i * 30.0, 1.0, {"check": 1}))
+        out[f"n{i:03d}"] = sorted(eps)
+    return out
+
+
+def test_a_fault_on_many_nodes_at_once_is_shared():
+    by_node = fleet_episodes(200, 40, at=10.5 * 86400.0)
+    counted = faults.count(by_node, 28 * 86400.0, PARAMS)
+    assert all(counted[f"n{i:03d}"] == (1.0, {"check": 1}, 1) for i in range(40))
+    assert all(counted[f"n{i:03d}"][2] == 0 for i in range(40, 200))
+
+
+def test_two_nodes_failing_in_the_same_hour_are_not_an_incident():
+    by_node = fleet_episodes(200, 2, at=10 * 86400.0 + 0.5)
+    counted = faults.count(by_node, 28 * 86400.0, PARAMS)
+    assert counted["n000"][0] == 2.0 and counted["n000"][2] == 0
+
+
+def test_shares_of_one_job_do_not_make_a_burst():
+    by_node = {f"n{i}": [(100.0, 0.125, {"node_fail": 1})] for i in range(8)}
+    counted = faults.count(by_node, 28 * 86400.0, PARAMS)
+    assert all(c == (0.125, {"node_fail": 1}, 0) for c in counted.values())
+
+
+def test_burst_size_grows_with_the_fleets_rate():
+    quiet = faults.burst_size(10, 28 * 86400.0, HOUR, 1e-4, 3)
+    busy = faults.burst_size(6000, 28 * 86400.0, HOUR, 1e-4, 3)
+    assert quiet == 3 < busy
