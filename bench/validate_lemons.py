@@ -12,7 +12,7 @@ Poisson test on hardware job failures alone at the same false-positive budget:
 - the incident: drains attempted, made and stopped by the circuit breaker, the most drains in
   any breaker window, and nodes flagged in fleets with the incident and no lemon at all.
 
-Run: `.venv/bin/python bench/validate_lemons.py [--seeds 20] [--workers 2] [--no-warn-excess]`
+Run: `.venv/bin/python bench/validate_lemons.py [--seeds 10] [--models all|NAME,...] [--detail]`
 """
 
 from __future__ import annotations
@@ -81,20 +81,56 @@ def sweep(history: simulate.History, params: dict) -> tuple:
     return ours, base
 
 
+# The fleet models (docs/lemons.md, "Validation"): each a set of simulate.Fleet fields. Every
+# model but the first has lemons that warn no more than healthy nodes (hardware evidence only).
+HW_ONLY = {"warn_factor": 1.0}
+MODELS = {
+    "warn-excess": ("lemons warn k times as often as healthy nodes", {}),
+    "hw-only": ("lemons warn no more than healthy nodes", HW_ONLY),
+    "single-check": (
+        "every fault fails one health check, then passes",
+        {**HW_ONLY, "repair_hours": 0},
+    ),
+    "no-drains": ("monitor mode: no drain records", {**HW_ONLY, "drains": False}),
+    "no-node-events": ("accounting has no node events", {**HW_ONLY, "node_event_share": 0.0}),
+    "generations": (
+        "two GPU generations, the second failing 2.5x as often",
+        {**HW_ONLY, "generations": ((0.5, 1.0), (0.5, 2.5))},
+    ),
+    "no-incident": ("no fleet-wide incident", {**HW_ONLY, "incident_day": None}),
+    "bursts": ("lemons fail in bursts of 3", {**HW_ONLY, "lemon_burst": 3}),
+}
+
+
+def sufficed(history: simulate.History, node: str, alpha: float) -> float | None:
+    """When the node's true faults would first convince a plain per-node Poisson test at the
+    fleet's true rate (the sweep at the end of that day), or None: when evidence sufficed."""
+    fleet = history.fleet
+    cut = math.log(alpha / fleet.nodes)
+    times = history.faults.get(node, [])
+    for d in range(1, fleet.days + 1):
+        at = fleet.start + d * DAY
+        seen = sum(t < at for t in times)
+        if seen and policy.ln_poisson_sf(seen, history.base_rate * d) < cut:
+            return at
+    return None
+
+
 def one_fleet(job: tuple) -> dict:
-    seed, k, warn_excess, params = job
-    fleet = simulate.Fleet(nodes=NODES, days=DAYS, seed=seed)
+    seed, k, model, params = job
+    fleet = simulate.Fleet(nodes=NODES, days=DAYS, seed=seed, **MODELS[model][1])
     if k:
         fleet.lemons = simulate.pick_lemons(fleet, LEMONS, k)
-    if not warn_excess:
-        fleet.warn_factor = 1.0
     history = simulate.events(fleet)
     ours, base = sweep(history, params)
     least = params.get("min_faults", policy.DEFAULT_PARAMS["min_faults"])
+    alpha = params.get("alpha", policy.DEFAULT_PARAMS["alpha"])
     return {
         "k": k,
+        "model": model,
         "evident": sum(len(history.faults.get(n, [])) >= least for n in fleet.lemons),
         "lemons": {n: history.faults.get(n, []) for n in fleet.lemons},
+        "sufficed": {n: sufficed(history, n, alpha) for n in fleet.lemons},
         "healthy": NODES - len(fleet.lemons),
         "ours": ours,
         "base": base,
@@ -112,16 +148,28 @@ def _delays(results: list, key: str) -> list:
     return out
 
 
+def _late(results: list, key: str) -> list:
+    """Days from the evidence sufficing (sufficed()) to the first flag; never: inf."""
+    out = []
+    for r in results:
+        for node, at in r["sufficed"].items():
+            if at is not None:
+                flagged = r[key].get(node)
+                out.append(math.inf if flagged is None else (flagged - at) / DAY)
+    return out
+
+
 def summarize(results: list, key: str) -> dict:
     lemons = sum(len(r["lemons"]) for r in results)
     found = sum(len(set(r[key]) & set(r["lemons"])) for r in results)
     false = sum(len(set(r[key]) - set(r["lemons"])) for r in results)
     months = sum(r["healthy"] for r in results) * DAYS / NODE_MONTH_DAYS
-    delays = _delays(results, key)
+    delays, late = _delays(results, key), _late(results, key)
     return {
         "precision": found / (found + false) if found + false else math.nan,
         "recall": found / lemons if lemons else math.nan,
         "median_days": statistics.median(delays) if delays else math.nan,
+        "median_late": statistics.median(late) if late else math.nan,
         "with3": len(delays),
         "fp_rate": 1000 * false / months,
         "false": false,
@@ -178,32 +226,68 @@ def breaker_lines(results: list, clean: list) -> str:
     )
 
 
+def summary(by_model: dict) -> str:
+    """One line per model and k: ours against the baseline on the same fleets."""
+    lines = [
+        "| model | k | recall | baseline recall | precision | baseline precision "
+        "| healthy flagged / 1k node-months (baseline) | median days 3rd fault -> flagged "
+        "(baseline) | median days evidence sufficed -> flagged | incident-only fleets: "
+        "nodes flagged (baseline) |",
+        "|" + "---|" * 10,
+    ]
+    for model, results in by_model.items():
+        clean = [r for r in results if r["k"] == 0]
+        quiet = f"{sum(len(r['ours']) for r in clean)} ({sum(len(r['base']) for r in clean)})"
+        for k in KS:
+            rs = [r for r in results if r["k"] == k]
+            a, b = summarize(rs, "ours"), summarize(rs, "base")
+            lines.append(
+                f"| {model} | {k} | {_f(a['recall'])} | {_f(b['recall'])} "
+                f"| {_f(a['precision'])} | {_f(b['precision'])} "
+                f"| {_f(a['fp_rate'])} ({_f(b['fp_rate'])}) "
+                f"| {_f(a['median_days'], '.1f')} ({_f(b['median_days'], '.1f')}) "
+                f"| {_f(a['median_late'], '.1f')} | {quiet if k == KS[0] else ''} |"
+            )
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--alpha", type=float, default=policy.DEFAULT_PARAMS["alpha"])
     parser.add_argument("--params", default="{}", help="policy parameters (JSON) to override")
     parser.add_argument(
-        "--no-warn-excess",
-        action="store_true",
-        help="lemons show no more warnings than healthy nodes (hardware evidence only)",
+        "--models",
+        default="all",
+        help=f"comma-separated fleet models, or all: {', '.join(MODELS)}",
     )
+    parser.add_argument("--detail", action="store_true", help="also the full table per model")
     args = parser.parse_args()
+    models = list(MODELS) if args.models == "all" else args.models.split(",")
+    unknown = [m for m in models if m not in MODELS]
+    if unknown:
+        parser.error(f"unknown model(s): {', '.join(unknown)}")
     started = time.time()
     params = dict(json.loads(args.params), alpha=args.alpha)
-    jobs = [(s, k, not args.no_warn_excess, params) for k in (*KS, 0) for s in range(args.seeds)]
+    jobs = [(s, k, m, params) for m in models for k in (*KS, 0) for s in range(args.seeds)]
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         results = list(pool.map(one_fleet, jobs))
-    by_k = {k: [r for r in results if r["k"] == k] for k in KS}
-    clean = [r for r in results if r["k"] == 0]
+    by_model = {m: [r for r in results if r["model"] == m] for m in models}
     print(
-        f"{args.seeds} seeds x k in {KS}: {NODES} nodes, {DAYS} days, {LEMONS} lemons, "
-        f"lemons' warnings {'1x' if args.no_warn_excess else 'k x'}, params {params}\n"
+        f"{args.seeds} seeds x k in {KS} x {len(models)} models: {NODES} nodes, {DAYS} days, "
+        f"{LEMONS} lemons, params {params}\n"
     )
-    print(table(by_k))
+    for m in models:
+        print(f"- {m}: {MODELS[m][0]}")
     print()
-    print(breaker_lines([r for rs in by_k.values() for r in rs] + clean, clean))
+    print(summary(by_model))
+    for m in models if args.detail else ():
+        rs = by_model[m]
+        print(f"\n### {m}\n")
+        print(table({k: [r for r in rs if r["k"] == k] for k in KS}))
+        print()
+        print(breaker_lines([r for r in rs if r["k"]], [r for r in rs if r["k"] == 0]))
     print(f"\nwall time {time.time() - started:.0f} s with {args.workers} workers")
     return 0
 

@@ -496,9 +496,14 @@ def _report_bad(name: str, report: dict) -> None:
 )
 @click.option("--now", default=None, help="replay: the time to count back from")
 @click.option(
-    "--sacct", "use_sacct", is_flag=True, help="also merge job outcomes from Slurm accounting"
+    "--sacct",
+    "use_sacct",
+    is_flag=True,
+    help="also merge job outcomes and node events from Slurm accounting",
 )
-@click.option("--slurm-bin", default="", help="directory of sacct [$SLURMHEALTH_SLURM_BIN, PATH]")
+@click.option(
+    "--slurm-bin", default="", help="directory of sacct and sacctmgr [$SLURMHEALTH_SLURM_BIN, PATH]"
+)
 @click.option(
     "--spool-owner",
     "spool_owners",
@@ -522,8 +527,9 @@ def collect_cmd(
     A file that cannot be read (not a database, still being copied) is reported and skipped,
     and so is one anyone could have forged: a symlink, not owned by root (or --spool-owner), or
     writable by group or others (docs/fleet.md). --sacct adds what Slurm accounting knows of
-    each job (final state, NODE_FAIL): a job whose node died before its epilog still counts.
-    Collecting again adds nothing.
+    each job (final state, NODE_FAIL: a job whose node died before its epilog still counts) and
+    of nodes going down, draining or failing (which node of a NODE_FAIL job failed). Collecting
+    again adds nothing.
 
     \b
     Example:
@@ -554,6 +560,8 @@ def collect_cmd(
     click.echo(f"{merged} files merged, {skipped} skipped: {_added(report['added'])} added")
     if use_sacct:
         _collect_sacct(conn, start, end, slurm_bin)
+        # After the jobs are committed: a sacctmgr that fails then loses none of them.
+        _collect_events(conn, start, end, slurm_bin)
 
 
 def _collect_sacct(conn: object, start: float, end: float, slurm_bin: str) -> None:
@@ -570,6 +578,22 @@ def _collect_sacct(conn: object, start: float, end: float, slurm_bin: str) -> No
     click.echo(f"sacct: {result['jobs']:,} job rows added or updated")
     for line in result["bad"][: sync.BAD_SHOWN]:
         click.echo(f"sacct: skipped: {line}", err=True)
+
+
+def _collect_events(conn: object, start: float, end: float, slurm_bin: str) -> None:
+    from slurmhealth.core.slurm import SlurmError  # noqa: PLC0415
+
+    try:
+        text = accounting.fetch_events(start, end, slurm_bin)
+    except SlurmError as exc:
+        raise click.ClickException(f"{exc} (node events from accounting not merged)") from None
+    try:
+        events = accounting.ingest_events(conn, text, utc=True)  # type: ignore[arg-type]
+    except sync.FleetError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"sacctmgr: {events['events']:,} node events added or updated")
+    for line in events["bad"][: sync.BAD_SHOWN]:
+        click.echo(f"sacctmgr: skipped: {line}", err=True)
 
 
 def _lemon_text(scored: list, applied: list, window: float) -> str:

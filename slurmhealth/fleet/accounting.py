@@ -1,4 +1,6 @@
-"""Slurm accounting: what sacct knows of jobs (a job whose node died before its epilog)."""
+"""Slurm accounting: what sacct knows of jobs (a job whose node died before its epilog) and what
+`sacctmgr show event` knows of nodes going down, draining or failing (which node of a NODE_FAIL
+job failed)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import time
 from slurmhealth.core import store
 from slurmhealth.core.hostlist import PatternError, expand, split_terms
 from slurmhealth.core.result import clean
-from slurmhealth.fleet.sync import _VALUES, KINDS, FleetError, _changes
+from slurmhealth.fleet.sync import _VALUES, KINDS, FleetError, _changes, merge_node_events
 
 SACCT_FIELDS = "JobIDRaw,State,ExitCode,NodeList,Start,End,User"
 # The job-level ExitCode is 0:0 whatever happened for these (the signal is on the step line):
@@ -101,15 +103,121 @@ def fetch_sacct(start: float, end: float, slurm_bin: str = "", timeout: float = 
     Runs with TZ=UTC, so its times are UTC: ingest them with `utc=True`. Raises SlurmError with
     one line (e.g. "accounting storage is disabled" without slurmdbd).
     """
+    argv = ["-P", "-n", "-X", "-D", "-a", "-o", SACCT_FIELDS]
+    argv += ["-S", _stamp(start), "-E", _stamp(end)]
+    return _accounting("sacct", argv, slurm_bin, timeout)
+
+
+# ---------------------------------------------------------------------------------------------
+# node events (sacctmgr show event)
+
+# NodeName,Start,End,State,Reason: Reason last, because it is free text and may hold the `|`
+# that -P separates fields with (measured: a drain reason "a | b" comes back as is).
+EVENT_FIELDS = "NodeName,Start,End,State,Reason"
+# The node states whose events are merged. sacctmgr matches them as state bits, so `DOWN*` (slurmd
+# not responding: the node failure that ends its jobs NODE_FAIL) and `DRAIN*` (drained while
+# down) are in; the `UNK` "cold-start" event every slurmctld start records for every node is out
+# (measured on slurmdbd 22.05, tests/slurm/test_lemons.py).
+EVENT_STATES = "DOWN,DRAIN,FAIL"
+
+
+def _node_name(text: str) -> str | None:
+    """The one node a node event names, checked as parse_sacct checks a NodeList; None when the
+    text is not exactly one printable name."""
+    try:
+        names = [n for term in split_terms(text) for n in expand(term)]
+    except PatternError:
+        return None
+    if len(names) != 1 or names[0] != clean(names[0]) or " " in names[0]:
+        return None
+    return names[0]
+
+
+def parse_events(text: str, utc: bool = False) -> tuple:
+    """`sacctmgr -P -n show event ... Format=NodeName,Start,End,State,Reason` -> (rows, bad lines).
+
+    One row per node event: {node, start, end, state, reason}; `end` is None while the event is
+    open (sacctmgr prints `Unknown`); state as sacctmgr prints it (`DOWN*`), reason cleaned. A
+    line without a start, with an unreadable time or not exactly one node name is a bad line.
+    """
+    rows, bad = [], []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        fields = line.split("|", 4)
+        if len(fields) != 5:
+            bad.append(clean(line, 120))
+            continue
+        node, start, end, state, reason = (f.strip() for f in fields)
+        try:
+            times = _sacct_time(start, utc), _sacct_time(end, utc)
+        except (ValueError, OverflowError):
+            times = None, None
+        name = _node_name(node)
+        if name is None or times[0] is None or not clean(state):
+            bad.append(clean(line, 120))
+            continue
+        rows.append(
+            {
+                "node": name,
+                "start": times[0],
+                "end": times[1],
+                "state": clean(state, 40),
+                "reason": clean(reason),
+            }
+        )
+    return rows, bad
+
+
+def ingest_events(conn: sqlite3.Connection, text: str, utc: bool = False) -> dict:
+    """Merge sacctmgr's node events into node_events: {"events": rows changed, "bad": [lines]}.
+
+    Idempotent: an event is keyed by (node, start, state); one seen open gets its end once it
+    closes, a known end or reason is never replaced (sync.merge_node_events).
+    """
+    rows, bad = parse_events(text, utc)
+    values = [store.row("node_events", r) for r in rows]
+    try:
+        with store.immediate(conn):
+            changed = merge_node_events(conn, values)
+    except sqlite3.Error as exc:
+        raise FleetError(f"node events not merged: {clean(exc, 120)}") from None
+    return {"events": changed, "bad": bad}
+
+
+def fetch_events(start: float, end: float, slurm_bin: str = "", timeout: float = 120.0) -> str:
+    """sacctmgr's node events (DOWN, DRAIN, FAIL) overlapping [start, end]: those that began
+    before `start` and were still open then are included (measured), so an event seen open by
+    one collect is seen closed by the next. Node events only, not the cluster's own.
+
+    Runs with TZ=UTC, like fetch_sacct: ingest with `utc=True`. SlurmError with one line.
+    """
+    argv = ["-P", "-n", "show", "event", "Event=Node", f"States={EVENT_STATES}"]
+    argv += [f"Start={_stamp(start)}", f"End={_stamp(end)}", f"Format={EVENT_FIELDS}"]
+    return _accounting("sacctmgr", argv, slurm_bin, timeout)
+
+
+# ---------------------------------------------------------------------------------------------
+# running sacct and sacctmgr
+
+
+def _stamp(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))
+
+
+def _accounting(tool: str, args: list, slurm_bin: str, timeout: float) -> str:
+    """Run sacct or sacctmgr by absolute path; its stdout, or SlurmError with one line.
+
+    TZ=UTC makes the times it reads and prints UTC; SLURM_TIME_FORMAT=standard keeps them
+    `2026-05-01T10:00:00` whatever the admin's shell sets (`relative` prints `10:00:00`, `%s`
+    epoch seconds: measured, both tools).
+    """
     import subprocess  # noqa: PLC0415 - admin side only
 
     from slurmhealth.core.slurm import SlurmError, find_bin  # noqa: PLC0415
 
-    def stamp(t: float) -> str:
-        return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))
-
-    argv = [find_bin("sacct", slurm_bin), "-P", "-n", "-X", "-D", "-a", "-o", SACCT_FIELDS]
-    argv += ["-S", stamp(start), "-E", stamp(end)]
+    argv = [find_bin(tool, slurm_bin), *args]
+    env = dict(os.environ, TZ="UTC", SLURM_TIME_FORMAT="standard")
     try:
         proc = subprocess.run(
             argv,
@@ -117,15 +225,15 @@ def fetch_sacct(start: float, end: float, slurm_bin: str = "", timeout: float = 
             text=True,
             timeout=timeout,
             check=False,
-            env=dict(os.environ, TZ="UTC"),
+            env=env,
+            stdin=subprocess.DEVNULL,
         )
     except subprocess.TimeoutExpired:
-        raise SlurmError(f"sacct timed out after {timeout:g} s") from None
+        raise SlurmError(f"{tool} timed out after {timeout:g} s") from None
     except OSError as exc:
-        raise SlurmError(f"sacct: {exc}") from None
+        raise SlurmError(f"{tool}: {exc}") from None
     if proc.returncode != 0:
         why = clean(proc.stderr or proc.stdout or f"exit {proc.returncode}", 200)
-        raise SlurmError(f"sacct: {why[7:] if why.startswith('sacct: ') else why}")
+        prefix = f"{tool}: "
+        raise SlurmError(f"{prefix}{why[len(prefix) :] if why.startswith(prefix) else why}")
     return proc.stdout
-
-

@@ -66,6 +66,14 @@ def is_fault_reason(reason: str, lemon_prefix: str) -> bool:
     return any(text.startswith(r) for r in SLURM_FAULT_REASONS)
 
 
+def names_node(state: str, reason: str, lemon_prefix: str) -> bool:
+    """True for a node event that can name the node of a NODE_FAIL: the node went down or
+    failed (DOWN, DOWN*, FAIL...), or Slurm or slurmhealth gave a fault's reason. An admin's
+    drain ("maintenance") names nobody, even during the job."""
+    word = state.strip().upper()
+    return word.startswith(("DOWN", "FAIL")) or is_fault_reason(reason, lemon_prefix)
+
+
 def attribute(rows: list, downs: dict, drains: dict, slack: float = ATTRIBUTION_SLACK_S) -> dict:
     """{node: weight} for one NODE_FAIL job.
 

@@ -77,7 +77,7 @@ _NODE_FAILS = (
     "SELECT node, job_id, start, end, state FROM jobs "
     "WHERE start >= ? AND start < ? AND slurm_state = 'NODE_FAIL'"
 )
-_NODE_EVENTS = "SELECT node, start, reason FROM node_events WHERE start >= ? AND start < ?"
+_NODE_EVENTS = "SELECT node, start, state, reason FROM node_events WHERE start >= ? AND start < ?"
 
 OWN_LEMON = f"slurmhealth: {LEMON}"
 
@@ -134,8 +134,9 @@ def _items(conn: sqlite3.Connection, counts: dict, start: float, end: float) -> 
     for node, t in conn.execute(_PROLOGS, (start, end)):
         add(node, t, "prolog")
     downs: dict = {}
-    for node, t, reason in conn.execute(_NODE_EVENTS, (early, end)):
-        downs.setdefault(node, []).append(t)
+    for node, t, state, reason in conn.execute(_NODE_EVENTS, (early, end)):
+        if faults.names_node(state, reason, OWN_LEMON):
+            downs.setdefault(node, []).append(t)
         if t >= start and faults.is_fault_reason(reason, OWN_LEMON):
             add(node, t, "down")
     jobs: dict = {}

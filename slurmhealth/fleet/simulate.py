@@ -723,9 +723,10 @@ def fault_items(h: History, start: float, end: float) -> dict:
             drains.setdefault(node, []).append(t)
             add(node, t, "drain")
     downs: dict = {}
-    for node, t, _until, _state, reason in getattr(h, "node_events", ()):
+    for node, t, _until, state, reason in h.node_events:
         if early <= t < end:
-            downs.setdefault(node, []).append(t)
+            if faultlib.names_node(state, reason, lemon):
+                downs.setdefault(node, []).append(t)
             if faultlib.is_fault_reason(reason, lemon):
                 add(node, t, "down")
     jobs: dict = {}

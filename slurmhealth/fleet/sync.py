@@ -3,8 +3,8 @@
 Node stores stay node-local (SQLite's WAL needs local locking, never NFS); what travels is an
 NDJSON export or a copy of the file. `export` writes records with their stable ids, `import_ndjson`
 and `collect` merge them idempotently, `ingest_sacct` adds what Slurm accounting knows (a job whose
-node died before its epilog), and `signals` turns the fleet store into the lemon evidence of
-docs/signals.md. The record format is docs/fleet.md.
+node died before its epilog; `ingest_events`, which nodes went down), and `signals` turns the
+fleet store into the lemon evidence of docs/signals.md. The record format is docs/fleet.md.
 """
 
 from __future__ import annotations
@@ -109,6 +109,26 @@ def _changes(conn: sqlite3.Connection, sql: str, args: Iterable, many: bool = Fa
     else:
         conn.execute(sql, tuple(args))
     return conn.total_changes - before
+
+
+# Node events from Slurm accounting (fleet store only, never exported; accounting.ingest_events):
+# keyed by (node, start, state). An event merged while open gets its end when it closes; a known
+# end or reason is kept (so merging an older answer after a newer one undoes nothing), and a row
+# merged again changes nothing.
+_NODE_EVENTS = store.insert_sql(
+    "node_events",
+    tail="ON CONFLICT (node, start, state) DO UPDATE SET "
+    "end = coalesce(node_events.end, excluded.end), "
+    "reason = CASE node_events.reason WHEN '' THEN excluded.reason ELSE node_events.reason END "
+    "WHERE (node_events.end IS NULL AND excluded.end IS NOT NULL) "
+    "OR (node_events.reason = '' AND excluded.reason != '')",
+)
+
+
+def merge_node_events(conn: sqlite3.Connection, rows: Iterable) -> int:
+    """Merge node_events rows (every column, in the spec's order); how many changed. The caller
+    holds the transaction."""
+    return _changes(conn, _NODE_EVENTS, rows, many=True)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -95,6 +95,21 @@ def test_which_node_event_reasons_are_faults(reason, fault):
     assert faults.is_fault_reason(reason, "slurmhealth: lemon:") is fault
 
 
+@pytest.mark.parametrize(
+    ("state", "reason", "names"),
+    [
+        ("DOWN*", "Not responding", True),
+        ("DOWN", "lab: node failure", True),
+        ("FAIL", "fail it", True),
+        ("DRAIN", "maintenance", False),
+        ("DRAIN", "slurmhealth: xid.hardware: Xid 79", True),
+        ("DRAIN", "slurmhealth: lemon: 4 faults", False),
+    ],
+)
+def test_which_node_events_can_name_the_node_of_a_node_fail(state, reason, names):
+    assert faults.names_node(state, reason, "slurmhealth: lemon:") is names
+
+
 def fleet_episodes(nodes: int, burst_nodes: int, at: float) -> dict:
     """Each node one fault of its own at a different day; burst_nodes also fail at `at`."""
     out = {}

@@ -17,8 +17,11 @@ import time
 
 import pytest
 from conftest import FIXTURES, require_real, run_cli, snapshot_path
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slurmhealth.core import store
+from slurmhealth.core.result import clean
 from slurmhealth.core.slurm import SlurmError
 from slurmhealth.fleet import accounting, policy, signals, simulate, sync
 from slurmhealth.node import config, runner
@@ -400,24 +403,29 @@ def test_sacct_fills_what_the_hooks_could_not_know_and_never_erases(tmp_path):
     assert accounting.ingest_sacct(conn, SACCT, utc=True)["jobs"] == 0  # idempotent
 
 
-def fake_sacct(tmp_path, script: str) -> str:
+def fake_sacct(tmp_path, script: str, tool: str = "sacct") -> str:
+    """A stand-in for a Slurm accounting command in tmp_path/bin (the directory, for slurm_bin)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    path = bin_dir / "sacct"
+    path = bin_dir / tool
     path.write_text("#!/bin/sh\n" + script)
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
     return str(bin_dir)
 
 
-def test_fetch_sacct_runs_sacct_by_path_in_utc(tmp_path):
+def test_fetch_sacct_runs_sacct_by_path_in_utc(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURM_TIME_FORMAT", "relative")  # an admin's: sacct would print 10:00:00
     args = tmp_path / "argv"
     bin_dir = fake_sacct(
-        tmp_path, f'echo "$TZ $*" > {args}\necho "12|NODE_FAIL|0:0|gpu04|2026-05-01T10:00:00|x|u"\n'
+        tmp_path,
+        f'echo "$TZ $SLURM_TIME_FORMAT $*" > {args}\n'
+        'echo "12|NODE_FAIL|0:0|gpu04|2026-05-01T10:00:00|x|u"\n',
     )
     text = accounting.fetch_sacct(MAY1_10, MAY1_10 + DAY, slurm_bin=bin_dir)
     assert text.startswith("12|NODE_FAIL")
-    tz, *argv = args.read_text().split()
-    assert tz == "UTC" and "-P" in argv and "-D" in argv and "-X" in argv
+    tz, time_format, *argv = args.read_text().split()
+    assert (tz, time_format) == ("UTC", "standard")
+    assert "-P" in argv and "-D" in argv and "-X" in argv
     assert argv[argv.index("-S") + 1] == "2026-05-01T10:00:00"
     assert argv[argv.index("-o") + 1] == accounting.SACCT_FIELDS
 
@@ -425,6 +433,8 @@ def test_fetch_sacct_runs_sacct_by_path_in_utc(tmp_path):
 def test_collect_sacct_counts_a_job_whose_node_died_before_its_epilog(tmp_path):
     line = "12|NODE_FAIL|0:0|gpu04|2026-05-01T10:00:00|2026-05-01T10:30:00|alice"
     bin_dir = fake_sacct(tmp_path, f'echo "{line}"\n')
+    event = "gpu04|2026-05-01T10:30:00|Unknown|DOWN*|Not responding"
+    fake_sacct(tmp_path, f'echo "{event}"\n', tool="sacctmgr")
     spool = tmp_path / "spool"
     spool.mkdir()
     fleet_db = str(tmp_path / "fleet.db")
@@ -432,8 +442,12 @@ def test_collect_sacct_counts_a_job_whose_node_died_before_its_epilog(tmp_path):
     proc = run_cli(*args, "--now", "2026-05-02", "--since", "2d")
     assert proc.returncode == 0, proc.stderr
     assert "sacct: 1 job rows added or updated" in proc.stdout
-    got = signals.signals(store.connect(fleet_db), MAY1_10 - DAY, MAY1_10 + DAY)
+    assert "sacctmgr: 1 node events added or updated" in proc.stdout
+    conn = store.connect(fleet_db)
+    got = signals.signals(conn, MAY1_10 - DAY, MAY1_10 + DAY)
     assert got["gpu04"]["jobs"] == got["gpu04"]["hw_job_failures"] == 1
+    events = conn.execute("SELECT * FROM node_events").fetchall()
+    assert events == [("gpu04", MAY1_10 + 1800, "DOWN*", None, "Not responding")]
 
 
 def test_without_slurmdbd_sacct_fails_in_one_line(tmp_path):
@@ -531,8 +545,21 @@ def signal_store(path: str) -> sqlite3.Connection:
     action("c3", "gpu03", "drain", start + 3, ok=0)
     action("c4", "gpu03", "resume", start + 4)
     action("c5", "gpu03", "drain", start - 1)  # outside
-    # gpu04: a resume only: present, all zero
+    # gpu03: the lemon sweep's own drain is no evidence of a fault
+    conn.execute(
+        "INSERT INTO actions VALUES ('c6', 'gpu03', ?, 'drain', 'slurmhealth: lemon: 4 faults', "
+        "'slurmhealth lemons', 1, '')",
+        (start + 5,),
+    )
+    # gpu04: a resume; a NODE_FAIL job shared with gpu03 that accounting's node event charges
+    # to gpu04 (a node event with Slurm's own reason is a fault of its own too)
     action("d1", "gpu04", "resume", start + 1)
+    job("gpu03", "30", start + 100, slurm="NODE_FAIL", num_nodes=2)
+    job("gpu04", "30", start + 100, slurm="NODE_FAIL", num_nodes=2)
+    conn.execute(
+        "INSERT INTO node_events VALUES ('gpu04', ?, 'DOWN', NULL, 'Not responding')",
+        (start + 150,),
+    )
     # gpu05: only records outside the window: absent
     run("e1", "gpu05", "fail", start + 40 * DAY)
     job("gpu05", "50", start - DAY, slurm="NODE_FAIL")
@@ -542,6 +569,7 @@ def signal_store(path: str) -> sqlite3.Connection:
 def test_signals_equal_the_hand_count(tmp_path):
     conn = signal_store(str(tmp_path / "fleet.db"))
     got = signals.signals(conn, T0, T0 + 28 * DAY)
+    ok = T0 + 10  # gpu01's only passing run after its first items
     assert got == {
         "gpu01": {
             **ZERO,
@@ -552,17 +580,50 @@ def test_signals_equal_the_hand_count(tmp_path):
             "check_fails": 1,
             "check_warns": 2,
             "node_days": 3,
+            "faults": [
+                (T0 + 3, "prolog", 1.0, ok),
+                (T0 + 4, "node_fail", 1.0, ok),  # a one-node job: its node
+                (T0 + 5, "xid", 1.0, ok),
+                (T0 + 6, "node_fail", 1.0, ok),
+                (T0 + 6, "prolog", 1.0, ok),
+                (T0 + 6, "xid", 1.0, ok),
+                (T0 + 7, "xid", 1.0, ok),
+                (T0 + 20, "check", 1.0, None),  # no passing run after it
+                (T0 + 20 * DAY, "xid", 1.0, None),
+            ],
+            "warnings": [
+                (T0 + 10, "warn", 1.0, None),
+                (T0 + DAY, "warn", 1.0, None),
+                (T0 + 2 * DAY, "warn", 1.0, None),
+            ],
         },
         "gpu02": {
             **ZERO,
             "jobs": 3,
             "hw_job_failures": 1,  # the NODE_FAIL
             "multi_node_jobs": 3,
-            "multi_node_failures": 2,
+            "multi_node_failures": 1,  # the FAILED one (NODE_FAIL is a fault, attributed)
             "node_days": 1,
+            "faults": [(T0 + 2, "node_fail", 1.0, None)],  # the only row of job 21 known
+            "warnings": [],
         },
-        "gpu03": {**ZERO, "drains": 2},
-        "gpu04": dict(ZERO),
+        "gpu03": {
+            **ZERO,
+            "drains": 2,  # not the failed drain, not the lemon drain
+            "jobs": 1,
+            "hw_job_failures": 1,
+            "multi_node_jobs": 1,
+            "faults": [(T0 + 1, "drain", 1.0, None), (T0 + 2, "drain", 1.0, None)],
+            "warnings": [],
+        },
+        "gpu04": {
+            **ZERO,
+            "jobs": 1,
+            "hw_job_failures": 1,
+            "multi_node_jobs": 1,
+            "faults": [(T0 + 100, "node_fail", 1.0, None), (T0 + 150, "down", 1.0, None)],
+            "warnings": [],
+        },
     }
     assert list(got) == sorted(got)
 
@@ -795,3 +856,184 @@ def test_spool_owner_trusts_the_files_of_a_named_user(shared, user):
     assert "1 files merged, 0 skipped" in by_env.stdout, by_env.stderr
     unknown = run_cli(*args, "--spool-owner", "no-such-user-here")
     assert unknown.returncode == 2 and "no user no-such-user-here" in unknown.stderr
+
+
+# --- node events from Slurm accounting (sacctmgr show event) ---------------------------------
+
+# sacctmgr's real answer, verbatim, from the tests/slurm lab (Slurm 22.05.8, slurmdbd on MariaDB
+# 10.11, 2026-11-30) to
+#   TZ=UTC sacctmgr -P -n show event Event=Node States=DOWN,DRAIN,FAIL \
+#       Start=2026-11-30T16:00:00 End=2026-11-30T16:10:00 Format=NodeName,Start,End,State,Reason
+# after, in turn: gpu01 drained with a `|` in its reason, gpu02 set DOWN, gpu01 drained under a
+# running job (the event starts when the job ends, not at the scontrol), gpu02 set FAIL, gpu02's
+# slurmd killed (DOWN*: Not responding), gpu02 drained while down (DRAIN*: a new event, the DOWN*
+# one closes), gpu02's slurmd killed under a 2-node job (ended NODE_FAIL at 16:04:23, the start
+# of the last event).
+EVENTS = """\
+gpu01|2026-11-30T16:01:58|2026-11-30T16:02:03|DRAIN|lab: drained | with pipe
+gpu01|2026-11-30T16:02:49|2026-11-30T16:02:59|DRAIN|drain while busy
+gpu02|2026-11-30T16:02:00|2026-11-30T16:02:04|DOWN|lab: node failure
+gpu02|2026-11-30T16:02:21|2026-11-30T16:02:59|FAIL|fail it
+gpu02|2026-11-30T16:03:29|2026-11-30T16:03:44|DOWN*|Not responding
+gpu02|2026-11-30T16:03:44|2026-11-30T16:03:50|DRAIN*|drained while down
+gpu02|2026-11-30T16:04:23|2026-11-30T16:05:00|DOWN*|Not responding
+"""
+# The same lab at 16:04:37, the last node still down: an open event's End is `Unknown`.
+EVENTS_OPEN = EVENTS.replace("16:04:23|2026-11-30T16:05:00|", "16:04:23|Unknown|")
+NOV30_16 = 1_796_054_400.0  # 2026-11-30T16:00:00Z
+
+
+def test_sacctmgr_node_events_are_parsed():
+    rows, bad = accounting.parse_events(EVENTS, utc=True)
+    assert bad == []
+    got = [(r["node"], r["start"] - NOV30_16, r["end"] - NOV30_16, r["state"]) for r in rows]
+    assert got == [
+        ("gpu01", 118, 123, "DRAIN"),
+        ("gpu01", 169, 179, "DRAIN"),
+        ("gpu02", 120, 124, "DOWN"),
+        ("gpu02", 141, 179, "FAIL"),
+        ("gpu02", 209, 224, "DOWN*"),
+        ("gpu02", 224, 230, "DRAIN*"),
+        ("gpu02", 263, 300, "DOWN*"),
+    ]
+    assert rows[0]["reason"] == "lab: drained | with pipe"  # the last field keeps its `|`
+    assert rows[-1]["reason"] == "Not responding"
+    (open_row,) = [r for r in accounting.parse_events(EVENTS_OPEN, utc=True)[0] if not r["end"]]
+    assert open_row["start"] == NOV30_16 + 263 and open_row["end"] is None
+
+
+def test_node_event_lines_that_cannot_be_read_are_reported():
+    text = "\n".join(
+        [
+            # the cluster's own event (what a query without Event=Node shows): no node
+            "|2026-11-30T16:01:55|Unknown||Cluster Registered TRES",
+            "gpu[01-02]|2026-11-30T16:02:00|Unknown|DOWN|two nodes in one event",
+            "gpu0[1-|2026-11-30T16:02:00|Unknown|DOWN|unreadable name",
+            "gpu\x1b[31m03|2026-11-30T16:02:00|Unknown|DOWN|terminal escape in the name",
+            "gpu 03|2026-11-30T16:02:00|Unknown|DOWN|space in the name",
+            "gpu03|16:02:00|Unknown|DOWN|SLURM_TIME_FORMAT=relative",
+            "gpu03|Unknown|Unknown|DOWN|no start",
+            "gpu03|2026-11-30T16:02:00|2026-13-30T16:02:00|DOWN|month 13",
+            "gpu03|2026-11-30T16:02:00|Unknown||no state",
+            "gpu03|2026-11-30T16:02:00|Unknown|DOWN",
+            "not sacctmgr output",
+            "gpu04|2026-11-30T16:02:00|Unknown|DOWN|bad\x07 reason\tcleaned",
+        ]
+    )
+    rows, bad = accounting.parse_events(text, utc=True)
+    assert [(r["node"], r["reason"]) for r in rows] == [("gpu04", "bad? reason cleaned")]
+    assert len(bad) == 11
+    assert all("\x1b" not in line and "\n" not in line for line in bad)
+
+
+_FIELD = st.one_of(
+    st.sampled_from(
+        ["gpu01", "gpu[01-02]", "gpu0[1-", "2026-11-30T16:02:00", "0001-01-01T00:00:00"]
+        + ["9999-12-31T23:59:59", "Unknown", "", "DOWN*", "a | b", "x\x00\x1b\n"]
+    ),
+    st.text(max_size=20),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(lines=st.lists(st.lists(_FIELD, min_size=1, max_size=6).map("|".join), max_size=5))
+def test_any_sacctmgr_text_is_parsed_or_reported_never_raised(lines):
+    text = "\n".join(lines)
+    for utc in (True, False):
+        rows, bad = accounting.parse_events(text, utc=utc)
+        assert len(rows) + len(bad) <= len(text.splitlines())
+        for row in rows:
+            assert isinstance(row["start"], float) and row["node"] and row["state"]
+            assert row["node"] == clean(row["node"]) and " " not in row["node"]
+
+
+def test_node_events_merge_idempotently_and_an_open_event_gets_its_end(tmp_path):
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    assert accounting.ingest_events(conn, EVENTS_OPEN, utc=True) == {"events": 7, "bad": []}
+    assert accounting.ingest_events(conn, EVENTS_OPEN, utc=True)["events"] == 0
+    last = "SELECT end FROM node_events WHERE node = 'gpu02' AND state = 'DOWN*' ORDER BY start"
+    assert conn.execute(last).fetchall() == [(NOV30_16 + 224,), (None,)]
+    assert accounting.ingest_events(conn, EVENTS, utc=True)["events"] == 1  # it closed
+    assert conn.execute(last).fetchall() == [(NOV30_16 + 224,), (NOV30_16 + 300,)]
+    before = conn.execute("SELECT * FROM node_events ORDER BY node, start").fetchall()
+    for text in (EVENTS, EVENTS_OPEN):  # an older answer merged again reopens nothing
+        assert accounting.ingest_events(conn, text, utc=True)["events"] == 0
+    assert conn.execute("SELECT * FROM node_events ORDER BY node, start").fetchall() == before
+    assert len(before) == 7 and before[0][4] == "lab: drained | with pipe"
+    # A reason that was empty is filled in; a known one stays.
+    quiet = "gpu03|2026-11-30T16:06:00|Unknown|DOWN|"
+    assert accounting.ingest_events(conn, quiet, utc=True)["events"] == 1
+    assert accounting.ingest_events(conn, quiet + "Not responding", utc=True)["events"] == 1
+    assert accounting.ingest_events(conn, quiet + "something else", utc=True)["events"] == 0
+    reason = "SELECT reason FROM node_events WHERE node = 'gpu03'"
+    assert conn.execute(reason).fetchall() == [("Not responding",)]
+
+
+def test_a_node_event_that_cannot_be_stored_is_one_line(tmp_path):
+    path = str(tmp_path / "fleet.db")
+    store.connect(path).close()
+    readonly = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
+    with pytest.raises(sync.FleetError, match="^node events not merged: .*readonly"):
+        accounting.ingest_events(readonly, EVENTS, utc=True)
+
+
+def test_fetch_events_asks_sacctmgr_for_node_events_in_utc(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURM_TIME_FORMAT", "%s")  # an admin's: sacctmgr would print epochs
+    args = tmp_path / "argv"
+    bin_dir = fake_sacct(
+        tmp_path, f'echo "$TZ $SLURM_TIME_FORMAT $*" > {args}\nprintf "%s" "$EVENTS"\n', "sacctmgr"
+    )
+    monkeypatch.setenv("EVENTS", EVENTS)
+    text = accounting.fetch_events(NOV30_16, NOV30_16 + 600, slurm_bin=bin_dir)
+    assert text == EVENTS
+    assert args.read_text().split() == [
+        "UTC",
+        "standard",
+        "-P",
+        "-n",
+        "show",
+        "event",
+        "Event=Node",
+        "States=DOWN,DRAIN,FAIL",
+        "Start=2026-11-30T16:00:00",
+        "End=2026-11-30T16:10:00",
+        "Format=NodeName,Start,End,State,Reason",
+    ]
+
+
+def test_a_sacctmgr_that_hangs_or_fails_is_one_line(tmp_path):
+    bin_dir = fake_sacct(tmp_path, "exec sleep 30\n", "sacctmgr")
+    with pytest.raises(SlurmError, match="^sacctmgr timed out after 0.5 s$"):
+        accounting.fetch_events(0, 1, slurm_bin=bin_dir, timeout=0.5)
+    fake_sacct(tmp_path, f"printf '%s' '{SLURMDBD_DOWN}' >&2\nexit 1\n", "sacctmgr")
+    with pytest.raises(SlurmError) as caught:
+        accounting.fetch_events(0, 1, slurm_bin=bin_dir)
+    message = str(caught.value)
+    assert message.startswith("sacctmgr: error: slurm_persist_conn_open_without_init: ")
+    assert "\n" not in message and message.endswith("Connection refused")
+
+
+# sacctmgr's stderr, exit 1, with slurmdbd stopped (the tests/slurm lab, Slurm 22.05.8)
+SLURMDBD_DOWN = (
+    "sacctmgr: error: slurm_persist_conn_open_without_init: failed to open persistent "
+    "connection to host:127.0.0.1:35771: Connection refused\n"
+    "sacctmgr: error: Sending PersistInit msg: Connection refused\n"
+)
+
+
+def test_collect_keeps_the_jobs_it_merged_when_sacctmgr_fails(tmp_path):
+    line = "12|NODE_FAIL|0:0|gpu04|2026-05-01T10:00:00|2026-05-01T10:30:00|alice"
+    bin_dir = fake_sacct(tmp_path, f'echo "{line}"\n')
+    fake_sacct(tmp_path, f"printf '%s' '{SLURMDBD_DOWN}' >&2\nexit 1\n", "sacctmgr")
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    fleet_db = str(tmp_path / "fleet.db")
+    args = ["collect", str(spool), "--db", fleet_db, "--sacct", "--slurm-bin", bin_dir]
+    proc = run_cli(*args, "--now", "2026-05-02", "--since", "2d")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "sacct: 1 job rows added or updated" in proc.stdout
+    (error,) = proc.stderr.strip().splitlines()
+    assert error.startswith("Error: sacctmgr: error: slurm_persist_conn_open_without_init: ")
+    assert error.endswith("Connection refused (node events from accounting not merged)")
+    conn = store.connect(fleet_db)
+    assert conn.execute("SELECT job_id, slurm_state FROM jobs").fetchall() == [("12", "NODE_FAIL")]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -19,6 +20,9 @@ import time
 
 import pytest
 from conftest import require_real
+
+from slurmhealth.core import store
+from slurmhealth.fleet import accounting
 
 from .lab import TERMINAL_JOB_STATES, Lab, copy_store, missing, snapshot, xid_message
 
@@ -121,6 +125,45 @@ def test_accounting_records_every_job_with_its_state_exit_and_nodes(cluster):
     # ended: the node store's row has no failure in it.
     (epilog,) = lab.wait_runs(CRASHY, "epilog", job_id=crashed)
     assert epilog["verdict"] == "ok"
+
+
+def test_a_drain_comes_back_from_accounting_as_a_node_event_and_closes(
+    cluster, tmp_path, monkeypatch
+):
+    """fetch_events + ingest_events store the drain with its node, state, reason and start while
+    it lasts; a collect --sacct after the resume gives it its end."""
+    lab = cluster
+    monkeypatch.setenv("SLURM_CONF", lab.conf)  # fetch_events runs sacctmgr in this process
+    node, reason = "gpu01", f"lab: event {os.urandom(2).hex()} | a pipe in it"
+    t0 = int(time.time())
+    lab.drain(node, reason)
+
+    def drain_events() -> list:
+        text = accounting.fetch_events(t0 - 60, time.time() + 60, slurm_bin="/usr/bin")
+        return [r for r in accounting.parse_events(text, utc=True)[0] if r["reason"] == reason]
+
+    lab._poll(drain_events, 30, "sacctmgr to show the drain")
+    t1 = time.time()
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    text = accounting.fetch_events(t0 - 60, time.time() + 60, slurm_bin="/usr/bin")
+    assert accounting.ingest_events(conn, text, utc=True)["bad"] == []
+    sql = "SELECT node, start, state, end FROM node_events WHERE reason = ?"
+    ((got_node, start, state, end),) = conn.execute(sql, (reason,)).fetchall()
+    assert (got_node, state, end) == (node, "DRAIN", None)
+    assert t0 <= start <= t1  # sacctmgr's times are whole seconds
+
+    lab.resume(node)
+    lab.wait_idle([node])
+    lab._poll(lambda: drain_events()[0]["end"] is not None, 30, "sacctmgr to close the drain")
+    spool = tmp_path / "spool"
+    spool.mkdir(mode=0o700)
+    fleet = str(tmp_path / "fleet.db")
+    collect = ok(slurmhealth(lab, "collect", str(spool), "--db", fleet, "--sacct", "--since", "1h"))
+    assert re.search(r"^sacctmgr: [1-9][0-9]* node events added or updated$", collect.stdout, re.M)
+    ((closed,),) = conn.execute("SELECT end FROM node_events WHERE reason = ?", (reason,))
+    assert start <= closed <= time.time()  # resumed within a second, often
+    again = ok(slurmhealth(lab, "collect", str(spool), "--db", fleet, "--sacct", "--since", "1h"))
+    assert "sacctmgr: 0 node events added or updated" in again.stdout, again.stdout
 
 
 # ---- lemons --------------------------------------------------------------------------------------
@@ -237,6 +280,26 @@ def test_the_hooks_record_the_faults_without_draining(cluster, history):
     noisy = rows(os.path.join(history["spool"], f"{NOISY}.db"), "SELECT * FROM events")
     assert [e["code"] for e in noisy] == [13, 13]
     assert {e["class"] for e in noisy} == {"app"}
+
+
+def test_collect_merges_the_node_failure_that_ended_a_job_node_fail(cluster, history):
+    """The lemon model's clue: a DOWN event on the failed node, starting when its job ended."""
+    lab = cluster
+    assert re.search(
+        r"^sacctmgr: [1-9][0-9]* node events added or updated$", history["collect"].stdout, re.M
+    )
+    env = lab.client_env({"TZ": "UTC", "SLURM_TIME_FORMAT": "standard"})
+    argv = ["/usr/bin/sacct", "-P", "-n", "-X", "-j", history["crashed"], "-o"]
+    text = lab._run([*argv, accounting.SACCT_FIELDS], env=env).stdout
+    (job,) = accounting.parse_sacct(text, utc=True)[0]
+    assert job["slurm_state"] == "NODE_FAIL"
+    sql = "SELECT * FROM node_events WHERE node = ? AND reason = 'lab: node failure'"
+    events = rows(history["fleet"], sql, (CRASHY,))
+    down = min(events, key=lambda e: abs(e["start"] - job["end"]))
+    assert abs(down["start"] - job["end"]) <= 2, (events, job)  # measured: the same second
+    assert down["state"] == "DOWN", events
+    assert down["end"] is not None and down["end"] >= down["start"]  # back (ReturnToService=2)
+    assert not rows(history["fleet"], "SELECT * FROM node_events WHERE state LIKE 'UNK%'")
 
 
 def test_a_node_with_intermittent_faults_is_drained_as_a_lemon_with_its_evidence(
