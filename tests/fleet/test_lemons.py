@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 from conftest import TESTS, run_cli
 
 from slurmhealth.core import store
-from slurmhealth.fleet import simulate
+from slurmhealth.fleet import policy, simulate
 
 FAKE_SLURM = os.path.join(TESTS, "fakeslurm")
 
@@ -102,3 +103,84 @@ def test_lemons_on_a_fleet_store_damaged_past_its_header_is_one_line(tmp_path):
     proc = run_cli("lemons", "--db", db, "--now", "4000", "--window", "1d")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+# --- the documented pipeline: node stores + accounting -> collect --sacct -> lemons -----------
+
+
+def _utc(t: float | None) -> str:
+    return "Unknown" if t is None else time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))
+
+
+def accounting_text(h: simulate.History) -> tuple:
+    """What `sacct -P -n -X ... -o JobIDRaw,State,ExitCode,NodeList,Start,End,User` and
+    `sacctmgr -P -n show event ... Format=NodeName,Start,End,State,Reason` would print of the
+    simulated fleet (UTC, as collect asks for)."""
+    jobs: dict = {}
+    for row in h.jobs:
+        jobs.setdefault(row[1], []).append(row)
+    sacct = []
+    for job_id, rows in jobs.items():
+        state = rows[0][6]
+        ends = [r[3] for r in rows if r[3] is not None]
+        code = "1:0" if state == "FAILED" else "0:0"
+        nodes = ",".join(r[0] for r in rows)
+        end = max(ends) if ends and state != "RUNNING" else None
+        sacct.append(f"{job_id}|{state}|{code}|{nodes}|{_utc(rows[0][2])}|{_utc(end)}|{rows[0][8]}")
+    events = [
+        f"{node}|{_utc(start)}|{_utc(end)}|{state}|{reason}"
+        for node, start, end, state, reason in h.node_events
+    ]
+    return "\n".join(sacct) + "\n", "\n".join(events) + "\n"
+
+
+def test_the_pipeline_gives_the_in_memory_verdicts(tmp_path):
+    """Node stores that know only what the hooks know (no Slurm state, no end for a node that
+    crashed), accounting's jobs and node events as sacct and sacctmgr print them: collect
+    --sacct and lemons find, node by node, the faults and the lemons the in-memory signals do."""
+    fleet = simulate.Fleet(nodes=48, days=28, seed=11, healthcheck_interval=3600, warn_factor=1.0)
+    fleet.lemons = simulate.pick_lemons(fleet, 2, 100)
+    h = simulate.events(fleet)
+    assert any(r[6] == "NODE_FAIL" and r[4] > 1 for r in h.jobs), "a multi-node NODE_FAIL"
+    nodes = tmp_path / "spool"
+    nodes.mkdir()
+    conn = store.connect(str(nodes / "nodes.db"))
+    simulate.write_store(h, conn)
+    with conn:  # what accounting alone knows
+        conn.execute("UPDATE jobs SET slurm_state = NULL")
+        conn.execute("UPDATE jobs SET end = NULL WHERE state = 'running'")
+        conn.execute("DELETE FROM node_events")
+    conn.close()
+    sacct, events = accounting_text(h)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool, text in (("sacct", sacct), ("sacctmgr", events)):
+        (tmp_path / f"{tool}.txt").write_text(text)
+        script = bin_dir / tool
+        script.write_text(f"#!/bin/sh\ncat {tmp_path / f'{tool}.txt'}\n")
+        script.chmod(0o755)
+    fleet_db = str(tmp_path / "fleet.db")
+    end = str(fleet.end)
+    proc = run_cli(
+        "collect",
+        str(nodes),
+        "--db",
+        fleet_db,
+        "--sacct",
+        "--slurm-bin",
+        str(bin_dir),
+        "--since",
+        "30d",
+        "--now",
+        end,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "sacctmgr: " in proc.stdout and "node events added" in proc.stdout
+    proc = run_cli("lemons", "--db", fleet_db, "--now", end, "--json")
+    assert proc.returncode == 0, proc.stderr
+    piped = {e["node"]: e for e in json.loads(proc.stdout)["nodes"]}
+    in_memory = {e["node"]: e for e in policy.score(simulate.signals(h, fleet.start, fleet.end))}
+    assert {n: e["faults"] for n, e in piped.items()} == {
+        n: e["faults"] for n, e in in_memory.items()
+    }
+    assert {n for n, e in piped.items() if e["lemon"]} == set(fleet.lemons)
