@@ -610,6 +610,157 @@ def _lemon_text(scored: list, applied: list, window: float) -> str:
     return "\n".join(lines)
 
 
+# --- validate and return (docs/diagnose.md) ---------------------------------------------------
+
+DIAG_FAILED = 1
+
+
+@cli.command(name="diagnose")
+@click.option(
+    "--level",
+    type=click.Choice(["quick", "medium", "long"]),
+    default="medium",
+    show_default=True,
+    help="quick: seconds; medium: about 2-5 minutes; long: about 15-30 minutes",
+)
+@click.option("--node", default=None, help="this node's name [Slurm's or the host name]")
+@click.option("--db", default=None, help="the store [$SLURMHEALTH_DB or this node's store]")
+@click.option("--config", "path", default=None, help="settings and thresholds")
+@click.option("--gpu-source", default=None, help="nvml or a snapshot file [settings.gpu_source]")
+@click.option("--sysfs-root", default=None, help="where class/infiniband is read [settings]")
+@click.option("--kmsg", default=None, help="the kernel log, or a file of records [settings]")
+@click.option(
+    "--time-limit",
+    default=None,
+    help="with --submit: the job's limit in minutes [quick 10, medium 20, long 60]",
+)
+@click.option(
+    "--apply",
+    "do_apply",
+    is_flag=True,
+    help="inside a diagnose job: return the node on pass, drain it for service on fail",
+)
+@click.option(
+    "--submit",
+    "do_submit",
+    is_flag=True,
+    help="head node: diagnose drained nodes as Slurm jobs in the maintenance reservation",
+)
+@click.option("--nodes", "named", default="", help="with --submit: these nodes too (hostlist)")
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+def diagnose_cmd(
+    level: str,
+    node: str | None,
+    db: str | None,
+    path: str | None,
+    gpu_source: str | None,
+    sysfs_root: str | None,
+    kmsg: str | None,
+    time_limit: str | None,
+    do_apply: bool,
+    do_submit: bool,
+    named: str,
+    as_json: bool,
+) -> None:
+    """Diagnose this node deeply: today's checks, then DCGM's diagnostic, NCCL's all-reduce,
+    perftest and the built-in GPU tests, as far as they are installed (the rest is skipped and
+    says so). Records a `diag` run; exit 0 on pass, 1 on fail.
+
+    With --submit (head node, cron): every node slurmhealth drained, and those named with
+    --nodes, is diagnosed by one exclusive Slurm job in the maintenance reservation
+    (settings.diag_reservation); the job returns the node on pass and marks it for service on
+    fail. An admin's drain is never lifted.
+
+    \b
+    Example:
+        slurmhealth diagnose --level quick
+        slurmhealth diagnose --submit --level medium
+        slurmhealth diagnose --submit --nodes 'gpu[03,07]'
+    """
+    if do_apply and do_submit:
+        raise click.UsageError("--apply runs inside a diagnose job, --submit on the head node")
+    if named and not do_submit:
+        raise click.UsageError("--nodes goes with --submit")
+    if time_limit is not None and not do_submit:
+        raise click.UsageError("--time-limit goes with --submit")
+    if do_submit:
+        _diagnose_submit(level, db, path, named, time_limit, as_json)
+        return
+    from slurmhealth.node.diag import run as diag_run  # noqa: PLC0415
+
+    name = agent.node_name(node)
+    store_path = db or store.default_path(name)
+    conn = agent.open_store(store_path, "diagnose")
+    expect = _load_config(path).for_node(name)
+    settings = expect["settings"]
+    options = _options(
+        gpu_source or settings["gpu_source"],
+        sysfs_root or settings["sysfs_root"],
+        kmsg or settings["kmsg"],
+    )
+    diagnosis = diag_run.diagnose(name, level, expect, options)
+    conn = agent.record(conn, diagnosis, "diagnose", path=store_path)
+    applied = None
+    if do_apply:
+        from slurmhealth.fleet import diagnose as orchestration  # noqa: PLC0415
+
+        client = slurm.Slurm(settings["slurm_bin"], settings["drain_timeout"] * 5)
+        applied = orchestration.finish(
+            client, diagnosis, settings, conn, lambda text: click.echo(clean(text, 500), err=True)
+        )
+    if as_json:
+        click.echo(json.dumps(dict(diagnosis.to_dict(), applied=applied), indent=1))
+    else:
+        click.echo(diag_run.table(diagnosis))
+        if applied:
+            click.echo(f"  -> {applied}")
+    if diagnosis.verdict == "fail":
+        sys.exit(DIAG_FAILED)
+
+
+def _diagnose_submit(
+    level: str, db: str | None, path: str | None, named: str, limit: str | None, as_json: bool
+) -> None:
+    from slurmhealth.core.hostlist import PatternError, expand, split_terms  # noqa: PLC0415
+    from slurmhealth.fleet import diagnose as orchestration  # noqa: PLC0415
+
+    try:
+        wanted = [n for term in split_terms(named) for n in expand(term)] if named else []
+    except PatternError as exc:
+        raise click.BadParameter(str(exc), param_hint="--nodes") from None
+    minutes = orchestration.LEVEL_MINUTES[level]
+    if limit is not None:
+        if not limit.isdigit() or not 0 < int(limit) <= 10080:
+            raise click.BadParameter("minutes from 1 to 10080", param_hint="--time-limit")
+        minutes = int(limit)
+    settings = _load_config(path).for_node("")["settings"]
+    client = slurm.Slurm(settings["slurm_bin"], 30.0)
+    conn = _open_fleet(db)
+    command = orchestration.job_command(level, path)
+    try:
+        done = orchestration.sweep(
+            client,
+            level,
+            settings,
+            conn,
+            wanted,
+            command,
+            minutes,
+            lambda text: click.echo(clean(text, 500), err=True),
+        )
+    except slurm.SlurmError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(done, indent=1))
+    else:
+        for item in done:
+            click.echo(f"{clean(item['node'])}: {item['what']}: {clean(item['detail'])}")
+        if not done:
+            click.echo("nothing to diagnose")
+    if any(item["what"] in (BREAKER, HELD) for item in done):
+        sys.exit(3)
+
+
 @cli.command(name="lemons")
 @fleet_db_option
 @click.option("--window", default="28d", show_default=True, help="history to score, e.g. 28d")

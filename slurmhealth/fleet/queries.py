@@ -103,6 +103,27 @@ def xids_between(conn: sqlite3.Connection, start: float, end: float) -> sqlite3.
     )
 
 
+def diagnoses(conn: sqlite3.Connection, start: float, end: float) -> list:
+    """[{node, started, duration, verdict, sources, results: [{check_name, status, message,
+    data}]}] of the `diag` runs started in [start, end), by time."""
+    runs = _dicts(
+        conn.execute(
+            "SELECT id, node, started, duration, verdict, sources FROM runs "
+            "WHERE phase = 'diag' AND started >= ? AND started < ? ORDER BY started, node",
+            (start, end),
+        )
+    )
+    for run in runs:
+        run["results"] = _dicts(
+            conn.execute(
+                "SELECT check_name, status, message, data FROM results WHERE run_id = ? "
+                "ORDER BY check_name",
+                (run.pop("id"),),
+            )
+        )
+    return runs
+
+
 def durations(conn: sqlite3.Connection, start: float, end: float, phase: str) -> list:
     """[runs.duration] of the phase's runs started in [start, end): slurmhealth's own wall
     time."""

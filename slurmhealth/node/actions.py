@@ -197,6 +197,8 @@ def resume_if_due(
     """Resume our own drain of `node` once settings.resume_after consecutive health checks
     passed since it; never an admin's drain, a lemon's or one on probation (may_resume).
     Returns whether the node was resumed; a Slurm or store failure is one log line."""
+    if settings.get("diag_before_resume"):
+        return False  # only a passed diagnosis returns the node (docs/diagnose.md)
     try:
         info = client.node(node)
         if not may_resume(info) or conn is None:

@@ -49,6 +49,26 @@ SETTINGS = {
         "resume, hooks exit 0 (watch a week, then enforce)",
     ),
     "nvidia_smi": ("/usr/bin/nvidia-smi", str, "nvidia-smi used for GPU resets"),
+    "diag_before_resume": (
+        False,
+        bool,
+        "our drains return only through a passed diagnosis (diagnose --submit), never by "
+        "passing health checks",
+    ),
+    "diag_reservation": (
+        "slurmhealth_diag",
+        str,
+        "maintenance reservation that diagnose jobs run in (docs/diagnose.md)",
+    ),
+    "diag_tools": ("", str, "directory searched before $PATH for dcgmi, nccl-tests, perftest"),
+    "diag_python": ("", str, "python that runs the built-in GPU tests; empty: slurmhealth's own"),
+    "diag_allreduce_floor_gbps": (
+        0.0,
+        float,
+        "all-reduce bus bandwidth floor, GB/s; 0: the default for the GPU model, if any",
+    ),
+    "diag_ib_min_share": (0.9, float, "ib_write_bw must reach this share of the port's rate"),
+    "diag_ib_lat_max_usec": (4.5, float, "ib_read_lat typical latency ceiling, microseconds"),
     "metrics_file": (
         "",
         str,
@@ -94,6 +114,16 @@ BOUNDS: dict = {
     ),
     "settings.breaker_window": (lambda v: _finite(v) and v > 0, "must be > 0 seconds, finite"),
     "settings.probation_days": _AT_LEAST_0,
+    "settings.diag_allreduce_floor_gbps": _AT_LEAST_0,
+    "settings.diag_ib_lat_max_usec": _AT_LEAST_0,
+    "settings.diag_ib_min_share": (
+        lambda v: _finite(v) and 0 <= v <= 1,
+        "must be a share of the port's rate from 0 to 1",
+    ),
+    "settings.diag_reservation": (
+        lambda v: 0 < len(v) <= 64 and all(c.isalnum() or c in "_.-" for c in v),
+        "must be 1-64 letters, digits, '_', '.' or '-' (a Slurm reservation name)",
+    ),
     **{f"gpu.{k}": _AT_LEAST_0 for k in ("count", "pcie_gen", "pcie_width")},
     "gpu.clock_event_mask": (lambda v: 0 <= v < 1 << 64, "must be a 64-bit mask (0 to 2^64-1)"),
     "gpu.sbe_warn": _AT_LEAST_1,

@@ -496,10 +496,57 @@ def _build(
     doc["rate"] = rate(failures, node_days)
     tick(1)
     doc["drift"] = drift({n: recorded_versions(conn, n, now) for n in nodes})
+    doc["diagnosed"] = diagnosed(conn, start, now)
     tick(1)
     doc["cost"] = own_cost(conn, start, now)
     tick(1)
     return doc
+
+
+DIAG_SHOWN = 200  # diagnoses listed at most (the newest)
+
+
+def _key_figures(results: list) -> str:
+    """A few figures of a diagnosis, e.g. `nccl busbw_gbps 462; ib_write_bw mlx5_0:1 392`."""
+    parts = []
+    for result in results:
+        try:
+            outcomes = json.loads(result["data"]).get("outcomes") or []
+        except (ValueError, TypeError, AttributeError):
+            continue
+        probe = str(result["check_name"]).removeprefix("diag.")
+        for o in outcomes[:2]:
+            figures = (o.get("figures") or {}) if isinstance(o, dict) else {}
+            for name, value in list(figures.items())[:1]:
+                if isinstance(value, (int, float)):
+                    unit = "" if o.get("unit") in (None, "node") else f" {o['unit']}"
+                    parts.append(f"{probe}{unit} {name} {value:g}")
+    return clean("; ".join(parts), 200)
+
+
+def diagnosed(conn: sqlite3.Connection, start: float, end: float) -> list:
+    """The period's diagnoses: node, level, outcome, key figures, duration, failures."""
+    out = []
+    for run in queries.diagnoses(conn, start, end)[-DIAG_SHOWN:]:
+        try:
+            level = json.loads(run["sources"]).get("diag", {}).get("level", "")
+        except (ValueError, TypeError, AttributeError):
+            level = ""
+        failed = [r for r in run["results"] if r["status"] == "fail"]
+        out.append(
+            {
+                "node": clean(run["node"], 64),
+                "time": timespec.iso(run["started"]),
+                "level": clean(level, 16),
+                "outcome": "pass" if run["verdict"] != "fail" else "fail",
+                "figures": _key_figures(run["results"]),
+                "failures": clean(
+                    "; ".join(f"{r['check_name']}: {r['message']}" for r in failed), 300
+                ),
+                "minutes": round((run["duration"] or 0) / 60, 1),
+            }
+        )
+    return out
 
 
 def live_nodes(slurm_bin: str = "", timeout: float = 30.0) -> list:

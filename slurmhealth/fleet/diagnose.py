@@ -1,0 +1,306 @@
+"""Validate and return (docs/diagnose.md): drained nodes diagnosed as Slurm jobs in a maintenance
+reservation; a node returns only after it passes.
+
+`slurmhealth diagnose --submit` (head node, cron) plans from one sinfo, the reservation and one
+squeue (`plan`, pure):
+- a node slurmhealth drained (not for a failed diagnosis) and idle goes into the reservation, is
+  resumed there (the reservation keeps users' jobs off it) and gets one exclusive diagnose job
+  with the level's time limit; a node an admin names gets the same if it is in service or
+  drained by us; an admin's drain is never lifted: an admin-drained node is refused;
+- a node in the reservation whose job is gone: marked PASSED by its job -> resumed and out of
+  the reservation; drained (for service, or by someone else meanwhile) -> out of the
+  reservation, still drained; in service (the time limit killed its job, or it crashed) ->
+  drained for service and out of the reservation.
+The job itself (`slurmhealth diagnose --apply`, on the node) records a `diag` run and acts:
+pass -> PASSED; fail -> `slurmhealth: service: diagnose <level>: <evidence>`, through the
+breaker like every drain.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+from slurmhealth.core import slurm, store
+from slurmhealth.core.constants import (
+    ACT_DRAIN,
+    ACT_RESUME,
+    DRAINED,
+    LEMON,
+    PROBATION,
+    SERVICE,
+    WOULD_DRAIN,
+)
+from slurmhealth.core.hostlist import PatternError, expand, split_terms
+from slurmhealth.node import actions
+
+JOB_NAME = "slurmhealth-diagnose"
+DIAGNOSED = f"{slurm.PREFIX} {SERVICE} diagnose"  # a failed diagnosis
+# Our drains that wait for an admin (hardware to service, a relapse on probation, a lemon):
+# diagnosed only when an admin names the node, after the repair.
+FOR_ADMIN = tuple(f"{slurm.PREFIX} {k}" for k in (SERVICE, PROBATION, LEMON))
+LEVEL_MINUTES = {"quick": 10, "medium": 20, "long": 60}
+# What a diagnose job that passed leaves on its node: the node cannot leave the reservation while
+# its own job runs in it, so it drains itself with this reason (no `slurmhealth:` prefix: not one
+# of our fault drains, not counted by the breaker) and the next --submit pass returns it. Only a
+# node in our reservation with exactly this reason is returned.
+PASSED = "diagnose passed (slurmhealth)"
+SUBMIT = "submit"
+LOST = "lost"
+REFUSED = "refused"
+RETURN = "return"  # passed: resumed, out of the reservation
+RELEASE = "release"  # drained (failed, or by someone else meanwhile): out of the reservation
+
+
+def _drained(info: dict) -> bool:
+    """Out of service with no job on it (DRAINED, not DRAINING or DOWN+DRAIN with jobs)."""
+    state = info["state"].lower().rstrip("*~#!%$@^-")
+    return state in ("drained", "down", "fail") or (
+        slurm.is_out(info) and "drng" not in state and "draining" not in state
+    )
+
+
+def plan(nodes: list, reserved: set, queued: set, named: list) -> list:
+    """[(node, what, why)] with what SUBMIT, RETURN, RELEASE, LOST or REFUSED; pure.
+
+    nodes: sinfo rows (core/slurm.parse_sinfo); reserved: the reservation's nodes; queued:
+    nodes with a diagnose job pending or running; named: nodes an admin asked for.
+    """
+    by_name = {n["name"]: n for n in nodes}
+    out = []
+    for name in sorted(set(by_name) | set(named) | set(reserved)):
+        info = by_name.get(name)
+        if info is None:
+            if name in reserved:
+                out.append((name, RELEASE, "no longer a node Slurm knows"))
+            elif name in named:
+                out.append((name, REFUSED, "not a node Slurm knows"))
+            continue
+        if name in queued:
+            continue
+        if name in reserved:
+            out.append((name, *_reserved(info)))
+        else:
+            step = _outside(info, name in named)
+            if step:
+                out.append((name, *step))
+    return out
+
+
+def _held(info: dict) -> bool:
+    """Drained, down or failed: in our MAINT reservation a node in service shows `maint`, which
+    counts as out elsewhere (core/slurm.is_out), not here."""
+    return any(f.startswith(("DRAIN", "DOWN", "FAIL")) for f in info["flags"])
+
+
+def _reserved(info: dict) -> tuple:
+    """What becomes of a node in the reservation whose job is gone."""
+    if not _held(info):
+        return LOST, "its diagnose job ended without an outcome"
+    if info["reason"] == PASSED:
+        return RETURN, "passed its diagnosis"
+    return RELEASE, info["reason"] or "out of service"
+
+
+def _outside(info: dict, named: bool) -> tuple | None:
+    ours = slurm.ours(info)
+    if ours and info["reason"].startswith(FOR_ADMIN) and not named:
+        return None
+    if ours and _drained(info):
+        return SUBMIT, info["reason"]
+    if not named:
+        return None
+    if not slurm.is_out(info):
+        return SUBMIT, "named by an admin"
+    if ours:
+        return REFUSED, "still running jobs: diagnosed once they end"
+    return REFUSED, f"taken out by someone else: {info['reason'] or info['state']}"
+
+
+def reservation_nodes(client: slurm.Slurm, name: str) -> set:
+    """The reservation's nodes; empty when it does not exist."""
+    try:
+        text = client.run("-o", "show", "reservation", name)
+    except slurm.SlurmError as exc:
+        if "not found" in str(exc).lower():
+            return set()
+        raise
+    for token in text.split():
+        if token.startswith("Nodes="):
+            value = token.partition("=")[2]
+            if value in ("", "(null)"):
+                return set()
+            hosts = client.run("show", "hostnames", value)
+            return set(hosts.split())
+    return set()
+
+
+def set_reservation(client: slurm.Slurm, name: str, before: set, nodes: set) -> None:
+    """Make the reservation hold exactly `nodes` (created, updated or deleted)."""
+    if nodes == before:
+        return
+    listed = ",".join(sorted(nodes))
+    if not nodes:
+        client.run("delete", f"ReservationName={name}")
+    elif not before:
+        client.run(
+            "create",
+            f"ReservationName={name}",
+            f"Nodes={listed}",
+            "Users=root",
+            "StartTime=now",
+            "Duration=infinite",
+            "Flags=MAINT,IGNORE_JOBS",
+        )
+    else:
+        client.run("update", f"ReservationName={name}", f"Nodes={listed}")
+
+
+def queued_nodes(client: slurm.Slurm) -> set:
+    """Nodes with a diagnose job pending or running: where it runs (%N) or the node it asked
+    for (%n), hostlists expanded."""
+    text = client.run("-h", "-n", JOB_NAME, "-o", "%N|%n", command="squeue")
+    out: set = set()
+    for line in text.splitlines():
+        for field in line.split("|"):
+            try:
+                out.update(n for term in split_terms(field.strip()) for n in expand(term))
+            except PatternError:
+                continue
+    return out
+
+
+def submit(client: slurm.Slurm, node: str, minutes: int, reservation: str, command: str) -> str:
+    """sbatch one exclusive diagnose job on `node` in the reservation; the job id."""
+    out = client.run(
+        "--parsable",
+        f"--job-name={JOB_NAME}",
+        f"--reservation={reservation}",
+        f"--nodelist={node}",
+        "--nodes=1",
+        "--exclusive",
+        f"--time={minutes}",
+        "--output=/dev/null",
+        f"--wrap={command}",
+        command="sbatch",
+    )
+    return out.strip().split(";")[0]
+
+
+ACT_DIAGNOSE = "diagnose"  # a node put in the reservation with its diagnose job (detail: job id)
+ACTOR = "slurmhealth diagnose"
+
+
+def job_command(level: str, config_path: str | None) -> str:
+    """What the diagnose job runs (sbatch --wrap hands it to /bin/sh): this interpreter and
+    fixed words, each quoted; nothing from a node, a job or a user."""
+    argv = [sys.executable, "-m", "slurmhealth", "diagnose", "--level", level, "--apply"]
+    if config_path:
+        argv += ["--config", config_path]
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+def sweep(
+    client: slurm.Slurm,
+    level: str,
+    settings: dict,
+    conn: object,
+    named: list,
+    command: str,
+    minutes: int,
+    log: object,
+) -> list:
+    """One cron pass: plan, then put nodes in the reservation with their jobs, and drain for
+    service those that lost theirs. [{node, what, detail}]."""
+    name = settings["diag_reservation"]
+    nodes = client.nodes()
+    reserved = reservation_nodes(client, name)
+    queued = queued_nodes(client)
+    steps = plan(nodes, reserved, queued, named)
+    done: list = []
+    released = set()  # out of the reservation this pass
+    for node in (n for n, what, _ in steps if what == LOST):
+        # Out of service already (the reservation holds it): the drain keeps it out once it
+        # leaves, and takes no capacity from users, so it is not the breaker's to refuse.
+        message = slurm.reason(f"{SERVICE} diagnose {level}: the job ended without an outcome")
+        try:
+            client.drain(node, message)
+        except slurm.SlurmError as exc:
+            done.append({"node": node, "what": "failed", "detail": f"not drained: {exc}"})
+            continue
+        _note(conn, node, ACT_DRAIN, message, "lost its diagnose job (time limit or crash)")
+        done.append({"node": node, "what": DRAINED, "detail": message})
+        released.add(node)
+    for node, what, why in steps:
+        if what == RETURN:
+            client.resume(node)
+            _note(conn, node, ACT_RESUME, slurm.reason(f"diagnose {level} passed"), why)
+            done.append({"node": node, "what": "returned", "detail": why})
+            released.add(node)
+        elif what == RELEASE:
+            done.append({"node": node, "what": "released", "detail": why})
+            released.add(node)
+    keep = reserved - released
+    todo = [(n, why) for n, what, why in steps if what == SUBMIT]
+    wanted = keep | {n for n, _ in todo}
+    set_reservation(client, name, reserved, wanted)
+    for node, why in todo:
+        done.append(_start(client, node, (level, minutes), name, command, why, conn, log))
+    started = {d["node"] for d in done if d["what"] == ACT_DIAGNOSE}
+    set_reservation(client, name, wanted, keep | started)
+    done.extend({"node": n, "what": w, "detail": why} for n, w, why in steps if w == REFUSED)
+    return done
+
+
+def _start(
+    client: slurm.Slurm, node: str, job: tuple, name: str, command: str, why: str, conn, log
+) -> dict:
+    """Resume the node inside the reservation and submit its job; if the job cannot be
+    submitted, put our drain back at once."""
+    level, minutes = job
+    info = client.node(node)
+    ours = slurm.ours(info)
+    try:
+        if ours:
+            client.resume(node)
+        job_id = submit(client, node, minutes, name, command)
+    except slurm.SlurmError as exc:
+        if ours:
+            try:
+                client.drain(node, info["reason"])
+            except slurm.SlurmError as again:
+                log(f"{node}: could not put its drain back: {again}")  # type: ignore[operator]
+        return {"node": node, "what": "failed", "detail": f"not submitted: {exc}"}
+    detail = f"job {job_id} ({level}, {minutes} min; was: {why})"
+    _note(conn, node, ACT_DIAGNOSE, slurm.reason(f"diagnose {level}"), detail)
+    return {"node": node, "what": ACT_DIAGNOSE, "detail": detail}
+
+
+def _note(conn: object, node: str, action: str, reason: str, detail: str) -> None:
+    if conn is None:
+        return
+    try:
+        store.record_action(conn, node, action, reason, ACTOR, True, detail)  # type: ignore[arg-type]
+    except store.StoreError:
+        pass
+
+
+def finish(client: slurm.Slurm, diagnosis: object, settings: dict, conn: object, log: object):
+    """Inside the diagnose job, after the `diag` run is recorded: pass -> the node drains itself
+    with PASSED (the next --submit pass resumes it and takes it out of the reservation; it
+    cannot leave while its own job runs there); fail -> drained for service (breaker and all).
+    The outcome, one line."""
+    node, level = diagnosis.node, diagnosis.level  # type: ignore[attr-defined]
+    if diagnosis.verdict == "fail":  # type: ignore[attr-defined]
+        message = f"{SERVICE} diagnose {level}: {diagnosis.evidence()}"  # type: ignore[attr-defined]
+        outcome = actions.drain(client, node, message, settings, conn, ACTOR, log)
+        if outcome in (DRAINED, WOULD_DRAIN):
+            return f"{outcome} for service"
+        return f"{outcome}: stays in the reservation, drained for service by the next pass"
+    try:
+        client.drain(node, PASSED)
+    except slurm.SlurmError as exc:
+        log(f"{node}: could not mark its diagnosis passed: {exc}")  # type: ignore[operator]
+        return "passed; not marked (the next pass drains it for service: run it again)"
+    _note(conn, node, ACT_DIAGNOSE, PASSED, f"{level} passed")
+    return "passed: returned by the next diagnose --submit"

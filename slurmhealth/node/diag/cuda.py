@@ -1,0 +1,615 @@
+"""The built-in GPU tests: exact matrix products, a device-memory pattern test, peer copies.
+
+They run through a CUDA library the node already has (PyTorch, else CuPy); slurmhealth installs
+nothing, so without one the tests are skipped, and the outcome says so. The library is reached
+only through a small adapter (`Backend`), which is also what the tests drive with a pure-Python
+stand-in (tests/node/diag/cuda_standin.py).
+
+Parent and child: `run` starts `python -m slurmhealth.node.diag.cuda` in its own process group
+and kills the group at the timeout. A CUDA call can hang in the driver (a GPU that fell off the
+bus, Xid 79; a GSP that stops answering, Xid 119) and a CUDA error is sticky for the life of
+the process: only a separate process can be given up on. The child reports one JSON document
+on stdout, and on stderr a line as each test starts and ends, so a hang or a crash is
+attributed to the GPU and test that were running.
+
+The child runs the tests of every GPU at the same time (one thread per GPU: the node under full
+load, as a training job loads it; `seconds` is the length of each test, not of each GPU's), then
+the peer copies one pair at a time. Medium level on an 8-GPU H200 node with seconds=20: about
+20 s of products, 20 s of memory passes, a few seconds of copies, plus the library's start.
+
+Units are CUDA device indexes with CUDA_DEVICE_ORDER=PCI_BUS_ID, the order NVML numbers GPUs
+in (CUDA's default order is fastest first, which need not be bus order).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from slurmhealth.core.result import FAIL, SKIP, clean
+
+PASS = "pass"  # noqa: S105 - a status, not a password
+TESTS = ("matmul", "memory", "p2p")
+MODULE = "slurmhealth.node.diag.cuda"
+PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+NO_LIBRARY = "no CUDA library (PyTorch or CuPy) installed"
+PROGRESS = "slurmhealth-cuda: "
+KILL_WAIT = 10.0  # seconds to wait for a killed child; one stuck in the driver is left behind
+
+# 8192^3 fp16 products: 1.1 TFLOP each, ~1.5 ms on an H100/H200, 128 MiB per matrix; the same
+# size on every GPU model, so the TFLOPS figures compare across a fleet.
+MATMUL_N = 8192
+MATMUL_BATCH = 8  # products timed together, each then checked
+# Share of free memory a memory pass covers: the rest (8-14 GiB on 80-141 GB GPUs) holds the
+# comparison's temporaries. Chunks of 1 GiB: no single allocation needs contiguous space.
+MEMORY_SHARE = 0.9
+CHUNK_BYTES = 1 << 30
+P2P_BYTES = 512 << 20  # ~1.3 ms per copy over H100/H200 NVLink (450 GB/s each way)
+P2P_REPEATS = 20
+
+# (name, 32-bit word, address-derived). Zeros and ones find bits stuck at either value; the
+# checkerboards, neighbouring bits that couple; address-derived words (each word's index, salted
+# per chunk), address lines that alias two locations, which every constant pattern misses.
+PATTERNS = (
+    ("zeros", 0, False),
+    ("ones", -1, False),
+    ("checkerboard", 0x55555555, False),
+    ("inverse checkerboard", -0x55555556, False),  # 0xAAAAAAAA as a signed 32-bit word
+    ("address", 0, True),
+    ("inverse address", -1, True),
+)
+
+
+def _outcome(unit: str, status: str, figures: dict, evidence: str) -> dict:
+    return {"unit": unit, "status": status, "figures": figures, "evidence": clean(evidence)}
+
+
+# --- the adapter --------------------------------------------------------------------------------
+
+
+class Backend:
+    """The few operations the tests need, on GPU `gpu` (0 .. count()-1) and arrays it made.
+
+    count() -> int; free_bytes(gpu) -> int
+    ints(gpu, n, seed): an n x n fp16 matrix of random integers in [-2, 2]
+    matrix(gpu, n): an uninitialised n x n fp16 matrix
+    matmul(a, b, out): out = a @ b, the fast path (fp16 tensor cores)
+    exact_matmul(a, b): a @ b another way (fp64), as fp16
+    words(gpu, n): an uninitialised buffer of n 32-bit words
+    fill(buf, value): every word = value; address(buf, salt): word i = i ^ salt
+    differ(x, y) -> int: elements where x != y (y an array or a number); waits for the GPU
+    peer(src, dst) -> bool: dst can read src directly (enabled if so); copy(dst, src)
+    sync(gpu): wait for queued work; release(gpu): return cached memory; clock() -> seconds
+    Work is queued asynchronously, as on a GPU: only sync, differ and clock wait or tell time.
+    """
+
+    name = ""
+
+    def clock(self) -> float:
+        return time.perf_counter()
+
+    def release(self, gpu: int) -> None:
+        """Nothing cached by default."""
+
+
+class TorchBackend(Backend):
+    def __init__(self) -> None:
+        self.torch = importlib.import_module("torch")
+        self.name = f"PyTorch {self.torch.__version__}"
+        # cuBLAS may reduce split-K partial sums in fp16 unless told not to (PyTorch's notes on
+        # numerical accuracy). Exact here either way, since every partial sum stays an integer
+        # within fp16's exact range, but fp32 reductions are the path the products are meant for.
+        self.torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+
+    def _device(self, gpu: int) -> object:
+        return self.torch.device("cuda", gpu)
+
+    def count(self) -> int:
+        return self.torch.cuda.device_count()
+
+    def free_bytes(self, gpu: int) -> int:
+        return self.torch.cuda.mem_get_info(gpu)[0]
+
+    def ints(self, gpu: int, n: int, seed: int) -> object:
+        gen = self.torch.Generator(device=self._device(gpu))
+        gen.manual_seed(seed)
+        shape, device = (n, n), self._device(gpu)
+        values = self.torch.randint(-2, 3, shape, generator=gen, device=device)
+        return values.to(self.torch.float16)
+
+    def matrix(self, gpu: int, n: int) -> object:
+        return self.torch.empty((n, n), dtype=self.torch.float16, device=self._device(gpu))
+
+    def matmul(self, a: object, b: object, out: object) -> None:
+        self.torch.matmul(a, b, out=out)
+
+    def exact_matmul(self, a: object, b: object) -> object:
+        return (a.double() @ b.double()).half()  # type: ignore[attr-defined]
+
+    def words(self, gpu: int, n: int) -> object:
+        return self.torch.empty(n, dtype=self.torch.int32, device=self._device(gpu))
+
+    def fill(self, buf: object, value: int) -> None:
+        buf.fill_(value)  # type: ignore[attr-defined]
+
+    def address(self, buf: object, salt: int) -> None:
+        self.torch.arange(buf.numel(), out=buf)  # type: ignore[attr-defined]
+        buf.bitwise_xor_(salt)  # type: ignore[attr-defined]
+
+    def differ(self, x: object, y: object) -> int:
+        return int((x != y).sum())  # type: ignore[attr-defined]
+
+    def peer(self, src: int, dst: int) -> bool:
+        # PyTorch enables peer access itself on the first copy between two devices that can.
+        return bool(self.torch.cuda.can_device_access_peer(dst, src))
+
+    def copy(self, dst: object, src: object) -> None:
+        dst.copy_(src)  # type: ignore[attr-defined]
+
+    def sync(self, gpu: int) -> None:
+        self.torch.cuda.synchronize(gpu)
+
+    def release(self, gpu: int) -> None:
+        self.torch.cuda.empty_cache()
+
+
+class CupyBackend(Backend):
+    def __init__(self) -> None:
+        self.cp = importlib.import_module("cupy")
+        self.name = f"CuPy {self.cp.__version__}"
+
+    def _on(self, gpu: int) -> object:
+        return self.cp.cuda.Device(gpu)  # CuPy works on the thread's current device
+
+    def _of(self, array: object) -> object:
+        return self.cp.cuda.Device(array.device.id)  # type: ignore[attr-defined]
+
+    def count(self) -> int:
+        return self.cp.cuda.runtime.getDeviceCount()
+
+    def free_bytes(self, gpu: int) -> int:
+        with self._on(gpu):
+            return self.cp.cuda.runtime.memGetInfo()[0]
+
+    def ints(self, gpu: int, n: int, seed: int) -> object:
+        with self._on(gpu):
+            values = self.cp.random.RandomState(seed).randint(-2, 3, size=(n, n))
+            return values.astype(self.cp.float16)
+
+    def matrix(self, gpu: int, n: int) -> object:
+        with self._on(gpu):
+            return self.cp.empty((n, n), dtype=self.cp.float16)
+
+    def matmul(self, a: object, b: object, out: object) -> None:
+        with self._of(a):
+            self.cp.matmul(a, b, out=out)
+
+    def exact_matmul(self, a: object, b: object) -> object:
+        f64 = self.cp.float64
+        with self._of(a):
+            exact = self.cp.matmul(a.astype(f64), b.astype(f64))  # type: ignore[attr-defined]
+            return exact.astype(self.cp.float16)
+
+    def words(self, gpu: int, n: int) -> object:
+        with self._on(gpu):
+            return self.cp.empty(n, dtype=self.cp.int32)
+
+    def fill(self, buf: object, value: int) -> None:
+        with self._of(buf):
+            buf.fill(value)  # type: ignore[attr-defined]
+
+    def address(self, buf: object, salt: int) -> None:
+        with self._of(buf):
+            index = self.cp.arange(buf.size, dtype=self.cp.int32)  # type: ignore[attr-defined]
+            self.cp.bitwise_xor(index, salt, out=buf)
+
+    def differ(self, x: object, y: object) -> int:
+        with self._of(x):
+            return int(self.cp.count_nonzero(x != y))
+
+    def peer(self, src: int, dst: int) -> bool:
+        runtime = self.cp.cuda.runtime
+        if not runtime.deviceCanAccessPeer(dst, src):
+            return False
+        with self._on(dst):
+            try:
+                runtime.deviceEnablePeerAccess(src)
+            except runtime.CUDARuntimeError:  # already enabled
+                pass
+        return True
+
+    def copy(self, dst: object, src: object) -> None:
+        with self._of(dst):
+            dst.data.copy_from_device_async(src.data, dst.nbytes)  # type: ignore[attr-defined]
+
+    def sync(self, gpu: int) -> None:
+        self.cp.cuda.Device(gpu).synchronize()
+
+    def release(self, gpu: int) -> None:
+        with self._on(gpu):
+            self.cp.get_default_memory_pool().free_all_blocks()
+
+
+LIBRARIES = {"torch": TorchBackend, "cupy": CupyBackend}
+
+
+def open_backend(name: str = "auto") -> tuple:
+    """(a Backend, "") or (None, why not). `name`: auto (torch, then cupy), torch, cupy, or a
+    module whose Backend class implements the adapter (the tests' stand-in)."""
+    problems = []
+    for candidate in ("torch", "cupy") if name == "auto" else (name,):
+        try:
+            factory = LIBRARIES.get(candidate) or importlib.import_module(candidate).Backend
+            return factory(), ""
+        except ModuleNotFoundError as exc:
+            if exc.name != candidate:  # installed, but something it needs is not
+                problems.append(f"{candidate}: {exc}")
+        except Exception as exc:  # a broken install: CUDA runtime libraries missing, ...
+            problems.append(f"{candidate}: {type(exc).__name__}: {exc}")
+    return None, "; ".join(problems)
+
+
+# --- the tests ----------------------------------------------------------------------------------
+
+
+def matmul(backend: Backend, gpu: int, seconds: float, n: int = MATMUL_N) -> dict:
+    """Products of two fixed matrices of integers in [-2, 2], for about `seconds`, each compared
+    with the exact product: any difference fails (silent data corruption).
+
+    Why exact: every product and partial sum is an integer far inside fp16's exact range (2048;
+    a sum of 8192 terms of variance 4 has a standard deviation of 181), so every summation order
+    and precision gives the same result bit for bit; the reference comes from fp64 arithmetic.
+    """
+    a, b = backend.ints(gpu, n, 1), backend.ints(gpu, n, 2)
+    want = backend.exact_matmul(a, b)
+    outs = [backend.matrix(gpu, n) for _ in range(MATMUL_BATCH)]
+    backend.matmul(a, b, outs[0])  # warm-up: the library picks its kernels on the first call
+    runs = wrong = 0
+    busy = 0.0
+    started = backend.clock()
+    while runs == 0 or backend.clock() - started < seconds:
+        backend.sync(gpu)
+        begin = backend.clock()
+        for out in outs:
+            backend.matmul(a, b, out)
+        backend.sync(gpu)
+        busy += backend.clock() - begin
+        wrong += sum(backend.differ(out, want) for out in outs)
+        runs += len(outs)
+    tflops = 2 * n**3 * runs / busy / 1e12 if busy > 0 else 0.0
+    figures = {"matmul_tflops": round(tflops, 1), "matmul_mismatches": wrong, "matmul_runs": runs}
+    if wrong:
+        why = f"{wrong} of {runs * n * n} results differ from the exact product"
+        why += " (silent data corruption)"
+        return _outcome(f"gpu{gpu}", FAIL, figures, f"matmul on gpu{gpu}: {why}")
+    line = f"{runs} products of {n}x{n} exact, {tflops:.0f} TFLOPS fp16"
+    return _outcome(f"gpu{gpu}", PASS, figures, f"matmul on gpu{gpu}: {line}")
+
+
+def _salt(chunk: int, mask: int) -> int:
+    """Each chunk's address words differ from every other chunk's (Fibonacci hashing)."""
+    return ((chunk * 0x9E3779B1) & 0x7FFFFFFF) ^ mask
+
+
+def _layout(total: int, chunk_bytes: int) -> tuple:
+    """(words per chunk, chunks tested) for `total` bytes, one chunk kept as scratch."""
+    words = max(1, min(chunk_bytes, total // 2) // 4)
+    return words, max(1, total // (words * 4) - 1)
+
+
+def memory(
+    backend: Backend,
+    gpu: int,
+    seconds: float,
+    share: float = MEMORY_SHARE,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> dict:
+    """Every pattern written over `share` of free memory and read back, pass after pass for
+    about `seconds`; any word read back wrong fails."""
+    backend.release(gpu)
+    words, count = _layout(int(backend.free_bytes(gpu) * share), chunk_bytes)
+    chunks = [backend.words(gpu, words) for _ in range(count)]
+    scratch = backend.words(gpu, words)  # the expected address words, one chunk at a time
+    passes = wrong = 0
+    busy = 0.0
+    bad: list = []
+    started = backend.clock()
+    while passes == 0 or backend.clock() - started < seconds:
+        for pattern in PATTERNS:
+            spent, found = _write_and_check(backend, gpu, chunks, scratch, pattern)
+            busy += spent
+            wrong += found
+            if found and pattern[0] not in bad:
+                bad.append(pattern[0])
+        passes += 1
+    gib = count * words * 4 / (1 << 30)
+    gbps = count * words * 4 * len(PATTERNS) * passes / busy / 1e9 if busy > 0 else 0.0
+    figures = {
+        "memory_gib": round(gib, 3),
+        "memory_mismatches": wrong,
+        "memory_write_gbps": round(gbps, 1),
+    }
+    if wrong:
+        why = f"{wrong} words read back wrong in {gib:.1f} GiB ({', '.join(bad)})"
+        return _outcome(f"gpu{gpu}", FAIL, figures, f"memory on gpu{gpu}: {why}")
+    line = f"{gib:.1f} GiB, {len(PATTERNS)} patterns x {passes} passes, written at {gbps:.0f} GB/s"
+    return _outcome(f"gpu{gpu}", PASS, figures, f"memory on gpu{gpu}: {line}")
+
+
+def _write_and_check(
+    backend: Backend, gpu: int, chunks: list, scratch: object, pattern: tuple
+) -> tuple:
+    """One pattern written over every chunk, then read back: (seconds writing, mismatches)."""
+    _name, value, address = pattern
+    backend.sync(gpu)
+    begin = backend.clock()
+    for k, chunk in enumerate(chunks):
+        if address:
+            backend.address(chunk, _salt(k, value))
+        else:
+            backend.fill(chunk, value)
+    backend.sync(gpu)
+    spent = backend.clock() - begin
+    wrong = 0
+    for k, chunk in enumerate(chunks):
+        if address:
+            backend.address(scratch, _salt(k, value))
+            wrong += backend.differ(chunk, scratch)
+        else:
+            wrong += backend.differ(chunk, value)
+    return spent, wrong
+
+
+def p2p(backend: Backend, count: int, nbytes: int = P2P_BYTES, repeats: int = P2P_REPEATS) -> list:
+    """Each GPU copies to its neighbour (gpu i -> gpu i+1, the last to gpu 0): bandwidth, and
+    the copy checked word for word. One pair at a time, so each figure is one path's."""
+    if count < 2:
+        return [_outcome("node", SKIP, {}, f"p2p: {count} GPU, no peer to copy to")]
+    out = []
+    for src in range(count):
+        dst = (src + 1) % count
+        out.append(_guarded("p2p", src, lambda s=src, d=dst: _copy(backend, s, d, nbytes, repeats)))
+    return out
+
+
+def _copy(backend: Backend, src: int, dst: int, nbytes: int, repeats: int) -> dict:
+    where = f"p2p gpu{src} -> gpu{dst}"
+    if not backend.peer(src, dst):
+        return _outcome(f"gpu{src}", SKIP, {}, f"{where}: no peer access (the library says)")
+    words = max(1, min(nbytes, backend.free_bytes(dst) // 8) // 4)
+    source, target, want = (backend.words(g, words) for g in (src, dst, dst))
+    backend.address(source, _salt(src, 0))
+    backend.address(want, _salt(src, 0))
+    backend.copy(target, source)  # warm-up: peer mappings are made on the first copy
+    backend.sync(src)
+    backend.sync(dst)
+    begin = backend.clock()
+    for _ in range(repeats):
+        backend.copy(target, source)
+    backend.sync(dst)
+    spent = backend.clock() - begin
+    gbps = words * 4 * repeats / spent / 1e9 if spent > 0 else 0.0
+    wrong = backend.differ(target, want)
+    figures = {"p2p_gbps": round(gbps, 1), "p2p_mismatches": wrong}
+    if wrong:
+        return _outcome(f"gpu{src}", FAIL, figures, f"{where}: {wrong} words copied wrong")
+    return _outcome(f"gpu{src}", PASS, figures, f"{where}: {gbps:.0f} GB/s")
+
+
+def judge(outcomes: list, floors: dict) -> list:
+    """Outcomes with each passing one whose figure is below its floor made a fail."""
+    return [_floored(o, floors) if o["status"] == PASS else o for o in outcomes]
+
+
+def _floored(o: dict, floors: dict) -> dict:
+    low = [
+        f"{name} {value:g} below the floor {floors[name]:g}"
+        for name, value in o["figures"].items()
+        if name in floors and value < floors[name]
+    ]
+    return (
+        _outcome(o["unit"], FAIL, o["figures"], f"{', '.join(low)}: {o['evidence']}") if low else o
+    )
+
+
+# --- the child ----------------------------------------------------------------------------------
+
+
+def _say(what: str, gpu: int, test: str) -> None:
+    """A progress line on stderr: one write, so lines from the GPUs' threads never interleave."""
+    os.write(2, f"{PROGRESS}{what} gpu{gpu} {test}\n".encode())
+
+
+def _guarded(test: str, gpu: int, func: object) -> dict:
+    """One test; an exception (a CUDA error: Xid, uncorrectable ECC, illegal address) fails it."""
+    _say("start", gpu, test)
+    try:
+        return func()  # type: ignore[operator]
+    except Exception as exc:
+        return _outcome(f"gpu{gpu}", FAIL, {}, f"{test} on gpu{gpu}: {type(exc).__name__}: {exc}")
+    finally:
+        _say("end", gpu, test)
+
+
+def _one_gpu(backend: Backend, gpu: int, tests: list, seconds: float, n: int, box: list) -> None:
+    calls = {
+        "matmul": lambda: matmul(backend, gpu, seconds, n),
+        "memory": lambda: memory(backend, gpu, seconds),
+    }
+    for test in tests:
+        box.append(_guarded(test, gpu, calls[test]))
+        try:
+            backend.release(gpu)
+        except Exception:  # noqa: S110 - the next test reports a GPU that has gone bad
+            pass
+
+
+def run_tests(backend: Backend, tests: list, seconds: float, n: int = MATMUL_N) -> list:
+    """Every test asked for, on every GPU the backend sees: outcomes in GPU order."""
+    try:
+        count = backend.count()
+    except Exception as exc:
+        return [_outcome("node", SKIP, {}, f"no CUDA GPU visible ({backend.name}: {exc})")]
+    if count == 0:
+        return [_outcome("node", SKIP, {}, f"no CUDA GPU visible ({backend.name})")]
+    each = [t for t in ("matmul", "memory") if t in tests]
+    boxes: list = [[] for _ in range(count)]
+    threads = [
+        threading.Thread(target=_one_gpu, args=(backend, gpu, each, seconds, n, boxes[gpu]))
+        for gpu in range(count)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    outcomes = [o for box in boxes for o in box]
+    return outcomes + (p2p(backend, count) if "p2p" in tests else [])
+
+
+def _arguments(argv: list | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--tests", default=",".join(TESTS), help="comma-separated: " + ", ".join(TESTS)
+    )
+    parser.add_argument("--seconds", type=float, default=20.0, help="length of each test")
+    parser.add_argument(
+        "--floors", type=json.loads, default={}, help='JSON: {"matmul_tflops": 600}'
+    )
+    parser.add_argument("--backend", default="auto", help="auto, torch, cupy, or a module")
+    parser.add_argument("--matmul-n", type=int, default=MATMUL_N, help="matrix size")
+    args = parser.parse_args(argv)
+    args.tests = [t for t in args.tests.split(",") if t]
+    if set(args.tests) - set(TESTS):
+        parser.error(f"unknown test in {args.tests} (known: {', '.join(TESTS)})")
+    return args
+
+
+def main(argv: list | None = None) -> int:
+    """The child: one JSON document on stdout, {"backend": name, "outcomes": [...]}."""
+    args = _arguments(argv)
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # what a library prints to stdout must not spoil the document
+    backend, why = open_backend(args.backend)
+    if backend is None:
+        why = f"no usable CUDA library: {why}" if why else NO_LIBRARY
+        outcomes = [_outcome("node", SKIP, {}, why)]
+    else:
+        outcomes = judge(run_tests(backend, args.tests, args.seconds, args.matmul_n), args.floors)
+    json.dump({"backend": getattr(backend, "name", ""), "outcomes": outcomes}, out)
+    out.write("\n")
+    out.close()
+    return 0
+
+
+# --- the parent ---------------------------------------------------------------------------------
+
+
+def run(
+    tests: list,
+    seconds: float,
+    timeout: float,
+    python: str = sys.executable,
+    *,
+    floors: dict | None = None,
+    backend: str = "auto",
+    matmul_n: int = MATMUL_N,
+) -> list:
+    """The tests in a child process under `python`, killed with its process group at `timeout`
+    seconds: the child's outcomes, or one node outcome saying why there are none."""
+    if set(tests) - set(TESTS):
+        raise ValueError(f"unknown GPU test in {tests} (known: {', '.join(TESTS)})")
+    argv = [python, "-m", MODULE, "--tests", ",".join(tests), "--seconds", str(float(seconds))]
+    argv += ["--backend", backend, "--matmul-n", str(matmul_n)]
+    argv += ["--floors", json.dumps(floors or {})]
+    with tempfile.TemporaryDirectory(prefix="slurmhealth-cuda-") as folder:
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=_child_env(folder),
+                start_new_session=True,
+            )
+        except OSError as exc:
+            return [_outcome("node", SKIP, {}, f"cannot run {python}: {exc}")]
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return [_timed_out(proc, timeout)]
+    return _read(out, err, proc.returncode)
+
+
+def _child_env(folder: str) -> dict:
+    """The interpreter may be another one (a conda env with PyTorch): it finds slurmhealth in a
+    folder that holds only a link to this package, not the rest of our site-packages."""
+    os.symlink(PACKAGE, os.path.join(folder, "slurmhealth"))
+    env = dict(os.environ, CUDA_DEVICE_ORDER="PCI_BUS_ID")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (folder, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _kill(proc: subprocess.Popen) -> bytes:
+    """Kill the child's process group; its stderr, unless it is stuck in the driver (a process
+    in uninterruptible sleep dies only when the call returns): then it is left behind."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    try:
+        return proc.communicate(timeout=KILL_WAIT)[1] or b""
+    except subprocess.TimeoutExpired:
+        for pipe in (proc.stdout, proc.stderr):
+            pipe.close()  # type: ignore[union-attr]
+        return b""
+
+
+def _timed_out(proc: subprocess.Popen, timeout: float) -> dict:
+    what = f"GPU tests did not finish within {timeout:g} s"
+    running = _running(_kill(proc))
+    return _outcome("node", FAIL, {}, f"{what} (still running: {running})" if running else what)
+
+
+def _running(err: bytes) -> str:
+    """The tests the child's progress lines show started and not ended: 'gpu3 matmul', or ''."""
+    running: list = []
+    for line in err.decode("utf-8", "replace").splitlines():
+        if line.startswith(PROGRESS):
+            what, _, test = line[len(PROGRESS) :].partition(" ")
+            if what == "start":
+                running.append(test)
+            elif test in running:
+                running.remove(test)
+    return ", ".join(running)
+
+
+def _read(out: bytes, err: bytes, code: int) -> list:
+    """The child's outcomes, or one fail naming how it ended and its last line of stderr."""
+    try:
+        outcomes = json.loads(out.decode("utf-8", "replace"))["outcomes"]
+        if isinstance(outcomes, list) and all(isinstance(o, dict) for o in outcomes):
+            return outcomes
+    except (ValueError, KeyError, TypeError):
+        pass
+    lines = [x for x in err.decode("utf-8", "replace").splitlines() if x.strip()]
+    last = next((x for x in reversed(lines) if not x.startswith(PROGRESS)), "no error output")
+    how = f"killed by signal {-code}" if code < 0 else f"exit {code}"
+    running = _running(err)
+    how += f"; running {running}" if running else ""
+    return [_outcome("node", FAIL, {}, f"GPU tests ended without a result ({how}): {last}")]
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stderr.flush()
+    # Skip the interpreter's teardown: a CUDA context torn down after a fault can hang, and
+    # the parent waits for end of file, which comes only when this process is gone.
+    os._exit(code)

@@ -1,0 +1,254 @@
+"""`slurmhealth diagnose` on a node: a level's probes, run one after the other, each bounded.
+
+A probe is today's checks, one external tool (DCGM's diagnostic, NCCL's all-reduce test,
+perftest's bandwidth and latency tests) or the built-in GPU tests (through PyTorch or CuPy when
+the node has one). Each gives outcomes per GPU, port or node: pass, fail with evidence, or skip
+with the reason (a tool that is not installed, a GPU model without a threshold). slurmhealth
+installs nothing: what is absent is skipped, and the outcome says so. docs/diagnose.md lists the
+probes, their levels, timeouts and thresholds with their sources.
+
+Tool output is untrusted text: it is parsed (node/diag/parsers.py), never passed to a shell,
+and every line that reaches a record is cleaned.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+from slurmhealth.core.result import FAIL, OK, SKIP, clean
+from slurmhealth.node.diag import cuda, parsers
+
+LEVELS = ("quick", "medium", "long")
+PASS = "pass"  # noqa: S105 - an outcome, not a password
+
+# DCGM's run levels (dcgmi diag -r): 1 quick (seconds), 2 medium (about 2 minutes), 3 long
+# (about 15 minutes), per NVIDIA's DCGM user guide; the timeouts leave room above each.
+DCGM_LEVEL = {"quick": ("1", 120.0), "medium": ("2", 600.0), "long": ("3", 2400.0)}
+# Seconds each built-in GPU test runs (medium: the whole level about 2-5 minutes).
+CUDA_SECONDS = {"medium": 20.0, "long": 180.0}
+NCCL_TIMEOUT = {"medium": 600.0, "long": 1200.0}
+IB_TIMEOUT = 120.0
+OUTPUT_MAX = 4 << 20  # bytes of a tool's output parsed at most
+
+
+class Context:
+    """What the probes of one diagnosis share: the level, settings, what the quick checks
+    found (GPU model and count, IB ports and rates), where tools are looked for."""
+
+    def __init__(self, level: str, settings: dict, facts: dict, path: str) -> None:
+        self.level, self.settings, self.facts, self.path = level, settings, facts, path
+
+    def tool(self, name: str) -> str | None:
+        return shutil.which(name, path=self.path)
+
+    @property
+    def gpus(self) -> list:
+        return list((self.facts.get("gpu") or {}).get("devices") or [])
+
+    @property
+    def ports(self) -> dict:
+        ports = (self.facts.get("ib") or {}).get("ports") or {}
+        return {k: v for k, v in ports.items() if v.get("state_name") == "ACTIVE"}
+
+
+def tool_path(settings: dict) -> str:
+    """settings.diag_tools (a directory) first, then $PATH."""
+    first = settings.get("diag_tools") or ""
+    rest = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
+    return f"{first}{os.pathsep}{rest}" if first else rest
+
+
+def outcome(unit: str, status: str, evidence: str, figures: dict | None = None) -> dict:
+    return {"unit": unit, "status": status, "figures": figures or {}, "evidence": clean(evidence)}
+
+
+def run_tool(argv: list, timeout: float) -> tuple:
+    """(exit code, stdout) of a tool, or (None, why) when it did not finish. Its own process
+    group, killed whole at the timeout; no shell, no stdin."""
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        return None, f"cannot run {os.path.basename(argv[0])}: {exc}"
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        return None, f"{os.path.basename(argv[0])} did not finish within {timeout:g} s"
+    return proc.returncode, out[:OUTPUT_MAX].decode("utf-8", "replace")
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    proc.communicate()
+
+
+# --- the probes -------------------------------------------------------------------------------
+
+
+def probe_dcgm(ctx: Context) -> list:
+    path = ctx.tool("dcgmi")
+    if path is None:
+        return [outcome("node", SKIP, "dcgmi not installed (NVIDIA DCGM)")]
+    level, timeout = DCGM_LEVEL[ctx.level]
+    code, text = run_tool([path, "diag", "-r", level, "-j"], timeout)
+    if code is None:
+        return [outcome("node", FAIL, text)]
+    return parsers.dcgm_diag(text)
+
+
+def _model(ctx: Context) -> str:
+    names = sorted({str(g.get("name") or "") for g in ctx.gpus})
+    return names[0] if len(names) == 1 else ""
+
+
+def allreduce_floor(ctx: Context) -> float | None:
+    """The bus-bandwidth floor: settings.diag_allreduce_floor_gbps, else the default for this
+    GPU model (8-GPU SXM nodes only: parsers.allreduce_floor), else None."""
+    chosen = ctx.settings.get("diag_allreduce_floor_gbps") or 0.0
+    if chosen > 0:
+        return float(chosen)
+    if len(ctx.gpus) != 8:
+        return None
+    model = _model(ctx)
+    return parsers.allreduce_floor(model) if model else None
+
+
+def probe_nccl(ctx: Context) -> list:
+    path = ctx.tool("all_reduce_perf")
+    if path is None:
+        return [outcome("node", SKIP, "all_reduce_perf not installed (NVIDIA nccl-tests)")]
+    if len(ctx.gpus) < 2:
+        return [outcome("node", SKIP, f"{len(ctx.gpus)} GPU(s): no all-reduce within the node")]
+    argv = [path, "-b", "8", "-e", "8G", "-f", "2", "-g", str(len(ctx.gpus))]
+    code, text = run_tool(argv, NCCL_TIMEOUT[ctx.level])
+    if code is None:
+        return [outcome("node", FAIL, text)]
+    return parsers.all_reduce(text, allreduce_floor(ctx))
+
+
+def _perftest(ctx: Context, name: str, judge: object) -> list:
+    path = ctx.tool(name)
+    if path is None:
+        return [outcome("node", SKIP, f"{name} not installed (perftest)")]
+    if not ctx.ports:
+        return [outcome("node", SKIP, "no active InfiniBand port")]
+    out = []
+    for key, port in sorted(ctx.ports.items()):
+        args = ["-d", str(port["device"]), "-i", str(port["port"]), "-F"]
+        if name == "ib_write_bw":
+            args.append("--report_gbits")
+        server = subprocess.Popen(
+            [path, *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:
+            time.sleep(0.5)  # the server listens before the client connects
+            code, text = run_tool([path, *args, "localhost"], IB_TIMEOUT)
+        finally:
+            if server.poll() is None:
+                _kill_group(server)
+        if code is None:
+            out.append(outcome(key, FAIL, text))
+            continue
+        out.extend(judge(text, port))  # type: ignore[operator]
+    return out
+
+
+def probe_ib_bw(ctx: Context) -> list:
+    share = ctx.settings.get("diag_ib_min_share", parsers.IB_WRITE_BW_MIN_SHARE)
+    return _perftest(
+        ctx,
+        "ib_write_bw",
+        lambda text, port: parsers.ib_write_bw(text, port["rate"], share, _port(port)),
+    )
+
+
+def probe_ib_lat(ctx: Context) -> list:
+    most = ctx.settings.get("diag_ib_lat_max_usec", parsers.IB_READ_LAT_MAX_USEC)
+    return _perftest(
+        ctx, "ib_read_lat", lambda text, port: parsers.ib_read_lat(text, most, _port(port))
+    )
+
+
+def _port(port: dict) -> int:
+    text = str(port.get("port", "1"))
+    return int(text) if text.isdigit() else 1
+
+
+def probe_cuda(ctx: Context) -> list:
+    seconds = CUDA_SECONDS[ctx.level]
+    python = ctx.settings.get("diag_python") or None
+    kwargs = {"python": python} if python else {}
+    return cuda.run(["matmul", "memory", "p2p"], seconds, seconds * 6 + 120, **kwargs)
+
+
+# name -> (levels, function); "checks" (today's quick checks) is run by diagnose() itself.
+PROBES = {
+    "dcgm": (LEVELS, probe_dcgm),
+    "nccl": (("medium", "long"), probe_nccl),
+    "ib_write_bw": (("medium", "long"), probe_ib_bw),
+    "ib_read_lat": (("long",), probe_ib_lat),
+    "cuda": (("medium", "long"), probe_cuda),
+}
+
+
+def probes_of(level: str) -> list:
+    if level not in LEVELS:
+        raise ValueError(f"unknown level {level!r} (one of {', '.join(LEVELS)})")
+    return [name for name, (levels, _fn) in PROBES.items() if level in levels]
+
+
+def checks_outcomes(results: list) -> list:
+    """Today's checks as outcomes: each that failed, or one pass."""
+    failed = [r for r in results if r.status == FAIL]
+    if not failed:
+        return [outcome("node", PASS, f"{len(results)} checks, none failed")]
+    return [outcome("node", FAIL, f"{r.check}: {r.message}") for r in failed]
+
+
+def run_probe(name: str, ctx: Context) -> dict:
+    """One probe: its outcomes, worst status and seconds; a probe that raises fails."""
+    started = time.monotonic()
+    try:
+        found = PROBES[name][1](ctx)  # type: ignore[operator]
+    except Exception as exc:  # noqa: BLE001 - a broken probe is a failed probe, never a crash
+        found = [outcome("node", FAIL, f"probe {name} failed: {type(exc).__name__}: {exc}")]
+    return summary(name, found, time.monotonic() - started)
+
+
+def summary(name: str, found: list, seconds: float) -> dict:
+    statuses = {o["status"] for o in found}
+    status = FAIL if FAIL in statuses else PASS if PASS in statuses else SKIP
+    return {"probe": name, "status": status, "seconds": round(seconds, 3), "outcomes": found}
+
+
+def verdict(probes: list) -> str:
+    """fail if any probe failed; else ok (what could not run was skipped, and says so)."""
+    return FAIL if any(p["status"] == FAIL for p in probes) else OK
+
+
+def evidence(probes: list) -> str:
+    """The failures in one line, for a drain reason."""
+    parts = []
+    for p in probes:
+        for o in p["outcomes"]:
+            if o["status"] == FAIL:
+                unit = "" if o["unit"] in ("node", *o["evidence"].split()[:3]) else f"{o['unit']} "
+                parts.append(f"{p['probe']}: {unit}{o['evidence']}")
+    return clean("; ".join(parts) or "no failure", 160)

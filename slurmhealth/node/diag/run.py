@@ -1,0 +1,104 @@
+"""One diagnosis of this node: today's checks, then the level's probes; recorded as a `diag` run.
+
+The run's results hold one row per probe (`diag.<probe>`: ok, fail or skip) whose data is every
+outcome with its figures, so `history`, export and the report carry them like any run.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from slurmhealth.core.result import FAIL, OK, SERVICE, SKIP, Result
+from slurmhealth.node import runner
+from slurmhealth.node.diag import probes
+
+PHASE = "diag"
+_STATUS = {probes.PASS: OK, FAIL: FAIL, SKIP: SKIP}
+
+
+class Diagnosis:
+    """What one diagnosis found: the level, each probe's outcomes, the verdict."""
+
+    def __init__(self, node: str, level: str, check: runner.Run, found: list, seconds: float):
+        self.node, self.level, self.check, self.probes = node, level, check, found
+        self.verdict = probes.verdict(found)
+        self.started = check.started
+        self.duration = seconds
+        self.results = [
+            Result(_STATUS[p["status"]], _line(p), check=f"diag.{p['probe']}") for p in found
+        ]
+
+    def evidence(self) -> str:
+        return probes.evidence(self.probes)
+
+    def records(self, job_id: str | None = None) -> dict:
+        """The run as core/store.record_run writes it (node/agent.py record)."""
+        base = self.check.records(job_id)
+        sources = json.loads(base["run"]["sources"])
+        sources["diag"] = {"level": self.level, "seconds": round(self.duration, 3)}
+        run = dict(
+            base["run"],
+            phase=PHASE,
+            verdict=self.verdict,
+            duration=self.duration,
+            sources=json.dumps(sources),
+        )
+        results = [
+            {
+                "check_name": f"diag.{p['probe']}",
+                "status": _STATUS[p["status"]],
+                "message": _line(p),
+                "action": SERVICE if p["status"] == FAIL else "none",
+                "data": json.dumps({"level": self.level, "outcomes": p["outcomes"]}),
+                "duration": p["seconds"],
+            }
+            for p in self.probes
+        ]
+        return {"run": run, "results": results, "events": base["events"], "baselines": {}}
+
+    def to_dict(self) -> dict:
+        return {
+            "node": self.node,
+            "level": self.level,
+            "verdict": self.verdict,
+            "duration": round(self.duration, 3),
+            "probes": self.probes,
+        }
+
+
+def _line(probe: dict) -> str:
+    """A probe's one-line message: its failures, else its passes, else why it skipped."""
+    for wanted in (FAIL, probes.PASS, SKIP):
+        chosen = [o for o in probe["outcomes"] if o["status"] == wanted]
+        if chosen:
+            head = "; ".join(
+                (o["evidence"] if o["unit"] == "node" else f"{o['unit']}: {o['evidence']}")
+                for o in chosen[:4]
+            )
+            more = f" (+{len(chosen) - 4} more)" if len(chosen) > 4 else ""
+            return (head + more)[:200]
+    return "no outcome"
+
+
+def diagnose(
+    node: str, level: str, expect: dict, options: runner.Options, baselines: dict | None = None
+) -> Diagnosis:
+    """Run the level on this node. Never raises for the node's state: a probe that breaks
+    fails, one whose tool is absent skips."""
+    names = probes.probes_of(level)  # ValueError for an unknown level, before anything runs
+    started = time.monotonic()
+    check = runner.run(node, expect, options, None, PHASE, baselines)
+    found = [probes.summary("checks", probes.checks_outcomes(check.results), check.duration)]
+    settings = expect["settings"]
+    ctx = probes.Context(level, settings, check.facts, probes.tool_path(settings))
+    found.extend(probes.run_probe(name, ctx) for name in names)
+    return Diagnosis(node, level, check, found, time.monotonic() - started)
+
+
+def table(diag: Diagnosis) -> str:
+    """Human-readable: one line per probe, then each failure."""
+    lines = [f"{diag.node}: diagnose {diag.level}: {diag.verdict.upper()} ({diag.duration:.1f} s)"]
+    for p in diag.probes:
+        lines.append(f"  {p['probe']:<12} {p['status']:<5} {p['seconds']:7.1f} s  {_line(p)}")
+    return "\n".join(lines)

@@ -1,0 +1,93 @@
+"""Which nodes diagnose --submit takes, returns or refuses (fleet/diagnose.py plan, pure); the
+whole loop on a real Slurm is tests/slurm/test_diagnose.py."""
+
+from __future__ import annotations
+
+import shlex
+
+from slurmhealth.fleet import diagnose
+
+
+def node(name: str, state: str = "idle", reason: str = "") -> dict:
+    flags = [state.rstrip("*~#!%$@^-").upper()]
+    return {"name": name, "state": state, "flags": flags, "reason": reason, "since": None}
+
+
+OURS = "slurmhealth: GPU 3 GpuIsLost"
+NODES = [
+    node("gpu01"),
+    node("gpu02", "drained", OURS),
+    node("gpu03", "draining", OURS),  # a job still runs there
+    node("gpu04", "drained", "disk swap, ticket 42"),  # an admin's
+    node("gpu05", "drained", "slurmhealth: service: diagnose medium: dcgm: gpu2 memory"),
+    node("gpu06", "maint"),  # in the reservation (idle there), its job gone: lost
+    node("gpu07", "drained", OURS),  # its job is queued
+    node("gpu08", "drained", diagnose.PASSED),  # its job passed
+    node("gpu09", "drained", "slurmhealth: service: diagnose quick: dcgm: gpu0 failed"),
+    node("gpu10", "drained", diagnose.PASSED),  # not in the reservation: not ours to return
+]
+
+
+def plan(named=(), reserved=("gpu06", "gpu08", "gpu09"), queued=("gpu07",)) -> dict:
+    steps = diagnose.plan(NODES, set(reserved), set(queued), list(named))
+    return {n: (what, why) for n, what, why in steps}
+
+
+def test_our_drained_nodes_are_submitted_and_nothing_else_unasked():
+    steps = plan()
+    assert steps == {
+        "gpu02": (diagnose.SUBMIT, OURS),
+        "gpu06": (diagnose.LOST, "its diagnose job ended without an outcome"),
+        "gpu08": (diagnose.RETURN, "passed its diagnosis"),
+        "gpu09": (diagnose.RELEASE, "slurmhealth: service: diagnose quick: dcgm: gpu0 failed"),
+    }
+
+
+def test_an_admins_drain_is_never_touched_even_when_named():
+    steps = plan(named=["gpu04"])
+    assert steps["gpu04"][0] == diagnose.REFUSED
+    assert "disk swap, ticket 42" in steps["gpu04"][1]
+
+
+def test_named_nodes_in_service_are_submitted_busy_ones_wait():
+    steps = plan(named=["gpu01", "gpu03"])
+    assert steps["gpu01"] == (diagnose.SUBMIT, "named by an admin")
+    assert steps["gpu03"][0] == diagnose.REFUSED and "jobs" in steps["gpu03"][1]
+
+
+def test_drains_that_wait_for_an_admin_are_diagnosed_only_when_named():
+    """A failed diagnosis (or any service drain, a probation relapse, a lemon) waits for an
+    admin's repair; the admin names the node to have it diagnosed again."""
+    assert "gpu05" not in plan()
+    assert plan(named=["gpu05"])["gpu05"][0] == diagnose.SUBMIT
+    lemon = [node("gpu11", "drained", "slurmhealth: lemon: 4 faults in 28 days")]
+    assert diagnose.plan(lemon, set(), set(), []) == []
+    assert diagnose.plan(lemon, set(), set(), ["gpu11"])[0][1] == diagnose.SUBMIT
+
+
+def test_a_node_that_left_slurm_leaves_the_reservation():
+    steps = diagnose.plan(NODES[:1], {"gpu42"}, set(), [])
+    assert steps == [("gpu42", diagnose.RELEASE, "no longer a node Slurm knows")]
+
+
+def test_unknown_named_nodes_are_refused():
+    assert plan(named=["gpu99"])["gpu99"] == (diagnose.REFUSED, "not a node Slurm knows")
+
+
+def test_a_node_with_its_job_queued_is_left_alone():
+    assert "gpu07" not in plan(named=["gpu07"])
+
+
+def test_the_job_command_is_fixed_words_quoted():
+    command = diagnose.job_command("medium", "/etc/slurm health/x.toml")
+    words = shlex.split(command)
+    assert words[1:] == [
+        "-m",
+        "slurmhealth",
+        "diagnose",
+        "--level",
+        "medium",
+        "--apply",
+        "--config",
+        "/etc/slurm health/x.toml",
+    ]
