@@ -700,6 +700,7 @@ def diagnose_cmd(
     )
     diagnosis = diag_run.diagnose(name, level, expect, options)
     conn = agent.record(conn, diagnosis, "diagnose", path=store_path)
+    agent.write_metrics(agent.metrics_path(settings) or None, diagnosis, None, "diagnose")
     applied = None
     if do_apply:
         from slurmhealth.fleet import diagnose as orchestration  # noqa: PLC0415

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 DAY = 86400.0
 
-# Phases of a run: Slurm's hooks, and an admin's `slurmhealth check`.
+# Phases of a run: Slurm's hooks, an admin's `slurmhealth check`, and `slurmhealth diagnose`.
 PROLOG, EPILOG, HEALTHCHECK, CHECK = "prolog", "epilog", "healthcheck", "check"
+DIAG = "diag"
 HOOKS = (PROLOG, EPILOG, HEALTHCHECK)
-PHASES = (*HOOKS, CHECK)
+PHASES = (*HOOKS, CHECK, DIAG)
 
 # What one automatic drain attempt came to (node/actions.drain).
 DRAINED = "drained"  # the node is drained, with our reason

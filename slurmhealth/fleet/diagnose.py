@@ -35,6 +35,8 @@ from slurmhealth.core.hostlist import PatternError, expand, split_terms
 from slurmhealth.node import actions
 
 JOB_NAME = "slurmhealth-diagnose"
+ACT_DIAGNOSE = "diagnose"  # a node put in the reservation with its diagnose job (detail: job id)
+ACTOR = "slurmhealth diagnose"
 DIAGNOSED = f"{slurm.PREFIX} {SERVICE} diagnose"  # a failed diagnosis
 # Our drains that wait for an admin (hardware to service, a relapse on probation, a lemon):
 # diagnosed only when an admin names the node, after the repair.
@@ -187,10 +189,6 @@ def submit(client: slurm.Slurm, node: str, minutes: int, reservation: str, comma
     return out.strip().split(";")[0]
 
 
-ACT_DIAGNOSE = "diagnose"  # a node put in the reservation with its diagnose job (detail: job id)
-ACTOR = "slurmhealth diagnose"
-
-
 def job_command(level: str, config_path: str | None) -> str:
     """What the diagnose job runs (sbatch --wrap hands it to /bin/sh): this interpreter and
     fixed words, each quoted; nothing from a node, a job or a user."""
@@ -302,5 +300,7 @@ def finish(client: slurm.Slurm, diagnosis: object, settings: dict, conn: object,
     except slurm.SlurmError as exc:
         log(f"{node}: could not mark its diagnosis passed: {exc}")  # type: ignore[operator]
         return "passed; not marked (the next pass drains it for service: run it again)"
-    _note(conn, node, ACT_DIAGNOSE, PASSED, f"{level} passed")
+    # Recorded as a resume in the node's own store: a fault within probation_days of it keeps
+    # the node out for an admin (probation), as after any resume of ours.
+    _note(conn, node, ACT_RESUME, slurm.reason(f"diagnose {level} passed"), PASSED)
     return "passed: returned by the next diagnose --submit"

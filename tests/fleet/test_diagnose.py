@@ -3,9 +3,14 @@ whole loop on a real Slurm is tests/slurm/test_diagnose.py."""
 
 from __future__ import annotations
 
+import os
 import shlex
 
-from slurmhealth.fleet import diagnose
+from conftest import TESTS, run_cli
+
+from slurmhealth.core import store
+from slurmhealth.fleet import diagnose, signals
+from slurmhealth.report import build
 
 
 def node(name: str, state: str = "idle", reason: str = "") -> dict:
@@ -91,3 +96,57 @@ def test_the_job_command_is_fixed_words_quoted():
         "--config",
         "/etc/slurm health/x.toml",
     ]
+
+
+# --- diagnoses travel with the rest: export, collect, lemon evidence, the report --------------
+
+
+def test_diagnoses_travel_to_the_fleet_and_count_as_evidence(tmp_path):
+    fixtures = os.path.join(TESTS, "fixtures")
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    config = tmp_path / "c.toml"
+    config.write_text(f'[settings]\ndiag_tools = "{tools}"\n')
+    config.chmod(0o600)
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    node_db = str(tmp_path / "n1.db")
+    sources = (
+        "--gpu-source",
+        os.path.join(fixtures, "snapshots", "h100-hgx-healthy.json"),
+        "--sysfs-root",
+        os.path.join(fixtures, "sysfs", "healthy-8x-ndr"),
+        "--kmsg",
+        os.path.join(fixtures, "kmsg", "healthy.kmsg"),
+    )
+    for fixture, code in (("dcgmi-3.3-r2-fail.json", 1), ("dcgmi-4.x-r3-pass.json", 0)):
+        dcgmi = tools / "dcgmi"
+        dcgmi.write_text(f"#!/bin/sh\ncat {fixtures}/diag/{fixture}\n")
+        dcgmi.chmod(0o755)
+        args = ("--node", "n1", "--db", node_db, "--config", str(config), *sources)
+        proc = run_cli("diagnose", "--level", "medium", *args)
+        assert proc.returncode == code, proc.stderr
+    proc = run_cli("export", "--db", node_db, "-o", str(spool / "n1.ndjson"))
+    assert proc.returncode == 0, proc.stderr
+    fleet_db = str(tmp_path / "fleet.db")
+    proc = run_cli("collect", str(spool), "--db", fleet_db)
+    assert proc.returncode == 0, proc.stderr
+    conn = store.connect(fleet_db)
+    runs = conn.execute(
+        "SELECT started, verdict FROM runs WHERE phase = 'diag' ORDER BY started"
+    ).fetchall()
+    assert [v for _, v in runs] == ["fail", "ok"]
+    data = conn.execute(
+        "SELECT data FROM results WHERE check_name = 'diag.dcgm' AND status = 'fail'"
+    ).fetchone()[0]
+    assert '"level": "medium"' in data and "gpu0" in data
+    # lemon evidence: the failed diagnosis is a fault, the passed one ends it
+    found = signals.signals(conn, runs[0][0] - 60, runs[1][0] + 60)["n1"]["faults"]
+    assert found == [(runs[0][0], "check", 1.0, runs[1][0])]
+    # the nightly report lists both, the figures of the passing one included
+    shown = build.diagnosed(conn, runs[0][0] - 60, runs[1][0] + 60)
+    assert [(d["node"], d["level"], d["outcome"]) for d in shown] == [
+        ("n1", "medium", "fail"),
+        ("n1", "medium", "pass"),
+    ]
+    assert "diag.dcgm" in shown[0]["failures"]

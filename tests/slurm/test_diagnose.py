@@ -112,6 +112,8 @@ def test_a_repaired_node_returns_after_it_passes(diag, tmp_path):
     assert results["diag.checks"]["status"] == "ok"
     assert results["diag.dcgm"]["status"] == "ok"
     assert json.loads(results["diag.dcgm"]["data"])["level"] == "quick"
+    resumes = lab.query(node, "SELECT reason FROM actions WHERE action = 'resume'")
+    assert {"reason": "slurmhealth: diagnose quick passed"} in resumes  # probation counts it
 
 
 def test_a_node_that_fails_its_diagnosis_is_marked_for_service(diag, tmp_path):

@@ -9,11 +9,12 @@ from __future__ import annotations
 import json
 import time
 
+from slurmhealth.core.constants import DIAG
 from slurmhealth.core.result import FAIL, OK, SERVICE, SKIP, Result
 from slurmhealth.node import runner
 from slurmhealth.node.diag import probes
 
-PHASE = "diag"
+PHASE = DIAG
 _STATUS = {probes.PASS: OK, FAIL: FAIL, SKIP: SKIP}
 
 
@@ -25,6 +26,11 @@ class Diagnosis:
         self.verdict = probes.verdict(found)
         self.started = check.started
         self.duration = seconds
+        # What node/metrics.py reads of a run: the probes as checks, the sources the quick
+        # checks read; no Xid events or kernel-log position (the hooks count those).
+        self.phase, self.sources = PHASE, check.sources
+        self.events: list = []
+        self.baselines: dict = {}
         self.results = [
             Result(_STATUS[p["status"]], _line(p), check=f"diag.{p['probe']}") for p in found
         ]
