@@ -42,7 +42,15 @@ class Diagnosis:
         """The run as core/store.record_run writes it (node/agent.py record)."""
         base = self.check.records(job_id)
         sources = json.loads(base["run"]["sources"])
-        sources["diag"] = {"level": self.level, "seconds": round(self.duration, 3)}
+        gpus = (self.check.facts.get("gpu") or {}).get("devices") or []
+        models = sorted({str(g.get("name") or "") for g in gpus} - {""})
+        sources["diag"] = {
+            "level": self.level,
+            "seconds": round(self.duration, 3),
+            # the hardware class peers are compared within (fleet: slow nodes)
+            "gpu_model": models[0] if len(models) == 1 else " + ".join(models),
+            "gpus": len(gpus),
+        }
         run = dict(
             base["run"],
             phase=PHASE,
