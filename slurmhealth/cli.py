@@ -565,35 +565,41 @@ def collect_cmd(
 
 
 def _collect_sacct(conn: object, start: float, end: float, slurm_bin: str) -> None:
-    from slurmhealth.core.slurm import SlurmError  # noqa: PLC0415
-
-    try:
-        text = accounting.fetch_sacct(start, end, slurm_bin)
-    except SlurmError as exc:
-        raise click.ClickException(f"{exc} (job outcomes from accounting not merged)") from None
-    try:
-        result = accounting.ingest_sacct(conn, text, utc=True)  # type: ignore[arg-type]
-    except sync.FleetError as exc:
-        raise click.ClickException(str(exc)) from None
-    click.echo(f"sacct: {result['jobs']:,} job rows added or updated")
-    for line in result["bad"][: sync.BAD_SHOWN]:
-        click.echo(f"sacct: skipped: {line}", err=True)
+    _merge_accounting(
+        "sacct", accounting.fetch_sacct, accounting.ingest_sacct, conn, (start, end, slurm_bin)
+    )
 
 
 def _collect_events(conn: object, start: float, end: float, slurm_bin: str) -> None:
+    _merge_accounting(
+        "sacctmgr", accounting.fetch_events, accounting.ingest_events, conn, (start, end, slurm_bin)
+    )
+
+
+# tool -> (what its records are, the count's key in the ingest result, what a count is of)
+_ACCOUNTING = {
+    "sacct": ("job outcomes", "jobs", "job rows"),
+    "sacctmgr": ("node events", "events", "node events"),
+}
+
+
+def _merge_accounting(tool: str, fetch: object, ingest: object, conn: object, span: tuple):
+    """Fetch one kind of accounting records and merge them: one line for a Slurm error or a
+    store that would not take them, the count, and the lines that could not be read."""
     from slurmhealth.core.slurm import SlurmError  # noqa: PLC0415
 
+    what, key, unit = _ACCOUNTING[tool]
     try:
-        text = accounting.fetch_events(start, end, slurm_bin)
+        text = fetch(*span)  # type: ignore[operator]
     except SlurmError as exc:
-        raise click.ClickException(f"{exc} (node events from accounting not merged)") from None
+        raise click.ClickException(f"{exc} ({what} from accounting not merged)") from None
     try:
-        events = accounting.ingest_events(conn, text, utc=True)  # type: ignore[arg-type]
+        result = ingest(conn, text, utc=True)  # type: ignore[operator]
     except sync.FleetError as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(f"sacctmgr: {events['events']:,} node events added or updated")
-    for line in events["bad"][: sync.BAD_SHOWN]:
-        click.echo(f"sacctmgr: skipped: {line}", err=True)
+    click.echo(f"{tool}: {result[key]:,} {unit} added or updated")
+    for line in result["bad"][: sync.BAD_SHOWN]:
+        click.echo(f"{tool}: skipped: {line}", err=True)
 
 
 def _lemon_text(scored: list, applied: list, window: float) -> str:
