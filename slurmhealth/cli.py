@@ -18,7 +18,7 @@ from slurmhealth import __version__
 from slurmhealth.core import files, slurm, store, timespec
 from slurmhealth.core.constants import BREAKER, HELD
 from slurmhealth.core.result import clean
-from slurmhealth.fleet import accounting, history, lemons, queries, sync
+from slurmhealth.fleet import accounting, history, lemons, peers, queries, sync
 from slurmhealth.node import agent, config, runner
 from slurmhealth.node.checks import AREAS
 
@@ -695,15 +695,16 @@ def diagnose_cmd(
     from slurmhealth.node.diag import run as diag_run  # noqa: PLC0415
 
     name = agent.node_name(node)
-    store_path = db or store.default_path(name)
-    conn = agent.open_store(store_path, "diagnose")
-    expect = _load_config(path).for_node(name)
+    expect = _diag_config(path).for_node(name)
     settings = expect["settings"]
     options = _options(
         gpu_source or settings["gpu_source"],
         sysfs_root or settings["sysfs_root"],
         kmsg or settings["kmsg"],
     )
+    _diag_sources(options, sysfs_root, kmsg)
+    store_path = db or store.default_path(name)
+    conn = agent.open_store(store_path, "diagnose")
     diagnosis = diag_run.diagnose(name, level, expect, options)
     conn = agent.record(conn, diagnosis, "diagnose", path=store_path)
     agent.write_metrics(agent.metrics_path(settings) or None, diagnosis, None, "diagnose")
@@ -725,6 +726,34 @@ def diagnose_cmd(
         sys.exit(DIAG_FAILED)
 
 
+class _Refused(click.ClickException):
+    """diagnose exits 1 for a node that failed: what it refuses to start with exits 2."""
+
+    exit_code = 2
+
+
+def _diag_config(path: str | None) -> config.Config:
+    try:
+        return config.load(path)
+    except config.ConfigError as exc:
+        raise _Refused(str(exc)) from None
+
+
+def _diag_sources(options: runner.Options, sysfs_root: str | None, kmsg: str | None) -> None:
+    """Paths named on the command line must exist and a snapshot must be one, as for `check`
+    (node/agent.py): a typo must not read as "no InfiniBand, no Xids" and pass, nor end in a
+    traceback."""
+    if sysfs_root is not None and not os.path.isdir(sysfs_root):
+        raise click.BadParameter(f"{sysfs_root}: no such directory", param_hint="--sysfs-root")
+    if kmsg is not None and not os.path.exists(kmsg):
+        raise click.BadParameter(f"{kmsg}: no such file", param_hint="--kmsg")
+    if options.gpu_source not in ("nvml", "", None):
+        try:
+            runner.load_snapshot(options.gpu_source)
+        except (OSError, ValueError) as exc:
+            raise click.BadParameter(str(exc), param_hint="--gpu-source") from None
+
+
 def _diagnose_submit(
     level: str, db: str | None, path: str | None, named: str, limit: str | None, as_json: bool
 ) -> None:
@@ -740,7 +769,7 @@ def _diagnose_submit(
         if not limit.isdigit() or not 0 < int(limit) <= 10080:
             raise click.BadParameter("minutes from 1 to 10080", param_hint="--time-limit")
         minutes = int(limit)
-    settings = _load_config(path).for_node("")["settings"]
+    settings = _diag_config(path).for_node("")["settings"]
     client = slurm.Slurm(settings["slurm_bin"], 30.0)
     conn = _open_fleet(db)
     command = orchestration.job_command(level, path)
@@ -805,6 +834,52 @@ def lemons_cmd(
         click.echo(_lemon_text(scored, applied, span))
     if any(a["outcome"] in (BREAKER, HELD) for a in applied):
         sys.exit(3)
+
+
+def _slow_text(found: list, nodes: int, window: float, margin: float) -> str:
+    head = (
+        f"{len({f['node'] for f in found})} slow node(s) among {nodes} diagnosed over "
+        f"{window / 86400:g} days (margin {margin:.0%})"
+    )
+    return "\n".join([head, *(f"  {f['evidence']}" for f in found)])  # evidence: cleaned
+
+
+@cli.command(name="slow")
+@fleet_db_option
+@click.option("--window", default="7d", show_default=True, help="diagnoses to compare, e.g. 7d")
+@click.option("--now", default=None, help="replay: compare as of this time")
+@click.option(
+    "--margin",
+    type=click.FloatRange(0, 1, min_open=True, max_open=True),
+    default=peers.MARGIN,
+    show_default=True,
+    help="the share below the peers' median that counts as slow",
+)
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+def slow_cmd(db: str | None, window: str, now: str | None, margin: float, as_json: bool) -> None:
+    """List the nodes that run slower than their peers of the same hardware.
+
+    From the figures `slurmhealth diagnose` recorded in the window (all-reduce and RDMA
+    bandwidth, RDMA latency, the GPU tests): each node's worst GPU or port against the median
+    of the other nodes with the same GPU model and count, slow when worse by more than the
+    margin and by more than 4 robust spreads, in at least two diagnoses (docs/diagnose.md).
+    Changes nothing; exits 0.
+
+    \b
+    Example:
+        slurmhealth slow --window 7d
+        slurmhealth slow --margin 0.1 --json
+    """
+    span, end = _duration(window), _instant(now)
+    conn = _open(_fleet_path(db))
+    rows = queries.diag_figures(conn, end - span, end)
+    found = peers.slow(rows, margin=margin)
+    nodes = len({row[0] for row in rows})
+    if as_json:
+        doc = {"window_days": span / 86400, "margin": margin, "nodes": nodes, "slow": found}
+        click.echo(json.dumps(doc, indent=1))
+    else:
+        click.echo(_slow_text(found, nodes, span, margin))
 
 
 # --- the nightly report (docs/report.md) ----------------------------------------------------

@@ -338,3 +338,135 @@ def test_docs_checks_is_the_generated_catalogue():
         text = handle.read()
     assert text.endswith(catalogue_markdown())
     assert all(f"`{name}`" in text for name in REGISTRY)
+
+
+# --- diagnose on a node (docs/diagnose.md) -------------------------------------------------------
+
+DIAG = os.path.join(FIXTURES, "diag")
+SOURCES = (
+    "--node",
+    "gpu01",
+    "--sysfs-root",
+    os.path.join(FIXTURES, "sysfs", "healthy-8x-ndr"),
+    "--kmsg",
+    os.path.join(FIXTURES, "kmsg", "healthy.kmsg"),
+)
+
+
+def diag_config(tmp_path, dcgmi_output: str = "", **settings) -> str:
+    """A config (root's, 0600, as config loading demands) whose diag_tools holds a stand-in
+    dcgmi printing the fixture `dcgmi_output`."""
+    import shutil
+
+    tools = tmp_path / "tools"
+    tools.mkdir(exist_ok=True)
+    if dcgmi_output:
+        script = tools / "dcgmi"
+        script.write_text(f"#!/bin/sh\nexec {shutil.which('cat')} {DIAG}/{dcgmi_output}\n")
+        script.chmod(0o755)
+    lines = ["[settings]", f'diag_tools = "{tools}"']
+    lines += [f"{key} = {json.dumps(value)}" for key, value in settings.items()]
+    cfg = tmp_path / "slurmhealth.toml"
+    cfg.write_text("\n".join(lines) + "\n")
+    cfg.chmod(0o600)
+    return str(cfg)
+
+
+def diagnose(tmp_path, *args: str) -> object:
+    """`slurmhealth diagnose ARGS` with nothing on PATH: only the stand-ins are found."""
+    env = {"PATH": str(tmp_path / "empty-path"), "SLURMHEALTH_SLURM_BIN": "/nonexistent"}
+    return run_cli("diagnose", *args, env=env)
+
+
+def test_diagnose_help_does_nothing(tmp_path):
+    state = tmp_path / "state"
+    for args in (["--help"], ["--submit", "--help"]):
+        proc = run_cli(
+            "diagnose",
+            "--db",
+            str(tmp_path / "x.db"),
+            *args,
+            env={"SLURMHEALTH_STATE_DIR": str(state), "SLURMHEALTH_DB": str(tmp_path / "y.db")},
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.startswith("Usage: slurmhealth diagnose") and "Example:" in proc.stdout
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("dcgmi_output", "code", "verdict"),
+    [("dcgmi-4.x-r3-pass.json", 0, "ok"), ("dcgmi-3.3-r2-fail.json", 1, "fail")],
+)
+def test_diagnose_quick_exits_by_its_verdict_and_records_a_diag_run(
+    tmp_path, dcgmi_output, code, verdict
+):
+    import sqlite3
+
+    db = str(tmp_path / "node.db")
+    cfg = diag_config(tmp_path, dcgmi_output)
+    args = [
+        "--level",
+        "quick",
+        "--config",
+        cfg,
+        "--db",
+        db,
+        "--gpu-source",
+        snapshot_path("healthy"),
+    ]
+    shown = diagnose(tmp_path, *args, *SOURCES)
+    assert shown.returncode == code, shown.stderr
+    assert shown.stdout.startswith(f"gpu01: diagnose quick: {verdict.upper()} (")
+    assert "Traceback" not in shown.stderr
+    proc = diagnose(tmp_path, *args, *SOURCES, "--json")
+    assert proc.returncode == code, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert (doc["node"], doc["level"], doc["verdict"]) == ("gpu01", "quick", verdict)
+    assert [p["probe"] for p in doc["probes"]] == ["checks", "dcgm"]
+    assert doc["probes"][1]["status"] == ("pass" if code == 0 else "fail")
+    assert doc["applied"] is None
+    history = json.loads(run_cli("history", "--db", db, "--json").stdout)
+    assert [(r["phase"], r["verdict"]) for r in history["runs"]] == [("diag", verdict)] * 2
+    rows = sqlite3.connect(db).execute(
+        "SELECT r.check_name, r.status FROM results r JOIN runs ON runs.id = r.run_id "
+        "WHERE runs.phase = 'diag' ORDER BY runs.started, r.check_name"
+    )
+    dcgm = "ok" if code == 0 else "fail"
+    assert rows.fetchall() == [("diag.checks", "ok"), ("diag.dcgm", dcgm)] * 2
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--apply", "--submit"], "--apply runs inside a diagnose job, --submit on the head node"),
+        (["--nodes", "gpu01"], "--nodes goes with --submit"),
+        (["--time-limit", "30"], "--time-limit goes with --submit"),
+        (["--level", "bogus"], "'bogus' is not one of 'quick', 'medium', 'long'"),
+        (["--submit", "--time-limit", "0"], "--time-limit: minutes from 1 to 10080"),
+        # a typo must not read as "no InfiniBand, no Xids" and pass, nor end in a traceback
+        (["--sysfs-root", "/nonexistent/slurmhealth"], "no such directory"),
+        (["--kmsg", "/nonexistent/slurmhealth"], "no such file"),
+        (["--gpu-source", "/nonexistent/slurmhealth.json"], "No such file"),
+    ],
+)
+def test_diagnose_usage_errors_exit_2_in_one_line(tmp_path, args, message):
+    db = tmp_path / "x.db"
+    cfg = diag_config(tmp_path, "dcgmi-4.x-r3-pass.json")
+    proc = diagnose(tmp_path, "--level", "quick", "--db", str(db), "--config", cfg, *args)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    (error,) = [line for line in proc.stderr.splitlines() if line.startswith("Error")]
+    assert message in error
+    assert not db.exists()  # refused before any store is opened
+
+
+@pytest.mark.parametrize("args", [["--level", "quick", *SOURCES], ["--submit"]])
+def test_diagnose_refuses_a_bad_reservation_name_naming_the_setting(tmp_path, args):
+    db = tmp_path / "x.db"
+    cfg = diag_config(tmp_path, "dcgmi-4.x-r3-pass.json", diag_reservation="bad name!")
+    proc = diagnose(tmp_path, "--db", str(db), "--config", cfg, *args)
+    assert proc.returncode == 2, proc.stderr  # not 1: that says the node failed its diagnosis
+    assert "Traceback" not in proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"Error: {cfg}:3: settings.diag_reservation: must be 1-64 letters")
+    assert not db.exists()

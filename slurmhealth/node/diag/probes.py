@@ -249,6 +249,8 @@ def evidence(probes: list) -> str:
     for p in probes:
         for o in p["outcomes"]:
             if o["status"] == FAIL:
-                unit = "" if o["unit"] in ("node", *o["evidence"].split()[:3]) else f"{o['unit']} "
+                # the built-in GPU tests name their GPU ("matmul on gpu1: ..."): once is enough
+                named = {word.strip(":,;()") for word in o["evidence"].split()}
+                unit = "" if o["unit"] in ("node", *named) else f"{o['unit']} "
                 parts.append(f"{p['probe']}: {unit}{o['evidence']}")
     return clean("; ".join(parts) or "no failure", 160)
