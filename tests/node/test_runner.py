@@ -168,13 +168,28 @@ def _raw_versions(snapshot: str, sysfs: str) -> tuple:
     what the runner must record, found without it."""
     with open(snapshot_path(snapshot)) as handle:
         doc = json.load(handle)["gpu"]
-    vbios = sorted({d["vbios"] for d in doc["devices"] if d.get("vbios") and not d.get("error")})
+    alive = [d for d in doc["devices"] if not d.get("error")]
+    vbios = sorted({d["vbios"] for d in alive if d.get("vbios")})
     root = os.path.join(FIXTURES, "sysfs", sysfs, "class", "infiniband")
-    firmware = {}
+    firmware, rates = {}, set()
     for hca in sorted(os.listdir(root)):
         with open(os.path.join(root, hca, "fw_ver")) as handle:
             firmware[hca] = handle.read().strip()
-    return {"driver": doc["driver_version"], "vbios": vbios}, {"fw_ver": firmware}
+        for port in os.listdir(os.path.join(root, hca, "ports")):
+            with open(os.path.join(root, hca, "ports", port, "state")) as handle:
+                active = "ACTIVE" in handle.read()
+            with open(os.path.join(root, hca, "ports", port, "rate")) as handle:
+                if active:
+                    rates.add(float(handle.read().split()[0]))
+    gpu = {
+        "driver": doc["driver_version"],
+        "vbios": vbios,
+        "model": sorted({d["name"] for d in alive}),
+        "persistence": sorted({d["persistence"] for d in alive}),
+        "ecc": sorted({d["fields"]["ecc_current"] for d in alive}),
+        "mig": sorted({d["mig_current"] for d in alive}),
+    }
+    return gpu, {"fw_ver": firmware, "rate": sorted(rates)}
 
 
 def test_versions_travel_with_the_sources_into_the_store(tmp_path):

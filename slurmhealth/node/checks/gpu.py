@@ -622,10 +622,23 @@ def baseline(facts: dict, now: float | None = None) -> dict:
 
 
 def versions_of(facts: dict) -> dict:
-    """The versions each run records (the nightly report's configuration drift): the driver
-    and the set of VBIOS versions of the GPUs that answer."""
-    vbioses = sorted({d["vbios"] for d in _alive(facts) if d["vbios"]})
-    return {"driver": facts["driver_version"], "vbios": vbioses}
+    """The versions and settings each run records (the nightly report's odd node out): the
+    driver, and of the GPUs that answer the sets of VBIOS versions, models, persistence modes,
+    current ECC modes and current MIG modes (a set of two is a node that disagrees with
+    itself)."""
+    alive = _alive(facts)
+    out = {
+        "driver": facts["driver_version"],
+        "vbios": sorted({d["vbios"] for d in alive if d["vbios"]}),
+    }
+    settings = {
+        "model": {d.get("name") for d in alive},
+        "persistence": {d.get("persistence") for d in alive},
+        "ecc": {(d.get("fields") or {}).get("ecc_current") for d in alive},
+        "mig": {d.get("mig_current") for d in alive},
+    }
+    out.update({k: sorted(v - {None, ""}) for k, v in settings.items() if v - {None, ""}})
+    return out
 
 
 def expectations(facts: dict) -> dict:

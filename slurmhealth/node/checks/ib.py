@@ -579,9 +579,15 @@ def baseline(facts: dict, now: float | None = None) -> dict:
 
 
 def versions_of(facts: dict) -> dict:
-    """The versions each run records (the nightly report's configuration drift): firmware
-    per HCA."""
-    return {"fw_ver": {n: d["fw_ver"] for n, d in sorted(facts["devices"].items()) if d["fw_ver"]}}
+    """The versions and settings each run records (the nightly report's odd node out):
+    firmware per HCA, and the set of rates of the active ports (Gb/s)."""
+    out: dict = {
+        "fw_ver": {n: d["fw_ver"] for n, d in sorted(facts["devices"].items()) if d["fw_ver"]}
+    }
+    rates = {p["rate"] for p in facts["ports"].values() if p["state"] == _ACTIVE and p["rate"]}
+    if rates:
+        out["rate"] = sorted(rates)
+    return out
 
 
 def expectations(facts: dict) -> dict:

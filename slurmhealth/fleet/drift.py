@@ -1,0 +1,125 @@
+"""The odd node out (pure): each node's versions and settings against the majority of its peers
+of the same hardware, with no golden file to maintain.
+
+A node's latest recorded versions (runner: the areas' versions_of) are compared, per hardware
+class (the GPU model), with the class majority: driver, VBIOS, IB firmware, persistence mode,
+ECC mode, MIG mode, IB rate. A minority value is reported with the majority's value and count:
+`gpu07: driver 535.161.08 vs 550.90.07 on 511 of 512 peers (NVIDIA H100 80GB HBM3)`. A value
+that a large share of the class already runs (`rolling_share`, 20%) is a rolling update in
+progress, not an odd node: it is reported as such, and nobody is listed as odd for it.
+"""
+
+from __future__ import annotations
+
+from slurmhealth.core.result import clean
+
+# key in the recorded versions -> what the report calls it
+ITEMS = (
+    ("driver", "driver"),
+    ("vbios", "VBIOS"),
+    ("ib_fw", "IB firmware"),
+    ("persistence", "persistence mode"),
+    ("ecc", "ECC mode"),
+    ("mig", "MIG mode"),
+    ("ib_rate", "IB rate"),
+)
+ROLLING_SHARE = 0.20  # a value this share of a class runs is a rollout, not an odd node
+LIST_MAX = 200
+
+
+def versions(sources: object) -> dict:
+    """{"model", "driver", "vbios", "ib_fw", "persistence", "ecc", "mig", "ib_rate"} as one
+    cleaned text each, from a run's sources JSON (runner.Gathered.to_dict: untrusted text)."""
+    if not isinstance(sources, dict):
+        return {}
+    gpu = (sources.get("gpu") or {}).get("versions") or {}
+    ib = (sources.get("ib") or {}).get("versions") or {}
+    gpu = gpu if isinstance(gpu, dict) else {}
+    ib = ib if isinstance(ib, dict) else {}
+    out = {}
+    if gpu.get("driver"):
+        out["driver"] = clean(gpu["driver"], 40)
+    for key, value in (
+        ("model", gpu.get("model")),
+        ("vbios", gpu.get("vbios")),
+        ("persistence", gpu.get("persistence")),
+        ("ecc", gpu.get("ecc")),
+        ("mig", gpu.get("mig")),
+        ("ib_rate", ib.get("rate")),
+    ):
+        if isinstance(value, list) and value:
+            out[key] = clean(", ".join(sorted(_text(v) for v in value)), 120)
+    firmware = ib.get("fw_ver")
+    if isinstance(firmware, dict) and firmware:
+        out["ib_fw"] = clean(", ".join(sorted({str(v) for v in firmware.values()})), 120)
+    return out
+
+
+def _text(value: object) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def odd_nodes(found: dict, rolling_share: float = ROLLING_SHARE) -> dict:
+    """found: {node: versions() or None}. Returns {"items": [{class, what, majority, nodes,
+    agree, differ: [{node, value}], differ_count, rolling: [{value, nodes}]}], "odd": [one line
+    per odd node and value], "unknown", "unknown_nodes"}."""
+    classes: dict = {}
+    for node, got in found.items():
+        if got:
+            classes.setdefault(got.get("model", ""), {})[node] = got
+    items, odd = [], []
+    for model in sorted(classes):
+        members = classes[model]
+        for key, label in ITEMS:
+            item = _item(members, key, label, model, rolling_share)
+            if item is None:
+                continue
+            items.append(item)
+            for d in item["differ"]:
+                odd.append(_line(d["node"], label, d["value"], item))
+    unknown = sorted(n for n, v in found.items() if not v)
+    return {
+        "items": items,
+        "odd": odd[:LIST_MAX],
+        "unknown": len(unknown),
+        "unknown_nodes": unknown[:LIST_MAX],
+    }
+
+
+def _item(members: dict, key: str, label: str, model: str, rolling_share: float) -> dict | None:
+    values = {node: v[key] for node, v in members.items() if key in v}
+    if not values:
+        return None
+    tally: dict = {}
+    for value in values.values():
+        tally[value] = tally.get(value, 0) + 1
+    majority = max(sorted(tally), key=lambda v: tally[v])
+    rolling = sorted(
+        (v for v in tally if v != majority and tally[v] >= rolling_share * len(values)),
+        key=lambda v: (-tally[v], v),
+    )
+    differ = [
+        {"node": n, "value": v}
+        for n, v in sorted(values.items())
+        if v != majority and v not in rolling
+    ]
+    return {
+        "class": clean(model, 80) or "unknown GPUs",
+        "what": label,
+        "majority": majority,
+        "nodes": len(values),
+        "agree": tally[majority],
+        "differ": differ[:LIST_MAX],
+        "differ_count": len(differ),
+        "rolling": [{"value": v, "nodes": tally[v]} for v in rolling],
+    }
+
+
+def _line(node: str, label: str, value: str, item: dict) -> str:
+    return clean(
+        f"{node}: {label} {value} vs {item['majority']} on {item['agree']} of "
+        f"{item['nodes'] - 1} peers ({item['class']})",
+        200,
+    )

@@ -1,0 +1,90 @@
+"""The odd node out (fleet/drift.py, pure): a node against the majority of its hardware class;
+a rollout is not an odd node; classes are never compared with each other."""
+
+from __future__ import annotations
+
+from slurmhealth.fleet import drift
+
+H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+
+
+def recorded(model: str, driver: str = "550.90.07", **more) -> dict:
+    base = {"model": model, "driver": driver, "ecc": "1", "persistence": "1", "ib_rate": "400"}
+    return dict(base, **more)
+
+
+def fleet(size: int = 64, model: str = H100, prefix: str = "a") -> dict:
+    return {f"{prefix}{i:03d}": recorded(model) for i in range(size)}
+
+
+def test_one_old_driver_is_named_with_the_majority():
+    found = fleet()
+    found["a007"] = recorded(H100, driver="535.161.08")
+    out = drift.odd_nodes(found)
+    assert out["odd"] == [f"a007: driver 535.161.08 vs 550.90.07 on 63 of 63 peers ({H100})"]
+    (item,) = [i for i in out["items"] if i["what"] == "driver"]
+    assert item["differ_count"] == 1 and item["rolling"] == []
+
+
+def test_settings_are_compared_too():
+    found = fleet()
+    found["a003"] = recorded(H100, ecc="0")
+    found["a004"] = recorded(H100, ib_rate="200")
+    found["a005"] = recorded(H100, persistence="0, 1")  # disagrees with itself
+    lines = drift.odd_nodes(found)["odd"]
+    assert [line.split(":")[0] for line in lines] == ["a005", "a003", "a004"]
+    assert "ECC mode 0 vs 1" in lines[1] and "IB rate 200 vs 400" in lines[2]
+
+
+def test_a_rolling_update_is_not_an_odd_node():
+    found = fleet()
+    for i in range(20):  # 31% already on the new driver
+        found[f"a{i:03d}"] = recorded(H100, driver="560.35.03")
+    out = drift.odd_nodes(found)
+    assert out["odd"] == []
+    (item,) = [i for i in out["items"] if i["what"] == "driver"]
+    assert item["rolling"] == [{"value": "560.35.03", "nodes": 20}]
+
+
+def test_classes_are_compared_within_themselves():
+    found = {**fleet(40), **fleet(10, H200, "b")}
+    for node in list(found)[40:]:
+        found[node] = recorded(H200, driver="560.35.03")  # another generation, another driver
+    assert drift.odd_nodes(found)["odd"] == []
+    found["b003"] = recorded(H200, driver="550.90.07")
+    assert drift.odd_nodes(found)["odd"][0].startswith("b003: driver 550.90.07 vs 560.35.03")
+
+
+def test_nodes_without_versions_are_counted_apart():
+    found = fleet(4)
+    found["a009"] = None
+    out = drift.odd_nodes(found)
+    assert out["unknown"] == 1 and out["unknown_nodes"] == ["a009"]
+
+
+def test_versions_reads_untrusted_sources_json():
+    sources = {
+        "gpu": {
+            "versions": {
+                "driver": "550\\n<x>",
+                "vbios": ["96.00.99.00.01"],
+                "model": [H100],
+                "ecc": [1],
+                "mig": [0],
+                "persistence": [1],
+            }
+        },
+        "ib": {"versions": {"fw_ver": {"mlx5_0": "28.39.1002"}, "rate": [400.0]}},
+    }
+    got = drift.versions(sources)
+    assert got == {
+        "driver": "550\\n<x>",
+        "model": H100,
+        "vbios": "96.00.99.00.01",
+        "persistence": "1",
+        "ecc": "1",
+        "mig": "0",
+        "ib_rate": "400",
+        "ib_fw": "28.39.1002",
+    }
+    assert drift.versions("not a dict") == {} and drift.versions({"gpu": {"versions": 5}}) == {}
