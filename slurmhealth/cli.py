@@ -836,6 +836,12 @@ def lemons_cmd(
         sys.exit(3)
 
 
+def _share(_ctx: object, _param: object, value: float) -> float:
+    if not 0 < value < 1:  # NaN too
+        raise click.BadParameter(f"{value:g} is not a share between 0 and 1 (e.g. 0.05 for 5%)")
+    return value
+
+
 def _slow_text(found: list, nodes: int, window: float, margin: float) -> str:
     head = (
         f"{len({f['node'] for f in found})} slow node(s) among {nodes} diagnosed over "
@@ -850,7 +856,8 @@ def _slow_text(found: list, nodes: int, window: float, margin: float) -> str:
 @click.option("--now", default=None, help="replay: compare as of this time")
 @click.option(
     "--margin",
-    type=click.FloatRange(0, 1, min_open=True, max_open=True),
+    type=float,
+    callback=_share,
     default=peers.MARGIN,
     show_default=True,
     help="the share below the peers' median that counts as slow",

@@ -150,3 +150,44 @@ def store_at_version(db: str, version: int):
             old.execute(statement)
     old.execute(f"PRAGMA user_version = {version}")
     return old
+
+
+def diag_records(
+    node: str, when: float, probes: dict, model: str = "NVIDIA H100 80GB HBM3", gpus: int = 8
+) -> dict:
+    """A `diag` run as node/diag/run.py Diagnosis.records() gives it to store.record_run.
+    probes: {probe: [outcome]}, each outcome {unit, status, figures, evidence}."""
+    import json  # noqa: PLC0415
+
+    sources = {"diag": {"level": "medium", "seconds": 300.0, "gpu_model": model, "gpus": gpus}}
+    results = [
+        {
+            "check_name": f"diag.{probe}",
+            "status": "fail" if any(_failed(o) for o in found) else "ok",
+            "message": "",
+            "action": "none",
+            "data": json.dumps({"level": "medium", "outcomes": found}),
+            "duration": 1.0,
+        }
+        for probe, found in probes.items()
+    ]
+    run = {
+        "node": node,
+        "job_id": None,
+        "phase": "diag",
+        "started": when,
+        "duration": 300.0,
+        "verdict": "fail" if any(r["status"] == "fail" for r in results) else "ok",
+        "tool_version": "test",
+        "sources": json.dumps(sources),
+    }
+    return {"run": run, "results": results, "events": [], "baselines": {}}
+
+
+def _failed(outcome: object) -> bool:
+    return isinstance(outcome, dict) and outcome.get("status") == "fail"
+
+
+def outcome(unit: str, figures: dict, status: str = "pass") -> dict:
+    """One outcome of a diag probe, as node/diag/probes.py outcome() shapes it."""
+    return {"unit": unit, "status": status, "figures": figures, "evidence": ""}

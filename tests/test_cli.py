@@ -289,6 +289,7 @@ DURATION_OPTIONS = [
     ("export", "--since"),
     ("collect", "{tmp}", "--since"),
     ("lemons", "--window"),
+    ("slow", "--window"),
     ("report", "-o", "{tmp}/r.html", "--since"),
     ("publish", "--since"),
 ]

@@ -6,6 +6,8 @@ keep their own spec-driven statements; every write lives in core/store.py.
 
 from __future__ import annotations
 
+import json
+import math
 import sqlite3
 
 DAY = 86400
@@ -122,6 +124,72 @@ def diagnoses(conn: sqlite3.Connection, start: float, end: float) -> list:
             )
         )
     return runs
+
+
+# What a diagnosis's outcome measured (node/diag/probes.py PASS and FAIL): a skipped outcome
+# (no tool, no floor to judge against) says nothing about this node against its peers.
+_MEASURED = ("pass", "fail")
+
+
+def diag_figures(conn: sqlite3.Connection, start: float, end: float) -> list:
+    """[(node, time, gpu_model, probe, unit, figure, value)] of every numeric figure of the
+    passed and failed outcomes of the `diag` runs started in [start, end) (node/diag/run.py
+    records them), by time. gpu_model is the hardware class the run recorded
+    (`sources.diag`): `8x NVIDIA H100 80GB HBM3`, the count first because an all-reduce over 4
+    GPUs is no peer of one over 8; the bare model when the count is unknown, "" when neither
+    is. A run or result whose JSON cannot be read gives nothing. Text is as stored: untrusted."""
+    rows = conn.execute(
+        "SELECT u.node, u.started, u.sources, r.check_name, r.data "
+        "FROM runs u JOIN results r ON r.run_id = u.id "
+        "WHERE u.phase = 'diag' AND u.started >= ? AND u.started < ? "
+        "AND r.check_name LIKE 'diag.%' ORDER BY u.started, u.node, r.check_name",
+        (start, end),
+    )
+    out: list = []
+    seen, model = None, None  # a run's results come together: its sources are read once
+    for node, started, sources, check, data in rows:
+        if sources != seen:
+            seen, model = sources, _diag_class(sources)
+        if model is not None:
+            probe = check[len("diag.") :]
+            out.extend((node, started, model, probe, *f) for f in _measured_figures(data))
+    return out
+
+
+def _diag_class(sources: str) -> str | None:
+    """A diag run's hardware class (diag_figures); None when its JSON is unreadable."""
+    try:
+        diag = json.loads(sources).get("diag") or {}
+        model, gpus = diag.get("gpu_model") or "", diag.get("gpus")
+    except (ValueError, TypeError, AttributeError):
+        return None
+    if not isinstance(model, str):
+        return None
+    counted = isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0
+    return f"{gpus}x {model}" if model and counted else model
+
+
+def _measured_figures(data: str) -> list:
+    """[(unit, figure, value)] of a diag result's data: finite numbers of measured outcomes."""
+    try:
+        outcomes = json.loads(data).get("outcomes")
+    except (ValueError, TypeError, AttributeError):
+        return []
+    out = []
+    for o in outcomes if isinstance(outcomes, list) else ():
+        if not isinstance(o, dict) or o.get("status") not in _MEASURED:
+            continue
+        figures, unit = o.get("figures"), o.get("unit")
+        if not isinstance(figures, dict) or not isinstance(unit, str):
+            continue
+        out.extend(
+            (unit, name, float(value))
+            for name, value in figures.items()
+            if isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+        )
+    return out
 
 
 def durations(conn: sqlite3.Connection, start: float, end: float, phase: str) -> list:

@@ -28,7 +28,7 @@ from slurmhealth.core.constants import (
     PREFIX,
 )
 from slurmhealth.core.result import clean
-from slurmhealth.fleet import policy, queries, signals
+from slurmhealth.fleet import peers, policy, queries, signals
 
 FORMAT = "slurmhealth-report/1"
 FORMATS = ("html", "md", "json")
@@ -497,6 +497,7 @@ def _build(
     tick(1)
     doc["drift"] = drift({n: recorded_versions(conn, n, now) for n in nodes})
     doc["diagnosed"] = diagnosed(conn, start, now)
+    doc["slow"] = slow_nodes(conn, now)
     tick(1)
     doc["cost"] = own_cost(conn, start, now)
     tick(1)
@@ -547,6 +548,36 @@ def diagnosed(conn: sqlite3.Connection, start: float, end: float) -> list:
             }
         )
     return out
+
+
+SLOW_DAYS = 7  # as `slurmhealth slow`: a week of diagnoses
+_SLOW_NUMBERS = ("value", "peer_median", "peers", "deficit", "samples", "slow_samples")
+
+
+def slow_nodes(conn: sqlite3.Connection, now: float) -> dict:
+    """The nodes slower than their peers of the same hardware over the SLOW_DAYS before `now`
+    (peers.slow at its defaults, as `slurmhealth slow`), worst first; the first LIST_MAX."""
+    rows = queries.diag_figures(conn, now - SLOW_DAYS * DAY, now)
+    found = peers.slow(rows)
+    listed = [
+        {
+            "node": clean(f["node"], 64),
+            "gpu_model": clean(f["gpu_model"], 80),
+            "probe": clean(f["probe"], 32),
+            "figure": clean(f["figure"], 32),
+            "unit": clean(f["unit"], 32),
+            **{k: f[k] for k in _SLOW_NUMBERS},
+            "evidence": f["evidence"],
+        }
+        for f in found[:LIST_MAX]
+    ]
+    return {
+        "days": SLOW_DAYS,
+        "margin": peers.MARGIN,
+        "nodes": len({row[0] for row in rows}),
+        "total": len(found),
+        "list": listed,
+    }
 
 
 def live_nodes(slurm_bin: str = "", timeout: float = 30.0) -> list:

@@ -15,7 +15,7 @@ import sys
 from html.parser import HTMLParser
 
 import pytest
-from conftest import TESTS, run_cli, run_on_pty
+from conftest import TESTS, diag_records, outcome, run_cli, run_on_pty
 
 from slurmhealth.core import store, timespec
 from slurmhealth.fleet import lemons, queries, simulate
@@ -687,3 +687,35 @@ def test_monitor_only_would_be_drains_are_counted_and_shown(tmp_path):
     assert [a["action"] for a in d["actions"]["list"]] == ["would-drain"]
     assert "would drain (monitor-only)" in render.render(d, "html")
     assert "would drain (monitor-only)" in render.render(d, "md")
+
+
+def test_slow_nodes_are_shown_alike_in_every_format(tmp_path):
+    """The week's slow nodes (fleet/peers.py): the same numbers in JSON, HTML and Markdown, and a
+    hostile node name shown as text."""
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    now = 100 * DAY + 3600
+    for day in range(3):
+        for i in range(10):
+            node = HOSTILE_NODE if i == 0 else f"gpu{i:02d}"
+            busbw = 420.0 if i == 0 else 460.0 + i * 0.2
+            found = {"nccl": [outcome("node", {"busbw_gbps": busbw, "wrong": 0})]}
+            store.record_run(conn, diag_records(node, now - (day + 1) * DAY, found))
+    store.record_run(conn, diag_records("old", now - 8 * DAY, found))  # before the week
+    d = report.build(conn, now, DAY)
+    assert (d["slow"]["days"], d["slow"]["nodes"], d["slow"]["total"]) == (7, 10, 1)
+    [s] = d["slow"]["list"]
+    assert (s["node"], s["gpu_model"], s["unit"]) == (
+        HOSTILE_NODE,
+        "8x NVIDIA H100 80GB HBM3",
+        "node",
+    )
+    want = [s["node"], s["gpu_model"], "nccl", "busbw_gbps", "node", 420.0, 461.0]
+    want += [round(s["deficit"] * 100, 1), 9, 3, 3]
+    assert json.loads(render.render(d, "json"))["slow"] == d["slow"]
+    text = render.render(d, "html")
+    assert "<b>" not in text
+    assert typed(html_tables(text).tables["slow-table"][1:]) == [want]
+    assert typed(md_table(md_tables(render.render(d, "md")), "node", "hardware")[1:]) == [want]
+    assert "No node slower than its peers." in render.render(
+        report.build(conn, now + 30 * DAY, DAY), "md"
+    )

@@ -1,0 +1,377 @@
+"""Slow nodes against their peers: fleet/peers.py on hand-made rows (pure), the rows
+queries.diag_figures reads from a real store that diagnoses were recorded in, and
+`slurmhealth slow`."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+
+import pytest
+from conftest import FIXTURES, diag_records, outcome, run_cli, snapshot_path
+from hypothesis import given
+from hypothesis import strategies as st
+
+from slurmhealth.core import store
+from slurmhealth.core.result import clean
+from slurmhealth.fleet import peers, queries
+from slurmhealth.node import config, runner
+from slurmhealth.node.diag import parsers, probes, run
+
+DAY = 86400.0
+NOW = 20_000 * DAY
+H100 = "8x NVIDIA H100 80GB HBM3"
+A100 = "8x NVIDIA A100-SXM4-80GB"
+
+
+def fleet(values: dict, model: str = H100, figure: str = "busbw_gbps", probe: str = "nccl") -> list:
+    """Rows of nodes diagnosed once a day: {node: [the figure in each diagnosis]}."""
+    return [
+        (node, NOW - (k + 1) * DAY, model, probe, "node", figure, value)
+        for node, runs in values.items()
+        for k, value in enumerate(runs)
+    ]
+
+
+def peers_of(n: int, centre: float = 461.0, runs: int = 3) -> dict:
+    """n healthy nodes within +-0.4% of `centre`, a little noise from run to run."""
+    return {
+        f"gpu{i + 10:02d}": [centre * (1 + ((i + k) % 5 - 2) * 0.002) for k in range(runs)]
+        for i in range(n)
+    }
+
+
+# --- the model (pure) ---------------------------------------------------------------------------
+
+
+def test_a_node_7_percent_below_its_peers_is_found():
+    values = {**peers_of(63), "gpu07": [428.0, 429.0, 427.0]}
+    [found] = peers.slow(fleet(values))
+    assert (found["node"], found["probe"], found["figure"], found["unit"]) == (
+        "gpu07",
+        "nccl",
+        "busbw_gbps",
+        "node",
+    )
+    assert found["gpu_model"] == H100 and found["peers"] == 63
+    assert found["value"] == 428.0 and found["peer_median"] == 461.0
+    assert found["deficit"] == round(33 / 461, 4)
+    assert (found["samples"], found["slow_samples"]) == (3, 3)
+    assert found["evidence"] == (
+        "gpu07: nccl busbw_gbps 428 (3 runs), 7% below the median 461 of 63 peers "
+        "(8x NVIDIA H100 80GB HBM3)"
+    )
+
+
+def test_3_percent_below_is_within_the_margin():
+    values = {**peers_of(63), "gpu07": [447.0, 447.5, 446.5]}
+    assert peers.slow(fleet(values)) == []
+    # past a 2% margin, yet within 4 spreads (the floor: 1% of the median); within 2, not
+    assert peers.slow(fleet(values), margin=0.02) == []
+    assert [f["node"] for f in peers.slow(fleet(values), margin=0.02, z=2.0)] == ["gpu07"]
+
+
+def test_one_bad_run_is_not_enough():
+    healthy = peers_of(20)
+    # the median would say 6.6% below; only one run was
+    assert peers.slow(fleet({**healthy, "gpu07": [400.0, 461.0]})) == []
+    assert peers.slow(fleet({**healthy, "gpu07": [400.0]})) == []
+    # one bad run among good ones does not move the median
+    assert peers.slow(fleet({**healthy, "gpu07": [461.0, 300.0, 461.0]})) == []
+    # two are: repeatable
+    found = peers.slow(fleet({**healthy, "gpu07": [400.0, 461.0, 401.0]}))
+    assert [(f["node"], f["samples"], f["slow_samples"]) for f in found] == [("gpu07", 3, 2)]
+
+
+def test_too_few_peers_compare_nothing():
+    assert peers.slow(fleet({**peers_of(4), "gpu07": [400.0, 400.0]})) == []
+    assert [f["peers"] for f in peers.slow(fleet({**peers_of(5), "gpu07": [400.0, 400.0]}))] == [5]
+    assert peers.slow(fleet({**peers_of(9), "gpu07": [400.0, 400.0]}), min_peers=10) == []
+
+
+def test_two_models_are_never_compared_with_each_other():
+    h100 = fleet({**peers_of(10), "gpu07": [420.0, 421.0]})
+    a100 = fleet({f"a{i}": [230.0, 231.0] for i in range(10)}, model=A100)
+    a100 += fleet({"a99": [210.0, 211.0]}, model=A100)
+    found = peers.slow(h100 + a100)
+    # the A100s are half the H100s' figure, yet only the slow node of each class is named
+    assert [(f["node"], f["gpu_model"], f["peers"]) for f in found] == [
+        ("gpu07", H100, 10),
+        ("a99", A100, 10),
+    ]
+
+
+def test_a_latency_is_slow_above_its_peers():
+    values = {f"gpu{i}": [2.0, 2.01] for i in range(10)}
+    fast = {**values, "gpu07": [1.7, 1.7]}
+    assert peers.slow(fleet(fast, figure="typical_usec", probe="ib_read_lat")) == []
+    slow_port = {**values, "gpu07": [2.2, 2.21, 2.2]}
+    [found] = peers.slow(fleet(slow_port, figure="typical_usec", probe="ib_read_lat"))
+    assert (found["node"], found["value"], found["peer_median"]) == ("gpu07", 2.2, 2.005)
+    assert found["deficit"] == pytest.approx(0.195 / 2.005, abs=1e-4)
+    assert "10% above the median 2.00 of 10 peers" in found["evidence"]
+
+
+def test_counts_and_unknown_figures_are_never_compared():
+    for figure in ("wrong", "matmul_mismatches", "matmul_runs", "bytes", "p99_usec", "novel"):
+        values = {**{f"gpu{i}": [0.0, 0.0] for i in range(10)}, "gpu07": [5.0, 5.0]}
+        assert peers.slow(fleet(values, figure=figure)) == [], figure
+    # a caller's own directions replace the defaults
+    values = {**{f"gpu{i}": [9.0, 9.0] for i in range(10)}, "gpu07": [5.0, 5.0]}
+    assert len(peers.slow(fleet(values, figure="novel"), higher_is_better={"novel": True})) == 1
+
+
+def test_the_worst_unit_stands_for_the_node_and_is_named():
+    rows = []
+    for i in range(12):
+        node = "gpu07" if i == 0 else f"gpu{i + 10}"
+        for day in range(3):
+            for gpu in range(8):
+                tflops = 600.0 if (node, gpu) == ("gpu07", 3) else 690.0 + gpu * 0.5
+                rows.append(
+                    (node, NOW - day * DAY, H100, "cuda", f"gpu{gpu}", "matmul_tflops", tflops)
+                )
+    [found] = peers.slow(rows)
+    assert (found["node"], found["unit"], found["value"], found["peer_median"]) == (
+        "gpu07",
+        "gpu3",
+        600.0,
+        690.0,
+    )
+    assert (
+        "matmul_tflops 600 on gpu3 (3 runs), 13% below the median 690 of 11 peers"
+        in (found["evidence"])
+    )
+
+
+def test_a_spread_out_class_needs_more_than_the_margin():
+    # peers spread +-10%: a node 7% below the median is within 4 robust spreads
+    values = {f"gpu{i}": [461.0 * (0.9 + 0.02 * (i % 11))] * 2 for i in range(30)}
+    assert peers.slow(fleet({**values, "gpu07": [428.0, 428.0]})) == []
+    assert [f["node"] for f in peers.slow(fleet({**values, "gpu07": [250.0, 250.0]}))] == ["gpu07"]
+
+
+def test_a_uniform_class_still_needs_the_floor():
+    """Identical peers have no spread: without the floor, any difference would count."""
+    values = {f"gpu{i}": [461.0, 461.0] for i in range(10)}
+    near = {**values, "gpu07": [451.0, 451.0]}  # 2.2% below
+    assert peers.slow(fleet(near), margin=0.01) == []  # not 4 x 1% of the median below
+    assert len(peers.slow(fleet({**values, "gpu07": [440.0, 440.0]}), margin=0.01)) == 1
+
+
+def test_hostile_names_are_cleaned_in_the_evidence():
+    node = "gpu07\n<b>|`rm -rf /`"
+    model = "8x H100\x1b[31m\r\nfake line"
+    values = {f"gpu{i}": [461.0, 461.0] for i in range(10)}
+    rows = fleet(values, model=model) + [
+        (node, NOW - k * DAY, model, "nccl", "node\x00x", "busbw_gbps", 400.0) for k in range(2)
+    ]
+    [found] = peers.slow(rows)
+    assert found["node"] == node  # as stored: JSON escapes it, the report and the CLI clean it
+    line = found["evidence"]
+    assert line == clean(line, 300) and "\n" not in line and "\x1b" not in line
+    assert line.startswith("gpu07 <b>|`rm -rf /`: nccl busbw_gbps 400 on node?x (2 runs)")
+    assert line.endswith("(8x H100?[31m fake line)")
+
+
+def test_findings_come_worst_first():
+    values = {**peers_of(20), "gpu07": [420.0, 420.0], "gpu08": [400.0, 400.0]}
+    assert [f["node"] for f in peers.slow(fleet(values))] == ["gpu08", "gpu07"]
+
+
+@given(st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=2, max_size=40), st.data())
+def test_the_median_without_one_value_is_the_median_of_the_rest(values, data):
+    ordered = sorted(values)
+    gone = data.draw(st.sampled_from(values))
+    rest = list(values)
+    rest.remove(gone)
+    assert math.isclose(
+        peers._median_without(ordered, gone), statistics.median(rest), rel_tol=1e-9, abs_tol=1e-6
+    )
+
+
+# --- queries.diag_figures over a real store ----------------------------------------------------
+
+
+def _fixture(name: str) -> str:
+    with open(os.path.join(FIXTURES, "diag", name), encoding="utf-8") as handle:
+        return handle.read()
+
+
+def real_diagnosis(node: str) -> dict:
+    """A diagnosis of the healthy snapshot node as node/diag/run.py records it: today's checks,
+    and the probes' outcomes parsed from real tool output; the GPU tests as cuda.py gives
+    them."""
+    options = runner.Options(
+        gpu_source=snapshot_path("healthy"),
+        sysfs_root=os.path.join(FIXTURES, "sysfs", "healthy-8x-ndr"),
+        kmsg=os.path.join(FIXTURES, "kmsg", "healthy.kmsg"),
+    )
+    check = runner.run(node, config.defaults(), options, None, run.PHASE)
+    gpu_tests = [
+        outcome(f"gpu{g}", {"matmul_tflops": 690.5 + g, "matmul_mismatches": 0, "matmul_runs": 9})
+        for g in range(8)
+    ]
+    gpu_tests.append(outcome("gpu0", {"p2p_gbps": 361.2, "p2p_mismatches": 0}))
+    found = [
+        probes.summary("checks", probes.checks_outcomes(check.results), 1.0),
+        probes.summary(
+            "nccl", parsers.all_reduce(_fixture("all_reduce_perf-2.15-h100.txt"), 360.0), 9.0
+        ),
+        probes.summary(
+            "ib_write_bw", parsers.ib_write_bw(_fixture("ib_write_bw-gbits.txt"), 400.0), 2.0
+        ),
+        probes.summary("ib_read_lat", parsers.ib_read_lat(_fixture("ib_read_lat.txt"), 4.5), 2.0),
+        probes.summary("cuda", gpu_tests, 30.0),
+        probes.summary("dcgm", parsers.dcgm_diag(_fixture("dcgmi-4.x-r3-pass.json")), 60.0),
+    ]
+    return run.Diagnosis(node, "long", check, found, 120.0).records()
+
+
+def expected_rows(records: dict) -> list:
+    """What diag_figures must read back, from the records alone."""
+    sources = json.loads(records["run"]["sources"])["diag"]
+    model = f"{sources['gpus']}x {sources['gpu_model']}"
+    out = []
+    for result in sorted(records["results"], key=lambda r: r["check_name"]):
+        for o in json.loads(result["data"])["outcomes"]:
+            if o["status"] in ("pass", "fail"):
+                for name, value in o["figures"].items():
+                    probe = result["check_name"][len("diag.") :]
+                    row = (records["run"]["node"], records["run"]["started"], model, probe)
+                    out.append((*row, o["unit"], name, float(value)))
+    return out
+
+
+def test_diag_figures_reads_back_what_a_diagnosis_recorded(tmp_path):
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    records = real_diagnosis("gpu01")
+    records["run"]["started"] = NOW - DAY
+    store.record_run(conn, records)
+    rows = queries.diag_figures(conn, NOW - 7 * DAY, NOW)
+    assert rows == expected_rows(records)
+    by_figure = {(r[3], r[4], r[5]): r[6] for r in rows}
+    assert by_figure[("nccl", "node", "busbw_gbps")] == 476.84
+    assert by_figure[("ib_write_bw", "mlx5_0:1", "bw_avg_gbps")] == 392.14
+    assert by_figure[("ib_read_lat", "mlx5_0:1", "typical_usec")] == 2.01
+    assert by_figure[("cuda", "gpu3", "matmul_tflops")] == 693.5
+    assert {r[2] for r in rows} == {H100}
+    assert not any(r[3] == "checks" for r in rows)  # no figures
+
+
+def test_diag_figures_reads_only_measured_numbers_of_the_window(tmp_path):
+    conn = store.connect(str(tmp_path / "fleet.db"))
+
+    def put(node, when, found, **kw):
+        return store.record_run(conn, diag_records(node, when, {"nccl": found}, **kw))
+
+    put("a", NOW - DAY, [outcome("node", {"busbw_gbps": 470, "wrong": 0})])
+    put("a", NOW - 8 * DAY, [outcome("node", {"busbw_gbps": 1.0})])  # before the window
+    put("a", NOW, [outcome("node", {"busbw_gbps": 2.0})])  # the window's end is open
+    put("b", NOW - DAY, [outcome("node", {"busbw_gbps": 300.0}, "fail")])
+    # skipped (no floor to judge against): not a measurement of this node against others
+    put("c", NOW - DAY, [outcome("node", {"busbw_gbps": 470.0}, "skip")])
+    odd = {"t": True, "s": "fast", "n": None, "nan": math.nan, "inf": math.inf, "l": [1]}
+    put("d", NOW - DAY, [outcome("node", {**odd, "busbw_gbps": 1})])
+    put("e", NOW - DAY, [outcome("node", {"busbw_gbps": 5.0})], gpus=0)
+    put("f", NOW - DAY, [outcome("node", {"busbw_gbps": 6.0})], model="", gpus=8)
+    broken = put("g", NOW - DAY, [outcome("node", {"busbw_gbps": 7.0})])
+    conn.execute("UPDATE results SET data = '{not json' WHERE run_id = ?", (broken,))
+    lost = put("h", NOW - DAY, [outcome("node", {"busbw_gbps": 8.0})])
+    conn.execute("UPDATE runs SET sources = '[1, 2' WHERE id = ?", (lost,))
+    weird = put("i", NOW - DAY, ["not an outcome", {"unit": 3, "status": "pass", "figures": {}}])
+    conn.execute(
+        "INSERT INTO results (run_id, check_name, status, message, action, data, duration) "
+        "VALUES (?, 'gpu.count', 'fail', '', 'none', ?, 0)",
+        (weird, json.dumps({"outcomes": [outcome("node", {"busbw_gbps": 9.0})]})),
+    )
+    hook = diag_records("j", NOW - DAY, {"nccl": [outcome("node", {"busbw_gbps": 10.0})]})
+    hook["run"]["phase"] = "healthcheck"
+    store.record_run(conn, hook)
+    rows = queries.diag_figures(conn, NOW - 7 * DAY, NOW)
+    got = sorted((r[0], r[2], r[5], r[6]) for r in rows)
+    h100 = "8x NVIDIA H100 80GB HBM3"
+    assert got == [
+        ("a", h100, "busbw_gbps", 470.0),
+        ("a", h100, "wrong", 0.0),
+        ("b", h100, "busbw_gbps", 300.0),
+        ("d", h100, "busbw_gbps", 1.0),
+        ("e", "NVIDIA H100 80GB HBM3", "busbw_gbps", 5.0),
+        ("f", "", "busbw_gbps", 6.0),
+    ]
+
+
+def test_the_figures_are_read_through_indexes(tmp_path):
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    seen: list = []
+    conn.set_trace_callback(seen.append)
+    queries.diag_figures(conn, NOW - 7 * DAY, NOW)
+    conn.set_trace_callback(None)
+    [sql] = [s for s in seen if s.lstrip().upper().startswith("SELECT")]
+    plan = " ".join(row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}"))
+    assert "SCAN u" not in plan and "SCAN r" not in plan, plan
+
+
+# --- `slurmhealth slow` -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fleet_db(tmp_path_factory) -> str:
+    """12 H100 nodes, gpu07's all-reduce 8% slow, and 8 A100 nodes, diagnosed daily for 3 days."""
+    path = str(tmp_path_factory.mktemp("slow") / "fleet.db")
+    conn = store.connect(path)
+    for day in range(3):
+        when = NOW - (day + 1) * DAY + 3600
+        for i in range(12):
+            node = f"gpu{i + 1:02d}"
+            busbw = 424.0 if node == "gpu07" else 461.0 + i * 0.3
+            found = {"nccl": [outcome("node", {"busbw_gbps": busbw, "wrong": 0})]}
+            store.record_run(conn, diag_records(node, when, found))
+        for i in range(8):
+            found = {"nccl": [outcome("node", {"busbw_gbps": 230.0 + i * 0.2})]}
+            store.record_run(conn, diag_records(f"a{i}", when, found, "NVIDIA A100-SXM4-80GB"))
+    conn.close()
+    return path
+
+
+def test_slow_lists_the_slow_node_with_its_evidence(fleet_db):
+    proc = run_cli("slow", "--db", fleet_db, "--now", str(NOW), "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert (doc["nodes"], doc["margin"], doc["window_days"]) == (20, 0.05, 7)
+    [found] = doc["slow"]
+    assert (found["node"], found["peers"], found["samples"]) == ("gpu07", 11, 3)
+    text = run_cli("slow", "--db", fleet_db, "--now", str(NOW))
+    assert text.returncode == 0 and text.stderr == ""
+    assert text.stdout.splitlines() == [
+        "1 slow node(s) among 20 diagnosed over 7 days (margin 5%)",
+        f"  {found['evidence']}",
+    ]
+    assert "gpu07: nccl busbw_gbps 424 (3 runs), 8% below the median 462 of 11 peers" in text.stdout
+
+
+def test_slow_follows_its_margin_and_window(fleet_db):
+    wide = run_cli("slow", "--db", fleet_db, "--now", str(NOW), "--margin", "0.1")
+    assert wide.returncode == 0
+    assert wide.stdout == "0 slow node(s) among 20 diagnosed over 7 days (margin 10%)\n"
+    # one day of diagnoses: one run each, not repeatable yet
+    day = run_cli("slow", "--db", fleet_db, "--now", str(NOW), "--window", "1d", "--json")
+    assert json.loads(day.stdout)["slow"] == []
+
+
+@pytest.mark.parametrize("margin", ["1.5", "0", "-0.1", "five", "nan"])
+def test_a_bad_margin_is_a_one_line_usage_error(fleet_db, margin):
+    proc = run_cli("slow", "--db", fleet_db, "--margin", margin)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert len([line for line in proc.stderr.splitlines() if line.startswith("Error")]) == 1
+
+
+def test_slow_without_a_store_says_so_and_help_never_acts(tmp_path):
+    missing = str(tmp_path / "none.db")
+    proc = run_cli("slow", "--db", missing)
+    assert proc.returncode == 1 and proc.stderr.strip() == f"Error: no store at {missing}"
+    shown = run_cli("slow", "--db", missing, "--help")
+    assert shown.returncode == 0 and "Example:" in shown.stdout
+    assert not os.path.exists(missing)
