@@ -28,6 +28,7 @@ from slurmhealth.core.constants import (
     PREFIX,
 )
 from slurmhealth.core.result import clean
+from slurmhealth.fleet import drift as drift_of
 from slurmhealth.fleet import peers, policy, queries, signals
 
 FORMAT = "slurmhealth-report/1"
@@ -367,56 +368,10 @@ def recorded_versions(conn: sqlite3.Connection, node: str, end: float) -> dict |
             sources = json.loads(text)
         except ValueError:
             continue
-        found = _versions(sources)
+        found = drift_of.versions(sources)
         if found:
             return found
     return None
-
-
-def _versions(sources: object) -> dict:
-    """{"driver", "vbios", "ib_fw"} as one text each, from a run's sources JSON."""
-    if not isinstance(sources, dict):
-        return {}
-    gpu = (sources.get("gpu") or {}).get("versions") or {}
-    ib = (sources.get("ib") or {}).get("versions") or {}
-    out = {}
-    if isinstance(gpu, dict) and gpu.get("driver"):
-        out["driver"] = clean(gpu["driver"], 40)
-    if isinstance(gpu, dict) and isinstance(gpu.get("vbios"), list) and gpu["vbios"]:
-        out["vbios"] = clean(", ".join(sorted(map(str, gpu["vbios"]))), 120)
-    firmware = ib.get("fw_ver") if isinstance(ib, dict) else None
-    if isinstance(firmware, dict) and firmware:
-        out["ib_fw"] = clean(", ".join(sorted({str(v) for v in firmware.values()})), 120)
-    return out
-
-
-DRIFT_ITEMS = (("driver", "driver"), ("vbios", "VBIOS"), ("ib_fw", "IB firmware"))
-
-
-def drift(found: dict) -> dict:
-    """Each version against the fleet majority: {"items": [{what, majority, nodes, agree,
-    differ: [{node, value}]}], "unknown": nodes that recorded no versions}. A node whose GPUs
-    or HCAs disagree among themselves shows the set, which differs from any majority."""
-    items = []
-    for key, label in DRIFT_ITEMS:
-        values = {node: v[key] for node, v in found.items() if v and key in v}
-        tally: dict = {}
-        for value in values.values():
-            tally[value] = tally.get(value, 0) + 1
-        majority = max(sorted(tally), key=lambda v: tally[v]) if tally else None
-        differ = [{"node": n, "value": v} for n, v in sorted(values.items()) if v != majority]
-        items.append(
-            {
-                "what": label,
-                "majority": majority,
-                "nodes": len(values),
-                "agree": tally.get(majority, 0) if majority else 0,
-                "differ": differ[:LIST_MAX],
-                "differ_count": len(differ),
-            }
-        )
-    unknown = sorted(n for n, v in found.items() if not v)
-    return {"items": items, "unknown": len(unknown), "unknown_nodes": unknown[:LIST_MAX]}
 
 
 # --- the report ------------------------------------------------------------------------------
@@ -495,7 +450,7 @@ def _build(
     doc["trend"] = trend(failures, w_start, node_days)
     doc["rate"] = rate(failures, node_days)
     tick(1)
-    doc["drift"] = drift({n: recorded_versions(conn, n, now) for n in nodes})
+    doc["drift"] = drift_of.odd_nodes({n: recorded_versions(conn, n, now) for n in nodes})
     doc["diagnosed"] = diagnosed(conn, start, now)
     doc["slow"] = slow_nodes(conn, now)
     tick(1)

@@ -396,9 +396,17 @@ def expected_tables(d: dict) -> dict:
             ],
         ),
         "drift-table": (
-            ("what", "fleet majority"),
+            ("hardware", "what", "fleet majority"),
             [
-                [i["what"], i["majority"], i["nodes"], i["agree"], i["differ_count"]]
+                [
+                    i["class"],
+                    i["what"],
+                    i["majority"],
+                    i["nodes"],
+                    i["agree"],
+                    i["differ_count"],
+                    "; ".join(f"{r['value']} on {r['nodes']}" for r in i["rolling"]),
+                ]
                 for i in d["drift"]["items"]
             ],
         ),
