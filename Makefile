@@ -65,6 +65,7 @@ bench: $(VENVB)/.installed
 	$(VENVB)/bin/python bench/bench_fleet.py
 	$(VENVB)/bin/python bench/bench_report.py
 	$(VENVB)/bin/python bench/validate_lemons.py
+	$(VENVB)/bin/python bench/validate_slow.py
 
 # The .deb and the .rpm, built offline from a copy of the tree (docs/packaging.md).
 package:

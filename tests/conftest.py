@@ -6,6 +6,8 @@ import contextlib
 import os
 import pty
 import select
+import shlex
+import shutil
 import subprocess
 import sys
 
@@ -191,3 +193,60 @@ def _failed(outcome: object) -> bool:
 def outcome(unit: str, figures: dict, status: str = "pass") -> dict:
     """One outcome of a diag probe, as node/diag/probes.py outcome() shapes it."""
     return {"unit": unit, "status": status, "figures": figures, "evidence": ""}
+
+
+# --- stand-in tools for `slurmhealth diagnose` (tests/node/diag, tests/fleet/test_diagnose.py) ---
+
+DIAG = os.path.join(FIXTURES, "diag")
+CAT = shutil.which("cat")
+# The node's sources as the fixtures give them: a healthy 8x H100 node.
+HEALTHY_SOURCES = (
+    "--gpu-source",
+    os.path.join(FIXTURES, "snapshots", "h100-hgx-healthy.json"),
+    "--sysfs-root",
+    os.path.join(FIXTURES, "sysfs", "healthy-8x-ndr"),
+    "--kmsg",
+    os.path.join(FIXTURES, "kmsg", "healthy.kmsg"),
+)
+
+
+@pytest.fixture
+def tools(tmp_path, monkeypatch):
+    """settings.diag_tools, empty until a test writes a stand-in into it; PATH holds nothing,
+    so a machine's own dcgmi or perftest never stands in for ours."""
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-path"))
+    folder = tmp_path / "tools"
+    folder.mkdir()
+    return folder
+
+
+def stand_in(tools, name: str, body: str) -> str:
+    """tools/NAME, a shell script (ours, fixed text) that appends `$$ argv` to tools/../NAME.argv
+    and then runs `body`. Returns the argv file's path (read it with stand_in_calls)."""
+    calls = tools.parent / f"{name}.argv"
+    script = tools / name
+    script.write_text(f'#!/bin/sh\necho "$$ $*" >> {shlex.quote(str(calls))}\n{body}\n')
+    script.chmod(0o755)
+    return str(calls)
+
+
+def printing(fixture: str) -> str:
+    """A stand-in's body that prints a fixture of tests/fixtures/diag."""
+    return f"{CAT} {shlex.quote(os.path.join(DIAG, fixture))}"
+
+
+def stand_in_calls(path: str) -> list:
+    """[(pid, argv string)] of every call a stand-in recorded, in order."""
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as handle:
+        return [tuple(line.rstrip("\n").split(" ", 1)) for line in handle]
+
+
+def diag_config(tmp_path, tools) -> str:
+    """A root-only config naming `tools` as settings.diag_tools (a config others could write is
+    refused)."""
+    path = tmp_path / "diag.toml"
+    path.write_text(f'[settings]\ndiag_tools = "{tools}"\n')
+    path.chmod(0o600)
+    return str(path)

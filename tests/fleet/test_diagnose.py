@@ -3,10 +3,9 @@ whole loop on a real Slurm is tests/slurm/test_diagnose.py."""
 
 from __future__ import annotations
 
-import os
 import shlex
 
-from conftest import TESTS, run_cli
+from conftest import HEALTHY_SOURCES, diag_config, printing, run_cli, stand_in
 
 from slurmhealth.core import store
 from slurmhealth.fleet import diagnose, signals
@@ -102,28 +101,15 @@ def test_the_job_command_is_fixed_words_quoted():
 
 
 def test_diagnoses_travel_to_the_fleet_and_count_as_evidence(tmp_path):
-    fixtures = os.path.join(TESTS, "fixtures")
     tools = tmp_path / "tools"
     tools.mkdir()
-    config = tmp_path / "c.toml"
-    config.write_text(f'[settings]\ndiag_tools = "{tools}"\n')
-    config.chmod(0o600)
+    config = diag_config(tmp_path, tools)
     spool = tmp_path / "spool"
     spool.mkdir()
     node_db = str(tmp_path / "n1.db")
-    sources = (
-        "--gpu-source",
-        os.path.join(fixtures, "snapshots", "h100-hgx-healthy.json"),
-        "--sysfs-root",
-        os.path.join(fixtures, "sysfs", "healthy-8x-ndr"),
-        "--kmsg",
-        os.path.join(fixtures, "kmsg", "healthy.kmsg"),
-    )
     for fixture, code in (("dcgmi-3.3-r2-fail.json", 1), ("dcgmi-4.x-r3-pass.json", 0)):
-        dcgmi = tools / "dcgmi"
-        dcgmi.write_text(f"#!/bin/sh\ncat {fixtures}/diag/{fixture}\n")
-        dcgmi.chmod(0o755)
-        args = ("--node", "n1", "--db", node_db, "--config", str(config), *sources)
+        stand_in(tools, "dcgmi", printing(fixture))
+        args = ("--node", "n1", "--db", node_db, "--config", config, *HEALTHY_SOURCES)
         proc = run_cli("diagnose", "--level", "medium", *args)
         assert proc.returncode == code, proc.stderr
     proc = run_cli("export", "--db", node_db, "-o", str(spool / "n1.ndjson"))

@@ -11,47 +11,16 @@ import signal
 import time
 
 import pytest
-from conftest import FIXTURES, snapshot_path
+from conftest import DIAG, FIXTURES, printing, snapshot_path, stand_in
+from conftest import stand_in_calls as calls
 
 from slurmhealth.node import config, runner
 from slurmhealth.node.diag import probes
 
-DIAG = os.path.join(FIXTURES, "diag")
 H100 = "NVIDIA H100 80GB HBM3"  # NVML's name of the SXM5 part (the healthy snapshot's GPUs)
 H200_NVL = "NVIDIA H200 NVL"
 # The stand-ins run with an empty PATH: the few programs they use, by their full path here.
-CAT, SED, SLEEP = (shutil.which(name) for name in ("cat", "sed", "sleep"))
-
-
-@pytest.fixture
-def tools(tmp_path, monkeypatch):
-    """settings.diag_tools, empty until a test writes a stand-in into it; PATH finds nothing."""
-    monkeypatch.setenv("PATH", str(tmp_path / "empty-path"))
-    folder = tmp_path / "tools"
-    folder.mkdir()
-    return folder
-
-
-def stand_in(tools, name: str, body: str) -> str:
-    """tools/NAME, a shell script (ours, fixed text) that appends `$$ argv` to tools/../NAME.argv
-    and then runs `body`. Returns the argv file's path."""
-    calls = tools.parent / f"{name}.argv"
-    script = tools / name
-    script.write_text(f'#!/bin/sh\necho "$$ $*" >> {shlex.quote(str(calls))}\n{body}\n')
-    script.chmod(0o755)
-    return str(calls)
-
-
-def printing(fixture: str) -> str:
-    return f"{CAT} {shlex.quote(os.path.join(DIAG, fixture))}"
-
-
-def calls(path: str) -> list:
-    """[(pid, argv string)] of every call a stand-in recorded, in order."""
-    if not os.path.exists(path):
-        return []
-    with open(path, encoding="utf-8") as handle:
-        return [tuple(line.rstrip("\n").split(" ", 1)) for line in handle]
+SED, SLEEP = (shutil.which(name) for name in ("sed", "sleep"))
 
 
 def context(tools, level="medium", gpus=8, model=H100, ports=None, **settings) -> probes.Context:

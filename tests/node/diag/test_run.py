@@ -6,17 +6,14 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 
 import pytest
-from conftest import FIXTURES, snapshot_path
+from conftest import FIXTURES, printing, snapshot_path, stand_in, stand_in_calls
 
 from slurmhealth.core import store
 from slurmhealth.node import config, runner
 from slurmhealth.node.diag import run
 
-DIAG = os.path.join(FIXTURES, "diag")
-CAT = shutil.which("cat")
 H100 = "NVIDIA H100 80GB HBM3"  # the healthy snapshot's GPUs
 # What the built-in GPU tests' child prints (node/diag/cuda.py main), from a stand-in interpreter.
 CUDA_DOC = {
@@ -28,33 +25,8 @@ CUDA_DOC = {
 }
 
 
-@pytest.fixture
-def tools(tmp_path, monkeypatch):
-    """settings.diag_tools; PATH holds nothing, so only our stand-ins are found."""
-    monkeypatch.setenv("PATH", str(tmp_path / "empty-path"))
-    folder = tmp_path / "tools"
-    folder.mkdir()
-    return folder
-
-
-def stand_in(tools, name: str, body: str) -> str:
-    """tools/NAME: a shell script (ours, fixed text) that records its argv, then runs body."""
-    calls = tools.parent / f"{name}.argv"
-    script = tools / name
-    script.write_text(f'#!/bin/sh\necho "$*" >> {shlex.quote(str(calls))}\n{body}\n')
-    script.chmod(0o755)
-    return str(calls)
-
-
-def printing(fixture: str) -> str:
-    return f"{CAT} {shlex.quote(os.path.join(DIAG, fixture))}"
-
-
 def argv_of(path: str) -> list:
-    if not os.path.exists(path):
-        return []
-    with open(path, encoding="utf-8") as handle:
-        return handle.read().splitlines()
+    return [argv for _pid, argv in stand_in_calls(path)]
 
 
 def expect(**settings) -> dict:

@@ -3,21 +3,11 @@
 
 from __future__ import annotations
 
-import os
-
-from conftest import TESTS, run_cli
+from conftest import HEALTHY_SOURCES, diag_config, printing, run_cli, stand_in
 
 from slurmhealth.node import metrics
 
-FIXTURES = os.path.join(TESTS, "fixtures")
-SOURCES = (
-    "--gpu-source",
-    os.path.join(FIXTURES, "snapshots", "h100-hgx-healthy.json"),
-    "--sysfs-root",
-    os.path.join(FIXTURES, "sysfs", "healthy-8x-ndr"),
-    "--kmsg",
-    os.path.join(FIXTURES, "kmsg", "healthy.kmsg"),
-)
+SOURCES = HEALTHY_SOURCES
 
 
 def samples(path: str) -> dict:
@@ -28,12 +18,8 @@ def samples(path: str) -> dict:
 def test_a_diagnosis_is_a_phase_of_the_metrics_and_stays_after_a_check(tmp_path):
     tools = tmp_path / "tools"
     tools.mkdir()
-    dcgmi = tools / "dcgmi"
-    dcgmi.write_text(f"#!/bin/sh\ncat {FIXTURES}/diag/dcgmi-3.3-r2-fail.json\n")
-    dcgmi.chmod(0o755)
-    config = tmp_path / "c.toml"
-    config.write_text(f'[settings]\ndiag_tools = "{tools}"\n')
-    config.chmod(0o600)
+    stand_in(tools, "dcgmi", printing("dcgmi-3.3-r2-fail.json"))
+    config = diag_config(tmp_path, tools)
     prom = str(tmp_path / "m.prom")
     env = {"SLURMHEALTH_METRICS_FILE": prom}
     db = str(tmp_path / "n1.db")
