@@ -159,9 +159,11 @@ def set_reservation(client: slurm.Slurm, name: str, before: set, nodes: set) -> 
 
 
 def queued_nodes(client: slurm.Slurm) -> set:
-    """Nodes with a diagnose job pending or running: where it runs (%N) or the node it asked
-    for (%n), hostlists expanded."""
-    text = client.run("-h", "-n", JOB_NAME, "-o", "%N|%n", command="squeue")
+    """Nodes with a diagnose job of ours pending or running: where it runs (%N) or the node it
+    asked for (%n), hostlists expanded."""
+    # --me: only the jobs this account submitted; another user's job of the same name must not
+    # keep a node from its diagnosis.
+    text = client.run("-h", "--me", "-n", JOB_NAME, "-o", "%N|%n", command="squeue")
     out: set = set()
     for line in text.splitlines():
         for field in line.split("|"):

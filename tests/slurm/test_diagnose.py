@@ -140,6 +140,9 @@ def test_a_hung_diagnosis_is_killed_at_its_limit_and_the_node_stays_out(diag, tm
     drained_by_fault(lab, node)
     stand_in(lab, "sleep 600")
     job_id = job_of(submit(lab, tmp_path, "--time-limit", "1"), node)
+    lab.wait_job(job_id, states=("RUNNING",), timeout=30)
+    while_running = {d["node"] for d in json.loads(submit(lab, tmp_path).stdout)}
+    assert node not in while_running  # its job is queued or running: left alone
     done = lab.wait_job(job_id, timeout=150)
     assert done["JobState"] == "TIMEOUT"
     assert node in reserved(lab)  # out of service all along: the reservation holds it
