@@ -24,20 +24,21 @@ _NODES = """WITH RECURSIVE n(node) AS (
 _PER_NODE = (
     (
         "runs",
-        ("", "check_fails", "check_warns", "node_days"),
+        ("", "check_fails", "check_warns", "run_days"),
         """SELECT count(*), sum(verdict = 'fail'), sum(verdict = 'warn'),
-                  count(DISTINCT CAST(started / 86400 AS INTEGER))
+                  group_concat(DISTINCT CAST(started / 86400 AS INTEGER))
            FROM runs WHERE node = ? AND started >= ? AND started < ?""",
     ),
     (
         "jobs",
-        ("jobs", "hw_job_failures", "multi_node_jobs", "multi_node_failures"),
+        ("jobs", "hw_job_failures", "multi_node_jobs", "multi_node_failures", "job_days"),
         """SELECT count(*),
                   sum(j.state = 'prolog_failed' OR j.slurm_state = 'NODE_FAIL'
                       OR EXISTS (SELECT 1 FROM events e WHERE e.job_id = j.job_id
                                  AND e.node = j.node AND e.class = 'fail')),
                   sum(j.num_nodes > 1),
-                  sum(j.num_nodes > 1 AND j.slurm_state = 'FAILED')
+                  sum(j.num_nodes > 1 AND j.slurm_state = 'FAILED'),
+                  group_concat(DISTINCT CAST(j.start / 86400 AS INTEGER))
            FROM jobs j WHERE j.node = ? AND j.start >= ? AND j.start < ?""",
     ),
 )
@@ -80,6 +81,17 @@ _NODE_FAILS = (
 _NODE_EVENTS = "SELECT node, start, state, reason FROM node_events WHERE start >= ? AND start < ?"
 
 OWN_LEMON = f"slurmhealth: {LEMON}"
+
+
+def _days(counts: dict) -> int:
+    """node_days: the UTC days with a run of the node or the start of a job on it (a node whose
+    history is accounting's alone still has days, not a floor of one)."""
+    days = set()
+    for key in ("run_days", "job_days"):
+        text = counts.pop(key, None)
+        if text:
+            days.update(str(text).split(","))
+    return len(days)
 
 
 def _per_node(conn: sqlite3.Connection, table: str, sql: str, start: float, end: float):
@@ -190,6 +202,8 @@ def signals(conn: sqlite3.Connection, start: float, end: float) -> dict:
             add(node, xid_names, values)
         for node, *values in conn.execute(drain_sql, (len(OWN_LEMON), OWN_LEMON, start, end)):
             add(node, drain_names, values)
+        for counts in out.values():
+            counts["node_days"] = _days(counts)
         _items(conn, out, start, end)
     finally:
         if own:

@@ -613,6 +613,7 @@ def test_signals_equal_the_hand_count(tmp_path):
             "jobs": 1,
             "hw_job_failures": 1,
             "multi_node_jobs": 1,
+            "node_days": 1,  # no run, a job's start: a day all the same
             "faults": [(T0 + 1, "drain", 1.0, None), (T0 + 2, "drain", 1.0, None)],
             "warnings": [],
         },
@@ -621,6 +622,7 @@ def test_signals_equal_the_hand_count(tmp_path):
             "jobs": 1,
             "hw_job_failures": 1,
             "multi_node_jobs": 1,
+            "node_days": 1,
             "faults": [(T0 + 100, "node_fail", 1.0, None), (T0 + 150, "down", 1.0, None)],
             "warnings": [],
         },
