@@ -55,11 +55,11 @@ def _options(gpu_source: str, sysfs_root: str | None, kmsg: str | None) -> runne
     return runner.Options(gpu_source=gpu_source, sysfs_root=sysfs_root, kmsg=kmsg)
 
 
-def _load_config(path: str | None) -> config.Config:
+def _load_config(path: str | None, error: type = click.ClickException) -> config.Config:
     try:
         return config.load(path)
     except config.ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise error(str(exc)) from None
 
 
 class _Group(click.Group):
@@ -695,7 +695,7 @@ def diagnose_cmd(
     from slurmhealth.node.diag import run as diag_run  # noqa: PLC0415
 
     name = agent.node_name(node)
-    expect = _diag_config(path).for_node(name)
+    expect = _load_config(path, _Refused).for_node(name)
     settings = expect["settings"]
     options = _options(
         gpu_source or settings["gpu_source"],
@@ -732,13 +732,6 @@ class _Refused(click.ClickException):
     exit_code = 2
 
 
-def _diag_config(path: str | None) -> config.Config:
-    try:
-        return config.load(path)
-    except config.ConfigError as exc:
-        raise _Refused(str(exc)) from None
-
-
 def _diag_sources(options: runner.Options, sysfs_root: str | None, kmsg: str | None) -> None:
     """Paths named on the command line must exist and a snapshot must be one, as for `check`
     (node/agent.py): a typo must not read as "no InfiniBand, no Xids" and pass, nor end in a
@@ -769,7 +762,7 @@ def _diagnose_submit(
         if not limit.isdigit() or not 0 < int(limit) <= 10080:
             raise click.BadParameter("minutes from 1 to 10080", param_hint="--time-limit")
         minutes = int(limit)
-    settings = _diag_config(path).for_node("")["settings"]
+    settings = _load_config(path, _Refused).for_node("")["settings"]
     client = slurm.Slurm(settings["slurm_bin"], 30.0)
     conn = _open_fleet(db)
     command = orchestration.job_command(level, path)

@@ -37,7 +37,6 @@ from slurmhealth.node import actions
 JOB_NAME = "slurmhealth-diagnose"
 ACT_DIAGNOSE = "diagnose"  # a node put in the reservation with its diagnose job (detail: job id)
 ACTOR = "slurmhealth diagnose"
-DIAGNOSED = f"{slurm.PREFIX} {SERVICE} diagnose"  # a failed diagnosis
 # Our drains that wait for an admin (hardware to service, a relapse on probation, a lemon):
 # diagnosed only when an admin names the node, after the repair.
 FOR_ADMIN = tuple(f"{slurm.PREFIX} {k}" for k in (SERVICE, PROBATION, LEMON))
