@@ -206,6 +206,23 @@ TABLES = (
         "node down/drain/fail event from Slurm accounting (`sacctmgr show event`, fleet store)",
         since=5,
     ),
+    Table(
+        "counters",
+        ("node", "device", "counter", "time"),
+        (
+            C("node", "TEXT", True),
+            C("device", "TEXT", True),
+            C("counter", "TEXT", True),
+            C("time", "REAL", True),
+            C("run_id", "TEXT"),
+            C("value", "REAL", True),
+            C("delta", "REAL"),
+            C("label", "TEXT", True, ""),
+        ),
+        "counter",
+        "error counter or gauge reading that changed since the node's previous reading",
+        since=6,
+    ),
 )
 del C
 TABLE = {t.name: t for t in TABLES}
@@ -238,6 +255,9 @@ INDEXES = {
     # 5: node events from Slurm accounting (fleet/accounting.py): which node of a NODE_FAIL job
     # failed (the lemon evidence, docs/lemons.md), read by time.
     5: ("CREATE INDEX node_events_start ON node_events (start)",),
+    # 6: cumulative error counters over time (node/counters.py, fleet/trends.py): a reading is
+    # stored only when it changed, so a healthy node adds no rows; the trends read by time.
+    6: ("CREATE INDEX counters_time ON counters (time)",),
 }
 SCHEMA_VERSION = max(INDEXES)
 
@@ -469,6 +489,9 @@ def record_run(
     node, job_id = run["node"], run.get("job_id")
     results = [row("results", dict(r, run_id=run_id)) for r in records["results"]]
     events = [row("events", dict(e, run_id=run_id)) for e in records["events"]]
+    counters = [
+        row("counters", dict(c, node=node, run_id=run_id)) for c in records.get("counters") or ()
+    ]
     keys = [""] + ([job_id] if job_baselines and job_id else [])
     baselines = [
         (node, area, key, json.dumps(data), now)
@@ -480,6 +503,8 @@ def record_run(
             conn.execute(insert_sql("runs"), row("runs", run))
             conn.executemany(insert_sql("results"), results)
             conn.executemany(_INSERT_EVENT, events)
+            if counters:
+                conn.executemany(insert_sql("counters", verb="INSERT OR IGNORE"), counters)
             conn.executemany(insert_sql("baselines", verb="INSERT OR REPLACE"), baselines)
             if job_id and job is not None:
                 _write_job(conn, node, job_id, job)
@@ -607,6 +632,7 @@ _PRUNE = (
     ("actions", "time < ?"),
     ("jobs", "coalesce(end, start) < ?"),
     ("published", "time < ?"),  # what `publish` wrote long ago: no job that old is published
+    ("counters", "time < ?"),
 )
 
 

@@ -142,6 +142,7 @@ _DATED = {
     "event": "time >= ?",
     "job": "coalesce(end, start, ?) >= ?",
     "action": "time >= ?",
+    "counter": "time >= ?",
 }
 
 
