@@ -12,7 +12,7 @@ import threading
 import time
 
 from slurmhealth.core.result import ERROR, FAIL, OK, WARN, Result, fail, skip, verdict
-from slurmhealth.node import sources
+from slurmhealth.node import counters, sources
 from slurmhealth.node.checks import AREAS
 from slurmhealth.node.checks.base import Context, norm_bus_id
 from slurmhealth.node.sources import Options, SourceUnavailable
@@ -125,6 +125,7 @@ class Run:
         self.facts: dict = {}
         self.events: list = []  # what the areas' events_of() reported, to record
         self.resets: list = []  # GPU indexes a reset would mend (areas' resets_of())
+        self.counters: list = []  # counter readings that changed (node/counters.py)
         self.verdict = OK
         self.record_versions = True  # False: unchanged since recorded (VERSIONS_EVERY)
         self.hung = False
@@ -187,7 +188,13 @@ class Run:
             "tool_version": __version__,
             "sources": json.dumps(sources),
         }
-        return {"run": run, "results": results, "events": events, "baselines": self.baselines}
+        return {
+            "run": run,
+            "results": results,
+            "events": events,
+            "baselines": self.baselines,
+            "counters": self.counters,
+        }
 
     def to_dict(self) -> dict:
         return {
@@ -300,6 +307,23 @@ def _versions_due(sources: dict, before: dict, now: float) -> tuple:
     return True, {"seen": seen, "recorded": now}
 
 
+def _counters(out: Run, before: object) -> None:
+    """The error counters that changed since the node's previous reading (node/counters.py),
+    from the sources that were read; a crash here is our bug and costs the rows, never the run."""
+    raw = {
+        name: got.raw if got.status == "ok" else None
+        for name, got in out.sources.items()
+        if name in ("gpu", "ib")
+    }
+    if not any(isinstance(v, dict) for v in raw.values()):
+        return
+    try:
+        read = counters.readings(raw.get("gpu"), raw.get("ib"))
+        out.counters, out.baselines["counters"] = counters.changes(before, read, out.started)
+    except Exception:
+        out.counters = []
+
+
 def run(
     node: str,
     expect: dict,
@@ -345,6 +369,7 @@ def run(
     out.record_versions, kept = _versions_due(out.sources, before, out.started)
     if kept:
         out.baselines["versions"] = kept
+    _counters(out, baselines.get("counters"))
     out._error_fails = settings["error_fails"]
     out.verdict = verdict(out.results, out._error_fails)
     out.duration = time.perf_counter() - started

@@ -35,8 +35,14 @@ def test_a_run_is_recorded_with_results_and_baselines(db):
     status = conn.execute("SELECT status, action FROM results WHERE check_name = 'gpu.ecc'")
     assert status.fetchone() == ("fail", "reset_gpu")
     baselines = store.load_baselines(conn, "gpu01")
-    assert set(baselines) == {"gpu", "nvlink", "versions"}
+    assert set(baselines) == {"gpu", "nvlink", "versions", "counters"}
     assert baselines["gpu"]["inventory"]["0"]["bus_id"] == "00000000:18:00.0"
+    # the node's first reading of a non-zero counter is kept, with no increase claimed
+    dbe = conn.execute(
+        "SELECT device, value, delta, label, run_id FROM counters"
+        " WHERE counter = 'ecc_dbe_volatile'"
+    ).fetchall()
+    assert dbe and all(r[2] is None and r[4] == run_id and r[3].startswith("GPU ") for r in dbe)
 
 
 def test_schema_is_versioned_and_wal(db):

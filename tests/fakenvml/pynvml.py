@@ -29,6 +29,9 @@ _REVERSE_FIELDS = {
     144: "remap_pending",
     145: "remap_failure",
     230: "recovery_action",
+    74: "perf_power_ns",
+    75: "perf_thermal_ns",
+    94: "pcie_replay",
 }
 _LINK_FIELDS = {161: "replay", 162: "recovery", 163: "crc"}
 

@@ -33,6 +33,10 @@ FIELDS = {
     "remap_pending": 144,
     "remap_failure": 145,
     "recovery_action": 230,
+    # Cumulative counters kept over time (node/counters.py, fleet/trends.py):
+    "perf_power_ns": 74,  # NVML_FI_DEV_PERF_POLICY_POWER: time held back by the power policy
+    "perf_thermal_ns": 75,  # NVML_FI_DEV_PERF_POLICY_THERMAL: ... by the thermal policy
+    "pcie_replay": 94,  # NVML_FI_DEV_PCIE_REPLAY_COUNTER (DCGM warns at 8 per minute)
 }
 # Per-link NVLink error counters (scopeId = link); unsupported on Blackwell+ (NVML 13 header).
 LINK_FIELDS = {"replay": 161, "recovery": 162, "crc": 163}
@@ -220,16 +224,37 @@ def _load() -> object:
 
 
 def gather(options: Options) -> dict:
-    """The registry's entry: the live sweep (a snapshot replays without this module). When
-    NVML cannot start, say which NVIDIA GPUs the PCI bus still shows."""
+    """The registry's entry: the live sweep (a snapshot replays without this module), with each
+    GPU's PCIe AER counters from sysfs. When NVML cannot start, say which NVIDIA GPUs the PCI bus
+    still shows."""
     try:
-        return sweep()
+        raw = sweep()
     except SourceUnavailable as exc:
         gpus = pci_gpus(options.sysfs_root or "/sys")
         if not gpus:
             raise
         why = f"{exc} while {len(gpus)} NVIDIA GPUs are on the PCI bus ({gpus[0]}...)"
         raise SourceUnavailable(why, {"pci_gpus": gpus}) from exc
+    add_aer(raw, options.sysfs_root or "/sys")
+    return raw
+
+
+def add_aer(raw: dict, root: str) -> None:
+    """Each GPU's `aer`: its PCI function's AER counter files as read (sources/sysfs.py aer),
+    None where the kernel has none (no AER capability, a kernel before 4.19)."""
+    from slurmhealth.node.sources import sysfs  # noqa: PLC0415 - light, and only live
+
+    for dev in raw.get("devices") or []:
+        bus = dev.get("bus_id")
+        if isinstance(bus, str) and bus:
+            pci = f"{root}/bus/pci/devices/{pci_address(bus)}"
+            dev["aer"] = sysfs.aer(pci, f"gpu{dev.get('index')}", dev["errors"])
+
+
+def pci_address(bus_id: str) -> str:
+    """NVML's "00000000:18:00.0" -> sysfs's "0000:18:00.0" (a 4-digit domain, lower case)."""
+    domain, _, rest = bus_id.lower().partition(":")
+    return f"{domain[-4:].rjust(4, '0')}:{rest}" if rest else bus_id.lower()
 
 
 # PCI vendor id of NVIDIA, and the PCI class codes of a GPU: VGA-compatible display controller

@@ -44,6 +44,14 @@ COUNTERS = (
     "local_link_integrity_errors",
     "excessive_buffer_overrun_errors",
 )
+# PCIe Advanced Error Reporting counters of a PCI function (kernel 4.19+,
+# Documentation/ABI/testing/sysfs-bus-pci-devices-aer_stats): one "<error> <count>" line per
+# error type, then TOTAL_ERR_COR / TOTAL_ERR_NONFATAL / TOTAL_ERR_FATAL.
+AER_FILES = {
+    "correctable": "aer_dev_correctable",
+    "nonfatal": "aer_dev_nonfatal",
+    "fatal": "aer_dev_fatal",
+}
 # A sysfs attribute is at most one page; read no more than that from a file.
 _READ_MAX = 4096
 
@@ -71,6 +79,14 @@ def _read(path: str, key: str, errors: dict) -> str | None:
     return text.rstrip("\n")
 
 
+def aer(path: str, key: str, errors: dict) -> dict | None:
+    """The AER counter files of the PCI function at `path`, as read; None when the function has
+    none (no AER capability or an older kernel: not an error)."""
+    if not os.path.exists(f"{path}/{AER_FILES['correctable']}"):
+        return None
+    return {k: _read(f"{path}/{name}", f"{key}/{name}", errors) for k, name in AER_FILES.items()}
+
+
 def _listdir(path: str, key: str, errors: dict) -> list:
     """Sorted entries of a directory, or [] plus a reason when it cannot be listed."""
     try:
@@ -96,6 +112,9 @@ def _device(path: str, name: str, errors: dict) -> dict:
     if os.path.isdir(f"{path}/device"):  # no PCI parent (a software RDMA device): no link
         for f in LINK_FILES:
             device[f] = _read(f"{path}/device/{f}", f"{name}/device/{f}", errors)
+        found = aer(f"{path}/device", f"{name}/device", errors)
+        if found is not None:
+            device["aer"] = found
     ports = _listdir(f"{path}/ports", f"{name}/ports", errors)
     device["ports"] = {p: _port(f"{path}/ports/{p}", f"{name}:{p}", errors) for p in ports}
     return device

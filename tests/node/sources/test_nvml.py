@@ -154,3 +154,27 @@ def test_the_sweep_reads_retired_pages_and_lifetime_corrected_ecc(nvml, monkeypa
     expect = {k: v[0] for k, v in gpu.DEFAULTS.items()}
     result = gpu.row_remap(gpu.parse(raw), Context("gpu01", "prolog", expect))
     assert result.status == "fail" and result.action == "service", result.message
+
+
+def test_the_live_gather_reads_each_gpus_aer_counters_from_its_pci_function(
+    nvml, monkeypatch, tmp_path
+):
+    import os
+    import shutil
+
+    from conftest import FIXTURES
+
+    from slurmhealth.node.sources import Options
+
+    use(monkeypatch, "healthy")
+    first = tmp_path / "bus" / "pci" / "devices" / "0000:18:00.0"
+    first.mkdir(parents=True)
+    for name in ("aer_dev_correctable", "aer_dev_nonfatal", "aer_dev_fatal"):
+        shutil.copy(os.path.join(FIXTURES, "aer", name), first / name)
+    raw = nvml.gather(Options(sysfs_root=str(tmp_path)))
+    devices = raw["devices"]
+    assert devices[0]["bus_id"] == "00000000:18:00.0"
+    assert devices[0]["aer"]["correctable"].endswith("TOTAL_ERR_COR 4")
+    assert devices[1]["aer"] is None  # no AER files: not an error
+    assert "aer_dev_correctable" not in json.dumps(devices[1]["errors"])
+    assert nvml.pci_address("00000000:9B:00.0") == "0000:9b:00.0"

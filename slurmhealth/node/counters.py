@@ -1,0 +1,202 @@
+"""Error counters over time: what a run records of the cumulative counters it read (pure).
+
+Each run reads, per GPU, NVLink, HCA and port, counters that only grow until a reset: PCIe
+replays, PCIe AER errors, corrected and uncorrected ECC errors, remapped rows, retired pages,
+the time a power or thermal policy held the GPU back, NVLink replays, recoveries and CRC errors,
+IB symbol errors, link recoveries and receive errors. The fleet turns them into rates
+(fleet/trends.py). Stored compactly (docs/trends.md): a reading becomes a row only when it
+changed since this node's previous one, with `delta` the increase, so a healthy node adds no
+rows at all:
+- a first reading (a new node, device or source) is recorded only when it is not 0, with delta
+  None: the history before it is unknown and is never counted as a rise;
+- a value lower than the previous one is a reset (driver reload, GPU or HCA reset, reboot): the
+  counter restarted at 0, so the increase is the value itself;
+- gauges (the idle GPU's thermal margin, the PCIe link under load) are recorded when they moved
+  by at least their band, with delta the signed change.
+
+The baseline kept between runs (the store's `counters` baseline) holds the non-zero counters
+only: {"v": {"<device>|<counter>": value}, "d": [devices seen]}. A device not yet seen has no
+zeros to compare with, so its first readings are first readings.
+"""
+
+from __future__ import annotations
+
+# NVML field values per GPU (sources/nvml.py FIELDS) that are cumulative counters.
+GPU_COUNTERS = (
+    "pcie_replay",
+    "ecc_sbe_volatile",
+    "ecc_dbe_volatile",
+    "ecc_sbe_aggregate",
+    "ecc_dbe_aggregate",
+    "remap_correctable",
+    "remap_uncorrectable",
+    "retired_sbe",
+    "retired_dbe",
+    "perf_power_ns",
+    "perf_thermal_ns",
+)
+LINK_COUNTERS = ("replay", "recovery", "crc")  # per NVLink: nvlink_<name>
+PORT_COUNTERS = (
+    "symbol_error",
+    "link_error_recovery",
+    "port_rcv_errors",
+    "link_downed",
+    "local_link_integrity_errors",
+    "excessive_buffer_overrun_errors",
+)
+AER_TOTALS = {
+    "correctable": "TOTAL_ERR_COR",
+    "nonfatal": "TOTAL_ERR_NONFATAL",
+    "fatal": "TOTAL_ERR_FATAL",
+}
+# Gauges and the change that is recorded (°C; PCIe generation and lanes: any change).
+GAUGES = {"thermal_margin": 5.0, "pcie_gen": 1.0, "pcie_width": 1.0}
+
+
+def _int(value: object) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value >= 0 else None
+    if isinstance(value, str):
+        text = value.strip()
+        return int(text) if text.isdigit() else None
+    if isinstance(value, float) and 0 <= value < float("inf"):  # NaN compares false
+        return int(value)
+    return None
+
+
+def aer_total(text: object, total: str) -> int | None:
+    """The TOTAL_ERR_* line of an aer_dev_* file; None when absent or unreadable."""
+    if not isinstance(text, str):
+        return None
+    for line in text.splitlines():
+        name, _, count = line.strip().rpartition(" ")
+        if name == total:
+            return _int(count)
+    return None
+
+
+def bus(bus_id: str) -> str:
+    """NVML's "00000000:18:00.0" -> "0000:18:00.0", the address as sysfs and Xid lines say it."""
+    domain, _, rest = bus_id.lower().partition(":")
+    return f"{domain[-4:].rjust(4, '0')}:{rest}" if rest else bus_id.lower()
+
+
+def _gpu(dev: dict, out: dict) -> str | None:
+    bus_id = dev.get("bus_id")
+    if dev.get("error") or not isinstance(bus_id, str) or not bus_id:
+        return None
+    device, label = f"gpu:{bus(bus_id)}", f"GPU {dev.get('index')}"
+    fields = dev.get("fields") if isinstance(dev.get("fields"), dict) else {}
+    for name in GPU_COUNTERS:
+        value = _int(fields.get(name))
+        if value is not None:
+            out[f"{device}|{name}"] = (value, label)
+    for name, total in AER_TOTALS.items():
+        value = aer_total((dev.get("aer") or {}).get(name), total)
+        if value is not None:
+            out[f"{device}|aer_{name}"] = (value, label)
+    for link in dev.get("nvlink") or []:
+        if not isinstance(link, dict) or not isinstance(link.get("link"), int):
+            continue
+        where = (f"nvlink:{bus(bus_id)}:{link['link']}", f"{label} link {link['link']}")
+        for name in LINK_COUNTERS:
+            value = _int(link.get(name))
+            if value is not None:
+                out[f"{where[0]}|nvlink_{name}"] = (value, where[1])
+    processes = dev.get("processes")
+    temperature, slowdown = dev.get("temperature"), dev.get("temp_slowdown")
+    if processes == [] and _int(temperature) is not None and _int(slowdown) is not None:
+        out[f"{device}|thermal_margin"] = (int(slowdown) - int(temperature), label)  # type: ignore[arg-type]
+    if processes:  # an idle GPU lowers its link (nvidia-smi): judged only under load
+        for name in ("pcie_gen", "pcie_width"):
+            value = _int(dev.get(name))
+            if value is not None:
+                out[f"{device}|{name}"] = (value, label)
+    return device
+
+
+def _hca(name: str, hca: dict, out: dict) -> None:
+    for key, total in AER_TOTALS.items():
+        value = aer_total((hca.get("aer") or {}).get(key), total)
+        if value is not None:
+            out[f"hca:{name}|aer_{key}"] = (value, name)
+    for port, facts in (hca.get("ports") or {}).items():
+        counters = facts.get("counters") if isinstance(facts, dict) else None
+        if not isinstance(counters, dict):
+            continue
+        device, label = f"ib:{name}:{port}", f"{name} port {port}"
+        for counter in PORT_COUNTERS:
+            value = _int(counters.get(counter))
+            if value is not None:
+                out[f"{device}|{counter}"] = (value, label)
+
+
+def readings(gpu: object, ib: object) -> tuple:
+    """({"<device>|<counter>": (value, label)}, [parent devices read]) from the raw `gpu` and
+    `ib` sections of a run (None: that source was not read)."""
+    out: dict = {}
+    seen: list = []
+    if isinstance(gpu, dict):
+        for dev in gpu.get("devices") or []:
+            if isinstance(dev, dict):
+                device = _gpu(dev, out)
+                if device:
+                    seen.append(device)
+    if isinstance(ib, dict):
+        for name, hca in sorted((ib.get("devices") or {}).items()):
+            if isinstance(hca, dict):
+                _hca(name, hca, out)
+                seen.append(f"hca:{name}")
+    return out, seen
+
+
+def _parent(device: str) -> str:
+    """The device a counter's zeros are known through: a GPU for its links, an HCA for its
+    ports."""
+    kind, _, rest = device.partition(":")
+    if kind == "nvlink":
+        return f"gpu:{rest.rpartition(':')[0]}"
+    if kind == "ib":
+        return f"hca:{rest.rpartition(':')[0]}"
+    return device
+
+
+def changes(before: object, now: tuple, when: float) -> tuple:
+    """(rows to record, the baseline to keep) for readings `now` (readings()) at `when`.
+    Rows: {"device", "counter", "time", "value", "delta", "label"}."""
+    values, seen = now
+    base = before if isinstance(before, dict) else {}
+    kept = dict(base.get("v") or {}) if isinstance(base.get("v"), dict) else {}
+    known = set(base.get("d") or ()) if isinstance(base.get("d"), list) else set()
+    rows = []
+    for key, (value, label) in values.items():
+        device, _, counter = key.partition("|")
+        prev = kept.get(key)
+        if counter in GAUGES:
+            if isinstance(prev, (int, float)) and abs(value - prev) < GAUGES[counter]:
+                continue
+            delta = value - prev if isinstance(prev, (int, float)) else None
+            kept[key] = value
+        else:
+            if not isinstance(prev, (int, float)):
+                prev = 0 if _parent(device) in known else None
+            if value == prev or (prev is None and value == 0):
+                continue
+            delta = None if prev is None else (value - prev if value > prev else value)
+            if value:
+                kept[key] = value
+            else:
+                kept.pop(key, None)
+        rows.append(
+            {
+                "device": device,
+                "counter": counter,
+                "time": when,
+                "value": value,
+                "delta": delta,
+                "label": label,
+            }
+        )
+    return rows, {"v": kept, "d": sorted(known.union(seen))}

@@ -1,0 +1,146 @@
+"""Error counters over time, as a run records them (slurmhealth/node/counters.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+from conftest import FIXTURES, snapshot_path
+
+from slurmhealth.core import store
+from slurmhealth.node import config, counters, runner
+from slurmhealth.node.sources import sysfs
+
+AER = os.path.join(FIXTURES, "aer")
+
+
+def healthy_gpu() -> dict:
+    with open(snapshot_path("healthy")) as handle:
+        return json.load(handle)["gpu"]
+
+
+def test_aer_totals_are_read_from_the_kernels_format():
+    with open(os.path.join(AER, "aer_dev_correctable")) as handle:
+        text = handle.read()
+    assert counters.aer_total(text, "TOTAL_ERR_COR") == 4
+    assert counters.aer_total(text, "TOTAL_ERR_FATAL") is None
+    assert counters.aer_total(None, "TOTAL_ERR_COR") is None
+    assert counters.aer_total("TOTAL_ERR_COR x\n", "TOTAL_ERR_COR") is None
+
+
+def test_a_healthy_nodes_first_run_records_nothing_but_its_gauges_and_the_next_nothing():
+    gpu = healthy_gpu()
+    read = counters.readings(gpu, None)
+    rows, kept = counters.changes({}, read, 100.0)
+    # every counter of the healthy node is 0: no row; the first reading of a gauge is one
+    assert {r["counter"] for r in rows} <= set(counters.GAUGES)
+    assert len(kept["d"]) == gpu["count"]
+    again, _ = counters.changes(kept, counters.readings(gpu, None), 400.0)
+    assert again == []
+
+
+def bump(gpu: dict, index: int, field: str, value: int) -> dict:
+    out = json.loads(json.dumps(gpu))
+    out["devices"][index]["fields"][field] = value
+    return out
+
+
+def test_an_increase_is_a_row_with_its_delta_and_a_reset_restarts_at_zero():
+    gpu = healthy_gpu()
+    _, kept = counters.changes({}, counters.readings(gpu, None), 0.0)
+    rows, kept = counters.changes(
+        kept, counters.readings(bump(gpu, 5, "pcie_replay", 40), None), 60.0
+    )
+    assert [(r["device"], r["counter"], r["value"], r["delta"], r["label"]) for r in rows] == [
+        ("gpu:" + counters.bus(gpu["devices"][5]["bus_id"]), "pcie_replay", 40, 40, "GPU 5")
+    ]
+    rows, kept = counters.changes(
+        kept, counters.readings(bump(gpu, 5, "pcie_replay", 55), None), 120.0
+    )
+    assert [(r["value"], r["delta"]) for r in rows] == [(55, 15)]
+    # a driver reload: the counter restarted at 0 and counted 3 since
+    rows, kept = counters.changes(
+        kept, counters.readings(bump(gpu, 5, "pcie_replay", 3), None), 180.0
+    )
+    assert [(r["value"], r["delta"]) for r in rows] == [(3, 3)]
+    rows, _ = counters.changes(kept, counters.readings(bump(gpu, 5, "pcie_replay", 3), None), 240.0)
+    assert rows == []
+
+
+def test_a_first_reading_claims_no_increase_and_a_new_device_is_a_first_reading():
+    gpu = bump(healthy_gpu(), 2, "ecc_sbe_aggregate", 1_000_000)
+    rows, kept = counters.changes({}, counters.readings(gpu, None), 0.0)
+    sbe = [r for r in rows if r["counter"] == "ecc_sbe_aggregate"]
+    assert [(r["value"], r["delta"]) for r in sbe] == [(1_000_000, None)]
+    # the GPU is swapped: the new board's lifetime count is not a rise either
+    swapped = json.loads(json.dumps(gpu))
+    swapped["devices"][2]["bus_id"] = "00000000:FF:00.0"
+    swapped["devices"][2]["fields"]["ecc_sbe_aggregate"] = 7
+    rows, _ = counters.changes(kept, counters.readings(swapped, None), 60.0)
+    new = [r for r in rows if r["counter"] == "ecc_sbe_aggregate"]
+    assert [(r["device"], r["delta"]) for r in new] == [("gpu:0000:ff:00.0", None)]
+
+
+def test_gauges_are_recorded_when_they_moved_by_their_band():
+    gpu = healthy_gpu()
+    for dev in gpu["devices"]:
+        dev["processes"] = []
+    _, kept = counters.changes({}, counters.readings(gpu, None), 0.0)
+    warmer = json.loads(json.dumps(gpu))
+    warmer["devices"][1]["temperature"] += 3
+    assert counters.changes(kept, counters.readings(warmer, None), 60.0)[0] == []
+    warmer["devices"][1]["temperature"] += 3
+    rows, _ = counters.changes(kept, counters.readings(warmer, None), 120.0)
+    assert [(r["counter"], r["delta"]) for r in rows] == [("thermal_margin", -6)]
+
+
+def test_nvlink_and_ib_counters_and_the_hcas_aer(tmp_path):
+    root = tmp_path / "sys"
+    shutil.copytree(os.path.join(FIXTURES, "sysfs", "healthy-8x-ndr"), root)
+    pci = root / "class" / "infiniband" / "mlx5_0" / "device"
+    pci.mkdir()
+    for name in os.listdir(AER):
+        if name.startswith("aer_dev_"):
+            shutil.copy(os.path.join(AER, name), pci / name)
+    ib = sysfs.read(str(root))
+    assert ib["devices"]["mlx5_0"]["aer"]["correctable"].endswith("TOTAL_ERR_COR 4")
+    assert "aer" not in ib["devices"]["mlx5_1"]  # no PCI parent: nothing to read
+    gpu = healthy_gpu()
+    gpu["devices"][0]["nvlink"][3]["crc"] = 9
+    rows, _ = counters.changes({}, counters.readings(gpu, ib), 0.0)
+    found = {(r["device"], r["counter"], r["value"]) for r in rows}
+    assert ("hca:mlx5_0", "aer_correctable", 4) in found
+    bus = counters.bus(gpu["devices"][0]["bus_id"])
+    assert (f"nvlink:{bus}:3", "nvlink_crc", 9) in found
+    labels = {r["device"]: r["label"] for r in rows}
+    assert labels[f"nvlink:{bus}:3"] == "GPU 0 link 3"
+
+
+def test_a_run_records_its_changed_counters_in_the_store(tmp_path):
+    conn = store.connect(str(tmp_path / "n.db"))
+    expect = config.defaults()
+
+    def one(name: str) -> str:
+        run = runner.run(
+            "gpu01",
+            expect,
+            runner.Options(gpu_source=snapshot_path(name)),
+            ["gpu", "nvlink"],
+            "check",
+            store.load_baselines(conn, "gpu01"),
+        )
+        return store.record_run(conn, run.records())
+
+    one("healthy")
+    first = conn.execute(
+        "SELECT count(*) FROM counters WHERE counter NOT IN "
+        "('thermal_margin', 'pcie_gen', 'pcie_width')"
+    ).fetchone()[0]
+    assert first == 0
+    run_id = one("ecc-dbe")
+    rows = conn.execute(
+        "SELECT counter, delta FROM counters WHERE run_id = ? AND counter = 'ecc_dbe_volatile'",
+        (run_id,),
+    ).fetchall()
+    assert rows and all(delta and delta > 0 for _, delta in rows)
