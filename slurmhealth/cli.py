@@ -882,6 +882,47 @@ def slow_cmd(db: str | None, window: str, now: str | None, margin: float, as_jso
         click.echo(_slow_text(found, nodes, span, margin))
 
 
+def _trends_text(found: list, nodes: int) -> str:
+    lines = [f"{len({f['node'] for f in found})} node(s) with rising error counters among {nodes}"]
+    lines.extend(f["evidence"] for f in found)
+    return "\n".join(lines)
+
+
+@cli.command(name="trends")
+@fleet_db_option
+@click.option("--now", default=None, help="replay: judge as of this time")
+@click.option(
+    "--factor",
+    type=click.FloatRange(1.0, 1000.0),
+    default=2.0,
+    show_default=True,
+    help="how many times its own and its peers' rate a counter must reach",
+)
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+def trends_cmd(db: str | None, now: str | None, factor: float, as_json: bool) -> None:
+    """List the GPUs, NVLinks and InfiniBand ports whose error counters are rising.
+
+    From the counter readings the hooks and health checks recorded (PCIe replays and AER
+    errors, ECC errors, remapped rows, retired pages, NVLink and IB error counters): episodes
+    in the last 6 h and 24 h against the device's own 7 days before and the median of the
+    same devices on nodes of the same GPU model; rising when at least `--factor` times both and
+    beyond chance, or over a published limit (docs/trends.md). Changes nothing; exits 0.
+
+    \b
+    Example:
+        slurmhealth trends
+        slurmhealth trends --now 2026-11-30T06:00:00 --json
+    """
+    end = _instant(now)
+    conn = _open(_fleet_path(db))
+    found, nodes = queries.rising_counters(conn, end, factor=factor)
+    if as_json:
+        doc = {"now": end, "nodes": nodes, "factor": factor, "rising": found}
+        click.echo(json.dumps(doc, indent=1))
+    else:
+        click.echo(_trends_text(found, nodes))
+
+
 # --- the nightly report (docs/report.md) ----------------------------------------------------
 
 MAIL_FAILED = 4  # the report was written, but not mailed

@@ -10,6 +10,8 @@ import json
 import math
 import sqlite3
 
+from slurmhealth.fleet import drift
+
 DAY = 86400
 WEEK = 7 * DAY  # the longest job: how far back a job's start is looked for
 
@@ -419,3 +421,49 @@ def job_history(conn: sqlite3.Connection, job: str) -> list:
         (job,),
     )
     return [dict(zip(keys, row)) for row in rows]
+
+
+# --- error counters over time (fleet/trends.py) ------------------------------------------------
+
+
+def counter_rows(conn: sqlite3.Connection, start: float, end: float) -> list:
+    """[(node, device, counter, time, delta, label)] of the counter readings recorded in
+    (start, end], by time (node/counters.py records a reading only when it changed)."""
+    return conn.execute(
+        "SELECT node, device, counter, time, delta, label FROM counters "
+        "WHERE time > ? AND time <= ? ORDER BY time",
+        (start, end),
+    ).fetchall()
+
+
+def node_models(conn: sqlite3.Connection, nodes: list, end: float, lookback: float) -> dict:
+    """{node: GPU model} from each node's newest run in [end - lookback, end) that recorded its
+    versions ("" when none did): the hardware class peers are compared in."""
+    out = {}
+    for node in nodes:
+        out[node] = ""
+        for (text,) in version_sources(conn, node, end - lookback, end):
+            try:
+                found = drift.versions(json.loads(text))
+            except (ValueError, RecursionError):
+                continue
+            if found:
+                out[node] = str(found.get("model") or "")
+                break
+    return out
+
+
+MODEL_LOOKBACK = 2 * DAY  # versions are recorded at least every 6 h (node/runner.py)
+
+
+def rising_counters(conn: sqlite3.Connection, now: float, **limits: object) -> tuple:
+    """(findings of trends.rising as of `now`, nodes compared): the rows of the longest window
+    and the 7 days before it, and the GPU model of every node that ran in the last two days."""
+    from slurmhealth.fleet import trends  # noqa: PLC0415
+
+    windows = limits.get("windows") or trends.WINDOWS
+    baseline = float(limits.get("baseline") or trends.BASELINE)  # type: ignore[arg-type]
+    rows = counter_rows(conn, now - max(windows) - baseline, now)  # type: ignore[arg-type]
+    nodes = set(nodes_with_runs(conn, now - MODEL_LOOKBACK, now)) | {r[0] for r in rows}
+    models = node_models(conn, sorted(nodes), now, MODEL_LOOKBACK)
+    return trends.rising(rows, models, now, **limits), len(nodes)  # type: ignore[arg-type]
