@@ -30,6 +30,7 @@ HIGHER_IS_BETTER = {
 }
 
 # This project's defaults; each is argued in docs/diagnose.md.
+WINDOW = 7 * 86400.0  # the diagnoses compared: a week (`slurmhealth slow`, the report)
 MARGIN = 0.05  # the share worse than the peers that matters (as SuperBench's variance rule)
 MIN_PEERS = 5  # a median of fewer others is no baseline
 MIN_SAMPLES = 2  # the unit's diagnoses worse than the margin: repeatable, not one bad run

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlite3
 
 from slurmhealth.core.constants import LEMON
-from slurmhealth.fleet import faults, policy
+from slurmhealth.fleet import faults, peers, policy, queries
 
 # A loose index scan: each distinct node of a table in ~2,000 index seeks, not a full scan.
 _NODES = """WITH RECURSIVE n(node) AS (
@@ -160,6 +160,8 @@ def _items(conn: sqlite3.Connection, counts: dict, start: float, end: float) -> 
             t = finish if finish is not None else begin
             if start <= t < end and weights.get(node):
                 add(node, t, "node_fail", weights[node])
+    for node, t in _ahead(conn, start, end):
+        warned.setdefault(node, []).append(t)
     for node in set(found) | set(warned):
         if node not in counts:
             counts[node] = dict.fromkeys(policy.SIGNALS, 0)
@@ -171,6 +173,22 @@ def _items(conn: sqlite3.Connection, counts: dict, start: float, end: float) -> 
         c["warnings"] = [
             (t, "warn", 1.0, ok) for t, ok in zip(times, _next_ok(conn, node, times, end))
         ]
+
+
+def _ahead(conn: sqlite3.Connection, start: float, end: float) -> list:
+    """(node, time) warnings of what comes before a failure, as of `end`: each rising error
+    counter (fleet/trends.py, at the newest episode) and each node slower than its peers
+    (fleet/peers.py, at its newest diagnosis), both at their defaults, as `slurmhealth trends`
+    and `slurmhealth slow` list them."""
+    out = []
+    rising, _ = queries.rising_counters(conn, end)
+    out.extend((f["node"], f["last"]) for f in rising if start <= f["last"] < end)
+    figures = queries.diag_figures(conn, end - peers.WINDOW, end)
+    last: dict = {}
+    for node, t, *_ in figures:
+        last[node] = max(t, last.get(node, t))
+    out.extend((f["node"], last[f["node"]]) for f in peers.slow(figures) if f["node"] in last)
+    return [(node, t) for node, t in out if start <= t < end]
 
 
 def signals(conn: sqlite3.Connection, start: float, end: float) -> dict:

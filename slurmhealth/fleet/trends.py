@@ -7,14 +7,18 @@ reading only when the counter grew (node/counters.py), each with its increase, s
 are what the test counts: errors come in bursts (one marginal lane retrains and replays 50
 times), and a Poisson test of raw counts would call every burst a trend.
 
-For each series and each recent window (6 h and 24 h by default):
-- its own rate: episodes in the 7 days before the longest window, plus half an episode, over
-  7 days (so a series with no past is not infinitely surprising);
-- the fleet's rate: the median over every device of the same kind on the nodes of the same GPU
-  model, devices without a row counting 0;
-- expected episodes = window x the larger of the two. The series is rising when its episodes in
-  the window are at least `min_episodes`, at least `factor` times the expected (a rate that
-  doubled, by default), and P(X >= episodes | Poisson(expected)) <= `alpha`.
+For each series and each recent window (6 h and 24 h by default), with k its episodes in the
+window and n_b those in the 7 days before the longest window:
+- against its own past: under a steady rate, k of the k + n_b episodes fall in the window
+  with probability window / (window + 7 days) each: an exact binomial test of the two Poisson
+  counts, which carries the uncertainty of a past of few episodes (a Poisson test against the
+  past's rate, taken as exact, calls every noisy week a trend);
+- against its peers: the median rate over every device of the same kind on the nodes of the
+  same GPU model (devices without a row count 0; at least half an episode a week), a Poisson
+  test of k against window x that rate.
+The series is rising when k >= `min_episodes`, its rate in the window is at least `factor`
+times both its own past rate and its peers' (a rate that doubled, by default), and both tests
+give P <= `alpha`.
 Published limits are judged on error counts besides: DCGM's health watches warn at 8 PCIe
 replays per minute (DCGM_LIMIT_MAX_PCIREPLAY_RATE) and at 100 NVLink CRC errors per second
 (DCGM_LIMIT_MAX_NVLINK_CRC_ERROR), over the shortest window here.
@@ -34,8 +38,9 @@ WINDOWS = (6 * HOUR, DAY)  # recent windows tested (seconds)
 BASELINE = 7 * DAY  # the series' own past, before the longest window
 FACTOR = 2.0  # "a rate that doubled"
 MIN_EPISODES = 4  # fewer episodes in a window are never a trend
-ALPHA = 1e-6  # per series and window: ~4,000 series x 2 windows x 24 sweeps a day
-PRIOR = 0.5  # episodes added to every series' past
+ALPHA = 1e-9  # per series, window and sweep: ~3,000 active series x 2 windows x 24 sweeps a day
+MIN_SPREAD = 14  # a week's episodes that measure a device's day-to-day variation
+PRIOR = 0.5  # episodes a week: the least rate a device's peers are taken to have
 # Published limits on error counts per second: (limit, source).
 PUBLISHED = {
     "pcie_replay": (8 / 60.0, "DCGM's PCIe health watch: 8 replays per minute"),
@@ -71,7 +76,7 @@ LABELS = {
 
 
 def kind_of(device: str) -> str:
-    """"gpu:0000:18:00.0" -> "gpu": the kind of device peers are compared by."""
+    """ "gpu:0000:18:00.0" -> "gpu": the kind of device peers are compared by."""
     return device.partition(":")[0]
 
 
@@ -100,29 +105,51 @@ def rising(
         if counter in NOT_TRENDS or delta is None or delta <= 0 or not start < t <= now:
             continue
         series.setdefault((node, device, counter), []).append((t, float(delta), label))
-    past = {key: _past(items, now - longest) for key, items in series.items()}
+    past = {key: _past(items, now - longest, baseline) for key, items in series.items()}
     fleet = _fleet_rates(past, models, baseline)
+    spread = _spread(past, models)
     ln_alpha = math.log(alpha)
     found = []
     for key, items in series.items():
         node, device, counter = key
-        own = (past[key][0] + PRIOR) / baseline
-        peers = fleet.get((models.get(node, ""), kind_of(device), counter), (0.0, 0.0))
+        group = (models.get(node, ""), kind_of(device), counter)
+        peers = fleet.get(group, (0.0, 0.0))
+        limits = (factor, min_episodes, ln_alpha, spread.get(group, 0.0))
         best = None
         for window in windows:
             got = _window(items, now - window)
-            best = _better(best, _judge(got, window, own, peers[0], factor, min_episodes))
-            limit = _published(counter, got, window)
-            best = _better(best, limit)
-        if best is not None and best["lnp"] <= ln_alpha:
-            found.append(_finding(key, items, best, own, peers, past[key][1] / baseline))
+            best = _better(best, _judge(got, window, past[key][0], baseline, peers[0], limits))
+            best = _better(best, _published(counter, got, window))
+        if best is not None:
+            found.append(_finding(key, items, best, peers, past[key][1] / baseline))
     return sorted(found, key=lambda f: (f["lnp"], f["node"], f["device"], f["counter"]))
 
 
-def _past(items: list, before: float) -> tuple:
-    """(episodes, errors) of a series before `before`."""
-    old = [d for t, d, _ in items if t <= before]
-    return len(old), sum(old)
+def _past(items: list, before: float, baseline: float) -> tuple:
+    """(episodes, errors, episodes per day) of a series in the baseline before `before`."""
+    old = [(t, d) for t, d, _ in items if t <= before]
+    days = [0] * max(1, round(baseline / DAY))
+    for t, _ in old:
+        days[min(len(days) - 1, int((before - t) // DAY))] += 1
+    return len(old), sum(d for _, d in old), days
+
+
+def _spread(past: dict, models: dict) -> dict:
+    """{(model, kind, counter): c}, the day-to-day variation of the group's rates beyond
+    Poisson's: the variance of a device's daily episodes is m + c m^2 (m their mean), c pooled
+    by moments over the group's devices with a week of at least MIN_SPREAD episodes
+    (sum(variance - m) / sum(m^2): the busiest devices, where it matters, weigh most). Error
+    rates follow the work a node runs, so a busy day is no trend: the tests scale counts by
+    1 + c x the expected episodes (a quasi-likelihood)."""
+    sums: dict = {}
+    for (node, device, counter), (episodes, _, days) in past.items():
+        if episodes >= MIN_SPREAD and len(days) > 1:
+            m = episodes / len(days)
+            variance = sum((d - m) ** 2 for d in days) / (len(days) - 1)
+            key = (models.get(node, ""), kind_of(device), counter)
+            extra, weight = sums.get(key, (0.0, 0.0))
+            sums[key] = (extra + variance - m, weight + m * m)
+    return {k: max(0.0, extra / weight) for k, (extra, weight) in sums.items() if weight > 0}
 
 
 def _window(items: list, after: float) -> tuple:
@@ -140,7 +167,7 @@ def _fleet_rates(past: dict, models: dict, baseline: float) -> dict:
         nodes_of.setdefault(model, set()).add(node)
     groups: dict = {}
     width: dict = {}
-    for (node, device, counter), (episodes, errors) in past.items():
+    for (node, device, counter), (episodes, errors, _) in past.items():
         key = (models.get(node, ""), kind_of(device), counter)
         groups.setdefault(key, {}).setdefault(node, []).append((episodes, errors))
     for key, per_node in groups.items():
@@ -156,22 +183,63 @@ def _fleet_rates(past: dict, models: dict, baseline: float) -> dict:
     return out
 
 
-def _judge(got: tuple, window: float, own: float, fleet: float, factor: float, least: int):
+def _judge(got: tuple, window: float, before: int, baseline: float, fleet: float, limits: tuple):
+    """The window's finding when it is a trend against both the past and the peers, else None."""
+    factor, least, ln_alpha, spread = limits
     episodes, errors = got
-    expected = window * max(own, fleet)
-    if episodes < least or episodes < factor * expected:
+    peers = window * max(fleet, PRIOR / BASELINE)
+    own = window * before / baseline
+    if episodes < least or episodes < factor * max(own, peers):
         return None
-    lnp = ln_poisson_sf(episodes, expected)
-    return {"window": window, "episodes": episodes, "errors": errors, "expected": expected,
-            "lnp": lnp, "basis": "trend"}
+    phi = 1.0 + spread * own
+    ln_own = ln_binomial_sf(
+        round(episodes / phi), round((episodes + before) / phi), window / (window + baseline)
+    )
+    ln_peers = ln_poisson_sf(episodes / phi, peers / phi)
+    lnp = max(ln_own, ln_peers)
+    if lnp > ln_alpha:
+        return None
+    return {
+        "window": window,
+        "episodes": episodes,
+        "errors": errors,
+        "expected": max(own, peers),
+        "lnp": lnp,
+        "basis": "trend",
+    }
+
+
+def ln_binomial_sf(k: int, n: int, p: float) -> float:
+    """ln P(X >= k) for X ~ Binomial(n, p), summed in log space (n is at most a few thousand
+    episodes: the 5-minute readings of a week)."""
+    if k <= 0:
+        return 0.0
+    if k > n or p <= 0:
+        return -math.inf
+    if p >= 1:
+        return 0.0
+    lp, lq = math.log(p), math.log1p(-p)
+    terms = [
+        math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq
+        for i in range(k, n + 1)
+    ]
+    top = max(terms)
+    return min(0.0, top + math.log(sum(math.exp(t - top) for t in terms)))
 
 
 def _published(counter: str, got: tuple, window: float) -> dict | None:
     limit = PUBLISHED.get(counter)
     if limit is None or got[1] / window < limit[0]:
         return None
-    return {"window": window, "episodes": got[0], "errors": got[1], "expected": None,
-            "lnp": PUBLISHED_LNP, "basis": "published", "source": limit[1]}
+    return {
+        "window": window,
+        "episodes": got[0],
+        "errors": got[1],
+        "expected": None,
+        "lnp": PUBLISHED_LNP,
+        "basis": "published",
+        "source": limit[1],
+    }
 
 
 def _better(a: dict | None, b: dict | None) -> dict | None:
@@ -186,7 +254,7 @@ def _per_h(value: float) -> float:
     return round(value * HOUR, 3)
 
 
-def _finding(key: tuple, items: list, best: dict, own: float, peers: tuple, own_errors: float):
+def _finding(key: tuple, items: list, best: dict, peers: tuple, own_errors: float):
     node, device, counter = key
     label = items[-1][2] or device
     window = best["window"]

@@ -83,73 +83,91 @@ def bus(bus_id: str) -> str:
     return f"{domain[-4:].rjust(4, '0')}:{rest}" if rest else bus_id.lower()
 
 
-def _gpu(dev: dict, out: dict) -> str | None:
+class _Read:
+    """One run's readings: non-zero counters and gauges by key, the keys that could not be
+    read (None, not a number: never taken for 0), the parent devices read."""
+
+    __slots__ = ("missing", "seen", "values")
+
+    def __init__(self) -> None:
+        self.values: dict = {}
+        self.missing: set = set()
+        self.seen: list = []
+
+    def add(self, device: str, name: str, raw: object, label: str) -> None:
+        if raw in (0, "0"):  # the common case, and the cheapest: nothing to keep
+            return
+        value = _int(raw)
+        if value is None:
+            self.missing.add(f"{device}|{name}")
+        elif value:
+            self.values[f"{device}|{name}"] = (value, label)
+
+
+def _gpu(dev: dict, out: _Read) -> None:
     bus_id = dev.get("bus_id")
     if dev.get("error") or not isinstance(bus_id, str) or not bus_id:
-        return None
-    device, label = f"gpu:{bus(bus_id)}", f"GPU {dev.get('index')}"
-    fields = dev.get("fields") if isinstance(dev.get("fields"), dict) else {}
-    for name in GPU_COUNTERS:
-        value = _int(fields.get(name))
-        if value is not None:
-            out[f"{device}|{name}"] = (value, label)
-    for name, total in AER_TOTALS.items():
-        value = aer_total((dev.get("aer") or {}).get(name), total)
-        if value is not None:
-            out[f"{device}|aer_{name}"] = (value, label)
-    for link in dev.get("nvlink") or []:
-        if not isinstance(link, dict) or not isinstance(link.get("link"), int):
+        return
+    where_bus = bus(bus_id)
+    device, label = f"gpu:{where_bus}", f"GPU {dev.get('index')}"
+    fields = dev.get("fields")
+    if isinstance(fields, dict):
+        for name in GPU_COUNTERS:
+            raw = fields.get(name)
+            if raw or raw is None:  # 0, the common case, costs one lookup
+                out.add(device, name, raw, label)
+    aer = dev.get("aer")
+    if isinstance(aer, dict):
+        for name, total in AER_TOTALS.items():
+            out.add(device, f"aer_{name}", aer_total(aer.get(name), total), label)
+    for link in dev.get("nvlink") or ():
+        if not isinstance(link, dict):
             continue
-        where = (f"nvlink:{bus(bus_id)}:{link['link']}", f"{label} link {link['link']}")
-        for name in LINK_COUNTERS:
-            value = _int(link.get(name))
-            if value is not None:
-                out[f"{where[0]}|nvlink_{name}"] = (value, where[1])
+        if link.get("replay") or link.get("recovery") or link.get("crc"):
+            number = link.get("link")
+            if isinstance(number, int):
+                for name in LINK_COUNTERS:
+                    where = f"nvlink:{where_bus}:{number}"
+                    out.add(where, f"nvlink_{name}", link.get(name), f"{label} link {number}")
     processes = dev.get("processes")
-    temperature, slowdown = dev.get("temperature"), dev.get("temp_slowdown")
-    if processes == [] and _int(temperature) is not None and _int(slowdown) is not None:
-        out[f"{device}|thermal_margin"] = (int(slowdown) - int(temperature), label)  # type: ignore[arg-type]
+    temperature, slowdown = _int(dev.get("temperature")), _int(dev.get("temp_slowdown"))
+    if processes == [] and temperature is not None and slowdown is not None:
+        out.values[f"{device}|thermal_margin"] = (slowdown - temperature, label)
     if processes:  # an idle GPU lowers its link (nvidia-smi): judged only under load
         for name in ("pcie_gen", "pcie_width"):
             value = _int(dev.get(name))
             if value is not None:
-                out[f"{device}|{name}"] = (value, label)
-    return device
+                out.values[f"{device}|{name}"] = (value, label)
+    out.seen.append(device)
 
 
-def _hca(name: str, hca: dict, out: dict) -> None:
-    for key, total in AER_TOTALS.items():
-        value = aer_total((hca.get("aer") or {}).get(key), total)
-        if value is not None:
-            out[f"hca:{name}|aer_{key}"] = (value, name)
+def _hca(name: str, hca: dict, out: _Read) -> None:
+    aer = hca.get("aer")
+    if isinstance(aer, dict):
+        for key, total in AER_TOTALS.items():
+            out.add(f"hca:{name}", f"aer_{key}", aer_total(aer.get(key), total), name)
     for port, facts in (hca.get("ports") or {}).items():
         counters = facts.get("counters") if isinstance(facts, dict) else None
-        if not isinstance(counters, dict):
-            continue
-        device, label = f"ib:{name}:{port}", f"{name} port {port}"
-        for counter in PORT_COUNTERS:
-            value = _int(counters.get(counter))
-            if value is not None:
-                out[f"{device}|{counter}"] = (value, label)
+        if isinstance(counters, dict):
+            device, label = f"ib:{name}:{port}", f"{name} port {port}"
+            for counter in PORT_COUNTERS:
+                out.add(device, counter, counters.get(counter), label)
+    out.seen.append(f"hca:{name}")
 
 
-def readings(gpu: object, ib: object) -> tuple:
-    """({"<device>|<counter>": (value, label)}, [parent devices read]) from the raw `gpu` and
-    `ib` sections of a run (None: that source was not read)."""
-    out: dict = {}
-    seen: list = []
+def readings(gpu: object, ib: object) -> _Read:
+    """The counters read from the raw `gpu` and `ib` sections of a run (None: that source was
+    not read)."""
+    out = _Read()
     if isinstance(gpu, dict):
-        for dev in gpu.get("devices") or []:
+        for dev in gpu.get("devices") or ():
             if isinstance(dev, dict):
-                device = _gpu(dev, out)
-                if device:
-                    seen.append(device)
+                _gpu(dev, out)
     if isinstance(ib, dict):
         for name, hca in sorted((ib.get("devices") or {}).items()):
             if isinstance(hca, dict):
                 _hca(name, hca, out)
-                seen.append(f"hca:{name}")
-    return out, seen
+    return out
 
 
 def _parent(device: str) -> str:
@@ -163,13 +181,19 @@ def _parent(device: str) -> str:
     return device
 
 
-def changes(before: object, now: tuple, when: float) -> tuple:
-    """(rows to record, the baseline to keep) for readings `now` (readings()) at `when`.
+def changes(before: object, now: _Read, when: float) -> tuple:
+    """(rows to record, the baseline to keep) for the readings `now` (readings()) at `when`.
     Rows: {"device", "counter", "time", "value", "delta", "label"}."""
-    values, seen = now
     base = before if isinstance(before, dict) else {}
-    kept = dict(base.get("v") or {}) if isinstance(base.get("v"), dict) else {}
-    known = set(base.get("d") or ()) if isinstance(base.get("d"), list) else set()
+    kept = dict(base["v"]) if isinstance(base.get("v"), dict) else {}
+    known = set(base["d"]) if isinstance(base.get("d"), list) else set()
+    seen = set(now.seen)
+    values = dict(now.values)
+    for key, prev in kept.items():  # read as 0 now: a reset, unless it could not be read
+        device = key.partition("|")[0]
+        if key not in values and key not in now.missing and _parent(device) in seen:
+            if key.partition("|")[2] not in GAUGES and prev:
+                values[key] = (0, "")
     rows = []
     for key, (value, label) in values.items():
         device, _, counter = key.partition("|")
@@ -182,7 +206,7 @@ def changes(before: object, now: tuple, when: float) -> tuple:
         else:
             if not isinstance(prev, (int, float)):
                 prev = 0 if _parent(device) in known else None
-            if value == prev or (prev is None and value == 0):
+            if value == prev:
                 continue
             delta = None if prev is None else (value - prev if value > prev else value)
             if value:
@@ -196,7 +220,12 @@ def changes(before: object, now: tuple, when: float) -> tuple:
                 "time": when,
                 "value": value,
                 "delta": delta,
-                "label": label,
+                "label": label or _label(device),
             }
         )
-    return rows, {"v": kept, "d": sorted(known.union(seen))}
+    return rows, {"v": kept, "d": sorted(known | seen)}
+
+
+def _label(device: str) -> str:
+    """A device's name for a row read as 0 (its label went with its readings): the device."""
+    return device

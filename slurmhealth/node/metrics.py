@@ -20,7 +20,7 @@ import time
 from slurmhealth import __version__
 from slurmhealth.core.constants import DRAIN_OUTCOMES, PHASES
 from slurmhealth.core.result import FAIL, OK, STATUSES, WARN
-from slurmhealth.node import runner
+from slurmhealth.node import counters, runner
 
 VERDICTS = (OK, WARN, FAIL)
 XID_CLASSES = ("app", WARN, FAIL)
@@ -74,6 +74,11 @@ FAMILIES = {
         "counter",
         ("outcome",),
         "Drains a failing run asked for, by outcome (breaker: held back by the circuit breaker)",
+    ),
+    "slurmhealth_device_errors_total": (
+        "counter",
+        ("device", "counter"),
+        "Latest run's reading of a device's error counter, as the device counts it (non-zero only)",
     ),
 }
 PER_PHASE = (
@@ -230,6 +235,12 @@ def _state_set(name: str, labels: tuple, key: str, states: tuple, now: str) -> d
     return {(name, (*labels, (key, s))): float(s == now) for s in states}
 
 
+def _device(text: str) -> str:
+    """A device as node/counters.py names it (`gpu:0000:18:00.0`, `ib:mlx5_0:1`): the bus id
+    comes from NVML and the HCA name from sysfs, so only [a-z0-9:._-] is kept, 64 at most."""
+    return "".join(c for c in text.lower() if c.isascii() and (c.isalnum() or c in ":._-"))[:64]
+
+
 def run_samples(run: runner.Run, node: str) -> dict:
     """The latest run's own series: build info, checks, sources, its phase's verdict and times."""
     me = (("node", node),)
@@ -241,6 +252,11 @@ def run_samples(run: runner.Run, node: str) -> dict:
         labels = (*me, ("source", SOURCE_NAMES.get(source, source)))
         out[("slurmhealth_source_up", labels)] = float(got.status == "ok")
         out[("slurmhealth_source_duration_seconds", labels)] = round(got.seconds, 6)
+    for key, value in sorted(run.readings.items()):
+        device, _, counter = key.partition("|")
+        if counter not in counters.GAUGES and value > 0:
+            labels = (*me, ("device", _device(device)), ("counter", counter))
+            out[("slurmhealth_device_errors_total", labels)] = float(value)
     phase = (*me, ("phase", run.phase))
     out.update(_state_set("slurmhealth_run_verdict", phase, "verdict", VERDICTS, run.verdict))
     out[("slurmhealth_last_run_timestamp_seconds", phase)] = round(run.started, 3)

@@ -126,6 +126,7 @@ class Run:
         self.events: list = []  # what the areas' events_of() reported, to record
         self.resets: list = []  # GPU indexes a reset would mend (areas' resets_of())
         self.counters: list = []  # counter readings that changed (node/counters.py)
+        self.readings: dict = {}  # every counter read: {"<device>|<counter>": value}
         self.verdict = OK
         self.record_versions = True  # False: unchanged since recorded (VERSIONS_EVERY)
         self.hung = False
@@ -193,7 +194,7 @@ class Run:
             "results": results,
             "events": events,
             "baselines": self.baselines,
-            "counters": self.counters,
+            "counters": [dict(c, time=self.started) for c in self.counters],
         }
 
     def to_dict(self) -> dict:
@@ -319,6 +320,7 @@ def _counters(out: Run, before: object) -> None:
         return
     try:
         read = counters.readings(raw.get("gpu"), raw.get("ib"))
+        out.readings = {key: value for key, (value, _) in read.values.items()}
         out.counters, out.baselines["counters"] = counters.changes(before, read, out.started)
     except Exception:
         out.counters = []

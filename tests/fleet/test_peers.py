@@ -375,3 +375,19 @@ def test_slow_without_a_store_says_so_and_help_never_acts(tmp_path):
     shown = run_cli("slow", "--db", missing, "--help")
     assert shown.returncode == 0 and "Example:" in shown.stdout
     assert not os.path.exists(missing)
+
+
+def test_a_slow_node_is_a_lemon_warning_at_its_newest_diagnosis(tmp_path):
+    """fleet/signals.py: the lemon sweep counts a node slower than its peers as a warning."""
+    from slurmhealth.fleet import signals
+
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    now = 100 * 86400.0
+    for day in range(3):
+        for i in range(10):
+            busbw = 420.0 if i == 0 else 460.0 + i * 0.2
+            found = {"nccl": [outcome("node", {"busbw_gbps": busbw, "wrong": 0})]}
+            store.record_run(conn, diag_records(f"gpu{i:02d}", now - (day + 1) * 86400, found))
+    got = signals.signals(conn, now - 28 * 86400, now)
+    assert [w[:3] for w in got["gpu00"]["warnings"]] == [(now - 86400, "warn", 1.0)]
+    assert all(got[f"gpu{i:02d}"]["warnings"] == [] for i in range(1, 10))

@@ -135,3 +135,28 @@ def test_the_trends_command_reads_what_the_node_recorded(tmp_path):
     ]
     text = run_cli("trends", "--db", path, "--now", str(NOW))
     assert "gpu01: GPU 2 PCIe replays 13.7/h over 24 h, 164x its 7-day baseline" in text.stdout
+
+
+def test_a_rising_counter_is_a_lemon_warning_at_its_newest_episode(tmp_path):
+    """fleet/signals.py: the lemon sweep counts each rising counter as a warning episode."""
+    from slurmhealth.fleet import signals
+
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    rng = random.Random(3)
+    rows = episodes(
+        "gpu03", "gpu:0000:9b:00.0", "pcie_replay", 2, NOW - 8 * 86400, NOW - 86400, rng
+    )
+    rows += episodes("gpu03", "gpu:0000:9b:00.0", "pcie_replay", 40, NOW - 86400, NOW, rng)
+    value = 0.0
+    for node, device, counter, t, delta, label in rows:
+        value += delta
+        conn.execute(
+            "INSERT INTO counters (node, device, counter, time, value, delta, label) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (node, device, counter, t, value, delta, label),
+        )
+    conn.commit()
+    got = signals.signals(conn, NOW - 28 * 86400, NOW + 1)
+    assert got["gpu03"]["warnings"] == [(rows[-1][3], "warn", 1.0, None)]
+    before = signals.signals(conn, NOW - 28 * 86400, NOW - 2 * 86400)
+    assert before.get("gpu03", {}).get("warnings", []) == []

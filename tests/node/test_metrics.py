@@ -30,6 +30,7 @@ KMSG = os.path.join(FIXTURES, "kmsg")
 HOSTILE = 'gpu"01\\x\n} bad{="1"},\tü'
 NODE_EXPORTER = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
 LABEL_NAMES = {"node", "version", "check", "status", "source", "phase", "verdict", "xid", "class"}
+LABEL_NAMES |= {"device", "counter"}
 
 
 def a_run(phase="prolog", snapshot="healthy", kmsg="healthy.kmsg", node="gpu01"):
@@ -92,6 +93,27 @@ def test_a_run_writes_every_family_with_help_and_type(tmp_path):
     checks = {dict(k[1])["check"] for k in samples if k[0] == "slurmhealth_check_status"}
     assert checks == set(REGISTRY)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
+
+
+def test_device_error_counters_are_the_latest_readings_non_zero_only(tmp_path):
+    """slurmhealth_device_errors_total: each counter the run read, as the device counts it
+    (Prometheus' rate() takes a reset as a reset); zeros and gauges are not written."""
+    path = tmp_path / "m.prom"
+    run = a_run(snapshot="ecc-dbe")
+    run.readings["gpu:0000:18:00.0\n}{x=\"1\"|pcie_replay"] = 7  # a hostile device name
+    metrics.update(str(path), run, "gpu01")
+    samples = parsed(path)
+    errors = {
+        (dict(k[1])["device"], dict(k[1])["counter"]): v
+        for k, v in samples.items()
+        if k[0] == "slurmhealth_device_errors_total"
+    }
+    assert errors and all(v > 0 for v in errors.values())
+    want = {k: v for k, v in run.readings.items() if v > 0 and "|thermal" not in k}
+    assert len(errors) == len({k for k in want if not k.endswith(("pcie_gen", "pcie_width"))})
+    assert any(c == "ecc_dbe_volatile" for _, c in errors)
+    assert errors[("gpu:0000:18:00.0x1", "pcie_replay")] == 7
+    assert all(set(d) <= set("abcdefghijklmnopqrstuvwxyz0123456789:._-") for d, _ in errors)
 
 
 def test_check_status_is_a_state_set_one_status_per_check(tmp_path):

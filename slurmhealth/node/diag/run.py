@@ -31,6 +31,7 @@ class Diagnosis:
         self.phase, self.sources = PHASE, check.sources
         self.events: list = []
         self.baselines: dict = {}
+        self.readings = check.readings  # the quick checks' error counters
         self.results = [
             Result(_STATUS[p["status"]], _line(p), check=f"diag.{p['probe']}") for p in found
         ]
