@@ -3,12 +3,14 @@ SHELL := /bin/bash
 PYENV_ROOT ?= $(shell pyenv root 2>/dev/null || echo $(HOME)/.pyenv)
 PY311 ?= $(firstword $(wildcard $(PYENV_ROOT)/versions/3.11*/bin/python3) $(shell command -v python3.11 python3 2>/dev/null))
 PY39 ?= $(firstword $(wildcard $(PYENV_ROOT)/versions/3.9*/bin/python3) $(shell command -v python3.9 2>/dev/null))
+PY312 ?= $(firstword $(wildcard $(PYENV_ROOT)/versions/3.12*/bin/python3) $(shell command -v python3.12 2>/dev/null))
+PY313 ?= $(firstword $(wildcard $(PYENV_ROOT)/versions/3.13*/bin/python3) $(shell command -v python3.13 2>/dev/null))
 VENV := .venv
 VENV39 := .venv39
 VENVB := .venv-bench
 SOURCES := $(shell find slurmhealth -name '*.py' -o -name '*.html' -o -name '*.md')
 
-.PHONY: demo test test-fast test-py39 lint bench deps clean package
+.PHONY: demo test test-fast test-py39 test-py312 test-py313 sdist lint bench deps clean package man completion
 
 deps:
 	@bash scripts/install-deps
@@ -32,7 +34,7 @@ lint: $(VENV)/.installed
 
 test: $(VENV)/.installed lint
 	$(VENV)/bin/python -m pytest
-	@$(MAKE) --no-print-directory test-py39
+	@$(MAKE) --no-print-directory test-py39 test-py312 test-py313
 
 # The edit-test loop: everything but the tests marked `real` (a real Slurm, MariaDB, Chromium,
 # tmpfs, package builds) or `slow`; under 2 minutes on 2 cores. `make test` and CI run them all.
@@ -42,6 +44,20 @@ test-fast: $(VENV)/.installed lint
 test-py39:
 	@if [ -z "$(PY39)" ] && [ -z "$$CI" ]; then echo "SKIP Python 3.9: not installed"; exit 0; fi; \
 	$(MAKE) --no-print-directory $(VENV39)/.installed && $(VENV39)/bin/python -m pytest -q -p no:cacheprovider
+
+# The fast subset on the newer Pythons setup.cfg names (3.11 and 3.9 run everything above): a venv
+# each, .venv312 and .venv313. A Python that is not installed is skipped, except under CI.
+.venv3%/.installed: setup.cfg pyproject.toml
+	@if [ -z "$(PY3$*)" ]; then echo "Python 3.$* not found (pyenv install 3.$* or set PY3$*=...)"; exit 1; fi
+	$(PY3$*) -m venv .venv3$*
+	.venv3$*/bin/pip install -q --upgrade pip
+	.venv3$*/bin/pip install -q -e '.[test]'
+	touch $@
+
+test-py312 test-py313: test-py3%:
+	@if [ -z "$(PY3$*)" ] && [ -z "$$CI" ]; then echo "SKIP Python 3.$*: not installed"; exit 0; fi; \
+	$(MAKE) --no-print-directory .venv3$*/.installed && \
+	.venv3$*/bin/python -m pytest -q -m "not real and not slow" -p no:cacheprovider
 
 demo: $(VENV)/.installed
 	@bash scripts/demo
@@ -63,9 +79,25 @@ bench: $(VENVB)/.installed
 	$(VENVB)/bin/python bench/bench_hook.py
 	$(VENVB)/bin/python bench/bench_faults.py
 	$(VENVB)/bin/python bench/bench_fleet.py
+	$(VENVB)/bin/python bench/bench_scale.py
 	$(VENVB)/bin/python bench/bench_report.py
 	$(VENVB)/bin/python bench/validate_lemons.py
 	$(VENVB)/bin/python bench/validate_slow.py
+	$(VENVB)/bin/python bench/validate_trends.py --seeds 2
+
+# Man pages (slurmhealth.1 and one per command) from the commands' own help, into build/man; the
+# packages install them from there. Completion files are kept in packaging/completion/ and a test
+# fails when they no longer match the commands: `make completion` writes them again.
+man: $(VENV)/.installed
+	$(VENV)/bin/python scripts/cli-docs man build/man
+
+completion: $(VENV)/.installed
+	$(VENV)/bin/python scripts/cli-docs completion packaging/completion
+
+# The source release the README's pip install names: dist/slurmhealth-X.Y.Z.tar.gz (MANIFEST.in
+# says what it holds; it is also the RPM spec's Source0).
+sdist: $(VENV)/.installed
+	$(VENV)/bin/python -m build --sdist --outdir dist .
 
 # The .deb and the .rpm, built offline from a copy of the tree (docs/packaging.md).
 package:
@@ -73,4 +105,4 @@ package:
 	bash packaging/build-packages dist
 
 clean:
-	rm -rf $(VENV) $(VENV39) $(VENVB) build dist *.egg-info demo-out
+	rm -rf $(VENV) $(VENV39) .venv312 .venv313 $(VENVB) build dist *.egg-info demo-out

@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import sys
+import time
 from collections.abc import Iterator
 
 import click
@@ -76,7 +77,7 @@ class _Group(click.Group):
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="slurmhealth")
+@click.version_option(__version__, "-V", "--version", prog_name="slurmhealth")
 def cli() -> None:
     """GPU node health for Slurm: checks, history, lemon detection.
 
@@ -147,15 +148,23 @@ def config_group() -> None:
 
 
 @config_group.command()
+@click.argument("file", required=False)
 @click.option("--config", "path", default=None, help="file [$SLURMHEALTH_CONFIG or default]")
-def validate(path: str | None) -> None:
-    """Check the config file; print each problem as FILE:LINE: message; exit 2 on any.
+def validate(file: str | None, path: str | None) -> None:
+    """Check a config file (FILE, --config, $SLURMHEALTH_CONFIG or the default); print each
+    problem as one line, FILE:LINE: message; exit 2 on any.
 
     \b
     Example:
-        slurmhealth config validate --config /etc/slurmhealth/slurmhealth.toml
+        slurmhealth config validate /etc/slurmhealth/slurmhealth.toml
     """
-    resolved = config.resolve_path(path)
+    if file and path and file != path:
+        raise click.UsageError("name the file once: FILE or --config")
+    try:
+        resolved = config.resolve_path(file or path)
+    except config.ConfigError as exc:  # not trusted: one line, as every other problem
+        click.echo(str(exc), err=True)
+        sys.exit(2)
     if resolved is None:
         click.echo("no config file: built-in defaults apply")
         return
@@ -265,6 +274,15 @@ def _duration(text: str) -> float:
         raise click.BadParameter(str(exc)) from None
 
 
+def _start(text: str, end: float) -> float:
+    """--since / --older-than: a duration back from `end` (7d, 1d12h) or a time (2024-01-01,
+    now-7d)."""
+    try:
+        return timespec.parse_start(text, end)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 def _when(epoch: object) -> str:
     """A stored time as ISO 8601 UTC; a stored value that is no time, as cleaned text."""
     try:
@@ -278,6 +296,9 @@ def _order(value: object) -> float:
     return float(value) if isinstance(value, (int, float)) else float("-inf")
 
 
+HISTORY_COUNTERS = 5  # counter increases shown per run in `history` (all in --json)
+
+
 def _history_text(runs: list, actions: list) -> str:
     """Every stored string is untrusted (imported exports, copied stores): cleaned here."""
     lines = [f"{'TIME':<20}  {'NODE':<10}  {'PHASE':<11}  {'JOB':<8}  {'VERDICT':<7}  PROBLEMS"]
@@ -286,6 +307,14 @@ def _history_text(runs: list, actions: list) -> str:
             f"{clean(p['check'])} {clean(p['status'])}: {clean(p['message'])}"
             for p in run["problems"]
         )
+        rising = [c for c in run.get("counters") or () if isinstance(c.get("delta"), (int, float))]
+        if rising:
+            problems += ("; " if problems else "") + "counters: " + ", ".join(
+                f"{clean(c['device'], 40)} {clean(c['counter'], 40)} +{c['delta']:g}"
+                for c in rising[:HISTORY_COUNTERS]
+            )
+            if len(rising) > HISTORY_COUNTERS:
+                problems += f" (+{len(rising) - HISTORY_COUNTERS} more)"
         lines.append(
             f"{_when(run['started']):<20}  {clean(run['node']):<10}  {clean(run['phase']):<11}  "
             f"{clean(run['job'] or '-'):<8}  {clean(run['verdict']):<7}  {problems}"
@@ -304,11 +333,17 @@ def _history_text(runs: list, actions: list) -> str:
 @cli.command(name="history")
 @click.option("--node", default=None, help="only this node (and its store)")
 @click.option("--job", default=None, help="only runs of this job")
-@click.option("--since", default="7d", show_default=True, help="how far back, e.g. 24h, 28d")
+@click.option(
+    "--since",
+    default="7d",
+    show_default=True,
+    help="how far back (24h, 1d12h) or since when (2024-01-01, now-7d)",
+)
 @click.option("--now", default=None, help="replay: the time to count back from")
 @click.option("--limit", default=200, show_default=True, help="at most this many runs")
 @click.option("--db", default=None, help="a store file [$SLURMHEALTH_DB or the state dir]")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
+@click.option("-q", "--quiet", is_flag=True, help="only runs that did not pass, drains and resumes")
 def history_cmd(
     node: str | None,
     job: str | None,
@@ -317,6 +352,7 @@ def history_cmd(
     limit: int,
     db: str | None,
     as_json: bool,
+    quiet: bool,
 ) -> None:
     """Show recorded runs (prolog, epilog, health check, check), drains and resumes.
 
@@ -324,11 +360,11 @@ def history_cmd(
     Example:
         slurmhealth history --node gpu07 --since 24h
     """
-    start = _instant(now) - _duration(since)
+    start = _start(since, _instant(now))
     runs, actions, jobs = [], [], []
     for path in history.store_paths(db, node):
         try:
-            found = history.read(_open(path), node, job, start, limit)  # type: ignore[arg-type]
+            found = history.read(_open(path), node, job, start, limit, quiet)  # type: ignore[arg-type]
         except store.StoreError as exc:
             raise click.ClickException(f"{path}: {exc}") from None
         runs, actions, jobs = runs + found[0], actions + found[1], jobs + found[2]
@@ -338,7 +374,9 @@ def history_cmd(
         doc = {"runs": runs[:limit], "actions": actions, "jobs": jobs}
         click.echo(json.dumps(doc, indent=1, ensure_ascii=True, default=str))
     else:
-        click.echo(_history_text(runs[:limit], [] if job else actions))
+        shown = [] if job else actions
+        if runs or shown or not quiet:  # quiet, and nothing went wrong: nothing to say
+            click.echo(_history_text(runs[:limit], shown))
 
 
 @cli.command()
@@ -361,7 +399,7 @@ def prune(older: str, dry_run: bool, node: str | None, db: str | None, now: str 
         slurmhealth prune --older-than 90d --dry-run
         slurmhealth prune --older-than 90d
     """
-    before = _instant(now) - _duration(older)
+    before = _start(older, _instant(now))
     for path in history.store_paths(db, node):
         try:
             counts = store.prune(_open(path), before, dry_run)  # type: ignore[arg-type]
@@ -399,7 +437,7 @@ def _progress(length: int, label: str) -> Iterator:
 
 
 def _since(since: str | None, now: str | None) -> float | None:
-    return None if since is None else _instant(now) - _duration(since)
+    return None if since is None else _start(since, _instant(now))
 
 
 def _added(counts: dict) -> str:
@@ -417,30 +455,48 @@ fleet_db_option = click.option(
 @click.option("--db", default=None, help="the store [$SLURMHEALTH_DB or this node's store]")
 @click.option("--since", default=None, help="only records newer than this, e.g. 7d [all]")
 @click.option("--now", default=None, help="replay: the time to count back from")
+@click.option(
+    "--incremental",
+    is_flag=True,
+    help="only what is new since the last export to FILE (with an overlap; never before --since)",
+)
 @output_option
-def export_cmd(db: str | None, since: str | None, now: str | None, output: str) -> None:
+def export_cmd(
+    db: str | None, since: str | None, now: str | None, incremental: bool, output: str
+) -> None:
     """Write the store's records as NDJSON with stable ids (format: docs/fleet.md).
 
     A file is written as a private (0600) temporary file beside it and renamed when complete,
     so `collect` never reads half an export; a symlink at FILE is refused. Baselines and cached
-    config stay on the node.
+    config stay on the node. --incremental (the spool, every 5 minutes): what is new since the
+    previous export to FILE, or since where that one started while it is still there unread.
 
     \b
     Example:
         slurmhealth export --since 7d -o /shared/slurmhealth/spool/gpu07.ndjson
+        slurmhealth export --incremental --since 2d -o /shared/slurmhealth/spool/gpu07.ndjson
     """
     conn = _open(db or store.default_path(agent.node_name()))
     start = _since(since, now)
+    if incremental and output == "-":
+        raise click.UsageError("--incremental needs -o FILE")
     if output == "-":
         sync.export(conn, click.get_text_stream("stdout"), start)  # type: ignore[arg-type]
         return
+    mark = time.time()  # before the snapshot: what commits later is in the next export
     try:
+        if incremental:
+            start = sync.incremental_since(conn, output, start)  # type: ignore[arg-type]
         with files.open_private(output) as out:
             total = sync.count_records(conn, start)  # type: ignore[arg-type]
             with _progress(total, "export") as tick:
                 counts = sync.export(conn, out, start, tick)  # type: ignore[arg-type]
+        if incremental:
+            sync.exported(conn, output, start, mark)  # type: ignore[arg-type]
     except OSError as exc:
         raise click.ClickException(f"{output}: {exc.strerror or exc}") from None
+    except store.StoreError as exc:
+        raise click.ClickException(f"{output}: {exc}") from None
     click.echo(f"{output}: {sum(counts.values()):,} records ({_added(counts)})")
 
 
@@ -513,6 +569,15 @@ def _report_bad(name: str, report: dict) -> None:
     help="also trust files owned by USER (nodes writing as nobody over root-squashed NFS) "
     "[$SLURMHEALTH_SPOOL_OWNER; default: root's files only]",
 )
+@click.option(
+    "--consume", is_flag=True, help="remove each NDJSON spool file once merged (the 5-minute cycle)"
+)
+@click.option("--full", is_flag=True, help="ignore watermarks: read all of --since again")
+@click.option(
+    "--rollup-after",
+    default=None,
+    help="count passing runs older than this per node-hour (e.g. 2d) [keep every run]",
+)
 def collect_cmd(
     directory: str,
     db: str | None,
@@ -521,6 +586,9 @@ def collect_cmd(
     use_sacct: bool,
     slurm_bin: str,
     spool_owners: tuple,
+    consume: bool,
+    full: bool,
+    rollup_after: str | None,
 ) -> None:
     """Merge node stores (copied *.db files) and NDJSON spools (*.ndjson) into the fleet store.
 
@@ -529,11 +597,14 @@ def collect_cmd(
     writable by group or others (docs/fleet.md). --sacct adds what Slurm accounting knows of
     each job (final state, NODE_FAIL: a job whose node died before its epilog still counts) and
     of nodes going down, draining or failing (which node of a NODE_FAIL job failed). Collecting
-    again adds nothing.
+    again adds nothing. Incremental: each file, and accounting, is read from where the last
+    collect left it (less an overlap), never before --since; --full reads all of --since.
+    --rollup-after keeps the fleet store small (docs/fleet.md).
 
     \b
     Example:
         slurmhealth collect /shared/slurmhealth/spool --sacct --since 2d
+        slurmhealth collect /shared/slurmhealth/spool --sacct --consume --rollup-after 2d
     """
     import pwd  # noqa: PLC0415
 
@@ -545,23 +616,40 @@ def collect_cmd(
             raise click.BadParameter(f"no user {name}", param_hint="--spool-owner") from None
     conn = _open_fleet(db)
     end = _instant(now)
-    start = end - _duration(since)
+    start = _start(since, end)
     try:
         paths = sync.collect_paths(directory)
         with _progress(len(paths), "collect") as tick:
-            report = sync.collect(conn, directory, start, tick, owners)  # type: ignore[arg-type]
+            report = sync.collect(conn, directory, start, tick, owners, consume, full)  # type: ignore[arg-type]
     except sync.FleetError as exc:
         raise click.ClickException(str(exc)) from None
     for path, why in report["skipped"]:
         click.echo(f"{clean(path, 300)}: skipped: {clean(why)}", err=True)
+    for path, why in report["kept"]:
+        click.echo(f"{clean(path, 300)}: kept: {clean(why)}", err=True)
     for path, result in report["imports"]:
         _report_bad(path, result)
     merged, skipped = len(report["merged"]), len(report["skipped"])
-    click.echo(f"{merged} files merged, {skipped} skipped: {_added(report['added'])} added")
+    unchanged = f", {len(report['unchanged'])} unchanged" if report["unchanged"] else ""
+    click.echo(
+        f"{merged} files merged, {skipped} skipped{unchanged}: {_added(report['added'])} added"
+    )
+    if rollup_after is not None:
+        _rollup(conn, _start(rollup_after, end))
     if use_sacct:
-        _collect_sacct(conn, start, end, slurm_bin)
+        _collect_sacct(conn, sync.accounting_start(conn, "sacct", start, full), end, slurm_bin)
         # After the jobs are committed: a sacctmgr that fails then loses none of them.
-        _collect_events(conn, start, end, slurm_bin)
+        events_start = sync.accounting_start(conn, "sacctmgr", start, full)
+        _collect_events(conn, events_start, end, slurm_bin)
+
+
+def _rollup(conn: object, before: float) -> None:
+    try:
+        done = sync.rollup(conn, before)  # type: ignore[arg-type]
+    except store.StoreError as exc:
+        raise click.ClickException(f"rollup: {exc}") from None
+    if done["runs"]:
+        click.echo(f"rollup: {done['runs']:,} passing runs counted in {done['hours']:,} node-hours")
 
 
 def _collect_sacct(conn: object, start: float, end: float, slurm_bin: str) -> None:
@@ -595,6 +683,7 @@ def _merge_accounting(tool: str, fetch: object, ingest: object, conn: object, sp
         raise click.ClickException(f"{exc} ({what} from accounting not merged)") from None
     try:
         result = ingest(conn, text, utc=True)  # type: ignore[operator]
+        sync.accounted(conn, tool, span[1])  # type: ignore[arg-type]
     except sync.FleetError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"{tool}: {result[key]:,} {unit} added or updated")
@@ -970,7 +1059,8 @@ def report_cmd(
     try:
         nodes = build.live_nodes(slurm_bin) if use_sinfo else None
         with _progress(build.STEPS if queries.large_store(conn) else 0, "report") as tick:  # type: ignore[arg-type]
-            doc = build.build(conn, _instant(now), _duration(since), nodes, tick)  # type: ignore[arg-type]
+            end = _instant(now)
+            doc = build.build(conn, end, end - _start(since, end), nodes, tick)  # type: ignore[arg-type]
         text = render.render(doc, fmt)
     except build.ReportError as exc:
         raise click.ClickException(str(exc)) from None
@@ -1039,7 +1129,7 @@ def publish_cmd(db: str | None, since: str, now: str | None, slurm_bin: str, pub
     from slurmhealth.fleet import jobs  # noqa: PLC0415
 
     end = _instant(now)
-    start = end - _duration(since)
+    start = _start(since, end)
     conn = _open(_fleet_path(db))
     client = slurm.Slurm(slurm_bin, timeout=30.0)
     try:

@@ -7,13 +7,16 @@ test that needs them, except under SLURMHEALTH_REQUIRE_REAL=1 (CI), where they f
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import glob
 import io
 import os
 import pwd
 import re
 import shlex
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tarfile
@@ -209,7 +212,7 @@ def test_periodic_missing_binary_says_so(periodic_env):
 def test_periodic_dry_run_runs_nothing(periodic_env):
     _node_with_one_run(periodic_env)
     (export,) = _dry_run(periodic_env, "export")
-    assert export[1:4] == ["export", "--since", "2d"]
+    assert export[1:5] == ["export", "--incremental", "--since", "2d"]
     assert os.listdir(periodic_env["SLURMHEALTH_SPOOL"]) == []
     assert os.listdir(periodic_env["SLURMHEALTH_STATE_DIR"]) == [], "not even a lock"
 
@@ -703,11 +706,21 @@ def _extracted_rpm(packages, tmp_path) -> str:
     return root
 
 
-def _packaged_run(root: str, sitelib: str, *args: str) -> subprocess.CompletedProcess:
-    """The packaged /usr/bin/slurmhealth and package, on this interpreter (it has click)."""
-    env = dict(os.environ, PYTHONPATH=root + sitelib)
+def _interpreter(root: str, sitelib: str, el9: dict | None = None) -> tuple:
+    """(argv, env) of a Python that sees the packaged package: this interpreter (it has click),
+    or with `el9` Python 3.9 with -S (no site-packages of its own) and EL9's libraries."""
+    if el9 is None:
+        return [sys.executable], dict(os.environ, PYTHONPATH=root + sitelib)
+    return [el9["python"], "-S"], dict(os.environ, PYTHONPATH=f"{root}{sitelib}:{el9['site']}")
+
+
+def _packaged_run(
+    root: str, sitelib: str, *args: str, el9: dict | None = None
+) -> subprocess.CompletedProcess:
+    """The packaged /usr/bin/slurmhealth and package."""
+    argv, env = _interpreter(root, sitelib, el9)
     return subprocess.run(
-        [sys.executable, root + "/usr/bin/slurmhealth", *args],
+        [*argv, root + "/usr/bin/slurmhealth", *args],
         env=env,
         capture_output=True,
         text=True,
@@ -716,18 +729,20 @@ def _packaged_run(root: str, sitelib: str, *args: str) -> subprocess.CompletedPr
     )
 
 
-def _report_from_packaged_code(root: str, sitelib: str, tmp_path) -> None:
-    where = _packaged_run(root, sitelib, "--version")
+def _report_from_packaged_code(root: str, sitelib: str, tmp_path, el9: dict | None = None) -> None:
+    where = _packaged_run(root, sitelib, "--version", el9=el9)
     assert where.returncode == 0 and __version__ in where.stdout, where.stderr
     spool = tmp_path / "spool"
     spool.mkdir(exist_ok=True)
     fleet = str(tmp_path / "fleet.db")
-    assert _packaged_run(root, sitelib, "collect", str(spool), "--db", fleet).returncode == 0
-    done = _packaged_run(root, sitelib, "report", "--db", fleet, "--format", "html")
+    done = _packaged_run(root, sitelib, "collect", str(spool), "--db", fleet, el9=el9)
+    assert done.returncode == 0, done.stderr
+    done = _packaged_run(root, sitelib, "report", "--db", fleet, "--format", "html", el9=el9)
     assert done.returncode == 0 and "<html" in done.stdout.lower(), done.stderr
+    argv, env = _interpreter(root, sitelib, el9)
     probe = subprocess.run(
-        [sys.executable, "-c", "import slurmhealth.report.build as r; print(r.__file__)"],
-        env=dict(os.environ, PYTHONPATH=root + sitelib),
+        [*argv, "-c", "import slurmhealth.report.build as r; print(r.__file__)"],
+        env=env,
         capture_output=True,
         text=True,
         cwd=root,
@@ -748,8 +763,8 @@ def test_rpm_carries_the_package_hooks_units_cron_and_docs(packages):
     listing = _rpm_query(packages, "--qf", "[%{FILEMODES:perms} %{FILENAMES}\n]")
     modes = {line.split()[1]: line.split()[0] for line in listing}
     (init,) = [p for p in modes if p.endswith("/site-packages/slurmhealth/__init__.py")]
-    sitelib = init.rsplit("/slurmhealth/", 1)[0]
-    expected = _common_paths(sitelib, "/usr/lib/systemd/system", "/usr/share/doc/slurmhealth")
+    assert init == f"{EL9_SITELIB}/slurmhealth/__init__.py", "EL9's python3 reads only its own"
+    expected = _common_paths(EL9_SITELIB, "/usr/lib/systemd/system", "/usr/share/doc/slurmhealth")
     assert expected - set(modes) == set()
     assert modes["/var/lib/slurmhealth"] == "drwx------"
     assert modes[f"{LIBEXEC}/slurmhealth-hook"] == "-rwxr-xr-x"
@@ -759,25 +774,78 @@ def test_rpm_carries_the_package_hooks_units_cron_and_docs(packages):
 
 def test_rpm_requires_python_click_jinja2_and_not_nvml(packages):
     requires = set(_rpm_query(packages, "--requires"))
-    assert {"python3 >= 3.9", "python3-click", "python3-jinja2"} <= requires
+    # python(abi) comes from rpm's generator reading the path: EL9's python3 provides 3.9.
+    el9 = {"python(abi) = 3.9", "python3 >= 3.9", "python3-click >= 7.1", "python3-jinja2 >= 2.11"}
+    assert el9 <= requires, requires
+    assert not [r for r in requires if r.startswith("python(abi)") and r not in el9], requires
     assert not [r for r in requires if "nvidia" in r or "dist(" in r], requires
     assert "python3dist(nvidia-ml-py)" in _rpm_query(packages, "--suggests")
     version = _rpm_query(packages, "--qf", "%{VERSION}")
     assert version == [__version__]
 
 
-def test_rpm_payload_runs_and_renders_a_report(packages, tmp_path):
+def test_rpm_payload_runs_and_renders_a_report_on_el9s_python_click_and_jinja2(
+    packages, el9, tmp_path
+):
     root = _extracted_rpm(packages, tmp_path)
-    (init,) = [
-        os.path.join(d, f)
-        for d, _, fs in os.walk(root)
-        for f in fs
-        if f == "__init__.py" and d.endswith("site-packages/slurmhealth")
-    ]
-    sitelib = os.path.dirname(os.path.dirname(init))[len(root) :]
     with open(root + "/usr/bin/slurmhealth") as handle:
+        assert handle.readline() == "#!/usr/bin/python3 -s\n", "EL9's python3, no user site"
         assert "from slurmhealth.__main__ import main" in handle.read()
-    _report_from_packaged_code(root, sitelib, tmp_path)
+    argv, env = _interpreter(root, EL9_SITELIB, el9)
+    probe = "import sys, click, jinja2, markupsafe as m; print(sys.version[:3], click.__version__,"
+    probe += " jinja2.__version__, m.__version__)"
+    done = subprocess.run([*argv, "-c", probe], env=env, capture_output=True, text=True)
+    assert done.stdout.split() == ["3.9", "7.1.2", "2.11.3", "1.1.1"], done.stdout + done.stderr
+    usage = _packaged_run(root, EL9_SITELIB, "--help", el9=el9)
+    assert usage.returncode == 0 and "history" in usage.stdout, usage.stderr
+    healthy = snapshot_path("healthy")
+    done = _packaged_run(root, EL9_SITELIB, "check", "--no-db", "--gpu-source", healthy, el9=el9)
+    assert done.returncode == 0 and re.search(r"^node \S+: ok", done.stdout, re.M), done.stdout
+    lost = snapshot_path("gpu-lost")
+    done = _packaged_run(root, EL9_SITELIB, "check", "--no-db", "--gpu-source", lost, el9=el9)
+    assert done.returncode == 1 and "GPU 3 GpuIsLost" in done.stdout, done.stdout + done.stderr
+    _report_from_packaged_code(root, EL9_SITELIB, tmp_path, el9)
+
+
+def test_rpm_hook_runs_a_prolog_on_el9s_python(packages, el9, tmp_path):
+    """The packaged hook, as slurmd runs it, starts the packaged command on EL9's Python 3.9
+    (SLURMHEALTH_BIN: a two-line stand-in for /usr/bin/slurmhealth whose interpreter is that
+    Python instead of this host's python3), which reads its TOML config with EL9's tomli."""
+    root = _extracted_rpm(packages, tmp_path)
+    argv, env = _interpreter(root, EL9_SITELIB, el9)
+    launcher = tmp_path / "slurmhealth"
+    command = shlex.join([*argv, root + "/usr/bin/slurmhealth"])
+    pythonpath = shlex.quote(env["PYTHONPATH"])
+    launcher.write_text(f'#!/bin/sh\nPYTHONPATH={pythonpath} exec {command} "$@"\n')
+    launcher.chmod(0o755)
+    done = _prolog(root, tmp_path, {"SLURMHEALTH_BIN": str(launcher)})
+    assert (done.returncode, done.stderr) == (0, "")
+    assert _runs(str(tmp_path / "state" / "gpu07.db")) == [("gpu07", "1", "prolog", "ok")]
+
+
+def _prolog(root: str, where, env: dict) -> subprocess.CompletedProcess:
+    """ROOT's hook as slurmd runs a prolog (no PATH), its config and store in `where`."""
+    (where / "state").mkdir()
+    config_file = where / "slurmhealth.toml"
+    config_file.write_text(f'[settings]\ngpu_source = "{snapshot_path("healthy")}"\n')
+    env = {
+        "SLURM_SCRIPT_CONTEXT": "prolog_slurmd",
+        "SLURM_CONF": str(where / "slurm" / "slurm.conf"),
+        "SLURMD_NODENAME": "gpu07",
+        "SLURM_JOB_ID": "1",
+        "SLURMHEALTH_CONFIG": str(config_file),
+        "SLURMHEALTH_STATE_DIR": str(where / "state"),
+        **env,
+    }
+    hook_path = root + f"{LIBEXEC}/slurmhealth-hook"
+    return subprocess.run(
+        ["/bin/sh", hook_path], env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def _runs(path: str) -> list:
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        return conn.execute("SELECT node, job_id, phase, verdict FROM runs").fetchall()
 
 
 def test_periodic_collect_publishes_unless_switched_off(periodic_env):
@@ -785,3 +853,274 @@ def test_periodic_collect_publishes_unless_switched_off(periodic_env):
     assert commands == ["collect", "publish"]
     off = dict(periodic_env, SLURMHEALTH_PUBLISH="no")
     assert [argv[1] for argv in _dry_run(off, "collect")] == ["collect"]
+
+
+# -- the packages on their targets: EL9's Python, a fresh Debian 12 root -------------------------
+
+# What RHEL/Rocky 9 ship (AppStream: python3-click, python3-jinja2, python3-markupsafe; CRB:
+# python3-tomli): the RPM's code runs on exactly these, under Python 3.9. MarkupSafe stays at 1.1:
+# jinja2 2.11 imports soft_unicode, which MarkupSafe 2.1 removed.
+EL9_LIBRARIES = ("click==7.1.2", "jinja2==2.11.3", "markupsafe==1.1.1", "tomli==1.2.3")
+EL9_SITELIB = "/usr/lib/python3.9/site-packages"
+
+
+def _python39() -> str:
+    """Python 3.9 where the Makefile finds it: $PY39, pyenv's 3.9, or python3.9 on PATH."""
+    pyenv = os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
+    found = [os.environ.get("PY39", "")]
+    found += sorted(glob.glob(os.path.join(pyenv, "versions", "3.9*", "bin", "python3")))
+    found.append(shutil.which("python3.9") or "")
+    for path in found:
+        if path and os.access(path, os.X_OK):
+            return path
+    require_real("Python 3.9 not found (pyenv install 3.9, or PY39=...)")
+    return ""
+
+
+@pytest.fixture(scope="module")
+def el9(tmp_path_factory) -> dict:
+    """Python 3.9 and EL9's libraries in a scratch target (pip, from the package index),
+    once per session; the run helpers start it with -S, so it sees nothing else."""
+    python = _python39()
+    site = str(tmp_path_factory.mktemp("el9-site"))
+    pip = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps"]
+    done = subprocess.run(
+        [*pip, "--target", site, *EL9_LIBRARIES], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {"python": python, "site": site}
+
+
+def _host_sources() -> list:
+    """The host's Debian sources when the host is Debian 12 (its mirror or proxy, as apt uses
+    it); otherwise none, and mmdebstrap takes Debian's default mirror."""
+    try:
+        with open("/etc/os-release", encoding="utf-8") as handle:
+            codename = re.search(r"^VERSION_CODENAME=(\S+)", handle.read(), re.M)
+    except OSError:
+        codename = None
+    if not codename or codename.group(1) != "bookworm":
+        return []
+    candidates = ("/etc/apt/sources.list.d/debian.sources", "/etc/apt/sources.list")
+    found = []
+    for path in candidates:
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as handle:
+                if re.search(r"^(deb |URIs:)", handle.read(), re.M):
+                    found.append(path)
+    return found
+
+
+@pytest.fixture(scope="module")
+def debian_root(packages, tmp_path_factory) -> str:
+    """A fresh Debian 12 root (mmdebstrap --variant=apt) in which apt installs the built .deb
+    and pulls its Depends from Debian's archive, as `apt install ./slurmhealth_*.deb` does on a
+    node. Built once per session (20-40 s, most of it downloads)."""
+    if os.geteuid() != 0:
+        require_real("needs root (mmdebstrap's root mode, chroot)")
+    _need("mmdebstrap", "chroot")
+    root = str(tmp_path_factory.mktemp("debian") / "root")
+    done = subprocess.run(
+        [
+            "mmdebstrap",
+            "--variant=apt",
+            "--quiet",
+            # dpkg without fsync (halves the build; removed again at the end).
+            "--hook-dir=/usr/share/mmdebstrap/hooks/eatmydata",
+            # Makes the .deb given to --include visible inside the root while apt installs it.
+            "--hook-dir=/usr/share/mmdebstrap/hooks/file-mirror-automount",
+            f"--include={packages['deb']}",
+            "bookworm",
+            root,
+            *_host_sources(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return root
+
+
+CHROOT = shutil.which("chroot") or "/usr/sbin/chroot"  # found here: a hook's env has no PATH
+
+
+def _in_root(root: str, *argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = env if env is not None else {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    return subprocess.run(
+        [CHROOT, root, *argv], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_deb_installs_into_a_fresh_debian_root_and_checks_a_node_there(debian_root):
+    status = _in_root(debian_root, "dpkg-query", "-W", "-f=${Status} ${Version}", "slurmhealth")
+    assert status.stdout == f"install ok installed {__version__}-1", status.stderr
+    probe = (
+        "import sys, click, jinja2; print(sys.version[:4], click.__version__, jinja2.__version__)"
+    )
+    done = _in_root(debian_root, "/usr/bin/python3", "-c", probe)
+    assert done.stdout.split()[0] == "3.11", "Debian 12's own python3, click and jinja2"
+    work = os.path.join(debian_root, "srv")
+    for name in ("healthy", "gpu-lost"):
+        shutil.copy(snapshot_path(name), os.path.join(work, f"{name}.json"))
+    usage = _in_root(debian_root, "/usr/bin/slurmhealth", "--help")
+    assert usage.returncode == 0 and "history" in usage.stdout, usage.stderr
+    done = _in_root(
+        debian_root, "slurmhealth", "check", "--no-db", "--gpu-source", "/srv/healthy.json"
+    )
+    assert done.returncode == 0 and re.search(r"^node \S+: ok", done.stdout, re.M), done.stdout
+    done = _in_root(
+        debian_root, "slurmhealth", "check", "--no-db", "--gpu-source", "/srv/gpu-lost.json"
+    )
+    assert done.returncode == 1 and "GPU 3 GpuIsLost" in done.stdout, done.stdout + done.stderr
+
+
+def test_deb_hook_runs_a_prolog_in_a_fresh_debian_root(debian_root):
+    """The installed hook, as slurmd runs it (no PATH), with the packaged defaults: the config in
+    /etc/slurmhealth and the store in the postinst's /var/lib/slurmhealth."""
+    shutil.copy(snapshot_path("healthy"), os.path.join(debian_root, "srv", "prolog.json"))
+    etc = os.path.join(debian_root, "etc", "slurmhealth")
+    with open(os.path.join(etc, "slurmhealth.toml"), "w") as handle:
+        handle.write('[settings]\ngpu_source = "/srv/prolog.json"\n')
+    state = os.path.join(debian_root, "var", "lib", "slurmhealth")
+    assert oct(os.stat(state).st_mode & 0o777) == "0o700", "the postinst's root-only state dir"
+    env = {"SLURM_SCRIPT_CONTEXT": "prolog_slurmd", "SLURMD_NODENAME": "gpu07", "SLURM_JOB_ID": "1"}
+    done = _in_root(debian_root, "/bin/sh", f"{LIBEXEC}/slurmhealth-hook", env=env)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert _runs(os.path.join(state, "gpu07.db")) == [("gpu07", "1", "prolog", "ok")]
+
+
+# -- man pages, completion, license and maintainer ----------------------------------------------
+
+
+def _man_pages() -> set:
+    """slurmhealth.1 and a page per command: the click commands, `check` and the hooks."""
+    names = {"slurmhealth", "slurmhealth-check", "slurmhealth-prolog", "slurmhealth-epilog"}
+    return {f"{n}.1" for n in names | {f"slurmhealth-{c}" for c in cli.commands}}
+
+
+def test_packages_carry_man_pages_completion_and_the_license(packages):
+    listing = _run("dpkg-deb", "-c", packages["deb"]).splitlines()
+    deb = {line.split()[5].lstrip(".") for line in listing}
+    rpm = set(_rpm_query(packages, "-l"))
+    for paths in (deb, rpm):
+        man1 = "/usr/share/man/man1/"
+        pages = {p[len(man1) :].removesuffix(".gz") for p in paths if p.startswith(man1)}
+        assert _man_pages() - pages == set()
+        assert "/usr/share/bash-completion/completions/slurmhealth" in paths
+    assert "/usr/share/zsh/vendor-completions/_slurmhealth" in deb
+    assert "/usr/share/zsh/site-functions/_slurmhealth" in rpm
+    assert "/usr/share/doc/slurmhealth/copyright" in deb
+    assert "/usr/share/licenses/slurmhealth/LICENSE" in rpm
+
+
+def test_license_maintainer_and_dep5_copyright():
+    license_text = _read("LICENSE")
+    assert license_text.startswith("MIT License") and "slurmhealth developers" in license_text
+    assert re.search(r"^license = MIT$", _read("setup.cfg"), re.M)
+    assert re.search(r"^license_files = LICENSE$", _read("setup.cfg"), re.M)
+    spec = _read("packaging", "rpm", "slurmhealth.spec")
+    assert re.search(r"^License:\s+MIT$", spec, re.M)
+    for text in (
+        _read("packaging", "debian", "control"),
+        _read("packaging", "debian", "changelog"),
+        spec,
+    ):
+        assert "root@localhost" not in text
+    assert "Maintainer: slurmhealth developers <" in _read("packaging", "debian", "control")
+    # DEP-5 (machine-readable format 1.0): a header, a Files paragraph, the licence's text.
+    header, *paragraphs = _read("packaging", "debian", "copyright").split("\n\n")
+    assert header.splitlines()[0] == (
+        "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/"
+    )
+    fields = [dict(re.findall(r"^(\S+): (.*)$", p, re.M)) for p in paragraphs]
+    (files,) = [f for f in fields if "Files" in f]
+    assert files["Files"] == "*" and files["License"] == "MIT" and files["Copyright"]
+    (text,) = [p for p in paragraphs if p.startswith("License: MIT\n")]
+    body = [line for line in text.splitlines()[1:]]
+    assert all(line.startswith(" ") for line in body), "continuation lines start with a space"
+    assert " ".join(line.strip() for line in body if line != " .") in " ".join(license_text.split())
+
+
+def test_classifiers_name_every_python_ci_tests():
+    classifiers = re.findall(r"Programming Language :: Python :: (3\.\d+)", _read("setup.cfg"))
+    assert classifiers == ["3.9", "3.10", "3.11", "3.12", "3.13"]
+
+
+# -- the source distribution --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sdist(tmp_path_factory) -> str:
+    """dist/slurmhealth-X.Y.Z.tar.gz as `make sdist` builds it (python -m build --sdist)."""
+    out = tmp_path_factory.mktemp("sdist")
+    done = subprocess.run(
+        [sys.executable, "-m", "build", "--sdist", "--outdir", str(out), ROOT],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert os.listdir(out) == [f"slurmhealth-{__version__}.tar.gz"]
+    return str(out / f"slurmhealth-{__version__}.tar.gz")
+
+
+def _makefile_paths() -> set:
+    """The tree's paths that the Makefile runs or reads (scripts, benchmarks, packaging)."""
+    return set(
+        re.findall(r"\b((?:scripts|bench|packaging|tests)/[\w.-]+(?:/[\w.-]+)*)", _read("Makefile"))
+    )
+
+
+def test_sdist_is_a_whole_source_release(sdist):
+    top = f"slurmhealth-{__version__}/"
+    with tarfile.open(sdist) as tar:
+        names = {n[len(top) :] for n in tar.getnames() if n.startswith(top)}
+        pkg_info = tar.extractfile(top + "PKG-INFO").read().decode()
+    assert {"LICENSE", "README.md", "Makefile", "setup.cfg", "pyproject.toml"} <= names
+    assert {"packaging/rpm/slurmhealth.spec", "packaging/debian/control"} <= names
+    assert {"tests/conftest.py", "prolog.d/50-slurmhealth", "scripts/install-deps"} <= names
+    assert [n for n in names if n.startswith("slurmhealth/report/templates/")]
+    missing = {
+        p
+        for p in _makefile_paths()
+        if p not in names and not any(n.startswith(p + "/") for n in names)
+    }
+    assert missing == set(), "the Makefile runs what the sdist lacks"
+    assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
+    assert "License: MIT" in pkg_info or "License-Expression: MIT" in pkg_info
+    assert "License-File: LICENSE" in pkg_info
+    for version in ("3.9", "3.10", "3.11", "3.12", "3.13"):
+        assert f"Programming Language :: Python :: {version}\n" in pkg_info
+
+
+def test_sdist_pip_installs_into_a_fresh_venv_and_runs(sdist, tmp_path):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    pip = [str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", sdist]
+    done = subprocess.run(pip, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    command = str(venv / "bin" / "slurmhealth")
+    usage = subprocess.run([command, "--help"], capture_output=True, text=True, cwd=tmp_path)
+    assert usage.returncode == 0 and "history" in usage.stdout, usage.stderr
+    healthy = snapshot_path("healthy")
+    done = subprocess.run(
+        [command, "check", "--no-db", "--gpu-source", healthy],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0 and re.search(r"^node \S+: ok", done.stdout, re.M), done.stdout
+    where = subprocess.run(
+        [
+            str(venv / "bin" / "python"),
+            "-c",
+            "import slurmhealth.report.render as r; print(r.__file__)",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert where.stdout.startswith(str(venv)), "the installed package, not the checkout"
+    templates = os.path.join(os.path.dirname(where.stdout.strip()), "templates")
+    assert os.listdir(templates), "the report's templates were installed"

@@ -223,6 +223,33 @@ TABLES = (
         "error counter or gauge reading that changed since the node's previous reading",
         since=6,
     ),
+    Table(
+        "watermarks",
+        ("source",),
+        (
+            C("source", "TEXT"),
+            C("mark", "REAL"),
+            C("identity", "TEXT", True, ""),
+            C("updated", "REAL", True),
+        ),
+        None,
+        "file `collect` read: its newest record time, or an NDJSON file's identity (fleet store)",
+        since=7,
+    ),
+    Table(
+        "run_hours",
+        ("node", "hour", "phase"),
+        (
+            C("node", "TEXT", True),
+            C("hour", "REAL", True),
+            C("phase", "TEXT", True),
+            C("runs", "INTEGER", True),
+            C("duration", "REAL", True, 0.0),
+        ),
+        None,
+        "node-hour of rolled-up passing runs: how many, their total wall time (fleet store)",
+        since=7,
+    ),
 )
 del C
 TABLE = {t.name: t for t in TABLES}
@@ -258,6 +285,10 @@ INDEXES = {
     # 6: cumulative error counters over time (node/counters.py, fleet/trends.py): a reading is
     # stored only when it changed, so a healthy node adds no rows; the trends read by time.
     6: ("CREATE INDEX counters_time ON counters (time)",),
+    # 7: a 10,000-node month (fleet/sync.py: collect, rollup): what each collected file held
+    # last time, so a cycle reads only what is new; passing runs older than a set age counted
+    # per node-hour (the hour's first passing run stays a row), read by time.
+    7: ("CREATE INDEX run_hours_hour ON run_hours (hour)",),
 }
 SCHEMA_VERSION = max(INDEXES)
 

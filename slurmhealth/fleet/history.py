@@ -23,12 +23,18 @@ def store_paths(db: str | None, node: str | None) -> list:
 
 
 def read(
-    conn: sqlite3.Connection, node: str | None, job: str | None, since: float, limit: int
+    conn: sqlite3.Connection,
+    node: str | None,
+    job: str | None,
+    since: float,
+    limit: int,
+    failures: bool = False,
 ) -> tuple:
-    """(runs, actions, jobs) of one store as fleet/queries.py reads them (jobs only with a job);
-    StoreError with one line when the store cannot be read (locked, damaged)."""
+    """(runs, actions, jobs) of one store as fleet/queries.py reads them (jobs only with a job;
+    failures: only the runs that did not pass); StoreError with one line when the store cannot
+    be read (locked, damaged)."""
     try:
-        runs = queries.run_history(conn, node, job, since, limit)
+        runs = queries.run_history(conn, node, job, since, limit, failures)
         actions = queries.action_history(conn, node, since)
         jobs = queries.job_history(conn, job) if job else []
     except sqlite3.Error as exc:

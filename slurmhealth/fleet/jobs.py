@@ -751,7 +751,7 @@ def _from_fleet(path: str, job_id: str) -> dict | None:
     """The summary from the fleet store when this caller may read it (admins), else None."""
     from slurmhealth.core import store  # noqa: PLC0415
 
-    if not (os.path.isfile(path) and os.access(path, os.R_OK)):
+    if not _readable(path):
         return None
     try:
         conn = store.connect(path)
@@ -768,14 +768,25 @@ def _from_fleet(path: str, job_id: str) -> dict | None:
 
 
 def lookup(job_id: str, fleet_path: str, slurm_bin: str = "") -> dict:
-    """`slurmhealth job`: from the fleet store if readable and it knows the job, else from the
-    job's AdminComment through sacct. JobError with one line for the user otherwise."""
+    """`slurmhealth job`: from the fleet store if readable (JobError when it lacks the job),
+    else from the job's AdminComment through sacct. JobError with one line for the user."""
     job_id = job_id_arg(job_id)
     found = _from_fleet(fleet_path, job_id)
     if found is not None:
         return found
+    if _readable(fleet_path):
+        # The admin's store lacks the job: sacct can show no more (`publish` writes summaries
+        # from this store), and on a head node without slurm.conf it fails with a DNS error.
+        raise JobError(
+            f"job {job_id} is not in the fleet store {clean(fleet_path, 200)} "
+            "(not collected yet, or no job of these nodes)"
+        )
     try:
         return from_accounting(slurm.Slurm(slurm_bin, timeout=30.0), job_id)
     except slurm.SlurmError as exc:
         why = clean(exc, 300)
         raise JobError(f"cannot read job {job_id} from Slurm accounting: {why}") from None
+
+
+def _readable(path: str) -> bool:
+    return os.path.isfile(path) and os.access(path, os.R_OK)

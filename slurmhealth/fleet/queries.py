@@ -78,23 +78,37 @@ def actions_between(conn: sqlite3.Connection, start: float, end: float) -> list:
 
 
 def verdict_counts(conn: sqlite3.Connection, start: float, end: float) -> sqlite3.Cursor:
-    """(verdict, runs) rows: runs started in [start, end) per verdict."""
+    """(verdict, runs) rows: runs started in [start, end) per verdict, with the passing runs
+    rolled up in the hours that start in it (sync.rollup)."""
     return conn.execute(
-        "SELECT verdict, count(*) FROM runs WHERE started >= ? AND started < ? GROUP BY verdict",
-        (start, end),
+        "SELECT verdict, sum(n) FROM (SELECT verdict, count(*) AS n FROM runs "
+        "WHERE started >= ? AND started < ? GROUP BY verdict UNION ALL SELECT 'ok', sum(runs) "
+        "FROM run_hours WHERE hour >= ? AND hour < ?) GROUP BY verdict HAVING sum(n) > 0",
+        (start, end, start, end),
     )
 
 
 def check_counts(conn: sqlite3.Connection, start: float, end: float) -> list:
-    """[(check_name, fails, warns)] of the runs started in [start, end). Only runs that were
-    not ok keep results (store.record_run), so the join reads few rows."""
+    """[(check_name, node, fails, warns)] of the runs started in [start, end). Only runs that
+    were not ok keep results (store.record_run), so the join reads few rows."""
     return conn.execute(
-        "SELECT r.check_name, sum(r.status = 'fail'), sum(r.status = 'warn') "
+        "SELECT r.check_name, u.node, sum(r.status = 'fail'), sum(r.status = 'warn') "
         "FROM runs u JOIN results r ON r.run_id = u.id "
         "WHERE u.started >= ? AND u.started < ? AND u.verdict != 'ok' "
-        "AND r.status IN ('fail', 'warn') GROUP BY r.check_name",
+        "AND r.status IN ('fail', 'warn') GROUP BY r.check_name, u.node",
         (start, end),
     ).fetchall()
+
+
+def first_record(conn: sqlite3.Connection, start: float, end: float) -> float | None:
+    """The time of the first run or job start in [start, end) (indexes runs_started and
+    jobs_start), None when there is none."""
+    row = conn.execute(
+        "SELECT min(t) FROM (SELECT min(started) AS t FROM runs WHERE started >= ? AND started < ?"
+        " UNION ALL SELECT min(start) FROM jobs WHERE start >= ? AND start < ?)",
+        (start, end, start, end),
+    ).fetchone()
+    return row[0] if row else None
 
 
 def xids_between(conn: sqlite3.Connection, start: float, end: float) -> sqlite3.Cursor:
@@ -361,13 +375,23 @@ def published_digest(conn: sqlite3.Connection, job_id: str) -> str | None:
 # --- `slurmhealth history` -----------------------------------------------------------------------
 
 
+_COUNTER_KEYS = ("device", "counter", "delta", "value")
+
+
 def run_history(
-    conn: sqlite3.Connection, node: str | None, job: str | None, since: float, limit: int
+    conn: sqlite3.Connection,
+    node: str | None,
+    job: str | None,
+    since: float,
+    limit: int,
+    failures: bool = False,
 ) -> list:
     """[{id, node, job, phase, started, duration, verdict, problems}] of the runs started
-    from `since` on (of the node, of the job), newest first, at most `limit`, each with its
-    non-ok results."""
+    from `since` on (of the node, of the job; failures: only those that did not pass), newest
+    first, at most `limit`, each with its non-ok results."""
     where, args = ["started >= ?"], [since]
+    if failures:
+        where.append("verdict != 'ok'")
     if node:
         where.append("node = ?")
         args.append(node)
@@ -383,7 +407,13 @@ def run_history(
             "SELECT check_name, status, message, action FROM results "
             "WHERE run_id = ? AND status NOT IN ('ok', 'skip') ORDER BY check_name",
             (run_id,),
-        )
+        ).fetchall()
+        # the run's counter readings that changed (node/counters.py), by the time index
+        changed = conn.execute(
+            "SELECT label, counter, delta, value FROM counters WHERE time = ? AND run_id = ? "
+            "ORDER BY label, counter",
+            (started, run_id),
+        ).fetchall()
         out.append(
             {
                 "id": run_id,
@@ -396,6 +426,7 @@ def run_history(
                 "problems": [
                     dict(zip(("check", "status", "message", "action"), p)) for p in problems
                 ],
+                "counters": [dict(zip(_COUNTER_KEYS, c)) for c in changed],
             }
         )
     return out

@@ -941,3 +941,35 @@ def write_store(source: Fleet | History, conn) -> dict:
     finally:
         conn.execute(f"PRAGMA cache_size = {int(cache)}")
     return counts
+
+
+def spool_records(h: History, start: float, end: float) -> dict:
+    """{node: [record dict]} of what each node's incremental export would carry for [start,
+    end): runs started, events, actions dated and job rows started or ended in it (each job
+    row as the hooks know it then), in docs/fleet.md's format. The 5-minute spool at scale."""
+    from slurmhealth import __version__  # noqa: PLC0415
+
+    out: dict = {node: [] for node in h.names}
+    run_columns = store.TABLE["runs"].names()
+    for row in _run_rows(h, __version__):
+        if start <= row[4] < end:
+            out[row[1]].append({"type": "run", **dict(zip(run_columns, row))})
+    for r in h.runs:
+        if start <= r[4] < end:
+            result = ("run_id", "check_name", "status", "message", "action")
+            out[r[1]].append(
+                {"type": "result", **dict(zip(result, (r[0], r[6], r[5], r[7], r[8])))}
+            )
+    event_columns = store.TABLE["events"].names()
+    for row in _event_rows(h):
+        if start <= row[4] < end:
+            out[row[2]].append({"type": "event", **dict(zip(event_columns, row))})
+    for row in h.jobs:
+        job = dict(zip(JOB_COLUMNS, row))
+        if start <= job["start"] < end or (job["end"] is not None and start <= job["end"] < end):
+            out[job["node"]].append({"type": "job", **job})
+    action_columns = store.TABLE["actions"].names()
+    for row in h.actions:
+        if start <= row[2] < end:
+            out[row[1]].append({"type": "action", **dict(zip(action_columns, row))})
+    return out

@@ -4,16 +4,20 @@ Node stores stay node-local (SQLite's WAL needs local locking, never NFS); what 
 NDJSON export or a copy of the file. `export` writes records with their stable ids, `import_ndjson`
 and `collect` merge them idempotently, `ingest_sacct` adds what Slurm accounting knows (a job whose
 node died before its epilog; `ingest_events`, which nodes went down), and `signals` turns the
-fleet store into the lemon evidence of docs/signals.md. The record format is docs/fleet.md.
+fleet store into the lemon evidence of docs/signals.md. At scale (docs/fleet.md, "Incremental
+collection"), exports and collect read only what is new (watermarks), spool files are claimed
+and removed once merged, and `rollup` counts old passing health checks per node-hour. The
+record format is docs/fleet.md.
 """
 
 from __future__ import annotations
 
-import glob
+import contextlib
 import json
 import math
 import os
 import sqlite3
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -136,10 +140,12 @@ def merge_node_events(conn: sqlite3.Connection, rows: Iterable) -> int:
 
 
 # What dates a record for `--since`; a job by its end, else its start (sacct may know neither).
+# An event is also new when its job ended since: the epilog gives a job the Xids a health check
+# recorded while it ran (store.attribute_events), which may be older than `since`.
 _DATED = {
     "run": "started >= ?",
     "result": "run_id IN (SELECT id FROM runs WHERE started >= ?)",
-    "event": "time >= ?",
+    "event": "(time >= ? OR job_id IN (SELECT job_id FROM jobs WHERE end >= ?))",
     "job": "coalesce(end, start, ?) >= ?",
     "action": "time >= ?",
     "counter": "time >= ?",
@@ -151,6 +157,7 @@ def _dated(kind: str, since: float | None, prefix: str = "") -> tuple:
     if since is None:
         return "1", ()
     condition = _DATED[kind].replace("FROM runs", f"FROM {prefix}runs")
+    condition = condition.replace("FROM jobs", f"FROM {prefix}jobs")
     return condition, (since,) * condition.count("?")
 
 
@@ -193,6 +200,49 @@ def count_records(conn: sqlite3.Connection, since: float | None = None) -> int:
         sql = f"SELECT count(*) FROM {spec.table} WHERE {where}"  # noqa: S608
         total += conn.execute(sql, args).fetchone()[0]
     return total
+
+
+# Incremental export (`export --incremental -o FILE`, docs/fleet.md): a node writes what is new
+# since its previous export, by the node's own clock. A record is dated when its run starts but
+# committed when the run ends (the hooks' deadline: 10 s by default), so each export starts
+# OVERLAP seconds before the previous one's snapshot; overlapping records import idempotently.
+# The previous file still in place, unread (collect --consume removes what it merged), the next
+# one starts where that one started: a collect that did not come loses nothing.
+OVERLAP = 120.0
+
+
+def _export_key(path: str) -> str:
+    return f"export:{os.path.abspath(path)}"
+
+
+def _identity(path: str) -> str | None:
+    """dev:inode of the regular file at `path` (not followed), or None."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return f"{st.st_dev}:{st.st_ino}" if stat.S_ISREG(st.st_mode) else None
+
+
+def incremental_since(conn: sqlite3.Connection, path: str, floor: float | None) -> float | None:
+    """Where an incremental export to `path` starts: where the previous export to it started
+    while that file is still there unread, else OVERLAP before its snapshot; never before
+    `floor` (`--since`); everything (None) the first time without a floor."""
+    state = store.get_meta(conn, _export_key(path)) or {}
+    if state.get("file") and state["file"] == _identity(path):
+        since = state.get("since")
+    else:
+        since = state["mark"] - OVERLAP if state.get("mark") is not None else None
+    if floor is not None:
+        since = floor if since is None else max(since, floor)
+    return since
+
+
+def exported(conn: sqlite3.Connection, path: str, since: float | None, mark: float) -> None:
+    """Remember an incremental export to `path` (renamed into place): where it started and its
+    snapshot time `mark`, taken before it read the store (node-local meta, never exported)."""
+    state = {"since": since, "mark": mark, "file": _identity(path)}
+    store.set_meta(conn, _export_key(path), state)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -292,14 +342,19 @@ def _chunks(lines: Iterable) -> Iterator:
 
 def _write(conn: sqlite3.Connection, chunk: _Chunk, report: dict) -> None:
     """One transaction: every row of the chunk lands, or none does."""
-    added = dict.fromkeys(KINDS, 0)
     try:
         with store.immediate(conn):
-            for kind, rows in chunk.rows.items():
-                if rows:
-                    added[kind] = _changes(conn, _VALUES[kind], rows, many=True)
+            _apply(conn, chunk, report)
     except sqlite3.Error as exc:
         raise FleetError(f"after {report['records']:,} records: {clean(exc, 120)}") from None
+
+
+def _apply(conn: sqlite3.Connection, chunk: _Chunk, report: dict) -> None:
+    """Insert a chunk's rows (the caller holds the transaction) and count them into `report`."""
+    added = dict.fromkeys(KINDS, 0)
+    for kind, rows in chunk.rows.items():
+        if rows:
+            added[kind] = _changes(conn, _VALUES[kind], rows, many=True)
     report["records"] += chunk.size
     report["unchanged"] += chunk.size - sum(added.values())
     for kind, n in added.items():
@@ -307,6 +362,13 @@ def _write(conn: sqlite3.Connection, chunk: _Chunk, report: dict) -> None:
     report["bad_count"] += len(chunk.bad)
     report["bad"] += chunk.bad[: BAD_SHOWN - len(report["bad"])]
     report["truncated"] = chunk.truncated or report["truncated"]
+
+
+def _new_result() -> dict:
+    """An import report with nothing in it yet (import_ndjson's)."""
+    report: dict = {"records": 0, "added": dict.fromkeys(KINDS, 0), "unchanged": 0}
+    report.update(bad=[], bad_count=0, truncated=None)
+    return report
 
 
 def _lines(source) -> Iterator:
@@ -331,19 +393,12 @@ def import_ndjson(conn: sqlite3.Connection, source, progress: Progress = None) -
     number in `truncated` (else None). Each CHUNK records are one transaction: an interrupted
     import keeps whole chunks, never half a record; SQLite errors (disk full) are FleetError.
     """
-    report: dict = {"records": 0, "added": dict.fromkeys(KINDS, 0), "unchanged": 0}
-    report.update(bad=[], bad_count=0, truncated=None)
-    saved = {name: conn.execute(f"PRAGMA {name}").fetchone()[0] for name in _BULK}
-    for name, value in _BULK.items():
-        conn.execute(f"PRAGMA {name} = {value}")
-    try:
+    report = _new_result()
+    with _bulk(conn):
         for chunk in _chunks(_lines(source)):
             _write(conn, chunk, report)
             if progress:
                 progress(chunk.bytes)
-    finally:
-        for name, value in saved.items():
-            conn.execute(f"PRAGMA {name} = {int(value)}")
     return report
 
 
@@ -434,39 +489,56 @@ def _trusted_source(path: str, fd: int, tmp: str, owners: Iterable[int]) -> str:
 
 
 def merge_store(
-    conn: sqlite3.Connection, path: str, since: float | None = None, owners: Iterable[int] = ()
+    conn: sqlite3.Connection,
+    path: str,
+    since: float | None = None,
+    owners: Iterable[int] = (),
+    source: str | None = None,
 ) -> dict:
     """Merge a node store file (records newer than `since`) in one transaction: {type: added}.
 
     The file must pass files.open_trusted (owned by root, this user or `owners`, writable by no
-    one else; files.Unsafe if not), checked on the opened descriptor.
+    one else; files.Unsafe if not), checked on the opened descriptor. With `source`, that
+    source's watermark (its newest record time) is set in the same transaction.
     """
     fd = files.open_trusted(path, owners)
     try:
         with tempfile.TemporaryDirectory(prefix="slurmhealth-collect-") as tmp:
             copy = os.path.join(tmp, "node.db")
-            source = _trusted_source(path, fd, tmp, owners)
-            _checked_copy(source, copy)
-            if source == path:  # SQLite opened the name: the file we checked, still?
+            trusted = _trusted_source(path, fd, tmp, owners)
+            _checked_copy(trusted, copy)
+            if trusted == path:  # SQLite opened the name: the file we checked, still?
                 checked, now = os.fstat(fd), os.stat(path, follow_symlinks=False)
                 if (checked.st_dev, checked.st_ino) != (now.st_dev, now.st_ino):
                     raise FleetError("replaced while it was read")
-            return _merge_copy(conn, copy, since)
+            return _merge_copy(conn, copy, since, source)
     finally:
         os.close(fd)
 
 
-def _merge_copy(conn: sqlite3.Connection, copy: str, since: float | None) -> dict:
+def _merge_copy(
+    conn: sqlite3.Connection, copy: str, since: float | None, source: str | None
+) -> dict:
     conn.execute("ATTACH DATABASE ? AS node", (copy,))
     try:
-        return _merge_attached(conn, since)
+        return _merge_attached(conn, since, source)
     except sqlite3.Error as exc:
         raise FleetError(clean(exc, 120)) from None
     finally:
         conn.execute("DETACH DATABASE node")
 
 
-def _merge_attached(conn: sqlite3.Connection, since: float | None) -> dict:
+# A store's newest record time, each term one index seek (or a scan of a small table).
+_NEWEST = (
+    "SELECT max(t) FROM (SELECT max(started) AS t FROM node.runs "
+    "UNION ALL SELECT max(time) FROM node.events UNION ALL SELECT max(start) FROM node.jobs "
+    "UNION ALL SELECT max(end) FROM node.jobs UNION ALL SELECT max(time) FROM node.actions "
+    "UNION ALL SELECT max(time) FROM node.counters)"
+)
+_MARK = store.insert_sql("watermarks", verb="INSERT OR REPLACE")
+
+
+def _merge_attached(conn: sqlite3.Connection, since: float | None, source: str | None) -> dict:
     added = {}
     with store.immediate(conn):
         for kind, spec in KINDS.items():
@@ -474,6 +546,9 @@ def _merge_attached(conn: sqlite3.Connection, since: float | None) -> dict:
             columns = ", ".join(spec.columns)  # names and conditions from the fixed tables above
             select = f"SELECT {columns} FROM node.{spec.table} WHERE {where}"  # noqa: S608
             added[kind] = _changes(conn, _insert(kind, select), args)
+        if source is not None:
+            mark = conn.execute(_NEWEST).fetchone()[0]
+            conn.execute(_MARK, (source, mark, "", time.time()))
     return added
 
 
@@ -484,16 +559,37 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
+# Spool files (docs/fleet.md "The spool"): a node's export is written as `.NAME.RANDOM.tmp` and
+# renamed to NAME.ndjson; `collect --consume` renames it to NAME.ndjson.RANDOM.collecting before
+# it reads it and removes it once its records are committed. A claimed file left by a collect
+# that stopped is read by the next one. A writer's temporary file older than STALE_TEMP_S died
+# with its writer.
+CLAIMED = ".collecting"
+STALE_TEMP_S = 3600.0
+
+
 def collect_paths(directory: str) -> list:
-    """The files `collect` reads: node stores (`*.db`), then NDJSON spools (`*.ndjson`).
+    """The files `collect` reads: node stores (`*.db`), spools a collect claimed and did not
+    finish (`*.ndjson.*.collecting`), then NDJSON spools (`*.ndjson`); hidden names never.
 
     An export in progress is a hidden temporary file (`.NAME.ndjson.RANDOM.tmp`), renamed over
     NAME.ndjson when complete.
     """
     if not os.path.isdir(directory):
         raise FleetError(f"{directory}: not a directory")
-    paths = sorted(glob.glob(os.path.join(directory, "*.db")))
-    return paths + sorted(glob.glob(os.path.join(directory, "*.ndjson")))
+    try:
+        names = sorted(n for n in os.listdir(directory) if not n.startswith("."))
+    except OSError as exc:
+        raise FleetError(f"{directory}: {exc.strerror or exc}") from None
+    groups: tuple = ([], [], [])
+    for name in names:
+        if name.endswith(".db"):
+            groups[0].append(name)
+        elif name.endswith(CLAIMED) and ".ndjson." in name:
+            groups[1].append(name)
+        elif name.endswith(".ndjson"):
+            groups[2].append(name)
+    return [os.path.join(directory, n) for group in groups for n in group]
 
 
 def collect(
@@ -502,6 +598,8 @@ def collect(
     since: float | None = None,
     progress: Progress = None,
     owners: Iterable[int] = (),
+    consume: bool = False,
+    full: bool = False,
 ) -> dict:
     """Merge every node store (`*.db`) and NDJSON spool (`*.ndjson`) in a directory.
 
@@ -510,37 +608,334 @@ def collect(
     model: docs/fleet.md): a symlink, not a regular file, owned by someone else than root, this
     user or the uids `owners`, or writable by group or others; checked on the opened file.
     Idempotent: collecting again adds nothing.
+
+    Incremental (docs/fleet.md): a store is read from its watermark (the newest record time
+    the last collect saw in it) less OVERLAP, never before `since`; a spool whose identity
+    (device, inode, size, mtime) is unchanged is not read again. `full` ignores watermarks.
+    `consume`: each spool is claimed (renamed) before it is read and removed once merged, and
+    writers' temporary files older than STALE_TEMP_S are removed. Small spools are merged many
+    per transaction.
     Returns {"merged": [(path, {type: added})], "skipped": [(path, why)], "added": {type: n},
-    "imports": [(path, import report)]}.
+    "imports": [(path, import report)], "unchanged": [path], "kept": [(path, why not
+    consumed)], "cleaned": n}.
     """
     fleet = _main_file(conn)
-    paths = collect_paths(directory)
+    paths = [
+        p for p in collect_paths(directory) if not (p.endswith(".db") and _same_file(p, fleet))
+    ]
     report: dict = {"merged": [], "skipped": [], "imports": [], "added": dict.fromkeys(KINDS, 0)}
-    for path in paths:
-        if not _same_file(path, fleet):
-            _collect_one(conn, path, since, report, owners)
-        if progress:
-            progress(1)
+    report.update(unchanged=[], kept=[], cleaned=0)
+    marks = {} if full else dict(conn.execute("SELECT source, mark FROM watermarks"))
+    identities = {} if full else dict(conn.execute("SELECT source, identity FROM watermarks"))
+    batch = _Batch(conn, report, owners)
+    with _bulk(conn):
+        for path in paths:
+            if path.endswith(".db"):
+                _collect_store(conn, path, _later(since, marks.get(_source(path))), report, owners)
+            else:
+                _collect_spool(batch, path, consume, identities)
+            if progress:
+                progress(1)
+        batch.flush()
+    if consume:
+        report["cleaned"] = _clean_temps(directory)
     return report
 
 
-def _collect_one(
+def _source(path: str) -> str:
+    return os.path.abspath(path)
+
+
+def _later(since: float | None, mark: float | None) -> float | None:
+    """The later of `since` and a watermark less OVERLAP."""
+    if mark is None:
+        return since
+    return mark - OVERLAP if since is None else max(since, mark - OVERLAP)
+
+
+def _merged(report: dict, path: str, added: dict) -> None:
+    report["merged"].append((path, added))
+    for kind, n in added.items():
+        report["added"][kind] += n
+
+
+def _collect_store(
     conn: sqlite3.Connection, path: str, since: float | None, report: dict, owners: Iterable[int]
 ) -> None:
     try:
-        if path.endswith(".db"):
-            added = merge_store(conn, path, since, owners)
-        else:
-            with os.fdopen(files.open_trusted(path, owners), "rb") as handle:
-                result = import_ndjson(conn, handle)
-            report["imports"].append((path, result))
-            added = result["added"]
+        added = merge_store(conn, path, since, owners, source=_source(path))
     except files.Unsafe as exc:
         report["skipped"].append((path, exc.strerror))
         return
     except (FleetError, OSError) as exc:
         report["skipped"].append((path, clean(exc, 160)))
         return
-    report["merged"].append((path, added))
-    for kind, n in added.items():
-        report["added"][kind] += n
+    _merged(report, path, added)
+
+
+@contextlib.contextmanager
+def _bulk(conn: sqlite3.Connection) -> Iterator:
+    """The _BULK settings for the block, restored after."""
+    saved = {name: conn.execute(f"PRAGMA {name}").fetchone()[0] for name in _BULK}
+    for name, value in _BULK.items():
+        conn.execute(f"PRAGMA {name} = {value}")
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            conn.execute(f"PRAGMA {name} = {int(value)}")
+
+
+def _claim(path: str, report: dict) -> str | None:
+    """Rename a spool to a claimed name before reading it (None: it is gone); where it cannot
+    be renamed (a read-only spool), read it in place and say why it stays."""
+    claimed = f"{path}.{os.urandom(4).hex()}{CLAIMED}"
+    try:
+        os.rename(path, claimed)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        report["kept"].append((path, exc.strerror or str(exc)))
+        return path
+    return claimed
+
+
+def _collect_spool(batch: _Batch, path: str, consume: bool, identities: dict) -> None:
+    claimed = path.endswith(CLAIMED)
+    if consume and not claimed:
+        target = _claim(path, batch.report)
+        if target is None:
+            return
+        claimed, path = target != path, target
+    try:
+        fd = files.open_trusted(path, batch.owners)
+    except files.Unsafe as exc:
+        batch.report["skipped"].append((path, exc.strerror))
+        return
+    except OSError as exc:
+        batch.report["skipped"].append((path, clean(exc, 160)))
+        return
+    st = os.fstat(fd)
+    identity = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+    if not claimed and identities.get(_source(path)) == identity:
+        os.close(fd)
+        batch.report["unchanged"].append(path)
+        return
+    with os.fdopen(fd, "rb") as handle:
+        batch.read(path, handle, None if claimed else identity)
+
+
+class _Batch:
+    """Spools merged many per transaction (one commit per ~CHUNK records, not per file): each
+    file's records, counted per file, its watermark in the same transaction, and a claimed
+    file removed only once that transaction committed."""
+
+    def __init__(self, conn: sqlite3.Connection, report: dict, owners: Iterable[int]) -> None:
+        self.conn, self.report, self.owners = conn, report, owners
+        self.files: list = []  # (path, chunk, identity or None for a claimed file)
+        self.size = 0
+
+    def read(self, path: str, handle: object, identity: str | None) -> None:
+        chunks = _chunks(_lines(handle))
+        try:
+            first = next(chunks)
+            second = next(chunks, None)
+            if second is None:  # one chunk: batched with other files
+                self.files.append((path, first, identity))
+                self.size += first.size
+                if self.size >= CHUNK:
+                    self.flush()
+                return
+            self.flush()  # a large file: its chunks are transactions of their own
+            result = _new_result()
+            for chunk in (first, second, *chunks):
+                _write(self.conn, chunk, result)
+        except FleetError as exc:
+            self.report["skipped"].append((path, clean(exc, 160)))
+            return
+        self._done(path, result, identity)
+
+    def flush(self) -> None:
+        pending, self.files, self.size = self.files, [], 0
+        if not pending:
+            return
+        results = []
+        try:
+            with store.immediate(self.conn):
+                for path, chunk, identity in pending:
+                    result = _new_result()
+                    _apply(self.conn, chunk, result)
+                    results.append(result)
+                    if identity is not None:
+                        self.conn.execute(_MARK, (_source(path), None, identity, time.time()))
+        except sqlite3.Error as exc:
+            for path, _chunk, _identity in pending:
+                self.report["skipped"].append((path, clean(exc, 160)))
+            return
+        for (path, _chunk, _identity), result in zip(pending, results):
+            self._finish(path, result)
+
+    def _done(self, path: str, result: dict, identity: str | None) -> None:
+        if identity is not None:
+            with store.immediate(self.conn):
+                self.conn.execute(_MARK, (_source(path), None, identity, time.time()))
+        self._finish(path, result)
+
+    def _finish(self, path: str, result: dict) -> None:
+        if path.endswith(CLAIMED):
+            try:
+                os.unlink(path)
+            except OSError as exc:  # merged; the next collect reads it again (idempotent)
+                self.report["kept"].append((path, exc.strerror or str(exc)))
+        self.report["imports"].append((path, result))
+        _merged(self.report, path, result["added"])
+
+
+def _clean_temps(directory: str) -> int:
+    """Remove writers' temporary files (`.NAME.RANDOM.tmp`) untouched for STALE_TEMP_S: their
+    writer died (a live export renames its file within seconds). How many went."""
+    cleaned, now = 0, time.time()
+    for name in os.listdir(directory):
+        if not (name.startswith(".") and name.endswith(".tmp")):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            if now - os.lstat(path).st_mtime > STALE_TEMP_S:
+                os.unlink(path)
+                cleaned += 1
+        except OSError:
+            continue
+    return cleaned
+
+
+# Slurm accounting is asked again from its last window's end less ACCOUNTING_OVERLAP: a job's
+# end reaches slurmdbd late when slurmdbd was down (slurmctld queues the record and sends it
+# with its own time), and the window selects jobs and events that overlap it, so one still
+# running or open is asked again each cycle until it ends.
+ACCOUNTING_OVERLAP = 3600.0
+
+
+def accounting_start(conn: sqlite3.Connection, tool: str, since: float, full: bool) -> float:
+    """Where the window asked of sacct or sacctmgr starts: the last window's end less
+    ACCOUNTING_OVERLAP, never before `since`; `since` when `full` or the first time."""
+    if full:
+        return since
+    row = conn.execute("SELECT mark FROM watermarks WHERE source = ?", (f"accounting:{tool}",))
+    mark = (row.fetchone() or (None,))[0]
+    return since if mark is None else max(since, mark - ACCOUNTING_OVERLAP)
+
+
+def accounted(conn: sqlite3.Connection, tool: str, end: float) -> None:
+    """Remember that `tool`'s records up to `end` (head-node time) are merged."""
+    try:
+        conn.execute(_MARK, (f"accounting:{tool}", end, "", time.time()))
+    except sqlite3.Error as exc:
+        raise FleetError(clean(exc, 120)) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# rollup
+
+# Passing health checks rolled up into per-node hourly counts after a set age (docs/fleet.md).
+#
+# A 10,000-node fleet with a health check every 5 minutes records 2.9M runs a day, nearly all of
+# them passing: kept as rows, a month is ~30 GB. After `before` (collect --rollup-after 2d), each
+# node-hour in which every run of the node passed, none with a result, an Xid or a counter
+# reading, keeps its first passing health check as a row and counts the others in `run_hours`
+# (how many, their total wall time). Every failure, warning and job run (prolog, epilog) stays a
+# row. What the readers need stays exact: a node's days with a run, and its first passing run
+# after any time (the hour's first passing run is kept, and an hour with anything but passes is
+# not rolled up); run counts add `run_hours` by the hour.
+HOUR = 3600
+DAY = 86400
+# An Xid is recorded by the run that read it from the kernel log, at most this long after it
+# happened (the first health check after a boot reads the boot's backlog).
+EVENT_LAG_S = DAY
+
+_ROLL_HOURS = """CREATE TEMP TABLE roll AS
+SELECT node, CAST(started / 3600 AS INTEGER) * 3600 AS hour, count(*) AS runs,
+       sum(duration) AS duration, min(started) AS first
+FROM runs WHERE started >= :lo AND started < :hi AND phase = 'healthcheck'
+GROUP BY node, hour"""
+# Node-hours with a run that must stay whole: not passing, or with a result, Xid or counter.
+_KEEP = """DELETE FROM temp.roll WHERE (node, hour) IN (
+    SELECT node, CAST(started / 3600 AS INTEGER) * 3600 FROM runs
+    WHERE started >= :lo AND started < :hi AND (verdict != 'ok'
+        OR EXISTS (SELECT 1 FROM results WHERE run_id = runs.id)
+        OR id IN (SELECT run_id FROM events WHERE time >= :lo - :lag AND time < :hi)
+        OR id IN (SELECT run_id FROM counters WHERE time >= :lo - :lag AND time < :hi + 3600)))"""
+_KEPT_RUN = """ALTER TABLE temp.roll ADD COLUMN keep TEXT"""
+_PICK = """UPDATE temp.roll SET keep = (SELECT id FROM runs WHERE runs.node = roll.node
+    AND runs.started = roll.first AND runs.phase = 'healthcheck' ORDER BY id LIMIT 1)"""
+_COUNT = """INSERT INTO run_hours (node, hour, phase, runs, duration)
+SELECT r.node, r.hour, 'healthcheck', r.runs - 1,
+       r.duration - (SELECT duration FROM runs WHERE id = r.keep)
+FROM temp.roll r WHERE r.runs > 1
+ON CONFLICT (node, hour, phase) DO UPDATE SET runs = runs + excluded.runs,
+    duration = duration + excluded.duration"""
+_DELETE = """DELETE FROM runs WHERE rowid IN (
+    SELECT u.rowid FROM temp.roll r JOIN runs u ON u.node = r.node
+    AND u.started >= r.hour AND u.started < r.hour + 3600
+    WHERE r.runs > 1 AND u.phase = 'healthcheck' AND u.id != r.keep)"""
+# A passing health check imported into an hour already rolled up (an old export imported
+# again, `collect --full`) is one of the runs that hour counts: it goes, unless it is the
+# hour's first (the one kept).
+_LATE = """DELETE FROM runs WHERE rowid > :rowid AND started < :until AND verdict = 'ok'
+    AND phase = 'healthcheck'
+    AND EXISTS (SELECT 1 FROM run_hours h WHERE h.node = runs.node AND h.phase = 'healthcheck'
+                AND h.hour = CAST(runs.started / 3600 AS INTEGER) * 3600)
+    AND NOT EXISTS (SELECT 1 FROM results WHERE run_id = runs.id)
+    AND EXISTS (SELECT 1 FROM runs f WHERE f.node = runs.node AND f.phase = 'healthcheck'
+                AND f.started >= CAST(runs.started / 3600 AS INTEGER) * 3600
+                AND (f.started < runs.started OR (f.started = runs.started AND f.id < runs.id)))"""
+
+
+def rollup(conn: sqlite3.Connection, before: float) -> dict:
+    """Roll up the passing health checks of the whole hours before `before` not rolled up yet,
+    a day per transaction; {"runs": runs folded, "hours": node-hours they went into}.
+    StoreError (one line) when the store cannot be written."""
+    try:
+        return _rollup(conn, before)
+    except sqlite3.Error as exc:
+        raise store.StoreError(str(exc)) from None
+
+
+def _rollup(conn: sqlite3.Connection, before: float) -> dict:
+    until = int(before // HOUR) * HOUR
+    done = store.get_meta(conn, "rollup") or {}
+    lo = done.get("until")
+    if lo is None:
+        first = conn.execute("SELECT min(started) FROM runs").fetchone()[0]
+        lo = int(first // HOUR) * HOUR if first is not None else until
+    out = {"runs": 0, "hours": 0}
+    rowid = done.get("rowid", 0)
+    if rowid and done.get("until"):  # runs merged since the last rollup, into rolled hours
+        with store.immediate(conn):
+            late = conn.execute(_LATE, {"rowid": rowid, "until": done["until"]}).rowcount
+        out["late"] = late
+    while lo < until:
+        hi = min(until, (lo // DAY + 1) * DAY)
+        with store.immediate(conn):
+            folded, hours = _rollup_range(conn, lo, hi)
+            top = conn.execute("SELECT max(rowid) FROM runs").fetchone()[0] or 0
+            store.set_meta(conn, "rollup", {"until": hi, "rowid": top})
+        out["runs"] += folded
+        out["hours"] += hours
+        lo = hi
+    return out
+
+
+def _rollup_range(conn: sqlite3.Connection, lo: float, hi: float) -> tuple:
+    """Roll up [lo, hi) inside the caller's transaction: (runs folded, node-hours)."""
+    args = {"lo": lo, "hi": hi, "lag": EVENT_LAG_S}
+    conn.execute("DROP TABLE IF EXISTS temp.roll")
+    try:
+        conn.execute(_ROLL_HOURS, args)
+        conn.execute(_KEEP, args)
+        conn.execute(_KEPT_RUN)
+        conn.execute(_PICK)
+        hours = conn.execute(_COUNT).rowcount
+        folded = conn.execute(_DELETE).rowcount
+    finally:
+        conn.execute("DROP TABLE IF EXISTS temp.roll")
+    return folded, hours

@@ -96,6 +96,7 @@ Options:
   --node NAME          node name (default: $SLURMD_NODENAME, else the host name)
   --only AREA          only these areas: gpu, nvlink, ib, xid (repeat or comma-separate)
   --json               print one JSON object instead of a table
+  -q, --quiet          only the checks that did not pass (warn, fail, error) and the verdict
   --gpu-source SRC     nvml (default) or a snapshot file to replay
   --sysfs-root DIR     read DIR/class/infiniband (default /sys)
   --kmsg PATH          kernel log: /dev/kmsg (default) or a file of kmsg records/dmesg lines
@@ -122,7 +123,8 @@ _VALUED = (
     "--config",
     "--metrics-file",
 )
-_FLAGS = ("--json", "--no-db", "-h", "--help")
+_FLAGS = ("--json", "--no-db", "-q", "--quiet", "-h", "--help")
+_PASSED = ("ok", "skip")  # what --quiet leaves out
 
 
 class UsageError(Exception):
@@ -335,10 +337,12 @@ def replay_spool(conn: object, spool: str, mode: str) -> None:
         os.unlink(taken)
 
 
-def format_table(run: runner.Run) -> str:
-    width = max([len(r.check) for r in run.results] + [5])
-    lines = [f"{'CHECK':<{width}}  STATUS  MESSAGE"]
-    for r in run.results:
+def format_table(run: runner.Run, quiet: bool = False) -> str:
+    """The verdict per check; quiet: only those that did not pass (no header when none)."""
+    results = [r for r in run.results if not quiet or r.status not in _PASSED]
+    width = max([len(r.check) for r in results] + [5])
+    lines = [f"{'CHECK':<{width}}  STATUS  MESSAGE"] if results else []
+    for r in results:
         lines.append(f"{r.check:<{width}}  {r.status:<6}  {r.message}")
     lines.append(f"node {run.node}: {run.verdict} ({run.duration * 1000:.0f} ms)")
     return "\n".join(lines)
@@ -374,8 +378,12 @@ def check(argv: list) -> int:
         conn = record(conn, run, "check", path=path)
     write_metrics(_one(opts, "--metrics-file"), run, None, "check")
     code = EXIT_FAIL if run.verdict == FAIL else EXIT_OK
+    quiet = bool(opts.get("-q") or opts.get("--quiet"))
+    doc = run.to_dict()
+    if quiet:
+        doc["results"] = [r for r in doc["results"] if r["status"] not in _PASSED]
     try:
-        print(json.dumps(run.to_dict(), indent=1) if opts.get("--json") else format_table(run))
+        print(json.dumps(doc, indent=1) if opts.get("--json") else format_table(run, quiet))
         sys.stdout.flush()
     except BrokenPipeError:  # `check --json | head -1`: the reader has all it wanted
         _silence_stdout()

@@ -6,7 +6,9 @@ numbers by construction. The dict is the JSON format, documented in docs/report.
 
 Two spans: the *period* (`--since`, default 24 h before `--now`) for what happened lately (drains,
 check and Xid counts, slurmhealth's own cost), and the *window*, the 28 whole UTC days before the
-report's day, for what needs weeks (lemons, the heatmap, the trend, the failure rate).
+report's day, for what needs weeks (lemons, the heatmap, the trend, the failure rate); it
+starts later when the store's records do (a fleet 27 days old has a 27-day window), so its days
+and its node-days agree.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from slurmhealth.core.constants import (
 )
 from slurmhealth.core.result import clean
 from slurmhealth.fleet import drift as drift_of
-from slurmhealth.fleet import peers, policy, queries, signals
+from slurmhealth.fleet import faults, peers, policy, queries, signals, trends
+from slurmhealth.node.checks import xid as xid_catalogue
 
 FORMAT = "slurmhealth-report/1"
 FORMATS = ("html", "md", "json")
@@ -37,6 +40,7 @@ DAY = 86400
 WINDOW_DAYS = 28  # as `slurmhealth lemons` (Meta scores lemons over 28 days)
 HEATMAP_ROWS = 40  # nodes shown in the heatmap, most failures first
 LIST_MAX = 100  # rows of a listing (actions, out-of-service nodes); the counts stay complete
+NODES_SHOWN = 5  # nodes named per check or Xid row, most affected first; the rest is "+N more"
 EPISODE_S = 3600  # a node's second failure record within this is the same failure
 # How far back a node's last recorded versions are looked for: runs record them when they change
 # and at least every runner.VERSIONS_EVERY (6 h); two days spans a node idle over a weekend's
@@ -53,7 +57,10 @@ FAILURE_DEFINITION = (
     "a node-level hardware failure: slurmhealth drained the node for a failed check or Xid "
     "(actions: drain, ok; lemon-sweep drains excluded), or the node crashed under a job (jobs: "
     "slurm_state NODE_FAIL, and the node's epilog never ran: its job's other nodes did not "
-    "fail); records of one node within an hour of each other are one failure"
+    "fail); records of one node within an hour of each other are one failure. Failures that "
+    "start on many nodes within an hour (a fleet-wide incident: a switch, a filesystem, a bad "
+    "configuration push; the same test as the lemon sweep's, fleet/faults.py) are the fleet's, "
+    "not the nodes': listed as incidents, left out of the rate"
 )
 _XID_CLASSES = (("fail", "hardware"), ("warn", "warning"), ("app", "application"))
 
@@ -70,6 +77,17 @@ def window(now: float) -> tuple:
     is midnight): whole days, so the heatmap has 28 full columns and node-days are exact."""
     end = math.floor(now / DAY) * DAY
     return end - WINDOW_DAYS * DAY, end
+
+
+def records_window(conn: sqlite3.Connection, start: float, end: float) -> tuple:
+    """The window from the UTC day of its first record (a run or a job start) on: a fleet
+    younger than the window is not shown days it did not exist, and a rate per node-day is
+    read over the days it counts. (start, end) unchanged when records start on its first day
+    or there are none."""
+    first = queries.first_record(conn, start, end)
+    if first is None:
+        return start, end
+    return max(start, math.floor(first / DAY) * DAY), end
 
 
 def _day(t: float) -> str:
@@ -172,9 +190,25 @@ def period_runs(conn: sqlite3.Connection, start: float, end: float) -> dict:
 def check_counts(conn: sqlite3.Connection, start: float, end: float) -> list:
     """Fail and warn results per check in the period, most fails first. Only runs that were
     not ok keep results (store.record_run), so the join reads few rows."""
-    rows = queries.check_counts(conn, start, end)
-    out = [{"check": clean(name, 80), "fail": f, "warn": w} for name, f, w in rows]
+    per_check: dict = {}
+    for name, node, fails, warns in queries.check_counts(conn, start, end):
+        entry = per_check.setdefault(name, {"fail": 0, "warn": 0, "by_node": {}})
+        entry["fail"] += fails or 0
+        entry["warn"] += warns or 0
+        entry["by_node"][node] = (fails or 0) + (warns or 0)
+    out = [
+        {"check": clean(name, 80), "fail": e["fail"], "warn": e["warn"], **named(e["by_node"])}
+        for name, e in per_check.items()
+    ]
     return sorted(out, key=lambda c: (-c["fail"], -c["warn"], c["check"]))
+
+
+def named(by_node: dict) -> dict:
+    """The nodes of one row, most records first: the first NODES_SHOWN by name (cleaned: the
+    store's names are untrusted), the count of the rest."""
+    ranked = sorted(by_node, key=lambda n: (-by_node[n], str(n)))
+    shown = [clean(n, 64) for n in ranked[:NODES_SHOWN]]
+    return {"node_names": shown, "more_nodes": len(ranked) - len(shown)}
 
 
 def xid_counts(conn: sqlite3.Connection, start: float, end: float) -> dict:
@@ -184,10 +218,10 @@ def xid_counts(conn: sqlite3.Connection, start: float, end: float) -> dict:
     codes: dict = {}
     for cls, code, node, process in queries.xids_between(conn, start, end):
         entry = codes.setdefault(
-            (cls or "unknown", code), {"count": 0, "nodes": set(), "procs": set()}
+            (cls or "unknown", code), {"count": 0, "nodes": {}, "procs": set()}
         )
         entry["count"] += 1
-        entry["nodes"].add(node)
+        entry["nodes"][node] = entry["nodes"].get(node, 0) + 1
         if process:
             entry["procs"].add(clean(process, 60))
     names = dict(_XID_CLASSES)
@@ -196,8 +230,10 @@ def xid_counts(conn: sqlite3.Connection, start: float, end: float) -> dict:
         {
             "class": names.get(cls, clean(cls, 20)),
             "code": code,
+            "title": xid_catalogue.title(code) if isinstance(code, int) else "",
             "count": e["count"],
             "nodes": len(e["nodes"]),
+            **named(e["nodes"]),
             "processes": sorted(e["procs"])[:3],
         }
         for (cls, code), e in sorted(
@@ -290,19 +326,57 @@ def episodes(records: list) -> list:
     return out
 
 
-def heatmap(failures: list, start: float, scored: list) -> dict:
-    """Failures per node and UTC day over the window: the HEATMAP_ROWS nodes with the most
-    (lemon candidates always), each cell with its count and why."""
+def shared_failures(failures: list, span: float) -> set:
+    """{(node, time)} of the failures that are a fleet-wide incident's: starting on more nodes
+    within an hour than the fleet's own failure rate makes likely (the lemon sweep's test,
+    fleet/faults.py, with its parameters)."""
+    by_node: dict = {}
+    for t, node, *_ in failures:
+        by_node.setdefault(node, []).append((t, 1.0, {}))
+    params = policy.DEFAULT_PARAMS
+    return faults.shared(
+        by_node,
+        span,
+        params["shared_window_s"],
+        params["shared_p"],
+        params["shared_min_nodes"],
+    )
+
+
+def incidents(shared: list) -> list:
+    """The shared failures (time order) grouped into incidents: a new one after an hour
+    without any. Each: start, end, nodes, failures."""
+    groups: list = []
+    for t, node, *_ in shared:
+        if not groups or t - groups[-1]["last"] > policy.DEFAULT_PARAMS["shared_window_s"]:
+            groups.append({"first": t, "last": t, "nodes": set(), "failures": 0})
+        groups[-1]["last"] = t
+        groups[-1]["nodes"].add(node)
+        groups[-1]["failures"] += 1
+    return [
+        {
+            "start": timespec.iso(g["first"]),
+            "end": timespec.iso(g["last"]),
+            "nodes": len(g["nodes"]),
+            "failures": g["failures"],
+        }
+        for g in groups
+    ]
+
+
+def heatmap(failures: list, start: float, scored: list, days: int = WINDOW_DAYS) -> dict:
+    """Failures per node and UTC day over the window's `days`: the HEATMAP_ROWS nodes with the
+    most (lemon candidates always), each cell with its count and why."""
     cells: dict = {}
     for t, node, kind, why in failures:
-        row = cells.setdefault(node, [[0, []] for _ in range(WINDOW_DAYS)])
+        row = cells.setdefault(node, [[0, []] for _ in range(days)])
         cell = row[int((t - start) // DAY)]
         cell[0] += 1
         cell[1].append(f"{kind}: {clean(why, 100)}")
     lemons = {e["node"] for e in scored if e["lemon"]}
     failed = len(cells)
     for node in lemons:  # a lemon's row, even a blank one, belongs next to the others
-        cells.setdefault(node, [[0, []] for _ in range(WINDOW_DAYS)])
+        cells.setdefault(node, [[0, []] for _ in range(days)])
     ranked = sorted(cells, key=lambda n: (n not in lemons, -sum(c[0] for c in cells[n]), n))
     rows = [
         {
@@ -314,25 +388,50 @@ def heatmap(failures: list, start: float, scored: list) -> dict:
         }
         for node in ranked[:HEATMAP_ROWS]
     ]
-    days = [_day(start + d * DAY) for d in range(WINDOW_DAYS)]
+    labels = [_day(start + d * DAY) for d in range(days)]
     most = max((max(r["counts"]) for r in rows), default=0)
-    return {"days": days, "rows": rows, "nodes": failed, "max": most}
+    return {"days": labels, "rows": rows, "nodes": failed, "max": most}
 
 
-def trend(failures: list, start: float, node_days: int) -> dict:
-    """Failures per UTC day over the window, and the published range for this fleet's size."""
-    per_day = [0] * WINDOW_DAYS
-    for t, *_ in failures:
-        per_day[int((t - start) // DAY)] += 1
-    nodes = node_days / WINDOW_DAYS
+def trend(
+    failures: list, start: float, node_days: int, days: int = WINDOW_DAYS, shared: tuple = ()
+) -> dict:
+    """Node failures and an incident's failures per UTC day over the window, the published
+    range for this fleet's size (nodes: node-days over the window's days), and the whole-number
+    ticks of the chart's count axis."""
+    per_day, per_day_shared = [0] * days, [0] * days
+    for counts, records in ((per_day, failures), (per_day_shared, shared)):
+        for t, *_ in records:
+            counts[int((t - start) // DAY)] += 1
+    nodes = node_days / days if days else 0
     low, high = (rate * nodes / 1000 for _, rate in PUBLISHED)
-    days = [{"day": _day(start + d * DAY), "failures": n} for d, n in enumerate(per_day)]
-    return {"days": days, "expected_low": round(low, 3), "expected_high": round(high, 3)}
+    listed = [
+        {"day": _day(start + d * DAY), "failures": n, "incident": m}
+        for d, (n, m) in enumerate(zip(per_day, per_day_shared))
+    ]
+    peak = max([n + m for n, m in zip(per_day, per_day_shared)] + [high * 1.25, 1])
+    return {
+        "days": listed,
+        "expected_low": round(low, 3),
+        "expected_high": round(high, 3),
+        "ticks": count_ticks(peak),
+    }
 
 
-def rate(failures: list, node_days: int) -> dict:
+def count_ticks(peak: float) -> list:
+    """Whole-number ticks from 0 for a count axis that reaches at least `peak`: steps of 1, 2,
+    5, 10, 20, 50... so that there are at most five intervals; the last tick is the top."""
+    step = 1
+    while math.ceil(peak / step) > 5:
+        step = step * 5 // 2 if str(step).startswith("2") else step * 2
+    return list(range(0, step * math.ceil(peak / step) + 1, step))
+
+
+def rate(failures: list, node_days: int, shared: list | None = None) -> dict:
     """The failure rate per 1,000 node-days, and what it means for jobs: a job on N nodes
-    meets a failure on average every 1 / (N x rate) days (Meta's MTTF model)."""
+    meets a failure on average every 1 / (N x rate) days (Meta's MTTF model). A fleet-wide
+    incident's failures (`shared`) are listed apart and counted in neither; `above_published`
+    (the alarm) compares the nodes' own rate with the highest published one."""
     per_node_day = len(failures) / node_days if node_days else None
     mttf = []
     for n in MTTF_NODES:
@@ -340,11 +439,15 @@ def rate(failures: list, node_days: int) -> dict:
         for name, published in PUBLISHED:
             row[name] = _mttf_hours(published / 1000, n)
         mttf.append(row)
+    per_1000 = None if per_node_day is None else round(1000 * per_node_day, 2)
     return {
         "definition": FAILURE_DEFINITION,
         "failures": len(failures),
         "node_days": node_days,
-        "per_1000_node_days": None if per_node_day is None else round(1000 * per_node_day, 2),
+        "per_1000_node_days": per_1000,
+        "above_published": per_1000 is not None and per_1000 > max(r for _, r in PUBLISHED),
+        "incident_failures": len(shared or []),
+        "incidents": incidents(shared or []),
         "published": [{"cluster": name, "per_1000_node_days": r} for name, r in PUBLISHED],
         "mttf": mttf,
     }
@@ -412,6 +515,7 @@ def _build(
     sinfo: list | None,
     tick: Callable[[int], None],
 ) -> dict:
+    w_start, w_end = records_window(conn, w_start, w_end)
     counts = signals.signals(conn, w_start, w_end)
     scored = policy.score(counts)  # as lemons.sweep, over the same whole days
     tick(1)
@@ -423,8 +527,12 @@ def _build(
     else:
         states = fleet_summary([slurm_state(info) for info in sinfo], "sinfo")
     tick(1)
-    failures = episodes(failure_records(conn, w_start, w_end))
+    everything = episodes(failure_records(conn, w_start, w_end))
+    common = shared_failures(everything, w_end - w_start)
+    failures = [f for f in everything if (f[1], f[0]) not in common]
+    shared = [f for f in everything if (f[1], f[0]) in common]
     node_days = sum(s["node_days"] for s in counts.values())
+    days = round((w_end - w_start) / DAY)
     tick(1)
     doc = {
         "format": FORMAT,
@@ -435,7 +543,7 @@ def _build(
             "end": timespec.iso(now),
             "hours": round((now - start) / 3600, 2),
         },
-        "window": {"start": timespec.iso(w_start), "end": timespec.iso(w_end), "days": WINDOW_DAYS},
+        "window": {"start": timespec.iso(w_start), "end": timespec.iso(w_end), "days": days},
         "fleet": states,
         "actions": period_actions(conn, start, now),
     }
@@ -446,13 +554,14 @@ def _build(
     doc["xids"] = xid_counts(conn, start, now)
     tick(1)
     doc["lemons"] = {"nodes_scored": len(scored), "candidates": lemon_candidates(scored)}
-    doc["heatmap"] = heatmap(failures, w_start, scored)
-    doc["trend"] = trend(failures, w_start, node_days)
-    doc["rate"] = rate(failures, node_days)
+    doc["heatmap"] = heatmap(failures, w_start, scored, days)
+    doc["trend"] = trend(failures, w_start, node_days, days, shared)
+    doc["rate"] = rate(failures, node_days, shared)
     tick(1)
     doc["drift"] = drift_of.odd_nodes({n: recorded_versions(conn, n, now) for n in nodes})
     doc["diagnosed"] = diagnosed(conn, start, now)
     doc["slow"] = slow_nodes(conn, now)
+    doc["rising"] = rising_counters(conn, now)
     tick(1)
     doc["cost"] = own_cost(conn, start, now)
     tick(1)
@@ -541,3 +650,38 @@ def live_nodes(slurm_bin: str = "", timeout: float = 30.0) -> list:
         return slurm.Slurm(slurm_bin, timeout).nodes()
     except slurm.SlurmError as exc:
         raise ReportError(f"{exc} (node states from Slurm)") from None
+
+
+_RISING_NUMBERS = (
+    "window_h",
+    "episodes",
+    "errors",
+    "rate_per_h",
+    "own_per_h",
+    "fleet_per_h",
+    "ratio",
+)
+
+
+def rising_counters(conn: sqlite3.Connection, now: float) -> dict:
+    """The devices whose error counters are rising as of `now` (trends.rising at its defaults,
+    as `slurmhealth trends`), strongest first; the first LIST_MAX."""
+    found, nodes = queries.rising_counters(conn, now)
+    listed = [
+        {
+            "node": clean(f["node"], 64),
+            "device": clean(f["label"], 64),
+            "counter": clean(trends.LABELS.get(f["counter"], f["counter"]), 64),
+            "basis": f["basis"],
+            **{k: f[k] for k in _RISING_NUMBERS},
+            "evidence": f["evidence"],
+        }
+        for f in found[:LIST_MAX]
+    ]
+    return {
+        "nodes": nodes,
+        "windows_h": [w / 3600 for w in trends.WINDOWS],
+        "factor": trends.FACTOR,
+        "total": len(found),
+        "list": listed,
+    }

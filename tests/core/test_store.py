@@ -132,7 +132,7 @@ def test_a_version_3_store_gains_the_published_table_and_keeps_its_jobs(db):
     old.execute("INSERT INTO jobs (node, job_id, end) VALUES ('gpu01', '7', 1.5)")
     old.close()
     conn = store.connect(db)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 6
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 7
     conn.execute("INSERT INTO published VALUES ('7', 'abc', 2.0, 120)")
     assert conn.execute("SELECT job_id, digest FROM published").fetchall() == [("7", "abc")]
     plan = conn.execute("EXPLAIN QUERY PLAN SELECT job_id FROM jobs WHERE end >= 1").fetchall()
@@ -140,23 +140,42 @@ def test_a_version_3_store_gains_the_published_table_and_keeps_its_jobs(db):
     assert conn.execute("SELECT job_id, end FROM jobs").fetchall() == [("7", 1.5)]
 
 
+def test_a_version_6_store_gains_watermarks_and_run_hours_and_keeps_its_runs(db):
+    old = store_at_version(db, 6)
+    old.execute(
+        store.insert_sql("runs"), ("r1", "gpu01", None, "healthcheck", 7.0, 0.1, "ok", "v", "{}")
+    )
+    old.close()
+    conn = store.connect(db)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 7
+    assert conn.execute("SELECT id, started FROM runs").fetchall() == [("r1", 7.0)]
+    conn.execute(store.insert_sql("watermarks"), ("/spool/gpu01.db", 7.0, "", 8.0))
+    conn.execute(store.insert_sql("run_hours"), ("gpu01", 3600.0, "healthcheck", 11, 0.5))
+    plan = conn.execute("EXPLAIN QUERY PLAN SELECT runs FROM run_hours WHERE hour >= 0").fetchall()
+    assert "run_hours_hour" in str(plan)
+
+
 # --- a store damaged past its header: opens fine, fails later, reported corrupt ----------------
 
 
 def damaged_past_the_header(db: str) -> None:
-    """A real store with many rows whose every page but the first (the header and the schema)
-    is overwritten with garbage, as a torn write or a bad disk leaves it."""
+    """A real store with many rows whose every page but the schema's (the first, with the
+    header, and those the schema spilled into: sqlite_schema in dbstat) is overwritten with
+    garbage, as a torn write or a bad disk leaves it."""
     conn = store.connect(db)
     store.record_run(conn, a_run().records("41"))
     for i in range(2000):
         store.record_action(conn, f"gpu{i % 50:02d}", "drain", f"reason {i} " * 5, "me")
     page = conn.execute("PRAGMA page_size").fetchone()[0]
+    schema = {n for (n,) in conn.execute("SELECT pageno FROM dbstat WHERE name = 'sqlite_schema'")}
     conn.close()  # the last connection checkpoints the WAL into the file
     size = os.path.getsize(db)
     assert size > 20 * page and not os.path.exists(db + "-wal")
     with open(db, "r+b") as f:
-        f.seek(page)
-        f.write((bytes(range(256)) * (size // 256 + 1))[: size - page])
+        for number in range(2, size // page + 1):
+            if number not in schema:
+                f.seek((number - 1) * page)
+                f.write(bytes((number + i) % 256 for i in range(page)))
 
 
 def test_a_store_damaged_past_its_header_is_corrupt_at_the_first_read_or_write(db):

@@ -42,6 +42,32 @@ def test_history_lists_runs_problems_and_actions(db):
     assert [r["job"] for r in doc["runs"]] == ["2"] and doc["jobs"][0]["user"] == "root"
 
 
+def test_history_shows_the_counters_a_run_saw_rise(db):
+    """The node's second run reads 2 more uncorrectable errors on GPU 2: `history` says so."""
+    now = time.time()
+    conn = store.connect(db)
+    for name, when in (("healthy", now - 60), ("ecc-dbe", now - 30)):
+        run = runner.run(
+            "gpu01",
+            config.defaults(),
+            runner.Options(gpu_source=snapshot_path(name)),
+            ["gpu"],
+            "check",
+            store.load_baselines(conn, "gpu01"),
+        )
+        run.started = when
+        store.record_run(conn, run.records())
+    proc = run_cli("history", "--db", db, "--since", "1h")
+    assert proc.returncode == 0, proc.stderr
+    first, second = proc.stdout.splitlines()[1:3]
+    assert "; counters: GPU 2 ecc_dbe_aggregate +2, GPU 2 ecc_dbe_volatile +2" in first
+    assert "counters" not in second
+    doc = json.loads(run_cli("history", "--db", db, "--since", "1h", "--json").stdout)
+    assert {"device": "GPU 2", "counter": "ecc_dbe_volatile", "delta": 2, "value": 2} in doc[
+        "runs"
+    ][0]["counters"]
+
+
 def test_history_since_and_now_replay(db):
     base = timespec.parse_instant("2026-01-10T00:00:00Z")
     recorded(db, "healthy", "1", base - 3 * 86400)

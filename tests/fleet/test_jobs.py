@@ -449,6 +449,20 @@ def test_job_from_the_fleet_store_for_whoever_can_read_it(conn, tmp_path):
     assert (got["source"], got["verdict"], got["exit_code"]) == ("fleet store", "failed", 3)
 
 
+def test_a_job_missing_from_a_readable_fleet_store_says_so_without_asking_sacct(conn, tmp_path):
+    """An admin's store that lacks the job is the answer: sacct (which publish feeds from this
+    same store) could add nothing, and on a head node without slurm.conf it only fails with a
+    DNS lookup error."""
+    job_on(conn, "gpu02", "42", exit_code=3)
+    env = {"SLURMHEALTH_SLURM_BIN": str(tmp_path / "no-slurm-here")}
+    proc = run_cli("job", "43", "--db", str(tmp_path / "fleet.db"), env=env)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == (
+        f"Error: job 43 is not in the fleet store {tmp_path / 'fleet.db'} "
+        "(not collected yet, or no job of these nodes)"
+    )
+
+
 @pytest.mark.parametrize(
     ("job", "row", "message"),
     [

@@ -20,7 +20,7 @@ from conftest import FIXTURES, require_real, run_cli, snapshot_path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurmhealth.core import store
+from slurmhealth.core import files, store
 from slurmhealth.core.result import clean
 from slurmhealth.core.slurm import SlurmError
 from slurmhealth.fleet import accounting, policy, signals, simulate, sync
@@ -34,6 +34,7 @@ KEYS = {
     "events": "id",
     "jobs": "node, job_id",
     "actions": "id",
+    "counters": "node, device, counter, time",
 }
 
 
@@ -79,7 +80,7 @@ def test_export_import_round_trip_equals_the_source(tmp_path):
     header = json.loads(text.splitlines()[0])
     assert header["type"] == "header" and header["format"] == sync.FORMAT
     kinds = {json.loads(line)["type"] for line in text.splitlines()[1:]}
-    assert kinds == {"run", "result", "event", "job", "action"}  # every kind is exercised
+    assert kinds == set(sync.KINDS)  # every kind is exercised
     target = store.connect(str(tmp_path / "fleet.db"))
     report = sync.import_ndjson(target, io.StringIO(text))
     assert report["bad_count"] == 0 and report["truncated"] is None
@@ -123,8 +124,9 @@ def test_a_truncated_last_line_is_reported_and_skipped(tmp_path):
     assert report["records"] == len(lines) - 2  # all but the header and the cut line
     last = json.loads(lines[-1])
     table = sync.KINDS[last["type"]].table
-    assert table == "actions"  # the last record of an export
-    assert target.execute("SELECT count(*) FROM actions").fetchone()[0] == 0
+    assert table == "counters"  # the last kind of an export (store.KINDS order)
+    whole = sum(json.loads(line)["type"] == last["type"] for line in lines[1:])
+    assert target.execute("SELECT count(*) FROM counters").fetchone()[0] == whole - 1
 
 
 def test_malformed_lines_are_reported_and_the_rest_imported(tmp_path):
@@ -305,7 +307,7 @@ def test_collect_while_a_node_store_is_written_is_consistent(tmp_path):
         report = sync.collect(conn, str(spool))
         assert report["skipped"] == []
         counts = [conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in KEYS]
-        runs, results, events, jobs, actions = counts
+        runs, results, events, jobs, actions, _counters = counts
         assert runs == results == jobs and events == actions == 0  # whole transactions only
         during.append(runs)
     assert writer.wait() == 0
@@ -854,7 +856,7 @@ def test_spool_owner_trusts_the_files_of_a_named_user(shared, user):
     assert "0 files merged, 1 skipped" in refused.stdout, refused.stderr
     named = run_cli(*args, "--spool-owner", user.pw_name)
     assert "1 files merged, 0 skipped" in named.stdout, named.stderr
-    by_env = run_cli(*args, env={"SLURMHEALTH_SPOOL_OWNER": str(user.pw_uid)})
+    by_env = run_cli(*args, "--full", env={"SLURMHEALTH_SPOOL_OWNER": str(user.pw_uid)})
     assert "1 files merged, 0 skipped" in by_env.stdout, by_env.stderr
     unknown = run_cli(*args, "--spool-owner", "no-such-user-here")
     assert unknown.returncode == 2 and "no user no-such-user-here" in unknown.stderr
@@ -1039,3 +1041,291 @@ def test_collect_keeps_the_jobs_it_merged_when_sacctmgr_fails(tmp_path):
     assert error.endswith("Connection refused (node events from accounting not merged)")
     conn = store.connect(fleet_db)
     assert conn.execute("SELECT job_id, slurm_state FROM jobs").fetchall() == [("12", "NODE_FAIL")]
+
+
+# --- incremental collection, the spool and the rollup (a 10,000-node fleet) ---------------------
+
+
+def add_run(conn: sqlite3.Connection, run_id: str, started: float, verdict: str = "ok") -> None:
+    row = (run_id, "gpu01", None, "healthcheck", started, 0.05, verdict, "v", "{}")
+    conn.execute(store.insert_sql("runs"), row)
+
+
+def run_ids(conn: sqlite3.Connection) -> set:
+    return {run_id for (run_id,) in conn.execute("SELECT id FROM runs")}
+
+
+def test_collect_reads_a_store_from_its_watermark_less_the_overlap(tmp_path):
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    node = store.connect(str(spool / "gpu01.db"))
+    add_run(node, "first", T0)
+    add_run(node, "newest", T0 + 300)
+    fleet = store.connect(str(tmp_path / "fleet.db"))
+    sync.collect(fleet, str(spool))
+    assert fleet.execute("SELECT source, mark FROM watermarks").fetchall() == [
+        (str(spool / "gpu01.db"), T0 + 300)
+    ]
+    # Committed after that collect: one dated within the overlap (a run still running then),
+    # one older than it (the watermark says it was read), one new.
+    add_run(node, "late", T0 + 300 - sync.OVERLAP + 1)
+    add_run(node, "before-the-overlap", T0 + 300 - sync.OVERLAP - 1)
+    add_run(node, "new", T0 + 600)
+    report = sync.collect(fleet, str(spool))
+    assert report["added"]["run"] == 2
+    assert run_ids(fleet) == {"first", "newest", "late", "new"}
+    sync.collect(fleet, str(spool), full=True)  # --full: all of --since again
+    assert run_ids(fleet) == run_ids(node)
+
+
+def test_an_xid_the_epilog_attributes_after_the_watermark_still_travels(tmp_path):
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    node = store.connect(str(spool / "gpu01.db"))
+    add_run(node, "hc", T0)
+    event = {"id": "xid:gpu01:b:1:79", "run_id": "hc", "node": "gpu01", "time": T0}
+    node.execute(store.insert_sql("events"), store.row("events", {**event, "kind": "xid"}))
+    node.execute("INSERT INTO jobs (node, job_id, start) VALUES ('gpu01', '41', ?)", (T0 - 60,))
+    fleet = store.connect(str(tmp_path / "fleet.db"))
+    sync.collect(fleet, str(spool))
+    add_run(node, "epilog", T0 + DAY)  # the job ends a day later: its epilog claims the Xid
+    node.execute("UPDATE jobs SET end = ? WHERE job_id = '41'", (T0 + DAY,))
+    assert store.attribute_events(node, "gpu01", "41", None) == 1
+    sync.collect(fleet, str(spool))
+    assert fleet.execute("SELECT job_id FROM events").fetchall() == [("41",)]
+
+
+def export_cycle(conn: sqlite3.Connection, path: str, now: float) -> dict:
+    """One node's incremental export, as `export --incremental -o PATH` makes it."""
+    since = sync.incremental_since(conn, path, None)
+    with files.open_private(path) as out:
+        counts = sync.export(conn, out, since)
+    sync.exported(conn, path, since, now)
+    return counts
+
+
+def spool_ids(path: str) -> set:
+    with open(path) as handle:
+        return {json.loads(line).get("id") for line in handle} - {None}
+
+
+def test_an_export_carries_what_is_new_and_a_lost_collect_loses_nothing(tmp_path):
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    node = store.connect(str(tmp_path / "gpu01.db"))
+    target = str(spool / "gpu01.ndjson")
+    fleet = store.connect(str(tmp_path / "fleet.db"))
+    add_run(node, "a", T0 - 1000)
+    assert export_cycle(node, target, T0)["run"] == 1
+    sync.collect(fleet, str(spool), consume=True)
+    assert os.listdir(spool) == []  # merged, then removed
+    add_run(node, "b", T0 + 1000)
+    export_cycle(node, target, T0 + 1001)
+    assert spool_ids(target) == {"b"}  # only what is new (the overlap reaches back 120 s)
+    # The collect of this cycle never comes; the next export replaces the file unread...
+    add_run(node, "c", T0 + 1500)
+    export_cycle(node, target, T0 + 2001)
+    assert spool_ids(target) == {"b", "c"}  # ...so it starts where the unread one did
+    report = sync.collect(fleet, str(spool), consume=True)
+    assert report["added"]["run"] == 2 and report["skipped"] == []
+    assert run_ids(fleet) == {"a", "b", "c"} and os.listdir(spool) == []
+    add_run(node, "d", T0 + 3000)
+    export_cycle(node, target, T0 + 3001)
+    assert spool_ids(target) == {"d"}
+
+
+def test_a_record_committed_late_is_in_the_next_export(tmp_path):
+    node = store.connect(str(tmp_path / "gpu01.db"))
+    target = str(tmp_path / "gpu01.ndjson")
+    add_run(node, "a", T0 - 1000)
+    export_cycle(node, target, T0)
+    os.unlink(target)  # collected
+    add_run(node, "prolog-that-started-first", T0 - sync.OVERLAP / 2)
+    export_cycle(node, target, T0 + 300)
+    assert spool_ids(target) == {"prolog-that-started-first"}
+
+
+def test_the_export_cli_refuses_incremental_to_stdout_and_writes_a_spool_file(tmp_path):
+    node_store(str(tmp_path / "gpu01.db"), "gpu01").close()
+    refused = run_cli("export", "--incremental", "--db", str(tmp_path / "gpu01.db"))
+    assert refused.returncode == 2 and "--incremental needs -o FILE" in refused.stderr
+    target = str(tmp_path / "gpu01.ndjson")
+    args = ("export", "--incremental", "--db", str(tmp_path / "gpu01.db"), "-o", target)
+    first = run_cli(*args)
+    assert first.returncode == 0 and "3 runs" in first.stdout, first.stderr
+    again = run_cli(*args)  # not collected: the same records again
+    assert again.returncode == 0 and "3 runs" in again.stdout, again.stderr
+    assert json.loads(pathlib.Path(target).read_text().splitlines()[0])["since"] is None
+    os.unlink(target)  # collected: the next starts OVERLAP before the last one's snapshot
+    begun = time.time()
+    assert run_cli(*args).returncode == 0
+    since = json.loads(pathlib.Path(target).read_text().splitlines()[0])["since"]
+    assert begun - sync.OVERLAP - 60 < since < begun - sync.OVERLAP
+
+
+def test_an_unchanged_spool_is_not_read_again_and_collecting_again_adds_nothing(tmp_path):
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    (spool / "gpu03.ndjson").write_text(export_text(node_store(str(tmp_path / "n.db"), "gpu03")))
+    fleet = store.connect(str(tmp_path / "fleet.db"))
+    first = sync.collect(fleet, str(spool))
+    before = dump(fleet)
+    assert first["added"]["run"] == 3
+    second = sync.collect(fleet, str(spool))
+    assert second["unchanged"] == [str(spool / "gpu03.ndjson")] and second["merged"] == []
+    third = sync.collect(fleet, str(spool), full=True)  # read again: idempotent
+    assert sum(third["added"].values()) == 0 and dump(fleet) == before
+
+
+def test_partial_files_are_never_read_and_stale_ones_are_cleaned(tmp_path):
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    text = export_text(node_store(str(tmp_path / "n.db"), "gpu05"))
+    partial = spool / ".gpu05.ndjson.0123456789ab.tmp"  # an export being written
+    partial.write_text(text[: len(text) // 2])
+    stale = spool / ".gpu06.ndjson.ba9876543210.tmp"  # its writer died two hours ago
+    stale.write_text(text[:100])
+    os.utime(stale, (time.time() - 7200, time.time() - 7200))
+    leftover = spool / "gpu05.ndjson.dead.collecting"  # claimed by a collect that stopped
+    leftover.write_text(text)
+    fleet = store.connect(str(tmp_path / "fleet.db"))
+    report = sync.collect(fleet, str(spool), consume=True)
+    assert [os.path.basename(p) for p, _ in report["merged"]] == [leftover.name]
+    assert report["skipped"] == [] and report["cleaned"] == 1
+    assert sorted(os.listdir(spool)) == [partial.name]
+    assert fleet.execute("SELECT count(*) FROM runs").fetchone()[0] == 3
+
+
+def test_a_spool_collect_cannot_remove_is_read_in_place_and_said(tmp_path, monkeypatch):
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    (spool / "gpu07.ndjson").write_text(export_text(node_store(str(tmp_path / "n.db"), "gpu07")))
+
+    def read_only(src: str, dst: str) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(sync.os, "rename", read_only)
+    fleet = store.connect(str(tmp_path / "fleet.db"))
+    report = sync.collect(fleet, str(spool), consume=True)
+    assert report["kept"] == [(str(spool / "gpu07.ndjson"), "Permission denied")]
+    assert report["added"]["run"] == 3 and os.path.exists(spool / "gpu07.ndjson")
+
+
+SPOOL_WRITER = """
+import os, random, sys, time
+from slurmhealth.core import files, store
+from slurmhealth.fleet import sync
+spool, node, cycles = sys.argv[1], sys.argv[2], int(sys.argv[3])
+conn = store.connect(os.path.join(sys.argv[4], node + ".db"))
+target = os.path.join(spool, node + ".ndjson")
+rng = random.Random(node)
+for cycle in range(cycles):
+    for n in range(rng.randrange(1, 4)):
+        conn.execute(store.insert_sql("runs"), (f"{node}-{cycle}-{n}", node, None,
+                     "healthcheck", time.time(), 0.05, "ok", "v", '{"pad": "' + "x" * 3000 + '"}'))
+    time.sleep(rng.random() * 0.02)  # the splay: each node at its own moment of the cycle
+    mark = time.time()
+    since = sync.incremental_since(conn, target, None)
+    with files.open_private(target) as out:
+        sync.export(conn, out, since)
+    sync.exported(conn, target, since, mark)
+"""
+
+
+def test_many_nodes_exporting_while_collect_consumes_lose_and_tear_nothing(tmp_path):
+    spool, stores = tmp_path / "spool", tmp_path / "nodes"
+    spool.mkdir()
+    stores.mkdir()
+    nodes, cycles = [f"gpu{i:02d}" for i in range(12)], 25
+    writers = [
+        subprocess.Popen(
+            [sys.executable, "-c", SPOOL_WRITER, str(spool), n, str(cycles), str(stores)]
+        )
+        for n in nodes
+    ]
+    fleet = store.connect(str(tmp_path / "fleet.db"))
+    collects = 0
+    while any(w.poll() is None for w in writers) or collects == 0:
+        report = sync.collect(fleet, str(spool), consume=True)
+        assert report["skipped"] == [] and report["kept"] == []
+        for _path, result in report["imports"]:
+            assert result["bad_count"] == 0 and result["truncated"] is None
+        collects += 1
+    assert [w.wait() for w in writers] == [0] * len(nodes)
+    sync.collect(fleet, str(spool), consume=True)
+    expected = set()
+    for n in nodes:
+        expected |= run_ids(store.connect(str(stores / f"{n}.db")))
+    assert run_ids(fleet) == expected and len(expected) >= len(nodes) * cycles
+    assert [n for n in os.listdir(spool) if not n.startswith(".")] == []
+    assert collects > 1
+
+
+# The rollup: a small simulated fleet, passing health checks older than a day rolled up.
+
+
+def rolled_fleet(tmp_path) -> tuple:
+    history = simulate.events(simulate.Fleet(nodes=24, days=4, seed=3, jobs_per_node_day=10))
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    simulate.write_store(history, conn)
+    return history, conn
+
+
+def test_a_rollup_keeps_every_failure_job_run_and_count_and_the_lemon_signals(tmp_path):
+    from slurmhealth.fleet import queries
+
+    history, conn = rolled_fleet(tmp_path)
+    start, end = history.fleet.start, history.fleet.end
+    kept = "SELECT id FROM runs WHERE verdict != 'ok' OR phase != 'healthcheck' ORDER BY id"
+    before = {
+        "signals": signals.signals(conn, start, end),
+        "kept": conn.execute(kept).fetchall(),
+        "days": [dict(queries.verdict_counts(conn, t, t + DAY)) for t in range(start, end, 86400)],
+    }
+    done = sync.rollup(conn, end - DAY)
+    assert done["runs"] > 0.8 * 3 * 24 * 288  # most of three days' passing health checks
+    assert conn.execute(kept).fetchall() == before["kept"]
+    assert signals.signals(conn, start, end) == before["signals"]
+    days = [dict(queries.verdict_counts(conn, t, t + DAY)) for t in range(start, end, 86400)]
+    assert days == before["days"]
+    not_ok = conn.execute(
+        "SELECT count(*) FROM runs u JOIN run_hours h ON h.node = u.node "
+        "AND h.hour = CAST(u.started / 3600 AS INTEGER) * 3600 WHERE u.verdict != 'ok'"
+    ).fetchone()[0]
+    assert not_ok == 0  # an hour with anything but passes is never rolled up
+    assert sync.rollup(conn, end - DAY) == {"runs": 0, "hours": 0, "late": 0}
+
+
+def test_runs_imported_again_into_rolled_up_hours_are_not_counted_twice(tmp_path):
+    from slurmhealth.fleet import queries
+
+    history, conn = rolled_fleet(tmp_path)
+    start, end = history.fleet.start, history.fleet.end
+    old = export_text(conn)
+    totals = dict(queries.verdict_counts(conn, start, end))
+    sync.rollup(conn, end - DAY)
+    sync.import_ndjson(conn, old.splitlines(keepends=True))  # an old export, merged again
+    assert dict(queries.verdict_counts(conn, start, end))["ok"] > totals["ok"]
+    assert sync.rollup(conn, end - DAY)["late"] > 0
+    assert dict(queries.verdict_counts(conn, start, end)) == totals
+
+
+def test_the_collect_cli_consumes_the_spool_and_rolls_up(tmp_path):
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    node = store.connect(str(tmp_path / "gpu01.db"))
+    hour = (T0 - 3 * DAY) // 3600 * 3600
+    for slot in range(24):  # two whole hours of passing health checks, three days ago
+        add_run(node, f"hc{slot}", hour + slot * 300)
+    (spool / "gpu01.ndjson").write_text(export_text(node))
+    fleet = str(tmp_path / "fleet.db")
+    args = ("collect", str(spool), "--db", fleet, "--since", "28d", "--now", str(T0))
+    done = run_cli(*args, "--consume", "--rollup-after", "2d")
+    assert done.returncode == 0, done.stderr
+    assert "1 files merged, 0 skipped: 24 runs added" in done.stdout
+    assert "rollup: 22 passing runs counted in 2 node-hours" in done.stdout
+    assert os.listdir(spool) == []
+    again = run_cli(*args, "--rollup-after", "2d")
+    assert again.returncode == 0 and "0 files merged, 0 skipped: nothing new added" in again.stdout
+    bad = run_cli(*args, "--rollup-after", "soon")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr

@@ -83,16 +83,21 @@ def test_failures_match_sql_and_the_simulators_truth(conn, sim):
     crashed = conn.execute(
         "SELECT count(*) FROM jobs WHERE slurm_state = 'NODE_FAIL' AND state = 'running'"
     ).fetchone()[0]
-    assert d["rate"]["failures"] == drains + crashed
-    # The truth: every planted fault, plus the nodes the incident drained (a fleet-wide fault
-    # takes nodes out too), less crashes whose job outlived the simulation (no NODE_FAIL yet).
+    shared = d["rate"]["incident_failures"]
+    assert d["rate"]["failures"] + shared == drains + crashed
+    # The truth: every planted fault, less crashes whose job outlived the simulation (no
+    # NODE_FAIL yet); the nodes the incident drained (a fleet-wide fault takes nodes out too)
+    # are the incident's, listed apart and not counted as node failures.
     begin, stop = sim.breaker["incident_start"], sim.breaker["incident_end"]
     incident = sum(1 for a in sim.actions if a[3] == "drain" and begin <= a[2] < stop)
     faults = sum(len(times) for times in sim.faults.values())
     unfinished = sum(
         1 for j in sim.jobs if j[5] == "running" and j[6] == "RUNNING" and j[3] is None
     )
-    assert faults + incident - unfinished <= d["rate"]["failures"] <= faults + incident
+    assert incident >= 3 and shared == incident
+    assert [(i["nodes"], i["failures"]) for i in d["rate"]["incidents"]] == [(incident, incident)]
+    assert begin <= timespec.parse_instant(d["rate"]["incidents"][0]["start"]) < stop
+    assert faults - unfinished <= d["rate"]["failures"] <= faults
     node_days = conn.execute(
         "SELECT count(*) FROM (SELECT DISTINCT node, CAST(started / 86400 AS INTEGER) FROM runs "
         "WHERE started >= ? AND started < ?)",
@@ -111,6 +116,7 @@ def test_heatmap_and_trend_add_up_to_the_failures(conn, sim):
     per_day = [day["failures"] for day in d["trend"]["days"]]
     assert len(per_day) == len(d["heatmap"]["days"]) == report.WINDOW_DAYS
     assert sum(per_day) == d["rate"]["failures"]
+    assert sum(day["incident"] for day in d["trend"]["days"]) == d["rate"]["incident_failures"]
     assert d["heatmap"]["nodes"] <= report.HEATMAP_ROWS  # all shown: the sums must agree
     columns = [sum(col) for col in zip(*(r["counts"] for r in d["heatmap"]["rows"]))]
     assert columns == per_day
@@ -387,11 +393,14 @@ def expected_tables(d: dict) -> dict:
             ("phase",),
             [[c["phase"], c["runs"], c["p50_ms"], c["p99_ms"]] for c in d["cost"]],
         ),
-        "checks": (("check",), [[c["check"], c["fail"], c["warn"]] for c in d["checks"]]),
+        "checks": (
+            ("check",),
+            [[c["check"], c["fail"], c["warn"], names(c)] for c in d["checks"]],
+        ),
         "xids": (
             ("class", "Xid"),
             [
-                [x["class"], x["code"], x["count"], x["nodes"], ", ".join(x["processes"])]
+                [x["class"], x["code"], x["title"], x["count"], names(x), ", ".join(x["processes"])]
                 for x in d["xids"]["codes"]
             ],
         ),
@@ -412,12 +421,15 @@ def expected_tables(d: dict) -> dict:
         ),
         "lemons-table": (
             ("node", "score"),
-            [
-                [c["node"], c["score"], c["faults"], c["reason"]]
-                for c in d["lemons"]["candidates"]
-            ],
+            [[c["node"], c["score"], c["faults"], c["reason"]] for c in d["lemons"]["candidates"]],
         ),
     }
+
+
+def names(row: dict) -> str:
+    """A row's nodes as the tables show them: the first few, then `+N more`."""
+    more = f" +{row['more_nodes']} more" if row["more_nodes"] else ""
+    return ", ".join(row["node_names"]) + more
 
 
 def typed(rows: list) -> list:
@@ -456,8 +468,8 @@ def test_json_html_and_markdown_carry_the_same_numbers(doc):
     md_acts = typed(md_table(md, "drains")[1:])[0]
     c = d["actions"]["counts"]
     assert acts == md_acts == [c["drain"], c["resume"], c["breaker"], c["failed"], c["would-drain"]]
-    trend = {r[0]: r[1] for r in typed(md_table(md, "day")[1:])}
-    assert trend == {x["day"]: x["failures"] for x in d["trend"]["days"]}
+    trend = {r[0]: r[1:] for r in typed(md_table(md, "day")[1:])}
+    assert trend == {x["day"]: [x["failures"], x["incident"]] for x in d["trend"]["days"]}
 
 
 def test_heatmap_and_trend_are_inline_svg_without_script(doc):
@@ -467,11 +479,12 @@ def test_heatmap_and_trend_are_inline_svg_without_script(doc):
     assert 'id="heatmap"' in text and 'id="trend"' in text and 'id="heatmap-legend"' in text
     cells = re.findall(r'<rect class="c(\d)"[^>]*><title>([^<]*)</title>', text)
     shown = doc["heatmap"]["rows"]
-    assert len(cells) == len(shown) * report.WINDOW_DAYS + 5  # + the legend's five
+    days = doc["window"]["days"]  # 27: the report's day is the simulation's last
+    assert len(cells) == len(shown) * days + 5  # + the legend's five
     lit = [t for level, t in cells if level != "0" and "failure" in t]
     assert len(lit) == sum(1 for r in shown for n in r["counts"] if n)
     bars = re.findall(r'<rect class="bar"[^>]*><title>([^<]*)</title>', text)
-    assert len(bars) == report.WINDOW_DAYS
+    assert len(bars) == days
 
 
 # --- hostile strings ---------------------------------------------------------------------------
@@ -499,7 +512,8 @@ def test_hostile_strings_render_as_text(hostile):
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page_text
     page = html_tables(page_text)
     assert page.scripts == 0
-    assert page.tables["xids"][1][4] == HOSTILE_PROCESS
+    assert page.tables["xids"][1][5] == HOSTILE_PROCESS
+    assert page.tables["xids"][1][4] == HOSTILE_NODE and page.tables["checks"][1][3] == HOSTILE_NODE
     out = {r[0]: r for r in page.tables["out-of-service"][1:]}
     assert out[HOSTILE_NODE][3] == " ".join(HOSTILE_REASON.split())
     md_text = render.render(hostile, "md")
@@ -509,7 +523,7 @@ def test_hostile_strings_render_as_text(hostile):
         assert len({len(row) for row in table}) == 1, table  # no cell split by a `|`
     rows = {r[0]: r for r in md_table(tables, "node")[1:] if len(r) == 5}
     assert rows[HOSTILE_NODE][3] == " ".join(HOSTILE_REASON.split())
-    assert md_table(tables, "class", "Xid")[1][4] == HOSTILE_PROCESS
+    assert md_table(tables, "class", "Xid")[1][5] == HOSTILE_PROCESS
     assert json.loads(render.render(hostile, "json"))["xids"]["codes"][0]["processes"] == [
         HOSTILE_PROCESS
     ]
@@ -727,3 +741,141 @@ def test_slow_nodes_are_shown_alike_in_every_format(tmp_path):
     assert "No node slower than its peers." in render.render(
         report.build(conn, now + 30 * DAY, DAY), "md"
     )
+
+
+def test_rising_counters_are_shown_alike_in_every_format(tmp_path):
+    """A GPU whose PCIe replays rose tenfold in the last day (fleet/trends.py): the same numbers
+    in JSON, HTML and Markdown, and a hostile node name shown as text."""
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    now = 100 * DAY
+    rows = []
+    for i in range(1, 8 * 24 + 1):  # one replay episode of 2 every hour for 8 days ...
+        rows.append((now - 8 * DAY + i * 3600 - 1800, 2.0))
+    for i in range(1, 24 * 6 + 1):  # ... and the last day, six an hour
+        rows.append((now - DAY + i * 600 - 300, 4.0))
+    value = 0.0
+    for t, delta in sorted(rows):
+        value += delta
+        conn.execute(
+            "INSERT INTO counters (node, device, counter, time, value, delta, label) "
+            "VALUES (?, 'gpu:0000:9b:00.0', 'pcie_replay', ?, ?, ?, 'GPU 5')",
+            (HOSTILE_NODE, t, value, delta),
+        )
+    for i in range(10):
+        _run(conn, f"gpu{i:02d}", now - 3600, "ok")
+    conn.commit()
+    d = report.build(conn, now, DAY)
+    assert (d["rising"]["nodes"], d["rising"]["total"]) == (11, 1)
+    [s] = d["rising"]["list"]
+    assert (s["node"], s["device"], s["counter"], s["basis"]) == (
+        HOSTILE_NODE,
+        "GPU 5",
+        "PCIe replays",
+        "trend",
+    )
+    assert s["window_h"] in (6.0, 24.0) and s["ratio"] > 5
+    assert json.loads(render.render(d, "json"))["rising"] == d["rising"]
+    text = render.render(d, "html")
+    assert "<b>" not in text
+    [row] = html_tables(text).tables["rising-table"][1:]
+    assert row[:3] == [HOSTILE_NODE, "GPU 5", "PCIe replays"]
+    md = md_table(md_tables(render.render(d, "md")), "node", "device")
+    assert md[1][:3] == [HOSTILE_NODE, "GPU 5", "PCIe replays"]
+    assert "No error counter rising." in render.render(
+        report.build(conn, now + 30 * DAY, DAY), "md"
+    )
+
+
+# --- the window, incidents, node names, Xid titles, axis ticks (issue 16) ----------------------
+
+
+def test_the_window_starts_with_the_records_so_days_and_node_days_agree(conn, sim, doc):
+    """A report on the simulation's last day: its 28 whole days would begin the day before
+    the fleet's first record; the window says 27 days, and so do the node-days."""
+    assert doc["window"]["start"] == timespec.iso(sim.fleet.start)
+    assert doc["window"]["days"] == sim.fleet.days - 1 == len(doc["heatmap"]["days"])
+    assert len(doc["trend"]["days"]) == doc["window"]["days"]
+    assert doc["rate"]["node_days"] == sim.fleet.nodes * doc["window"]["days"]
+    for fmt in ("html", "md"):
+        assert f"({doc['window']['days']} whole days)" in render.render(doc, fmt)
+
+
+def test_a_fleet_wide_incident_is_listed_apart_and_sounds_no_alarm(tmp_path):
+    """Ten nodes drained within minutes (a switch died) and one node failing alone: the rate
+    counts the one, the incident is listed with its ten, and the card is not red."""
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    day0 = 1_700_000_000 // DAY * DAY
+    for n in range(40):  # 40 nodes x 28 days of health checks: 1,120 node-days
+        for d in range(28):
+            _run(conn, f"gpu{n:02d}", day0 + d * DAY + 3600, "ok")
+    for n in range(10):
+        store.record_action(
+            conn,
+            f"gpu{n:02d}",
+            "drain",
+            "slurmhealth: ib down",
+            "hc",
+            when=day0 + 10 * DAY + 7200 + 60 * n,
+        )
+    store.record_action(conn, "gpu30", "drain", "slurmhealth: Xid 79", "hc", when=day0 + 5 * DAY)
+    d = report.build(conn, day0 + 28 * DAY + 3600, DAY)
+    assert d["rate"]["failures"] == 1 and d["rate"]["incident_failures"] == 10
+    assert d["rate"]["per_1000_node_days"] == round(1000 / 1120, 2)
+    assert not d["rate"]["above_published"]
+    (incident,) = d["rate"]["incidents"]
+    assert (incident["nodes"], incident["failures"]) == (10, 10)
+    assert [x["incident"] for x in d["trend"]["days"]][10] == 10
+    page = render.render(d, "html")
+    assert "card bad" not in re.search(r'<div class="card[^"]*"><span class="value">0.89', page)[0]
+    assert "10 in 1 fleet-wide incident not counted" in page and 'id="incidents"' in page
+    assert "Fleet-wide incidents, not counted above" in render.render(d, "md")
+
+
+def test_check_and_xid_rows_name_their_nodes_capped_and_xids_their_meaning(tmp_path):
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    now = 1_700_000_000.0
+    for n in range(8):
+        for i in range(n + 1):  # gpu07 fails most
+            _run(conn, f"gpu{n:02d}", now - 600 - i, "fail", "slurmhealth: GPU lost")
+    for n in range(7):
+        conn.execute(
+            "INSERT INTO events (id, run_id, node, time, kind, code, gpu, process, class) "
+            "VALUES (?, ?, ?, ?, 'xid', 79, 3, '', 'fail')",
+            (f"x{n}", f"gpu{n:02d}:{now - 600}", f"gpu{n:02d}", now - 300),
+        )
+    d = report.build(conn, now, DAY)
+    (row,) = [c for c in d["checks"] if c["fail"]]
+    assert row["node_names"] == [f"gpu{n:02d}" for n in (7, 6, 5, 4, 3)]
+    assert row["more_nodes"] == 3
+    (xid,) = d["xids"]["codes"]
+    assert xid["code"] == 79 and xid["title"] == "GPU has fallen off the bus"
+    assert (len(xid["node_names"]), xid["more_nodes"], xid["nodes"]) == (5, 2, 7)
+    page, md = render.render(d, "html"), render.render(d, "md")
+    for text in (page, md):
+        assert "gpu07, gpu06, gpu05, gpu04, gpu03 +3 more" in text
+        assert "GPU has fallen off the bus" in text and "+2 more" in text
+
+
+@pytest.mark.parametrize(
+    ("peak", "ticks"),
+    [
+        (1, [0, 1]),
+        (1.25, [0, 1, 2]),
+        (3, [0, 1, 2, 3]),
+        (7, [0, 2, 4, 6, 8]),
+        (12, [0, 5, 10, 15]),
+        (41, [0, 10, 20, 30, 40, 50]),
+        (230, [0, 50, 100, 150, 200, 250]),
+    ],
+)
+def test_count_axis_ticks_are_whole_numbers(peak, ticks):
+    assert report.count_ticks(peak) == ticks
+
+
+def test_the_trend_chart_labels_only_whole_counts(doc):
+    text = render.render(doc, "html")
+    chart = text[
+        text.index('<svg id="trend"') : text.index("</svg>", text.index('<svg id="trend"'))
+    ]
+    labels = re.findall(r'text-anchor="end">([^<]*)</text>', chart)
+    assert labels == [str(t) for t in doc["trend"]["ticks"]] and all(x.isdigit() for x in labels)

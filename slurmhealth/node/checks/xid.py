@@ -902,6 +902,12 @@ def _mnemonic_words(mnemonic: str) -> str:
     return " ".join(_ACRONYMS.get(w, w) for w in mnemonic.lower().split("_"))
 
 
+def title(xid: int) -> str:
+    """An Xid's catalogue name in words (`79` -> `GPU has fallen off the bus`), for reports."""
+    entry = XIDS.get(xid)
+    return _mnemonic_words(entry[0]) if entry else "not in the Xid table"
+
+
 def _said_words(event: dict) -> str:
     """What the line itself said, in the project's words (never the log's: a log line is data)."""
     detail = event.get("detail")
