@@ -77,31 +77,42 @@ def actions_between(conn: sqlite3.Connection, start: float, end: float) -> list:
     ).fetchall()
 
 
+# Every node of the runs table: a loose scan of the (node, started, verdict) index, one seek per
+# node. Joined per node on that index, a window's runs are read from the index alone (no table
+# row per run): 10,000 nodes' month of runs is read ~5x faster than through the time index.
+_NODES = """WITH RECURSIVE n(node) AS (
+    SELECT min(node) FROM runs
+    UNION ALL
+    SELECT (SELECT min(node) FROM runs WHERE node > n.node) FROM n WHERE n.node IS NOT NULL)"""
+
+
 def verdict_counts(conn: sqlite3.Connection, start: float, end: float) -> sqlite3.Cursor:
     """(verdict, runs) rows: runs started in [start, end) per verdict, with the passing runs
     rolled up in the hours that start in it (sync.rollup)."""
     return conn.execute(
-        "SELECT verdict, sum(n) FROM (SELECT verdict, count(*) AS n FROM runs "
-        "WHERE started >= ? AND started < ? GROUP BY verdict UNION ALL SELECT 'ok', sum(runs) "
-        "FROM run_hours WHERE hour >= ? AND hour < ?) GROUP BY verdict HAVING sum(n) > 0",
+        f"{_NODES} SELECT verdict, sum(k) FROM (SELECT u.verdict, count(*) AS k FROM n "  # noqa: S608 - constants
+        "JOIN runs u ON u.node = n.node AND u.started >= ? AND u.started < ? "
+        "WHERE n.node IS NOT NULL GROUP BY u.verdict UNION ALL SELECT 'ok', sum(runs) "
+        "FROM run_hours WHERE hour >= ? AND hour < ?) GROUP BY verdict HAVING sum(k) > 0",
         (start, end, start, end),
     )
 
 
 def check_counts(conn: sqlite3.Connection, start: float, end: float) -> list:
     """[(check_name, node, fails, warns)] of the runs started in [start, end). Only runs that
-    were not ok keep results (store.record_run), so the join reads few rows."""
+    were not ok keep results (store.record_run): the index finds them, the join reads few."""
     return conn.execute(
-        "SELECT r.check_name, u.node, sum(r.status = 'fail'), sum(r.status = 'warn') "
-        "FROM runs u JOIN results r ON r.run_id = u.id "
-        "WHERE u.started >= ? AND u.started < ? AND u.verdict != 'ok' "
-        "AND r.status IN ('fail', 'warn') GROUP BY r.check_name, u.node",
+        f"{_NODES} SELECT r.check_name, u.node, sum(r.status = 'fail'), sum(r.status = 'warn') "  # noqa: S608 - constants
+        "FROM n JOIN runs u ON u.node = n.node AND u.started >= ? AND u.started < ? "
+        "AND u.verdict != 'ok' JOIN results r ON r.run_id = u.id "
+        "WHERE n.node IS NOT NULL AND r.status IN ('fail', 'warn') "
+        "GROUP BY r.check_name, u.node",
         (start, end),
     ).fetchall()
 
 
 def first_record(conn: sqlite3.Connection, start: float, end: float) -> float | None:
-    """The time of the first run or job start in [start, end) (indexes runs_started and
+    """The time of the first run or job start in [start, end) (indexes runs_started_phase and
     jobs_start), None when there is none."""
     row = conn.execute(
         "SELECT min(t) FROM (SELECT min(started) AS t FROM runs WHERE started >= ? AND started < ?"
@@ -221,9 +232,11 @@ def durations(conn: sqlite3.Connection, start: float, end: float, phase: str) ->
 
 
 def nodes_with_runs(conn: sqlite3.Connection, start: float, end: float) -> list:
-    """[node] of every node with a run started in [start, end)."""
+    """[node] of every node with a run started in [start, end): two index seeks per node."""
     rows = conn.execute(
-        "SELECT DISTINCT node FROM runs WHERE started >= ? AND started < ?", (start, end)
+        f"{_NODES} SELECT node FROM n WHERE node IS NOT NULL AND EXISTS (SELECT 1 FROM runs u "  # noqa: S608 - constants
+        "WHERE u.node = n.node AND u.started >= ? AND u.started < ?)",
+        (start, end),
     )
     return [row[0] for row in rows]
 
@@ -498,3 +511,91 @@ def rising_counters(conn: sqlite3.Connection, now: float, **limits: object) -> t
     nodes = set(nodes_with_runs(conn, now - MODEL_LOOKBACK, now)) | {r[0] for r in rows}
     models = node_models(conn, sorted(nodes), now, MODEL_LOOKBACK)
     return trends.rising(rows, models, now, **limits), len(nodes)  # type: ignore[arg-type]
+
+
+# --- per-job GPU telemetry (fleet/telemetry.py) --------------------------------------------------
+
+# A node's devices with a counter row in [low, high): a loose scan of the counters key (node,
+# device, counter, time), one seek per device, however long the node's history.
+_DEVICES = """WITH RECURSIVE d(device) AS (
+    SELECT min(device) FROM counters WHERE node = :node AND device >= :low AND device < :high
+    UNION ALL
+    SELECT (SELECT min(device) FROM counters
+            WHERE node = :node AND device > d.device AND device < :high)
+    FROM d WHERE d.device IS NOT NULL)
+    SELECT device FROM d WHERE device IS NOT NULL"""
+
+
+def counter_devices(conn: sqlite3.Connection, node: str, kind: str = "") -> list:
+    """[device] of the node with any counter row (of the kind: "gpu", ...), by name."""
+    low, high = (f"{kind}:", f"{kind};") if kind else ("", "\U0010ffff")
+    return [r[0] for r in conn.execute(_DEVICES, {"node": node, "low": low, "high": high})]
+
+
+# Per device and counter of a node in (start, end]: the rows with an increase and their sum (a
+# first reading's unknown increase counts 0); the label its readings gave (a reading of 0 after a
+# reset is labelled by the device's name). Only placeholders are formatted in.
+_JOB_SUMS = """SELECT device, coalesce(max(nullif(label, device)), device), counter,
+    sum(coalesce(delta, 0) > 0), sum(max(coalesce(delta, 0), 0)) FROM counters
+    WHERE node = ? AND device IN ({}) AND counter IN ({}) AND time > ? AND time <= ?
+    GROUP BY device, counter ORDER BY device, counter"""
+
+
+def job_counter_sums(
+    conn: sqlite3.Connection, node: str, start: float, end: float, kinds: tuple = ()
+) -> list:
+    """[(device, label, counter, episodes, total)] of the node's counter rows in (start, end]:
+    episodes the rows with an increase, total the sum of the increases (a first reading's
+    unknown one counts 0). kinds: the device kinds to read (telemetry.COUNTERS), all by
+    default. Each kind's devices and counters are exact ranges of the counters key."""
+    from slurmhealth.fleet import telemetry  # noqa: PLC0415
+
+    devices: dict = {}
+    for kind in kinds or ("",):
+        for device in counter_devices(conn, node, kind):
+            devices.setdefault(telemetry.kind_of(device), []).append(device)
+    out: list = []
+    for kind, names in devices.items():
+        counters = telemetry.COUNTERS.get(kind)
+        if not names or not counters:
+            continue
+        sql = _JOB_SUMS.format(", ".join("?" * len(names)), ", ".join("?" * len(counters)))
+        out += conn.execute(sql, (node, *names, *counters, start, end)).fetchall()
+    return out
+
+
+def job_telemetry(conn: sqlite3.Connection, spans: list, kinds: tuple = ()) -> dict:
+    """{node: telemetry.node_figures} of each (node, start, end) a job ran, from the node's
+    counter rows in (start, end + the epilog's slack]."""
+    from slurmhealth.fleet import telemetry  # noqa: PLC0415
+
+    out = {}
+    for node, start, end in spans:
+        rows = job_counter_sums(conn, node, start, end + telemetry.EPILOG_SLACK_S, kinds)
+        out[node] = telemetry.node_figures(rows, end - start)
+    return out
+
+
+def held_back_jobs(conn: sqlite3.Connection, start: float, end: float) -> list:
+    """[(node, time)] of the node that held back each multi-node job whose nodes ended in
+    [start, end) (telemetry.held_back), at the job's end. Only the GPUs' policy counters are
+    read: a few key seeks per node of each job."""
+    from slurmhealth.fleet import telemetry  # noqa: PLC0415
+
+    jobs: dict = {}
+    rows = conn.execute(
+        "SELECT job_id, node, start, end FROM jobs WHERE end >= ? AND end < ? AND num_nodes > 1 "
+        "AND start IS NOT NULL AND end > start",
+        (start, end),
+    )
+    for job_id, node, begin, finish in rows:
+        jobs.setdefault(job_id, []).append((node, begin, finish))
+    out = []
+    for spans in jobs.values():
+        if len(spans) <= telemetry.MIN_OTHERS:
+            continue
+        duration = max(s[2] for s in spans) - min(s[1] for s in spans)
+        found = telemetry.held_back(job_telemetry(conn, spans, ("gpu",)), duration)
+        if found:
+            out.append((found["node"], max(s[2] for s in spans)))
+    return out

@@ -132,7 +132,7 @@ def test_a_version_3_store_gains_the_published_table_and_keeps_its_jobs(db):
     old.execute("INSERT INTO jobs (node, job_id, end) VALUES ('gpu01', '7', 1.5)")
     old.close()
     conn = store.connect(db)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 7
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 8
     conn.execute("INSERT INTO published VALUES ('7', 'abc', 2.0, 120)")
     assert conn.execute("SELECT job_id, digest FROM published").fetchall() == [("7", "abc")]
     plan = conn.execute("EXPLAIN QUERY PLAN SELECT job_id FROM jobs WHERE end >= 1").fetchall()
@@ -147,12 +147,30 @@ def test_a_version_6_store_gains_watermarks_and_run_hours_and_keeps_its_runs(db)
     )
     old.close()
     conn = store.connect(db)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 7
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 8
     assert conn.execute("SELECT id, started FROM runs").fetchall() == [("r1", 7.0)]
     conn.execute(store.insert_sql("watermarks"), ("/spool/gpu01.db", 7.0, "", 8.0))
     conn.execute(store.insert_sql("run_hours"), ("gpu01", 3600.0, "healthcheck", 11, 0.5))
     plan = conn.execute("EXPLAIN QUERY PLAN SELECT runs FROM run_hours WHERE hour >= 0").fetchall()
     assert "run_hours_hour" in str(plan)
+
+
+def test_a_version_7_store_reads_its_runs_by_time_from_the_index_alone(db):
+    """Migration 8 widens the time index with phase and duration: slurmhealth's own cost and a
+    window's diagnoses never read a table row per run (the report over a 10,000-node month)."""
+    old = store_at_version(db, 7)
+    old.execute(
+        store.insert_sql("runs"), ("r1", "gpu01", "5", "prolog", 7.0, 0.03, "ok", "v", "{}")
+    )
+    old.close()
+    conn = store.connect(db)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 8
+    sql = "SELECT duration FROM runs WHERE started >= 0 AND started < 9 AND phase = 'prolog'"
+    plan = str(conn.execute(f"EXPLAIN QUERY PLAN {sql}").fetchall())
+    assert "COVERING INDEX runs_started_phase" in plan
+    assert conn.execute(sql).fetchall() == [(0.03,)]
+    names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert "runs_started" not in names
 
 
 # --- a store damaged past its header: opens fine, fails later, reported corrupt ----------------
