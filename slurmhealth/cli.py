@@ -361,22 +361,28 @@ def history_cmd(
         slurmhealth history --node gpu07 --since 24h
     """
     start = _start(since, _instant(now))
-    runs, actions, jobs = [], [], []
+    runs, actions, jobs, rolled = [], [], [], 0
     for path in history.store_paths(db, node):
         try:
             found = history.read(_open(path), node, job, start, limit, quiet)  # type: ignore[arg-type]
         except store.StoreError as exc:
             raise click.ClickException(f"{path}: {exc}") from None
         runs, actions, jobs = runs + found[0], actions + found[1], jobs + found[2]
+        rolled += found[3]
     runs.sort(key=lambda r: _order(r["started"]), reverse=True)
     actions.sort(key=lambda a: _order(a["time"]), reverse=True)
     if as_json:  # json.dumps escapes control characters (and, ensure_ascii, all but ASCII)
-        doc = {"runs": runs[:limit], "actions": actions, "jobs": jobs}
+        doc = {"runs": runs[:limit], "actions": actions, "jobs": jobs, "rolled_up": rolled}
         click.echo(json.dumps(doc, indent=1, ensure_ascii=True, default=str))
     else:
         shown = [] if job else actions
         if runs or shown or not quiet:  # quiet, and nothing went wrong: nothing to say
             click.echo(_history_text(runs[:limit], shown))
+        if rolled and not quiet:
+            click.echo(
+                f"{rolled:,} more passing health checks are counted per hour, not listed "
+                "(collect --rollup-after)"
+            )
 
 
 @cli.command()

@@ -30,13 +30,15 @@ def read(
     limit: int,
     failures: bool = False,
 ) -> tuple:
-    """(runs, actions, jobs) of one store as fleet/queries.py reads them (jobs only with a job;
-    failures: only the runs that did not pass); StoreError with one line when the store cannot
-    be read (locked, damaged)."""
+    """(runs, actions, jobs, rolled) of one store as fleet/queries.py reads them (jobs only
+    with a job; failures: only the runs that did not pass; rolled: the passing health checks a
+    fleet store's rollup counts instead of keeping, none for a job); StoreError with one line
+    when the store cannot be read (locked, damaged)."""
     try:
         runs = queries.run_history(conn, node, job, since, limit, failures)
         actions = queries.action_history(conn, node, since)
         jobs = queries.job_history(conn, job) if job else []
+        rolled = 0 if job else queries.rolled_up(conn, node, since)
     except sqlite3.Error as exc:
         raise store.StoreError(str(exc)) from None
-    return runs, actions, jobs
+    return runs, actions, jobs, rolled

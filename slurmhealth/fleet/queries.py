@@ -391,6 +391,17 @@ def published_digest(conn: sqlite3.Connection, job_id: str) -> str | None:
 _COUNTER_KEYS = ("device", "counter", "delta", "value")
 
 
+def rolled_up(conn: sqlite3.Connection, node: str | None, since: float) -> int:
+    """Passing health checks from `since` on (of the node) that a rollup counts per hour
+    (sync.rollup) instead of keeping as rows: an hour is counted when it ends after `since`."""
+    sql = "SELECT coalesce(sum(runs), 0) FROM run_hours WHERE hour > ?"
+    args: list = [since - 3600]
+    if node:
+        sql += " AND node = ?"
+        args.append(node)
+    return int(conn.execute(sql, args).fetchone()[0])
+
+
 def run_history(
     conn: sqlite3.Connection,
     node: str | None,

@@ -238,3 +238,30 @@ def test_history_without_db_reads_slurmhealth_db(tmp_path):
         env={"SLURMHEALTH_STATE_DIR": str(empty_state), "SLURMHEALTH_DB": ""},
     )
     assert json.loads(proc.stdout)["runs"] == []  # without it: the (empty) state directory
+
+
+def test_history_of_a_rolled_up_fleet_store_says_how_many_runs_it_counts(tmp_path):
+    """A fleet store whose old passing health checks a rollup folded into hourly counts: the
+    hour's first run is listed, the others are counted, and history says so."""
+    from slurmhealth.fleet import sync
+
+    db = str(tmp_path / "fleet.db")
+    conn = store.connect(db)
+    hour = 1_700_000_000 // 3600 * 3600
+    for i in range(12):  # a health check every 5 minutes for an hour, all passing
+        conn.execute(
+            store.insert_sql("runs"),
+            (f"r{i}", "gpu01", None, "healthcheck", hour + 300 * i, 0.05, "ok", "t", "{}"),
+        )
+    conn.commit()
+    assert sync.rollup(conn, hour + 7200)["runs"] == 11
+    now = str(hour + 7200)
+    proc = run_cli("history", "--db", db, "--since", "1d", "--now", now)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len([x for x in lines if "healthcheck" in x]) == 1
+    assert lines[-1] == (
+        "11 more passing health checks are counted per hour, not listed (collect --rollup-after)"
+    )
+    doc = json.loads(run_cli("history", "--db", db, "--since", "1d", "--now", now, "--json").stdout)
+    assert doc["rolled_up"] == 11 and len(doc["runs"]) == 1
