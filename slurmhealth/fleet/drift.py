@@ -2,8 +2,9 @@
 of the same hardware, with no golden file to maintain.
 
 A node's latest recorded versions (runner: the areas' versions_of) are compared, per hardware
-class (the GPU model), with the class majority: driver, VBIOS, IB firmware, persistence mode,
-ECC mode, MIG mode, IB rate. A minority value is reported with the majority's value and count:
+class (the GPU model), with the class majority: driver, the CUDA version the driver supports,
+kernel, VBIOS, IB firmware, persistence mode, ECC mode, MIG mode, IB rate. A minority value is
+reported with the majority's value and count:
 `gpu07: driver 535.161.08 vs 550.90.07 on 511 of 512 peers (NVIDIA H100 80GB HBM3)`. A value
 that a large share of the class already runs (`rolling_share`, 20%) is a rolling update in
 progress, not an odd node: it is reported as such, and nobody is listed as odd for it.
@@ -16,6 +17,8 @@ from slurmhealth.core.result import clean
 # key in the recorded versions -> what the report calls it
 ITEMS = (
     ("driver", "driver"),
+    ("cuda", "CUDA (driver)"),
+    ("kernel", "kernel"),
     ("vbios", "VBIOS"),
     ("ib_fw", "IB firmware"),
     ("persistence", "persistence mode"),
@@ -28,17 +31,23 @@ LIST_MAX = 200
 
 
 def versions(sources: object) -> dict:
-    """{"model", "driver", "vbios", "ib_fw", "persistence", "ecc", "mig", "ib_rate"} as one
-    cleaned text each, from a run's sources JSON (runner.Gathered.to_dict: untrusted text)."""
+    """{"model", "driver", "cuda", "kernel", "vbios", "ib_fw", "persistence", "ecc", "mig",
+    "ib_rate"} as one cleaned text each, from a run's sources JSON (runner.Gathered.to_dict:
+    untrusted text)."""
     if not isinstance(sources, dict):
         return {}
     gpu = (sources.get("gpu") or {}).get("versions") or {}
     ib = (sources.get("ib") or {}).get("versions") or {}
+    kmsg = (sources.get("kmsg") or {}).get("versions") or {}
     gpu = gpu if isinstance(gpu, dict) else {}
     ib = ib if isinstance(ib, dict) else {}
+    kmsg = kmsg if isinstance(kmsg, dict) else {}
     out = {}
-    if gpu.get("driver"):
-        out["driver"] = clean(gpu["driver"], 40)
+    for key, value in (("driver", gpu.get("driver")), ("cuda", gpu.get("cuda"))):
+        if isinstance(value, str) and value:
+            out[key] = clean(value, 40)
+    if isinstance(kmsg.get("kernel"), str) and kmsg["kernel"]:
+        out["kernel"] = clean(kmsg["kernel"], 64)
     for key, value in (
         ("model", gpu.get("model")),
         ("vbios", gpu.get("vbios")),

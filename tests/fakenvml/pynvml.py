@@ -77,6 +77,13 @@ def nvmlSystemGetDriverVersion():
     return _state["gpu"]["driver_version"]
 
 
+def nvmlSystemGetCudaDriverVersion():
+    value = _state["gpu"].get("cuda_driver_version")
+    if value is None:
+        raise NVMLError_NotSupported()
+    return value
+
+
 def nvmlDeviceGetCount():
     return _state["gpu"]["count"]
 

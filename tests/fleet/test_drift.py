@@ -88,3 +88,20 @@ def test_versions_reads_untrusted_sources_json():
         "ib_fw": "28.39.1002",
     }
     assert drift.versions("not a dict") == {} and drift.versions({"gpu": {"versions": 5}}) == {}
+
+
+def test_an_old_kernel_or_cuda_driver_is_an_odd_node():
+    """Issue 13: kernel and CUDA versions are compared like the driver."""
+    found = {n: dict(v, kernel="6.1.0-28-amd64", cuda="12.4") for n, v in fleet().items()}
+    found["a011"] = dict(found["a011"], kernel="6.1.0-18-amd64")
+    found["a012"] = dict(found["a012"], cuda="12.2")
+    lines = drift.odd_nodes(found)["odd"]
+    assert f"a011: kernel 6.1.0-18-amd64 vs 6.1.0-28-amd64 on 63 of 63 peers ({H100})" in lines
+    assert f"a012: CUDA (driver) 12.2 vs 12.4 on 63 of 63 peers ({H100})" in lines
+    sources = {
+        "gpu": {"versions": {"driver": "550.90.07", "cuda": "12.4", "model": [H100]}},
+        "kmsg": {"versions": {"kernel": "6.1.0-28-amd64\x1b[31m"}},
+    }
+    got = drift.versions(sources)
+    assert got["cuda"] == "12.4" and got["kernel"].startswith("6.1.0-28-amd64")
+    assert "\x1b" not in got["kernel"]

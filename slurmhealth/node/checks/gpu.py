@@ -150,8 +150,11 @@ def parse(raw: object) -> dict:
     devices = r.get("devices") if isinstance(r.get("devices"), list) else []
     parsed = [_device(d, i) for i, d in enumerate(devices)]
     count = _int(r.get("count"))
+    cuda = _int(r.get("cuda_driver_version"))
     return {
         "driver_version": _str(r.get("driver_version")),
+        # nvmlSystemGetCudaDriverVersion: 1000 x major + 10 x minor (12040 is CUDA 12.4)
+        "cuda_version": f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda and cuda > 0 else None,
         "count": count if count is not None else len(parsed),
         "devices": parsed,
     }
@@ -631,6 +634,8 @@ def versions_of(facts: dict) -> dict:
         "driver": facts["driver_version"],
         "vbios": sorted({d["vbios"] for d in alive if d["vbios"]}),
     }
+    if facts.get("cuda_version"):
+        out["cuda"] = facts["cuda_version"]
     settings = {
         "model": {d.get("name") for d in alive},
         "persistence": {d.get("persistence") for d in alive},

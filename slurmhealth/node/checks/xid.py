@@ -532,8 +532,15 @@ def parse(raw: object, window_s: float = DEFAULTS["dedup_s"][0]) -> dict:
         "foreign": foreign,
         "hca": hca,
         "boot_id": clean(boot, 64) if isinstance(boot, str) else None,
+        "kernel": clean(raw["kernel"], 64) if isinstance(raw.get("kernel"), str) else None,
         "window_s": window_s,
     }
+
+
+def versions_of(facts: dict) -> dict:
+    """The version each run records of the kernel log's source (the nightly report's odd node
+    out): the running kernel's release, when the log read was the live one."""
+    return {"kernel": facts["kernel"]} if facts.get("kernel") else {}
 
 
 def _xid(value: object) -> int | None:

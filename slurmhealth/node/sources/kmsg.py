@@ -322,9 +322,14 @@ def read(path: str = KMSG, after_seq: int | None = None, boot_id: str | None = N
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
         try:
             entries, epipe, boot = _read(fd, after_seq, boot_id)
+            live = _is_char_device(os.fstat(fd).st_mode)
         finally:
             os.close(fd)
     except OSError as exc:
         reason = f"cannot read the kernel log ({exc.strerror or exc})"
         raise OSError(exc.errno, reason, path) from exc
-    return select(entries, path, after_seq, saved_boot=boot_id, boot=boot, epipe=epipe)
+    out = select(entries, path, after_seq, saved_boot=boot_id, boot=boot, epipe=epipe)
+    # The running kernel's release (uname -r), for the odd node out: only when the log read is
+    # this kernel's own (a saved file is some other machine's, some other day's).
+    out["kernel"] = os.uname().release if live else None
+    return out

@@ -286,6 +286,16 @@ def pci_gpus(root: str) -> list:
     return out
 
 
+def _cuda_version(nvml: object) -> int | None:
+    """The CUDA version the driver supports (nvmlSystemGetCudaDriverVersion: 1000 x major +
+    10 x minor, 12040 for 12.4); None where the binding or driver lacks the call."""
+    try:
+        value = nvml.nvmlSystemGetCudaDriverVersion()  # type: ignore[attr-defined]
+    except Exception:
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def sweep() -> dict:
     """One NVML sweep of every GPU. Raises SourceUnavailable when NVML cannot start at all."""
     nvml = _load()
@@ -301,6 +311,7 @@ def sweep() -> dict:
     try:
         raw = {
             "driver_version": _text(nvml.nvmlSystemGetDriverVersion()),  # type: ignore[attr-defined]
+            "cuda_driver_version": _cuda_version(nvml),
             "count": nvml.nvmlDeviceGetCount(),  # type: ignore[attr-defined]
         }
         raw["devices"] = [sweep_device(nvml, i) for i in range(raw["count"])]

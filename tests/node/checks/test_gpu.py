@@ -455,3 +455,11 @@ def test_a_snapshot_with_the_new_fields_mistyped_is_refused():
     wrong = json.loads(json.dumps(doc))
     wrong["ib"]["devices"]["mlx5_0"]["current_link_width"] = 16
     assert replay.problem(wrong, replay.SNAPSHOT).startswith("ib.devices.mlx5_0.current_link_width")
+
+
+def test_the_cuda_version_the_driver_supports_is_recorded():
+    """Issue 13: nvmlSystemGetCudaDriverVersion 12040 is CUDA 12.4, compared across the fleet."""
+    raw = {"driver_version": "550.90.07", "cuda_driver_version": 12040, "count": 0, "devices": []}
+    facts = gpu.parse(raw)
+    assert facts["cuda_version"] == "12.4" and gpu.versions_of(facts)["cuda"] == "12.4"
+    assert "cuda" not in gpu.versions_of(gpu.parse(dict(raw, cuda_driver_version=None)))

@@ -1225,3 +1225,16 @@ def test_a_downtrained_hca_link_warns():
 def test_no_hca_events_on_a_healthy_boot():
     result = xid.hca_events(facts_of("healthy.kmsg"), ctx())
     assert (result.status, result.message) == ("ok", "no HCA events in the kernel log")
+
+
+def test_the_live_kernel_release_is_recorded_for_the_odd_node_out(tmp_path):
+    """Issue 13: a run records the kernel it runs on, read only from the live log (a saved
+    file is another machine's); the Xid area reports it as its version."""
+    from slurmhealth.node.sources import kmsg as source
+
+    saved = tmp_path / "dmesg.txt"
+    saved.write_text("[    1.0] hello\n")
+    assert source.read(str(saved))["kernel"] is None
+    facts = xid.parse({"records": [], "kernel": "6.1.0-28-amd64"})
+    assert xid.versions_of(facts) == {"kernel": "6.1.0-28-amd64"}
+    assert xid.versions_of(xid.parse({"records": []})) == {}

@@ -32,7 +32,17 @@ def by_seq(raw: dict) -> dict:
 
 def test_kmsg_file_records_and_shape():
     raw = kmsg.read(fixture("xid-forms.kmsg"))
-    assert set(raw) == {"path", "boot_id", "records", "first_seq", "lost", "missed", "after_seq"}
+    assert set(raw) == {
+        "path",
+        "boot_id",
+        "records",
+        "first_seq",
+        "lost",
+        "missed",
+        "after_seq",
+        "kernel",
+    }
+    assert raw["kernel"] is None  # a file: not this kernel's log
     assert raw["boot_id"] is None  # a file has no boot id
     assert [r["seq"] for r in raw["records"]] == list(range(27))
     assert raw["records"][0] == {
