@@ -22,6 +22,9 @@ HIGHER_IS_BETTER = {
     "bw_avg_gbps": True,  # ib_write_bw: RDMA write bandwidth, per port
     "matmul_tflops": True,  # cuda: the timed fixed-size matmul, per GPU
     "memory_write_gbps": True,  # cuda: the pattern test's write rate, per GPU
+    "hbm_gbps": True,  # cuda: device-to-device copy, bytes read and written, per GPU
+    "h2d_gbps": True,  # cuda: pinned host buffer to the GPU, per GPU
+    "d2h_gbps": True,  # cuda: the GPU to the pinned host buffer, per GPU
     "p2p_gbps": True,  # cuda: copy to the next GPU, per GPU
     "typical_usec": False,  # ib_read_lat: the median latency, per port
     "avg_usec": False,  # ib_read_lat: the mean (a duration run reports only this)

@@ -173,27 +173,38 @@ def diag_figures(conn: sqlite3.Connection, start: float, end: float) -> list:
         (start, end),
     )
     out: list = []
-    seen, model = None, None  # a run's results come together: its sources are read once
+    seen, model, level = None, None, None  # a run's results come together: sources read once
     for node, started, sources, check, data in rows:
         if sources != seen:
-            seen, model = sources, _diag_class(sources)
+            seen, (model, level) = sources, _diag_class(sources)
         if model is not None:
             probe = check[len("diag.") :]
-            out.extend((node, started, model, probe, *f) for f in _measured_figures(data))
+            out.extend(
+                (node, started, model, probe, *f)
+                for f in _measured_figures(data)
+                if not (level == "quick" and f[1] in LENGTH_BOUND)
+            )
     return out
 
 
-def _diag_class(sources: str) -> str | None:
-    """A diag run's hardware class (diag_figures); None when its JSON is unreadable."""
+# Figures that depend on how long their test ran (a GPU warms and lowers its clocks within
+# seconds): the quick level's 2-second tests are no peers of the medium level's 20. Copy
+# bandwidths do the same work at every level and are compared from any level.
+LENGTH_BOUND = ("matmul_tflops", "memory_write_gbps")
+
+
+def _diag_class(sources: str) -> tuple:
+    """(hardware class, level) of a diag run (diag_figures); (None, None) when its JSON is
+    unreadable."""
     try:
         diag = json.loads(sources).get("diag") or {}
-        model, gpus = diag.get("gpu_model") or "", diag.get("gpus")
+        model, gpus, level = diag.get("gpu_model") or "", diag.get("gpus"), diag.get("level")
     except (ValueError, TypeError, AttributeError):
-        return None
+        return None, None
     if not isinstance(model, str):
-        return None
+        return None, None
     counted = isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0
-    return f"{gpus}x {model}" if model and counted else model
+    return (f"{gpus}x {model}" if model and counted else model), level
 
 
 def _measured_figures(data: str) -> list:
@@ -589,14 +600,14 @@ def job_telemetry(conn: sqlite3.Connection, spans: list, kinds: tuple = ()) -> d
 
 def held_back_jobs(conn: sqlite3.Connection, start: float, end: float) -> list:
     """[(node, time)] of the node that held back each multi-node job whose nodes ended in
-    [start, end) (telemetry.held_back), at the job's end. Only the GPUs' policy counters are
-    read: a few key seeks per node of each job."""
+    [start, end) (telemetry.held_back), at the job's end; nodes the prolog refused never ran
+    it. Only the GPUs' policy counters are read: a few key seeks per node of each job."""
     from slurmhealth.fleet import telemetry  # noqa: PLC0415
 
     jobs: dict = {}
     rows = conn.execute(
         "SELECT job_id, node, start, end FROM jobs WHERE end >= ? AND end < ? AND num_nodes > 1 "
-        "AND start IS NOT NULL AND end > start",
+        "AND start IS NOT NULL AND end > start AND coalesce(state, '') != 'prolog_failed'",
         (start, end),
     )
     for job_id, node, begin, finish in rows:

@@ -391,3 +391,45 @@ def test_a_slow_node_is_a_lemon_warning_at_its_newest_diagnosis(tmp_path):
     got = signals.signals(conn, now - 28 * 86400, now)
     assert [w[:3] for w in got["gpu00"]["warnings"]] == [(now - 86400, "warn", 1.0)]
     assert all(got[f"gpu{i:02d}"]["warnings"] == [] for i in range(1, 10))
+
+
+def test_a_node_10_percent_slower_from_host_to_gpu_is_found_on_that_gpu():
+    """The quick level's host copies: one GPU's PCIe path 10% short (a link trained a notch
+    down in width, a tired switch) on one node of 12, the others within +-0.5%."""
+    rows = []
+    for i in range(12):
+        node = "gpu07" if i == 0 else f"gpu{i + 10:02d}"
+        for day in range(3):
+            for gpu in range(8):
+                gbps = 49.5 if (node, gpu) == ("gpu07", 5) else 55.0 * (1 + (gpu % 3 - 1) * 0.005)
+                when = NOW - (day + 1) * DAY
+                rows.append((node, when, H100, "cuda", f"gpu{gpu}", "h2d_gbps", gbps))
+                rows.append((node, when, H100, "cuda", f"gpu{gpu}", "h2d_mismatches", 0.0))
+    [found] = peers.slow(rows)
+    assert (found["node"], found["figure"], found["unit"]) == ("gpu07", "h2d_gbps", "gpu5")
+    assert found["value"] == 49.5 and found["peer_median"] == pytest.approx(54.725)
+    assert found["deficit"] == pytest.approx(1 - 49.5 / 54.725, abs=1e-4)
+    assert "cuda h2d_gbps 49.5 on gpu5 (3 runs), 10% below the median" in found["evidence"]
+
+
+def test_the_gpu_tests_throughputs_are_compared_and_their_counts_are_not():
+    for figure in ("matmul_tflops", "memory_write_gbps", "hbm_gbps", "h2d_gbps", "d2h_gbps"):
+        assert peers.HIGHER_IS_BETTER[figure] is True, figure
+    for figure in ("h2d_mismatches", "memory_mismatches", "memory_gib"):
+        assert figure not in peers.HIGHER_IS_BETTER, figure
+
+
+def test_quick_diagnoses_give_no_figure_that_depends_on_the_test_length(tmp_path):
+    """A quick diagnosis runs each GPU test for 2 s: its matmul rate is no peer of a medium
+    one's (a GPU lowers its clocks as it warms), so diag_figures leaves it out; copy bandwidths
+    are the same work at every level and stay."""
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    found = {"cuda": [outcome("gpu0", {"matmul_tflops": 900.0, "h2d_gbps": 53.0})]}
+    records = diag_records("gpu01", 1000.0, found)
+    sources = json.loads(records["run"]["sources"])
+    sources["diag"]["level"] = "quick"
+    records["run"]["sources"] = json.dumps(sources)
+    store.record_run(conn, records)
+    store.record_run(conn, diag_records("gpu02", 1001.0, found))  # medium
+    rows = {(r[0], r[5]) for r in queries.diag_figures(conn, 0, 2000)}
+    assert rows == {("gpu01", "h2d_gbps"), ("gpu02", "h2d_gbps"), ("gpu02", "matmul_tflops")}

@@ -1,4 +1,5 @@
-"""The built-in GPU tests: exact matrix products, a device-memory pattern test, peer copies.
+"""The built-in GPU tests: exact matrix products, a device-memory pattern test and copy
+bandwidth, copies to and from host memory, peer copies.
 
 They run through a CUDA library the node already has (PyTorch, else CuPy); slurmhealth installs
 nothing, so without one the tests are skipped, and the outcome says so. The library is reached
@@ -12,10 +13,11 @@ the process: only a separate process can be given up on. The child reports one J
 on stdout, and on stderr a line as each test starts and ends, so a hang or a crash is
 attributed to the GPU and test that were running.
 
-The child runs the tests of every GPU at the same time (one thread per GPU: the node under full
-load, as a training job loads it; `seconds` is the length of each test, not of each GPU's), then
-the peer copies one pair at a time. Medium level on an 8-GPU H200 node with seconds=20: about
-20 s of products, 20 s of memory passes, a few seconds of copies, plus the library's start.
+The child runs the products and memory tests of every GPU at the same time (one thread per GPU:
+the node under full load, as a training job loads it; `seconds` is the length of each test, not
+of each GPU's), then the host copies one GPU at a time and the peer copies one pair at a time.
+Medium level on an 8-GPU H200 node with seconds=20: about 20 s of products, 20 s of memory
+passes, a few seconds of copies, plus the library's start; quick (seconds=2), under a minute.
 
 Units are CUDA device indexes with CUDA_DEVICE_ORDER=PCI_BUS_ID, the order NVML numbers GPUs
 in (CUDA's default order is fastest first, which need not be bus order).
@@ -24,6 +26,7 @@ in (CUDA's default order is fastest first, which need not be bus order).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import importlib
 import json
 import os
@@ -37,7 +40,7 @@ import time
 from slurmhealth.core.result import FAIL, SKIP, clean
 
 PASS = "pass"  # noqa: S105 - a status, not a password
-TESTS = ("matmul", "memory", "p2p")
+TESTS = ("matmul", "memory", "h2d", "p2p")
 MODULE = "slurmhealth.node.diag.cuda"
 PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NO_LIBRARY = "no CUDA library (PyTorch or CuPy) installed"
@@ -52,6 +55,14 @@ MATMUL_BATCH = 8  # products timed together, each then checked
 # comparison's temporaries. Chunks of 1 GiB: no single allocation needs contiguous space.
 MEMORY_SHARE = 0.9
 CHUNK_BYTES = 1 << 30
+# Device-to-device copies between two of the memory test's chunks: 100 x 1 GiB read and written,
+# about 50 ms on an H200 (4.8 TB/s), long enough that a launch or a sync (microseconds) is noise.
+HBM_REPEATS = 100
+# Host copies: 256 MiB each way, ~5 ms at PCIe Gen5 x16 (~55 GB/s achievable of 64), 20 round
+# trips: ~0.3 s per GPU on Gen5, ~0.6 s on Gen4, plus the pinned allocation and the checks.
+H2D_BYTES = 256 << 20
+H2D_REPEATS = 20
+SYSFS = "/sys"
 P2P_BYTES = 512 << 20  # ~1.3 ms per copy over H100/H200 NVLink (450 GB/s each way)
 P2P_REPEATS = 20
 
@@ -87,6 +98,9 @@ class Backend:
     fill(buf, value): every word = value; address(buf, salt): word i = i ^ salt
     differ(x, y) -> int: elements where x != y (y an array or a number); waits for the GPU
     peer(src, dst) -> bool: dst can read src directly (enabled if so); copy(dst, src)
+    pinned(gpu, n): a page-locked host buffer of n 32-bit words, for copies to and from `gpu`
+    upload(dst, host): device words = host words; download(host, src): the other way
+    bus_id(gpu) -> str: the GPU's PCI address as sysfs names it, "" if the library cannot tell
     sync(gpu): wait for queued work; release(gpu): return cached memory; clock() -> seconds
     Work is queued asynchronously, as on a GPU: only sync, differ and clock wait or tell time.
     """
@@ -95,6 +109,9 @@ class Backend:
 
     def clock(self) -> float:
         return time.perf_counter()
+
+    def bus_id(self, gpu: int) -> str:
+        return ""
 
     def release(self, gpu: int) -> None:
         """Nothing cached by default."""
@@ -153,6 +170,24 @@ class TorchBackend(Backend):
 
     def copy(self, dst: object, src: object) -> None:
         dst.copy_(src)  # type: ignore[attr-defined]
+
+    def pinned(self, gpu: int, n: int) -> object:
+        return self.torch.empty(n, dtype=self.torch.int32, pin_memory=True)
+
+    def upload(self, dst: object, host: object) -> None:
+        dst.copy_(host, non_blocking=True)  # type: ignore[attr-defined]
+
+    def download(self, host: object, src: object) -> None:
+        host.copy_(src, non_blocking=True)  # type: ignore[attr-defined]
+
+    def bus_id(self, gpu: int) -> str:
+        # pci_domain_id and friends are in the device properties of recent PyTorch releases
+        # only; without them the host buffer goes where the kernel puts it.
+        props = self.torch.cuda.get_device_properties(gpu)
+        ids = [getattr(props, f"pci_{part}_id", None) for part in ("domain", "bus", "device")]
+        if not all(isinstance(i, int) for i in ids):
+            return ""
+        return "{:04x}:{:02x}:{:02x}.0".format(*ids)
 
     def sync(self, gpu: int) -> None:
         self.torch.cuda.synchronize(gpu)
@@ -229,6 +264,26 @@ class CupyBackend(Backend):
     def copy(self, dst: object, src: object) -> None:
         with self._of(dst):
             dst.data.copy_from_device_async(src.data, dst.nbytes)  # type: ignore[attr-defined]
+
+    def pinned(self, gpu: int, n: int) -> object:
+        return self.cp.cuda.alloc_pinned_memory(4 * n)  # a PinnedMemoryPointer; .ptr its address
+
+    # Older CuPy releases read the host address as a ctypes.c_void_p (its .value), and their
+    # host copies have no default stream.
+    def upload(self, dst: object, host: object) -> None:
+        where = ctypes.c_void_p(host.ptr)  # type: ignore[attr-defined]
+        with self._of(dst):
+            stream = self.cp.cuda.get_current_stream()
+            dst.data.copy_from_host_async(where, dst.nbytes, stream)  # type: ignore[attr-defined]
+
+    def download(self, host: object, src: object) -> None:
+        where = ctypes.c_void_p(host.ptr)  # type: ignore[attr-defined]
+        with self._of(src):
+            stream = self.cp.cuda.get_current_stream()
+            src.data.copy_to_host_async(where, src.nbytes, stream)  # type: ignore[attr-defined]
+
+    def bus_id(self, gpu: int) -> str:
+        return _sysfs_address(self.cp.cuda.runtime.deviceGetPCIBusId(gpu))
 
     def sync(self, gpu: int) -> None:
         self.cp.cuda.Device(gpu).synchronize()
@@ -330,18 +385,44 @@ def memory(
             if found and pattern[0] not in bad:
                 bad.append(pattern[0])
         passes += 1
+    hbm, found = _hbm(backend, gpu, chunks[0], scratch, words)
+    wrong += found
+    bad += ["device copy"] if found else []
     gib = count * words * 4 / (1 << 30)
     gbps = count * words * 4 * len(PATTERNS) * passes / busy / 1e9 if busy > 0 else 0.0
     figures = {
         "memory_gib": round(gib, 3),
         "memory_mismatches": wrong,
         "memory_write_gbps": round(gbps, 1),
+        "hbm_gbps": round(hbm, 1),
     }
     if wrong:
         why = f"{wrong} words read back wrong in {gib:.1f} GiB ({', '.join(bad)})"
         return _outcome(f"gpu{gpu}", FAIL, figures, f"memory on gpu{gpu}: {why}")
     line = f"{gib:.1f} GiB, {len(PATTERNS)} patterns x {passes} passes, written at {gbps:.0f} GB/s"
+    line += f", copied at {hbm:.0f} GB/s"
     return _outcome(f"gpu{gpu}", PASS, figures, f"memory on gpu{gpu}: {line}")
+
+
+def _hbm(backend: Backend, gpu: int, target: object, source: object, words: int) -> tuple:
+    """Plain copies of one chunk into another on the GPU: (GB/s of memory traffic, words
+    copied wrong).
+
+    Why besides the write rate: the pattern passes mix fills (writes only) with address words
+    that the library builds in temporaries and combines (reads and writes several times the
+    bytes counted), so their rate depends on the library and is no HBM figure. A copy reads
+    and writes each byte once; counted both ways, as STREAM and BabelStream count their Copy,
+    it is the figure to set against the part's rated HBM bandwidth."""
+    backend.address(source, _salt(gpu, -1))
+    backend.copy(target, source)  # warm-up
+    backend.sync(gpu)
+    begin = backend.clock()
+    for _ in range(HBM_REPEATS):
+        backend.copy(target, source)
+    backend.sync(gpu)
+    spent = backend.clock() - begin
+    gbps = 2 * words * 4 * HBM_REPEATS / spent / 1e9 if spent > 0 else 0.0
+    return gbps, backend.differ(target, source)
 
 
 def _write_and_check(
@@ -366,6 +447,132 @@ def _write_and_check(
         else:
             wrong += backend.differ(chunk, value)
     return spent, wrong
+
+
+def host_copies(
+    backend: Backend, count: int, nbytes: int = H2D_BYTES, repeats: int = H2D_REPEATS
+) -> list:
+    """Each GPU's copies to and from host memory, one GPU at a time: GPUs can share a PCIe
+    switch's uplink to the CPU (two per switch on common HGX boards), and at the same time each
+    would measure its share of it, which changes with the other's timing.
+
+    Each GPU's host buffer is made with this thread on the GPU's own NUMA node (as NCCL places
+    its host buffers): a buffer on the other socket measures the link between the sockets as
+    well, and that would vary with where the kernel happened to put the pages. The buffers are
+    held until every GPU is done: a freed one is cached by the library and would be handed to
+    the next GPU, on the wrong node."""
+    allowed = _affinity()
+    held: list = []
+
+    def near_and_copy(gpu: int) -> dict:
+        _near(backend.bus_id(gpu), allowed, SYSFS)
+        return h2d(backend, gpu, nbytes, repeats, held)
+
+    try:
+        return [_guarded("h2d", g, lambda g=g: near_and_copy(g)) for g in range(count)]
+    finally:
+        _set_affinity(allowed)
+
+
+def h2d(
+    backend: Backend,
+    gpu: int,
+    nbytes: int = H2D_BYTES,
+    repeats: int = H2D_REPEATS,
+    held: list | None = None,
+) -> dict:
+    """Round trips through a pinned host buffer: device -> host, then host -> device, each
+    timed, and the words back on the device compared with those sent. Any difference fails
+    (data corrupted on the PCIe path: the link, a switch, the root port, host memory). Each
+    round trip sends other words (the address pattern, salted by the round), so a copy that
+    did not happen leaves the last round's words and fails too. `held` keeps the host buffer."""
+    words = max(1, min(nbytes, backend.free_bytes(gpu) // 8) // 4)
+    host = backend.pinned(gpu, words)
+    if held is not None:
+        held.append(host)
+    want, got = backend.words(gpu, words), backend.words(gpu, words)
+    spent = [0.0, 0.0]  # seconds device -> host, host -> device
+    wrong = 0
+    for k in range(repeats + 1):  # the first round trip is a warm-up, checked but not timed
+        down, up, found = _round_trip(backend, gpu, host, want, got, _salt(k, gpu))
+        wrong += found
+        if k:
+            spent = [spent[0] + down, spent[1] + up]
+    moved = words * 4 * repeats
+    d2h_gbps, h2d_gbps = (moved / s / 1e9 if s > 0 else 0.0 for s in spent)
+    figures = {"h2d_gbps": round(h2d_gbps, 1), "d2h_gbps": round(d2h_gbps, 1)}
+    figures["h2d_mismatches"] = wrong
+    size = f"{repeats + 1} round trips of {words * 4 / (1 << 20):g} MiB"
+    if wrong:
+        why = f"{wrong} words wrong after {size} through host memory (PCIe data corruption)"
+        return _outcome(f"gpu{gpu}", FAIL, figures, f"h2d on gpu{gpu}: {why}")
+    line = f"{size} exact, {h2d_gbps:.1f} GB/s host to device, {d2h_gbps:.1f} GB/s back"
+    return _outcome(f"gpu{gpu}", PASS, figures, f"h2d on gpu{gpu}: {line}")
+
+
+def _round_trip(
+    backend: Backend, gpu: int, host: object, want: object, got: object, salt: int
+) -> tuple:
+    """(seconds device -> host, seconds host -> device, words wrong) of one round trip."""
+    backend.address(want, salt)
+    backend.sync(gpu)
+    begin = backend.clock()
+    backend.download(host, want)
+    backend.sync(gpu)
+    middle = backend.clock()
+    backend.upload(got, host)
+    backend.sync(gpu)
+    end = backend.clock()
+    return middle - begin, end - middle, backend.differ(got, want)
+
+
+def _sysfs_address(bus_id: str) -> str:
+    """CUDA's "0000:1B:00.0" (some releases give an 8-digit domain) as sysfs names the
+    device, "0000:1b:00.0"; "" for anything else."""
+    domain, colon, rest = bus_id.strip().lower().partition(":")
+    try:
+        return f"{int(domain, 16):04x}:{rest}" if colon and rest and "/" not in rest else ""
+    except ValueError:
+        return ""
+
+
+def _cpulist(text: str) -> set:
+    """sysfs's "0-3,8,10-11" as a set of CPUs; an unreadable list is the empty set."""
+    cpus: set = set()
+    for part in text.strip().split(","):
+        first, _, last = part.partition("-")
+        if not first.isdigit() or not (last or first).isdigit():
+            return set()
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+def _near(bus_id: str, allowed: set, root: str = SYSFS) -> None:
+    """This thread onto the CPUs of `allowed` next to the PCI device; onto all of `allowed`
+    where the library or the kernel cannot tell, or none of them is next to it."""
+    cpus: set = set()
+    if bus_id:
+        path = os.path.join(root, "bus", "pci", "devices", bus_id, "local_cpulist")
+        try:
+            with open(path) as handle:
+                cpus = _cpulist(handle.read()) & allowed
+        except OSError:
+            pass
+    _set_affinity(cpus or allowed)
+
+
+def _affinity() -> set:
+    getter = getattr(os, "sched_getaffinity", None)  # Linux only
+    return set(getter(0)) if getter else set()
+
+
+def _set_affinity(cpus: set) -> None:
+    """The calling thread's CPUs (pid 0 is the calling thread on Linux)."""
+    if cpus and hasattr(os, "sched_setaffinity"):
+        try:
+            os.sched_setaffinity(0, cpus)
+        except OSError:
+            pass
 
 
 def p2p(backend: Backend, count: int, nbytes: int = P2P_BYTES, repeats: int = P2P_REPEATS) -> list:
@@ -471,6 +678,7 @@ def run_tests(backend: Backend, tests: list, seconds: float, n: int = MATMUL_N) 
     for thread in threads:
         thread.join()
     outcomes = [o for box in boxes for o in box]
+    outcomes += host_copies(backend, count) if "h2d" in tests else []
     return outcomes + (p2p(backend, count) if "p2p" in tests else [])
 
 

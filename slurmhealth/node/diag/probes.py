@@ -28,8 +28,11 @@ PASS = "pass"  # noqa: S105 - an outcome, not a password
 # DCGM's run levels (dcgmi diag -r): 1 quick (seconds), 2 medium (about 2 minutes), 3 long
 # (about 15 minutes), per NVIDIA's DCGM user guide; the timeouts leave room above each.
 DCGM_LEVEL = {"quick": ("1", 120.0), "medium": ("2", 600.0), "long": ("3", 2400.0)}
-# Seconds each built-in GPU test runs (medium: the whole level about 2-5 minutes).
-CUDA_SECONDS = {"medium": 20.0, "long": 180.0}
+# Seconds each built-in GPU test runs (medium: the whole level about 2-5 minutes). Quick runs
+# them briefly, as micro-benchmarks for the comparison with peers (docs/diagnose.md): 2 s of
+# products and of memory passes, then the fixed-size host and peer copies; with the library's
+# start, under a minute on an 8-GPU node.
+CUDA_SECONDS = {"quick": 2.0, "medium": 20.0, "long": 180.0}
 NCCL_TIMEOUT = {"medium": 600.0, "long": 1200.0}
 IB_TIMEOUT = 120.0
 OUTPUT_MAX = 4 << 20  # bytes of a tool's output parsed at most
@@ -195,7 +198,7 @@ def probe_cuda(ctx: Context) -> list:
     seconds = CUDA_SECONDS[ctx.level]
     python = ctx.settings.get("diag_python") or None
     kwargs = {"python": python} if python else {}
-    return cuda.run(["matmul", "memory", "p2p"], seconds, seconds * 6 + 120, **kwargs)
+    return cuda.run(list(cuda.TESTS), seconds, seconds * 6 + 120, **kwargs)
 
 
 # name -> (levels, function); "checks" (today's quick checks) is run by diagnose() itself.
@@ -204,7 +207,7 @@ PROBES = {
     "nccl": (("medium", "long"), probe_nccl),
     "ib_write_bw": (("medium", "long"), probe_ib_bw),
     "ib_read_lat": (("long",), probe_ib_lat),
-    "cuda": (("medium", "long"), probe_cuda),
+    "cuda": (LEVELS, probe_cuda),
 }
 
 

@@ -1,10 +1,12 @@
 """A pure-Python stand-in for a CUDA library, behind the adapter of slurmhealth.node.diag.cuda:
 lists for arrays, small sizes, and faults to order: a corrupted product, a memory bit stuck at
-one, two buffers whose addresses alias, a slow GPU, a CUDA error, a hang, a crash.
+one, two buffers whose addresses alias, a bit flipped on the way from the host, a slow GPU, a
+CUDA error, a hang, a crash.
 
 Its clock is its own, per thread (one thread per GPU): each operation moves it on by what the
-work would take on a GPU of TFLOPS and GBPS (a tenth of both when slow), so the figures are
-exact and no test times anything.
+work would take on a GPU of TFLOPS and GBPS behind a PCIe link of PCIE_GBPS (a tenth of each
+when slow), so the figures are exact and no test times anything. A copy within a GPU reads and
+writes its bytes, so it takes twice a write's time.
 
 In a child process (`--backend cuda_standin`) it takes its settings from CUDA_STANDIN, e.g.
 "gpus=2 hang=1"; nothing but this module reads that variable.
@@ -25,6 +27,8 @@ from slurmhealth.node.diag import cuda
 
 TFLOPS = 100.0
 GBPS = 1000.0
+PCIE_GBPS = 50.0
+HOST = -1  # the "gpu" of a host buffer
 
 
 class Array:
@@ -56,12 +60,16 @@ class StandIn(cuda.Backend):
         error: int | None = None,
         hang: int | None = None,
         crash: int | None = None,
+        flip: int | None = None,
         peer: bool = True,
         noise: bool = False,
+        bus: str = "",
     ) -> None:
         self.gpus, self.free, self.peer_ok, self.noise = gpus, free, peer, noise
         self.corrupt, self.stuck, self.alias, self.slow = corrupt, stuck, alias, slow
-        self.error, self.hang, self.crash = error, hang, crash
+        self.error, self.hang, self.crash, self.flip = error, hang, crash, flip
+        self.bus = bus  # every GPU's PCI address
+        self.pinned_made: list = []  # (gpu, the thread's CPUs then) of each host buffer
         self.made: dict = {}  # gpu -> its word buffers, in the order made
         self._local = threading.local()
 
@@ -103,11 +111,11 @@ class StandIn(cuda.Backend):
         made.append(Array(gpu, data, stuck=gpu == self.stuck and not made))
         return made[-1]
 
-    def _write(self, buf: Array, values: list) -> None:
+    def _write(self, buf: Array, values: list, gbps: float = GBPS) -> None:
         if buf.stuck:
             values[len(values) // 2] |= 1 << 4  # a bit stuck at one
         buf.data[:] = values
-        self._spend(buf.gpu, 4 * len(values) / (GBPS * 1e9))
+        self._spend(buf.gpu, 4 * len(values) / (gbps * 1e9))
 
     def fill(self, buf: Array, value: int) -> None:
         self._write(buf, [value] * len(buf.data))
@@ -124,8 +132,24 @@ class StandIn(cuda.Backend):
         return self.peer_ok
 
     def copy(self, dst: Array, src: Array) -> None:
-        dst.data[:] = src.data
-        self._spend(dst.gpu, 4 * len(src.data) / (GBPS * 1e9))
+        self._write(dst, list(src.data), GBPS / 2 if dst.gpu == src.gpu else GBPS)
+
+    def pinned(self, gpu: int, n: int) -> Array:
+        self.pinned_made.append((gpu, os.sched_getaffinity(0)))
+        return Array(HOST, [0] * n)
+
+    def upload(self, dst: Array, host: Array) -> None:
+        values = list(host.data)
+        if dst.gpu == self.flip:
+            values[len(values) // 3] ^= 1 << 7  # one bit, every copy
+        self._write(dst, values, PCIE_GBPS)
+
+    def download(self, host: Array, src: Array) -> None:
+        host.data[:] = src.data
+        self._spend(src.gpu, 4 * len(src.data) / (PCIE_GBPS * 1e9))
+
+    def bus_id(self, gpu: int) -> str:
+        return self.bus
 
     def sync(self, gpu: int) -> None:
         pass

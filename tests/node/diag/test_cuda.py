@@ -1,6 +1,7 @@
 """The built-in GPU tests (node/diag/cuda.py) without a GPU: the checks driven through the
 adapter by a pure-Python stand-in (cuda_standin.py) that can corrupt a product, stick a memory
-bit, alias two buffers, run slow, raise, hang or crash; and the parent/child pair as real
+bit, alias two buffers, flip a bit on the way from the host, run slow, raise, hang or crash;
+and the parent/child pair as real
 processes (a hung child killed with its process group, a crash, no library, no GPU)."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import json
 import os
 
 import pytest
-from cuda_standin import StandIn
+from cuda_standin import PCIE_GBPS, StandIn
 
 from slurmhealth.node.diag import cuda
 
@@ -48,6 +49,9 @@ def test_good_memory_passes_every_pattern_over_many_chunks():
     assert o["status"] == cuda.PASS and o["figures"]["memory_mismatches"] == 0
     assert len(backend.made[0]) == 14  # 13 chunks of 4 KiB in 90% of 64 KiB, and the scratch
     assert "6 patterns x 1 passes" in o["evidence"]
+    # the stand-in's 1000 GB/s: a fill writes each byte, a copy reads and writes each one
+    assert (o["figures"]["memory_write_gbps"], o["figures"]["hbm_gbps"]) == (1000.0, 1000.0)
+    assert o["evidence"].endswith("written at 1000 GB/s, copied at 1000 GB/s")
 
 
 def test_a_stuck_bit_fails_memory_naming_the_patterns_that_saw_it():
@@ -63,6 +67,114 @@ def test_aliased_addresses_pass_every_constant_pattern_but_not_the_address_ones(
     o = cuda.memory(StandIn(gpus=1, alias=0), 0, seconds=0, chunk_bytes=4 << 10)
     assert o["status"] == "fail"
     assert o["evidence"].endswith("(address, inverse address)")
+
+
+def test_a_bad_device_copy_fails_memory_as_a_device_copy():
+    class BadCopy(StandIn):
+        def copy(self, dst, src):
+            super().copy(dst, src)
+            dst.data[0] ^= 1  # the copy within the GPU gets one word wrong
+
+    o = cuda.memory(BadCopy(gpus=1), 0, seconds=0, chunk_bytes=4 << 10)
+    assert o["status"] == "fail" and o["figures"]["memory_mismatches"] == 1
+    assert o["evidence"].endswith("(device copy)")
+
+
+# --- copies to and from host memory --------------------------------------------------------------
+
+
+def test_host_round_trips_are_exact_with_both_figures():
+    o = cuda.h2d(StandIn(gpus=1), 0, nbytes=4096, repeats=3)
+    assert (o["unit"], o["status"]) == ("gpu0", cuda.PASS)
+    # the stand-in's PCIe link, each way: the arithmetic of its clock, not a timing
+    assert o["figures"] == {"h2d_gbps": PCIE_GBPS, "d2h_gbps": PCIE_GBPS, "h2d_mismatches": 0}
+    assert o["evidence"] == (
+        "h2d on gpu0: 4 round trips of 0.00390625 MiB exact, "
+        "50.0 GB/s host to device, 50.0 GB/s back"
+    )
+
+
+def test_a_bit_flipped_on_the_way_from_the_host_fails_that_gpu_only():
+    found = cuda.run_tests(StandIn(gpus=2, flip=1), ["h2d"], 0)
+    assert [(o["unit"], o["status"]) for o in found] == [("gpu0", "pass"), ("gpu1", "fail")]
+    repeats = cuda.H2D_REPEATS
+    assert found[1]["figures"]["h2d_mismatches"] == repeats + 1  # one word, every round trip
+    assert found[1]["evidence"] == (
+        f"h2d on gpu1: {repeats + 1} words wrong after {repeats + 1} round trips of 0.0078125 "
+        "MiB through host memory (PCIe data corruption)"
+    )
+
+
+@pytest.mark.parametrize("lost", ["upload", "download"])
+def test_a_copy_that_never_happened_fails(lost):
+    """Each round trip sends other words: the last round's words left behind are wrong."""
+
+    class Lost(StandIn):
+        pass
+
+    setattr(Lost, lost, lambda self, *args: None)
+    o = cuda.h2d(Lost(gpus=1), 0, nbytes=4096, repeats=2)
+    assert o["status"] == "fail" and o["figures"]["h2d_mismatches"] > 0
+
+
+def test_a_slow_pcie_path_passes_with_its_figures_and_fails_under_a_floor():
+    found = cuda.run_tests(StandIn(gpus=2, slow=0), ["h2d"], 0)
+    assert [o["status"] for o in found] == ["pass", "pass"]
+    assert [o["figures"]["h2d_gbps"] for o in found] == [PCIE_GBPS / 10, PCIE_GBPS]
+    assert [o["figures"]["d2h_gbps"] for o in found] == [PCIE_GBPS / 10, PCIE_GBPS]
+    judged = cuda.judge(found, {"h2d_gbps": 20})
+    assert [o["status"] for o in judged] == ["fail", "pass"]
+    assert judged[0]["evidence"].startswith("h2d_gbps 5 below the floor 20: h2d on gpu0: ")
+
+
+def test_each_gpus_host_buffer_is_made_on_its_own_numa_node(tmp_path, monkeypatch):
+    """The thread moves onto the GPU's local CPUs (sysfs local_cpulist) before the pinned
+    buffer is made, and gets all its CPUs back afterwards."""
+    allowed = os.sched_getaffinity(0)
+    mine = min(allowed)
+    device = tmp_path / "bus" / "pci" / "devices" / "0000:1b:00.0"
+    device.mkdir(parents=True)
+    (device / "local_cpulist").write_text(f"{mine}\n")
+    monkeypatch.setattr(cuda, "SYSFS", str(tmp_path))
+    backend = StandIn(gpus=2, bus="0000:1b:00.0")
+    found = cuda.host_copies(backend, 2, nbytes=4096, repeats=1)
+    assert [o["status"] for o in found] == ["pass", "pass"]
+    assert backend.pinned_made == [(0, {mine}), (1, {mine})]
+    assert os.sched_getaffinity(0) == allowed
+    # a GPU whose address the library cannot tell, or sysfs does not know: all the CPUs
+    for bus in ("", "0000:99:00.0"):
+        unknown = StandIn(gpus=1, bus=bus)
+        cuda.host_copies(unknown, 1, nbytes=4096, repeats=1)
+        assert unknown.pinned_made == [(0, allowed)]
+
+
+@pytest.mark.parametrize(
+    ("cuda_says", "sysfs"),
+    [
+        ("0000:1B:00.0", "0000:1b:00.0"),
+        ("00000000:9A:00.0", "0000:9a:00.0"),
+        ("0001:03:00.0", "0001:03:00.0"),
+        ("", ""),
+        ("garbage", ""),
+        ("zz:1b:00.0", ""),
+        ("0000:../../etc", ""),
+    ],
+)
+def test_cuda_pci_addresses_become_sysfs_names(cuda_says, sysfs):
+    assert cuda._sysfs_address(cuda_says) == sysfs
+
+
+@pytest.mark.parametrize(
+    ("text", "cpus"),
+    [
+        ("0-3,8,10-11\n", {0, 1, 2, 3, 8, 10, 11}),
+        ("5", {5}),
+        ("", set()),
+        ("0-x", set()),
+    ],
+)
+def test_cpu_lists_are_read_as_sysfs_writes_them(text, cpus):
+    assert cuda._cpulist(text) == cpus
 
 
 def test_p2p_copies_each_gpu_to_its_neighbour():
@@ -135,6 +247,8 @@ def test_the_child_reports_every_gpus_outcomes_despite_library_noise(standin):
         ("gpu0", "memory on gpu0"),
         ("gpu1", "matmul on gpu1"),
         ("gpu1", "memory on gpu1"),
+        ("gpu0", "h2d on gpu0"),
+        ("gpu1", "h2d on gpu1"),
         ("gpu0", "p2p gpu0 -> gpu1"),
         ("gpu1", "p2p gpu1 -> gpu0"),
     ]

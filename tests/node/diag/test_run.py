@@ -49,16 +49,23 @@ def by_check(records: dict) -> dict:
 
 def test_a_quick_diagnosis_passes_and_is_recorded_as_a_diag_run(tools, tmp_path):
     dcgmi = stand_in(tools, "dcgmi", printing("dcgmi-4.x-r3-pass.json"))
-    diagnosis = run.diagnose("gpu01", "quick", expect(diag_tools=str(tools)), options())
+    python = stand_in(tools, "python-with-cuda", f"echo {shlex.quote(json.dumps(CUDA_DOC))}")
+    settings = {"diag_tools": str(tools), "diag_python": str(tools / "python-with-cuda")}
+    diagnosis = run.diagnose("gpu01", "quick", expect(**settings), options())
     assert diagnosis.verdict == "ok" and diagnosis.evidence() == "no failure"
-    assert [p["probe"] for p in diagnosis.probes] == ["checks", "dcgm"]
+    assert [p["probe"] for p in diagnosis.probes] == ["checks", "dcgm", "cuda"]
     assert argv_of(dcgmi) == ["diag -r 1 -j"]
+    # the built-in GPU tests, briefly: every test, 2 s each where a test is timed
+    (cuda_argv,) = argv_of(python)
+    assert cuda_argv.startswith(
+        "-m slurmhealth.node.diag.cuda --tests matmul,memory,h2d,p2p --seconds 2.0"
+    )
     records = diagnosis.records()
     assert (records["run"]["phase"], records["run"]["verdict"]) == ("diag", "ok")
     sources = json.loads(records["run"]["sources"])["diag"]
     assert (sources["level"], sources["gpu_model"], sources["gpus"]) == ("quick", H100, 8)
     results = by_check(records)
-    assert list(results) == ["diag.checks", "diag.dcgm"]
+    assert list(results) == ["diag.checks", "diag.dcgm", "diag.cuda"]
     assert {r["status"] for r in results.values()} == {"ok"}
     assert {r["action"] for r in results.values()} == {"none"}
     data = json.loads(results["diag.dcgm"]["data"])
@@ -80,11 +87,11 @@ def test_a_quick_diagnosis_passes_and_is_recorded_as_a_diag_run(tools, tmp_path)
         "ORDER BY check_name",
         (run_id,),
     ).fetchall()
-    assert stored == [
+    assert stored == sorted(
         (r["check_name"], r["status"], r["message"], r["action"], r["data"])
         for r in records["results"]
-    ]
-    assert json.loads(stored[1][4]) == data
+    )
+    assert json.loads(dict((row[0], row[4]) for row in stored)["diag.dcgm"]) == data
 
 
 def test_a_medium_diagnosis_gives_one_result_per_probe_ok_fail_or_skip(tools):
@@ -118,7 +125,7 @@ def test_a_medium_diagnosis_gives_one_result_per_probe_ok_fail_or_skip(tools):
     assert argv_of(nccl) == ["-b 8 -e 8G -f 2 -g 8"]
     (cuda_argv,) = argv_of(python)
     assert cuda_argv.startswith(
-        "-m slurmhealth.node.diag.cuda --tests matmul,memory,p2p --seconds 20.0"
+        "-m slurmhealth.node.diag.cuda --tests matmul,memory,h2d,p2p --seconds 20.0"
     )
     doc = diagnosis.to_dict()
     assert (doc["level"], doc["verdict"]) == ("medium", "fail")
