@@ -26,7 +26,7 @@ import zlib
 from slurmhealth.core import slurm
 from slurmhealth.core.constants import ACT_DRAIN, ACT_RESUME, FAILED_STATES, RUNNING_STATES
 from slurmhealth.core.result import clean
-from slurmhealth.fleet import queries
+from slurmhealth.fleet import queries, telemetry
 
 PREFIX = "slurmhealth:v1:"
 FORMAT = 1
@@ -132,7 +132,31 @@ def facts(conn: sqlite3.Connection, job_id: str) -> dict:
     runs = queries.hook_runs(conn, job_id)
     ends = [r["end"] for r in rows if r["end"] is not None]
     nodes = [_node_facts(conn, job_id, row, runs, max(ends, default=None)) for row in rows]
-    return _job_facts(job_id, rows, nodes)
+    data = _job_facts(job_id, rows, nodes)
+    _add_telemetry(conn, data)
+    return data
+
+
+def _add_telemetry(conn: sqlite3.Connection, data: dict) -> None:
+    """Each node's GPU slowdown and error-counter increases during the job (`telemetry`) and the
+    node that held it back (`held_back`; fleet/telemetry.py, docs/trends.md). The fleet store's
+    view only: a published summary does not carry them. A job still running gets its figures so
+    far and no finding: its epilogs' readings, which close the job, are not in yet."""
+    spans = []
+    for node in data["nodes"]:
+        if _refused(node) or node.get("start") is None:
+            continue
+        end = node["end"] if node.get("end") is not None else data.get("end") or time.time()
+        spans.append((node["node"], node["start"], max(end, node["start"])))
+    figures = queries.job_telemetry(conn, spans)
+    for node in data["nodes"]:
+        node["telemetry"] = figures.get(node["node"])
+    data["held_back"] = None
+    ran = [n for n in data["nodes"] if not _refused(n)]
+    if spans and not _still_running(data, ran):
+        duration = max(s[2] for s in spans) - min(s[1] for s in spans)
+        found = telemetry.held_back(figures, duration)
+        data["held_back"] = dict(found, evidence=telemetry.words(found)) if found else None
 
 
 def summary(conn: sqlite3.Connection, job_id: str) -> dict:
@@ -344,6 +368,28 @@ def _xid_lines(nodes: list) -> list:
     return lines
 
 
+def _telemetry_lines(data: dict) -> list:
+    """Per node: its worst GPU's slowdown share and the error counters that grew; then the node
+    that held the job back, if one did (fleet store only: published summaries carry none)."""
+    nodes = [n for n in data.get("nodes", []) if n.get("telemetry")]
+    if not nodes:
+        return []
+    if not any(n["telemetry"]["share"] or n["telemetry"]["errors"] for n in nodes):
+        return ["GPU slowdown (power or thermal policy) and error counters during the job: none"]
+    lines = ["GPU slowdown (power or thermal policy, worst GPU) and error counters during the job:"]
+    for node in nodes:
+        figures = node["telemetry"]
+        worst = figures.get("worst_gpu")
+        why = f" ({clean(worst, 20)} {clean(figures.get('cause'), 20)})" if worst else ""
+        lines.append(
+            f"  {clean(node['node'], 20):<12} slowdown {telemetry.percent(figures['share']):>4}"
+            f"{why}  errors: {telemetry.error_words(figures['errors'])}"
+        )
+    if data.get("held_back"):
+        lines.append(f"held back: {clean(data['held_back']['evidence'], 300)}")
+    return lines
+
+
 def _header(data: dict) -> str:
     state = clean(data.get("state") or "", 20)
     span = f"{local_time(data.get('start'))} to {local_time(data.get('end'))}"
@@ -368,6 +414,7 @@ def render_text(data: dict) -> str:
     lines += [_node_line(n) for n in nodes] + _ok_line(data)
     if data.get("omitted"):
         lines.append(f"  ({clean(data['omitted'])} node(s) left out of the published summary)")
+    lines += _telemetry_lines(data)
     problems, xids = _problem_lines(nodes), _xid_lines(nodes)
     if problems:
         lines += ["checks that did not pass:", *problems]
@@ -487,6 +534,9 @@ def decode(comment: str) -> dict:
         raise JobError("the published summary has a format this slurmhealth cannot read")
     if not _sane(data):
         raise JobError("the published summary is damaged (unexpected structure)")
+    data.pop("held_back", None)  # never published (_add_telemetry): a forged one is dropped
+    for node in data["nodes"]:
+        node.pop("telemetry", None)
     return with_conclusion(data)
 
 

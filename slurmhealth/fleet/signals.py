@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlite3
 
 from slurmhealth.core.constants import LEMON
-from slurmhealth.fleet import faults, peers, policy, queries
+from slurmhealth.fleet import faults, peers, policy, queries, telemetry
 
 # A loose index scan: each distinct node of a table in ~2,000 index seeks, not a full scan.
 _NODES = """WITH RECURSIVE n(node) AS (
@@ -177,9 +177,11 @@ def _items(conn: sqlite3.Connection, counts: dict, start: float, end: float) -> 
 
 def _ahead(conn: sqlite3.Connection, start: float, end: float) -> list:
     """(node, time) warnings of what comes before a failure, as of `end`: each rising error
-    counter (fleet/trends.py, at the newest episode) and each node slower than its peers
+    counter (fleet/trends.py, at the newest episode), each node slower than its peers
     (fleet/peers.py, at its newest diagnosis), both at their defaults, as `slurmhealth trends`
-    and `slurmhealth slow` list them."""
+    and `slurmhealth slow` list them, and each node that held back telemetry.REPEAT multi-node
+    jobs ended in the last telemetry.LOOKBACK (fleet/telemetry.py, at the newest such job's
+    end)."""
     out = []
     rising, _ = queries.rising_counters(conn, end)
     out.extend((f["node"], f["last"]) for f in rising if start <= f["last"] < end)
@@ -188,6 +190,8 @@ def _ahead(conn: sqlite3.Connection, start: float, end: float) -> list:
     for node, t, *_ in figures:
         last[node] = max(t, last.get(node, t))
     out.extend((f["node"], last[f["node"]]) for f in peers.slow(figures) if f["node"] in last)
+    held = queries.held_back_jobs(conn, max(start, end - telemetry.LOOKBACK), end)
+    out.extend(telemetry.repeated(held))
     return [(node, t) for node, t in out if start <= t < end]
 
 

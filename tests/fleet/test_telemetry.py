@@ -1,0 +1,286 @@
+"""The node that held a multi-node job back (slurmhealth/fleet/telemetry.py): the rule on its
+own, then from what the real runner and store record for a job, through `slurmhealth job` and
+the lemon sweep's warnings."""
+
+from __future__ import annotations
+
+import base64
+import json
+import zlib
+
+import pytest
+from conftest import run_cli, snapshot_path
+
+from slurmhealth.core import store
+from slurmhealth.fleet import jobs, signals, telemetry
+from slurmhealth.node import config, runner
+
+HOUR = 3600.0
+NS = 1e9
+
+
+def figures(share: float, gpu: str = "GPU 0", cause: str = "power-capped") -> dict:
+    return {"share": share, "worst_gpu": gpu if share else None, "cause": cause, "span_s": 6 * HOUR}
+
+
+# --- the rule ------------------------------------------------------------------------------------
+
+
+def test_the_node_far_above_its_peers_held_the_job_back():
+    job = {
+        "gpu05": figures(0.02),
+        "gpu06": figures(0.01),
+        "gpu07": figures(0.34, "GPU 3"),
+        "gpu08": figures(0.03),
+    }
+    found = telemetry.held_back(job, 6 * HOUR)
+    assert found == {
+        "node": "gpu07",
+        "gpu": "GPU 3",
+        "cause": "power-capped",
+        "share": 0.34,
+        "others_median": 0.02,
+        "duration_s": 6 * HOUR,
+    }
+    assert telemetry.words(found) == (
+        "gpu07 held the job back: GPU 3 power-capped 34% of the job's 6.0 h, others' median 2%"
+    )
+
+
+@pytest.mark.parametrize(
+    ("shares", "why"),
+    [
+        ([0.02, 0.02, 0.11], "9 points above the median: under the margin"),
+        ([0.40, 0.40, 0.60], "20 points above, under twice the median: capped everywhere"),
+        ([0.0, 0.50], "one other node: no telling which of two is odd"),
+        ([0.50], "a 1-node job: nothing to compare"),
+        ([0.0, 0.0, 0.0], "no slowdown anywhere"),
+    ],
+)
+def test_no_node_is_named_without_a_clear_margin_over_enough_peers(shares, why):
+    job = {f"gpu{i:02}": figures(s) for i, s in enumerate(shares)}
+    assert telemetry.held_back(job, HOUR) is None, why
+
+
+def test_a_margin_and_a_factor_just_met_name_the_node():
+    job = {"a": figures(0.02), "b": figures(0.02), "c": figures(0.13)}
+    assert telemetry.held_back(job, HOUR)["node"] == "c"
+    median_zero = {"a": figures(0.0), "b": figures(0.0), "c": figures(0.0), "d": figures(0.101)}
+    assert telemetry.held_back(median_zero, HOUR)["others_median"] == 0.0
+
+
+def test_node_figures_sum_each_gpu_and_take_the_worst():
+    rows = [
+        ("gpu:0000:18:00.0", "GPU 0", "perf_power_ns", 2, 60 * NS),
+        ("gpu:0000:5d:00.0", "GPU 3", "perf_power_ns", 3, 600 * NS),
+        ("gpu:0000:5d:00.0", "GPU 3", "perf_thermal_ns", 1, 1200 * NS),
+        ("gpu:0000:5d:00.0", "GPU 3", "pcie_replay", 2, 40),
+        ("nvlink:0000:5d:00.0:4", "GPU 3 link 4", "nvlink_crc", 1, 7),
+        ("gpu:0000:9b:00.0", "GPU 5", "ecc_sbe_volatile", 0, 0),  # a first reading: no increase
+    ]
+    got = telemetry.node_figures(rows, HOUR)
+    assert (got["share"], got["worst_gpu"], got["cause"]) == (0.5, "GPU 3", "thermally slowed")
+    assert [(g["gpu"], g["power_s"], g["thermal_s"]) for g in got["gpus"]] == [
+        ("GPU 3", 600.0, 1200.0),
+        ("GPU 0", 60.0, 0.0),
+    ]
+    assert got["errors"] == [
+        {"device": "GPU 3", "counter": "pcie_replay", "episodes": 2, "errors": 40.0},
+        {"device": "GPU 3 link 4", "counter": "nvlink_crc", "episodes": 1, "errors": 7.0},
+    ]
+    assert telemetry.error_words(got["errors"]) == (
+        "GPU 3 PCIe replays +40 (2 episodes), GPU 3 link 4 NVLink CRC errors +7 (1 episode)"
+    )
+
+
+def test_no_rows_is_no_slowdown_and_time_from_before_the_job_is_capped():
+    assert telemetry.node_figures([], HOUR) == {
+        "span_s": HOUR,
+        "share": 0.0,
+        "worst_gpu": None,
+        "cause": None,
+        "gpus": [],
+        "errors": [],
+    }
+    assert telemetry.error_words([]) == "none"
+    # no prolog reading: the first delta in the job counts time from the node's previous run
+    early = [("gpu:0000:18:00.0", "GPU 0", "perf_power_ns", 1, 5 * HOUR * NS)]
+    assert telemetry.node_figures(early, HOUR)["share"] == 1.0
+    assert telemetry.node_figures(early, 0.0)["share"] == 0.0
+
+
+def test_a_node_is_repeated_from_its_second_job_held_back():
+    held = [("gpu07", 100.0), ("gpu02", 50.0), ("gpu07", 300.0), ("gpu07", 200.0)]
+    assert telemetry.repeated(held) == [("gpu07", 300.0)]
+    assert telemetry.repeated(held[:2]) == []
+
+
+def test_hostile_names_are_cleaned_in_the_words():
+    found = {
+        "node": "gpu07\x1b[2J",
+        "gpu": "GPU\n3",
+        "cause": "power-capped",
+        "share": 0.5,
+        "others_median": 0.0,
+        "duration_s": 1800.0,
+    }
+    text = telemetry.words(found)
+    assert text.isprintable() and "\x1b" not in text and "of the job's 30 min" in text
+
+
+# --- from the store: the real runner's readings of a 5-node job ----------------------------------
+
+T0 = 1_750_000_000.0
+SPAN = 6 * HOUR
+NODES = ("gpu04", "gpu05", "gpu06", "gpu07", "gpu08")
+
+
+def run_hook(conn, tmp_path, node, job, phase, when, power_ns=None, replays=0, nodes=5):
+    """One run as the hooks record it (the real runner on the replayed healthy H100 snapshot,
+    its counter readings given), dated `when`. power_ns: {GPU index: perf_power_ns}."""
+    with open(snapshot_path("healthy")) as handle:
+        doc = json.load(handle)
+    for gpu in doc["gpu"]["devices"]:
+        fields = gpu.setdefault("fields", {})
+        fields.update(perf_power_ns=0, perf_thermal_ns=0, pcie_replay=0)
+        fields["perf_power_ns"] = (power_ns or {}).get(gpu["index"], 0)
+    doc["gpu"]["devices"][3]["fields"]["pcie_replay"] = replays
+    snap = tmp_path / f"{node}-{phase}-{when}.json"
+    snap.write_text(json.dumps(doc))
+    options = runner.Options(gpu_source=str(snap))
+    baselines = store.load_baselines(conn, node)
+    run = runner.run(node, config.defaults(), options, ["gpu"], phase, baselines, list(range(8)))
+    records = run.records(job if phase != "check" else None)
+    records["run"]["started"] = when
+    for row in records["counters"]:
+        row["time"] = when
+    columns = None
+    if phase == "prolog":
+        columns = {"uid": 1000, "user": "alice", "start": when, "state": "running"}
+        columns["num_nodes"] = nodes
+    elif phase == "epilog":
+        columns = {"end": when, "state": "ended", "exit_code": 0, "signal": 0}
+    store.record_run(conn, records, columns)
+
+
+def held_back_job(conn, tmp_path, job: str, t0: float) -> None:
+    """gpu07's GPU 3 is power-capped 34% of a 6-hour job; its peers 0-3%; details below."""
+    # GPU power-capping time (ns) each node had counted before the job, and at its end
+    before = {"gpu04": {}, "gpu05": {0: 9e12}, "gpu06": {1: 1e12}, "gpu07": {3: 5e12}}
+    before["gpu08"] = {2: 9e13}
+    after = {
+        "gpu04": {},  # nothing changed: no row at all
+        "gpu05": {0: 9e12 + 0.02 * SPAN * NS},
+        "gpu06": {1: 1e12 + HOUR * NS + 0.02 * SPAN * NS},
+        "gpu07": {3: 5e12 + 0.34 * SPAN * NS},
+        "gpu08": {2: 0.03 * SPAN * NS},  # the driver reloaded: the counter restarted at 0
+    }
+    # gpu06 was capped an hour before the job: its prolog's reading, dated the start, is not
+    # the job's
+    at_prolog = dict(before, gpu06={1: 1e12 + HOUR * NS})
+    for node in NODES:
+        start = t0 + 0.5 if node == "gpu08" else t0  # prologs do not start at the same moment
+        run_hook(conn, tmp_path, node, job, "check", start - 600, before[node])
+        run_hook(conn, tmp_path, node, job, "prolog", start, at_prolog[node])
+    # A health check on gpu07 halfway: its reading counts, the epilog's adds the rest
+    halfway = {3: 5e12 + 0.20 * SPAN * NS}
+    run_hook(conn, tmp_path, "gpu07", job, "check", t0 + SPAN / 2, halfway)
+    for node in NODES:
+        replays = 40 if node == "gpu07" else 0
+        run_hook(conn, tmp_path, node, job, "epilog", t0 + SPAN, after[node], replays)
+    # After the job and the epilog's slack: not the job's
+    late = {0: 9e12 + 0.9 * SPAN * NS}
+    run_hook(conn, tmp_path, "gpu05", job, "check", t0 + SPAN + 600, late)
+
+
+def test_slurmhealth_job_names_the_node_that_held_the_job_back(tmp_path):
+    path = str(tmp_path / "fleet.db")
+    conn = store.connect(path)
+    held_back_job(conn, tmp_path, "41", T0)
+    conn.close()
+
+    proc = run_cli("job", "41", "--db", path, "--json")
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    shares = {n["node"]: round(n["telemetry"]["share"], 4) for n in got["nodes"]}
+    assert shares == {"gpu04": 0.0, "gpu05": 0.02, "gpu06": 0.02, "gpu07": 0.34, "gpu08": 0.03}
+    gpu07 = next(n for n in got["nodes"] if n["node"] == "gpu07")["telemetry"]
+    assert (gpu07["worst_gpu"], gpu07["cause"]) == ("GPU 3", "power-capped")
+    assert gpu07["errors"] == [
+        {"device": "GPU 3", "counter": "pcie_replay", "episodes": 1, "errors": 40.0}
+    ]
+    evidence = (
+        "gpu07 held the job back: GPU 3 power-capped 34% of the job's 6.0 h, others' median 2%"
+    )
+    assert got["held_back"]["node"] == "gpu07" and got["held_back"]["evidence"] == evidence
+    assert got["verdict"] == "ok"  # a slow node is not a fault of the job
+
+    text = run_cli("job", "41", "--db", path).stdout.splitlines()
+    assert f"held back: {evidence}" in text
+    assert (
+        "  gpu07        slowdown  34% (GPU 3 power-capped)  errors: GPU 3 PCIe replays +40 "
+        "(1 episode)"
+    ) in text
+    assert "  gpu04        slowdown   0%  errors: none" in text
+
+
+def test_the_published_summary_carries_no_telemetry(tmp_path):
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    held_back_job(conn, tmp_path, "41", T0)
+    summary = jobs.summary(conn, "41")
+    assert summary["held_back"]["node"] == "gpu07"
+    back = jobs.decode(jobs.encode(summary))
+    assert "held_back" not in back
+    assert all("telemetry" not in n for n in back["nodes"])
+    forged = dict(jobs.compact(summary), held_back={"evidence": 7})
+    forged["nodes"] = [dict(n, telemetry="x") for n in forged["nodes"]]
+    body = json.dumps(forged).encode()  # encoded as encode() does, without compact()
+    comment = jobs.PREFIX + base64.b32encode(zlib.compress(body)).decode().lower()
+    shown = jobs.render_text(jobs.decode(comment))
+    assert "held back" not in shown and "slowdown" not in shown
+
+
+def test_a_running_job_and_a_one_node_job_name_nobody(tmp_path):
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    for node in ("gpu05", "gpu06", "gpu07"):
+        run_hook(conn, tmp_path, node, "50", "prolog", T0, {}, nodes=3)
+    run_hook(conn, tmp_path, "gpu07", "50", "check", T0 + 600, {3: 0.5 * 600 * NS})
+    running = jobs.summary(conn, "50")
+    assert running["verdict"] == "running" and running["held_back"] is None
+    gpu07 = next(n for n in running["nodes"] if n["node"] == "gpu07")
+    assert gpu07["telemetry"]["gpus"][0]["power_s"] == 300.0  # the figures so far
+
+    run_hook(conn, tmp_path, "gpu09", "51", "prolog", T0, {}, nodes=1)
+    run_hook(conn, tmp_path, "gpu09", "51", "epilog", T0 + HOUR, {2: 0.9 * HOUR * NS})
+    alone = jobs.summary(conn, "51")
+    assert alone["held_back"] is None
+    assert alone["nodes"][0]["telemetry"]["share"] == 0.9
+
+
+def test_a_node_that_held_back_two_jobs_is_a_lemon_warning(tmp_path):
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    held_back_job(conn, tmp_path, "41", T0)
+    window = (T0 - 86400, T0 + 3 * 86400)
+    once = signals.signals(conn, *window)
+    assert once["gpu07"]["warnings"] == []
+
+    second = T0 + 86400
+    held_back_job(conn, tmp_path, "42", second)
+    twice = signals.signals(conn, *window)
+    assert [(t, kind) for t, kind, _, _ in twice["gpu07"]["warnings"]] == [(second + SPAN, "warn")]
+    assert all(twice[n]["warnings"] == [] for n in NODES if n != "gpu07")
+    # a week after the second job, neither counts any more
+    later = signals.signals(conn, T0, second + SPAN + telemetry.LOOKBACK + 1)
+    assert later["gpu07"]["warnings"] == []
+
+
+def test_a_job_without_slowdown_or_errors_says_so_in_one_line(tmp_path):
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    for node in ("gpu05", "gpu06", "gpu07"):
+        run_hook(conn, tmp_path, node, "60", "prolog", T0, {}, nodes=3)
+        run_hook(conn, tmp_path, node, "60", "epilog", T0 + HOUR, {}, nodes=3)
+    text = jobs.render_text(jobs.summary(conn, "60"))
+    lines = [x for x in text.splitlines() if "slowdown" in x]
+    assert lines == [
+        "GPU slowdown (power or thermal policy) and error counters during the job: none"
+    ]
