@@ -1028,7 +1028,12 @@ MAIL_FAILED = 4  # the report was written, but not mailed
 @click.option("--since", default="24h", show_default=True, help="the period: drains, counts, cost")
 @click.option("--now", default=None, help="replay: report as of this time")
 @click.option(
-    "--format", "fmt", type=click.Choice(["html", "md", "json"]), default="html", show_default=True
+    "--format",
+    "fmt",
+    type=click.Choice(["html", "md", "json", "prom"]),
+    default="html",
+    show_default=True,
+    help="prom: the before-failure signals for node_exporter's textfile collector",
 )
 @output_option
 @click.option("--mail-to", default=None, help="also mail it through the local MTA (sendmail)")
@@ -1061,6 +1066,8 @@ def report_cmd(
         mail.check_address(mail_to or "root")
     except build.ReportError as exc:
         raise click.BadParameter(str(exc), param_hint="--mail-to") from None
+    if mail_to and fmt == "prom":
+        raise click.BadParameter("mail the html, md or json report", param_hint="--mail-to")
     conn = _open(_fleet_path(db))
     try:
         nodes = build.live_nodes(slurm_bin) if use_sinfo else None
@@ -1073,6 +1080,8 @@ def report_cmd(
     try:
         if output == "-":
             click.echo(text, nl=False)
+        elif fmt == "prom":  # node_exporter (its own user) reads it: 0644, whole or not at all
+            files.write_private(output, text, mode=0o644)
         else:  # 0600 (an existing report keeps its mode), never through a planted symlink
             files.write_private(output, text, keep_mode=True)
     except OSError as exc:

@@ -143,7 +143,7 @@ def test_bash_completes_the_real_commands_and_options():
     assert bash_complete("check", "--only", "gpu,n") == ["gpu,nvlink"]
     assert bash_complete("check", "--node", "gpu01", "--qu") == ["--quiet"]
     assert "--quiet" in bash_complete("history", "--")
-    assert bash_complete("report", "--format", "") == ["html", "md", "json"]
+    assert bash_complete("report", "--format", "") == ["html", "md", "json", "prom"]
     assert bash_complete("-") == ["-V", "--version", "-h", "--help"]
     for words in command_paths()[1:]:  # every click option of every command
         command = cli

@@ -46,7 +46,7 @@ _slurmhealth() {
     case "$path:$prev" in
         "check:--only") words="gpu nvlink ib xid" ;;
         "diagnose:--level") words="quick medium long" ;;
-        "report:--format") words="html md json" ;;
+        "report:--format") words="html md json prom" ;;
         *:--config|*:--db|*:--gpu-source|*:--kmsg|*:--metrics-file|*:--output|*:--slurm-bin|*:--sysfs-root|*:-o) COMPREPLY=($(compgen -f -- "$cur")); return ;;
         *) [[ " $valued " == *" $prev "* ]] && return ;;
     esac

@@ -64,12 +64,70 @@ def _environment(fmt: str) -> object:
 
 
 def render(doc: dict, fmt: str) -> str:
-    """The report in one format: JSON is the dict itself; HTML and Markdown render it."""
+    """The report in one format: JSON is the dict itself; HTML and Markdown render it; prom is
+    its before-failure signals as Prometheus text (prometheus())."""
     if fmt == "json":
         return json.dumps(doc, indent=1) + "\n"
+    if fmt == "prom":
+        return prometheus(doc)
     if fmt not in FORMATS:
         raise ReportError(f"unknown format {fmt!r} (use {', '.join(FORMATS)})")
     template = _environment(fmt).get_template(f"report.{fmt}")  # type: ignore[attr-defined]
     return template.render(r=doc)
 
 
+
+
+# --- the fleet's signals for node_exporter's textfile collector (head node) ----------------------
+
+PROM_FAMILIES = (
+    ("slurmhealth_fleet_lemon_score", ("node",), "Lemon score of each node the sweep flags"),
+    (
+        "slurmhealth_fleet_rising_counter_per_hour",
+        ("node", "device", "counter", "basis"),
+        "Errors per hour of each rising error counter (slurmhealth trends)",
+    ),
+    (
+        "slurmhealth_fleet_slow_deficit_ratio",
+        ("node", "probe", "figure", "unit"),
+        "Share by which a node is worse than its peers' median (slurmhealth slow)",
+    ),
+    (
+        "slurmhealth_fleet_odd_node",
+        ("node", "what", "value", "majority"),
+        "1 for each node whose version or setting differs from its class majority",
+    ),
+)
+
+
+def _prom_label(value: object) -> str:
+    """A label value as the text format wants it: backslash, quote and newline escaped (the
+    values are node names and versions: already one cleaned line, escaped all the same)."""
+    text = str(value if value is not None else "")
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def prometheus(doc: dict) -> str:
+    """The report's before-failure signals, one gauge family each: lemons, rising error
+    counters, slow nodes and odd nodes, for node_exporter's textfile collector on the head node
+    (docs/metrics.md). Every family is written with its HELP and TYPE even when empty."""
+    rows: dict = {name: [] for name, _, _ in PROM_FAMILIES}
+    for c in (doc.get("lemons") or {}).get("candidates") or []:
+        rows["slurmhealth_fleet_lemon_score"].append(((c["node"],), c["score"]))
+    for f in (doc.get("rising") or {}).get("list") or []:
+        key = (f["node"], f["device"], f["counter"], f["basis"])
+        rows["slurmhealth_fleet_rising_counter_per_hour"].append((key, f["rate_per_h"]))
+    for f in (doc.get("slow") or {}).get("list") or []:
+        key = (f["node"], f["probe"], f["figure"], f["unit"])
+        rows["slurmhealth_fleet_slow_deficit_ratio"].append((key, f["deficit"]))
+    for item in (doc.get("drift") or {}).get("items") or []:
+        for d in item.get("differ") or []:
+            key = (d["node"], item["what"], d["value"], item["majority"])
+            rows["slurmhealth_fleet_odd_node"].append((key, 1))
+    lines = []
+    for name, labels, help_text in PROM_FAMILIES:
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+        for values, number_ in sorted(rows[name], key=lambda r: [str(v) for v in r[0]]):
+            body = ",".join(f'{k}="{_prom_label(v)}"' for k, v in zip(labels, values))
+            lines.append(f"{name}{{{body}}} {float(number_):g}")
+    return "\n".join(lines) + "\n"

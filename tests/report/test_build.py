@@ -879,3 +879,78 @@ def test_the_trend_chart_labels_only_whole_counts(doc):
     ]
     labels = re.findall(r'text-anchor="end">([^<]*)</text>', chart)
     assert labels == [str(t) for t in doc["trend"]["ticks"]] and all(x.isdigit() for x in labels)
+
+
+def test_the_prom_format_carries_the_signals_for_node_exporter(tmp_path):
+    """`report --format prom`: lemons, rising counters, slow and odd nodes as gauges that
+    Prometheus' own parser reads back, hostile names included; written 0644 for node_exporter."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    doc = {
+        "lemons": {"candidates": [{"node": HOSTILE_NODE, "score": 12.5}]},
+        "rising": {
+            "list": [
+                {
+                    "node": "gpu03",
+                    "device": "GPU 5",
+                    "counter": "PCIe replays",
+                    "basis": "trend",
+                    "rate_per_h": 40.0,
+                }
+            ]
+        },
+        "slow": {
+            "list": [
+                {
+                    "node": "gpu04",
+                    "probe": "nccl",
+                    "figure": "busbw_gbps",
+                    "unit": "node",
+                    "deficit": 0.087,
+                }
+            ]
+        },
+        "drift": {
+            "items": [
+                {
+                    "what": "driver",
+                    "majority": "550.90.07",
+                    "differ": [{"node": "gpu07", "value": 'x"\\\n'}],
+                }
+            ]
+        },
+    }
+    text = render.render(doc, "prom")
+    found = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert found[("slurmhealth_fleet_lemon_score", (("node", HOSTILE_NODE),))] == 12.5
+    rising = (
+        ("basis", "trend"),
+        ("counter", "PCIe replays"),
+        ("device", "GPU 5"),
+        ("node", "gpu03"),
+    )
+    assert found[("slurmhealth_fleet_rising_counter_per_hour", rising)] == 40.0
+    assert [v for (n, _), v in found.items() if n == "slurmhealth_fleet_slow_deficit_ratio"] == [
+        0.087
+    ]
+    odd = [dict(k) for n, k in found if n == "slurmhealth_fleet_odd_node"]
+    assert odd == [{"node": "gpu07", "what": "driver", "value": 'x"\\\n', "majority": "550.90.07"}]
+    empty = render.render({}, "prom")
+    assert empty.count("# TYPE") == 4 and "{" not in empty
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    conn.close()
+    out = tmp_path / "fleet.prom"
+    proc = run_cli("report", "--db", str(tmp_path / "fleet.db"), "--format", "prom", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert (
+        oct(out.stat().st_mode & 0o777) == "0o644"
+        and "# TYPE slurmhealth_fleet_odd_node" in out.read_text()
+    )
+    refused = run_cli(
+        "report", "--db", str(tmp_path / "fleet.db"), "--format", "prom", "--mail-to", "root"
+    )
+    assert refused.returncode == 2 and "--mail-to" in refused.stderr
