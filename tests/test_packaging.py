@@ -244,7 +244,17 @@ def test_periodic_commands_are_ones_the_cli_accepts(periodic_env):
     assert commands["collect"][0][2] == "/srv/spool" and "--sacct" in commands["collect"][0]
     assert commands["export"][0][-2:] == ["-o", "/srv/spool/gpu07.ndjson"]
     assert commands["report"][0][-2:] == ["--mail-to", "hpc-admins@example.org"]
-    assert commands["lemons"][0][1:] == ["lemons", "--apply"]
+    assert commands["lemons"] == [[SLURMHEALTH, "lemons", "--apply"]]
+    with open(periodic_env["SLURMHEALTH_PERIODIC_ENV"], "a") as handle:
+        handle.write("SLURMHEALTH_FLEET_METRICS=/var/lib/prometheus/node-exporter/fleet.prom\n")
+    sweep, metrics = _dry_run(periodic_env, "lemons")
+    assert sweep[1:] == ["lemons", "--apply"]
+    assert metrics[1:3] == ["report", "--since"] and metrics[-3:] == [
+        "prom",
+        "-o",
+        "/var/lib/prometheus/node-exporter/fleet.prom",
+    ]
+    _parse_with_the_cli(metrics[1:])
     with pytest.raises(click.UsageError):  # the parse above would have caught a wrong option
         _parse_with_the_cli(["report", "--mail", "x"])
 
