@@ -21,7 +21,6 @@ fleet/signals.py builds them from a store, fleet/simulate.py from a simulated fl
 
 from __future__ import annotations
 
-import bisect
 import math
 
 # The kinds of hardware evidence, and how a reason line names them.
@@ -152,11 +151,23 @@ def shared(by_node: dict, span: float, window: float, p_cut: float, least: int) 
     if not starts:
         return set()
     need = burst_size(len(starts), span, window, p_cut, least)
-    times = [t for t, _ in starts]
+    # A window sliding over the sorted starts, with the count of each node's starts in it:
+    # linear in the starts (a 10,000-node month has tens of thousands; a set per start was
+    # quadratic, 70 s).
     out = set()
+    inside: dict = {}
+    lo = hi = 0
     for t, node in starts:
-        lo, hi = bisect.bisect_left(times, t - window), bisect.bisect_right(times, t + window)
-        if hi - lo >= need and len({n for _, n in starts[lo:hi]}) >= need:
+        while hi < len(starts) and starts[hi][0] <= t + window:
+            inside[starts[hi][1]] = inside.get(starts[hi][1], 0) + 1
+            hi += 1
+        while starts[lo][0] < t - window:
+            gone = starts[lo][1]
+            inside[gone] -= 1
+            if not inside[gone]:
+                del inside[gone]
+            lo += 1
+        if hi - lo >= need and len(inside) >= need:
             out.add((node, t))
     return out
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slurmhealth.fleet import faults, policy
 
@@ -144,3 +146,37 @@ def test_burst_size_grows_with_the_fleets_rate():
     quiet = faults.burst_size(10, 28 * 86400.0, HOUR, 1e-4, 3)
     busy = faults.burst_size(6000, 28 * 86400.0, HOUR, 1e-4, 3)
     assert quiet == 3 < busy
+
+
+def _shared_by_definition(by_node: dict, span: float, window: float, p: float, least: int) -> set:
+    """The definition, quadratic: each whole fault whose window holds `need` starts of as many
+    distinct nodes."""
+    starts = [(e[0], n) for n, eps in by_node.items() for e in eps if e[1] >= 1.0]
+    if not starts:
+        return set()
+    need = faults.burst_size(len(starts), span, window, p, least)
+    out = set()
+    for t, node in starts:
+        near = [(u, m) for u, m in starts if t - window <= u <= t + window]
+        if len(near) >= need and len({m for _, m in near}) >= need:
+            out.add((node, t))
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 30),
+            st.integers(0, 40).map(lambda h: h * 900.0),
+            st.sampled_from([1.0, 0.5]),
+        ),
+        max_size=80,
+    )
+)
+def test_the_sliding_window_finds_exactly_the_shared_faults_of_the_definition(items):
+    by_node: dict = {}
+    for node, start, weight in items:
+        by_node.setdefault(f"n{node}", []).append((start, weight, {"check": 1}))
+    args = (86400.0, 3600.0, 0.5, 3)
+    assert faults.shared(by_node, *args) == _shared_by_definition(by_node, *args)
