@@ -170,7 +170,10 @@ def test_a_version_7_store_reads_its_runs_by_time_from_the_index_alone(db):
     assert "COVERING INDEX runs_started_phase" in plan
     assert conn.execute(sql).fetchall() == [(0.03,)]
     names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
-    assert "runs_started" not in names
+    assert "runs_started" not in names and "runs_not_ok" in names
+    # the runs that did not pass, by time, from the partial index alone
+    failed = "SELECT node FROM runs WHERE verdict != 'ok' AND started >= 0 AND started < 9"
+    assert "runs_not_ok" in str(conn.execute(f"EXPLAIN QUERY PLAN {failed}").fetchall())
 
 
 # --- a store damaged past its header: opens fine, fails later, reported corrupt ----------------
