@@ -122,7 +122,7 @@ def test_a_node_that_fails_its_diagnosis_is_marked_for_service(diag, tmp_path):
     stand_in(lab, f"cat {FAILING}")
     job_id = job_of(submit(lab, tmp_path), node)
     lab.wait_job(job_id, timeout=60)
-    state = lab.wait_node(node, lambda n: "service" in n["reason"], what="to be marked")
+    state = lab.wait_node(node, lambda n: "service" in n["reason"], 60, what="to be marked")
     assert state["reason"].startswith("slurmhealth: service: diagnose quick: dcgm:")
     assert "DRAIN" in state["state"]
     (run,) = diag_runs(lab, node)
