@@ -570,12 +570,12 @@ def job_counter_sums(
     episodes the rows with an increase, total the sum of the increases (a first reading's
     unknown one counts 0). kinds: the device kinds to read (telemetry.COUNTERS), all by
     default. Each kind's devices and counters are exact ranges of the counters key."""
-    from slurmhealth.fleet import telemetry  # noqa: PLC0415
+    from slurmhealth.fleet import telemetry, trends  # noqa: PLC0415
 
     devices: dict = {}
     for kind in kinds or ("",):
         for device in counter_devices(conn, node, kind):
-            devices.setdefault(telemetry.kind_of(device), []).append(device)
+            devices.setdefault(trends.kind_of(device), []).append(device)
     out: list = []
     for kind, names in devices.items():
         counters = telemetry.COUNTERS.get(kind)

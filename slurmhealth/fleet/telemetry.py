@@ -70,11 +70,6 @@ REPEAT = 2
 LOOKBACK = 7 * DAY
 
 
-def kind_of(device: str) -> str:
-    """ "gpu:0000:18:00.0" -> "gpu"."""
-    return device.partition(":")[0]
-
-
 def _share(seconds: float, span: float) -> float:
     """Time held back as a share of the span, at most 1: a node whose previous reading came
     before the job (no prolog reading) can count time from before it."""

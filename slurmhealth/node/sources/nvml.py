@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import time
 
+from slurmhealth.node.counters import bus as pci_address  # one spelling of a sysfs address
 from slurmhealth.node.sources import Options, SourceUnavailable
 
 # Field ids batched into one nvmlDeviceGetFieldValues call per GPU (nvml.h): fields
@@ -249,12 +250,6 @@ def add_aer(raw: dict, root: str) -> None:
         if isinstance(bus, str) and bus:
             pci = f"{root}/bus/pci/devices/{pci_address(bus)}"
             dev["aer"] = sysfs.aer(pci, f"gpu{dev.get('index')}", dev["errors"])
-
-
-def pci_address(bus_id: str) -> str:
-    """NVML's "00000000:18:00.0" -> sysfs's "0000:18:00.0" (a 4-digit domain, lower case)."""
-    domain, _, rest = bus_id.lower().partition(":")
-    return f"{domain[-4:].rjust(4, '0')}:{rest}" if rest else bus_id.lower()
 
 
 # PCI vendor id of NVIDIA, and the PCI class codes of a GPU: VGA-compatible display controller
