@@ -142,7 +142,7 @@ def hang_store_writes(node: Node) -> str:
 
 def scenarios(snapshots: str) -> list:
     """(name, node factory, mode, extra env, setup) per fault."""
-    nvml = {"PYTHONPATH": f"{FAKE_NVML}{os.pathsep}{REPO}"}
+    nvml = {"PYTHONPATH": f"{FAKE_NVML}{os.pathsep}{REPO}", "SLURMHEALTH_NVML_BINDING": "pynvml"}
     healthy = os.path.join(snapshots, "h100-hgx-healthy.json")
     return [
         ("healthy prolog (baseline)", dict(snapshot="healthy"), "prolog", {}, None),
@@ -150,8 +150,13 @@ def scenarios(snapshots: str) -> list:
         ("controller hung (every Slurm call)", {}, "prolog", {"FAKE_SLURM_HANG": "1"}, None),
         ("controller slow, 0.7 s per call", {}, "healthcheck", {"FAKE_SLURM_DELAY": "0.7"}, None),
         ("scontrol update fails", {}, "healthcheck", {"FAKE_SLURM_UPDATE_FAILS": "1"}, None),
-        ("sinfo fails: fleet not countable", {}, "healthcheck", {"FAKE_SLURM_SINFO_FAILS": "1"},
-         None),
+        (
+            "sinfo fails: fleet not countable",
+            {},
+            "healthcheck",
+            {"FAKE_SLURM_SINFO_FAILS": "1"},
+            None,
+        ),
         ("store locked by another process", {}, "prolog", {}, "lock"),
         ("store write hangs (deadline 3 s)", dict(deadline=3.0), "prolog", {}, "hang"),
         (

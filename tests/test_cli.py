@@ -99,6 +99,7 @@ def test_the_store_keeps_baselines_between_checks(db):
 def fake_env(fault=""):
     return {
         "PYTHONPATH": f"{FAKE_NVML}:{REPO}",
+        "SLURMHEALTH_NVML_BINDING": "pynvml",
         "FAKE_NVML_SNAPSHOT": snapshot_path("healthy"),
         "FAKE_NVML_FAULT": fault,
     }

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import SNAPSHOTS, faults_module, snapshot_path
+from conftest import REPO, SNAPSHOTS, faults_module, snapshot_path
 
 from slurmhealth.node.runner import load_snapshot
 
@@ -50,11 +50,23 @@ def digest(doc: dict) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
+# Captured on a real node, not built: each replayed by tests/node/test_h200_live.py
+LIVE = ("h200-live.json", "h200-live-busy.json", "h200-live-verdicts.json", "h200-live.toml")
+
+
 def test_the_table_is_the_frozen_set_of_faults():
     assert set(faults.FAULTS) == set(DIGESTS)
     assert faults.NAMES == ("healthy", *faults.FAULTS)
-    on_disk = [f for f in os.listdir(SNAPSHOTS) if f.endswith(".json")]
-    assert on_disk == ["h100-hgx-healthy.json"], "faults are patches in faults.py, not copies"
+    on_disk = sorted(f for f in os.listdir(SNAPSHOTS) if f.endswith((".json", ".toml")))
+    expected = sorted(["h100-hgx-healthy.json", *LIVE])
+    assert on_disk == expected, "faults are patches in faults.py, not copies"
+
+
+def test_every_snapshot_file_is_described_in_the_format_doc():
+    with open(os.path.join(REPO, "docs", "snapshot-format.md"), encoding="utf-8") as handle:
+        doc = handle.read()
+    for name in ("h100-hgx-healthy.json", "faults.py", *LIVE):
+        assert f"tests/fixtures/snapshots/{name}" in doc, name
 
 
 @pytest.mark.parametrize("name", sorted(faults.FAULTS))

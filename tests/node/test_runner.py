@@ -65,6 +65,7 @@ def test_severity_overrides_and_disabled_checks():
 
 def test_missing_nvml_fails_only_where_gpus_are_expected(monkeypatch):
     monkeypatch.syspath_prepend(FAKE_NVML)
+    monkeypatch.setenv("SLURMHEALTH_NVML_BINDING", "pynvml")
     monkeypatch.setenv("FAKE_NVML_FAULT", "driver_not_loaded")
     options = runner.Options()
     run = runner.run("gpu01", expect(), options, ["gpu", "nvlink"])
@@ -80,6 +81,7 @@ def test_missing_nvml_fails_only_where_gpus_are_expected(monkeypatch):
 
 def test_a_hung_nvml_ends_within_budget_as_a_fail(monkeypatch):
     monkeypatch.syspath_prepend(FAKE_NVML)
+    monkeypatch.setenv("SLURMHEALTH_NVML_BINDING", "pynvml")
     monkeypatch.setenv("FAKE_NVML_SNAPSHOT", snapshot_path("healthy"))
     monkeypatch.setenv("FAKE_NVML_FAULT", "hang_device:2")
     started = time.monotonic()
@@ -96,6 +98,7 @@ def test_hung_process_exits_on_time(tmp_path):
     cfg.write_text("[settings]\ntimeout_gpu = 1\n")
     env = {
         "PYTHONPATH": f"{FAKE_NVML}:{__import__('os').getcwd()}",
+        "SLURMHEALTH_NVML_BINDING": "pynvml",
         "FAKE_NVML_SNAPSHOT": snapshot_path("healthy"),
         "FAKE_NVML_FAULT": "hang_init",
     }
@@ -250,6 +253,7 @@ def test_no_nvml_with_nvidia_gpus_on_the_pci_bus_fails_even_without_a_config(
     """Zero config must still catch a dead driver: NVML cannot start, yet the PCI bus shows
     NVIDIA 3D controllers. An NVSwitch (a bridge) and other vendors' devices do not count."""
     monkeypatch.syspath_prepend(FAKE_NVML)
+    monkeypatch.setenv("SLURMHEALTH_NVML_BINDING", "pynvml")
     monkeypatch.setenv("FAKE_NVML_FAULT", "driver_not_loaded")
     gpus = {"0000:18:00.0": ("0x10de", "0x030200"), "0000:2a:00.0": ("0x10de", "0x030200")}
     others = {"0000:05:00.0": ("0x10de", "0x068000"), "0000:00:1f.0": ("0x8086", "0x060100")}

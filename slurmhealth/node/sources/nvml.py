@@ -1,9 +1,10 @@
-"""GPU facts from NVML: the only module that imports pynvml.
+"""GPU facts from NVML: the only module that loads a binding (sources/nvml_lib.py, or
+nvidia-ml-py's pynvml with SLURMHEALTH_NVML_BINDING=pynvml).
 
-`gather()` makes one sweep per GPU and returns plain JSON-able values, the `gpu` section of a
-snapshot (docs/snapshot-format.md). A value NVML cannot give is None and the reason goes to
-the device's `errors` map ("NotSupported", "GpuIsLost", ...), so checks can tell "unsupported"
-from "broken" and a replayed snapshot gives the same verdicts as the live node.
+`gather()` sweeps every GPU, in parallel threads, and returns plain JSON-able values, the `gpu`
+section of a snapshot (docs/snapshot-format.md). A value NVML cannot give is None and the reason
+goes to the device's `errors` map ("NotSupported", "GpuIsLost", ...), so checks can tell
+"unsupported" from "broken" and a replayed snapshot gives the same verdicts as the live node.
 
 Sources: NVIDIA's NVML API reference and nvml.h (calls, field ids; docs/sources.md).
 """
@@ -11,6 +12,7 @@ Sources: NVIDIA's NVML API reference and nvml.h (calls, field ids; docs/sources.
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 from slurmhealth.node.counters import bus as pci_address  # one spelling of a sysfs address
@@ -216,9 +218,45 @@ def sweep_device(nvml: object, index: int) -> dict:
     return record
 
 
+BINDINGS = ("builtin", "pynvml")
+
+
+def sweep_devices(nvml: object, count: int) -> list:
+    """Every GPU's sweep, one thread per GPU: NVML is thread-safe (API reference) and both
+    bindings release the GIL inside each call, so an 8-GPU node costs about one GPU's time.
+    A GPU whose calls hang holds its thread, and the runner's deadline ends the gather."""
+    if count <= 1:
+        return [sweep_device(nvml, i) for i in range(count)]
+    out: list = [None] * count
+
+    def one(index: int) -> None:
+        try:
+            out[index] = sweep_device(nvml, index)
+        except Exception as exc:  # sweep_device records NVML's errors; anything else is ours
+            out[index] = {"index": index, "error": "Unknown", "errors": {"sweep": repr(exc)}}
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return out
+
+
 def _load() -> object:
+    """The binding: our own (default: ~1 ms to import) or nvidia-ml-py's (~17 ms on an H200
+    node, docs/benchmarks.md), chosen by $SLURMHEALTH_NVML_BINDING."""
+    which = os.environ.get("SLURMHEALTH_NVML_BINDING") or "builtin"
+    if which not in BINDINGS:
+        raise SourceUnavailable(
+            f"SLURMHEALTH_NVML_BINDING must be builtin or pynvml, not {which!r}"
+        )
+    if which == "builtin":
+        from slurmhealth.node.sources import nvml_lib  # noqa: PLC0415 - only when live
+
+        return nvml_lib
     try:
-        import pynvml  # noqa: PLC0415 - heavy (~28 ms): only when the live GPU source is used
+        import pynvml  # noqa: PLC0415 - heavy: only when asked for, and live
     except ImportError as exc:
         raise SourceUnavailable("pynvml is not installed (pip install nvidia-ml-py)") from exc
     return pynvml
@@ -309,7 +347,7 @@ def sweep() -> dict:
             "cuda_driver_version": _cuda_version(nvml),
             "count": nvml.nvmlDeviceGetCount(),  # type: ignore[attr-defined]
         }
-        raw["devices"] = [sweep_device(nvml, i) for i in range(raw["count"])]
+        raw["devices"] = sweep_devices(nvml, raw["count"])
     finally:
         nvml.nvmlShutdown()  # type: ignore[attr-defined]
     raw["timing_ms"] = {

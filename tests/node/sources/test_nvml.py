@@ -14,6 +14,7 @@ from slurmhealth.node.sources import SourceUnavailable
 @pytest.fixture
 def nvml(monkeypatch):
     monkeypatch.syspath_prepend(FAKE_NVML)
+    monkeypatch.setenv("SLURMHEALTH_NVML_BINDING", "pynvml")  # the stand-in is a pynvml
     monkeypatch.delitem(sys.modules, "pynvml", raising=False)
     from slurmhealth.node.sources import nvml as module
 

@@ -1,0 +1,173 @@
+"""Our NVML binding (sources/nvml_lib.py) against a stand-in libnvidia-ml.so.1 built from C
+(tests/fakenvml/libnvidia-ml.c): the real ctypes code, structs and return codes, in a fresh
+process whose dynamic loader finds the stand-in. nvidia-ml-py loads the same library, and both
+bindings must give the same sweep. The live library on a real H200: bench/bench_gpu_node.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, TESTS, require_real
+
+SOURCE = os.path.join(TESTS, "fakenvml", "libnvidia-ml.c")
+SWEEP = (
+    "import json, sys\n"
+    "from slurmhealth.node.sources import nvml, SourceUnavailable\n"
+    "try:\n"
+    "    raw = nvml.sweep()\n"
+    "except SourceUnavailable as exc:\n"
+    "    print(json.dumps({'unavailable': str(exc)})); sys.exit()\n"
+    "raw.pop('timing_ms')\n"
+    "print(json.dumps(raw))\n"
+)
+
+
+@pytest.fixture(scope="module")
+def libdir(tmp_path_factory) -> str:
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if not compiler:
+        require_real("no C compiler to build the stand-in libnvidia-ml.so.1 (scripts/install-deps)")
+    folder = tmp_path_factory.mktemp("nvml-lib")
+    target = folder / "libnvidia-ml.so.1"
+    subprocess.run(
+        [compiler, "-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-o", str(target), SOURCE],
+        check=True,
+    )
+    return str(folder)
+
+
+def sweep(libdir: str, binding: str = "builtin", **env: str) -> dict:
+    environ = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "PYTHONPATH": REPO,
+        "LD_LIBRARY_PATH": libdir,
+        "SLURMHEALTH_NVML_BINDING": binding,
+        **env,
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", SWEEP], env=environ, capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_the_sweep_reads_every_value_through_the_builtin_binding(libdir):
+    raw = sweep(libdir)
+    assert (raw["driver_version"], raw["cuda_driver_version"], raw["count"]) == (
+        "580.159.04",
+        13000,
+        2,
+    )
+    first, second = raw["devices"]
+    assert first["bus_id"] == "00000000:18:00.0"
+    assert first["uuid"] == "GPU-fa4e0000-0000-0000-0000-000000000000"
+    assert (first["name"], first["serial"], first["vbios"]) == (
+        "NVIDIA H200",
+        "1653724063270",
+        "96.00.A5.00.10",
+    )
+    assert (first["arch"], first["memory_total"], first["persistence"]) == (9, 150754820096, 1)
+    assert (first["temperature"], first["temp_slowdown"], first["clock_event_reasons"]) == (
+        35,
+        89,
+        1,
+    )
+    assert (first["pcie_gen"], first["pcie_width"], second["pcie_gen"]) == (5, 16, 4)
+    assert (first["mig_current"], first["mig_pending"], second["mig_pending"]) == (0, 0, 1)
+    assert first["fabric"] == {"state": 3, "status": 0}
+    assert first["processes"] == []
+    fields = second["fields"]
+    assert fields["ecc_current"] == 1 and fields["ecc_sbe_aggregate"] == 13
+    assert fields["perf_power_ns"] == 2 * 2599937728  # an unsigned long long, read whole
+    assert (fields["pcie_replay"], fields["remap_correctable"]) == (3, 1)
+    assert fields["retired_sbe"] is None  # that entry's own return: NotSupported
+    links = second["nvlink"]
+    assert len(links) == 18  # link 18 answers InvalidArgument: the sweep stops there
+    assert links[5] == {"link": 5, "active": False, "replay": 0, "recovery": 0, "crc": 42}
+    assert all(link["active"] for link in first["nvlink"])
+    assert first["errors"] == {} and first["error"] is None
+
+
+def test_both_bindings_give_the_same_sweep_over_the_same_library(libdir):
+    # find_spec, not an import: a real pynvml cached in this process would shadow the Python
+    # stand-in (tests/fakenvml/pynvml.py) that other tests put first on sys.path.
+    if importlib.util.find_spec("pynvml") is None:
+        pytest.skip("nvidia-ml-py is not installed (a test dependency in setup.cfg)")
+    for fault in ("", "procs:3", "lost:1", "unsupported"):
+        ours = sweep(libdir, FAKE_NVML_LIB_FAULT=fault)
+        theirs = sweep(libdir, "pynvml", FAKE_NVML_LIB_FAULT=fault)
+        assert ours == theirs, fault
+
+
+def test_processes_are_listed_with_memory_not_available_as_none(libdir):
+    procs = sweep(libdir, FAKE_NVML_LIB_FAULT="procs:3")["devices"][0]["processes"]
+    assert procs == [
+        {"pid": 4000, "used_memory": None},
+        {"pid": 4001, "used_memory": 2 << 30},
+        {"pid": 4002, "used_memory": 3 << 30},
+    ]
+
+
+def test_a_lost_gpu_is_its_own_error_and_the_others_are_read(libdir):
+    raw = sweep(libdir, FAKE_NVML_LIB_FAULT="lost:1", FAKE_NVML_LIB_GPUS="4")
+    lost = raw["devices"][1]
+    assert lost["error"] == "GpuIsLost" and lost["errors"]["bus_id"] == "GpuIsLost"
+    assert [d["index"] for d in raw["devices"]] == [0, 1, 2, 3]  # in order, whatever the threads
+    assert all(
+        d["error"] is None and d["name"] == "NVIDIA H200"
+        for i, d in enumerate(raw["devices"])
+        if i != 1
+    )
+
+
+def test_unsupported_calls_are_none_with_the_reason(libdir):
+    dev = sweep(libdir, FAKE_NVML_LIB_FAULT="unsupported")["devices"][0]
+    assert dev["temp_slowdown"] is None and dev["errors"]["temp_slowdown"] == "NotSupported"
+    assert dev["mig_current"] is None and dev["errors"]["mig"] == "NotSupported"
+    assert dev["nvlink"] is None and dev["errors"]["nvlink"] == "NotSupported"
+    assert dev["fabric"] is None and dev["pcie_gen"] is None
+    assert dev["fields"]["ecc_current"] == 1 and dev["fields"]["pcie_replay"] is None
+    assert dev["error"] is None  # a GPU without these features is not a broken GPU
+
+
+def test_a_driver_that_is_not_loaded_makes_the_source_unavailable(libdir):
+    raw = sweep(libdir, FAKE_NVML_LIB_FAULT="init:9")
+    assert raw == {"unavailable": "NVML unavailable: DriverNotLoaded"}
+
+
+def test_no_library_at_all_is_library_not_found(tmp_path):
+    import ctypes.util  # noqa: PLC0415
+
+    if ctypes.util.find_library("nvidia-ml"):
+        pytest.skip("this machine has a real libnvidia-ml")
+    raw = sweep(str(tmp_path))
+    assert raw == {"unavailable": "NVML unavailable: LibraryNotFound"}
+
+
+def test_an_unknown_binding_is_a_clear_message(libdir):
+    raw = sweep(libdir, "nvidia")
+    assert raw == {
+        "unavailable": "SLURMHEALTH_NVML_BINDING must be builtin or pynvml, not 'nvidia'"
+    }
+
+
+def test_the_builtin_binding_imports_nothing_heavy():
+    code = (
+        "import sys; before = set(sys.modules); from slurmhealth.node.sources import nvml_lib; "
+        "print(sorted(m for m in set(sys.modules) - before "
+        "if m.split('.')[0] in ('pynvml', 'json', 're')))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env={"PYTHONPATH": REPO, "PATH": os.environ.get("PATH", "")},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert proc.stdout.strip() == "[]"
