@@ -202,6 +202,49 @@ n.nvmlShutdown()
 print(json.dumps(res))
 """
 
+# The same calls, each timed once, in the sweep's order, in a fresh process: what the first
+# sweep after nvmlInit costs call by call (repeated calls are served faster). Run 20 times.
+PROFILE_COLD = """
+import json, time
+t = time.perf_counter()
+from slurmhealth.node.sources import nvml, nvml_lib as n
+res = {"import": time.perf_counter() - t}
+def timed(key, func, *args):
+    t = time.perf_counter()
+    try:
+        value = func(*args)
+    except Exception:
+        value = None
+    res[key] = time.perf_counter() - t
+    return value
+timed("init", n.nvmlInit)
+timed("driver_version", n.nvmlSystemGetDriverVersion)
+timed("cuda_version", n.nvmlSystemGetCudaDriverVersion)
+timed("count", n.nvmlDeviceGetCount)
+h = timed("handle", n.nvmlDeviceGetHandleByIndex, 0)
+for key, func, *args in (
+    ("pci", n.nvmlDeviceGetPciInfo), ("uuid", n.nvmlDeviceGetUUID), ("name", n.nvmlDeviceGetName),
+    ("serial", n.nvmlDeviceGetSerial), ("vbios", n.nvmlDeviceGetVbiosVersion),
+    ("arch", n.nvmlDeviceGetArchitecture), ("memory", n.nvmlDeviceGetMemoryInfo),
+    ("persistence", n.nvmlDeviceGetPersistenceMode),
+    ("fields", n.nvmlDeviceGetFieldValues, list(nvml.FIELDS.values())),
+    ("temperature", n.nvmlDeviceGetTemperature, 0),
+    ("temp_threshold", n.nvmlDeviceGetTemperatureThreshold, 1),
+    ("event_reasons", n.nvmlDeviceGetCurrentClocksEventReasons),
+    ("pcie_max_gen", n.nvmlDeviceGetMaxPcieLinkGeneration),
+    ("pcie_max_width", n.nvmlDeviceGetMaxPcieLinkWidth),
+    ("pcie_gen", n.nvmlDeviceGetCurrPcieLinkGeneration),
+    ("pcie_width", n.nvmlDeviceGetCurrPcieLinkWidth), ("mig", n.nvmlDeviceGetMigMode),
+    ("processes", n.nvmlDeviceGetComputeRunningProcesses),
+    ("fabric", n.nvmlDeviceGetGpuFabricInfo, n.byref(n.c_nvmlGpuFabricInfo_t())),
+    ("nvlink0", n.nvmlDeviceGetNvLinkState, 0),
+    ("fields_again", n.nvmlDeviceGetFieldValues, list(nvml.FIELDS.values())),
+):
+    timed(key, func, h, *args)
+timed("shutdown", n.nvmlShutdown)
+print(json.dumps({k: round(v * 1e6) for k, v in res.items()}))
+"""
+
 SWEEP = """
 import json, time
 t0 = time.perf_counter()
@@ -398,6 +441,18 @@ class Bench:
         s["importtime_pynvml"] = self.importtime(SLURMHEALTH_NVML_BINDING="pynvml")
         _, out, err, _ = self.run("profile", [self.python, "-c", PROFILE], self.env(), cwd="/")
         s["profile_us"] = _json(out) if out else err[-2000:]
+        cold: dict = {}
+        for _ in range(20):
+            proc = subprocess.run(
+                [self.python, "-c", PROFILE_COLD],
+                env=self.env(),
+                capture_output=True,
+                check=False,
+                cwd="/",
+            )
+            for key, value in _json(proc.stdout.decode()).items():
+                cold.setdefault(key, []).append(value)
+        s["profile_cold_us"] = {k: statistics.median(v) for k, v in cold.items() if k != "unparsed"}
         self.save()
 
     def hook_env(self, conf: str, job: int, **extra: str) -> dict:

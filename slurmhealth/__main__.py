@@ -10,11 +10,18 @@ from __future__ import annotations
 import sys
 
 NODE_COMMANDS = ("check", "prolog", "epilog", "healthcheck")
+HOOK_COMMANDS = NODE_COMMANDS[1:]
 
 
 def main(argv: list | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in NODE_COMMANDS:
+        if len(argv) == 1 and argv[0] in HOOK_COMMANDS:
+            # A hook as slurmd runs it (no arguments: --help never acts): start the GPU sweep
+            # now, so NVML's ~30 ms overlap the imports and store reads before the run.
+            from slurmhealth.node.sources import start_early  # noqa: PLC0415
+
+            start_early("gpu")
         from slurmhealth.node import agent  # noqa: PLC0415
 
         agent.main(argv)  # exits the process

@@ -70,7 +70,8 @@ def _plan(wanted: set, options: Options) -> dict:
         if doc is not None and not explicit:
             plan[source] = _replayed(doc, source)
         else:
-            plan[source] = lambda s=source: sources.gather(s, options)
+            early = sources.take_early(source, options)  # the hooks' early GPU sweep
+            plan[source] = early or (lambda s=source: sources.gather(s, options))
     return plan
 
 

@@ -6,6 +6,7 @@
  * Built by tests/node/sources/test_nvml_lib.py: cc -shared -fPIC -o libnvidia-ml.so.1 this.c
  * Environment:
  *   FAKE_NVML_LIB_GPUS=N        GPUs (default 2)
+ *   FAKE_NVML_LIB_LOG=PATH      append a line "init" per nvmlInit to PATH
  *   FAKE_NVML_LIB_FAULT=...     init:CODE  nvmlInit_v2 returns CODE (9: driver not loaded)
  *                               lost:I     every call on GPU I returns GPU_IS_LOST (15)
  *                               unsupported  optional calls return NOT_SUPPORTED (3)
@@ -88,6 +89,14 @@ static nvmlReturn_t text(char *out, unsigned int size, const char *value) {
 
 nvmlReturn_t nvmlInit_v2(void) {
     int code = fault_number("init:");
+    const char *log = getenv("FAKE_NVML_LIB_LOG");
+    if (log) {
+        FILE *out = fopen(log, "a");
+        if (out) {
+            fputs("init\n", out);
+            fclose(out);
+        }
+    }
     if (code > 0) return code;
     initialised = 1;
     return OK;

@@ -171,3 +171,77 @@ def test_the_builtin_binding_imports_nothing_heavy():
         check=True,
     )
     assert proc.stdout.strip() == "[]"
+
+
+def hook_env(libdir: str, tmp_path, gpu_source: str = "nvml", gpus: int = 2) -> dict:
+    """A prolog as slurmd runs it, on a node whose NVML is the stand-in library."""
+    config = tmp_path / "slurmhealth.toml"
+    config.write_text(
+        f"[[node]]\nmatch = 'gpu01'\ngpu.count = {gpus}\n\n[settings]\n"
+        f"gpu_source = {json.dumps(gpu_source)}\n"
+        f"kmsg = {json.dumps(os.path.join(TESTS, 'fixtures', 'kmsg', 'healthy.kmsg'))}\n"
+        f"slurm_bin = {json.dumps(os.path.join(TESTS, 'fakeslurm'))}\n"
+    )
+    slurm = tmp_path / "slurm.json"
+    slurm.write_text(json.dumps({"gpu01": {"state": "IDLE", "reason": ""}}))
+    return {
+        "PYTHONPATH": REPO,
+        "LD_LIBRARY_PATH": libdir,
+        "FAKE_NVML_LIB_LOG": str(tmp_path / "nvml.log"),
+        "FAKE_SLURM_STATE": str(slurm),
+        "SLURMD_NODENAME": "gpu01",
+        "SLURMHEALTH_CONFIG": str(config),
+        "SLURMHEALTH_STATE_DIR": str(tmp_path / "state"),
+        "SLURM_SCRIPT_CONTEXT": "prolog_slurmd",
+        "SLURM_JOB_ID": "7",
+        "SLURM_JOB_GPUS": "0,1",
+    }
+
+
+def prolog(env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "slurmhealth", "prolog", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def gpu_results(tmp_path) -> dict:
+    import sqlite3  # noqa: PLC0415
+
+    with sqlite3.connect(str(tmp_path / "state" / "gpu01.db")) as conn:
+        rows = conn.execute("SELECT check_name, status, message FROM results").fetchall()
+    return {name: (status, message) for name, status, message in rows}
+
+
+def test_the_prolog_sweeps_the_gpus_once_early_and_judges_that_sweep(libdir, tmp_path):
+    """The hooks start NVML as the process starts (__main__), and the run takes that sweep:
+    one nvmlInit in all, and the verdicts are the stand-in library's GPUs (its GPU 1 has
+    NVLink 5 down; the store keeps the results that were not ok)."""
+    proc = prolog(hook_env(libdir, tmp_path))
+    assert proc.returncode == 1, proc.stderr
+    assert (tmp_path / "nvml.log").read_text() == "init\n"
+    results = gpu_results(tmp_path)
+    assert results["nvlink.link_state"] == (
+        "fail",
+        "GPU 1 (00000000:28:00.0) 17/18 NVLinks active, down [5]",
+    )
+    assert "gpu.count" not in results  # ok: the 2 GPUs expected
+
+
+def test_help_never_touches_nvml(libdir, tmp_path):
+    proc = prolog(hook_env(libdir, tmp_path), "--help")
+    assert proc.returncode == 0 and "Usage: slurmhealth prolog" in proc.stdout
+    assert not (tmp_path / "nvml.log").exists()
+
+
+def test_with_a_snapshot_configured_the_early_sweep_is_not_used(libdir, tmp_path):
+    from conftest import snapshot_path  # noqa: PLC0415
+
+    proc = prolog(hook_env(libdir, tmp_path, snapshot_path("healthy")))
+    assert proc.returncode == 1  # the snapshot's 8 GPUs against the expected 2
+    assert gpu_results(tmp_path)["gpu.count"][0] == "fail"
+    assert "8" in gpu_results(tmp_path)["gpu.count"][1]
