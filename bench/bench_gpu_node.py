@@ -245,6 +245,64 @@ timed("shutdown", n.nvmlShutdown)
 print(json.dumps({k: round(v * 1e6) for k, v in res.items()}))
 """
 
+# The first field-values call costs ~9 ms, most of it NVML's policy-time fields 74/75 (their
+# latencyUsec): cold, in fresh processes, 10 each: the batch without them, them alone, both
+# halves at once from two threads, nvmlDeviceGetViolationStatus (the same figures, nvml.h).
+PROFILE_SPLIT = """
+import ctypes, json, sys, threading, time
+from slurmhealth.node.sources import nvml, nvml_lib as n
+mode = sys.argv[1]
+n.nvmlInit()
+h = n.nvmlDeviceGetHandleByIndex(0)
+ids = list(nvml.FIELDS.values())
+rest = [f for f in ids if f not in (74, 75)]
+class V(ctypes.Structure):
+    _fields_ = [("referenceTime", ctypes.c_ulonglong), ("violationTime", ctypes.c_ulonglong)]
+def violation():
+    f = n._function("nvmlDeviceGetViolationStatus")
+    for policy in (0, 1):
+        v = V()
+        f(h, ctypes.c_uint(policy), ctypes.byref(v))
+t = time.perf_counter()
+if mode == "all":
+    n.nvmlDeviceGetFieldValues(h, ids)
+elif mode == "rest":
+    n.nvmlDeviceGetFieldValues(h, rest)
+elif mode == "only7475":
+    n.nvmlDeviceGetFieldValues(h, [74, 75])
+elif mode == "violation":
+    violation()
+elif mode == "rest_then_violation":
+    n.nvmlDeviceGetFieldValues(h, rest)
+    violation()
+elif mode == "split_threads":
+    other = threading.Thread(target=n.nvmlDeviceGetFieldValues, args=(h, [74, 75]))
+    other.start()
+    n.nvmlDeviceGetFieldValues(h, rest)
+    other.join()
+elif mode == "sweep_device":
+    nvml.sweep_device(n, 0)
+print(round((time.perf_counter() - t) * 1e6))
+"""
+
+# nvmlInit attaches every GPU; nvmlInitWithFlags(NVML_INIT_FLAG_NO_ATTACH = 2, nvml.h) leaves
+# that to the first call on each GPU. Cold, fresh processes: init, then a whole device sweep.
+PROFILE_INIT = """
+import json, sys, time
+from slurmhealth.node.sources import nvml, nvml_lib as n
+flags = int(sys.argv[1])
+t = time.perf_counter()
+with n._lock:
+    if not n._loaded:
+        n._loaded.append(n.ctypes.CDLL("libnvidia-ml.so.1"))
+n._call("nvmlInitWithFlags", n.ctypes.c_uint(flags))
+t1 = time.perf_counter()
+record = nvml.sweep_device(n, 0)
+t2 = time.perf_counter()
+print(json.dumps({"init": round((t1 - t) * 1e6), "sweep": round((t2 - t1) * 1e6),
+                  "errors": record["errors"], "name": record.get("name")}))
+"""
+
 SWEEP = """
 import json, time
 t0 = time.perf_counter()
@@ -453,6 +511,57 @@ class Bench:
             for key, value in _json(proc.stdout.decode()).items():
                 cold.setdefault(key, []).append(value)
         s["profile_cold_us"] = {k: statistics.median(v) for k, v in cold.items() if k != "unparsed"}
+        modes = (
+            "all",
+            "rest",
+            "only7475",
+            "violation",
+            "rest_then_violation",
+            "split_threads",
+            "sweep_device",
+        )
+        split: dict = {m: [] for m in modes}
+        for _ in range(10):
+            for mode in modes:
+                proc = subprocess.run(
+                    [self.python, "-c", PROFILE_SPLIT, mode],
+                    env=self.env(),
+                    capture_output=True,
+                    check=False,
+                    cwd="/",
+                )
+                try:
+                    split[mode].append(int(proc.stdout))
+                except ValueError:
+                    s.setdefault("split_errors", {})[mode] = proc.stderr.decode()[-500:]
+        s["profile_split_cold_us"] = {k: _stats(v) for k, v in split.items()}
+        init: dict = {}
+        for _ in range(10):
+            for flags in (0, 2):
+                proc = subprocess.run(
+                    [self.python, "-c", PROFILE_INIT, str(flags)],
+                    env=self.env(),
+                    capture_output=True,
+                    check=False,
+                    cwd="/",
+                )
+                doc = _json(proc.stdout.decode())
+                row = init.setdefault(str(flags), {"init": [], "sweep": [], "errors": None})
+                if "init" in doc:
+                    row["init"].append(doc["init"])
+                    row["sweep"].append(doc["sweep"])
+                    row["errors"], row["name"] = doc["errors"], doc["name"]
+                else:
+                    row["errors"] = proc.stderr.decode()[-500:]
+        s["profile_init_flags_us"] = {
+            k: {
+                "init": _stats(v["init"]),
+                "sweep": _stats(v["sweep"]),
+                "errors": v["errors"],
+                "name": v.get("name"),
+            }
+            for k, v in init.items()
+        }
         self.save()
 
     def hook_env(self, conf: str, job: int, **extra: str) -> dict:

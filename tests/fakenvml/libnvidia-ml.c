@@ -6,7 +6,7 @@
  * Built by tests/node/sources/test_nvml_lib.py: cc -shared -fPIC -o libnvidia-ml.so.1 this.c
  * Environment:
  *   FAKE_NVML_LIB_GPUS=N        GPUs (default 2)
- *   FAKE_NVML_LIB_LOG=PATH      append a line "init" per nvmlInit to PATH
+ *   FAKE_NVML_LIB_LOG=PATH      append a line "init" per nvmlInit, "shutdown" per nvmlShutdown
  *   FAKE_NVML_LIB_FAULT=...     init:CODE  nvmlInit_v2 returns CODE (9: driver not loaded)
  *                               lost:I     every call on GPU I returns GPU_IS_LOST (15)
  *                               unsupported  optional calls return NOT_SUPPORTED (3)
@@ -87,22 +87,28 @@ static nvmlReturn_t text(char *out, unsigned int size, const char *value) {
     return OK;
 }
 
+static void note(const char *line) {
+    const char *log = getenv("FAKE_NVML_LIB_LOG");
+    FILE *out = log ? fopen(log, "a") : NULL;
+    if (out) {
+        fputs(line, out);
+        fclose(out);
+    }
+}
+
 nvmlReturn_t nvmlInit_v2(void) {
     int code = fault_number("init:");
-    const char *log = getenv("FAKE_NVML_LIB_LOG");
-    if (log) {
-        FILE *out = fopen(log, "a");
-        if (out) {
-            fputs("init\n", out);
-            fclose(out);
-        }
-    }
+    note("init\n");
     if (code > 0) return code;
     initialised = 1;
     return OK;
 }
 nvmlReturn_t nvmlInitWithFlags(unsigned int flags) { (void)flags; return nvmlInit_v2(); }
-nvmlReturn_t nvmlShutdown(void) { initialised = 0; return OK; }
+nvmlReturn_t nvmlShutdown(void) {
+    note("shutdown\n");
+    initialised = 0;
+    return OK;
+}
 nvmlReturn_t nvmlSystemGetDriverVersion(char *out, unsigned int size) {
     return initialised ? text(out, size, "580.159.04") : UNINIT;
 }

@@ -267,7 +267,7 @@ def gather(options: Options) -> dict:
     GPU's PCIe AER counters from sysfs. When NVML cannot start, say which NVIDIA GPUs the PCI bus
     still shows."""
     try:
-        raw = sweep()
+        raw = sweep(shutdown=not options.exiting)
     except SourceUnavailable as exc:
         gpus = pci_gpus(options.sysfs_root or "/sys")
         if not gpus:
@@ -329,8 +329,9 @@ def _cuda_version(nvml: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def sweep() -> dict:
-    """One NVML sweep of every GPU. Raises SourceUnavailable when NVML cannot start at all."""
+def sweep(shutdown: bool = True) -> dict:
+    """One NVML sweep of every GPU. Raises SourceUnavailable when NVML cannot start at all.
+    shutdown=False leaves NVML initialised, for a process that ends right after (a hook)."""
     nvml = _load()
     started = time.perf_counter()
     try:
@@ -349,7 +350,8 @@ def sweep() -> dict:
         }
         raw["devices"] = sweep_devices(nvml, raw["count"])
     finally:
-        nvml.nvmlShutdown()  # type: ignore[attr-defined]
+        if shutdown:
+            nvml.nvmlShutdown()  # type: ignore[attr-defined]
     raw["timing_ms"] = {
         "init": round(init_ms, 3),
         "total": round((time.perf_counter() - started) * 1000, 3),

@@ -220,7 +220,8 @@ def gpu_results(tmp_path) -> dict:
 def test_the_prolog_sweeps_the_gpus_once_early_and_judges_that_sweep(libdir, tmp_path):
     """The hooks start NVML as the process starts (__main__), and the run takes that sweep:
     one nvmlInit in all, and the verdicts are the stand-in library's GPUs (its GPU 1 has
-    NVLink 5 down; the store keeps the results that were not ok)."""
+    NVLink 5 down; the store keeps the results that were not ok). The hook leaves NVML's
+    teardown to its exit: no nvmlShutdown on the hot path."""
     proc = prolog(hook_env(libdir, tmp_path))
     assert proc.returncode == 1, proc.stderr
     assert (tmp_path / "nvml.log").read_text() == "init\n"
@@ -230,6 +231,20 @@ def test_the_prolog_sweeps_the_gpus_once_early_and_judges_that_sweep(libdir, tmp
         "GPU 1 (00000000:28:00.0) 17/18 NVLinks active, down [5]",
     )
     assert "gpu.count" not in results  # ok: the 2 GPUs expected
+
+
+def test_check_shuts_nvml_down_after_its_sweep(libdir, tmp_path):
+    env = dict(hook_env(libdir, tmp_path), PATH=os.environ.get("PATH", "/usr/bin:/bin"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "slurmhealth", "check", "--no-db", "--only", "gpu"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert (tmp_path / "nvml.log").read_text() == "init\nshutdown\n"
 
 
 def test_help_never_touches_nvml(libdir, tmp_path):
