@@ -374,6 +374,7 @@ class Bench:
 
     def live(self) -> None:
         s = self.summary.setdefault("live", {})
+        s["nvidiactl"] = os.path.exists("/dev/nvidiactl")  # where the hooks start NVML early
         code, out, _, wall = self.run("nvidia-smi-q", ["nvidia-smi", "-q"], self.env())
         s["nvidia_smi_q_ms"] = round(wall, 1)
         shutil.copy(

@@ -650,6 +650,7 @@ def hook(mode: str, clock: Deadline) -> int:
         sysfs_root=settings["sysfs_root"],
         kmsg=settings["kmsg"],
         kmsg_after=_kmsg_after(side, baselines),
+        exiting=True,  # the hook ends right after: NVML's teardown is left to the exit
     )
     spool = spool_for(db_path)
     replay_spool(conn, spool, mode)

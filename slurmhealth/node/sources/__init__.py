@@ -8,6 +8,7 @@ gathered live: pynvml costs ~28 ms of imports and a replayed snapshot never need
 from __future__ import annotations
 
 import importlib
+import os
 
 # source name -> the module that gathers it (areas name their source: checks/*.SOURCE)
 REGISTRY = {
@@ -66,6 +67,10 @@ def gather(source: str, options: Options) -> object:
 
 # Sources started before the run knows its options (start_early), by name: (thread, box).
 _EARLY: dict = {}
+# A source is started early only where this file exists: the NVIDIA driver's control device,
+# which a node with a loaded driver has. Elsewhere (CPU-only nodes, this project's CI) the early
+# start would only cost its imports; the run's own gather then says why NVML is unavailable.
+EARLY_IF = {"gpu": "/dev/nvidiactl"}
 
 
 def start_early(source: str) -> None:
@@ -77,6 +82,8 @@ def start_early(source: str) -> None:
     (docs/benchmarks.md). `take_early` hands the result to the run if its options turn out to
     be the defaults; otherwise it is never used (a read of NVML, which changes nothing).
     """
+    if not os.path.exists(EARLY_IF[source]):
+        return
     import threading  # noqa: PLC0415
 
     box: list = []

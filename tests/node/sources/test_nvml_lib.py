@@ -217,11 +217,11 @@ def gpu_results(tmp_path) -> dict:
     return {name: (status, message) for name, status, message in rows}
 
 
-def test_the_prolog_sweeps_the_gpus_once_early_and_judges_that_sweep(libdir, tmp_path):
-    """The hooks start NVML as the process starts (__main__), and the run takes that sweep:
-    one nvmlInit in all, and the verdicts are the stand-in library's GPUs (its GPU 1 has
-    NVLink 5 down; the store keeps the results that were not ok). The hook leaves NVML's
-    teardown to its exit: no nvmlShutdown on the hot path."""
+def test_the_prolog_sweeps_the_gpus_once_and_leaves_the_teardown_to_its_exit(libdir, tmp_path):
+    """One nvmlInit in all, whether the sweep started early (a node with /dev/nvidiactl) or
+    with the run, and the verdicts are the stand-in library's GPUs (its GPU 1 has NVLink 5
+    down; the store keeps the results that were not ok). The hook leaves NVML's teardown to
+    its exit: no nvmlShutdown on the hot path."""
     proc = prolog(hook_env(libdir, tmp_path))
     assert proc.returncode == 1, proc.stderr
     assert (tmp_path / "nvml.log").read_text() == "init\n"
@@ -260,3 +260,51 @@ def test_with_a_snapshot_configured_the_early_sweep_is_not_used(libdir, tmp_path
     assert proc.returncode == 1  # the snapshot's 8 GPUs against the expected 2
     assert gpu_results(tmp_path)["gpu.count"][0] == "fail"
     assert "8" in gpu_results(tmp_path)["gpu.count"][1]
+
+
+@pytest.fixture
+def early(monkeypatch, tmp_path):
+    """sources.start_early in this process, on the Python stand-in pynvml, as on a node whose
+    driver control device exists."""
+    from conftest import FAKE_NVML, snapshot_path  # noqa: PLC0415
+
+    from slurmhealth.node import sources  # noqa: PLC0415
+
+    device = tmp_path / "nvidiactl"
+    device.write_text("")
+    monkeypatch.setitem(sources.EARLY_IF, "gpu", str(device))
+    monkeypatch.syspath_prepend(FAKE_NVML)
+    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
+    monkeypatch.setenv("SLURMHEALTH_NVML_BINDING", "pynvml")
+    monkeypatch.setenv("FAKE_NVML_SNAPSHOT", snapshot_path("healthy"))
+    monkeypatch.setenv("FAKE_NVML_FAULT", "")
+    monkeypatch.setattr(sources, "_EARLY", {})
+    return sources
+
+
+def test_the_early_sweep_is_handed_to_a_run_with_the_default_options(early):
+    early.start_early("gpu")
+    take = early.take_early("gpu", early.Options())
+    raw = take()
+    assert raw["count"] == 8 and raw["devices"][0]["name"] == "NVIDIA H100 80GB HBM3"
+    assert early.take_early("gpu", early.Options()) is None  # handed over once
+
+
+def test_the_early_sweep_is_not_used_for_other_options(early):
+    early.start_early("gpu")
+    assert early.take_early("gpu", early.Options(gpu_source="snap.json")) is None
+    early.start_early("gpu")
+    assert early.take_early("gpu", early.Options(sysfs_root="/elsewhere")) is None
+
+
+def test_the_early_sweep_raises_what_the_gather_raised(early, monkeypatch):
+    monkeypatch.setenv("FAKE_NVML_FAULT", "driver_not_loaded")
+    early.start_early("gpu")
+    with pytest.raises(early.SourceUnavailable, match="DriverNotLoaded"):
+        early.take_early("gpu", early.Options())()
+
+
+def test_no_early_sweep_without_the_drivers_device(early, monkeypatch, tmp_path):
+    monkeypatch.setitem(early.EARLY_IF, "gpu", str(tmp_path / "absent"))
+    early.start_early("gpu")
+    assert early.take_early("gpu", early.Options()) is None
