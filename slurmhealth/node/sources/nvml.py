@@ -244,8 +244,8 @@ def sweep_devices(nvml: object, count: int) -> list:
 
 
 def _load() -> object:
-    """The binding: our own (default: ~1 ms to import) or nvidia-ml-py's (~17 ms on an H200
-    node, docs/benchmarks.md), chosen by $SLURMHEALTH_NVML_BINDING."""
+    """The binding: our own (the default; ~3 ms to import on an H200 node) or nvidia-ml-py's
+    (~16 ms there, docs/benchmarks.md), chosen by $SLURMHEALTH_NVML_BINDING."""
     which = os.environ.get("SLURMHEALTH_NVML_BINDING") or "builtin"
     if which not in BINDINGS:
         raise SourceUnavailable(
