@@ -3,8 +3,8 @@ of the same hardware, with no golden file to maintain.
 
 A node's latest recorded versions (runner: the areas' versions_of) are compared, per hardware
 class (the GPU model), with the class majority: driver, the CUDA version the driver supports,
-kernel, VBIOS, IB firmware, persistence mode, ECC mode, MIG mode, IB rate. A minority value is
-reported with the majority's value and count:
+kernel, VBIOS, IB firmware, persistence mode, ECC mode, MIG mode, application clocks, IB rate.
+A minority value is reported with the majority's value and count:
 `gpu07: driver 535.161.08 vs 550.90.07 on 511 of 512 peers (NVIDIA H100 80GB HBM3)`. A value
 that a large share of the class already runs (`rolling_share`, 20%) is a rolling update in
 progress, not an odd node: it is reported as such, and nobody is listed as odd for it.
@@ -24,6 +24,7 @@ ITEMS = (
     ("persistence", "persistence mode"),
     ("ecc", "ECC mode"),
     ("mig", "MIG mode"),
+    ("app_clocks", "application clocks"),
     ("ib_rate", "IB rate"),
 )
 ROLLING_SHARE = 0.20  # a value this share of a class runs is a rollout, not an odd node
@@ -32,8 +33,8 @@ LIST_MAX = 200
 
 def versions(sources: object) -> dict:
     """{"model", "driver", "cuda", "kernel", "vbios", "ib_fw", "persistence", "ecc", "mig",
-    "ib_rate"} as one cleaned text each, from a run's sources JSON (runner.Gathered.to_dict:
-    untrusted text)."""
+    "app_clocks", "ib_rate"} as one cleaned text each, from a run's sources JSON
+    (runner.Gathered.to_dict: untrusted text)."""
     if not isinstance(sources, dict):
         return {}
     gpu = (sources.get("gpu") or {}).get("versions") or {}
@@ -54,6 +55,7 @@ def versions(sources: object) -> dict:
         ("persistence", gpu.get("persistence")),
         ("ecc", gpu.get("ecc")),
         ("mig", gpu.get("mig")),
+        ("app_clocks", gpu.get("app_clocks")),
         ("ib_rate", ib.get("rate")),
     ):
         if isinstance(value, list) and value:

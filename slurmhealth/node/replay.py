@@ -73,6 +73,8 @@ DEVICE = _obj(
         "memory_total": INT,
         "mig_current": INT,
         "mig_pending": INT,
+        "app_clock_sm": INT,
+        "app_clock_mem": INT,
     }
 )
 GPU = _obj(

@@ -166,6 +166,14 @@ UINT_CALL(nvmlDeviceGetMaxPcieLinkWidth, 16, 0)
 UINT_CALL(nvmlDeviceGetCurrPcieLinkGeneration, dev->index == 1 ? 4 : 5, 1)
 UINT_CALL(nvmlDeviceGetCurrPcieLinkWidth, 16, 1)
 
+nvmlReturn_t nvmlDeviceGetApplicationsClock(nvmlDevice_t dev, unsigned int clock, unsigned int *out) {
+    nvmlReturn_t r = check(dev);
+    if (r) return r;
+    if (unsupported()) return UNSUPPORTED;
+    if (clock != 1 && clock != 2) return INVALID;
+    *out = clock == 1 ? (dev->index == 1 ? 1755 : 1980) : 3201; /* GPU 1: lowered SM clock */
+    return OK;
+}
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *out) {
     nvmlReturn_t r = check(dev);
     if (r) return r;

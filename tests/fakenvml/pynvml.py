@@ -186,6 +186,11 @@ def nvmlDeviceGetMemoryInfo(h, version=None):
     return c_nvmlMemory_t(_dev(h, "memory_total"))
 
 
+def nvmlDeviceGetApplicationsClock(h, clock):
+    """MHz; clock 1 (SM) and 2 (memory). NotSupported where the snapshot has no value."""
+    return _dev(h, {1: "app_clock_sm", 2: "app_clock_mem"}.get(clock, "-"))
+
+
 def nvmlDeviceGetMigMode(h):
     """[current, pending] as nvidia-ml-py returns them; NotSupported on a GPU without MIG."""
     current = _dev(h, "mig_current")

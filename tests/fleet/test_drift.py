@@ -105,3 +105,17 @@ def test_an_old_kernel_or_cuda_driver_is_an_odd_node():
     got = drift.versions(sources)
     assert got["cuda"] == "12.4" and got["kernel"].startswith("6.1.0-28-amd64")
     assert "\x1b" not in got["kernel"]
+
+
+def test_lowered_application_clocks_are_an_odd_setting():
+    """Application clocks (nvmlDeviceGetApplicationsClock, "SM/memory MHz" per node from the
+    GPU area's versions_of) are a setting like ECC: one node set lower is named."""
+    sources = {"gpu": {"versions": {"model": [H200], "app_clocks": ["1980/3201 MHz"]}}}
+    assert drift.versions(sources)["app_clocks"] == "1980/3201 MHz"
+    found = {f"a{i:03d}": recorded(H200, app_clocks="1980/3201 MHz") for i in range(32)}
+    found["a011"] = recorded(H200, app_clocks="1755/3201 MHz, 1980/3201 MHz")
+    (line,) = drift.odd_nodes(found)["odd"]
+    assert line == (
+        f"a011: application clocks 1755/3201 MHz, 1980/3201 MHz vs 1980/3201 MHz on 31 of 31 "
+        f"peers ({H200})"
+    )

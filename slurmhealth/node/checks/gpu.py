@@ -120,6 +120,8 @@ _INT_KEYS = (
     "memory_total",
     "mig_current",
     "mig_pending",
+    "app_clock_sm",
+    "app_clock_mem",
 )
 
 
@@ -624,11 +626,17 @@ def baseline(facts: dict, now: float | None = None) -> dict:
     }
 
 
+def _clocks(device: dict) -> str | None:
+    """"SM/memory MHz" of the application clocks, or None where NVML does not give both."""
+    sm, mem = device.get("app_clock_sm"), device.get("app_clock_mem")
+    return f"{sm}/{mem} MHz" if sm is not None and mem is not None else None
+
+
 def versions_of(facts: dict) -> dict:
     """The versions and settings each run records (the nightly report's odd node out): the
     driver, and of the GPUs that answer the sets of VBIOS versions, models, persistence modes,
-    current ECC modes and current MIG modes (a set of two is a node that disagrees with
-    itself)."""
+    current ECC modes, current MIG modes and application clocks (a set of two is a node that
+    disagrees with itself)."""
     alive = _alive(facts)
     out = {
         "driver": facts["driver_version"],
@@ -641,6 +649,7 @@ def versions_of(facts: dict) -> dict:
         "persistence": {d.get("persistence") for d in alive},
         "ecc": {(d.get("fields") or {}).get("ecc_current") for d in alive},
         "mig": {d.get("mig_current") for d in alive},
+        "app_clocks": {_clocks(d) for d in alive},
     }
     out.update({k: sorted(v - {None, ""}) for k, v in settings.items() if v - {None, ""}})
     return out

@@ -196,6 +196,10 @@ def _health(sweep: _Sweep) -> None:
     # The link now: drops at idle ("may be reduced when the GPU is not in use", nvidia-smi)
     record["pcie_gen"] = get("pcie_gen", "nvmlDeviceGetCurrPcieLinkGeneration")
     record["pcie_width"] = get("pcie_width", "nvmlDeviceGetCurrPcieLinkWidth")
+    # Application clocks (MHz), a setting the odd-node comparison reads: nvmlClockType_t
+    # NVML_CLOCK_SM 1, NVML_CLOCK_MEM 2 (nvml.h)
+    record["app_clock_sm"] = get("app_clock_sm", "nvmlDeviceGetApplicationsClock", 1)
+    record["app_clock_mem"] = get("app_clock_mem", "nvmlDeviceGetApplicationsClock", 2)
     _mig(sweep)
     record["processes"] = _processes(sweep)
     record["fabric"] = _fabric(sweep)

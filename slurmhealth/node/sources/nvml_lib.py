@@ -321,6 +321,10 @@ def nvmlDeviceGetCurrPcieLinkWidth(handle: object) -> int:
     return _uint("nvmlDeviceGetCurrPcieLinkWidth", handle)
 
 
+def nvmlDeviceGetApplicationsClock(handle: object, clock: int) -> int:
+    return _uint("nvmlDeviceGetApplicationsClock", handle, ctypes.c_uint(clock))
+
+
 def nvmlDeviceGetMigMode(handle: object) -> list:
     current, pending = ctypes.c_uint(), ctypes.c_uint()
     _call("nvmlDeviceGetMigMode", handle, ctypes.byref(current), ctypes.byref(pending))

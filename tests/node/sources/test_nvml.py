@@ -99,7 +99,8 @@ def test_model_memory_mig_and_current_link_are_read(nvml, monkeypatch):
         got, want = raw["devices"][index], expected["devices"][index]
         for key in ("name", "memory_total", "mig_current", "mig_pending", "pcie_gen", "pcie_width"):
             assert got[key] == want[key], key
-        assert got["errors"] == {}
+        # the healthy fixture predates application clocks: the stand-in says NotSupported
+        assert got["errors"] == dict.fromkeys(("app_clock_sm", "app_clock_mem"), "NotSupported")
     assert raw["devices"][0]["memory_total"] == 85520809984  # 81559 MiB, as nvidia-smi shows
 
 
@@ -134,8 +135,30 @@ def test_without_mig_or_the_new_calls_the_values_are_none(nvml, monkeypatch, tmp
         "memory_total": "NotSupported",
         "pcie_gen": "NotSupported",
         "pcie_width": "NotSupported",
+        "app_clock_sm": "NotSupported",
+        "app_clock_mem": "NotSupported",
     }
     assert dev["error"] is None
+
+
+def test_application_clocks_are_read_and_recorded_as_a_setting(nvml, monkeypatch, tmp_path):
+    """nvmlDeviceGetApplicationsClock(SM, MEM) in MHz; versions_of records "SM/MEM MHz" per
+    node (a node whose GPUs disagree records both), which the odd-node comparison reads."""
+    from slurmhealth.node.checks import gpu  # noqa: PLC0415
+
+    with open(snapshot_path("healthy")) as handle:
+        doc = json.load(handle)
+    for dev in doc["gpu"]["devices"]:
+        dev["app_clock_sm"], dev["app_clock_mem"] = 1980, 2619
+    doc["gpu"]["devices"][3]["app_clock_sm"] = 1755
+    path = tmp_path / "clocks.json"
+    path.write_text(json.dumps(doc))
+    monkeypatch.setenv("FAKE_NVML_SNAPSHOT", str(path))
+    monkeypatch.setenv("FAKE_NVML_FAULT", "")
+    raw = nvml.sweep()
+    assert (raw["devices"][0]["app_clock_sm"], raw["devices"][0]["app_clock_mem"]) == (1980, 2619)
+    assert raw["devices"][0]["errors"] == {}
+    assert gpu.versions_of(gpu.parse(raw))["app_clocks"] == ["1755/2619 MHz", "1980/2619 MHz"]
 
 
 def test_the_sweep_reads_retired_pages_and_lifetime_corrected_ecc(nvml, monkeypatch):

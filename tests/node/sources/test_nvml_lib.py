@@ -81,6 +81,11 @@ def test_the_sweep_reads_every_value_through_the_builtin_binding(libdir):
     assert (first["pcie_gen"], first["pcie_width"], second["pcie_gen"]) == (5, 16, 4)
     assert (first["mig_current"], first["mig_pending"], second["mig_pending"]) == (0, 0, 1)
     assert first["fabric"] == {"state": 3, "status": 0}
+    assert (first["app_clock_sm"], first["app_clock_mem"], second["app_clock_sm"]) == (
+        1980,
+        3201,
+        1755,
+    )
     assert first["processes"] == []
     fields = second["fields"]
     assert fields["ecc_current"] == 1 and fields["ecc_sbe_aggregate"] == 13
