@@ -21,7 +21,7 @@ def main(argv: list | None = None) -> None:
             # now, so NVML's ~30 ms overlap the imports and store reads before the run.
             from slurmhealth.node.sources import start_early  # noqa: PLC0415
 
-            start_early("gpu")
+            start_early("gpu", costly=argv[0] == "healthcheck")
         from slurmhealth.node import agent  # noqa: PLC0415
 
         agent.main(argv)  # exits the process

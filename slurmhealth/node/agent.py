@@ -651,6 +651,7 @@ def hook(mode: str, clock: Deadline) -> int:
         kmsg=settings["kmsg"],
         kmsg_after=_kmsg_after(side, baselines),
         exiting=True,  # the hook ends right after: NVML's teardown is left to the exit
+        costly=mode == HEALTHCHECK,  # the job hooks leave the dear settings to the health check
     )
     spool = spool_for(db_path)
     replay_spool(conn, spool, mode)

@@ -299,8 +299,24 @@ def _contributed(area: str, name: str, *args: object) -> object:
 VERSIONS_EVERY = 6 * 3600.0
 
 
+# Versions a run may not read (sources.Options.costly: the job hooks leave them to the health
+# check): where this run has none, the last reading stands, carried into what it records.
+CARRIED = {"gpu": ("app_clocks",)}
+
+
+def _carry(sources: dict, before: dict) -> None:
+    for name, keys in CARRIED.items():
+        got, last = sources.get(name), (before.get("seen") or {}).get(name) or {}
+        if got is None or not got.versions or not isinstance(last, dict):
+            continue
+        for key in keys:
+            if key not in got.versions and key in last:
+                got.versions[key] = last[key]
+
+
 def _versions_due(sources: dict, before: dict, now: float) -> tuple:
     """(record the versions with this run?, the versions baseline to keep)."""
+    _carry(sources, before)
     seen = {name: got.versions for name, got in sorted(sources.items()) if got.versions}
     if not seen:
         return False, before

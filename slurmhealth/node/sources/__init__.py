@@ -40,7 +40,7 @@ class Options:
     """Where facts come from. gpu_source: "nvml" or a snapshot file; None paths: defaults or
     the snapshot's own sections; kmsg_after: the saved kernel-log position {seq, boot_id}."""
 
-    __slots__ = ("exiting", "gpu_source", "kmsg", "kmsg_after", "sysfs_root")
+    __slots__ = ("costly", "exiting", "gpu_source", "kmsg", "kmsg_after", "sysfs_root")
 
     def __init__(
         self,
@@ -49,6 +49,7 @@ class Options:
         kmsg: str | None = None,
         kmsg_after: dict | None = None,
         exiting: bool = False,
+        costly: bool = True,
     ) -> None:
         self.gpu_source = gpu_source
         self.sysfs_root = sysfs_root
@@ -58,6 +59,10 @@ class Options:
         # the exit (nvmlShutdown costs ~3.5 ms on an H200 node; the driver frees a process's
         # NVML resources when it ends, as after a crash).
         self.exiting = exiting
+        # Read the settings that cost more on first use and change only at maintenance
+        # (application clocks: ~7 ms per process on an H200). The job hooks leave them to the
+        # health check, and the run carries the last reading forward (runner.CARRIED).
+        self.costly = costly
 
 
 def gather(source: str, options: Options) -> object:
@@ -73,7 +78,7 @@ _EARLY: dict = {}
 EARLY_IF = {"gpu": "/dev/nvidiactl"}
 
 
-def start_early(source: str) -> None:
+def start_early(source: str, costly: bool = False) -> None:
     """Begin gathering `source` live with the default options now, in a daemon thread.
 
     The hooks start the GPU sweep as the process starts: NVML's init and first sweep take
@@ -90,13 +95,13 @@ def start_early(source: str) -> None:
 
     def work() -> None:
         try:
-            box.append((True, gather(source, Options(exiting=True))))
+            box.append((True, gather(source, Options(exiting=True, costly=costly))))
         except BaseException as exc:  # handed to the run, which judges it as its own gather's
             box.append((False, exc))
 
     thread = threading.Thread(target=work, name=f"early-{source}", daemon=True)
     thread.start()
-    _EARLY[source] = (thread, box)
+    _EARLY[source] = (thread, box, costly)
 
 
 def _defaults(source: str, options: Options) -> bool:
@@ -112,9 +117,9 @@ def take_early(source: str, options: Options) -> object:
     facts (or raises what it raised), or None when none was started or its options differ.
     The caller waits under its own deadline, as for any gather."""
     entry = _EARLY.pop(source, None)
-    if entry is None or not _defaults(source, options):
+    if entry is None or not _defaults(source, options) or entry[2] != options.costly:
         return None
-    thread, box = entry
+    thread, box, _ = entry
 
     def result() -> object:
         thread.join()

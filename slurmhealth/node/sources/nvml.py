@@ -182,6 +182,15 @@ def _mig(sweep: _Sweep) -> None:
     sweep.record["mig_current"], sweep.record["mig_pending"] = current, pending
 
 
+def _settings(sweep: _Sweep) -> None:
+    """Settings that are dear on first use (the SM application clock took 6.1 ms, the memory
+    one 1.0 ms, in a fresh process on an H200; docs/benchmarks.md): application clocks in MHz,
+    which the odd-node comparison reads. nvmlClockType_t NVML_CLOCK_SM 1, NVML_CLOCK_MEM 2."""
+    get = sweep.get
+    sweep.record["app_clock_sm"] = get("app_clock_sm", "nvmlDeviceGetApplicationsClock", 1)
+    sweep.record["app_clock_mem"] = get("app_clock_mem", "nvmlDeviceGetApplicationsClock", 2)
+
+
 def _health(sweep: _Sweep) -> None:
     record, get = sweep.record, sweep.get
     record["persistence"] = get("persistence", "nvmlDeviceGetPersistenceMode")
@@ -196,17 +205,13 @@ def _health(sweep: _Sweep) -> None:
     # The link now: drops at idle ("may be reduced when the GPU is not in use", nvidia-smi)
     record["pcie_gen"] = get("pcie_gen", "nvmlDeviceGetCurrPcieLinkGeneration")
     record["pcie_width"] = get("pcie_width", "nvmlDeviceGetCurrPcieLinkWidth")
-    # Application clocks (MHz), a setting the odd-node comparison reads: nvmlClockType_t
-    # NVML_CLOCK_SM 1, NVML_CLOCK_MEM 2 (nvml.h)
-    record["app_clock_sm"] = get("app_clock_sm", "nvmlDeviceGetApplicationsClock", 1)
-    record["app_clock_mem"] = get("app_clock_mem", "nvmlDeviceGetApplicationsClock", 2)
     _mig(sweep)
     record["processes"] = _processes(sweep)
     record["fabric"] = _fabric(sweep)
     record["nvlink"] = _nvlinks(sweep)
 
 
-def sweep_device(nvml: object, index: int) -> dict:
+def sweep_device(nvml: object, index: int, costly: bool = True) -> dict:
     """Everything the checks read about one GPU; a lost GPU yields its error, not an exception."""
     record: dict = {"index": index, "error": None, "errors": {}}
     try:
@@ -217,6 +222,8 @@ def sweep_device(nvml: object, index: int) -> dict:
     sweep = _Sweep(nvml, handle, record)
     _identity(sweep)
     _health(sweep)
+    if costly:
+        _settings(sweep)
     if any(reason in ("GpuIsLost", "Unknown") for reason in record["errors"].values()):
         record["error"] = "GpuIsLost" if "GpuIsLost" in record["errors"].values() else "Unknown"
     return record
@@ -225,17 +232,17 @@ def sweep_device(nvml: object, index: int) -> dict:
 BINDINGS = ("builtin", "pynvml")
 
 
-def sweep_devices(nvml: object, count: int) -> list:
+def sweep_devices(nvml: object, count: int, costly: bool = True) -> list:
     """Every GPU's sweep, one thread per GPU: NVML is thread-safe (API reference) and both
     bindings release the GIL inside each call, so an 8-GPU node costs about one GPU's time.
     A GPU whose calls hang holds its thread, and the runner's deadline ends the gather."""
     if count <= 1:
-        return [sweep_device(nvml, i) for i in range(count)]
+        return [sweep_device(nvml, i, costly) for i in range(count)]
     out: list = [None] * count
 
     def one(index: int) -> None:
         try:
-            out[index] = sweep_device(nvml, index)
+            out[index] = sweep_device(nvml, index, costly)
         except Exception as exc:  # sweep_device records NVML's errors; anything else is ours
             out[index] = {"index": index, "error": "Unknown", "errors": {"sweep": repr(exc)}}
 
@@ -271,7 +278,7 @@ def gather(options: Options) -> dict:
     GPU's PCIe AER counters from sysfs. When NVML cannot start, say which NVIDIA GPUs the PCI bus
     still shows."""
     try:
-        raw = sweep(shutdown=not options.exiting)
+        raw = sweep(shutdown=not options.exiting, costly=options.costly)
     except SourceUnavailable as exc:
         gpus = pci_gpus(options.sysfs_root or "/sys")
         if not gpus:
@@ -333,9 +340,10 @@ def _cuda_version(nvml: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def sweep(shutdown: bool = True) -> dict:
+def sweep(shutdown: bool = True, costly: bool = True) -> dict:
     """One NVML sweep of every GPU. Raises SourceUnavailable when NVML cannot start at all.
-    shutdown=False leaves NVML initialised, for a process that ends right after (a hook)."""
+    shutdown=False leaves NVML initialised, for a process that ends right after (a hook);
+    costly=False leaves out the settings that are dear to read (sources.Options.costly)."""
     nvml = _load()
     started = time.perf_counter()
     try:
@@ -352,7 +360,7 @@ def sweep(shutdown: bool = True) -> dict:
             "cuda_driver_version": _cuda_version(nvml),
             "count": nvml.nvmlDeviceGetCount(),  # type: ignore[attr-defined]
         }
-        raw["devices"] = sweep_devices(nvml, raw["count"])
+        raw["devices"] = sweep_devices(nvml, raw["count"], costly)
     finally:
         if shutdown:
             nvml.nvmlShutdown()  # type: ignore[attr-defined]

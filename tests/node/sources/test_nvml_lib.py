@@ -288,11 +288,14 @@ def early(monkeypatch, tmp_path):
 
 
 def test_the_early_sweep_is_handed_to_a_run_with_the_default_options(early):
-    early.start_early("gpu")
-    take = early.take_early("gpu", early.Options())
+    early.start_early("gpu")  # a prolog's: without the costly settings
+    take = early.take_early("gpu", early.Options(costly=False))
     raw = take()
     assert raw["count"] == 8 and raw["devices"][0]["name"] == "NVIDIA H100 80GB HBM3"
-    assert early.take_early("gpu", early.Options()) is None  # handed over once
+    assert "app_clock_sm" not in raw["devices"][0]
+    assert early.take_early("gpu", early.Options(costly=False)) is None  # handed over once
+    early.start_early("gpu", costly=True)  # a health check's
+    assert early.take_early("gpu", early.Options(costly=False)) is None  # not what it read
 
 
 def test_the_early_sweep_is_not_used_for_other_options(early):
@@ -306,10 +309,45 @@ def test_the_early_sweep_raises_what_the_gather_raised(early, monkeypatch):
     monkeypatch.setenv("FAKE_NVML_FAULT", "driver_not_loaded")
     early.start_early("gpu")
     with pytest.raises(early.SourceUnavailable, match="DriverNotLoaded"):
-        early.take_early("gpu", early.Options())()
+        early.take_early("gpu", early.Options(costly=False))()
 
 
 def test_no_early_sweep_without_the_drivers_device(early, monkeypatch, tmp_path):
     monkeypatch.setitem(early.EARLY_IF, "gpu", str(tmp_path / "absent"))
     early.start_early("gpu")
-    assert early.take_early("gpu", early.Options()) is None
+    assert early.take_early("gpu", early.Options(costly=False)) is None
+
+
+def recorded_gpu_versions(tmp_path) -> list:
+    """[(phase, the GPU area's recorded versions or None)] of the node's runs, oldest first."""
+    import sqlite3  # noqa: PLC0415
+
+    with sqlite3.connect(str(tmp_path / "state" / "gpu01.db")) as conn:
+        rows = conn.execute("SELECT phase, sources FROM runs ORDER BY started").fetchall()
+    return [(phase, json.loads(text)["gpu"].get("versions")) for phase, text in rows]
+
+
+def test_application_clocks_are_left_to_the_health_check_and_carried_forward(libdir, tmp_path):
+    """The SM application clock costs ~6 ms on first use (H200): prolog and epilog do not read
+    it, the health check does, and a job hook's run keeps the last reading in its versions."""
+    env = hook_env(libdir, tmp_path)
+    assert prolog(env).returncode == 1  # GPU 1's NVLink 5 is down in the stand-in
+    health = {k: v for k, v in env.items() if not k.startswith("SLURM_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "slurmhealth", "healthcheck"],
+        env=health,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 1, proc.stderr
+    (tmp_path / "state" / "gpu01.state.json").unlink()  # no pending fault: a plain second run
+    env["SLURM_JOB_ID"] = "8"
+    prolog(env)
+    runs = recorded_gpu_versions(tmp_path)
+    assert [phase for phase, _ in runs] == ["prolog", "healthcheck", "prolog"]
+    assert "app_clocks" not in runs[0][1]
+    assert runs[1][1]["app_clocks"] == ["1755/3201 MHz", "1980/3201 MHz"]
+    # the second prolog's versions equal the health check's (carried), so none are recorded
+    assert runs[2][1] is None
