@@ -200,10 +200,13 @@ RECOVERY = {
     6: ("bus reset", FAIL, REBOOT),
     7: ("system reboot", FAIL, REBOOT),
 }
-# The words the driver prints in parentheses, for a line without the number.
+# The words the driver prints in parentheses, for a line without the number. Some newer drivers
+# name 0x1 `PF FLR` (a function-level reset of the GPU) where others print `GPU Reset Required`
+# (595.84 and 610 in NVIDIA/open-gpu-kernel-modules#1353); the number is what is read first.
 _RECOVERY_WORDS = {
     "none": 0,
     "gpu reset required": 1,
+    "pf flr": 1,
     "node reboot required": 2,
     "drain p2p": 3,
     "drain and reset": 4,

@@ -28,7 +28,8 @@ and syslog lines carry no facility: `logger -t kernel` cannot be told from the k
 
 File forms (one record a line unless noted): /dev/kmsg records; dmesg `[  123.456789] msg`,
 `dmesg -r` `<6>[  123.456789] msg`, `dmesg -T` `[Sat Nov 29 12:00:01 2025] msg`; syslog
-`Nov 29 12:00:01 host kernel: msg`; journalctl -k `-o short`, `-o short-precise`
+`Nov 29 12:00:01 host kernel: msg` (the month as the locale prints it: `kwi 15 ...`);
+journalctl -k `-o short`, `-o short-precise`
 (`Nov 29 12:00:01.123456 host kernel: msg`), `-o short-iso`/`short-iso-precise`
 (`2025-11-29T12:00:01.123456+0000 host kernel: msg`) and `-o short-monotonic`
 (`[  123.456789] host kernel: msg`). dmesg and journalctl print the further lines of a
@@ -72,8 +73,11 @@ HEAD_MAX = 128
 # `[  123.456789] host kernel: msg`. Only files need them: kept as strings for re's own cache,
 # so the /dev/kmsg path never pays their compile time (~0.5 ms). Only the `kernel:` tag is
 # stripped: another program's syslog line keeps its prefix and so never starts with `NVRM:`.
+# journalctl prints the month in the reader's locale (strftime's %b): `kwi 15 07:56:59 host
+# kernel:` from a Polish node (captured in NVIDIA/open-gpu-kernel-modules#1045), so the month
+# is any short word, not only English `Apr`.
 _SYSLOG = (
-    r"(?:[A-Z][a-z]{2} [ 0-9][0-9] [0-9:]{8}(?:\.[0-9]{1,9})?"
+    r"(?:[^\s\[<]\S{0,11} [ 0-9][0-9] [0-9:]{8}(?:\.[0-9]{1,9})?"
     r"|[0-9]{4}-[0-9]{2}-[0-9]{2}T\S+) \S+ kernel: "
 )
 _LEVEL = r"<([0-9]{1,3})>"

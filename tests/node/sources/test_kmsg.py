@@ -135,6 +135,15 @@ def test_syslog_line_of_another_program_keeps_its_prefix():
         ("2026-11-29T12:00:01.123456+0000 gpu01 kernel: NVRM: x", None, None, "NVRM: x"),
         ("[  123.456789] gpu01 kernel: NVRM: x", None, 123456789, "NVRM: x"),
         ("[86400.000001] gpu01.example.org kernel: NVRM: x", None, 86400000001, "NVRM: x"),
+        # journalctl prints the locale's month: Polish `kwi` (NVIDIA/open-gpu-kernel-modules#1045)
+        ("kwi 15 07:56:59 testowy kernel: NVRM: x", None, None, "NVRM: x"),
+        ("kwi  5 07:56:59.123456 testowy kernel: NVRM: x", None, None, "NVRM: x"),
+        (
+            "kwi 15 07:56:59 testowy systemd[1]: NVRM: x",
+            None,
+            None,
+            "kwi 15 07:56:59 testowy systemd[1]: NVRM: x",
+        ),
         # another program's line keeps its tag: it can never start with `NVRM:`
         ("[  123.456789] gpu01 systemd[1]: NVRM: x", None, 123456789, "gpu01 systemd[1]: NVRM: x"),
         (
@@ -180,13 +189,16 @@ def test_boot_relative_forms_keep_usec(name):
 
 
 def test_continuation_joins_the_record_above():
+    """The driver prints its lost-GPU report as one record of three `NVRM:` lines
+    (open-gpu-kernel-modules osapi.c; captured in NVIDIA/NVSentinel#155): dmesg indents the
+    further two, which join the record above."""
     raw = kmsg.read(fixture("same-faults.dmesg"))
     joined = raw["records"][-2]
     assert joined["msg"] == (
-        "NVRM: The NVIDIA GPU 0000:ba:00.0 (PCI ID: 10de:2330) installed in this system has "
-        "fallen off the bus and is not responding to commands."
+        "NVRM: The NVIDIA GPU 0000:ba:00.0 NVRM: (PCI ID: 10de:2330) installed in this system "
+        "has NVRM: fallen off the bus and is not responding to commands."
     )
-    assert joined["seq"] == 14 and raw["records"][-1]["seq"] == 16  # line numbers stay
+    assert joined["seq"] == 14 and raw["records"][-1]["seq"] == 17  # line numbers stay
 
 
 def test_indented_lines_after_kmsg_records_stay_dictionary():
