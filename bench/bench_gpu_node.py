@@ -462,32 +462,16 @@ class Bench:
             except (ValueError, KeyError, TypeError):
                 pass
             series["check_db"].append(_wall([*check, "--db", db], self.env()))
-            started = time.perf_counter()
-            proc = subprocess.run(
-                [self.python, "-c", SWEEP],
-                env=self.env(),
-                capture_output=True,
-                check=False,
-                cwd="/",
-            )
-            series["sweep"].append((time.perf_counter() - started) * 1000)
-            try:
-                sweeps.append(json.loads(proc.stdout))
-            except ValueError:
-                s["sweep_error"] = proc.stderr.decode("utf-8", "replace")[-2000:]
-            started = time.perf_counter()
-            proc = subprocess.run(
-                [self.python, "-c", SWEEP],
-                env=self.env(SLURMHEALTH_NVML_BINDING="pynvml"),
-                capture_output=True,
-                check=False,
-                cwd="/",
-            )
-            series["sweep_pynvml"].append((time.perf_counter() - started) * 1000)
-            try:
-                sweeps_pynvml.append(json.loads(proc.stdout))
-            except ValueError:
-                s["sweep_pynvml_error"] = proc.stderr.decode("utf-8", "replace")[-2000:]
+            for key, binding, kept in (
+                ("sweep", "builtin", sweeps),
+                ("sweep_pynvml", "pynvml", sweeps_pynvml),
+            ):
+                wall, doc, err = self.sweep_once(binding)
+                series[key].append(wall)
+                if doc is None:
+                    s[f"{key}_error"] = err
+                else:
+                    kept.append(doc)
         s["exit_codes"] = sorted(codes)
         s["runs"] = self.runs
         for name, values in series.items():
@@ -566,6 +550,22 @@ class Bench:
             for k, v in init.items()
         }
         self.save()
+
+    def sweep_once(self, binding: str) -> tuple:
+        """(wall ms, the in-process timings or None, stderr) of SWEEP in a fresh process."""
+        started = time.perf_counter()
+        proc = subprocess.run(
+            [self.python, "-c", SWEEP],
+            env=self.env(SLURMHEALTH_NVML_BINDING=binding),
+            capture_output=True,
+            check=False,
+            cwd="/",
+        )
+        wall = (time.perf_counter() - started) * 1000
+        try:
+            return wall, json.loads(proc.stdout), ""
+        except ValueError:
+            return wall, None, proc.stderr.decode("utf-8", "replace")[-2000:]
 
     def hook_env(self, conf: str, job: int, **extra: str) -> dict:
         env = {
