@@ -13,18 +13,22 @@ expected `devices`, so an unrelated Ethernet NIC does not count as firmware drif
 Counter thresholds are deltas since the previous run on this node (prolog to epilog, epilog to
 next prolog). A delta at or above `<counter>_warn` warns, at or above `<counter>_fail` fails
 (drain). Defaults, per counter:
-- symbol_error (16 bit): warn 10, fail 1000. A few symbol errors are line noise on a healthy
-  link; thousands between two runs mean a failing cable or transceiver (sysfs-class-infiniband).
-- port_rcv_errors (16 bit): warn 10, fail 1000. Bad packets received, mostly the same
-  physical cause as symbol errors, so the same scale.
+- symbol_error (16 bit): warn 10, fail 100. 10 is the SymbolErrorCounter threshold that
+  infiniband-diags ships for ibqueryerrors (rdma-core infiniband-diags/etc/error_thresholds);
+  100 is GCM's critical. On HDR/NDR the counter counts errors left after FEC (see the rates).
+- port_rcv_errors (16 bit): warn 10, fail 100. Bad packets received, mostly the same physical
+  cause as symbol errors, so the same scale (ibqueryerrors' PortRcvErrors=10, GCM's 100); NVIDIA's
+  UFM PDR plugin isolates a port at a receive-error-to-packet ratio of 1e-12 (MAX_PDR), which a
+  loaded port crosses with any error at all.
 - link_downed (8 bit): warn 1, fail 3. Every increment is a link flap that kills in-flight
   traffic; gpud calls 3 flaps a flapping port (gpud; Meta GCM check-ib).
 - link_error_recovery (8 bit): warn 1, fail 10. A successful retrain stalls traffic; repeated
-  retrains mean a marginal link.
+  retrains mean a marginal link; 10 is ibqueryerrors' LinkErrorRecoveryCounter threshold.
 - local_link_integrity_errors, excessive_buffer_overrun_errors (4 bit): warn 1, fail 5. Any
   increment is a signal-integrity problem (sysfs-class-infiniband); 5 is a third of the 4-bit range.
 Meta GCM warns on any error counter above 0 and goes critical above 100 (its check-ib); the
-per-counter scale above is gentler on the noisy 16-bit counters and stricter on link flaps.
+per-counter scale above fails the 16-bit counters at GCM's 100 but warns only from 10, and is
+stricter on link flaps.
 
 Saturated counters: PMA counters stop at their maximum instead of wrapping (sysfs-class-infiniband),
 so a counter at its maximum hides every new error; that warns "saturated, reset counters"
@@ -36,10 +40,20 @@ as well as by the counts above. A level is reached when the count reaches its `<
 `_fail` AND the rate its `<counter>_warn_per_h`/`_fail_per_h`: the count is the minimum that
 keeps a short interval (two runs 1 s apart) from turning one error into a huge rate, the rate
 keeps a long one (a week between two health checks) from adding line noise into a failure.
-- symbol_error: warn 10/h, fail 1000/h. A symbol error is at least one bit error on the lanes;
-  1000/h is 0.28/s, a bit error ratio near 7e-13 at NDR 400 Gb/s (1.4e-12 at HDR 200 Gb/s), the
-  order of the 1e-12 BER the InfiniBand link specification asks for (to confirm: the IBTA figure
-  and whether the port counts errors before or after FEC); warn two decades lower.
+- symbol_error: warn 10/h, fail 100/h. Bits per hour: NDR 400 Gb/s x 3600 s = 1.44e15, HDR
+  7.2e14, EDR 3.6e14; a count is taken as one bit error (NVIDIA's telemetry counts error bits).
+  The InfiniBand specification asks for a BER below 1e-12 (NVIDIA DGX SuperPOD cabling guide,
+  "Bit Error Rate"): 1440/h at NDR, 720/h at HDR. That is the line's raw figure, and HDR/NDR
+  run FEC: there "symbol errors ... are the actual errors seen by the application level after
+  error correction" (NVIDIA ibdiagnet manual, "Bit Error Rate (BER)"); corrected errors are
+  counted apart (mlxlink, UFM's Raw_Errors_Lane). NVIDIA's field thresholds for that post-FEC
+  (+PLR) Symbol BER (UFM PDR plugin, Field_BER_Thresholds.csv): warning 5e-15 and error 1e-14
+  for NDR and 7 nm HDR with PLR; error 1e-13 without PLR, for 16 nm HDR and for EDR. At NDR
+  1e-14 is 14.4/h, 1e-13 144/h. Warn 10/h: BER 6.9e-15 at NDR, between NVIDIA's warning and
+  error; 1.4e-14 at HDR. Fail 100/h: 6.9e-14 at NDR (7x NVIDIA's error level with PLR, 0.7x
+  without), 1.4e-13 at HDR, 2.8e-13 at EDR: near NVIDIA's error levels, with the margin a drain
+  needs, and under the specification's 1e-12 at every rate from QDR up. The former 1000/h
+  (6.9e-13 at NDR) matched 1e-12 only by setting a post-FEC count against the raw line's figure.
 - link_downed: warn at any rate (every flap killed in-flight traffic: GCM warns on any error
   counter above 0), fail at 0.5/h: gpud's 3 flaps within Azure's 6-hour window
   (azurehpc-health-checks azure_ib_link_flapping.nhc: no flap within 6 hours), 3 / 6 h.
@@ -63,10 +77,10 @@ SOURCE = "ib"
 # Counter -> (width in bits, warn delta, fail delta, why). Widths from PORT_PMA_ATTR in the
 # kernel's drivers/infiniband/core/sysfs.c (sysfs-class-infiniband); the defaults are argued above.
 _COUNTERS = {
-    "symbol_error": (16, 10, 1000, "a few are line noise, thousands a failing cable"),
+    "symbol_error": (16, 10, 100, "10 is ibqueryerrors' threshold, 100 GCM's critical"),
     "link_downed": (8, 1, 3, "each one is a link flap; 3 is a flapping port (gpud)"),
-    "link_error_recovery": (8, 1, 10, "each retrain stalls traffic; many: marginal link"),
-    "port_rcv_errors": (16, 10, 1000, "bad packets received, same scale as symbol errors"),
+    "link_error_recovery": (8, 1, 10, "each retrain stalls traffic; 10: ibqueryerrors' threshold"),
+    "port_rcv_errors": (16, 10, 100, "bad packets received, same scale as symbol errors"),
     "local_link_integrity_errors": (4, 1, 5, "any is a signal-integrity problem"),
     "excessive_buffer_overrun_errors": (4, 1, 5, "any is misconfiguration or very poor SI"),
 }
@@ -84,7 +98,7 @@ def _threshold_defaults() -> dict:
 # Counter -> (warn per hour, fail per hour, why): rates over the interval between two readings,
 # judged together with the counts above (argued in the module docstring).
 _RATES = {
-    "symbol_error": (10.0, 1000.0, "1000/h is near a 1e-12 bit error ratio at NDR (to confirm)"),
+    "symbol_error": (10.0, 100.0, "NDR post-FEC BER 6.9e-15; 100/h: 6.9e-14 (NVIDIA: 1e-14)"),
     "link_downed": (0.0, 0.5, "any flap warns; 3 flaps in 6 hours fail (gpud, Azure HPC)"),
 }
 
