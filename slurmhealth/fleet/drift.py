@@ -28,6 +28,7 @@ ITEMS = (
     ("ib_rate", "IB rate"),
 )
 ROLLING_SHARE = 0.20  # a value this share of a class runs is a rollout, not an odd node
+ROLLING_NODES = 2  # ... and at least this many nodes run it
 LIST_MAX = 200
 
 
@@ -107,8 +108,14 @@ def _item(members: dict, key: str, label: str, model: str, rolling_share: float)
     for value in values.values():
         tally[value] = tally.get(value, 0) + 1
     majority = max(sorted(tally), key=lambda v: tally[v])
+    # A rollout is a value several nodes already run: in a class of five or fewer, one node is
+    # 20% of it, and one node alone is an odd node, never a rollout.
     rolling = sorted(
-        (v for v in tally if v != majority and tally[v] >= rolling_share * len(values)),
+        (
+            v
+            for v in tally
+            if v != majority and tally[v] >= max(ROLLING_NODES, rolling_share * len(values))
+        ),
         key=lambda v: (-tally[v], v),
     )
     differ = [

@@ -598,23 +598,30 @@ def job_telemetry(conn: sqlite3.Connection, spans: list, kinds: tuple = ()) -> d
     return out
 
 
+# The nodes of one job end within this of each other (slurmd runs their epilogs together;
+# accounting gives them one End): the rows read around a window to see each job whole.
+JOB_END_SPREAD = 3600.0
+
+
 def held_back_jobs(conn: sqlite3.Connection, start: float, end: float) -> list:
-    """[(node, time)] of the node that held back each multi-node job whose nodes ended in
+    """[(node, time)] of the node that held back each multi-node job whose last node ended in
     [start, end) (telemetry.held_back), at the job's end; nodes the prolog refused never ran
-    it. Only the GPUs' policy counters are read: a few key seeks per node of each job."""
+    it. A job is judged whole, in the one window its last end falls in: a window edge between
+    its nodes' epilogs must not leave some of them out. Only the GPUs' policy counters are
+    read: a few key seeks per node of each job."""
     from slurmhealth.fleet import telemetry  # noqa: PLC0415
 
     jobs: dict = {}
     rows = conn.execute(
         "SELECT job_id, node, start, end FROM jobs WHERE end >= ? AND end < ? AND num_nodes > 1 "
         "AND start IS NOT NULL AND end > start AND coalesce(state, '') != 'prolog_failed'",
-        (start, end),
+        (start - JOB_END_SPREAD, end + JOB_END_SPREAD),
     )
     for job_id, node, begin, finish in rows:
         jobs.setdefault(job_id, []).append((node, begin, finish))
     out = []
     for spans in jobs.values():
-        if len(spans) <= telemetry.MIN_OTHERS:
+        if len(spans) <= telemetry.MIN_OTHERS or not start <= max(s[2] for s in spans) < end:
             continue
         duration = max(s[2] for s in spans) - min(s[1] for s in spans)
         found = telemetry.held_back(job_telemetry(conn, spans, ("gpu",)), duration)

@@ -464,17 +464,29 @@ def _mttf_hours(per_node_day: float | None, nodes: int) -> float | None:
 
 def recorded_versions(conn: sqlite3.Connection, node: str, end: float) -> dict | None:
     """The versions the node's latest run recorded (runner.Gathered.versions) within
-    VERSIONS_LOOKBACK before `end`; None when it recorded none (no run, or no facts parsed)."""
+    VERSIONS_LOOKBACK before `end`; None when it recorded none (no run, or no facts parsed).
+
+    A run whose GPU source failed (NVML did not answer that once) records its other sources'
+    versions alone: taken as they are, the node would fall into a class of its own, "unknown
+    GPUs", and be compared across hardware. So the newest run decides each key it has, and
+    older runs (at most VERSIONS_MERGE of them) fill in the keys it lacks, the GPU model first
+    among them."""
     rows = queries.version_sources(conn, node, end - VERSIONS_LOOKBACK, end)
-    for (text,) in rows:
+    merged: dict = {}
+    for count, (text,) in enumerate(rows):
         try:
             sources = json.loads(text)
         except ValueError:
             continue
-        found = drift_of.versions(sources)
-        if found:
-            return found
-    return None
+        for key, value in drift_of.versions(sources).items():
+            merged.setdefault(key, value)
+        if merged.get("model") or count + 1 >= VERSIONS_MERGE:
+            break
+    return merged or None
+
+
+# Runs read back for keys the newest run lacks (recorded_versions).
+VERSIONS_MERGE = 20
 
 
 # --- the report ------------------------------------------------------------------------------

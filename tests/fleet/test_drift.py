@@ -119,3 +119,18 @@ def test_lowered_application_clocks_are_an_odd_setting():
         f"a011: application clocks 1755/3201 MHz, 1980/3201 MHz vs 1980/3201 MHz on 31 of 31 "
         f"peers ({H200})"
     )
+
+
+def test_in_a_small_class_one_node_is_odd_not_a_rollout():
+    """In a class of five one node is 20%, the rollout share: it is named all the same (one
+    node alone is never a rollout); two of five are a rollout."""
+    found = {f"h{i}": recorded(H200) for i in range(5)}
+    found["h2"] = recorded(H200, driver="535.161.08")
+    assert drift.odd_nodes(found)["odd"] == [
+        f"h2: driver 535.161.08 vs 550.90.07 on 4 of 4 peers ({H200})"
+    ]
+    found["h3"] = recorded(H200, driver="535.161.08")
+    out = drift.odd_nodes(found)
+    assert out["odd"] == []
+    (item,) = [i for i in out["items"] if i["what"] == "driver"]
+    assert item["rolling"] == [{"value": "535.161.08", "nodes": 2}]

@@ -55,6 +55,7 @@ def test_the_node_far_above_its_peers_held_the_job_back():
         ([0.0, 0.50], "one other node: no telling which of two is odd"),
         ([0.50], "a 1-node job: nothing to compare"),
         ([0.0, 0.0, 0.0], "no slowdown anywhere"),
+        ([0.10, 0.10, 0.25], "15 points over, but 2.5x: a part that caps sooner (FACTOR 3)"),
     ],
 )
 def test_no_node_is_named_without_a_clear_margin_over_enough_peers(shares, why):
@@ -65,6 +66,8 @@ def test_no_node_is_named_without_a_clear_margin_over_enough_peers(shares, why):
 def test_a_margin_and_a_factor_just_met_name_the_node():
     job = {"a": figures(0.02), "b": figures(0.02), "c": figures(0.13)}
     assert telemetry.held_back(job, HOUR)["node"] == "c"
+    three_times = {"a": figures(0.10), "b": figures(0.10), "c": figures(0.31)}
+    assert telemetry.held_back(three_times, HOUR)["node"] == "c"
     median_zero = {"a": figures(0.0), "b": figures(0.0), "c": figures(0.0), "d": figures(0.101)}
     assert telemetry.held_back(median_zero, HOUR)["others_median"] == 0.0
 
@@ -284,3 +287,42 @@ def test_a_job_without_slowdown_or_errors_says_so_in_one_line(tmp_path):
     assert lines == [
         "GPU slowdown (power or thermal policy) and error counters during the job: none"
     ]
+
+
+def test_a_job_is_judged_whole_when_a_window_edge_falls_between_its_epilogs(tmp_path):
+    """The sweep's window ends 5 s after three of a job's four epilogs and 5 s before the
+    fourth (the node that held it back). Judging the three alone named a healthy node; the
+    job is judged whole, in the window its last epilog falls in."""
+    from slurmhealth.fleet import queries  # noqa: PLC0415
+
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    t0, shares = 20_000 * 86400.0, {"gpu01": 0.40, "gpu02": 0.13, "gpu03": 0.02, "gpu04": 0.02}
+    end = t0 + 6 * HOUR
+    for node, share in sorted(shares.items()):
+        finish = end + (5.0 if node == "gpu01" else -5.0)
+        run = {
+            "node": node,
+            "job_id": "7",
+            "phase": "prolog",
+            "started": t0,
+            "duration": 0.04,
+            "verdict": "ok",
+            "tool_version": "x",
+            "sources": "{}",
+        }
+        records = {"run": run, "results": [], "events": [], "baselines": {}}
+        store.record_run(conn, records, {"start": t0, "state": "running", "num_nodes": 4})
+        row = {
+            "device": "gpu:0000:18:00.0",
+            "counter": "perf_power_ns",
+            "time": finish,
+            "value": share * (finish - t0) * NS,
+            "delta": share * (finish - t0) * NS,
+            "label": "GPU 0",
+        }
+        records = dict(records, run=dict(run, phase="epilog", started=finish), counters=[row])
+        store.record_run(conn, records, {"end": finish, "state": "ended"})
+    assert queries.held_back_jobs(conn, t0, end) == []  # its last node had not ended
+    ((node, when),) = queries.held_back_jobs(conn, end, end + HOUR)
+    assert (node, when) == ("gpu01", end + 5.0)
+    assert [n for n, _ in queries.held_back_jobs(conn, t0, end + HOUR)] == ["gpu01"]

@@ -954,3 +954,27 @@ def test_the_prom_format_carries_the_signals_for_node_exporter(tmp_path):
         "report", "--db", str(tmp_path / "fleet.db"), "--format", "prom", "--mail-to", "root"
     )
     assert refused.returncode == 2 and "--mail-to" in refused.stderr
+
+
+def test_a_run_without_gpu_facts_keeps_the_node_in_its_hardware_class(tmp_path):
+    """The newest run's GPU source failed, so it recorded only IB and kernel versions: the
+    node's model and GPU versions come from the run before, and the node is compared with its
+    class, not put in an "unknown GPUs" class of its own (bench/validate_drift.py --gpuless)."""
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    gpu = {"versions": {"model": ["NVIDIA H100 80GB HBM3"], "driver": "550.90.07"}}
+    ib = {"versions": {"fw_ver": {"mlx5_0": "28.39.1002"}, "rate": [400.0]}}
+    for started, sources in ((100.0, {"gpu": gpu, "ib": ib}), (200.0, {"ib": ib})):
+        run = {
+            "node": "gpu01",
+            "job_id": None,
+            "phase": "healthcheck",
+            "started": started,
+            "duration": 0.04,
+            "verdict": "ok",
+            "tool_version": "x",
+            "sources": json.dumps(sources),
+        }
+        store.record_run(conn, {"run": run, "results": [], "events": [], "baselines": {}})
+    found = report.recorded_versions(conn, "gpu01", 300.0)
+    assert found["model"] == "NVIDIA H100 80GB HBM3" and found["driver"] == "550.90.07"
+    assert found["ib_fw"] == "28.39.1002"
