@@ -84,6 +84,8 @@ bench: $(VENVB)/.installed
 	$(VENVB)/bin/python bench/validate_lemons.py
 	$(VENVB)/bin/python bench/validate_slow.py
 	$(VENVB)/bin/python bench/validate_trends.py --seeds 2
+	$(VENVB)/bin/python bench/validate_drift.py --seeds 20
+	$(VENVB)/bin/python bench/validate_heldback.py --seeds 8
 
 # Man pages (slurmhealth.1 and one per command) from the commands' own help, into build/man; the
 # packages install them from there. Completion files are kept in packaging/completion/ and a test
