@@ -234,8 +234,9 @@ BINDINGS = ("builtin", "pynvml")
 
 def sweep_devices(nvml: object, count: int, costly: bool = True) -> list:
     """Every GPU's sweep, one thread per GPU: NVML is thread-safe (API reference) and both
-    bindings release the GIL inside each call, so an 8-GPU node costs about one GPU's time.
-    A GPU whose calls hang holds its thread, and the runner's deadline ends the gather."""
+    bindings release the GIL inside each call, so an 8-GPU node may cost little more than one
+    GPU's time (not measured: the machine lent had one GPU, and the driver serialises the calls
+    to one GPU). A GPU whose calls hang holds its thread; the runner's deadline ends the gather."""
     if count <= 1:
         return [sweep_device(nvml, i, costly) for i in range(count)]
     out: list = [None] * count
@@ -244,7 +245,7 @@ def sweep_devices(nvml: object, count: int, costly: bool = True) -> list:
         try:
             out[index] = sweep_device(nvml, index, costly)
         except Exception as exc:  # sweep_device records NVML's errors; anything else is ours
-            out[index] = {"index": index, "error": "Unknown", "errors": {"sweep": repr(exc)}}
+            out[index] = {"index": index, "error": "Unknown", "errors": {"sweep": error_name(exc)}}
 
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(count)]
     for thread in threads:
