@@ -96,9 +96,10 @@ def ours(info: dict) -> bool:
     return is_out(info) and info["reason"].startswith(PREFIX)
 
 
-def may_drain(info: dict) -> bool:
-    """Drain only a node in service; never touch one someone else took out."""
-    return not is_out(info)
+def may_drain(info: dict, ignore: tuple = ()) -> bool:
+    """Drain only a node in service; never touch one someone else took out. `ignore`: flags
+    that do not count as out here (our own maintenance reservation, for the diagnose job)."""
+    return not any(f.startswith(_OUT) and not f.startswith(ignore) for f in info["flags"])
 
 
 class Slurm:

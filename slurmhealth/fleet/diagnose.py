@@ -292,7 +292,11 @@ def finish(client: slurm.Slurm, diagnosis: object, settings: dict, conn: object,
     node, level = diagnosis.node, diagnosis.level  # type: ignore[attr-defined]
     if diagnosis.verdict == "fail":  # type: ignore[attr-defined]
         message = f"{SERVICE} diagnose {level}: {diagnosis.evidence()}"  # type: ignore[attr-defined]
-        outcome = actions.drain(client, node, message, settings, conn, ACTOR, log)
+        # The node is in our maintenance reservation while its job runs (Slurm shows MAINT once
+        # the reservation is active): that does not make it someone else's to keep out.
+        outcome = actions.drain(
+            client, node, message, settings, conn, ACTOR, log, ignore=("MAINT",)
+        )
         if outcome in (DRAINED, WOULD_DRAIN):
             return f"{outcome} for service"
         return f"{outcome}: stays in the reservation, drained for service by the next pass"

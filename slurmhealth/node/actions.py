@@ -91,6 +91,7 @@ def drain(
     log: object,
     record_skip: bool = True,
     keep: object = None,
+    ignore: tuple = (),
 ) -> str:
     """Drain `node` unless someone else took it out, or the breaker is open. Returns the outcome.
 
@@ -101,7 +102,7 @@ def drain(
     now = time.time()
     try:
         info = client.node(node)
-        if not slurm.may_drain(info):
+        if not slurm.may_drain(info, ignore):
             if record_skip:
                 detail = f"already out: {info['reason'] or info['state']}"
                 why = slurm.reason(message)

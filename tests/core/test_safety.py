@@ -77,3 +77,17 @@ def test_probation_as_the_drain_path_asks():
     history = [(T0, "drain"), (T0 + DAY, "resume")]
     assert safety.on_probation([*history, (T0 + 2 * DAY, "drain")], T0 + 2 * DAY)
     assert not safety.on_probation([*history, (T0 + 30 * DAY, "drain")], T0 + 30 * DAY)
+
+
+def test_a_node_in_our_maintenance_reservation_may_be_drained_when_we_say_so():
+    """The diagnose job's node shows MAINT once our reservation is active; its failed diagnosis
+    drains it all the same (ignore=("MAINT",)). Any other flag, or MAINT without the ignore,
+    still means someone else took it out."""
+    from slurmhealth.core import slurm  # noqa: PLC0415
+
+    maint = {"flags": ["ALLOCATED", "MAINTENANCE", "RESERVED"], "reason": ""}
+    assert not slurm.may_drain(maint)
+    assert slurm.may_drain(maint, ("MAINT",))
+    drained = {"flags": ["IDLE", "DRAIN", "MAINTENANCE"], "reason": "disk swap"}
+    assert not slurm.may_drain(drained, ("MAINT",))
+    assert slurm.may_drain({"flags": ["IDLE"], "reason": ""})
