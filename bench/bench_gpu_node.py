@@ -35,6 +35,8 @@ import tarfile
 import tempfile
 import time
 
+from common import pct, timed
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NODE = "gpu01"
 HOOK = os.path.join(REPO, "packaging", "slurmhealth-hook")
@@ -443,7 +445,7 @@ class Bench:
         check = [self.bin, "check", "--json", "--node", NODE, "--config", self.cfg]
         db = os.path.join(self.state, "bench.db")
         for n in range(self.runs):
-            series["pass"].append(_wall([self.python, "-c", "pass"], self.env()))
+            series["pass"].append(timed([self.python, "-c", "pass"], self.env()))
             started = time.perf_counter()
             proc = subprocess.run(
                 ["/bin/sh", HOOK], env=self.hook_env(conf, n + 1), capture_output=True, check=False
@@ -451,7 +453,7 @@ class Bench:
             series["prolog"].append((time.perf_counter() - started) * 1000)
             codes.add(proc.returncode)
             pynvml_env = self.hook_env(conf, 100000 + n, SLURMHEALTH_NVML_BINDING="pynvml")
-            series["prolog_pynvml"].append(_wall(["/bin/sh", HOOK], pynvml_env))
+            series["prolog_pynvml"].append(timed(["/bin/sh", HOOK], pynvml_env))
             started = time.perf_counter()
             proc = subprocess.run(
                 [*check, "--no-db"], env=self.env(), capture_output=True, check=False
@@ -461,7 +463,7 @@ class Bench:
                 gpu_seconds.append(json.loads(proc.stdout)["sources"]["gpu"]["seconds"] * 1000)
             except (ValueError, KeyError, TypeError):
                 pass
-            series["check_db"].append(_wall([*check, "--db", db], self.env()))
+            series["check_db"].append(timed([*check, "--db", db], self.env()))
             for key, binding, kept in (
                 ("sweep", "builtin", sweeps),
                 ("sweep_pynvml", "pynvml", sweeps_pynvml),
@@ -789,23 +791,13 @@ class Bench:
             tar.add(self.state, arcname="state")
 
 
-def _wall(argv: list, env: dict) -> float:
-    started = time.perf_counter()
-    subprocess.run(
-        argv, env=env, cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False
-    )
-    return (time.perf_counter() - started) * 1000
-
-
 def _stats(values: list) -> dict:
     if not values:
         return {}
-    ordered = sorted(values)
-    p99 = ordered[min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))]
     return {
         "p50": round(statistics.median(values), 2),
-        "p99": round(p99, 2),
-        "min": round(ordered[0], 2),
+        "p99": round(pct(values, 0.99), 2),
+        "min": round(min(values), 2),
         "n": len(values),
     }
 
