@@ -202,12 +202,15 @@ RECOVERY = {
 }
 # The words the driver prints in parentheses, for a line without the number. Some newer drivers
 # name 0x1 `PF FLR` (a function-level reset of the GPU) where others print `GPU Reset Required`
-# (595.84 and 610 in NVIDIA/open-gpu-kernel-modules#1353); the number is what is read first.
+# (595.84 and 610 in NVIDIA/open-gpu-kernel-modules#1353), and 0x2 `OS Reboot` where others print
+# `Node Reboot Required` (quoted from driver 610.43.02 in a public write-up whose repository
+# could not be named); the number is what is read first.
 _RECOVERY_WORDS = {
     "none": 0,
     "gpu reset required": 1,
     "pf flr": 1,
     "node reboot required": 2,
+    "os reboot": 2,
     "drain p2p": 3,
     "drain and reset": 4,
 }

@@ -212,6 +212,23 @@ def test_recovery_to_pf_flr_is_a_gpu_reset(line):
     assert (event["class"], event["action"]) == ("fail", "reset_gpu")
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        # 0x2 in the words driver 610.43.02 printed in a public write-up (its repository could
+        # not be named, so it is not a captured fixture): the number decides, the words serve
+        # a line without it.
+        "NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 "
+        "(OS Reboot)",
+        "NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from (None) to (OS Reboot)",
+    ],
+)
+def test_recovery_to_os_reboot_is_a_node_reboot(line):
+    event = xid.parse(raw_of(line))["events"][0]
+    assert event["detail"] == {"recovery": 2}
+    assert (event["class"], event["action"]) == ("fail", "reboot")
+
+
 def raw_of(*msgs: str) -> dict:
     records = [{"seq": n, "usec": n * 1000000, "pri": 4, "msg": m} for n, m in enumerate(msgs)]
     return {"records": records, "lost": False, "missed": 0, "after_seq": None}
