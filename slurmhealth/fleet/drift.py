@@ -7,10 +7,19 @@ kernel, VBIOS, IB firmware, persistence mode, ECC mode, MIG mode, application cl
 A minority value is reported with the majority's value and count:
 `gpu07: driver 535.161.08 vs 550.90.07 on 511 of 512 peers (NVIDIA H100 80GB HBM3)`. A value
 that a large share of the class already runs (`rolling_share`, 20%) is a rolling update in
-progress, not an odd node: it is reported as such, and nobody is listed as odd for it.
+progress, not an odd node: it is reported as such, and nobody is listed as odd for it. So is,
+whatever its share, a rollout's either end:
+- ahead: a version newer than the majority's (every part of it newer, compared part by part)
+  that at least ROLLING_NODES nodes run: the first nodes of a rollout, not an odd node (a
+  version older than the majority's stays odd however many run it);
+- behind: the value the class ran before, where the nodes now in the majority moved to it from
+  that value within the report's look-back (each node's earliest recorded versions, `before`):
+  the nodes not yet updated. A week after the rollout they are odd again.
 """
 
 from __future__ import annotations
+
+import re
 
 from slurmhealth.core.result import clean
 
@@ -29,6 +38,8 @@ ITEMS = (
 )
 ROLLING_SHARE = 0.20  # a value this share of a class runs is a rollout, not an odd node
 ROLLING_NODES = 2  # ... and at least this many nodes run it
+# Items whose values are versions, in order: a newer one on several nodes is a rollout's start.
+ORDERED = frozenset(("driver", "cuda", "kernel", "vbios", "ib_fw"))
 LIST_MAX = 200
 
 
@@ -73,19 +84,25 @@ def _text(value: object) -> str:
     return str(value)
 
 
-def odd_nodes(found: dict, rolling_share: float = ROLLING_SHARE) -> dict:
-    """found: {node: versions() or None}. Returns {"items": [{class, what, majority, nodes,
-    agree, differ: [{node, value}], differ_count, rolling: [{value, nodes}]}], "odd": [one line
-    per odd node and value], "unknown", "unknown_nodes"}."""
+def odd_nodes(
+    found: dict, rolling_share: float = ROLLING_SHARE, before: dict | None = None
+) -> dict:
+    """found: {node: versions() or None}; before: {node: versions() or None}, each node's
+    earliest recorded versions in the look-back (what the class ran before a rollout). Returns
+    {"items": [{class, what, majority, nodes, agree, differ: [{node, value}], differ_count,
+    rolling: [{value, nodes, stage}]}], "odd": [one line per odd node and value], "unknown",
+    "unknown_nodes"}; a rollout's stage is "new" (the value it moves to) or "old" (the nodes
+    not yet updated)."""
     classes: dict = {}
     for node, got in found.items():
         if got:
             classes.setdefault(got.get("model", ""), {})[node] = got
+    earlier = before or {}
     items, odd = [], []
     for model in sorted(classes):
         members = classes[model]
         for key, label in ITEMS:
-            item = _item(members, key, label, model, rolling_share)
+            item = _item(members, key, label, model, rolling_share, earlier)
             if item is None:
                 continue
             items.append(item)
@@ -100,7 +117,9 @@ def odd_nodes(found: dict, rolling_share: float = ROLLING_SHARE) -> dict:
     }
 
 
-def _item(members: dict, key: str, label: str, model: str, rolling_share: float) -> dict | None:
+def _item(
+    members: dict, key: str, label: str, model: str, rolling_share: float, before: dict
+) -> dict | None:
     values = {node: v[key] for node, v in members.items() if key in v}
     if not values:
         return None
@@ -110,18 +129,21 @@ def _item(members: dict, key: str, label: str, model: str, rolling_share: float)
     majority = max(sorted(tally), key=lambda v: tally[v])
     # A rollout is a value several nodes already run: in a class of five or fewer, one node is
     # 20% of it, and one node alone is an odd node, never a rollout.
-    rolling = sorted(
-        (
-            v
-            for v in tally
-            if v != majority and tally[v] >= max(ROLLING_NODES, rolling_share * len(values))
-        ),
-        key=lambda v: (-tally[v], v),
-    )
+    share = max(ROLLING_NODES, rolling_share * len(values))
+    old = _left_behind(values, majority, key, before)
+    stages = {}
+    for v, count in tally.items():
+        if v == majority:
+            continue
+        if v == old:
+            stages[v] = "old"
+        elif count >= share or (key in ORDERED and count >= ROLLING_NODES and _newer(v, majority)):
+            stages[v] = "new"
+    rolling = sorted(stages, key=lambda v: (-tally[v], v))
     differ = [
         {"node": n, "value": v}
         for n, v in sorted(values.items())
-        if v != majority and v not in rolling
+        if v != majority and v not in stages
     ]
     return {
         "class": clean(model, 80) or "unknown GPUs",
@@ -131,8 +153,52 @@ def _item(members: dict, key: str, label: str, model: str, rolling_share: float)
         "agree": tally[majority],
         "differ": differ[:LIST_MAX],
         "differ_count": len(differ),
-        "rolling": [{"value": v, "nodes": tally[v]} for v in rolling],
+        "rolling": [{"value": v, "nodes": tally[v], "stage": stages[v]} for v in rolling],
     }
+
+
+def _left_behind(values: dict, majority: str, key: str, before: dict) -> str | None:
+    """The value the class ran before a rollout to `majority`, when most of the nodes now on
+    the majority (of those whose earlier versions are known) moved to it from that value within
+    the look-back; else None."""
+    came_from: dict = {}
+    for node, value in values.items():
+        if value != majority:
+            continue
+        earlier = (before.get(node) or {}).get(key)
+        if earlier is not None:
+            came_from[earlier] = came_from.get(earlier, 0) + 1
+    known = sum(came_from.values())
+    moved = {v: n for v, n in came_from.items() if v != majority}
+    if not moved:
+        return None
+    value = max(sorted(moved), key=lambda v: moved[v])
+    return value if 2 * moved[value] > known else None
+
+
+_PART = re.compile(r"[0-9A-Za-z]+")
+
+
+def _parts(version: str) -> tuple:
+    """A version's parts for ordering: decimal where all digits, else hexadecimal (a VBIOS's
+    `96.00.74.00.0D`), else text after any number."""
+    out = []
+    for part in _PART.findall(version):
+        if part.isdigit():
+            out.append((0, int(part), ""))
+        else:
+            try:
+                out.append((0, int(part, 16), ""))
+            except ValueError:
+                out.append((1, 0, part))
+    return tuple(out)
+
+
+def _newer(value: str, than: str) -> bool:
+    """Every version in `value` (a node's set, `a, b`) is newer than every one in `than`."""
+    mine = [_parts(v) for v in value.split(", ")]
+    theirs = [_parts(v) for v in than.split(", ")]
+    return min(mine) > max(theirs)
 
 
 def _line(node: str, label: str, value: str, item: dict) -> str:

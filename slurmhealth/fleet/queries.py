@@ -285,15 +285,19 @@ def node_fails_between(conn: sqlite3.Connection, start: float, end: float) -> sq
 
 
 def version_sources(
-    conn: sqlite3.Connection, node: str, start: float, end: float
+    conn: sqlite3.Connection, node: str, start: float, end: float, oldest: bool = False
 ) -> sqlite3.Cursor:
     """(sources JSON text,) rows of the node's runs started in [start, end) that recorded
-    versions, newest first."""
-    return conn.execute(
-        "SELECT sources FROM runs WHERE node = ? AND started >= ? AND started < ?"
-        " AND instr(sources, '\"versions\"') ORDER BY started DESC",
-        (node, start, end),
-    )
+    versions, newest first (oldest first with `oldest`)."""
+    return conn.execute(_VERSIONS_OLDEST if oldest else _VERSIONS_NEWEST, (node, start, end))
+
+
+_VERSIONS = (
+    "SELECT sources FROM runs WHERE node = ? AND started >= ? AND started < ?"
+    " AND instr(sources, '\"versions\"') ORDER BY started "
+)
+_VERSIONS_NEWEST = _VERSIONS + "DESC"
+_VERSIONS_OLDEST = _VERSIONS + "ASC"
 
 
 # --- job summaries (fleet/jobs.py) ---------------------------------------------------------------

@@ -46,6 +46,10 @@ EPISODE_S = 3600  # a node's second failure record within this is the same failu
 # and at least every runner.VERSIONS_EVERY (6 h); two days spans a node idle over a weekend's
 # missed health checks without reading a node's whole history.
 VERSIONS_LOOKBACK = 2 * 86400.0
+# How far back the drift section looks for what each node ran before (its earliest recorded
+# versions in this span): a rollout that moved the class within it is one, and its nodes not yet
+# updated are not odd nodes; a week after the rollout, they are (fleet/drift.py).
+ROLLOUT_LOOKBACK = 7 * 86400.0
 # Hardware failures per 1,000 node-days, Meta's two A100 clusters (arXiv 2410.21680;
 # docs/sources.md): the yardstick the fleet's own rate is set against.
 PUBLISHED = (("RSC-2", 2.34), ("RSC-1", 6.50))
@@ -462,16 +466,23 @@ def _mttf_hours(per_node_day: float | None, nodes: int) -> float | None:
 # --- configuration drift ---------------------------------------------------------------------
 
 
-def recorded_versions(conn: sqlite3.Connection, node: str, end: float) -> dict | None:
-    """The versions the node's latest run recorded (runner.Gathered.versions) within
-    VERSIONS_LOOKBACK before `end`; None when it recorded none (no run, or no facts parsed).
+def recorded_versions(
+    conn: sqlite3.Connection,
+    node: str,
+    end: float,
+    lookback: float = VERSIONS_LOOKBACK,
+    oldest: bool = False,
+) -> dict | None:
+    """The versions the node's latest run recorded (runner.Gathered.versions) within `lookback`
+    before `end` (with `oldest`, its earliest run there: what it ran before); None when it
+    recorded none (no run, or no facts parsed).
 
     A run whose GPU source failed (NVML did not answer that once) records its other sources'
     versions alone: taken as they are, the node would fall into a class of its own, "unknown
     GPUs", and be compared across hardware. So the newest run decides each key it has, and
     older runs (at most VERSIONS_MERGE of them) fill in the keys it lacks, the GPU model first
     among them."""
-    rows = queries.version_sources(conn, node, end - VERSIONS_LOOKBACK, end)
+    rows = queries.version_sources(conn, node, end - lookback, end, oldest)
     merged: dict = {}
     for count, (text,) in enumerate(rows):
         try:
@@ -570,7 +581,10 @@ def _build(
     doc["trend"] = trend(failures, w_start, node_days, days, shared)
     doc["rate"] = rate(failures, node_days, shared)
     tick(1)
-    doc["drift"] = drift_of.odd_nodes({n: recorded_versions(conn, n, now) for n in nodes})
+    doc["drift"] = drift_of.odd_nodes(
+        {n: recorded_versions(conn, n, now) for n in nodes},
+        before={n: recorded_versions(conn, n, now, ROLLOUT_LOOKBACK, True) for n in nodes},
+    )
     doc["diagnosed"] = diagnosed(conn, start, now)
     doc["slow"] = slow_nodes(conn, now)
     doc["rising"] = rising_counters(conn, now)

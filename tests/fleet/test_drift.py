@@ -43,7 +43,7 @@ def test_a_rolling_update_is_not_an_odd_node():
     out = drift.odd_nodes(found)
     assert out["odd"] == []
     (item,) = [i for i in out["items"] if i["what"] == "driver"]
-    assert item["rolling"] == [{"value": "560.35.03", "nodes": 20}]
+    assert item["rolling"] == [{"value": "560.35.03", "nodes": 20, "stage": "new"}]
 
 
 def test_classes_are_compared_within_themselves():
@@ -133,4 +133,53 @@ def test_in_a_small_class_one_node_is_odd_not_a_rollout():
     out = drift.odd_nodes(found)
     assert out["odd"] == []
     (item,) = [i for i in out["items"] if i["what"] == "driver"]
-    assert item["rolling"] == [{"value": "535.161.08", "nodes": 2}]
+    assert item["rolling"] == [{"value": "535.161.08", "nodes": 2, "stage": "new"}]
+
+
+def test_a_rollouts_first_nodes_on_a_newer_version_are_not_odd():
+    """Issue 13: a rollout starts on a few nodes (5% here, under the 20% share): a version newer
+    than the majority's on two or more nodes is the rollout, shown as such; an older one on as
+    many nodes stays odd, and one node alone on a newer one is odd."""
+    found = fleet(300)
+    for i in range(15):
+        found[f"a{i:03d}"] = recorded(H100, driver="560.35.03")
+    found["a200"] = recorded(H100, driver="535.161.08")
+    found["a201"] = recorded(H100, driver="535.161.08")
+    out = drift.odd_nodes(found)
+    (item,) = [i for i in out["items"] if i["what"] == "driver"]
+    assert item["rolling"] == [{"value": "560.35.03", "nodes": 15, "stage": "new"}]
+    assert [d["node"] for d in item["differ"]] == ["a200", "a201"]
+    alone = fleet(300)
+    alone["a000"] = recorded(H100, driver="560.35.03")
+    assert drift.odd_nodes(alone)["odd"][0].startswith("a000: driver 560.35.03 vs 550.90.07")
+
+
+def test_versions_are_ordered_part_by_part_hex_included():
+    assert drift._newer("5.15.0-122-generic", "5.15.0-113-generic")
+    assert not drift._newer("5.15.0-105-generic", "5.15.0-113-generic")
+    assert drift._newer("96.00.99.00.01", "96.00.74.00.0D")  # VBIOS parts are hexadecimal
+    assert drift._newer("96.00.A5.00.01", "96.00.99.00.03")
+    assert drift._newer("560.35.03", "550.90.07") and not drift._newer("550.90.07", "550.90.07")
+    # a node's set with one old VBIOS among new ones is not newer: it is odd
+    assert not drift._newer("96.00.74.00.0D, 96.00.99.00.01", "96.00.99.00.01")
+
+
+def test_nodes_not_yet_updated_are_a_rollouts_old_end():
+    """At 90% of a rollout the nodes still on the old driver are the minority: they are the
+    rollout's old end while the majority's nodes moved to the new driver from it within the
+    look-back, and odd once the majority had it all along (a week later)."""
+    found, before = fleet(100), fleet(100)
+    for i in range(90):
+        found[f"a{i:03d}"] = recorded(H100, driver="560.35.03")
+    found["a095"] = recorded(H100, driver="535.161.08")  # an old driver planted meanwhile
+    out = drift.odd_nodes(found, before=before)
+    (item,) = [i for i in out["items"] if i["what"] == "driver"]
+    assert item["majority"] == "560.35.03"
+    assert item["rolling"] == [{"value": "550.90.07", "nodes": 9, "stage": "old"}]
+    assert out["odd"] == [
+        f"a095: driver 535.161.08 vs 560.35.03 on 90 of 99 peers ({H100})",
+    ]
+    settled = dict(found)  # a week on: every node in the look-back already ran 560.35.03
+    out = drift.odd_nodes(settled, before=settled)
+    assert len(out["odd"]) == 10 and out["odd"][0].startswith("a090: driver 550.90.07")
+    assert drift.odd_nodes(found)["odd"][0].startswith("a090: driver 550.90.07")  # no history

@@ -978,3 +978,39 @@ def test_a_run_without_gpu_facts_keeps_the_node_in_its_hardware_class(tmp_path):
     found = report.recorded_versions(conn, "gpu01", 300.0)
     assert found["model"] == "NVIDIA H100 80GB HBM3" and found["driver"] == "550.90.07"
     assert found["ib_fw"] == "28.39.1002"
+
+
+def test_nodes_a_rollout_has_not_reached_yet_are_not_odd_nodes(tmp_path):
+    """Through the store: 9 of 10 nodes moved from driver 550 to 560 within the week; the one
+    still on 550 is the rollout's old end, not an odd node. Each node's earliest version record
+    in the 7-day look-back says what it ran before."""
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    now = 10 * 86400.0
+
+    def record(node: str, started: float, driver: str) -> None:
+        gpu = {"versions": {"model": ["NVIDIA H100 80GB HBM3"], "driver": driver}}
+        run = {
+            "node": node,
+            "job_id": None,
+            "phase": "healthcheck",
+            "started": started,
+            "duration": 0.04,
+            "verdict": "ok",
+            "tool_version": "x",
+            "sources": json.dumps({"gpu": gpu}),
+        }
+        store.record_run(conn, {"run": run, "results": [], "events": [], "baselines": {}})
+
+    for i in range(10):
+        record(f"gpu{i:02d}", now - 5 * 86400.0, "550.90.07")
+        record(f"gpu{i:02d}", now - 86400.0 + i * 600.0, "560.35.03" if i < 9 else "550.90.07")
+    doc = report.build(conn, now, 86400.0)
+    (item,) = [i for i in doc["drift"]["items"] if i["what"] == "driver"]
+    assert item["majority"] == "560.35.03" and doc["drift"]["odd"] == []
+    assert item["rolling"] == [{"value": "550.90.07", "nodes": 1, "stage": "old"}]
+    # Eight days on, the rollout is out of the look-back: the node left behind is odd.
+    later = now + 8 * 86400.0
+    for i in range(10):
+        record(f"gpu{i:02d}", later - 3600.0, "560.35.03" if i < 9 else "550.90.07")
+    odd = report.build(conn, later, 86400.0)["drift"]["odd"]
+    assert odd == ["gpu09: driver 550.90.07 vs 560.35.03 on 9 of 9 peers (NVIDIA H100 80GB HBM3)"]
