@@ -3,7 +3,8 @@ of the same hardware, with no golden file to maintain.
 
 A node's latest recorded versions (runner: the areas' versions_of) are compared, per hardware
 class (the GPU model), with the class majority: driver, the CUDA version the driver supports,
-kernel, VBIOS, IB firmware, persistence mode, ECC mode, MIG mode, application clocks, IB rate.
+kernel, the host's NCCL, VBIOS, IB firmware, persistence mode, ECC mode, MIG mode, application
+clocks, IB rate.
 A minority value is reported with the majority's value and count:
 `gpu07: driver 535.161.08 vs 550.90.07 on 511 of 512 peers (NVIDIA H100 80GB HBM3)`. A value
 that a large share of the class already runs (`rolling_share`, 20%) is a rolling update in
@@ -28,6 +29,7 @@ ITEMS = (
     ("driver", "driver"),
     ("cuda", "CUDA (driver)"),
     ("kernel", "kernel"),
+    ("nccl", "NCCL (host)"),
     ("vbios", "VBIOS"),
     ("ib_fw", "IB firmware"),
     ("persistence", "persistence mode"),
@@ -39,13 +41,13 @@ ITEMS = (
 ROLLING_SHARE = 0.20  # a value this share of a class runs is a rollout, not an odd node
 ROLLING_NODES = 2  # ... and at least this many nodes run it
 # Items whose values are versions, in order: a newer one on several nodes is a rollout's start.
-ORDERED = frozenset(("driver", "cuda", "kernel", "vbios", "ib_fw"))
+ORDERED = frozenset(("driver", "cuda", "kernel", "nccl", "vbios", "ib_fw"))
 LIST_MAX = 200
 
 
 def versions(sources: object) -> dict:
-    """{"model", "driver", "cuda", "kernel", "vbios", "ib_fw", "persistence", "ecc", "mig",
-    "app_clocks", "ib_rate"} as one cleaned text each, from a run's sources JSON
+    """{"model", "driver", "cuda", "kernel", "nccl", "vbios", "ib_fw", "persistence", "ecc",
+    "mig", "app_clocks", "ib_rate"} as one cleaned text each, from a run's sources JSON
     (runner.Gathered.to_dict: untrusted text)."""
     if not isinstance(sources, dict):
         return {}
@@ -61,6 +63,8 @@ def versions(sources: object) -> dict:
             out[key] = clean(value, 40)
     if isinstance(kmsg.get("kernel"), str) and kmsg["kernel"]:
         out["kernel"] = clean(kmsg["kernel"], 64)
+    if isinstance(kmsg.get("nccl"), str) and kmsg["nccl"]:
+        out["nccl"] = clean(kmsg["nccl"], 32)
     for key, value in (
         ("model", gpu.get("model")),
         ("vbios", gpu.get("vbios")),

@@ -183,3 +183,18 @@ def test_nodes_not_yet_updated_are_a_rollouts_old_end():
     out = drift.odd_nodes(settled, before=settled)
     assert len(out["odd"]) == 10 and out["odd"][0].startswith("a090: driver 550.90.07")
     assert drift.odd_nodes(found)["odd"][0].startswith("a090: driver 550.90.07")  # no history
+
+
+def test_the_hosts_nccl_is_compared_like_the_kernel():
+    """Issue 13: the host's NCCL (the kmsg source's `nccl`) is a version of the class: one node
+    on an older one is odd, two on a newer one are a rollout's start."""
+    sources = {"kmsg": {"versions": {"kernel": "6.1.0-28-amd64", "nccl": "2.21.5"}}}
+    assert drift.versions(sources)["nccl"] == "2.21.5"
+    found = {n: dict(v, nccl="2.21.5") for n, v in fleet().items()}
+    found["a004"] = dict(found["a004"], nccl="2.18.3")
+    found["a005"] = dict(found["a005"], nccl="2.23.4")
+    found["a006"] = dict(found["a006"], nccl="2.23.4")
+    out = drift.odd_nodes(found)
+    assert out["odd"] == [f"a004: NCCL (host) 2.18.3 vs 2.21.5 on 61 of 63 peers ({H100})"]
+    (item,) = [i for i in out["items"] if i["what"] == "NCCL (host)"]
+    assert item["rolling"] == [{"value": "2.23.4", "nodes": 2, "stage": "new"}]

@@ -539,14 +539,16 @@ def parse(raw: object, window_s: float = DEFAULTS["dedup_s"][0]) -> dict:
         "hca": hca,
         "boot_id": clean(boot, 64) if isinstance(boot, str) else None,
         "kernel": clean(raw["kernel"], 64) if isinstance(raw.get("kernel"), str) else None,
+        "nccl": clean(raw["nccl"], 32) if isinstance(raw.get("nccl"), str) else None,
         "window_s": window_s,
     }
 
 
 def versions_of(facts: dict) -> dict:
-    """The version each run records of the kernel log's source (the nightly report's odd node
-    out): the running kernel's release, when the log read was the live one."""
-    return {"kernel": facts["kernel"]} if facts.get("kernel") else {}
+    """The versions each run records of the kernel log's source (the nightly report's odd node
+    out): the running kernel's release and the host's NCCL, when the log read was the live
+    one."""
+    return {key: facts[key] for key in ("kernel", "nccl") if facts.get(key)}
 
 
 def _xid(value: object) -> int | None:

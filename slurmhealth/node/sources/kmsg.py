@@ -333,7 +333,38 @@ def read(path: str = KMSG, after_seq: int | None = None, boot_id: str | None = N
         reason = f"cannot read the kernel log ({exc.strerror or exc})"
         raise OSError(exc.errno, reason, path) from exc
     out = select(entries, path, after_seq, saved_boot=boot_id, boot=boot, epipe=epipe)
-    # The running kernel's release (uname -r), for the odd node out: only when the log read is
-    # this kernel's own (a saved file is some other machine's, some other day's).
+    # The running kernel's release (uname -r) and the host's NCCL, for the odd node out: only
+    # when the log read is this kernel's own (a saved file is some other machine's, some other
+    # day's).
     out["kernel"] = os.uname().release if live else None
+    out["nccl"] = host_nccl() if live else None
     return out
+
+
+# Where a system-wide NCCL is installed: NVIDIA's libnccl2 packages put `libnccl.so.2`, a link to
+# `libnccl.so.2.<minor>.<patch>`, in the distribution's library directory (Debian and Ubuntu
+# multiarch, RHEL lib64); CUDA and HPC-X trees elsewhere. The first found is the host's.
+NCCL_DIRS = (
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib",
+    "/usr/local/lib",
+    "/usr/local/cuda/lib64",
+)
+# A string for re's own cache: compiled only on a node that has the library.
+_NCCL_FILE = r"libnccl\.so\.([0-9]{1,4}\.[0-9]{1,4}\.[0-9]{1,4})"
+
+
+def host_nccl(dirs: tuple = NCCL_DIRS) -> str | None:
+    """The version of the NCCL installed on the host (the file `libnccl.so.2` resolves to), or
+    None: none installed, or a file without its version in its name. No library is loaded; a
+    few stat and readlink calls. Applications that bring their own NCCL (wheels, containers)
+    run that one instead: this is only the host's."""
+    for folder in dirs:
+        path = os.path.join(folder, "libnccl.so.2")
+        if not os.path.lexists(path):
+            continue
+        found = re.fullmatch(_NCCL_FILE, os.path.basename(os.path.realpath(path)), re.A)
+        return found.group(1) if found else None
+    return None

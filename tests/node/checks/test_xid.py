@@ -1238,3 +1238,5 @@ def test_the_live_kernel_release_is_recorded_for_the_odd_node_out(tmp_path):
     facts = xid.parse({"records": [], "kernel": "6.1.0-28-amd64"})
     assert xid.versions_of(facts) == {"kernel": "6.1.0-28-amd64"}
     assert xid.versions_of(xid.parse({"records": []})) == {}
+    facts = xid.parse({"records": [], "kernel": "6.1.0-28-amd64", "nccl": "2.21.5\x1b[0m"})
+    assert xid.versions_of(facts) == {"kernel": "6.1.0-28-amd64", "nccl": "2.21.5?[0m"}

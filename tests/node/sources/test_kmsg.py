@@ -41,8 +41,9 @@ def test_kmsg_file_records_and_shape():
         "missed",
         "after_seq",
         "kernel",
+        "nccl",
     }
-    assert raw["kernel"] is None  # a file: not this kernel's log
+    assert raw["kernel"] is None and raw["nccl"] is None  # a file: not this host's
     assert raw["boot_id"] is None  # a file has no boot id
     assert [r["seq"] for r in raw["records"]] == list(range(27))
     assert raw["records"][0] == {
@@ -594,3 +595,24 @@ def test_multi_line_records_join_in_any_form(records):
     want = [" ".join(["NVRM: " + msg] + [m for m in more if m]) for _, msg, more in records]
     assert [r["msg"] for r in raw["records"]] == want
     json.dumps(raw)
+
+
+def test_host_nccl_is_the_version_libnccl_so_2_resolves_to(tmp_path):
+    """Issue 13: the host's NCCL as NVIDIA's libnccl2 packages install it (`libnccl.so.2` a link
+    to `libnccl.so.2.<minor>.<patch>`), from the first library folder that has it; none, or a
+    file without its version in its name, is None. Nothing is loaded."""
+    first, second, bare = tmp_path / "lib64", tmp_path / "lib", tmp_path / "conda"
+    for folder in (first, second, bare):
+        folder.mkdir()
+    (second / "libnccl.so.2.21.5").write_bytes(b"\x7fELF")
+    (second / "libnccl.so.2").symlink_to("libnccl.so.2.21.5")
+    assert kmsg.host_nccl((str(first), str(second))) == "2.21.5"
+    (first / "libnccl.so.2.18.3").write_bytes(b"\x7fELF")
+    (first / "libnccl.so.2").symlink_to(first / "libnccl.so.2.18.3")
+    assert kmsg.host_nccl((str(first), str(second))) == "2.18.3"
+    (bare / "libnccl.so.2").write_bytes(b"\x7fELF")
+    assert kmsg.host_nccl((str(bare), str(second))) is None
+    (bare / "libnccl.so.2").unlink()
+    (bare / "libnccl.so.2").symlink_to("libnccl.so.2.99.1")  # dangling: the name still says
+    assert kmsg.host_nccl((str(bare),)) == "2.99.1"
+    assert kmsg.host_nccl((str(tmp_path / "none"),)) is None
