@@ -843,19 +843,29 @@ def accounted(conn: sqlite3.Connection, tool: str, end: float) -> None:
 # node-hour in which every run of the node passed, none with a result, an Xid or a counter
 # reading, keeps its first passing health check as a row and counts the others in `run_hours`
 # (how many, their total wall time). Every failure, warning and job run (prolog, epilog) stays a
-# row. What the readers need stays exact: a node's days with a run, and its first passing run
-# after any time (the hour's first passing run is kept, and an hour with anything but passes is
-# not rolled up); run counts add `run_hours` by the hour.
+# row, and so does every health check that recorded the node's versions (its sources hold
+# "versions": node/runner.py records them every 6 h or on a change, by whichever run is due):
+# they are the node's driver and firmware history that the report's configuration drift reads
+# (queries.version_sources), never counted, never removed. What the readers need stays exact:
+# a node's days with a run, its first passing run after any time (the hour's first passing run
+# is kept, and an hour with anything but passes is not rolled up), and its version records;
+# run counts add `run_hours` by the hour (each run is kept or counted, once).
 HOUR = 3600
 DAY = 86400
 # An Xid is recorded by the run that read it from the kernel log, at most this long after it
 # happened (the first health check after a boot reads the boot's backlog).
 EVENT_LAG_S = DAY
 
+# Per node-hour: how many of its passing health checks may be folded (`runs`: none that recorded
+# versions) and their total wall time, how many recorded versions, when its first one started.
+# Whether a run recorded versions is read once per run: the subquery's LIMIT -1 (no limit)
+# keeps SQLite from flattening it into the aggregate, which would test each run twice.
 _ROLL_HOURS = """CREATE TEMP TABLE roll AS
-SELECT node, CAST(started / 3600 AS INTEGER) * 3600 AS hour, count(*) AS runs,
-       sum(duration) AS duration, min(started) AS first
-FROM runs WHERE started >= :lo AND started < :hi AND phase = 'healthcheck'
+SELECT node, hour, sum(plain) AS runs, sum(plain * duration) AS duration,
+       count(*) - sum(plain) AS versions, min(started) AS first
+FROM (SELECT node, CAST(started / 3600 AS INTEGER) * 3600 AS hour, started, duration,
+             NOT instr(sources, '"versions"') AS plain
+      FROM runs WHERE started >= :lo AND started < :hi AND phase = 'healthcheck' LIMIT -1)
 GROUP BY node, hour"""
 # Node-hours with a run that must stay whole: not passing, or with a result, Xid or counter.
 _KEEP = """DELETE FROM temp.roll WHERE (node, hour) IN (
@@ -865,23 +875,37 @@ _KEEP = """DELETE FROM temp.roll WHERE (node, hour) IN (
         OR id IN (SELECT run_id FROM events WHERE time >= :lo - :lag AND time < :hi)
         OR id IN (SELECT run_id FROM counters WHERE time >= :lo - :lag AND time < :hi + 3600)))"""
 _KEPT_RUN = """ALTER TABLE temp.roll ADD COLUMN keep TEXT"""
-_PICK = """UPDATE temp.roll SET keep = (SELECT id FROM runs WHERE runs.node = roll.node
-    AND runs.started = roll.first AND runs.phase = 'healthcheck' ORDER BY id LIMIT 1)"""
+# The hour's first health check stays a row; `runs` and `duration` become what the hour's
+# run_hours gains: the runs that may be folded less that one (unless it recorded versions, so
+# was never among them).
+_PICK = """UPDATE temp.roll SET (keep, runs, duration) = (
+    SELECT runs.id, roll.runs - (NOT instr(runs.sources, '"versions"')), roll.duration
+           - (CASE WHEN instr(runs.sources, '"versions"') THEN 0 ELSE runs.duration END)
+    FROM runs WHERE runs.node = roll.node AND runs.started = roll.first
+    AND runs.phase = 'healthcheck' ORDER BY runs.id LIMIT 1)"""
 _COUNT = """INSERT INTO run_hours (node, hour, phase, runs, duration)
-SELECT r.node, r.hour, 'healthcheck', r.runs - 1,
-       r.duration - (SELECT duration FROM runs WHERE id = r.keep)
-FROM temp.roll r WHERE r.runs > 1
+SELECT node, hour, 'healthcheck', runs, duration FROM temp.roll WHERE runs > 0
 ON CONFLICT (node, hour, phase) DO UPDATE SET runs = runs + excluded.runs,
     duration = duration + excluded.duration"""
+# The runs that recorded versions in the hours to fold (few hours have one: a node's every 6 h).
+# Found here, not by the DELETE: any function in a DELETE of many rows has SQLite keep a
+# statement journal inside the transaction (a function may fail midway), and the DELETE took
+# ~1.4x as long.
+_VERSIONED = """CREATE TEMP TABLE versioned AS
+SELECT u.rowid AS id FROM temp.roll r JOIN runs u ON u.node = r.node
+    AND u.started >= r.hour AND u.started < r.hour + 3600
+WHERE r.versions > 0 AND r.runs > 0 AND u.phase = 'healthcheck'
+    AND instr(u.sources, '"versions"')"""
 _DELETE = """DELETE FROM runs WHERE rowid IN (
     SELECT u.rowid FROM temp.roll r JOIN runs u ON u.node = r.node
     AND u.started >= r.hour AND u.started < r.hour + 3600
-    WHERE r.runs > 1 AND u.phase = 'healthcheck' AND u.id != r.keep)"""
+    WHERE r.runs > 0 AND u.phase = 'healthcheck' AND u.id != r.keep
+    AND u.rowid NOT IN (SELECT id FROM temp.versioned))"""
 # A passing health check imported into an hour already rolled up (an old export imported
 # again, `collect --full`) is one of the runs that hour counts: it goes, unless it is the
-# hour's first (the one kept).
+# hour's first (the one kept) or recorded versions (never counted: it stays).
 _LATE = """DELETE FROM runs WHERE rowid > :rowid AND started < :until AND verdict = 'ok'
-    AND phase = 'healthcheck'
+    AND phase = 'healthcheck' AND NOT instr(sources, '"versions"')
     AND EXISTS (SELECT 1 FROM run_hours h WHERE h.node = runs.node AND h.phase = 'healthcheck'
                 AND h.hour = CAST(runs.started / 3600 AS INTEGER) * 3600)
     AND NOT EXISTS (SELECT 1 FROM results WHERE run_id = runs.id)
@@ -928,14 +952,17 @@ def _rollup(conn: sqlite3.Connection, before: float) -> dict:
 def _rollup_range(conn: sqlite3.Connection, lo: float, hi: float) -> tuple:
     """Roll up [lo, hi) inside the caller's transaction: (runs folded, node-hours)."""
     args = {"lo": lo, "hi": hi, "lag": EVENT_LAG_S}
-    conn.execute("DROP TABLE IF EXISTS temp.roll")
+    for table in ("roll", "versioned"):
+        conn.execute(f"DROP TABLE IF EXISTS temp.{table}")
     try:
         conn.execute(_ROLL_HOURS, args)
         conn.execute(_KEEP, args)
         conn.execute(_KEPT_RUN)
         conn.execute(_PICK)
         hours = conn.execute(_COUNT).rowcount
+        conn.execute(_VERSIONED)
         folded = conn.execute(_DELETE).rowcount
     finally:
-        conn.execute("DROP TABLE IF EXISTS temp.roll")
+        for table in ("roll", "versioned"):
+            conn.execute(f"DROP TABLE IF EXISTS temp.{table}")
     return folded, hours

@@ -1310,6 +1310,64 @@ def test_runs_imported_again_into_rolled_up_hours_are_not_counted_twice(tmp_path
     assert dict(queries.verdict_counts(conn, start, end)) == totals
 
 
+def versions_text(driver: str) -> str:
+    """A run's sources as runner.Gathered.to_dict writes them when the run recorded versions."""
+    gpu = {"status": "ok", "message": "", "seconds": 0.01, "versions": {"driver": driver}}
+    return json.dumps({"gpu": gpu, "kmsg": {"status": "ok", "message": "", "seconds": 0.001}})
+
+
+def add_sourced_run(conn: sqlite3.Connection, run_id: str, started: float, sources: str) -> None:
+    duration = round(0.05 + (started % 3600) / 1e5, 4)  # each run its own wall time
+    row = (run_id, "gpu01", None, "healthcheck", started, duration, "ok", "v", sources)
+    conn.execute(store.insert_sql("runs"), row)
+
+
+def test_a_rollup_keeps_every_run_that_recorded_versions_and_counts_the_others_once(tmp_path):
+    from slurmhealth.fleet import queries
+
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    hour = (T0 - 3 * DAY) // 3600 * 3600
+    # Two hours of passing health checks every 5 minutes. Versions are recorded by whichever
+    # run is due (node/runner.py): mid-hour in the first (a driver change, then a second
+    # change), by the hour's first run in the second.
+    versioned = {"hc4": "550.90.07", "hc9": "550.127.05", "hc12": "550.127.05"}
+    sources = {f"hc{slot}": "{}" for slot in range(24)}
+    sources.update({run_id: versions_text(driver) for run_id, driver in versioned.items()})
+    for slot in range(24):
+        add_sourced_run(conn, f"hc{slot}", hour + slot * 300, sources[f"hc{slot}"])
+    old = export_text(conn)
+    durations = dict(conn.execute("SELECT id, duration FROM runs"))
+
+    done = sync.rollup(conn, T0 - 2 * DAY)
+    # The first hour keeps its first run and its two version records; the second's first run
+    # is its version record: all eleven others are folded.
+    assert done == {"runs": 9 + 11, "hours": 2}
+    kept = {"hc0", *versioned}
+    assert run_ids(conn) == kept
+    for run_id in versioned:
+        row = conn.execute("SELECT sources FROM runs WHERE id = ?", (run_id,)).fetchone()
+        assert row == (sources[run_id],)
+    found = queries.version_sources(conn, "gpu01", hour, hour + 2 * 3600).fetchall()
+    assert found == [(sources["hc12"],), (sources["hc9"],), (sources["hc4"],)]
+    rolled = conn.execute("SELECT sum(runs), sum(duration) FROM run_hours").fetchone()
+    assert rolled[0] + len(run_ids(conn)) == 24  # every run kept whole or counted, once
+    assert rolled[1] == pytest.approx(sum(d for i, d in durations.items() if i not in kept))
+    assert dict(queries.verdict_counts(conn, hour, hour + 2 * 3600)) == {"ok": 24}
+
+    # Late: the old export merged again (its folded runs come back) and a version record that
+    # reached the fleet store only now (its node's file was late), mid-hour in a rolled hour.
+    sync.import_ndjson(conn, old.splitlines(keepends=True))
+    late = versions_text("550.127.08")
+    add_sourced_run(conn, "hc7-late", hour + 7 * 300 + 30, late)
+    assert sync.rollup(conn, T0 - 2 * DAY) == {"runs": 0, "hours": 0, "late": 20}
+    assert run_ids(conn) == {*kept, "hc7-late"}
+    row = conn.execute("SELECT sources FROM runs WHERE id = 'hc7-late'").fetchone()
+    assert row == (late,)
+    rolled = conn.execute("SELECT sum(runs) FROM run_hours").fetchone()[0]
+    assert rolled + len(run_ids(conn)) == 24 + 1
+    assert dict(queries.verdict_counts(conn, hour, hour + 2 * 3600)) == {"ok": 25}
+
+
 def test_the_collect_cli_consumes_the_spool_and_rolls_up(tmp_path):
     spool = tmp_path / "spool"
     spool.mkdir()
