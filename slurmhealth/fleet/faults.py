@@ -172,21 +172,38 @@ def shared(by_node: dict, span: float, window: float, p_cut: float, least: int) 
     return out
 
 
-def count(by_node: dict, span: float, params: dict) -> dict:
+def count(by_node: dict, span: float, params: dict, starts: dict | None = None) -> dict:
     """{node: (faults, {kind: faults it showed in}, shared faults)} with the shared faults
-    (an incident) left out; faults is a weighted count (a share of a NODE_FAIL counts 1 / n)."""
+    (an incident) left out; faults is a weighted count (a share of a NODE_FAIL counts 1 / n).
+    `starts`, when given, receives {node: [start of each whole fault not shared]}."""
     common = shared(
         by_node, span, params["shared_window_s"], params["shared_p"], params["shared_min_nodes"]
     )
     out = {}
     for node, eps in by_node.items():
         total, kinds, left_out = 0.0, {}, 0
+        whole = []
         for start, weight, seen in eps:
             if weight >= 1.0 and (node, start) in common:
                 left_out += 1
                 continue
+            if weight >= 1.0:
+                whole.append(start)
             total += weight
             for kind in seen:
                 kinds[kind] = kinds.get(kind, 0) + 1
         out[node] = (total, kinds, left_out)
+        if starts is not None:
+            starts[node] = whole
     return out
+
+
+def most_within(starts: list, window: float) -> int:
+    """The most of these fault starts (time order) that lie within `window` seconds of the
+    first of them: the node's worst day, for a window of a day."""
+    most, lo = 0, 0
+    for hi, t in enumerate(starts):
+        while t - starts[lo] > window:
+            lo += 1
+        most = max(most, hi - lo + 1)
+    return most

@@ -60,6 +60,12 @@ DEFAULT_PARAMS = {
     # The share of alpha that the fault count alone may use: on a fleet where only faults tell
     # lemons apart, the test is the plain per-node Poisson test at 0.8 alpha.
     "primary_share": 0.8,
+    # The share of alpha for the node's worst day: the most faults starting within
+    # scan_window_s of each other, against the fleet's rate (a scan statistic). Three faults in
+    # one day are rarer than four in a month, and a lemon that fails in bursts shows them.
+    # Fisher's combination gets what the two leave (0.1).
+    "scan_share": 0.1,
+    "scan_window_s": 86400.0,
     # Never a lemon with fewer distinct faults than this (a NODE_FAIL share counts 1 / nodes).
     "min_faults": 2,
     # The lowest pooled rate assumed, per unit of exposure: a small or clean fleet's pool of 0
@@ -243,11 +249,26 @@ def _exposure(sig: dict, unit: str, count: float) -> float:
     return max(sig.get(unit, 0), count)
 
 
-def _counted(signals: dict, nodes: list, key: str, p: dict) -> dict:
-    """{node: (count, kinds, shared)} of the node's fault or warning episodes."""
+def _counted(signals: dict, nodes: list, key: str, p: dict, starts: dict | None = None) -> dict:
+    """{node: (count, kinds, shared)} of the node's fault or warning episodes; `starts`
+    receives each node's whole faults' starts (faults.count)."""
     by_node = {n: faultlib.episodes(signals[n].get(key, ()), p["fault_gap_s"]) for n in nodes}
     span = max(signals[n].get("node_days", 0) for n in nodes) * DAY
-    return faultlib.count(by_node, max(span, DAY), p)
+    return faultlib.count(by_node, max(span, DAY), p, starts)
+
+
+def ln_scan(most: int, expected: float, days: float, window_days: float, phi: float) -> float:
+    """ln of a bound on P(some `window_days` span of the node's `days` holds `most` or more
+    faults) at the node's expected faults: each fault starts such a span with the next
+    most - 1 after it with probability P(Poisson(rate x window) >= most - 1) (the rest of a
+    Poisson process seen from one of its points is a Poisson process), so the expected number
+    of such starts, rate x days x that, bounds the probability (Markov). Over-dispersion
+    divides counts and means as in the count test. 0 (p = 1) below 3 faults."""
+    if most < 3 or expected <= 0 or days <= 0:
+        return 0.0
+    rate = expected / days
+    ln_p = math.log(rate * days / phi) + ln_poisson_sf((most - 1) / phi, rate * window_days / phi)
+    return min(0.0, ln_p)
 
 
 def _fit(counts: list, exposure: list, name: str, ln_cut: float, p: dict) -> tuple:
@@ -267,35 +288,44 @@ def _phrase(name: str, test: dict, kinds: bool) -> str:
     return f"{count:g} {_NAMES[name]} in {exposure:g} days vs {expected:.2g} expected"
 
 
-def _reason(tests: dict, ln_tests: dict) -> str:
+def _reason(tests: dict, ln_tests: dict, day: tuple) -> str:
     """The faults first (with the kinds of evidence they showed, room permitting), then the
-    strongest other evidence when it is stronger still; one line."""
+    worst day or the strongest other evidence when it is stronger still; one line. day: (most
+    faults within the scan window, its ln p, the window in hours)."""
     weak = math.log(0.5)
     parts = ["faults"] if tests["faults"]["count"] and ln_tests["faults"] < weak else []
     others = sorted((n for n in ln_tests if n != "faults"), key=lambda n: ln_tests[n])
-    if others and ln_tests[others[0]] < min(weak, ln_tests["faults"]):
+    if day[1] < min(weak, ln_tests["faults"]) and (not others or day[1] <= ln_tests[others[0]]):
+        parts.append("day")
+    elif others and ln_tests[others[0]] < min(weak, ln_tests["faults"]):
         parts.append(others[0])
     if not parts:
         return "no excess over the fleet"
-    line = "; ".join(_phrase(n, tests[n], kinds=True) for n in parts)
+    said = {
+        "day": f"{day[0]} {'of them' if parts[0] == 'faults' else 'faults'} within {day[2]:g} h"
+    }
+    line = "; ".join(said.get(n) or _phrase(n, tests[n], kinds=True) for n in parts)
     if len(line) > REASON_MAX:
-        line = "; ".join(_phrase(n, tests[n], kinds=False) for n in parts)
+        line = "; ".join(said.get(n) or _phrase(n, tests[n], kinds=False) for n in parts)
     return line[:REASON_MAX]
 
 
-def _combined(ln_tests: dict, used: list, p: dict) -> float:
-    """ln p of the node: the faults test at primary_share of the budget, or Fisher's
-    combination of every test with data in this fleet at the rest."""
-    ln_primary = ln_tests["faults"]
-    if len(used) < 2 or p["primary_share"] >= 1:
-        return ln_primary
-    statistic = -2 * sum(ln_tests[name] for name in used)
-    ln_fisher = ln_chi2_sf_even(statistic, 2 * len(used))
-    return min(
-        0.0,
-        ln_primary - math.log(p["primary_share"]),
-        ln_fisher - math.log(1 - p["primary_share"]),
-    )
+def _combined(ln_tests: dict, used: list, p: dict, ln_day: float) -> float:
+    """ln p of the node: the faults test at primary_share of the budget, the worst day at
+    scan_share, or Fisher's combination of every test with data in this fleet at the rest
+    (without such tests, the faults test takes the rest too)."""
+    scan = p["scan_share"]
+    fisher = 1 - p["primary_share"] - scan
+    options = [0.0]
+    if len(used) < 2 or fisher <= 0:
+        options.append(ln_tests["faults"] - math.log(max(1 - scan, 1e-12)))
+    else:
+        statistic = -2 * sum(ln_tests[name] for name in used)
+        options.append(ln_tests["faults"] - math.log(p["primary_share"]))
+        options.append(ln_chi2_sf_even(statistic, 2 * len(used)) - math.log(fisher))
+    if scan > 0:
+        options.append(ln_day - math.log(scan))
+    return min(options)
 
 
 def score(signals: dict, params: dict | None = None) -> list:
@@ -311,7 +341,11 @@ def score(signals: dict, params: dict | None = None) -> list:
     if not nodes:
         return []
     ln_cut = math.log(p["alpha"] / len(nodes))
-    episodes = {key: _counted(signals, nodes, key, p) for key in ("faults", "warnings")}
+    starts: dict = {}
+    episodes = {
+        "faults": _counted(signals, nodes, "faults", p, starts),
+        "warnings": _counted(signals, nodes, "warnings", p),
+    }
     fits, used = {}, []
     for name in TESTED:
         if name in episodes:
@@ -336,13 +370,19 @@ def score(signals: dict, params: dict | None = None) -> list:
         }
         tests["faults"]["kinds"] = episodes["faults"][node][1]
         ln_tests = {name: fits[name][4][i] for name in used}
-        ln_p = _combined(ln_tests, used, p)
+        day = faultlib.most_within(starts[node], p["scan_window_s"])
+        faults_fit = fits["faults"]
+        ln_day = ln_scan(
+            day, faults_fit[2][i], faults_fit[1][i], p["scan_window_s"] / DAY, faults_fit[3]
+        )
+        ln_p = _combined(ln_tests, used, p, ln_day)
         count = episodes["faults"][node][0]
         evidence = {
             name: {"count": round(t["count"], 3), "expected": round(t["expected"], 4)}
             for name, t in tests.items()
         }
         evidence["faults"]["shared"] = episodes["faults"][node][2]
+        evidence["faults"]["worst_day"] = day
         for name, (counts, expected) in shown.items():
             evidence[name] = {"count": counts[i], "expected": round(expected[i], 4)}
         out.append(
@@ -353,7 +393,7 @@ def score(signals: dict, params: dict | None = None) -> list:
                 "p_value": math.exp(ln_p),
                 "faults": round(count, 3),
                 "evidence": evidence,
-                "reason": _reason(tests, ln_tests),
+                "reason": _reason(tests, ln_tests, (day, ln_day, p["scan_window_s"] / 3600)),
             }
         )
     out.sort(key=lambda r: (-r["score"], r["node"]))

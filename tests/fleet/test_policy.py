@@ -258,3 +258,50 @@ def test_fisher_tail():
     assert math.exp(policy.ln_chi2_sf_even(-2 * math.log(0.05), 2)) == pytest.approx(0.05)
     # Two p-values of 0.1: P(chi2_4 >= 9.21) = 0.0561
     assert math.exp(policy.ln_chi2_sf_even(-4 * math.log(0.1), 4)) == pytest.approx(0.0561, 1e-3)
+
+
+def test_three_faults_in_one_day_make_a_lemon_that_three_in_a_month_do_not():
+    """The worst day (a scan statistic): three separate faults within 24 h are rarer at the
+    fleet's rate than four in a month; spread over the month, three are not enough."""
+    signals = fleet(seed=5)
+    burst = [10 * DAY, 10 * DAY + 6 * HOUR, 10 * DAY + 15 * HOUR]
+    signals["gpu0007"] = dict(
+        signals["gpu0007"], faults=sorted(i for t in burst for i in fault(t, checks=6))
+    )
+    spread = [3 * DAY, 12 * DAY, 21 * DAY]
+    signals["gpu0008"] = dict(
+        signals["gpu0008"], faults=sorted(i for t in spread for i in fault(t, checks=6))
+    )
+    results = {r["node"]: r for r in policy.score(signals)}
+    hit, miss = results["gpu0007"], results["gpu0008"]
+    assert hit["lemon"] and hit["evidence"]["faults"]["worst_day"] == 3
+    assert (
+        hit["reason"].startswith("3 faults in 28 days") and "3 of them within 24 h" in hit["reason"]
+    )
+    assert not miss["lemon"] and miss["evidence"]["faults"]["worst_day"] == 1
+    # without the worst-day test's share, the same three faults are no lemon
+    alone = {r["node"]: r for r in policy.score(signals, {"scan_share": 0.0})}
+    assert not alone["gpu0007"]["lemon"]
+
+
+def test_worst_day_bound_against_a_simulated_healthy_fleet():
+    """The bound ln_scan gives is at least the chance a healthy node has such a day: 20,000
+    Poisson months at 0.1 faults a day, the share with 3 or more within a day against it."""
+    rng = random.Random(3)
+    rate, days, hits = 0.1, 28.0, 0
+    for _ in range(20_000):
+        t, starts = 0.0, []
+        while True:
+            t += rng.expovariate(rate)
+            if t > days:
+                break
+            starts.append(t * DAY)
+        hits += policy.faultlib.most_within(starts, DAY) >= 3
+    bound = math.exp(policy.ln_scan(3, rate * days, days, 1.0, 1.0))
+    assert hits / 20_000 <= bound
+    assert policy.ln_scan(2, rate * days, days, 1.0, 1.0) == 0.0  # two are never tested
+
+
+def test_most_within_counts_a_sliding_window():
+    assert policy.faultlib.most_within([], DAY) == 0
+    assert policy.faultlib.most_within([0.0, 10.0, DAY, DAY + 11.0, 3 * DAY], DAY) == 3
