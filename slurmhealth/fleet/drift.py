@@ -21,6 +21,7 @@ whatever its share, a rollout's either end:
 from __future__ import annotations
 
 import re
+from typing import Callable
 
 from slurmhealth.core.result import clean
 
@@ -89,10 +90,14 @@ def _text(value: object) -> str:
 
 
 def odd_nodes(
-    found: dict, rolling_share: float = ROLLING_SHARE, before: dict | None = None
+    found: dict,
+    rolling_share: float = ROLLING_SHARE,
+    before: dict | Callable[[str], dict | None] | None = None,
 ) -> dict:
-    """found: {node: versions() or None}; before: {node: versions() or None}, each node's
-    earliest recorded versions in the look-back (what the class ran before a rollout). Returns
+    """found: {node: versions() or None}; before: each node's earliest recorded versions in the
+    look-back (what the class ran before a rollout), as {node: versions() or None} or a
+    function of the node, called once per node and only for items on which the class
+    disagrees (a unanimous fleet costs no read). Returns
     {"items": [{class, what, majority, nodes, agree, differ: [{node, value}], differ_count,
     rolling: [{value, nodes, stage}]}], "odd": [one line per odd node and value], "unknown",
     "unknown_nodes"}; a rollout's stage is "new" (the value it moves to) or "old" (the nodes
@@ -101,7 +106,7 @@ def odd_nodes(
     for node, got in found.items():
         if got:
             classes.setdefault(got.get("model", ""), {})[node] = got
-    earlier = before or {}
+    earlier = _memo(before)
     items, odd = [], []
     for model in sorted(classes):
         members = classes[model]
@@ -121,8 +126,28 @@ def odd_nodes(
     }
 
 
+def _memo(before: object) -> Callable[[str], dict]:
+    if before is None:
+        return lambda _node: {}
+    if isinstance(before, dict):
+        return lambda node: before.get(node) or {}
+    seen: dict = {}
+
+    def read(node: str) -> dict:
+        if node not in seen:
+            seen[node] = before(node) or {}  # type: ignore[operator]
+        return seen[node]
+
+    return read
+
+
 def _item(
-    members: dict, key: str, label: str, model: str, rolling_share: float, before: dict
+    members: dict,
+    key: str,
+    label: str,
+    model: str,
+    rolling_share: float,
+    before: Callable[[str], dict],
 ) -> dict | None:
     values = {node: v[key] for node, v in members.items() if key in v}
     if not values:
@@ -134,7 +159,7 @@ def _item(
     # A rollout is a value several nodes already run: in a class of five or fewer, one node is
     # 20% of it, and one node alone is an odd node, never a rollout.
     share = max(ROLLING_NODES, rolling_share * len(values))
-    old = _left_behind(values, majority, key, before)
+    old = _left_behind(values, majority, key, before) if len(tally) > 1 else None
     stages = {}
     for v, count in tally.items():
         if v == majority:
@@ -161,7 +186,9 @@ def _item(
     }
 
 
-def _left_behind(values: dict, majority: str, key: str, before: dict) -> str | None:
+def _left_behind(
+    values: dict, majority: str, key: str, before: Callable[[str], dict]
+) -> str | None:
     """The value the class ran before a rollout to `majority`, when most of the nodes now on
     the majority (of those whose earlier versions are known) moved to it from that value within
     the look-back; else None."""
@@ -169,7 +196,7 @@ def _left_behind(values: dict, majority: str, key: str, before: dict) -> str | N
     for node, value in values.items():
         if value != majority:
             continue
-        earlier = (before.get(node) or {}).get(key)
+        earlier = before(node).get(key)
         if earlier is not None:
             came_from[earlier] = came_from.get(earlier, 0) + 1
     known = sum(came_from.values())

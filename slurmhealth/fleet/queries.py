@@ -506,37 +506,52 @@ def counter_rows(conn: sqlite3.Connection, start: float, end: float) -> list:
     ).fetchall()
 
 
-def node_models(conn: sqlite3.Connection, nodes: list, end: float, lookback: float) -> dict:
+def node_models(
+    conn: sqlite3.Connection, nodes: list, end: float, lookback: float, known: dict | None = None
+) -> dict:
     """{node: GPU model} from each node's newest run in [end - lookback, end) that recorded its
-    versions ("" when none did): the hardware class peers are compared in."""
+    versions ("" when none did): the hardware class peers are compared in. known: {node:
+    model} already read (the report's drift section), taken as they are."""
     out = {}
     for node in nodes:
+        if known and node in known:
+            out[node] = known[node]
+            continue
         out[node] = ""
-        for (text,) in version_sources(conn, node, end - lookback, end):
+        # The newest run with a GPU model, as the report reads it: a run whose GPU source failed
+        # recorded none, and the run before it says (at most MODEL_RUNS back).
+        rows = version_sources(conn, node, end - lookback, end)
+        for count, (text,) in enumerate(rows):
             try:
                 found = drift.versions(json.loads(text))
             except (ValueError, RecursionError):
                 continue
-            if found:
+            if found.get("model") or count + 1 >= MODEL_RUNS:
                 out[node] = str(found.get("model") or "")
                 break
     return out
 
 
+MODEL_RUNS = 20  # as the report's recorded_versions (VERSIONS_MERGE)
+
+
 MODEL_LOOKBACK = 2 * DAY  # versions are recorded at least every 6 h (node/runner.py)
 
 
-def rising_counters(conn: sqlite3.Connection, now: float, **limits: object) -> tuple:
+def rising_counters(
+    conn: sqlite3.Connection, now: float, models: dict | None = None, **limits: object
+) -> tuple:
     """(findings of trends.rising as of `now`, nodes compared): the rows of the longest window
-    and the 7 days before it, and the GPU model of every node that ran in the last two days."""
+    and the 7 days before it, and the GPU model of every node that ran in the last two days
+    (models: {node: model} already known, not read again)."""
     from slurmhealth.fleet import trends  # noqa: PLC0415
 
     windows = limits.get("windows") or trends.WINDOWS
     baseline = float(limits.get("baseline") or trends.BASELINE)  # type: ignore[arg-type]
     rows = counter_rows(conn, now - max(windows) - baseline, now)  # type: ignore[arg-type]
     nodes = set(nodes_with_runs(conn, now - MODEL_LOOKBACK, now)) | {r[0] for r in rows}
-    models = node_models(conn, sorted(nodes), now, MODEL_LOOKBACK)
-    return trends.rising(rows, models, now, **limits), len(nodes)  # type: ignore[arg-type]
+    found = node_models(conn, sorted(nodes), now, MODEL_LOOKBACK, models)
+    return trends.rising(rows, found, now, **limits), len(nodes)  # type: ignore[arg-type]
 
 
 # --- per-job GPU telemetry (fleet/telemetry.py) --------------------------------------------------

@@ -496,8 +496,9 @@ def recorded_versions(
     return merged or None
 
 
-# Runs read back for keys the newest run lacks (recorded_versions).
-VERSIONS_MERGE = 20
+# Runs read back for keys the newest run lacks (recorded_versions); the trends' GPU models read
+# as far (queries.node_models).
+VERSIONS_MERGE = queries.MODEL_RUNS
 
 
 # --- the report ------------------------------------------------------------------------------
@@ -581,13 +582,13 @@ def _build(
     doc["trend"] = trend(failures, w_start, node_days, days, shared)
     doc["rate"] = rate(failures, node_days, shared)
     tick(1)
+    found = {n: recorded_versions(conn, n, now) for n in nodes}
     doc["drift"] = drift_of.odd_nodes(
-        {n: recorded_versions(conn, n, now) for n in nodes},
-        before={n: recorded_versions(conn, n, now, ROLLOUT_LOOKBACK, True) for n in nodes},
+        found, before=lambda n: recorded_versions(conn, n, now, ROLLOUT_LOOKBACK, True)
     )
     doc["diagnosed"] = diagnosed(conn, start, now)
     doc["slow"] = slow_nodes(conn, now)
-    doc["rising"] = rising_counters(conn, now)
+    doc["rising"] = rising_counters(conn, now, found)
     tick(1)
     doc["cost"] = own_cost(conn, start, now)
     tick(1)
@@ -689,10 +690,12 @@ _RISING_NUMBERS = (
 )
 
 
-def rising_counters(conn: sqlite3.Connection, now: float) -> dict:
+def rising_counters(conn: sqlite3.Connection, now: float, versions: dict | None = None) -> dict:
     """The devices whose error counters are rising as of `now` (trends.rising at its defaults,
-    as `slurmhealth trends`), strongest first; the first LIST_MAX."""
-    found, nodes = queries.rising_counters(conn, now)
+    as `slurmhealth trends`), strongest first; the first LIST_MAX. versions: {node:
+    recorded_versions} already read, whose GPU models are not read again."""
+    known = {n: str(v.get("model") or "") for n, v in (versions or {}).items() if v}
+    found, nodes = queries.rising_counters(conn, now, models=known)
     listed = [
         {
             "node": clean(f["node"], 64),
