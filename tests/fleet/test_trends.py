@@ -160,3 +160,31 @@ def test_a_rising_counter_is_a_lemon_warning_at_its_newest_episode(tmp_path):
     assert got["gpu03"]["warnings"] == [(rows[-1][3], "warn", 1.0, None)]
     before = signals.signals(conn, NOW - 28 * 86400, NOW - 2 * 86400)
     assert before.get("gpu03", {}).get("warnings", []) == []
+
+
+def test_a_nodes_class_comes_from_the_run_before_one_whose_gpu_source_failed(tmp_path):
+    """The peers a node's counters are compared with are its GPU model's: a newest run that
+    recorded versions without GPU facts (NVML did not answer once) leaves the node in its class,
+    read from the run before, as the report's drift section reads it; a model the caller
+    already knows is taken as it is."""
+    from slurmhealth.fleet import queries
+
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    gpu = {"versions": {"model": ["NVIDIA H100 80GB HBM3"], "driver": "550.90.07"}}
+    ib = {"versions": {"fw_ver": {"mlx5_0": "28.39.1002"}}}
+    for started, sources in ((100.0, {"gpu": gpu, "ib": ib}), (200.0, {"ib": ib})):
+        run = {
+            "node": "gpu01",
+            "job_id": None,
+            "phase": "healthcheck",
+            "started": started,
+            "duration": 0.04,
+            "verdict": "ok",
+            "tool_version": "x",
+            "sources": json.dumps(sources),
+        }
+        store.record_run(conn, {"run": run, "results": [], "events": [], "baselines": {}})
+    models = queries.node_models(conn, ["gpu01", "gpu02"], 300.0, 1000.0)
+    assert models == {"gpu01": "NVIDIA H100 80GB HBM3", "gpu02": ""}
+    known = queries.node_models(conn, ["gpu01"], 300.0, 1000.0, {"gpu01": "NVIDIA H200"})
+    assert known == {"gpu01": "NVIDIA H200"}
