@@ -83,6 +83,13 @@ def versions(sources: object) -> dict:
     return out
 
 
+def gpu_answered(sources: object) -> bool:
+    """The run's GPU source answered (status ok): its GPU facts are the node's, model or not,
+    and the node's older runs have nothing to add to them."""
+    gpu = sources.get("gpu") if isinstance(sources, dict) else None
+    return isinstance(gpu, dict) and gpu.get("status") == "ok"
+
+
 def _text(value: object) -> str:
     if isinstance(value, float) and value.is_integer():
         return str(int(value))

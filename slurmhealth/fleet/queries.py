@@ -523,10 +523,11 @@ def node_models(
         rows = version_sources(conn, node, end - lookback, end)
         for count, (text,) in enumerate(rows):
             try:
-                found = drift.versions(json.loads(text))
+                sources = json.loads(text)
+                found = drift.versions(sources)
             except (ValueError, RecursionError):
                 continue
-            if found.get("model") or count + 1 >= MODEL_RUNS:
+            if found.get("model") or drift.gpu_answered(sources) or count + 1 >= MODEL_RUNS:
                 out[node] = str(found.get("model") or "")
                 break
     return out

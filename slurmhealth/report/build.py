@@ -491,7 +491,7 @@ def recorded_versions(
             continue
         for key, value in drift_of.versions(sources).items():
             merged.setdefault(key, value)
-        if merged.get("model") or count + 1 >= VERSIONS_MERGE:
+        if merged.get("model") or drift_of.gpu_answered(sources) or count + 1 >= VERSIONS_MERGE:
             break
     return merged or None
 
