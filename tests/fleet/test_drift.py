@@ -198,3 +198,10 @@ def test_the_hosts_nccl_is_compared_like_the_kernel():
     assert out["odd"] == [f"a004: NCCL (host) 2.18.3 vs 2.21.5 on 61 of 63 peers ({H100})"]
     (item,) = [i for i in out["items"] if i["what"] == "NCCL (host)"]
     assert item["rolling"] == [{"value": "2.23.4", "nodes": 2, "stage": "new"}]
+
+
+def test_a_run_whose_gpu_source_answered_needs_no_older_run():
+    assert drift.gpu_answered({"gpu": {"status": "ok", "versions": {"driver": "550.90.07"}}})
+    assert not drift.gpu_answered({"gpu": {"status": "timeout"}, "ib": {"status": "ok"}})
+    assert not drift.gpu_answered({"ib": {"status": "ok"}})
+    assert not drift.gpu_answered(["not", "a", "dict"])
