@@ -72,8 +72,9 @@ DEFAULTS = {
     "repeat_days": (
         7,
         int,
-        "the same fatal Xid on the same GPU (74: same link) again within N days: service, "
-        "the reset or reboot did not mend it (Xid catalogue: then CONTACT_SUPPORT)",
+        "the same fatal Xid on the same GPU (74: same link, any link for the register bits "
+        "NVIDIA's NVSentinel reads per GPU) again within N days: service, the reset or reboot "
+        "did not mend it (Xid catalogue: then CONTACT_SUPPORT)",
     ),
     "burst_max": (
         3,
@@ -118,10 +119,9 @@ XIDS = {
     64: ("INFOROM_DRAM_RETIREMENT_FAILURE", FAIL, SERVICE),
     68: ("NVDEC0_ERROR", APP, NONE),
     69: ("GR_CLASS_ERROR", WARN, NONE),
-    # The line names the link and prints the link's error registers, e.g. `NVLink: fatal error
-    # detected on link 14(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)`. NVIDIA publishes no meaning
-    # for those words' bits, so they are kept (detail: link, words) and not decoded; the class
-    # stays the catalogue's RESET_GPU.
+    # The line names the link and prints the link's seven error registers, e.g. `NVLink: fatal
+    # error detected on link 14(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)`: the catalogue's
+    # RESET_GPU, refined by the register bit where one alone is set (NVLINK_BITS below).
     74: ("NVLINK_ERROR", FAIL, RESET_GPU),
     # Unreachable over PCIe: a GPU reset cannot reach it; reboot (catalog RESTART_BM).
     79: ("GPU_HAS_FALLEN_OFF_THE_BUS", FAIL, REBOOT),
@@ -214,6 +214,37 @@ _RECOVERY_WORDS = {
     "drain p2p": 3,
     "drain and reset": 4,
 }
+
+# Xid 74's registers (the seven words, REG0-REG6 in printed order) where exactly one bit of
+# them is set, as NVIDIA's own NVSentinel reads them (NVIDIA/NVSentinel, health-events-analyzer
+# rules XID74Reg*: each matches one register with one bit and all others 0). (register, bit) ->
+# (what it is, when the node needs service rather than a reset):
+#   "now": at once, unless another fatal Xid on the same GPU in the same read explains it
+#     (NVSentinel's "no other active errors"; REG2 bit 13 has no such condition there, and none
+#     here either: it is checked like the others, conservatively);
+#   "link": when it repeats on the same link; "gpu": when it repeats on the same GPU, any
+#     link (this check's repeat rule, repeat_days, in place of NVSentinel's 24 h);
+#   None: never on its own (NVSentinel's action NONE: field diagnostics if jobs fail).
+# Any other pattern (several bits, a bit not listed, not seven words) keeps the catalogue's
+# RESET_GPU, with the repeat rule on the same link.
+_UNEXPECTED = "unexpected NVLink error, report it to NVIDIA"
+NVLINK_BITS = {
+    **{(0, b): (_UNEXPECTED, "now") for b in (1, 20)},
+    **{(0, b): ("ECC/parity error", "link") for b in (4, 5)},
+    **{(0, b): ("NVLink hardware error", "gpu") for b in (8, 9, 12, 16, 17, 24, 28)},
+    **{
+        (0, b): ("marginal signal integrity, check the link's connections", "now") for b in (21, 22)
+    },
+    **{(0, b): (_UNEXPECTED, "gpu") for b in (27, 29)},
+    **{(2, b): ("ECC/parity error", "link") for b in (0, 1, 2, 6)},
+    (2, 13): (_UNEXPECTED, "now"),
+    **{(2, b): ("field diagnostics if it repeats", "gpu") for b in (16, 17, 18, 19)},
+    **{(3, b): (_UNEXPECTED, "now") for b in (16, 17)},
+    (3, 18): ("the NVLink fabric needs a reset", "now"),
+    **{(4, b): ("ECC/parity error", "link") for b in (18, 19, 21, 22, 24, 25, 27, 28)},
+    **{(4, b): ("ECC error, field diagnostics if jobs fail", None) for b in (20, 23, 26, 29)},
+}
+NVLINK_REGISTERS = 7
 
 NAME_MAX = 64  # a comm is 15 bytes, but the kernel escapes each odd byte as 4 chars (\xNN)
 TEXT_MAX = 160
@@ -316,7 +347,8 @@ def line_detail(xid: int, text: str) -> dict | None:
     """What the driver's line says about its own severity, as plain data, or None:
     Xid 154 {"recovery": n} (nvmlDeviceGpuRecoveryAction_t); Xid 94/95 {"contained",
     "rst", "d_rst"} (True/False, None when the line has no such field); Xid 74 {"link",
-    "words"} (the link's error registers as printed, not decoded); Xid 13 {"gpc", "tpc"} where
+    "words"} (the link's error registers as printed), with {"register", "bit", "kind", "when"}
+    where one bit alone is set and NVLINK_BITS names it; Xid 13 {"gpc", "tpc"} where
     the exception names its unit; any Xid whose text reports a row-remap failure
     {"remap_failure": True}. Cheap: only these Xids run a regex."""
     detail: dict = {}
@@ -338,13 +370,30 @@ def line_detail(xid: int, text: str) -> dict | None:
         found = re.search(_LINK_WORDS, text, re.A | re.I)
         if found:
             words = [w.strip() for w in found.group(2).split(",")]
-            detail = {"link": int(found.group(1)), "words": words}
+            detail = {"link": int(found.group(1)), "words": words, **_nvlink_bit(words)}
         else:
             found = re.search(_LINK, text, re.A | re.I)
             detail = {"link": int(found.group(1)), "words": []} if found else {}
     if "emap" in text and re.search(_REMAP_FAILED, text, re.A | re.I):
         detail["remap_failure"] = True
     return detail or None
+
+
+def _nvlink_bit(words: list) -> dict:
+    """{"register", "bit", "kind", "when"} of Xid 74's seven registers when exactly one bit of
+    them is set and NVLINK_BITS names it; else {}."""
+    if len(words) != NVLINK_REGISTERS:
+        return {}
+    try:
+        values = [int(w, 0) for w in words]
+    except ValueError:
+        return {}
+    set_bits = [(r, b) for r, v in enumerate(values) for b in range(64) if v >> b & 1]
+    if len(set_bits) != 1 or set_bits[0] not in NVLINK_BITS:
+        return {}
+    register, bit = set_bits[0]
+    kind, when = NVLINK_BITS[set_bits[0]]
+    return {"register": register, "bit": bit, "kind": kind, "when": when}
 
 
 def parse_line(msg: str) -> dict | None:
@@ -526,6 +575,10 @@ def parse(raw: object, window_s: float = DEFAULTS["dedup_s"][0]) -> dict:
     events = dedup(events, window_s)
     for event in events:
         event["class"], event["action"] = classify(event["xid"], event["text"], None, event)
+    _secondary(events)
+    for event in events:
+        if (event.get("detail") or {}).get("secondary"):
+            event["class"], event["action"] = classify(event["xid"], event["text"], None, event)
     boot = raw.get("boot_id")
     return {
         "events": events,
@@ -625,7 +678,26 @@ def _said(xid: int, detail: object) -> tuple | None:
         return (entry[1], entry[2]) if entry else (FAIL, DRAIN)
     if xid in (94, 95):
         return _containment(xid, detail)
+    if xid == 74 and detail.get("when") == "now" and not detail.get("secondary"):
+        return FAIL, SERVICE
     return None
+
+
+def _secondary(events: list) -> None:
+    """An Xid 74 whose register bit asks for service at once (NVLINK_BITS "now") is read as
+    the consequence of another fault when the same GPU printed another fatal Xid in the same
+    read (the catalogue: a GPU that fails takes its links down with it): its detail gains
+    "secondary" and its class is the table's again. In place."""
+    fatal = {e["bus_id"] for e in events if e.get("class") == FAIL and e["xid"] not in (74, 154)}
+    for event in events:
+        detail = event.get("detail")
+        if (
+            event["xid"] == 74
+            and isinstance(detail, dict)
+            and detail.get("when") == "now"
+            and event["bus_id"] in fatal
+        ):
+            event["detail"] = dict(detail, secondary=True)
 
 
 def _table_class(xid: int, text: str, unknown: str, detail: object = None) -> tuple:
@@ -691,6 +763,10 @@ def events_for(facts: dict, ctx: Context) -> list:
         if isinstance(job, (list, tuple, set)):
             item["job"] = item["gpu"] in job
         out.append(item)
+    _secondary(out)
+    for item in out:
+        if (item.get("detail") or {}).get("secondary"):
+            item["class"], item["action"] = classify(item["xid"], item["text"], rules, item)
     if out:
         _escalate(out, facts, ctx)
     return out
@@ -738,11 +814,13 @@ def _row_ok(row: object) -> bool:
 
 
 def _same_link(event: dict, row: dict) -> bool:
-    """Xid 74 repeats on the same NVLink; a line naming no link matches any."""
+    """Xid 74 repeats on the same NVLink; a line naming no link matches any, and so does any
+    link of the GPU where the register bit is one NVIDIA reads per GPU (NVLINK_BITS "gpu")."""
     if event["xid"] != 74:
         return True
-    link = (event.get("detail") or {}).get("link")
-    if link is None:
+    detail = event.get("detail") or {}
+    link = detail.get("link")
+    if link is None or detail.get("when") == "gpu":
         return True
     then = (line_detail(74, str(row.get("text") or "")) or {}).get("link")
     return then is None or then == link
@@ -942,6 +1020,11 @@ def _said_words(event: dict) -> str:
         if xid == 94 and detail.get("rst") is False and detail.get("d_rst") is False:
             return "no reset required"
     if xid == 74 and _int(detail.get("link")) is not None:
+        if detail.get("kind") and _int(detail.get("register")) is not None:
+            return (
+                f"link {detail['link']}, REG{detail['register']} bit {detail.get('bit')}: "
+                f"{detail['kind']}"
+            )
         return f"link {detail['link']}"
     return ""
 
@@ -985,7 +1068,11 @@ def _data(events: list) -> dict:
 
 
 def hardware(facts: dict, ctx: Context) -> Result:
-    """Hardware Xids since the last run: fail with the worst action; warn-class Xids warn."""
+    """Hardware Xids since the last run: fail with the worst action; warn-class Xids warn.
+
+    What a line says of itself decides over the table: Xid 154's recovery action, Xid 94/95's
+    RST and D-RST, a row-remap failure (service), and Xid 74's one register bit where NVIDIA's
+    NVSentinel names it (NVLINK_BITS: service at once or on a repeat)."""
     events = events_for(facts, ctx)
     found = _ordered([e for e in events if e["class"] in (FAIL, WARN)])
     if not found:

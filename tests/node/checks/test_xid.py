@@ -267,6 +267,7 @@ def verdicts_of(name: str) -> list:
 @pytest.mark.parametrize("name", SAME_FAULTS)
 def test_same_faults_same_verdicts_in_every_form(name):
     words = ["0x0", "0x0", "0x10000", "0x0", "0x0", "0x0", "0x0"]
+    nvlink = {"link": 14, "words": words, **REG2_BIT16}
     no_reset = {"contained": True, "rst": False, "d_rst": False}
     reset = {"contained": True, "rst": True, "d_rst": False}
     uncontained = {"contained": False, "rst": True, "d_rst": False}
@@ -280,7 +281,7 @@ def test_same_faults_same_verdicts_in_every_form(name):
         (154, "0000:db:00", None, "fail", "drain", {"recovery": 3}),
         (154, "0000:db:00", None, "fail", "reset_gpu", {"recovery": 4}),
         (154, "0000:3a:00", None, "ignore", "none", {"recovery": 0}),
-        (74, "0000:2a:00", None, "fail", "reset_gpu", {"link": 14, "words": words}),
+        (74, "0000:2a:00", None, "fail", "reset_gpu", nvlink),
         (79, "0000:ba:00", None, "fail", "reboot", None),  # one record over two lines
     ]
     facts = facts_of(name)
@@ -638,21 +639,37 @@ def test_d_rst_is_not_read_as_rst():
     assert detail == {"contained": True, "rst": None, "d_rst": True}
 
 
-def test_xid_74_keeps_link_and_register_words():
-    """The NVLink error line (NVIDIA's Xid catalogue, Xid 74); the words are not decoded."""
-    event = one(
-        "NVRM: Xid (PCI:0000:5d:00): 74, pid=1234, name=python3, NVLink: fatal error detected "
-        "on link 14(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)"
+# Xid 74's seven registers, one bit set: as NVIDIA's NVSentinel reads them (health-events-analyzer
+# rules XID74Reg*, NVIDIA/NVSentinel distros/kubernetes/nvsentinel/charts/health-events-analyzer/
+# values.yaml): REG2 bit 16 is RepeatedXID74Reg2Bit16Or19Set, "request for field diagnosis" when
+# it repeats on the same GPU.
+REG2_BIT16 = {"register": 2, "bit": 16, "kind": "field diagnostics if it repeats", "when": "gpu"}
+
+
+def nvlink_line(words: str, link: int = 14, bus: str = "0000:5d:00") -> str:
+    return (
+        f"NVRM: Xid (PCI:{bus}): 74, pid=1234, name=python3, NVLink: fatal error detected "
+        f"on link {link}({words})"
     )
-    assert (event["class"], event["action"]) == ("fail", "reset_gpu")  # unchanged
+
+
+def test_xid_74_keeps_link_and_reads_its_register_bit():
+    """The NVLink error line (NVIDIA's Xid catalogue, Xid 74: a reset clears it): the link, the
+    seven register words as printed, and the one bit set where NVIDIA's NVSentinel names it."""
+    event = one(nvlink_line("0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0"))
+    assert (event["class"], event["action"]) == ("fail", "reset_gpu")  # a reset, for now
     assert event["detail"] == {
         "link": 14,
         "words": ["0x0", "0x0", "0x10000", "0x0", "0x0", "0x0", "0x0"],
+        **REG2_BIT16,
     }
     result = xid.hardware(
         xid.parse(raw_of(f"NVRM: Xid (PCI:0000:5d:00): 74, {event['text']}")), ctx()
     )
-    assert result.message == "GPU 3 (0000:5d:00) Xid 74 NVLink error, link 14"
+    assert result.message == (
+        "GPU 3 (0000:5d:00) Xid 74 NVLink error, link 14, REG2 bit 16: field diagnostics if it "
+        "repeats"
+    )
     assert result.data["events"][0]["detail"]["words"][2] == "0x10000"
     assert one("NVRM: Xid (PCI:0000:5d:00): 74, NVLink: link 3 down")["detail"] == {
         "link": 3,
@@ -1123,15 +1140,69 @@ NVLINK_14 = (
 
 
 def test_the_same_nvlink_error_on_the_same_link_again_is_service_another_link_is_not():
+    """An ECC/parity bit (REG0 bit 4: NVSentinel's XID74Reg0ECCParityError, on the same link)
+    or a pattern NVSentinel does not name: a repeat on the same link is service, on another
+    link a reset."""
+    for words in ("0x10, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0", "0x0, 0x0, 0x10001, 0x0"):
+        facts = xid.parse(raw_of(nvlink_line(words)))
+        same = row(74, text=f"NVLink: fatal error detected on link 14({words})")
+        result = xid.hardware(facts, remembering([same]))
+        assert (result.action, result.message) == (
+            "service",
+            "again: Xid 74 on GPU 3 (0000:5d:00) link 14, 2nd time in 7 days (NVLink error)",
+        )
+        other = row(74, text=f"NVLink: fatal error detected on link 3({words})")
+        assert xid.hardware(facts, remembering([other])).action == "reset_gpu"
+
+
+def test_an_nvlink_bit_read_per_gpu_repeats_on_any_link():
+    """REG2 bit 16 (field diagnostics when it repeats on the same GPU): a repeat on another link
+    of the GPU is service too."""
     facts = xid.parse(raw_of(NVLINK_14))
-    same = row(74, text="NVLink: fatal error detected on link 14(0x0, 0x0, 0x10000, 0x0)")
-    result = xid.hardware(facts, remembering([same]))
-    assert (result.action, result.message) == (
-        "service",
-        "again: Xid 74 on GPU 3 (0000:5d:00) link 14, 2nd time in 7 days (NVLink error)",
-    )
     other = row(74, text="NVLink: fatal error detected on link 3(0x0, 0x0, 0x10000, 0x0)")
-    assert xid.hardware(facts, remembering([other])).action == "reset_gpu"
+    assert xid.hardware(facts, remembering([other])).action == "service"
+
+
+@pytest.mark.parametrize(
+    ("words", "said"),
+    [
+        ("0x2, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0", "REG0 bit 1: unexpected NVLink error, report it"),
+        ("0x200000, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0", "REG0 bit 21: marginal signal integrity"),
+        ("0x0, 0x0, 0x2000, 0x0, 0x0, 0x0, 0x0", "REG2 bit 13: unexpected NVLink error"),
+        ("0x0, 0x0, 0x0, 0x40000, 0x0, 0x0, 0x0", "REG3 bit 18: the NVLink fabric needs a reset"),
+    ],
+)
+def test_an_nvlink_bit_nvidia_escalates_at_once_is_service(words, said):
+    """NVSentinel's rules that ask for support at the first occurrence (XID74Reg0SoloNVLinkError,
+    XID74Reg0SignalIntegrityError, XID74Reg2Bit13Set, XID74Reg3Bit18Set): service, not a
+    reset, when no other fatal Xid on the same GPU explains it."""
+    result = xid.hardware(xid.parse(raw_of(nvlink_line(words))), ctx())
+    assert (result.status, result.action) == ("fail", "service")
+    assert said in result.message
+    # the same line after the GPU fell off the bus is a consequence: the catalogue's reset
+    off = "NVRM: Xid (PCI:0000:5d:00): 79, pid=1, name=x, GPU has fallen off the bus."
+    events = xid.parse(raw_of(off, nvlink_line(words)))["events"]
+    (link,) = [e for e in events if e["xid"] == 74]
+    assert (link["action"], link["detail"]["secondary"]) == ("reset_gpu", True)
+    # on another GPU it is not
+    events = xid.parse(raw_of(off, nvlink_line(words, bus="0000:5e:00")))["events"]
+    (link,) = [e for e in events if e["xid"] == 74]
+    assert link["action"] == "service"
+
+
+@pytest.mark.parametrize(
+    "words",
+    [
+        "0x0, 0x0, 0x0, 0x0, 0x100000, 0x0, 0x0",  # REG4 bit 20: NVSentinel's action NONE
+        "0x2, 0x0, 0x2000, 0x0, 0x0, 0x0, 0x0",  # two bits: no rule matches
+        "0x0, 0x0, 0x0, 0x0, 0x0, 0x0, 0x80",  # a bit no rule names
+        "0x2, 0x0, 0x0",  # not seven registers
+    ],
+)
+def test_other_nvlink_register_patterns_keep_the_catalogues_reset(words):
+    event = one(nvlink_line(words))
+    assert (event["class"], event["action"]) == ("fail", "reset_gpu")
+    assert event["detail"].get("when") in (None,)
 
 
 def test_the_third_run_with_a_fatal_xid_on_one_gpu_within_a_day_is_service():

@@ -16,6 +16,16 @@ from slurmhealth.node.sources import kmsg
 
 FIX = os.path.join(conftest.FIXTURES, "kmsg")
 LINK_WORDS = ["0x0", "0x0", "0x10000", "0x0", "0x0", "0x0", "0x0"]
+# REG2 bit 16 alone: NVSentinel's RepeatedXID74Reg2Bit16Or19Set (field diagnostics when it
+# repeats on the GPU): a reset now, service on a repeat on any link of the GPU.
+LINK_8 = {
+    "link": 8,
+    "words": LINK_WORDS,
+    "register": 2,
+    "bit": 16,
+    "kind": "field diagnostics if it repeats",
+    "when": "gpu",
+}
 UNCONTAINED_RESET = {"contained": False, "rst": True, "d_rst": False}
 CONTAINED_NO_RESET = {"contained": True, "rst": False, "d_rst": False}
 
@@ -50,7 +60,7 @@ CAPTURED = {
     "captured-a100-nvlink.txt": (
         [
             (1, 45, "0000:48:00", None, "app", "none", 2, None),
-            (3, 74, "0000:48:00", None, "fail", "reset_gpu", 1, {"link": 8, "words": LINK_WORDS}),
+            (3, 74, "0000:48:00", None, "fail", "reset_gpu", 1, LINK_8),
             (4, 154, "0000:48:00", None, "fail", "reset_gpu", 1, {"recovery": 1}),
             (8, 119, "0000:0b:00", None, "fail", "reset_gpu", 1, None),
         ],
