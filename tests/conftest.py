@@ -250,3 +250,23 @@ def diag_config(tmp_path, tools) -> str:
     path.write_text(f'[settings]\ndiag_tools = "{tools}"\n')
     path.chmod(0o600)
     return str(path)
+
+
+def record_sources(conn, node: str, started: float, sources: dict) -> None:
+    """A passing health check of `node` whose sources JSON is `sources` (versions and the
+    like), recorded through store.record_run."""
+    import json
+
+    from slurmhealth.core import store
+
+    run = {
+        "node": node,
+        "job_id": None,
+        "phase": "healthcheck",
+        "started": started,
+        "duration": 0.04,
+        "verdict": "ok",
+        "tool_version": "x",
+        "sources": json.dumps(sources),
+    }
+    store.record_run(conn, {"run": run, "results": [], "events": [], "baselines": {}})

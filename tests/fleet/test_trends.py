@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import random
 
-from conftest import run_cli, snapshot_path
+from conftest import record_sources, run_cli, snapshot_path
 
 from slurmhealth.core import store
 from slurmhealth.fleet import trends
@@ -173,17 +173,7 @@ def test_a_nodes_class_comes_from_the_run_before_one_whose_gpu_source_failed(tmp
     gpu = {"versions": {"model": ["NVIDIA H100 80GB HBM3"], "driver": "550.90.07"}}
     ib = {"versions": {"fw_ver": {"mlx5_0": "28.39.1002"}}}
     for started, sources in ((100.0, {"gpu": gpu, "ib": ib}), (200.0, {"ib": ib})):
-        run = {
-            "node": "gpu01",
-            "job_id": None,
-            "phase": "healthcheck",
-            "started": started,
-            "duration": 0.04,
-            "verdict": "ok",
-            "tool_version": "x",
-            "sources": json.dumps(sources),
-        }
-        store.record_run(conn, {"run": run, "results": [], "events": [], "baselines": {}})
+        record_sources(conn, "gpu01", started, sources)
     models = queries.node_models(conn, ["gpu01", "gpu02"], 300.0, 1000.0)
     assert models == {"gpu01": "NVIDIA H100 80GB HBM3", "gpu02": ""}
     known = queries.node_models(conn, ["gpu01"], 300.0, 1000.0, {"gpu01": "NVIDIA H200"})

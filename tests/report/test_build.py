@@ -15,7 +15,7 @@ import sys
 from html.parser import HTMLParser
 
 import pytest
-from conftest import TESTS, diag_records, outcome, run_cli, run_on_pty
+from conftest import TESTS, diag_records, outcome, record_sources, run_cli, run_on_pty
 
 from slurmhealth.core import store, timespec
 from slurmhealth.fleet import lemons, queries, simulate
@@ -964,17 +964,7 @@ def test_a_run_without_gpu_facts_keeps_the_node_in_its_hardware_class(tmp_path):
     gpu = {"versions": {"model": ["NVIDIA H100 80GB HBM3"], "driver": "550.90.07"}}
     ib = {"versions": {"fw_ver": {"mlx5_0": "28.39.1002"}, "rate": [400.0]}}
     for started, sources in ((100.0, {"gpu": gpu, "ib": ib}), (200.0, {"ib": ib})):
-        run = {
-            "node": "gpu01",
-            "job_id": None,
-            "phase": "healthcheck",
-            "started": started,
-            "duration": 0.04,
-            "verdict": "ok",
-            "tool_version": "x",
-            "sources": json.dumps(sources),
-        }
-        store.record_run(conn, {"run": run, "results": [], "events": [], "baselines": {}})
+        record_sources(conn, "gpu01", started, sources)
     found = report.recorded_versions(conn, "gpu01", 300.0)
     assert found["model"] == "NVIDIA H100 80GB HBM3" and found["driver"] == "550.90.07"
     assert found["ib_fw"] == "28.39.1002"
@@ -989,17 +979,7 @@ def test_nodes_a_rollout_has_not_reached_yet_are_not_odd_nodes(tmp_path):
 
     def record(node: str, started: float, driver: str) -> None:
         gpu = {"versions": {"model": ["NVIDIA H100 80GB HBM3"], "driver": driver}}
-        run = {
-            "node": node,
-            "job_id": None,
-            "phase": "healthcheck",
-            "started": started,
-            "duration": 0.04,
-            "verdict": "ok",
-            "tool_version": "x",
-            "sources": json.dumps({"gpu": gpu}),
-        }
-        store.record_run(conn, {"run": run, "results": [], "events": [], "baselines": {}})
+        record_sources(conn, node, started, {"gpu": gpu})
 
     for i in range(10):
         record(f"gpu{i:02d}", now - 5 * 86400.0, "550.90.07")

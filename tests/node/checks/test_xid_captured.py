@@ -207,36 +207,42 @@ def test_localized_journal_month_is_still_a_kernel_line():
 
 
 @pytest.mark.parametrize(
-    "line",
+    ("line", "code", "action"),
     [
         # The 154 line's words for action 0x1 as some newer drivers print them
         # (NVIDIA/open-gpu-kernel-modules#1353, 595.84 and 610): the number decides.
-        "NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 "
-        "(PF FLR)",
-        "NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from (None) to (PF FLR)",
-    ],
-)
-def test_recovery_to_pf_flr_is_a_gpu_reset(line):
-    event = xid.parse(raw_of(line))["events"][0]
-    assert event["detail"] == {"recovery": 1}
-    assert (event["class"], event["action"]) == ("fail", "reset_gpu")
-
-
-@pytest.mark.parametrize(
-    "line",
-    [
+        (
+            "NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from 0x0 (None) to "
+            "0x1 (PF FLR)",
+            1,
+            "reset_gpu",
+        ),
+        (
+            "NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from (None) to (PF FLR)",
+            1,
+            "reset_gpu",
+        ),
         # 0x2 in the words driver 610.43.02 printed in a public write-up (its repository could
         # not be named, so it is not a captured fixture): the number decides, the words serve
         # a line without it.
-        "NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 "
-        "(OS Reboot)",
-        "NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from (None) to (OS Reboot)",
+        (
+            "NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from 0x0 (None) to "
+            "0x2 (OS Reboot)",
+            2,
+            "reboot",
+        ),
+        (
+            "NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from (None) to "
+            "(OS Reboot)",
+            2,
+            "reboot",
+        ),
     ],
 )
-def test_recovery_to_os_reboot_is_a_node_reboot(line):
+def test_newer_drivers_words_for_a_recovery_action(line, code, action):
     event = xid.parse(raw_of(line))["events"][0]
-    assert event["detail"] == {"recovery": 2}
-    assert (event["class"], event["action"]) == ("fail", "reboot")
+    assert event["detail"] == {"recovery": code}
+    assert (event["class"], event["action"]) == ("fail", action)
 
 
 def raw_of(*msgs: str) -> dict:
