@@ -86,16 +86,30 @@ _NODES = """WITH RECURSIVE n(node) AS (
     SELECT (SELECT min(node) FROM runs WHERE node > n.node) FROM n WHERE n.node IS NOT NULL)"""
 
 
-def verdict_counts(conn: sqlite3.Connection, start: float, end: float) -> sqlite3.Cursor:
-    """(verdict, runs) rows: runs started in [start, end) per verdict, with the passing runs
-    rolled up in the hours that start in it (sync.rollup)."""
-    return conn.execute(
-        f"{_NODES} SELECT verdict, sum(k) FROM (SELECT u.verdict, count(*) AS k FROM n "  # noqa: S608 - constants
-        "JOIN runs u ON u.node = n.node AND u.started >= ? AND u.started < ? "
-        "WHERE n.node IS NOT NULL GROUP BY u.verdict UNION ALL SELECT 'ok', sum(runs) "
-        "FROM run_hours WHERE hour >= ? AND hour < ?) GROUP BY verdict HAVING sum(k) > 0",
-        (start, end, start, end),
-    )
+def verdict_counts(conn: sqlite3.Connection, start: float, end: float) -> list:
+    """[(verdict, runs)]: runs started in [start, end) per verdict, with the passing runs
+    rolled up in the hours that start in it (sync.rollup). The passing runs are counted, never
+    read one by one: all runs from the time index, those that did not pass from their partial
+    index (store migration 8) with each one's verdict from the (node, started, verdict) index.
+    (`+ 0` keeps SQLite from carrying the time range over to that lookup, which would scan the
+    node's whole window for each run: 30 s instead of 0.7 s on a 10,000-node month.)"""
+    total = conn.execute(
+        "SELECT count(*) FROM runs INDEXED BY runs_started_phase "
+        "WHERE started >= ? AND started < ?",
+        (start, end),
+    ).fetchone()[0]
+    others = conn.execute(
+        "SELECT v.verdict, count(*) FROM runs AS p INDEXED BY runs_not_ok "
+        "JOIN runs AS v INDEXED BY runs_node_started_verdict "
+        "ON v.node = p.node AND v.started = p.started + 0 AND v.rowid = p.rowid "
+        "WHERE p.verdict != 'ok' AND p.started >= ? AND p.started < ? GROUP BY v.verdict",
+        (start, end),
+    ).fetchall()
+    rolled = conn.execute(
+        "SELECT sum(runs) FROM run_hours WHERE hour >= ? AND hour < ?", (start, end)
+    ).fetchone()[0]
+    counts = [("ok", total - sum(n for _, n in others) + (rolled or 0)), *others]
+    return [(verdict, n) for verdict, n in counts if n > 0]
 
 
 def check_counts(conn: sqlite3.Connection, start: float, end: float) -> list:

@@ -69,6 +69,22 @@ def doc(conn, sim) -> dict:
 # --- numbers against independent counts ---------------------------------------------------------
 
 
+def test_verdict_counts_equal_a_plain_count(conn, sim):
+    """queries.verdict_counts counts from three indexes; a plain GROUP BY over the table gives
+    the same, for the whole month and for one day."""
+    end = after(sim)
+    for start in (end - 28 * DAY, end - 5 * DAY):
+        plain = dict(
+            conn.execute(
+                "SELECT verdict, count(*) FROM runs WHERE started >= ? AND started < ? "
+                "GROUP BY verdict",
+                (start, end),
+            ).fetchall()
+        )
+        assert set(plain) == {"ok", "warn", "fail"}
+        assert dict(queries.verdict_counts(conn, start, end)) == plain
+
+
 def test_failures_match_sql_and_the_simulators_truth(conn, sim):
     d = report.build(conn, after(sim), DAY)
     start, end = sim.fleet.start, sim.fleet.end
