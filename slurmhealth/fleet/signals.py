@@ -57,9 +57,13 @@ _GROUPED = (
 )
 
 # The items (fleet/faults.py), each query a range of an index.
-_RUNS_BY_VERDICT = (
-    "SELECT started FROM runs WHERE node = ? AND started >= ? AND started < ? AND verdict = ? "
-    "ORDER BY started"
+# The window's runs that did not pass, from their partial index (store migration 8), each
+# one's verdict from the (node, started, verdict) index (`+ 0`: queries.verdict_counts).
+_NOT_OK = (
+    "SELECT p.node, p.started, v.verdict FROM runs AS p INDEXED BY runs_not_ok "
+    "JOIN runs AS v INDEXED BY runs_node_started_verdict "
+    "ON v.node = p.node AND v.started = p.started + 0 AND v.rowid = p.rowid "
+    "WHERE p.verdict != 'ok' AND p.started >= ? AND p.started < ?"
 )
 _NEXT_OK = (
     "SELECT min(started) FROM runs WHERE node = ? AND started > ? AND started < ? "
@@ -124,13 +128,13 @@ def _items(conn: sqlite3.Connection, counts: dict, start: float, end: float) -> 
     def add(node: str, time: float, kind: str, weight: float = 1.0) -> None:
         found.setdefault(node, []).append((time, kind, weight))
 
-    for node, c in counts.items():
-        if c["check_fails"]:
-            for (t,) in conn.execute(_RUNS_BY_VERDICT, (node, start, end, "fail")):
-                add(node, t, "check")
-        if c["check_warns"]:
-            for (t,) in conn.execute(_RUNS_BY_VERDICT, (node, start, end, "warn")):
-                warned.setdefault(node, []).append(t)
+    for node, t, verdict in conn.execute(_NOT_OK, (start, end)):
+        if node not in counts:
+            continue
+        if verdict == "fail":
+            add(node, t, "check")
+        elif verdict == "warn":
+            warned.setdefault(node, []).append(t)
     for node, t, cls in conn.execute(_XIDS, (start, end)):
         if cls == "fail":
             add(node, t, "xid")
