@@ -220,8 +220,8 @@ _RECOVERY_WORDS = {
 # rules XID74Reg*: each matches one register with one bit and all others 0). (register, bit) ->
 # (what it is, when the node needs service rather than a reset):
 #   "now": at once, unless another fatal Xid on the same GPU in the same read explains it
-#     (NVSentinel's "no other active errors"; REG2 bit 13 has no such condition there, and none
-#     here either: it is checked like the others, conservatively);
+#     (NVSentinel's "no other active errors"; its rule for REG2 bit 13 has no such condition,
+#     here it has the same one as the others: a consequence of another fault keeps its reset);
 #   "link": when it repeats on the same link; "gpu": when it repeats on the same GPU, any
 #     link (this check's repeat rule, repeat_days, in place of NVSentinel's 24 h);
 #   None: never on its own (NVSentinel's action NONE: field diagnostics if jobs fail).
@@ -575,10 +575,7 @@ def parse(raw: object, window_s: float = DEFAULTS["dedup_s"][0]) -> dict:
     events = dedup(events, window_s)
     for event in events:
         event["class"], event["action"] = classify(event["xid"], event["text"], None, event)
-    _secondary(events)
-    for event in events:
-        if (event.get("detail") or {}).get("secondary"):
-            event["class"], event["action"] = classify(event["xid"], event["text"], None, event)
+    _secondary(events, None)
     boot = raw.get("boot_id")
     return {
         "events": events,
@@ -683,11 +680,11 @@ def _said(xid: int, detail: object) -> tuple | None:
     return None
 
 
-def _secondary(events: list) -> None:
+def _secondary(events: list, rules: dict | None) -> None:
     """An Xid 74 whose register bit asks for service at once (NVLINK_BITS "now") is read as
     the consequence of another fault when the same GPU printed another fatal Xid in the same
     read (the catalogue: a GPU that fails takes its links down with it): its detail gains
-    "secondary" and its class is the table's again. In place."""
+    "secondary" and it is classified again (under `rules`), by the table. In place."""
     fatal = {e["bus_id"] for e in events if e.get("class") == FAIL and e["xid"] not in (74, 154)}
     for event in events:
         detail = event.get("detail")
@@ -698,6 +695,7 @@ def _secondary(events: list) -> None:
             and event["bus_id"] in fatal
         ):
             event["detail"] = dict(detail, secondary=True)
+            event["class"], event["action"] = classify(74, event["text"], rules, event)
 
 
 def _table_class(xid: int, text: str, unknown: str, detail: object = None) -> tuple:
@@ -763,10 +761,7 @@ def events_for(facts: dict, ctx: Context) -> list:
         if isinstance(job, (list, tuple, set)):
             item["job"] = item["gpu"] in job
         out.append(item)
-    _secondary(out)
-    for item in out:
-        if (item.get("detail") or {}).get("secondary"):
-            item["class"], item["action"] = classify(item["xid"], item["text"], rules, item)
+    _secondary(out, rules)
     if out:
         _escalate(out, facts, ctx)
     return out
