@@ -86,9 +86,9 @@ def drained_by_us(nodes: list, since: float) -> list:
     ]
 
 
-def is_out(info: dict) -> bool:
-    """Drained, down or otherwise out of service, by anyone."""
-    return any(flag.startswith(_OUT) for flag in info["flags"])
+def is_out(info: dict, ignore: tuple = ()) -> bool:
+    """Drained, down or otherwise out of service, by anyone (`ignore`: flags not counted)."""
+    return any(f.startswith(_OUT) and not f.startswith(ignore) for f in info["flags"])
 
 
 def ours(info: dict) -> bool:
@@ -99,7 +99,7 @@ def ours(info: dict) -> bool:
 def may_drain(info: dict, ignore: tuple = ()) -> bool:
     """Drain only a node in service; never touch one someone else took out. `ignore`: flags
     that do not count as out here (our own maintenance reservation, for the diagnose job)."""
-    return not any(f.startswith(_OUT) and not f.startswith(ignore) for f in info["flags"])
+    return not is_out(info, ignore)
 
 
 class Slurm:

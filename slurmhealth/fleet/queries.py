@@ -86,29 +86,38 @@ _NODES = """WITH RECURSIVE n(node) AS (
     SELECT (SELECT min(node) FROM runs WHERE node > n.node) FROM n WHERE n.node IS NOT NULL)"""
 
 
+def not_ok_runs(conn: sqlite3.Connection, start: float, end: float) -> sqlite3.Cursor:
+    """(node, started, verdict) rows of the runs started in [start, end) that did not pass: from
+    their partial index (store migration 8), each one's verdict from the (node, started,
+    verdict) index. (`+ 0` keeps SQLite from carrying the time range over to that lookup, which
+    would scan the node's whole window for each run: 30 s instead of 0.7 s on a 10,000-node
+    month.)"""
+    return conn.execute(
+        "SELECT p.node, p.started, v.verdict FROM runs AS p INDEXED BY runs_not_ok "
+        "JOIN runs AS v INDEXED BY runs_node_started_verdict "
+        "ON v.node = p.node AND v.started = p.started + 0 AND v.rowid = p.rowid "
+        "WHERE p.verdict != 'ok' AND p.started >= ? AND p.started < ?",
+        (start, end),
+    )
+
+
 def verdict_counts(conn: sqlite3.Connection, start: float, end: float) -> list:
     """[(verdict, runs)]: runs started in [start, end) per verdict, with the passing runs
     rolled up in the hours that start in it (sync.rollup). The passing runs are counted, never
-    read one by one: all runs from the time index, those that did not pass from their partial
-    index (store migration 8) with each one's verdict from the (node, started, verdict) index.
-    (`+ 0` keeps SQLite from carrying the time range over to that lookup, which would scan the
-    node's whole window for each run: 30 s instead of 0.7 s on a 10,000-node month.)"""
+    read one by one: all runs from the time index, less those that did not pass
+    (not_ok_runs)."""
     total = conn.execute(
         "SELECT count(*) FROM runs INDEXED BY runs_started_phase "
         "WHERE started >= ? AND started < ?",
         (start, end),
     ).fetchone()[0]
-    others = conn.execute(
-        "SELECT v.verdict, count(*) FROM runs AS p INDEXED BY runs_not_ok "
-        "JOIN runs AS v INDEXED BY runs_node_started_verdict "
-        "ON v.node = p.node AND v.started = p.started + 0 AND v.rowid = p.rowid "
-        "WHERE p.verdict != 'ok' AND p.started >= ? AND p.started < ? GROUP BY v.verdict",
-        (start, end),
-    ).fetchall()
+    others: dict = {}
+    for _node, _started, verdict in not_ok_runs(conn, start, end):
+        others[verdict] = others.get(verdict, 0) + 1
     rolled = conn.execute(
         "SELECT sum(runs) FROM run_hours WHERE hour >= ? AND hour < ?", (start, end)
     ).fetchone()[0]
-    counts = [("ok", total - sum(n for _, n in others) + (rolled or 0)), *others]
+    counts = [("ok", total - sum(others.values()) + (rolled or 0)), *sorted(others.items())]
     return [(verdict, n) for verdict, n in counts if n > 0]
 
 
@@ -520,34 +529,48 @@ def counter_rows(conn: sqlite3.Connection, start: float, end: float) -> list:
     ).fetchall()
 
 
+def recorded_versions(
+    conn: sqlite3.Connection, node: str, end: float, lookback: float, oldest: bool = False
+) -> dict | None:
+    """The versions the node's latest run recorded (runner.Gathered.versions, as
+    drift.versions reads them) within `lookback` before `end` (with `oldest`, its earliest run
+    there: what it ran before); None when it recorded none (no run, or no facts parsed).
+
+    A run whose GPU source failed (NVML did not answer that once) records its other sources'
+    versions alone: taken as they are, the node would fall into a class of its own, "unknown
+    GPUs", and be compared across hardware. So the newest run decides each key it has, and
+    older runs fill in the keys it lacks, until one names the GPU model or its GPU source
+    answered (at most VERSIONS_MERGE runs)."""
+    merged: dict = {}
+    for count, (text,) in enumerate(version_sources(conn, node, end - lookback, end, oldest)):
+        try:
+            sources = json.loads(text)
+            found = drift.versions(sources)
+        except (ValueError, RecursionError):
+            continue
+        for key, value in found.items():
+            merged.setdefault(key, value)
+        if merged.get("model") or drift.gpu_answered(sources) or count + 1 >= VERSIONS_MERGE:
+            break
+    return merged or None
+
+
+VERSIONS_MERGE = 20  # runs read back for keys the newest run lacks (recorded_versions)
+
+
 def node_models(
     conn: sqlite3.Connection, nodes: list, end: float, lookback: float, known: dict | None = None
 ) -> dict:
-    """{node: GPU model} from each node's newest run in [end - lookback, end) that recorded its
-    versions ("" when none did): the hardware class peers are compared in. known: {node:
-    model} already read (the report's drift section), taken as they are."""
+    """{node: GPU model} from each node's recorded versions in [end - lookback, end) ("" when
+    none named one): the hardware class peers are compared in. known: {node: model} already
+    read (the report's drift section), taken as they are."""
     out = {}
     for node in nodes:
         if known and node in known:
             out[node] = known[node]
-            continue
-        out[node] = ""
-        # The newest run with a GPU model, as the report reads it: a run whose GPU source failed
-        # recorded none, and the run before it says (at most MODEL_RUNS back).
-        rows = version_sources(conn, node, end - lookback, end)
-        for count, (text,) in enumerate(rows):
-            try:
-                sources = json.loads(text)
-                found = drift.versions(sources)
-            except (ValueError, RecursionError):
-                continue
-            if found.get("model") or drift.gpu_answered(sources) or count + 1 >= MODEL_RUNS:
-                out[node] = str(found.get("model") or "")
-                break
+        else:
+            out[node] = str((recorded_versions(conn, node, end, lookback) or {}).get("model") or "")
     return out
-
-
-MODEL_RUNS = 20  # as the report's recorded_versions (VERSIONS_MERGE)
 
 
 MODEL_LOOKBACK = 2 * DAY  # versions are recorded at least every 6 h (node/runner.py)

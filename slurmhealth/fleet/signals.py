@@ -57,14 +57,6 @@ _GROUPED = (
 )
 
 # The items (fleet/faults.py), each query a range of an index.
-# The window's runs that did not pass, from their partial index (store migration 8), each
-# one's verdict from the (node, started, verdict) index (`+ 0`: queries.verdict_counts).
-_NOT_OK = (
-    "SELECT p.node, p.started, v.verdict FROM runs AS p INDEXED BY runs_not_ok "
-    "JOIN runs AS v INDEXED BY runs_node_started_verdict "
-    "ON v.node = p.node AND v.started = p.started + 0 AND v.rowid = p.rowid "
-    "WHERE p.verdict != 'ok' AND p.started >= ? AND p.started < ?"
-)
 _NEXT_OK = (
     "SELECT min(started) FROM runs WHERE node = ? AND started > ? AND started < ? "
     "AND verdict = 'ok'"
@@ -128,7 +120,7 @@ def _items(conn: sqlite3.Connection, counts: dict, start: float, end: float) -> 
     def add(node: str, time: float, kind: str, weight: float = 1.0) -> None:
         found.setdefault(node, []).append((time, kind, weight))
 
-    for node, t, verdict in conn.execute(_NOT_OK, (start, end)):
+    for node, t, verdict in queries.not_ok_runs(conn, start, end):
         if node not in counts:
             continue
         if verdict == "fail":

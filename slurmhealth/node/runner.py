@@ -301,7 +301,7 @@ VERSIONS_EVERY = 6 * 3600.0
 
 # Versions a run may not read (sources.Options.costly: the job hooks leave them to the health
 # check): where this run has none, the last reading stands, carried into what it records.
-CARRIED = {"gpu": ("app_clocks",)}
+CARRIED = {"gpu": ("app_clocks",), "kmsg": ("nccl",)}
 
 
 def _carry(sources: dict, before: dict) -> None:

@@ -473,32 +473,8 @@ def recorded_versions(
     lookback: float = VERSIONS_LOOKBACK,
     oldest: bool = False,
 ) -> dict | None:
-    """The versions the node's latest run recorded (runner.Gathered.versions) within `lookback`
-    before `end` (with `oldest`, its earliest run there: what it ran before); None when it
-    recorded none (no run, or no facts parsed).
-
-    A run whose GPU source failed (NVML did not answer that once) records its other sources'
-    versions alone: taken as they are, the node would fall into a class of its own, "unknown
-    GPUs", and be compared across hardware. So the newest run decides each key it has, and
-    older runs (at most VERSIONS_MERGE of them) fill in the keys it lacks, the GPU model first
-    among them."""
-    rows = queries.version_sources(conn, node, end - lookback, end, oldest)
-    merged: dict = {}
-    for count, (text,) in enumerate(rows):
-        try:
-            sources = json.loads(text)
-        except ValueError:
-            continue
-        for key, value in drift_of.versions(sources).items():
-            merged.setdefault(key, value)
-        if merged.get("model") or drift_of.gpu_answered(sources) or count + 1 >= VERSIONS_MERGE:
-            break
-    return merged or None
-
-
-# Runs read back for keys the newest run lacks (recorded_versions); the trends' GPU models read
-# as far (queries.node_models).
-VERSIONS_MERGE = queries.MODEL_RUNS
+    """queries.recorded_versions, over VERSIONS_LOOKBACK unless told otherwise."""
+    return queries.recorded_versions(conn, node, end, lookback, oldest)
 
 
 # --- the report ------------------------------------------------------------------------------

@@ -278,3 +278,14 @@ def test_a_snapshot_replays_its_own_sections_when_paths_are_left_at_their_defaul
     run = runner.run("gpu01", expect(), options)
     assert run.sources["ib"].status == "ok" and run.sources["kmsg"].status == "ok"
     assert len(run.facts["ib"]["devices"]) == 8  # the snapshot's 8 HCAs, not this machine's
+
+
+def test_the_hosts_nccl_is_read_by_the_health_check_and_carried_by_the_job_hooks():
+    """The job hooks (sources.Options costly=False) leave the host's NCCL out of their read;
+    the versions they record keep the health check's reading, as application clocks do."""
+    kmsg = runner.Gathered("ok", {})
+    kmsg.versions = {"kernel": "6.1.0-28-amd64"}
+    before = {"seen": {"kmsg": {"kernel": "6.1.0-28-amd64", "nccl": "2.21.5"}}, "recorded": 0}
+    due, kept = runner._versions_due({"kmsg": kmsg}, before, 100.0)
+    assert kmsg.versions == {"kernel": "6.1.0-28-amd64", "nccl": "2.21.5"}
+    assert (due, kept) == (False, before)  # unchanged: nothing new to record

@@ -309,14 +309,21 @@ def _read(fd: int, after_seq: int | None, saved_boot: str | None) -> tuple:
 def gather(options: Options) -> dict:
     """The registry's entry: the configured log, after the saved position."""
     after = options.kmsg_after
-    return read(options.kmsg or KMSG, after.get("seq"), after.get("boot_id"))
+    return read(options.kmsg or KMSG, after.get("seq"), after.get("boot_id"), options.costly)
 
 
-def read(path: str = KMSG, after_seq: int | None = None, boot_id: str | None = None) -> dict:
+def read(
+    path: str = KMSG,
+    after_seq: int | None = None,
+    boot_id: str | None = None,
+    costly: bool = True,
+) -> dict:
     """Read the kernel log at `path`: records after `after_seq` (see the module docstring).
 
     `boot_id` is the id saved with `after_seq`; a saved position of the wrong type (a damaged
-    store) counts as none: read everything. Raises OSError when `path` cannot be read.
+    store) counts as none: read everything. costly=False (the job hooks, sources.Options)
+    leaves out the host's NCCL: the runner carries the health check's reading forward.
+    Raises OSError when `path` cannot be read.
     """
     if not isinstance(after_seq, int) or isinstance(after_seq, bool):
         after_seq = None
@@ -337,7 +344,7 @@ def read(path: str = KMSG, after_seq: int | None = None, boot_id: str | None = N
     # when the log read is this kernel's own (a saved file is some other machine's, some other
     # day's).
     out["kernel"] = os.uname().release if live else None
-    out["nccl"] = host_nccl() if live else None
+    out["nccl"] = host_nccl() if live and costly else None
     return out
 
 

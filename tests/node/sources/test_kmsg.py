@@ -616,3 +616,17 @@ def test_host_nccl_is_the_version_libnccl_so_2_resolves_to(tmp_path):
     (bare / "libnccl.so.2").symlink_to("libnccl.so.2.99.1")  # dangling: the name still says
     assert kmsg.host_nccl((str(bare),)) == "2.99.1"
     assert kmsg.host_nccl((str(tmp_path / "none"),)) is None
+
+
+def test_only_a_costly_read_of_the_live_log_reads_the_hosts_nccl(tmp_path, monkeypatch):
+    """The host's NCCL is read with the live log (a saved file is another machine's) and only
+    when the read is costly (the health check, check, snapshot): the job hooks leave it."""
+    saved = tmp_path / "dmesg.txt"
+    saved.write_text("[    1.0] hello\n")
+    monkeypatch.setattr(kmsg, "host_nccl", lambda: "2.21.5")
+    assert kmsg.read(str(saved))["nccl"] is None  # a file
+    monkeypatch.setattr(kmsg, "_is_char_device", lambda _mode: True)  # as /dev/kmsg
+    assert kmsg.read(str(saved))["nccl"] == "2.21.5"
+    assert kmsg.read(str(saved), costly=False)["nccl"] is None
+    options = kmsg.Options(kmsg=str(saved), costly=False)
+    assert kmsg.gather(options)["nccl"] is None
