@@ -17,6 +17,7 @@ import time
 DEFAULT_DIR = "/var/lib/slurmhealth"
 BUSY_TIMEOUT_S = 30.0
 
+
 class Column:
     """One column: SQL type, NOT NULL, default, JSON text, the schema version that added it."""
 
@@ -139,6 +140,7 @@ TABLES = (
             C("state", "TEXT"),
             C("num_nodes", "INTEGER", since=2),
             C("slurm_state", "TEXT", since=2),
+            C("gpu_energy", "TEXT", json_text=True, since=9),
         ),
         "job",
         "job on a node",
@@ -299,6 +301,9 @@ INDEXES = {
         "CREATE INDEX runs_started_phase ON runs (started, phase, duration)",
         "CREATE INDEX runs_not_ok ON runs (started, node, id) WHERE verdict != 'ok'",
     ),
+    # 9: the energy each GPU of a job used, prolog to epilog (jobs.gpu_energy, node/counters.py
+    # job_energy): no index, it is read with its job's row.
+    9: (),
 }
 SCHEMA_VERSION = max(INDEXES)
 

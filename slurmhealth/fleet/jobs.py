@@ -133,15 +133,16 @@ def facts(conn: sqlite3.Connection, job_id: str) -> dict:
     ends = [r["end"] for r in rows if r["end"] is not None]
     nodes = [_node_facts(conn, job_id, row, runs, max(ends, default=None)) for row in rows]
     data = _job_facts(job_id, rows, nodes)
-    _add_telemetry(conn, data)
+    _add_telemetry(conn, data, {r["node"]: r["gpu_energy"] for r in rows})
     return data
 
 
-def _add_telemetry(conn: sqlite3.Connection, data: dict) -> None:
-    """Each node's GPU slowdown and error-counter increases during the job (`telemetry`) and the
-    node that held it back (`held_back`; fleet/telemetry.py, docs/trends.md). The fleet store's
-    view only: a published summary does not carry them. A job still running gets its figures so
-    far and no finding: its epilogs' readings, which close the job, are not in yet."""
+def _add_telemetry(conn: sqlite3.Connection, data: dict, energy: dict) -> None:
+    """Each node's GPU slowdown, error-counter increases and mean GPU power during the job
+    (`telemetry`) and the node that held it back (`held_back`; fleet/telemetry.py,
+    docs/trends.md). The fleet store's view only: a published summary does not carry them. A
+    job still running gets its figures so far and no finding: its epilogs' readings, which
+    close the job, are not in yet."""
     spans = []
     for node in data["nodes"]:
         if _refused(node) or node.get("start") is None:
@@ -151,6 +152,8 @@ def _add_telemetry(conn: sqlite3.Connection, data: dict) -> None:
     figures = queries.job_telemetry(conn, spans)
     for node in data["nodes"]:
         node["telemetry"] = figures.get(node["node"])
+        if node["telemetry"] is not None:
+            node["telemetry"]["power"] = telemetry.power(energy.get(node["node"]))
     data["held_back"] = None
     ran = [n for n in data["nodes"] if not _refused(n)]
     if spans and not _still_running(data, ran):
@@ -375,7 +378,8 @@ def _telemetry_lines(data: dict) -> list:
     if not nodes:
         return []
     if not any(n["telemetry"]["share"] or n["telemetry"]["errors"] for n in nodes):
-        return ["GPU slowdown (power or thermal policy) and error counters during the job: none"]
+        none = "GPU slowdown (power or thermal policy) and error counters during the job: none"
+        return [none, *_power_lines(nodes)]
     lines = ["GPU slowdown (power or thermal policy, worst GPU) and error counters during the job:"]
     for node in nodes:
         figures = node["telemetry"]
@@ -387,6 +391,18 @@ def _telemetry_lines(data: dict) -> list:
         )
     if data.get("held_back"):
         lines.append(f"held back: {clean(data['held_back']['evidence'], 300)}")
+    return lines + _power_lines(nodes)
+
+
+def _power_lines(nodes: list) -> list:
+    """Per node, its GPUs' mean power over the job (prolog to epilog), where recorded."""
+    drew = [n for n in nodes if n["telemetry"].get("power")]
+    if not drew:
+        return []
+    lines = ["GPU power, mean over the job (NVML energy counter, prolog to epilog):"]
+    for node in drew:
+        words = telemetry.power_words(node["telemetry"]["power"])
+        lines.append(f"  {clean(node['node'], 20):<12} {words}")
     return lines
 
 

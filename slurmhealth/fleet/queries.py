@@ -327,11 +327,12 @@ _VERSIONS_OLDEST = _VERSIONS + "ASC"
 
 
 def job_rows(conn: sqlite3.Connection, job_id: str) -> list:
-    """[{node, uid, user, start, end, exit_code, signal, state, slurm_state}] of the job, one
-    per node, by node."""
+    """[{node, uid, user, start, end, exit_code, signal, state, slurm_state, gpu_energy}] of
+    the job, one per node, by node."""
     return _dicts(
         conn.execute(
-            "SELECT node, uid, user, start, end, exit_code, signal, state, slurm_state "
+            "SELECT node, uid, user, start, end, exit_code, signal, state, slurm_state, "
+            "gpu_energy "
             "FROM jobs WHERE job_id = ? ORDER BY node",
             (job_id,),
         )

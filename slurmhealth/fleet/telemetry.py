@@ -17,11 +17,19 @@ them), and the error counters. A node's rows count when their time lies in (its 
 + EPILOG_SLACK_S]: the prolog's reading at the start closes the time before the job, the
 epilog's reading at the end closes the job. A node with no row had no change: 0.
 
-Not recorded per job, so not compared: SM clocks, power draw and utilisation.
+Power: each node's epilog records the energy its job's GPUs used since the prolog
+(jobs.gpu_energy, node/counters.py job_energy: NVML's energy counter, field 83), shown as each
+GPU's mean power. It names no node: a node held back by its clocks draws less than its peers,
+and a node its peers wait for (a slow memory stack, a link trained down) draws more, so a
+difference alone says neither which node nor why (docs/trends.md).
+
+Not recorded per job, so not compared: SM clocks and utilisation.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import statistics
 
 from slurmhealth.core.result import clean
@@ -141,6 +149,46 @@ def held_back(figures: dict, duration: float) -> dict | None:
         "others_median": median,
         "duration_s": duration,
     }
+
+
+def _number(value: object) -> float | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok and value >= 0 else None  # type: ignore[operator]
+
+
+def power(raw: object) -> dict | None:
+    """A node's `gpu_energy` (JSON text from the store: {"s": seconds, "j": {index: joules}})
+    as {span_s, mean_w (over its GPUs), gpus [{gpu, joules, watts}] lowest first}; None when
+    absent or not that shape (the fleet store's rows come from node exports: never trusted)."""
+    try:
+        data = json.loads(raw) if isinstance(raw, str) else None
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("j"), dict):
+        return None
+    span = _number(data.get("s"))
+    if not span:
+        return None
+    gpus = []
+    for index, joules in data["j"].items():
+        used = _number(joules)
+        if used is None or not str(index).isdigit() or len(str(index)) > 4:
+            continue
+        gpus.append({"gpu": f"GPU {int(index)}", "joules": used, "watts": used / span})
+    if not gpus:
+        return None
+    gpus.sort(key=lambda g: (g["watts"], g["gpu"]))
+    mean = statistics.fmean(g["watts"] for g in gpus)
+    return {"span_s": span, "mean_w": mean, "gpus": gpus}
+
+
+def power_words(figures: dict) -> str:
+    """ "612 W per GPU (lowest GPU 3 480 W)"; "612 W per GPU" with one GPU."""
+    text = f"{figures['mean_w']:.0f} W per GPU"
+    if len(figures["gpus"]) > 1:
+        low = figures["gpus"][0]
+        text += f" (lowest {clean(low['gpu'], 10)} {low['watts']:.0f} W)"
+    return text
 
 
 def percent(share: float) -> str:

@@ -556,7 +556,8 @@ def _hook_config(conn: object, node: str, mode: str) -> dict:
 
 
 def _baselines(conn: object, node: str, job_id: str, mode: str) -> dict:
-    """Node baselines; the epilog takes counters (GPU, NVLink, IB) from its job's prolog."""
+    """Node baselines; the epilog takes counters (GPU, NVLink, IB) from its job's prolog, and
+    the prolog's GPU energy readings (`job_start`: the job's energy, node/counters.py)."""
     if conn is None:
         return {}
     from slurmhealth.core import store  # noqa: PLC0415
@@ -574,7 +575,12 @@ def _baselines(conn: object, node: str, job_id: str, mode: str) -> dict:
         if area in job_level:
             merged[area] = job_level[area]
     if "gpu" in job_level:
-        merged["gpu"] = dict(node_level.get("gpu") or {}, counters=job_level["gpu"].get("counters"))
+        prolog = job_level["gpu"]
+        merged["gpu"] = dict(
+            node_level.get("gpu") or {},
+            counters=prolog.get("counters"),
+            job_start={k: prolog.get(k) for k in ("taken_at", "energy", "inventory")},
+        )
     return merged
 
 
@@ -607,6 +613,8 @@ def _job_columns(mode: str, job: dict, run: runner.Run, conn: object) -> dict | 
         state = "prolog_failed" if failed else "running"
         return dict(out, start=run.started, state=state, num_nodes=job["num_nodes"])
     out["end"] = run.started
+    if run.job_energy:
+        out["gpu_energy"] = json.dumps(run.job_energy, sort_keys=True)
     if _job_state(conn, run.node, job["id"]) != "prolog_failed":
         out["state"] = "ended"
         out.update({k: job[k] for k in ("exit_code", "signal") if k in job})

@@ -229,3 +229,37 @@ def changes(before: object, now: _Read, when: float) -> tuple:
 def _label(device: str) -> str:
     """A device's name for a row read as 0 (its label went with its readings): the device."""
     return device
+
+
+def job_energy(start: object, facts: object, now: float, job_gpus: list | None) -> dict | None:
+    """The energy each of the job's GPUs used between its prolog and its epilog.
+
+    start: the prolog's GPU baseline (checks/gpu.py baseline: `taken_at`, `energy` in mJ and
+    `inventory` by index); facts: the epilog's GPU facts; now: the epilog's time; job_gpus: the
+    job's GPU indexes (None: every GPU). NVML's energy counter (field 83) counts mJ since the
+    driver loaded, so a lower reading means the driver reloaded during the job, and a GPU whose
+    UUID changed is not the same GPU: both are left out. Returns {"s": seconds, "j": {index:
+    joules}}, or None when no GPU has both readings.
+    """
+    if not isinstance(start, dict) or not isinstance(facts, dict):
+        return None
+    before, inventory = start.get("energy"), start.get("inventory") or {}
+    taken = start.get("taken_at")
+    if not isinstance(before, dict) or not isinstance(taken, (int, float)) or now <= taken:
+        return None
+    wanted = None if job_gpus is None else {str(g) for g in job_gpus}
+    joules = {}
+    for dev in facts.get("devices") or ():
+        if not isinstance(dev, dict) or dev.get("error"):
+            continue
+        index = str(dev.get("index"))
+        first, last = before.get(index), (dev.get("fields") or {}).get("energy_mj")
+        if wanted is not None and index not in wanted:
+            continue
+        if not isinstance(first, int) or not isinstance(last, int) or last < first:
+            continue
+        known = inventory.get(index) if isinstance(inventory, dict) else None
+        if isinstance(known, dict) and known.get("uuid") not in (None, dev.get("uuid")):
+            continue
+        joules[index] = round((last - first) / 1000.0, 1)
+    return {"s": round(now - taken, 3), "j": joules} if joules else None

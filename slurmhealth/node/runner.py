@@ -128,6 +128,7 @@ class Run:
         self.resets: list = []  # GPU indexes a reset would mend (areas' resets_of())
         self.counters: list = []  # counter readings that changed (node/counters.py)
         self.readings: dict = {}  # every counter read: {"<device>|<counter>": value}
+        self.job_energy: dict | None = None  # the epilog's: counters.job_energy
         self.verdict = OK
         self.record_versions = True  # False: unchanged since recorded (VERSIONS_EVERY)
         self.hung = False
@@ -343,6 +344,16 @@ def _counters(out: Run, before: object) -> None:
         out.counters = []
 
 
+def _job_energy(out: Run, before: object, job_gpus: list | None) -> dict | None:
+    """The job's energy per GPU, from its prolog's reading (`job_start` of the GPU baseline);
+    a crash here is our bug and costs the figure, never the run."""
+    start = before.get("job_start") if isinstance(before, dict) else None
+    try:
+        return counters.job_energy(start, out.facts.get("gpu"), out.started, job_gpus)
+    except Exception:
+        return None
+
+
 def run(
     node: str,
     expect: dict,
@@ -389,6 +400,8 @@ def run(
     if kept:
         out.baselines["versions"] = kept
     _counters(out, baselines.get("counters"))
+    if phase == "epilog":
+        out.job_energy = _job_energy(out, baselines.get("gpu"), job_gpus)
     out._error_fails = settings["error_fails"]
     out.verdict = verdict(out.results, out._error_fails)
     out.duration = time.perf_counter() - started

@@ -132,7 +132,7 @@ def test_a_version_3_store_gains_the_published_table_and_keeps_its_jobs(db):
     old.execute("INSERT INTO jobs (node, job_id, end) VALUES ('gpu01', '7', 1.5)")
     old.close()
     conn = store.connect(db)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 8
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 9
     conn.execute("INSERT INTO published VALUES ('7', 'abc', 2.0, 120)")
     assert conn.execute("SELECT job_id, digest FROM published").fetchall() == [("7", "abc")]
     plan = conn.execute("EXPLAIN QUERY PLAN SELECT job_id FROM jobs WHERE end >= 1").fetchall()
@@ -147,7 +147,7 @@ def test_a_version_6_store_gains_watermarks_and_run_hours_and_keeps_its_runs(db)
     )
     old.close()
     conn = store.connect(db)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 8
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 9
     assert conn.execute("SELECT id, started FROM runs").fetchall() == [("r1", 7.0)]
     conn.execute(store.insert_sql("watermarks"), ("/spool/gpu01.db", 7.0, "", 8.0))
     conn.execute(store.insert_sql("run_hours"), ("gpu01", 3600.0, "healthcheck", 11, 0.5))
@@ -164,7 +164,7 @@ def test_a_version_7_store_reads_its_runs_by_time_from_the_index_alone(db):
     )
     old.close()
     conn = store.connect(db)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 8
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION
     sql = "SELECT duration FROM runs WHERE started >= 0 AND started < 9 AND phase = 'prolog'"
     plan = str(conn.execute(f"EXPLAIN QUERY PLAN {sql}").fetchall())
     assert "COVERING INDEX runs_started_phase" in plan
@@ -174,6 +174,17 @@ def test_a_version_7_store_reads_its_runs_by_time_from_the_index_alone(db):
     # the runs that did not pass, by time, from the partial index alone
     failed = "SELECT node FROM runs WHERE verdict != 'ok' AND started >= 0 AND started < 9"
     assert "runs_not_ok" in str(conn.execute(f"EXPLAIN QUERY PLAN {failed}").fetchall())
+
+
+def test_a_version_8_store_gains_the_jobs_gpu_energy_and_keeps_its_jobs(db):
+    old = store_at_version(db, 8)
+    old.execute("INSERT INTO jobs (node, job_id, end) VALUES ('gpu01', '7', 1.5)")
+    old.close()
+    conn = store.connect(db)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 9
+    assert conn.execute("SELECT job_id, end, gpu_energy FROM jobs").fetchall() == [("7", 1.5, None)]
+    conn.execute("UPDATE jobs SET gpu_energy = '{}'")
+    assert conn.execute("SELECT gpu_energy FROM jobs").fetchone() == ("{}",)
 
 
 # --- a store damaged past its header: opens fine, fails later, reported corrupt ----------------

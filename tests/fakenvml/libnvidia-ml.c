@@ -260,6 +260,7 @@ static nvmlReturn_t field(unsigned int dev, unsigned int id, unsigned int scope,
     case 74: v->valueType = 3; v->value.ullVal = 2599937728ULL * (dev + 1); return OK;
     case 75: v->valueType = 3; v->value.ullVal = 0; return OK;
     case 94: v->value.uiVal = 3 * dev; return OK;
+    case 83: v->valueType = 3; v->value.ullVal = 5000000ULL * (dev + 1); return OK; /* mJ */
     case 161: case 162: case 163:
         if (scope >= 18) return INVALID;
         v->valueType = 3;

@@ -32,6 +32,7 @@ _REVERSE_FIELDS = {
     74: "perf_power_ns",
     75: "perf_thermal_ns",
     94: "pcie_replay",
+    83: "energy_mj",
 }
 _LINK_FIELDS = {161: "replay", 162: "recovery", 163: "crc"}
 

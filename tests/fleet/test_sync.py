@@ -381,21 +381,23 @@ def test_sacct_times_are_local_unless_utc():
 
 def test_sacct_fills_what_the_hooks_could_not_know_and_never_erases(tmp_path):
     conn = store.connect(str(tmp_path / "fleet.db"))
+    energy = '{"j": {"0": 180000.0}, "s": 301.0}'
     hook_rows = [
-        # ran to its epilog: the hook's own start, end and exit status stay
-        ("gpu02", "8", 1000, "root", MAY1_10 - 2, MAY1_10 + 299, 768, 0, "ended", 1),
+        # ran to its epilog: the hook's own start, end, exit status and GPU energy stay
+        ("gpu02", "8", 1000, "root", MAY1_10 - 2, MAY1_10 + 299, 768, 0, "ended", 1, energy),
         # the node died before its epilog: only the prolog's row
-        ("gpu04", "12", 1000, "alice", MAY1_10 - 1, None, None, None, "running", 1),
+        ("gpu04", "12", 1000, "alice", MAY1_10 - 1, None, None, None, "running", 1, None),
     ]
     conn.executemany(
         "INSERT INTO jobs (node, job_id, uid, user, start, end, exit_code, signal, state, "
-        "num_nodes) VALUES (?,?,?,?,?,?,?,?,?,?)",
+        "num_nodes, gpu_energy) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
         hook_rows,
     )
     result = accounting.ingest_sacct(conn, SACCT, utc=True)
     assert result["jobs"] == 10 and len(result["bad"]) == 2
-    row = conn.execute("SELECT * FROM jobs WHERE job_id = '8'").fetchone()
-    assert row == (*hook_rows[0], "FAILED")
+    columns = "node, job_id, uid, user, start, end, exit_code, signal, state, num_nodes"
+    row = conn.execute(f"SELECT {columns}, gpu_energy, slurm_state FROM jobs WHERE job_id = '8'")
+    assert row.fetchone() == (*hook_rows[0], "FAILED")
     crashed = conn.execute(
         "SELECT start, end, state, slurm_state FROM jobs WHERE job_id = '12'"
     ).fetchone()

@@ -326,3 +326,66 @@ def test_a_job_is_judged_whole_when_a_window_edge_falls_between_its_epilogs(tmp_
     ((node, when),) = queries.held_back_jobs(conn, end, end + HOUR)
     assert (node, when) == ("gpu01", end + 5.0)
     assert [n for n, _ in queries.held_back_jobs(conn, t0, end + HOUR)] == ["gpu01"]
+
+
+# --- power: the energy the epilogs recorded (jobs.gpu_energy), shown per node -------------------
+
+
+def test_power_is_each_gpus_energy_over_the_nodes_time_in_the_job():
+    figures = telemetry.power(json.dumps({"s": 100.0, "j": {"0": 65000, "3": 21200.5}}))
+    assert figures["span_s"] == 100.0 and figures["mean_w"] == pytest.approx(431.0025)
+    assert [(g["gpu"], g["watts"]) for g in figures["gpus"]] == [("GPU 3", 212.005), ("GPU 0", 650)]
+    assert telemetry.power_words(figures) == "431 W per GPU (lowest GPU 3 212 W)"
+    one = telemetry.power('{"s": 10, "j": {"1": 7000}}')
+    assert telemetry.power_words(one) == "700 W per GPU"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        None,
+        "",
+        "not json",
+        "[1, 2]",
+        '{"s": 0, "j": {"0": 1}}',
+        '{"s": -5, "j": {"0": 1}}',
+        '{"s": NaN, "j": {"0": 1}}',
+        '{"s": true, "j": {"0": 1}}',
+        '{"s": 10, "j": []}',
+        '{"s": 10, "j": {"0": -1, "x\\u001b[2J": 5, "99999": 5, "1": "5"}}',
+        "[" * 100_000,
+    ],
+)
+def test_power_from_a_damaged_or_forged_row_is_none(raw):
+    assert telemetry.power(raw) is None
+
+
+def test_slurmhealth_job_shows_each_nodes_mean_gpu_power(tmp_path):
+    path = str(tmp_path / "fleet.db")
+    conn = store.connect(path)
+    held_back_job(conn, tmp_path, "41", T0)
+    drew = {"gpu04": 650, "gpu05": 655, "gpu06": 648, "gpu07": 471}  # gpu08: no energy counter
+    for node, watts in drew.items():
+        joules = {str(i): watts * SPAN for i in range(8)}
+        joules["3"] = (212 if node == "gpu07" else watts - 10) * SPAN
+        energy = json.dumps({"s": SPAN, "j": joules})
+        conn.execute("UPDATE jobs SET gpu_energy = ? WHERE node = ?", (energy, node))
+    conn.commit()
+    conn.close()
+
+    got = json.loads(run_cli("job", "41", "--db", path, "--json").stdout)
+    power = {n["node"]: n["telemetry"]["power"] for n in got["nodes"]}
+    assert power["gpu08"] is None
+    assert round(power["gpu07"]["mean_w"], 3) == round((7 * 471 + 212) / 8, 3)
+    assert power["gpu07"]["gpus"][0] == {"gpu": "GPU 3", "joules": 212 * SPAN, "watts": 212.0}
+    assert got["held_back"]["node"] == "gpu07"  # power names nobody; the slowdown does
+
+    text = run_cli("job", "41", "--db", path).stdout.splitlines()
+    at = text.index("GPU power, mean over the job (NVML energy counter, prolog to epilog):")
+    assert text[at + 1 : at + 5] == [
+        "  gpu04        649 W per GPU (lowest GPU 3 640 W)",
+        "  gpu05        654 W per GPU (lowest GPU 3 645 W)",
+        "  gpu06        647 W per GPU (lowest GPU 3 638 W)",
+        "  gpu07        439 W per GPU (lowest GPU 3 212 W)",
+    ]
+    assert not any(line.startswith("  gpu08") and "W per GPU" in line for line in text)

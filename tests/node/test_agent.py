@@ -210,6 +210,40 @@ def test_epilog_deltas_are_against_the_jobs_prolog(node, tmp_path):
     assert node.slurm()["reason"] == "slurmhealth: GPU 1 link 7 recovery +25"
 
 
+def with_energy(tmp_path, name: str, joules: dict) -> str:
+    """The healthy snapshot with NVML's energy counter (field 83, mJ) on some GPUs."""
+    with open(snapshot_path("healthy")) as handle:
+        doc = json.load(handle)
+    for index, value in joules.items():
+        doc["gpu"]["devices"][index]["fields"]["energy_mj"] = int(value * 1000)
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def test_the_epilog_records_the_energy_each_of_the_jobs_gpus_used_since_its_prolog(node, tmp_path):
+    node.configure(gpu_source=with_energy(tmp_path, "start", {2: 5000, 3: 7000, 4: 1000}))
+    node.run("prolog", job="31", SLURM_JOB_GPUS="2,3")
+    # a health check between them moves the node's baseline, not the job's
+    node.configure(gpu_source=with_energy(tmp_path, "mid", {2: 6000, 3: 8000, 4: 2000}))
+    assert node.run("healthcheck", job="").returncode == 0
+    # GPU 3's counter fell: the driver reloaded during the job, its energy is unknown
+    node.configure(gpu_source=with_energy(tmp_path, "end", {2: 9500.5, 3: 10, 4: 9000}))
+    assert (
+        node.run("epilog", job="31", SLURM_JOB_GPUS="2,3", SLURM_JOB_EXIT_CODE="0").returncode == 0
+    )
+    (raw,) = node.db().execute("SELECT gpu_energy FROM jobs WHERE job_id = '31'").fetchone()
+    energy = json.loads(raw)
+    assert energy["j"] == {"2": 4500.5}  # GPU 4 is not the job's
+    assert 0 < energy["s"] < 120
+    node.configure()  # no energy counter (an older driver): no figure, nothing else changes
+    node.run("prolog", job="32")
+    assert node.run("epilog", job="32", SLURM_JOB_EXIT_CODE="0").returncode == 0
+    assert node.db().execute("SELECT gpu_energy FROM jobs WHERE job_id = '32'").fetchone() == (
+        None,
+    )
+
+
 def test_epilog_drains_a_gpu_needing_reset_unless_resets_are_allowed(node, tmp_path):
     node.configure("remap-pending")
     assert node.run("prolog", job="1").returncode == 0  # a pending remap only warns before a job

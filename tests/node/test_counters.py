@@ -144,3 +144,47 @@ def test_a_run_records_its_changed_counters_in_the_store(tmp_path):
         (run_id,),
     ).fetchall()
     assert rows and all(delta and delta > 0 for _, delta in rows)
+
+
+# --- the job's energy: the prolog's reading against the epilog's ----------------------------------
+
+
+def energy_facts(readings: dict) -> dict:
+    """The healthy GPUs with NVML's energy counter (mJ) where given."""
+    gpu = healthy_gpu()
+    for dev in gpu["devices"]:
+        dev["fields"]["energy_mj"] = readings.get(dev["index"])
+    return gpu
+
+
+def prolog_start(readings: dict, taken_at: float = 1000.0) -> dict:
+    from slurmhealth.node.checks import gpu  # noqa: PLC0415
+
+    return gpu.baseline(energy_facts(readings), now=taken_at)
+
+
+def test_the_jobs_energy_is_each_gpus_reading_at_the_epilog_less_the_prologs():
+    start = prolog_start({0: 1_000_000, 1: 2_000_000, 2: 3_000_000})
+    end = energy_facts({0: 61_000_000, 1: 2_000_500, 2: 9_000_000})
+    got = counters.job_energy(start, end, 1100.0, None)
+    assert got == {"s": 100.0, "j": {"0": 60000.0, "1": 0.5, "2": 6000.0}}
+    # only the job's GPUs
+    assert counters.job_energy(start, end, 1100.0, [2])["j"] == {"2": 6000.0}
+
+
+def test_a_reloaded_driver_a_changed_gpu_or_a_missing_reading_leaves_that_gpu_out():
+    start = prolog_start({0: 5_000_000, 1: 5_000_000, 2: 5_000_000, 3: 5_000_000})
+    end = energy_facts({0: 100, 1: 6_000_000, 2: None, 3: 7_000_000})
+    end["devices"][1]["uuid"] = "GPU-swapped"  # another GPU at that index
+    end["devices"][4]["fields"]["energy_mj"] = 9_000_000  # no prolog reading
+    assert counters.job_energy(start, end, 1010.0, None) == {"s": 10.0, "j": {"3": 2000.0}}
+
+
+def test_no_prolog_reading_or_no_time_gives_no_energy():
+    end = energy_facts({0: 5_000_000})
+    assert counters.job_energy(None, end, 1010.0, None) is None
+    assert counters.job_energy({}, end, 1010.0, None) is None
+    start = prolog_start({0: 1_000_000})
+    assert counters.job_energy(start, end, 1000.0, None) is None  # the clock went back
+    assert counters.job_energy(start, energy_facts({}), 1010.0, None) is None
+    assert counters.job_energy(start, "garbage", 1010.0, None) is None

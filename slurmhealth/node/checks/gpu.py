@@ -608,8 +608,9 @@ CHECKS = (
 
 
 def baseline(facts: dict, now: float | None = None) -> dict:
-    """The inventory and memory counters to compare the next run against, keyed by index, and
-    the time they were read (`now`, else the clock: the run's time)."""
+    """The inventory and memory counters to compare the next run against, keyed by index, the
+    energy counters (the prolog's, for the job's energy at its epilog) and the time they were
+    read (`now`, else the clock: the run's time)."""
     alive = _alive(facts)
     return {
         "taken_at": time.time() if now is None else now,
@@ -623,11 +624,16 @@ def baseline(facts: dict, now: float | None = None) -> dict:
             }
             for d in alive
         },
+        "energy": {
+            str(d["index"]): d["fields"]["energy_mj"]
+            for d in alive
+            if isinstance(d["fields"].get("energy_mj"), int)
+        },
     }
 
 
 def _clocks(device: dict) -> str | None:
-    """"SM/memory MHz" of the application clocks, or None where NVML does not give both."""
+    """ "SM/memory MHz" of the application clocks, or None where NVML does not give both."""
     sm, mem = device.get("app_clock_sm"), device.get("app_clock_mem")
     return f"{sm}/{mem} MHz" if sm is not None and mem is not None else None
 

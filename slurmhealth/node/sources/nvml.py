@@ -40,6 +40,9 @@ FIELDS = {
     "perf_power_ns": 74,  # NVML_FI_DEV_PERF_POLICY_POWER: time held back by the power policy
     "perf_thermal_ns": 75,  # NVML_FI_DEV_PERF_POLICY_THERMAL: ... by the thermal policy
     "pcie_replay": 94,  # NVML_FI_DEV_PCIE_REPLAY_COUNTER (DCGM warns at 8 per minute)
+    # NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION: mJ since the driver loaded; the prolog's and the
+    # epilog's readings give the job's energy and mean power per GPU (node/counters.py).
+    "energy_mj": 83,
 }
 # Per-link NVLink error counters (scopeId = link); unsupported on Blackwell+ (NVML 13 header).
 LINK_FIELDS = {"replay": 161, "recovery": 162, "crc": 163}

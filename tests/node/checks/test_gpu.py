@@ -299,6 +299,13 @@ def test_baseline_keeps_the_time_it_was_read():
     assert isinstance(gpu.baseline(facts("healthy"))["taken_at"], float)
 
 
+def test_baseline_keeps_the_energy_counters_that_answered():
+    f = facts("healthy")
+    f["devices"][0]["fields"]["energy_mj"] = 123_456_789
+    f["devices"][1]["fields"]["energy_mj"] = None  # NotSupported
+    assert gpu.baseline(f)["energy"] == {"0": 123_456_789}
+
+
 # ---------------------------------------------------------------- what the node should be
 
 

@@ -90,6 +90,7 @@ def test_the_sweep_reads_every_value_through_the_builtin_binding(libdir):
     fields = second["fields"]
     assert fields["ecc_current"] == 1 and fields["ecc_sbe_aggregate"] == 13
     assert fields["perf_power_ns"] == 2 * 2599937728  # an unsigned long long, read whole
+    assert fields["energy_mj"] == 2 * 5_000_000  # field 83, in the same batched call
     assert (fields["pcie_replay"], fields["remap_correctable"]) == (3, 1)
     assert fields["retired_sbe"] is None  # that entry's own return: NotSupported
     links = second["nvlink"]
