@@ -304,6 +304,23 @@ INDEXES = {
     # 9: the energy each GPU of a job used, prolog to epilog (jobs.gpu_energy, node/counters.py
     # job_energy): no index, it is read with its job's row.
     9: (),
+    # 10: the report and the lemon sweep over a 10,000-node month read indexes alone, where
+    # they read a table row per record in time order: 10x the nodes had cost 14-20x the time
+    # (docs/benchmarks.md). The rolled-up hours with their count (6.8M node-hours: 3.4 s ->
+    # 0.36 s); the runs that did not pass with their verdict (0.84 -> 0.13 s); the jobs that
+    # ended NODE_FAIL, and those whose prolog failed, by start (few: 0.6 s -> 3 ms each); the
+    # jobs by end with what the held-back finding reads of them (the week's 375k node-jobs: 0.8
+    # -> 0.45 s). A passing run's write never touches the partial indexes.
+    10: (
+        "DROP INDEX jobs_end",
+        "CREATE INDEX jobs_end ON jobs (end, num_nodes, start, state, node, job_id)",
+        "DROP INDEX run_hours_hour",
+        "CREATE INDEX run_hours_hour_runs ON run_hours (hour, runs)",
+        "DROP INDEX runs_not_ok",
+        "CREATE INDEX runs_not_ok ON runs (started, node, verdict, id) WHERE verdict != 'ok'",
+        "CREATE INDEX jobs_node_fail ON jobs (start) WHERE slurm_state = 'NODE_FAIL'",
+        "CREATE INDEX jobs_prolog_failed ON jobs (start) WHERE state = 'prolog_failed'",
+    ),
 }
 SCHEMA_VERSION = max(INDEXES)
 

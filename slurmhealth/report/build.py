@@ -250,20 +250,22 @@ def xid_counts(conn: sqlite3.Connection, start: float, end: float) -> dict:
     return {"by_class": by_class, "codes": rows}
 
 
-def percentile(values: list, q: float) -> float | None:
-    """The q-quantile by nearest rank (a value that occurred), None when empty."""
+def percentile(values: list, q: float, ordered: bool = False) -> float | None:
+    """The q-quantile by nearest rank (a value that occurred), None when empty. ordered:
+    `values` is sorted already."""
     if not values:
         return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+    ranked = values if ordered else sorted(values)
+    return ranked[min(len(ranked) - 1, max(0, math.ceil(q * len(ranked)) - 1))]
 
 
 def own_cost(conn: sqlite3.Connection, start: float, end: float) -> list:
     """slurmhealth's own wall time per run of prolog and epilog in the period (runs.duration)."""
     out = []
-    for phase in ("prolog", "epilog"):
-        durations = queries.durations(conn, start, end, phase)
-        p50, p99 = percentile(durations, 0.50), percentile(durations, 0.99)
+    phases = ("prolog", "epilog")
+    for phase, durations in queries.durations(conn, start, end, phases).items():
+        durations.sort()
+        p50, p99 = percentile(durations, 0.50, True), percentile(durations, 0.99, True)
         out.append(
             {
                 "phase": phase,

@@ -132,7 +132,7 @@ def test_a_version_3_store_gains_the_published_table_and_keeps_its_jobs(db):
     old.execute("INSERT INTO jobs (node, job_id, end) VALUES ('gpu01', '7', 1.5)")
     old.close()
     conn = store.connect(db)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 9
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 10
     conn.execute("INSERT INTO published VALUES ('7', 'abc', 2.0, 120)")
     assert conn.execute("SELECT job_id, digest FROM published").fetchall() == [("7", "abc")]
     plan = conn.execute("EXPLAIN QUERY PLAN SELECT job_id FROM jobs WHERE end >= 1").fetchall()
@@ -147,7 +147,7 @@ def test_a_version_6_store_gains_watermarks_and_run_hours_and_keeps_its_runs(db)
     )
     old.close()
     conn = store.connect(db)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 9
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 10
     assert conn.execute("SELECT id, started FROM runs").fetchall() == [("r1", 7.0)]
     conn.execute(store.insert_sql("watermarks"), ("/spool/gpu01.db", 7.0, "", 8.0))
     conn.execute(store.insert_sql("run_hours"), ("gpu01", 3600.0, "healthcheck", 11, 0.5))
@@ -181,10 +181,14 @@ def test_a_version_8_store_gains_the_jobs_gpu_energy_and_keeps_its_jobs(db):
     old.execute("INSERT INTO jobs (node, job_id, end) VALUES ('gpu01', '7', 1.5)")
     old.close()
     conn = store.connect(db)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 9
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 10
     assert conn.execute("SELECT job_id, end, gpu_energy FROM jobs").fetchall() == [("7", 1.5, None)]
     conn.execute("UPDATE jobs SET gpu_energy = '{}'")
     assert conn.execute("SELECT gpu_energy FROM jobs").fetchone() == ("{}",)
+    # the rolled-up hours' counts by time, from the index alone
+    rolled = "SELECT sum(runs) FROM run_hours WHERE hour >= 0 AND hour < 9"
+    plan = str(conn.execute(f"EXPLAIN QUERY PLAN {rolled}").fetchall())
+    assert "COVERING INDEX run_hours_hour_runs" in plan
 
 
 # --- a store damaged past its header: opens fine, fails later, reported corrupt ----------------
