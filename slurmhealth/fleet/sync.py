@@ -877,11 +877,14 @@ _KEEP = """DELETE FROM temp.roll WHERE (node, hour) IN (
 _KEPT_RUN = """ALTER TABLE temp.roll ADD COLUMN keep TEXT"""
 # The hour's first health check stays a row; `runs` and `duration` become what the hour's
 # run_hours gains: the runs that may be folded less that one (unless it recorded versions, so
-# was never among them).
+# was never among them). By (node, started), named: the planner took (started, phase), which
+# reads every node's health check of that second where a fleet's checks start together (1.4 s
+# instead of 0.06 s for 10,000 nodes' hour, docs/benchmarks.md).
 _PICK = """UPDATE temp.roll SET (keep, runs, duration) = (
     SELECT runs.id, roll.runs - (NOT instr(runs.sources, '"versions"')), roll.duration
            - (CASE WHEN instr(runs.sources, '"versions"') THEN 0 ELSE runs.duration END)
-    FROM runs WHERE runs.node = roll.node AND runs.started = roll.first
+    FROM runs INDEXED BY runs_node_started_verdict
+    WHERE runs.node = roll.node AND runs.started = roll.first
     AND runs.phase = 'healthcheck' ORDER BY runs.id LIMIT 1)"""
 _COUNT = """INSERT INTO run_hours (node, hour, phase, runs, duration)
 SELECT node, hour, 'healthcheck', runs, duration FROM temp.roll WHERE runs > 0

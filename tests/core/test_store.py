@@ -353,3 +353,13 @@ def test_reading_recent_events_from_10000_costs_well_under_a_millisecond(db):
         f"quiet node {costs['gpu99'] * 1e6:.0f} us"
     )
     assert costs["gpu99"] < 0.001
+
+
+def test_record_ids_are_unique_and_in_the_order_they_were_made():
+    ids = [store.new_id() for _ in range(20_000)]
+    assert len(set(ids)) == len(ids)
+    assert all(len(i) == 24 and int(i, 16) >= 0 for i in ids)
+    # the time part (13 hex digits of microseconds) never goes back within one clock
+    stamps = [int(i[:13], 16) for i in ids]
+    assert stamps == sorted(stamps)
+    assert abs(stamps[-1] / 1e6 - time.time()) < 60
