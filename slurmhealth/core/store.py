@@ -390,8 +390,9 @@ def new_id() -> str:
     """A run's or action's id: 24 hex digits, the time in microseconds (13, in order until the
     year 2112) then 44 random bits. Ids written together sit together in the id index, as
     rows do in the table: an import appends, and the hourly rollup deletes one range, where
-    random ids touched a page per record (a 10,000-node day: insert 129 -> 68 s, an hour's
-    delete 2.4 -> 1.1 s; docs/benchmarks.md). Never reused: 2^44 draws per microsecond."""
+    random ids touched a page per record (a 10,000-node day: written in 108-129 -> 68-70 s, an
+    hour of it deleted in 2.4 -> 1.0 s; bench/bench_ids.py, docs/benchmarks.md). Never reused:
+    2^44 draws per microsecond."""
     return f"{time.time_ns() // 1000:013x}{int.from_bytes(os.urandom(6), 'big') >> 4:011x}"
 
 
