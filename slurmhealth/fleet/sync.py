@@ -867,11 +867,16 @@ FROM (SELECT node, CAST(started / 3600 AS INTEGER) * 3600 AS hour, started, dura
              NOT instr(sources, '"versions"') AS plain
       FROM runs WHERE started >= :lo AND started < :hi AND phase = 'healthcheck' LIMIT -1)
 GROUP BY node, hour"""
-# Node-hours with a run that must stay whole: not passing, or with a result, Xid or counter.
+# Node-hours with a run that must stay whole: not passing, or with a result that is not a skip,
+# an Xid or a counter. A skip ("no NVLink on this GPU", "fabric state not reported") is kept
+# with every run that has one, which on a real node is nearly every run: the same skips each
+# time say nothing an hour's first run does not (it keeps its own), and an hour they kept whole
+# was never rolled up (the simulator's passing runs have no results, so its fleets did not show
+# it). The runs folded take their skips with them (_FOLDED).
 _KEEP = """DELETE FROM temp.roll WHERE (node, hour) IN (
     SELECT node, CAST(started / 3600 AS INTEGER) * 3600 FROM runs
     WHERE started >= :lo AND started < :hi AND (verdict != 'ok'
-        OR EXISTS (SELECT 1 FROM results WHERE run_id = runs.id)
+        OR EXISTS (SELECT 1 FROM results WHERE run_id = runs.id AND status != 'skip')
         OR id IN (SELECT run_id FROM events WHERE time >= :lo - :lag AND time < :hi)
         OR id IN (SELECT run_id FROM counters WHERE time >= :lo - :lag AND time < :hi + 3600)))"""
 _KEPT_RUN = """ALTER TABLE temp.roll ADD COLUMN keep TEXT"""
@@ -899,19 +904,23 @@ SELECT u.rowid AS id FROM temp.roll r JOIN runs u ON u.node = r.node
     AND u.started >= r.hour AND u.started < r.hour + 3600
 WHERE r.versions > 0 AND r.runs > 0 AND u.phase = 'healthcheck'
     AND instr(u.sources, '"versions"')"""
-_DELETE = """DELETE FROM runs WHERE rowid IN (
-    SELECT u.rowid FROM temp.roll r JOIN runs u ON u.node = r.node
+# The runs to fold: rowid and id, so their skip results go too, then the runs.
+_FOLDED = """CREATE TEMP TABLE folded AS
+SELECT u.rowid AS rid, u.id AS id FROM temp.roll r JOIN runs u ON u.node = r.node
     AND u.started >= r.hour AND u.started < r.hour + 3600
     WHERE r.runs > 0 AND u.phase = 'healthcheck' AND u.id != r.keep
-    AND u.rowid NOT IN (SELECT id FROM temp.versioned))"""
+    AND u.rowid NOT IN (SELECT id FROM temp.versioned)"""
+_FOLD_RESULTS = "DELETE FROM results WHERE run_id IN (SELECT id FROM temp.folded)"
+_FOLD_RUNS = "DELETE FROM runs WHERE rowid IN (SELECT rid FROM temp.folded)"
 # A passing health check imported into an hour already rolled up (an old export imported
 # again, `collect --full`) is one of the runs that hour counts: it goes, unless it is the
 # hour's first (the one kept) or recorded versions (never counted: it stays).
-_LATE = """DELETE FROM runs WHERE rowid > :rowid AND started < :until AND verdict = 'ok'
+_LATE = """CREATE TEMP TABLE folded AS SELECT rowid AS rid, id FROM runs
+    WHERE rowid > :rowid AND started < :until AND verdict = 'ok'
     AND phase = 'healthcheck' AND NOT instr(sources, '"versions"')
     AND EXISTS (SELECT 1 FROM run_hours h WHERE h.node = runs.node AND h.phase = 'healthcheck'
                 AND h.hour = CAST(runs.started / 3600 AS INTEGER) * 3600)
-    AND NOT EXISTS (SELECT 1 FROM results WHERE run_id = runs.id)
+    AND NOT EXISTS (SELECT 1 FROM results WHERE run_id = runs.id AND status != 'skip')
     AND EXISTS (SELECT 1 FROM runs f WHERE f.node = runs.node AND f.phase = 'healthcheck'
                 AND f.started >= CAST(runs.started / 3600 AS INTEGER) * 3600
                 AND (f.started < runs.started OR (f.started = runs.started AND f.id < runs.id)))"""
@@ -938,7 +947,12 @@ def _rollup(conn: sqlite3.Connection, before: float) -> dict:
     rowid = done.get("rowid", 0)
     if rowid and done.get("until"):  # runs merged since the last rollup, into rolled hours
         with store.immediate(conn):
-            late = conn.execute(_LATE, {"rowid": rowid, "until": done["until"]}).rowcount
+            conn.execute("DROP TABLE IF EXISTS temp.folded")
+            try:
+                conn.execute(_LATE, {"rowid": rowid, "until": done["until"]})
+                late = _fold(conn)
+            finally:
+                conn.execute("DROP TABLE IF EXISTS temp.folded")
         out["late"] = late
     while lo < until:
         hi = min(until, (lo // DAY + 1) * DAY)
@@ -955,7 +969,8 @@ def _rollup(conn: sqlite3.Connection, before: float) -> dict:
 def _rollup_range(conn: sqlite3.Connection, lo: float, hi: float) -> tuple:
     """Roll up [lo, hi) inside the caller's transaction: (runs folded, node-hours)."""
     args = {"lo": lo, "hi": hi, "lag": EVENT_LAG_S}
-    for table in ("roll", "versioned"):
+    temps = ("roll", "versioned", "folded")
+    for table in temps:
         conn.execute(f"DROP TABLE IF EXISTS temp.{table}")
     try:
         conn.execute(_ROLL_HOURS, args)
@@ -964,8 +979,15 @@ def _rollup_range(conn: sqlite3.Connection, lo: float, hi: float) -> tuple:
         conn.execute(_PICK)
         hours = conn.execute(_COUNT).rowcount
         conn.execute(_VERSIONED)
-        folded = conn.execute(_DELETE).rowcount
+        conn.execute(_FOLDED)
+        folded = _fold(conn)
     finally:
-        for table in ("roll", "versioned"):
+        for table in temps:
             conn.execute(f"DROP TABLE IF EXISTS temp.{table}")
     return folded, hours
+
+
+def _fold(conn: sqlite3.Connection) -> int:
+    """Delete the runs in temp.folded and their (skip) results; the runs deleted."""
+    conn.execute(_FOLD_RESULTS)
+    return conn.execute(_FOLD_RUNS).rowcount

@@ -1312,6 +1312,73 @@ def test_runs_imported_again_into_rolled_up_hours_are_not_counted_twice(tmp_path
     assert dict(queries.verdict_counts(conn, start, end)) == totals
 
 
+def with_skips(conn: sqlite3.Connection) -> None:
+    """Every passing health check with the skip results a real node's runs carry (no NVLink, no
+    fabric state): stored with each run (Run.records keeps every result that is not ok)."""
+    skips = [
+        (run_id, check, "skip", "not reported", "", "{}", 0.0)
+        for (run_id,) in conn.execute(
+            "SELECT id FROM runs WHERE phase = 'healthcheck' AND verdict = 'ok'"
+        ).fetchall()
+        for check in ("gpu.fabric", "nvlink.link_state")
+    ]
+    conn.executemany(store.insert_sql("results"), skips)
+    conn.commit()
+
+
+def test_skip_results_do_not_keep_an_hour_whole_and_go_with_the_runs_folded(tmp_path):
+    """A real node's passing runs carry skips: they must not stop the rollup (they kept every
+    hour whole), and a folded run's results go with it; any other result still keeps its hour
+    whole, and an old export merged again is folded, skips and all."""
+    from slurmhealth.fleet import queries
+
+    history, conn = rolled_fleet(tmp_path)
+    start, end = history.fleet.start, history.fleet.end
+    old = export_text(conn)
+    with_skips(conn)
+    # one passing run with an error result (a check that could not run): its hour stays whole
+    errored, node, when = conn.execute(
+        "SELECT id, node, started FROM runs WHERE phase = 'healthcheck' AND verdict = 'ok' "
+        "ORDER BY started LIMIT 1 OFFSET 500"
+    ).fetchone()
+    conn.execute(
+        store.insert_sql("results"), (errored, "ib.rate", "error", "unreadable", "", "{}", 0.0)
+    )
+    conn.commit()
+    hour = int(when // 3600) * 3600
+    in_hour = "SELECT count(*) FROM runs WHERE node = ? AND started >= ? AND started < ?"
+    whole = conn.execute(in_hour, (node, hour, hour + 3600)).fetchone()[0]
+    totals = dict(queries.verdict_counts(conn, start, end))
+    done = sync.rollup(conn, end - DAY)
+    assert done["runs"] > 0.8 * 3 * 24 * 288  # as many as without the skips
+    assert dict(queries.verdict_counts(conn, start, end)) == totals
+    orphans = "SELECT count(*) FROM results WHERE run_id NOT IN (SELECT id FROM runs)"
+    assert conn.execute(orphans).fetchone()[0] == 0
+    assert whole >= 12 and conn.execute(in_hour, (node, hour, hour + 3600)).fetchone()[0] == whole
+    assert conn.execute(
+        "SELECT count(*) FROM run_hours WHERE node = ? AND hour = ?", (node, hour)
+    ).fetchone() == (0,)
+    # the rolled hours keep their first run, and its skips
+    kept = conn.execute(
+        "SELECT count(*) FROM results r JOIN runs u ON u.id = r.run_id "
+        "JOIN run_hours h ON h.node = u.node AND h.hour = CAST(u.started / 3600 AS INTEGER) * 3600"
+    ).fetchone()[0]
+    assert kept == 2 * conn.execute("SELECT count(*) FROM run_hours").fetchone()[0]
+    # an old export merged again, then its runs' skips: folded late, results and all
+    sync.import_ndjson(conn, old.splitlines(keepends=True))
+    assert dict(queries.verdict_counts(conn, start, end))["ok"] > totals["ok"]
+    # the export held no results (the simulator's runs have none): the skips, as a node's have
+    conn.execute(
+        "INSERT OR IGNORE INTO results (run_id, check_name, status, message, action, data, "
+        "duration) SELECT id, 'gpu.fabric', 'skip', 'not reported', '', '{}', 0.0 FROM runs "
+        "WHERE phase = 'healthcheck' AND verdict = 'ok'"
+    )
+    conn.commit()
+    assert sync.rollup(conn, end - DAY)["late"] > 0
+    assert dict(queries.verdict_counts(conn, start, end)) == totals
+    assert conn.execute(orphans).fetchone()[0] == 0
+
+
 def versions_text(driver: str) -> str:
     """A run's sources as runner.Gathered.to_dict writes them when the run recorded versions."""
     gpu = {"status": "ok", "message": "", "seconds": 0.01, "versions": {"driver": driver}}
