@@ -868,11 +868,11 @@ FROM (SELECT node, CAST(started / 3600 AS INTEGER) * 3600 AS hour, started, dura
       FROM runs WHERE started >= :lo AND started < :hi AND phase = 'healthcheck' LIMIT -1)
 GROUP BY node, hour"""
 # Node-hours with a run that must stay whole: not passing, or with a result that is not a skip,
-# an Xid or a counter. A skip ("no NVLink on this GPU", "fabric state not reported") is kept
-# with every run that has one, which on a real node is nearly every run: the same skips each
-# time say nothing an hour's first run does not (it keeps its own), and an hour they kept whole
-# was never rolled up (the simulator's passing runs have no results, so its fleets did not show
-# it). The runs folded take their skips with them (_FOLDED).
+# an Xid or a counter. A skip ("no NVLink on this GPU", "fabric state not reported") is stored
+# with nearly every run of a real node, the same each time: it says nothing the hour's first
+# run (kept, with its own) does not, and when skips kept hours whole nothing was ever rolled up
+# (the simulator's passing runs have no results, so its fleets did not show it). The runs
+# folded take their skips with them (_FOLDED, _fold).
 _KEEP = """DELETE FROM temp.roll WHERE (node, hour) IN (
     SELECT node, CAST(started / 3600 AS INTEGER) * 3600 FROM runs
     WHERE started >= :lo AND started < :hi AND (verdict != 'ok'
