@@ -127,12 +127,18 @@ def test_a_version_1_store_is_migrated_in_place(db):
     assert row == ("1", 0, None, None)
 
 
-def test_a_version_3_store_gains_the_published_table_and_keeps_its_jobs(db):
-    old = store_at_version(db, 3)
+def migrated_with_a_job(db: str, version: int) -> sqlite3.Connection:
+    """A store at `version` holding one ended job, opened (so migrated) by this slurmhealth."""
+    old = store_at_version(db, version)
     old.execute("INSERT INTO jobs (node, job_id, end) VALUES ('gpu01', '7', 1.5)")
     old.close()
     conn = store.connect(db)
     assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 10
+    return conn
+
+
+def test_a_version_3_store_gains_the_published_table_and_keeps_its_jobs(db):
+    conn = migrated_with_a_job(db, 3)
     conn.execute("INSERT INTO published VALUES ('7', 'abc', 2.0, 120)")
     assert conn.execute("SELECT job_id, digest FROM published").fetchall() == [("7", "abc")]
     plan = conn.execute("EXPLAIN QUERY PLAN SELECT job_id FROM jobs WHERE end >= 1").fetchall()
@@ -177,11 +183,7 @@ def test_a_version_7_store_reads_its_runs_by_time_from_the_index_alone(db):
 
 
 def test_a_version_8_store_gains_the_jobs_gpu_energy_and_keeps_its_jobs(db):
-    old = store_at_version(db, 8)
-    old.execute("INSERT INTO jobs (node, job_id, end) VALUES ('gpu01', '7', 1.5)")
-    old.close()
-    conn = store.connect(db)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 10
+    conn = migrated_with_a_job(db, 8)
     assert conn.execute("SELECT job_id, end, gpu_energy FROM jobs").fetchall() == [("7", 1.5, None)]
     conn.execute("UPDATE jobs SET gpu_energy = '{}'")
     assert conn.execute("SELECT gpu_energy FROM jobs").fetchone() == ("{}",)
@@ -189,6 +191,29 @@ def test_a_version_8_store_gains_the_jobs_gpu_energy_and_keeps_its_jobs(db):
     rolled = "SELECT sum(runs) FROM run_hours WHERE hour >= 0 AND hour < 9"
     plan = str(conn.execute(f"EXPLAIN QUERY PLAN {rolled}").fetchall())
     assert "COVERING INDEX run_hours_hour_runs" in plan
+    # and the other reads of migration 10, each from its index
+    for sql, index in (
+        (
+            "SELECT node, started, verdict FROM runs WHERE verdict != 'ok' AND started >= 0 "
+            "AND started < 9",
+            "COVERING INDEX runs_not_ok",
+        ),
+        (
+            "SELECT node FROM jobs WHERE start >= 0 AND start < 9 AND slurm_state = 'NODE_FAIL'",
+            "INDEX jobs_node_fail",
+        ),
+        (
+            "SELECT node FROM jobs WHERE start >= 0 AND start < 9 AND state = 'prolog_failed'",
+            "INDEX jobs_prolog_failed",
+        ),
+        (
+            "SELECT job_id, node, start, end FROM jobs WHERE end >= 0 AND end < 9 "
+            "AND num_nodes > 1",
+            "COVERING INDEX jobs_end",
+        ),
+        ("SELECT id FROM runs WHERE job_id = '7'", "INDEX runs_job"),
+    ):
+        assert index in str(conn.execute(f"EXPLAIN QUERY PLAN {sql}").fetchall()), sql
 
 
 # --- a store damaged past its header: opens fine, fails later, reported corrupt ----------------
