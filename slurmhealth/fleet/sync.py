@@ -931,7 +931,8 @@ def rollup(conn: sqlite3.Connection, before: float) -> dict:
     a day per transaction; {"runs": runs folded, "hours": node-hours they went into}.
     StoreError (one line) when the store cannot be written."""
     try:
-        return _rollup(conn, before)
+        with _bulk(conn):  # a 10,000-node hour dirties more pages than the default cache holds
+            return _rollup(conn, before)
     except sqlite3.Error as exc:
         raise store.StoreError(str(exc)) from None
 
