@@ -20,6 +20,8 @@ import sqlite3
 import tempfile
 import time
 
+from slurmhealth.core import store
+
 T0 = 1.7e9
 STEP = 300.0  # a health check every 5 minutes
 HOUR = 3600.0
@@ -27,10 +29,6 @@ HOUR = 3600.0
 
 def random_id(_t: float) -> str:
     return os.urandom(12).hex()  # the ids before 2026-12-01
-
-
-def timed_id(t: float) -> str:
-    return f"{int(t * 1e6):013x}{int.from_bytes(os.urandom(6), 'big') >> 4:011x}"  # new_id's form
 
 
 def cpu() -> float:
@@ -79,7 +77,7 @@ def main() -> None:
     opts = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-ids-") as tmp:
         print(f"bench_ids: {opts.nodes:,} nodes, one day of 5-minute health checks")
-        for name, make_id in (("random ids", random_id), ("time-ordered ids", timed_id)):
+        for name, make_id in (("random ids", random_id), ("time-ordered ids", store.new_id)):
             r = one(os.path.join(tmp, f"{name[0]}.db"), opts.nodes, make_id)
             print(
                 f"  {name:16s} built in {r['build_s']:.0f} s; one hour ({r['deleted']:,} runs) "

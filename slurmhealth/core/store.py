@@ -386,14 +386,16 @@ def default_path(node: str) -> str:
     return os.environ.get("SLURMHEALTH_DB") or os.path.join(state_dir(), f"{node}.db")
 
 
-def new_id() -> str:
+def new_id(at: float | None = None) -> str:
     """A run's or action's id: 24 hex digits, the time in microseconds (13, in order until the
-    year 2112) then 44 random bits. Ids written together sit together in the id index, as
-    rows do in the table: an import appends, and the hourly rollup deletes one range, where
-    random ids touched a page per record (a 10,000-node day: written in 108-129 -> 68-70 s, an
-    hour of it deleted in 2.4 -> 1.0 s; bench/bench_ids.py, docs/benchmarks.md). Never reused:
-    2^44 draws per microsecond."""
-    return f"{time.time_ns() // 1000:013x}{int.from_bytes(os.urandom(6), 'big') >> 4:011x}"
+    year 2112) then 44 random bits. `at`: the time, default now (bench/bench_ids.py gives
+    simulated ones). Ids written together sit together in the id index, as rows do in the
+    table: an import appends, and the hourly rollup deletes one range, where random ids touched
+    a page per record (a 10,000-node day: written in 108-129 -> 68-70 s, an hour of it deleted
+    in 2.4 -> 1.0 s; bench/bench_ids.py, docs/benchmarks.md). Unique: 2^44 draws per
+    microsecond."""
+    micros = time.time_ns() // 1000 if at is None else int(at * 1e6)
+    return f"{micros:013x}{int.from_bytes(os.urandom(6), 'big') >> 4:011x}"
 
 
 class immediate:  # noqa: N801 - used like a function: `with immediate(conn):`

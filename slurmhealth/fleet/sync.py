@@ -947,14 +947,9 @@ def _rollup(conn: sqlite3.Connection, before: float) -> dict:
     out = {"runs": 0, "hours": 0}
     rowid = done.get("rowid", 0)
     if rowid and done.get("until"):  # runs merged since the last rollup, into rolled hours
-        with store.immediate(conn):
-            conn.execute("DROP TABLE IF EXISTS temp.folded")
-            try:
-                conn.execute(_LATE, {"rowid": rowid, "until": done["until"]})
-                late = _fold(conn)
-            finally:
-                conn.execute("DROP TABLE IF EXISTS temp.folded")
-        out["late"] = late
+        with store.immediate(conn), _temp_tables(conn, "folded"):
+            conn.execute(_LATE, {"rowid": rowid, "until": done["until"]})
+            out["late"] = _fold(conn)
     while lo < until:
         hi = min(until, (lo // DAY + 1) * DAY)
         with store.immediate(conn):
@@ -970,10 +965,7 @@ def _rollup(conn: sqlite3.Connection, before: float) -> dict:
 def _rollup_range(conn: sqlite3.Connection, lo: float, hi: float) -> tuple:
     """Roll up [lo, hi) inside the caller's transaction: (runs folded, node-hours)."""
     args = {"lo": lo, "hi": hi, "lag": EVENT_LAG_S}
-    temps = ("roll", "versioned", "folded")
-    for table in temps:
-        conn.execute(f"DROP TABLE IF EXISTS temp.{table}")
-    try:
+    with _temp_tables(conn, "roll", "versioned", "folded"):
         conn.execute(_ROLL_HOURS, args)
         conn.execute(_KEEP, args)
         conn.execute(_KEPT_RUN)
@@ -982,10 +974,19 @@ def _rollup_range(conn: sqlite3.Connection, lo: float, hi: float) -> tuple:
         conn.execute(_VERSIONED)
         conn.execute(_FOLDED)
         folded = _fold(conn)
-    finally:
-        for table in temps:
-            conn.execute(f"DROP TABLE IF EXISTS temp.{table}")
     return folded, hours
+
+
+@contextlib.contextmanager
+def _temp_tables(conn: sqlite3.Connection, *names: str) -> Iterator:
+    """The rollup's temp tables, dropped before (a run that died left them) and after."""
+    for name in names:
+        conn.execute(f"DROP TABLE IF EXISTS temp.{name}")  # names from this module only
+    try:
+        yield
+    finally:
+        for name in names:
+            conn.execute(f"DROP TABLE IF EXISTS temp.{name}")
 
 
 def _fold(conn: sqlite3.Connection) -> int:

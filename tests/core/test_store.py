@@ -388,3 +388,4 @@ def test_record_ids_are_unique_and_in_the_order_they_were_made():
     stamps = [int(i[:13], 16) for i in ids]
     assert stamps == sorted(stamps)
     assert abs(stamps[-1] / 1e6 - time.time()) < 60
+    assert store.new_id(1.7e9)[:13] == f"{1_700_000_000_000_000:013x}"  # a given time

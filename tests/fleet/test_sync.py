@@ -1314,7 +1314,8 @@ def test_runs_imported_again_into_rolled_up_hours_are_not_counted_twice(tmp_path
 
 def with_skips(conn: sqlite3.Connection) -> None:
     """Every passing health check with the skip results a real node's runs carry (no NVLink, no
-    fabric state): stored with each run (Run.records keeps every result that is not ok)."""
+    fabric state): stored with each run (Run.records keeps every result that is not ok). Runs
+    that have them already keep theirs."""
     skips = [
         (run_id, check, "skip", "not reported", "", "{}", 0.0)
         for (run_id,) in conn.execute(
@@ -1322,7 +1323,7 @@ def with_skips(conn: sqlite3.Connection) -> None:
         ).fetchall()
         for check in ("gpu.fabric", "nvlink.link_state")
     ]
-    conn.executemany(store.insert_sql("results"), skips)
+    conn.executemany(store.insert_sql("results", verb="INSERT OR IGNORE"), skips)
     conn.commit()
 
 
@@ -1368,12 +1369,7 @@ def test_skip_results_do_not_keep_an_hour_whole_and_go_with_the_runs_folded(tmp_
     sync.import_ndjson(conn, old.splitlines(keepends=True))
     assert dict(queries.verdict_counts(conn, start, end))["ok"] > totals["ok"]
     # the export held no results (the simulator's runs have none): the skips, as a node's have
-    conn.execute(
-        "INSERT OR IGNORE INTO results (run_id, check_name, status, message, action, data, "
-        "duration) SELECT id, 'gpu.fabric', 'skip', 'not reported', '', '{}', 0.0 FROM runs "
-        "WHERE phase = 'healthcheck' AND verdict = 'ok'"
-    )
-    conn.commit()
+    with_skips(conn)
     assert sync.rollup(conn, end - DAY)["late"] > 0
     assert dict(queries.verdict_counts(conn, start, end)) == totals
     assert conn.execute(orphans).fetchone()[0] == 0
