@@ -10,7 +10,9 @@ jobs per node-day:
 3. cycle: one 5-minute cycle of NODES nodes' incremental exports (the records of the last
    5 minutes plus the 2-minute overlap, one file per node) collected with --consume into a
    store holding 2 days of the same fleet: head-node CPU seconds; then a cycle with nothing
-   new, the same files left in place (unchanged: not read), and the hourly rollup.
+   new, the same files left in place (unchanged: not read), and the hourly rollup as collect
+   runs it, at most `--rollup-max` node-hours a cycle (sync.ROLLUP_MAX): the most CPU one
+   cycle spends on it.
 
 Run: `make bench` (200 nodes) or `.venv-bench/bin/python bench/bench_scale.py --nodes 1000`;
 `--nodes 10000 --only cycle` measures the collect cycle at 10,000 nodes (the month at 10,000
@@ -151,10 +153,16 @@ def cycle(nodes: int, tmp: str) -> dict:
         (f.start + 3600,),
     )
     conn.commit()
-    t, c = time.perf_counter(), cpu()
-    done = sync.rollup(conn, f.start + 3600)  # the fleet's first hour
-    out.update(rollup_hour_s=time.perf_counter() - t, rollup_hour_cpu_s=cpu() - c)
-    out["rollup_hour_runs"] = done["runs"]
+    # The fleet's first hour, rolled up as collect does: at most ROLLUP_MAX node-hours a cycle.
+    steps, folded = [], 0
+    while True:
+        c = cpu()
+        done = sync.rollup(conn, f.start + 3600, sync.ROLLUP_MAX)
+        steps.append(cpu() - c)
+        folded += done["runs"]
+        if not done["behind"]:
+            break
+    out.update(rollup_steps=steps, rollup_hour_runs=folded)
     return out
 
 
@@ -191,9 +199,15 @@ def main() -> None:
                 f"  collect, {c['unchanged']:,} files unchanged in place: "
                 f"{c['unchanged_cpu_s']:.2f} s CPU"
             )
+            steps = c["rollup_steps"]
             print(
-                f"  hourly rollup: {c['rollup_hour_runs']:,} runs folded, "
-                f"{c['rollup_hour_cpu_s']:.2f} s CPU"
+                f"  hourly rollup: {c['rollup_hour_runs']:,} runs folded in {len(steps)} cycles "
+                f"of at most {sync.ROLLUP_MAX:,} node-hours: {max(steps):.2f} s CPU at most, "
+                f"{sum(steps):.2f} s in all"
+            )
+            print(
+                f"  the cycle that also rolls up, at most: "
+                f"{c['cycle_cpu_s'] + max(steps):.2f} s CPU (goal <= 5 s)"
             )
 
 

@@ -584,6 +584,15 @@ def _report_bad(name: str, report: dict) -> None:
     default=None,
     help="count passing runs older than this per node-hour (e.g. 2d) [keep every run]",
 )
+@click.option(
+    "--rollup-max",
+    type=click.IntRange(min=0),
+    default=sync.ROLLUP_MAX,
+    envvar="SLURMHEALTH_ROLLUP_MAX",
+    metavar="NODE_HOURS",
+    help="roll up at most this many node-hours per collect, the rest next time; 0: all due "
+    f"[$SLURMHEALTH_ROLLUP_MAX; default: {sync.ROLLUP_MAX:,}]",
+)
 def collect_cmd(
     directory: str,
     db: str | None,
@@ -595,6 +604,7 @@ def collect_cmd(
     consume: bool,
     full: bool,
     rollup_after: str | None,
+    rollup_max: int,
 ) -> None:
     """Merge node stores (copied *.db files) and NDJSON spools (*.ndjson) into the fleet store.
 
@@ -605,7 +615,8 @@ def collect_cmd(
     of nodes going down, draining or failing (which node of a NODE_FAIL job failed). Collecting
     again adds nothing. Incremental: each file, and accounting, is read from where the last
     collect left it (less an overlap), never before --since; --full reads all of --since.
-    --rollup-after keeps the fleet store small (docs/fleet.md).
+    --rollup-after keeps the fleet store small (docs/fleet.md); --rollup-max bounds what one
+    cycle rolls up (a 10,000-node fleet adds 10,000 node-hours an hour, 834 per 5-minute cycle).
 
     \b
     Example:
@@ -641,7 +652,7 @@ def collect_cmd(
         f"{merged} files merged, {skipped} skipped{unchanged}: {_added(report['added'])} added"
     )
     if rollup_after is not None:
-        _rollup(conn, _start(rollup_after, end))
+        _rollup(conn, _start(rollup_after, end), rollup_max or None)
     if use_sacct:
         _collect_sacct(conn, sync.accounting_start(conn, "sacct", start, full), end, slurm_bin)
         # After the jobs are committed: a sacctmgr that fails then loses none of them.
@@ -649,13 +660,18 @@ def collect_cmd(
         _collect_events(conn, events_start, end, slurm_bin)
 
 
-def _rollup(conn: object, before: float) -> None:
+def _rollup(conn: object, before: float, limit: int | None) -> None:
     try:
-        done = sync.rollup(conn, before)  # type: ignore[arg-type]
+        done = sync.rollup(conn, before, limit)  # type: ignore[arg-type]
     except store.StoreError as exc:
         raise click.ClickException(f"rollup: {exc}") from None
     if done["runs"]:
         click.echo(f"rollup: {done['runs']:,} passing runs counted in {done['hours']:,} node-hours")
+    if done["behind"] > sync.ROLLUP_BEHIND:
+        click.echo(
+            f"rollup: {done['behind']:,} hours behind --rollup-after, rolled up over the next "
+            "cycles (--rollup-max 0 rolls them all up at once)"
+        )
 
 
 def _collect_sacct(conn: object, start: float, end: float, slurm_bin: str) -> None:

@@ -852,6 +852,13 @@ def accounted(conn: sqlite3.Connection, tool: str, end: float) -> None:
 # run counts add `run_hours` by the hour (each run is kept or counted, once).
 HOUR = 3600
 DAY = 86400
+# Node-hours one collect rolls up (`collect --rollup-max`): a 10,000-node fleet adds 834 per
+# 5-minute cycle, so this keeps up with 30,000 nodes; 2,500 cost ~0.5-0.8 s of CPU
+# (docs/benchmarks.md), where a whole 10,000-node hour in one cycle cost ~3.7 s.
+ROLLUP_MAX = 2500
+# Whole hours a bounded rollup may be behind before collect says so: one hour is due each
+# hour, and a large fleet's takes a few cycles.
+ROLLUP_BEHIND = 2
 # An Xid is recorded by the run that read it from the kernel log, at most this long after it
 # happened (the first health check after a boot reads the boot's backlog).
 EVENT_LAG_S = DAY
@@ -863,9 +870,11 @@ EVENT_LAG_S = DAY
 _ROLL_HOURS = """CREATE TEMP TABLE roll AS
 SELECT node, hour, sum(plain) AS runs, sum(plain * duration) AS duration,
        count(*) - sum(plain) AS versions, min(started) AS first
-FROM (SELECT node, CAST(started / 3600 AS INTEGER) * 3600 AS hour, started, duration,
-             NOT instr(sources, '"versions"') AS plain
-      FROM runs WHERE started >= :lo AND started < :hi AND phase = 'healthcheck' LIMIT -1)
+FROM (SELECT u.node, CAST(u.started / 3600 AS INTEGER) * 3600 AS hour, u.started, u.duration,
+             NOT instr(u.sources, '"versions"') AS plain
+      FROM temp.batch b CROSS JOIN runs u INDEXED BY runs_node_started_verdict
+      WHERE u.node = b.node AND u.started >= :lo AND u.started < :hi
+      AND u.phase = 'healthcheck' LIMIT -1)
 GROUP BY node, hour"""
 # Node-hours with a run that must stay whole: not passing, or with a result that is not a skip,
 # an Xid or a counter. A skip ("no NVLink on this GPU", "fabric state not reported") is stored
@@ -874,11 +883,12 @@ GROUP BY node, hour"""
 # (the simulator's passing runs have no results, so its fleets did not show it). The runs
 # folded take their skips with them (_FOLDED, _fold).
 _KEEP = """DELETE FROM temp.roll WHERE (node, hour) IN (
-    SELECT node, CAST(started / 3600 AS INTEGER) * 3600 FROM runs
-    WHERE started >= :lo AND started < :hi AND (verdict != 'ok'
-        OR EXISTS (SELECT 1 FROM results WHERE run_id = runs.id AND status != 'skip')
-        OR id IN (SELECT run_id FROM events WHERE time >= :lo - :lag AND time < :hi)
-        OR id IN (SELECT run_id FROM counters WHERE time >= :lo - :lag AND time < :hi + 3600)))"""
+    SELECT u.node, CAST(u.started / 3600 AS INTEGER) * 3600
+    FROM temp.batch b CROSS JOIN runs u INDEXED BY runs_node_started_verdict
+    WHERE u.node = b.node AND u.started >= :lo AND u.started < :hi AND (u.verdict != 'ok'
+        OR EXISTS (SELECT 1 FROM results WHERE run_id = u.id AND status != 'skip')
+        OR u.id IN (SELECT run_id FROM events WHERE time >= :lo - :lag AND time < :hi)
+        OR u.id IN (SELECT run_id FROM counters WHERE time >= :lo - :lag AND time < :hi + 3600)))"""
 _KEPT_RUN = """ALTER TABLE temp.roll ADD COLUMN keep TEXT"""
 # The hour's first health check stays a row; `runs` and `duration` become what the hour's
 # run_hours gains: the runs that may be folded less that one (unless it recorded versions, so
@@ -926,44 +936,69 @@ _LATE = """CREATE TEMP TABLE folded AS SELECT rowid AS rid, id FROM runs
                 AND (f.started < runs.started OR (f.started = runs.started AND f.id < runs.id)))"""
 
 
-def rollup(conn: sqlite3.Connection, before: float) -> dict:
-    """Roll up the passing health checks of the whole hours before `before` not rolled up yet,
-    a day per transaction; {"runs": runs folded, "hours": node-hours they went into}.
+# The next nodes after :after, in name order, :n of them (-1: all): one index seek each, by
+# runs_node_started. A node with no run in the hour rolled up costs its seek and nothing more.
+_BATCH = """CREATE TEMP TABLE batch AS WITH RECURSIVE walk(node) AS (
+    SELECT (SELECT min(node) FROM runs WHERE node > :after)
+    UNION ALL SELECT (SELECT min(node) FROM runs WHERE node > walk.node)
+    FROM walk WHERE walk.node IS NOT NULL LIMIT :limit)
+SELECT node FROM walk WHERE node IS NOT NULL LIMIT :n"""
+
+
+def rollup(conn: sqlite3.Connection, before: float, limit: int | None = None) -> dict:
+    """Roll up the passing health checks of the whole hours before `before` not rolled up yet:
+    all of them (a day per transaction), or at most `limit` node-hours, oldest hour first, its
+    nodes in name order (an hour per transaction; the next call goes on where this one stopped).
+    {"runs": runs folded, "hours": node-hours they went into, "late": runs imported again into
+    hours already rolled up and removed, "behind": whole hours before `before` still to do}.
     StoreError (one line) when the store cannot be written."""
     try:
         with _bulk(conn):  # a 10,000-node hour dirties more pages than the default cache holds
-            return _rollup(conn, before)
+            return _rollup(conn, before, limit)
     except sqlite3.Error as exc:
         raise store.StoreError(str(exc)) from None
 
 
-def _rollup(conn: sqlite3.Connection, before: float) -> dict:
+def _rollup(conn: sqlite3.Connection, before: float, limit: int | None) -> dict:
     until = int(before // HOUR) * HOUR
     done = store.get_meta(conn, "rollup") or {}
-    lo = done.get("until")
+    lo, after = done.get("until"), str(done.get("after") or "")
     if lo is None:
         first = conn.execute("SELECT min(started) FROM runs").fetchone()[0]
         lo = int(first // HOUR) * HOUR if first is not None else until
-    out = {"runs": 0, "hours": 0}
+    out = {"runs": 0, "hours": 0, "late": 0}
     rowid = done.get("rowid", 0)
     if rowid and done.get("until"):  # runs merged since the last rollup, into rolled hours
         with store.immediate(conn), _temp_tables(conn, "folded"):
-            conn.execute(_LATE, {"rowid": rowid, "until": done["until"]})
+            conn.execute(_LATE, {"rowid": rowid, "until": lo + HOUR if after else lo})
             out["late"] = _fold(conn)
-    while lo < until:
-        hi = min(until, (lo // DAY + 1) * DAY)
-        with store.immediate(conn):
-            folded, hours = _rollup_range(conn, lo, hi)
+    budget = limit
+    while lo < until and (budget is None or budget > 0):
+        # Unbounded and at the start of an hour: up to a day of every node at once. Else one
+        # hour, as many nodes as the budget allows.
+        hi = min(until, (lo // DAY + 1) * DAY) if budget is None and not after else lo + HOUR
+        with store.immediate(conn), _temp_tables(conn, "batch"):
+            want = -1 if budget is None else budget
+            conn.execute(_BATCH, {"after": after, "n": want, "limit": want + 1 if want > 0 else -1})
+            nodes, last = conn.execute("SELECT count(*), max(node) FROM temp.batch").fetchone()
+            folded, hours = _rollup_range(conn, lo, hi) if nodes else (0, 0)
+            if budget is not None:
+                budget -= max(1, nodes)
+            if want < 0 or nodes < want:  # the hours' last nodes done
+                lo, after = hi, ""
+            else:
+                after = last
             top = conn.execute("SELECT max(rowid) FROM runs").fetchone()[0] or 0
-            store.set_meta(conn, "rollup", {"until": hi, "rowid": top})
+            store.set_meta(conn, "rollup", {"until": lo, "after": after, "rowid": top})
         out["runs"] += folded
         out["hours"] += hours
-        lo = hi
+    out["behind"] = max(0, int(until - lo) // HOUR)
     return out
 
 
 def _rollup_range(conn: sqlite3.Connection, lo: float, hi: float) -> tuple:
-    """Roll up [lo, hi) inside the caller's transaction: (runs folded, node-hours)."""
+    """Roll up [lo, hi) of the nodes in temp.batch inside the caller's transaction: (runs
+    folded, node-hours)."""
     args = {"lo": lo, "hi": hi, "lag": EVENT_LAG_S}
     with _temp_tables(conn, "roll", "versioned", "folded"):
         conn.execute(_ROLL_HOURS, args)

@@ -1295,7 +1295,7 @@ def test_a_rollup_keeps_every_failure_job_run_and_count_and_the_lemon_signals(tm
         "AND h.hour = CAST(u.started / 3600 AS INTEGER) * 3600 WHERE u.verdict != 'ok'"
     ).fetchone()[0]
     assert not_ok == 0  # an hour with anything but passes is never rolled up
-    assert sync.rollup(conn, end - DAY) == {"runs": 0, "hours": 0, "late": 0}
+    assert sync.rollup(conn, end - DAY) == {"runs": 0, "hours": 0, "late": 0, "behind": 0}
 
 
 def test_runs_imported_again_into_rolled_up_hours_are_not_counted_twice(tmp_path):
@@ -1310,6 +1310,55 @@ def test_runs_imported_again_into_rolled_up_hours_are_not_counted_twice(tmp_path
     assert dict(queries.verdict_counts(conn, start, end))["ok"] > totals["ok"]
     assert sync.rollup(conn, end - DAY)["late"] > 0
     assert dict(queries.verdict_counts(conn, start, end)) == totals
+
+
+def rolled_state(conn: sqlite3.Connection) -> tuple:
+    """What a rollup leaves: the runs kept, the node-hours' counts, the results kept."""
+    return (
+        conn.execute("SELECT id FROM runs ORDER BY id").fetchall(),
+        conn.execute("SELECT * FROM run_hours ORDER BY node, hour, phase").fetchall(),
+        conn.execute("SELECT run_id, check_name FROM results ORDER BY 1, 2").fetchall(),
+    )
+
+
+def test_a_bounded_rollup_does_the_same_in_steps_of_at_most_its_node_hours(tmp_path):
+    """collect --rollup-max: each call rolls up at most `limit` node-hours, oldest hour first
+    and its nodes in name order, and goes on where the last one stopped; in the end the store
+    is what one unbounded rollup leaves, whatever was merged again in between."""
+    from slurmhealth.fleet import queries
+
+    history, conn = rolled_fleet(tmp_path)
+    start, end = history.fleet.start, history.fleet.end
+    whole = store.connect(str(tmp_path / "whole.db"))
+    simulate.write_store(history, whole)
+    with_skips(conn)
+    with_skips(whole)
+    old = export_text(conn)
+    totals = dict(queries.verdict_counts(conn, start, end))
+    due = (int((end - DAY) // 3600) - int(start // 3600)) * 24  # node-hours: 24 nodes
+    sync.rollup(whole, end - DAY)
+
+    limit, calls, seen = 10, 0, set()
+    while True:
+        before_hours = set(conn.execute("SELECT node, hour FROM run_hours").fetchall())
+        done = sync.rollup(conn, end - DAY, limit)
+        calls += 1
+        hours = set(conn.execute("SELECT node, hour FROM run_hours").fetchall()) - before_hours
+        assert done["hours"] == len(hours) <= limit
+        seen |= hours
+        assert dict(queries.verdict_counts(conn, start, end)) == totals  # exact at every step
+        if calls == 7:  # mid-hour: an old export merged again, folded late or in its turn
+            mark = store.get_meta(conn, "rollup")
+            assert mark["after"]  # stopped inside an hour
+            sync.import_ndjson(conn, old.splitlines(keepends=True))
+            with_skips(conn)
+        if not done["behind"]:
+            break
+        assert done["behind"] >= 1
+    assert calls >= due // limit
+    assert rolled_state(conn) == rolled_state(whole)
+    assert dict(queries.verdict_counts(conn, start, end)) == totals
+    assert sync.rollup(conn, end - DAY, limit) == {"runs": 0, "hours": 0, "late": 0, "behind": 0}
 
 
 def with_skips(conn: sqlite3.Connection) -> None:
@@ -1406,7 +1455,7 @@ def test_a_rollup_keeps_every_run_that_recorded_versions_and_counts_the_others_o
     done = sync.rollup(conn, T0 - 2 * DAY)
     # The first hour keeps its first run and its two version records; the second's first run
     # is its version record: all eleven others are folded.
-    assert done == {"runs": 9 + 11, "hours": 2}
+    assert done == {"runs": 9 + 11, "hours": 2, "late": 0, "behind": 0}
     kept = {"hc0", *versioned}
     assert run_ids(conn) == kept
     for run_id in versioned:
@@ -1424,7 +1473,7 @@ def test_a_rollup_keeps_every_run_that_recorded_versions_and_counts_the_others_o
     sync.import_ndjson(conn, old.splitlines(keepends=True))
     late = versions_text("550.127.08")
     add_sourced_run(conn, "hc7-late", hour + 7 * 300 + 30, late)
-    assert sync.rollup(conn, T0 - 2 * DAY) == {"runs": 0, "hours": 0, "late": 20}
+    assert sync.rollup(conn, T0 - 2 * DAY) == {"runs": 0, "hours": 0, "late": 20, "behind": 0}
     assert run_ids(conn) == {*kept, "hc7-late"}
     row = conn.execute("SELECT sources FROM runs WHERE id = 'hc7-late'").fetchone()
     assert row == (late,)
@@ -1452,3 +1501,28 @@ def test_the_collect_cli_consumes_the_spool_and_rolls_up(tmp_path):
     assert again.returncode == 0 and "0 files merged, 0 skipped: nothing new added" in again.stdout
     bad = run_cli(*args, "--rollup-after", "soon")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    bad = run_cli(*args, "--rollup-after", "2d", "--rollup-max", "-1")
+    assert bad.returncode == 2 and "--rollup-max" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_the_collect_cli_rolls_up_at_most_its_node_hours_and_says_when_behind(tmp_path):
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    hour = (T0 - 2 * DAY) // 3600 * 3600 - 6 * 3600  # the six hours before --rollup-after
+    for name in ("gpu01", "gpu02"):
+        node = store.connect(str(tmp_path / f"{name}.db"))
+        for slot in range(12 * 6):  # six whole hours of passing health checks
+            add_run(node, f"{name}-hc{slot}", hour + slot * 300)
+        node.execute("UPDATE runs SET node = ?", (name,))
+        node.commit()
+        (spool / f"{name}.ndjson").write_text(export_text(node))
+    fleet = str(tmp_path / "fleet.db")
+    args = ("collect", str(spool), "--db", fleet, "--since", "28d", "--now", str(T0))
+    done = run_cli(*args, "--consume", "--rollup-after", "2d", "--rollup-max", "3")
+    assert done.returncode == 0, done.stderr
+    assert "rollup: 33 passing runs counted in 3 node-hours" in done.stdout
+    assert "rollup: 5 hours behind --rollup-after" in done.stdout
+    rest = run_cli(*args, "--rollup-after", "2d", "--rollup-max", "0")
+    assert rest.returncode == 0, rest.stderr
+    assert "rollup: 99 passing runs counted in 9 node-hours" in rest.stdout
+    assert "behind" not in rest.stdout
