@@ -33,6 +33,7 @@ import json
 import math
 import random
 from collections import deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from slurmhealth.core import safety, store
@@ -838,7 +839,9 @@ def _duration(phase: str, when: float) -> float:
     return round(DURATIONS[phase] * (1 + 0.5 * spread) * slow, 4)
 
 
-def _run_rows(h: History, version: str):
+def _run_rows(h: History, version: str, lo: float = -math.inf, hi: float = math.inf):
+    """Every run's row; the health checks of [lo, hi) only (their slots are computed, not
+    filtered: a day of a month costs a day)."""
     explicit = {r[0]: r[5] for r in h.runs}
     drift = drifted_nodes(h.fleet)
     sources = {node: _sources(drift.get(node)) for node in h.names}
@@ -851,9 +854,16 @@ def _run_rows(h: History, version: str):
         duration = _duration(phase, when)
         return (run_id, node, job_id, phase, when, duration, verdict, version, text)
 
+    step = h.fleet.healthcheck_interval
     for i, node in enumerate(h.names):
-        period = None
-        for slot in range(h.slots(i)):
+        first, last = 0, h.slots(i)
+        if lo > -math.inf:
+            first = max(0, math.ceil((lo - h.slot_time(i, 0)) / step))
+        if hi < math.inf:
+            last = min(last, max(0, math.ceil((hi - h.slot_time(i, 0)) / step)))
+        # the period of the slot before: a window's first slot records versions only when due
+        period = h.slot_time(i, first - 1) // VERSIONS_EVERY if first else None
+        for slot in range(first, last):
             when = h.slot_time(i, slot)
             due = when // VERSIONS_EVERY != period
             period = when // VERSIONS_EVERY
@@ -894,42 +904,48 @@ JOB_COLUMNS = tuple("node job_id start end num_nodes state slurm_state uid user 
 NODE_EVENT_COLUMNS = ("node", "start", "end", "state", "reason")  # History.node_events
 
 
-def write_store(source: Fleet | History, conn) -> dict:
+def write_store(source: Fleet | History, conn, between: tuple | None = None) -> dict:
     """Write a simulated history (or simulate the fleet first) into a store opened with
     store.connect: runs (ok ones included), results of the runs that were not ok, events,
     jobs, actions, node events, in one transaction. Ids are stable: writing twice changes
-    nothing.
+    nothing. `between` (start, end): only the records dated in it (a run by its start, a job
+    row by its start, whole), so a history can be written day by day as a fleet records it.
     Returns {table: rows written}."""
     from slurmhealth import __version__  # noqa: PLC0415
 
     h = source if isinstance(source, History) else events(source)
     counts = {}
+    lo, hi = between if between is not None else (-math.inf, math.inf)
+
+    def dated(rows: Iterable, at: int) -> Iterator:
+        return (row for row in rows if lo <= row[at] < hi)
+
     statements = (
         (
             "runs",
             store.insert_sql("runs", verb="INSERT OR REPLACE"),
-            _run_rows(h, __version__),
+            dated(_run_rows(h, __version__, lo, hi), 4),
         ),
         (
             "results",
             store.insert_sql("results", verb="INSERT OR REPLACE"),
-            ((r[0], r[6], r[5], r[7], r[8], "{}", 0.01) for r in h.runs),
+            ((r[0], r[6], r[5], r[7], r[8], "{}", 0.01) for r in dated(h.runs, 4)),
         ),
         (
             "events",
             store.insert_sql("events", verb="INSERT OR REPLACE"),
-            _event_rows(h),
+            dated(_event_rows(h), 4),
         ),
         (
             "jobs",
             store.insert_sql("jobs", JOB_COLUMNS, verb="INSERT OR REPLACE"),
-            h.jobs,
+            dated(h.jobs, 2),
         ),
-        ("actions", store.insert_sql("actions", verb="INSERT OR REPLACE"), h.actions),
+        ("actions", store.insert_sql("actions", verb="INSERT OR REPLACE"), dated(h.actions, 2)),
         (
             "node_events",
             store.insert_sql("node_events", NODE_EVENT_COLUMNS, verb="INSERT OR REPLACE"),
-            h.node_events,
+            dated(h.node_events, 1),
         ),
     )
     cache = conn.execute("PRAGMA cache_size").fetchone()[0]

@@ -187,6 +187,20 @@ def test_write_store_twice_changes_nothing(lemony, tmp_path):
     assert first == again
 
 
+def test_write_store_day_by_day_writes_what_it_writes_at_once(lemony, stored, tmp_path):
+    """bench/write_month.py writes a month as a fleet records it, a day at a time (then rolls
+    up): the same rows, versions recorded by the same runs, whatever the windows' edges."""
+    whole, _ = stored
+    conn = store.connect(str(tmp_path / "daily.db"))
+    f = lemony.fleet
+    edges = [f.start - DAY, *range(f.start + 4321, f.end, DAY), f.end + DAY]
+    for lo, hi in zip(edges, edges[1:]):
+        simulate.write_store(lemony, conn, between=(lo, hi))
+    for table in ("runs", "results", "events", "jobs", "actions", "node_events"):
+        query = f"SELECT * FROM {table} ORDER BY 1, 2, 3"  # noqa: S608
+        assert conn.execute(query).fetchall() == whole.execute(query).fetchall(), table
+
+
 def test_write_store_simulates_a_fleet_itself(tmp_path):
     conn = store.connect(str(tmp_path / "f.db"))
     counts = simulate.write_store(small(nodes=4, days=2), conn)
