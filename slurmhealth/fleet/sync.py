@@ -961,23 +961,24 @@ def rollup(conn: sqlite3.Connection, before: float, limit: int | None = None) ->
 
 def _rollup(conn: sqlite3.Connection, before: float, limit: int | None) -> dict:
     until = int(before // HOUR) * HOUR
-    done = store.get_meta(conn, "rollup") or {}
-    lo, after = done.get("until"), str(done.get("after") or "")
-    if lo is None:
-        first = conn.execute("SELECT min(started) FROM runs").fetchone()[0]
-        lo = int(first // HOUR) * HOUR if first is not None else until
     out = {"runs": 0, "hours": 0, "late": 0}
-    rowid = done.get("rowid", 0)
-    if rowid and done.get("until"):  # runs merged since the last rollup, into rolled hours
-        with store.immediate(conn), _temp_tables(conn, "folded"):
+    with store.immediate(conn), _temp_tables(conn, "folded"):
+        lo, after, rowid = _rolled(conn, until)
+        if rowid:  # runs merged since the last rollup, into rolled hours
             conn.execute(_LATE, {"rowid": rowid, "until": lo + HOUR if after else lo})
             out["late"] = _fold(conn)
     budget = limit
-    while lo < until and (budget is None or budget > 0):
-        # Unbounded and at the start of an hour: up to a day of every node at once. Else one
-        # hour, as many nodes as the budget allows.
-        hi = min(until, (lo // DAY + 1) * DAY) if budget is None and not after else lo + HOUR
+    while budget is None or budget > 0:
+        # Where the last step stopped, read in this step's transaction: a second collect
+        # rolling up at the same time goes on from there (a node-hour rolled up twice is
+        # left as it was: its kept run is all there is to fold).
         with store.immediate(conn), _temp_tables(conn, "batch"):
+            lo, after, _ = _rolled(conn, until)
+            if lo >= until:
+                break
+            # Unbounded and at an hour's start: up to a day of every node at once. Else one
+            # hour, as many nodes as the budget allows.
+            hi = min(until, (lo // DAY + 1) * DAY) if budget is None and not after else lo + HOUR
             want = -1 if budget is None else budget
             conn.execute(_BATCH, {"after": after, "n": want, "limit": want + 1 if want > 0 else -1})
             nodes, last = conn.execute("SELECT count(*), max(node) FROM temp.batch").fetchone()
@@ -992,8 +993,19 @@ def _rollup(conn: sqlite3.Connection, before: float, limit: int | None) -> dict:
             store.set_meta(conn, "rollup", {"until": lo, "after": after, "rowid": top})
         out["runs"] += folded
         out["hours"] += hours
-    out["behind"] = max(0, int(until - lo) // HOUR)
+    out["behind"] = max(0, int(until - _rolled(conn, until)[0]) // HOUR)
     return out
+
+
+def _rolled(conn: sqlite3.Connection, until: float) -> tuple:
+    """Where the rollup stopped: (the first hour not wholly rolled up, the last node done in it
+    or "", the highest run rowid then: 0 before any rollup)."""
+    done = store.get_meta(conn, "rollup") or {}
+    lo = done.get("until")
+    if lo is None:
+        first = conn.execute("SELECT min(started) FROM runs").fetchone()[0]
+        lo = int(first // HOUR) * HOUR if first is not None else until
+    return lo, str(done.get("after") or ""), done.get("rowid", 0) if done.get("until") else 0
 
 
 def _rollup_range(conn: sqlite3.Connection, lo: float, hi: float) -> tuple:

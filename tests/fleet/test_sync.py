@@ -1361,6 +1361,39 @@ def test_a_bounded_rollup_does_the_same_in_steps_of_at_most_its_node_hours(tmp_p
     assert sync.rollup(conn, end - DAY, limit) == {"runs": 0, "hours": 0, "late": 0, "behind": 0}
 
 
+ROLLER = """
+import sys
+from slurmhealth.core import store
+from slurmhealth.fleet import sync
+conn = store.connect(sys.argv[1])
+before, steps = float(sys.argv[2]), 0
+while sync.rollup(conn, before, 5)["behind"]:
+    steps += 1
+print(steps)
+"""
+
+
+def test_two_collects_rolling_up_at_once_leave_what_one_leaves(tmp_path):
+    """Two processes rolling up the same store in small steps at the same time (a manual
+    collect beside the timer's): each step reads where the last one stopped in its own
+    transaction, and a node-hour rolled up twice is left as it was."""
+    history, conn = rolled_fleet(tmp_path)
+    end = history.fleet.end
+    whole = store.connect(str(tmp_path / "whole.db"))
+    simulate.write_store(history, whole)
+    with_skips(conn)
+    with_skips(whole)
+    sync.rollup(whole, end - DAY)
+    conn.close()
+    args = [sys.executable, "-c", ROLLER, str(tmp_path / "fleet.db"), str(end - DAY)]
+    rollers = [subprocess.Popen(args, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    steps = [int(r.communicate(timeout=300)[0]) for r in rollers]
+    assert [r.returncode for r in rollers] == [0, 0]
+    assert sum(steps) >= 3 * 24 * 24 // 5  # node-hours due, five a step
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    assert rolled_state(conn) == rolled_state(whole)
+
+
 def with_skips(conn: sqlite3.Connection) -> None:
     """Every passing health check with the skip results a real node's runs carry (no NVLink, no
     fabric state): stored with each run (Run.records keeps every result that is not ok). Runs
