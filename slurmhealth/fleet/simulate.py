@@ -967,7 +967,7 @@ def spool_records(h: History, start: float, end: float) -> dict:
 
     out: dict = {node: [] for node in h.names}
     run_columns = store.TABLE["runs"].names()
-    for row in _run_rows(h, __version__):
+    for row in _run_rows(h, __version__, start, end):
         if start <= row[4] < end:
             out[row[1]].append({"type": "run", **dict(zip(run_columns, row))})
     for r in h.runs:
