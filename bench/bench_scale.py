@@ -201,7 +201,8 @@ def main() -> None:
             )
             steps = c["rollup_steps"]
             print(
-                f"  hourly rollup: {c['rollup_hour_runs']:,} runs folded in {len(steps)} cycles "
+                f"  hourly rollup: {c['rollup_hour_runs']:,} runs folded in {len(steps)} "
+                f"cycle{'s' if len(steps) > 1 else ''} "
                 f"of at most {sync.ROLLUP_MAX:,} node-hours: {max(steps):.2f} s CPU at most, "
                 f"{sum(steps):.2f} s in all"
             )
