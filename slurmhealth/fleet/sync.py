@@ -936,8 +936,8 @@ _LATE = """CREATE TEMP TABLE folded AS SELECT rowid AS rid, id FROM runs
                 AND (f.started < runs.started OR (f.started = runs.started AND f.id < runs.id)))"""
 
 
-# The next nodes after :after, in name order, :n of them (-1: all): one index seek each, by
-# runs_node_started. A node with no run in the hour rolled up costs its seek and nothing more.
+# The next nodes after :after, in name order, :n of them (-1: all): one seek each into the
+# (node, started, verdict) index. A node with no run in the hour costs its seek and no more.
 _BATCH = """CREATE TEMP TABLE batch AS WITH RECURSIVE walk(node) AS (
     SELECT (SELECT min(node) FROM runs WHERE node > :after)
     UNION ALL SELECT (SELECT min(node) FROM runs WHERE node > walk.node)
