@@ -853,7 +853,7 @@ def accounted(conn: sqlite3.Connection, tool: str, end: float) -> None:
 HOUR = 3600
 DAY = 86400
 # Node-hours one collect rolls up (`collect --rollup-max`): a 10,000-node fleet adds 834 per
-# 5-minute cycle, so this keeps up with 30,000 nodes; 2,500 cost ~0.5-0.8 s of CPU
+# 5-minute cycle, so this keeps up with 30,000 nodes; 2,500 cost 0.5-0.9 s of CPU
 # (docs/benchmarks.md), where a whole 10,000-node hour in one cycle cost ~3.7 s.
 ROLLUP_MAX = 2500
 # Whole hours a bounded rollup may be behind before collect says so: one hour is due each
