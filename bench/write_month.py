@@ -6,7 +6,7 @@ records of that day are written, then the passing health checks older than 2 day
 up (`collect --rollup-after 2d`: the pages freed are reused by the next day's records, as on a
 running fleet) and the WAL is checkpointed. The store file's largest size, measured after each
 day's writes, is printed with its final size and what of it is in use (docs/benchmarks.md,
-"The month at 10,000 nodes"). About 100 minutes for 10 parts on 2 cores. `--vacuum` returns
+"The month at 10,000 nodes"). About 40 minutes for 10 parts on 2 cores. `--vacuum` returns
 the free pages at the end, as `slurmhealth prune` does.
 
 Run: `.venv/bin/python bench/write_month.py STORE [--parts 10] [--vacuum]`, then time

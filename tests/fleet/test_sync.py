@@ -1356,6 +1356,7 @@ def test_a_bounded_rollup_does_the_same_in_steps_of_at_most_its_node_hours(tmp_p
             break
         assert done["behind"] >= 1
     assert calls >= due // limit
+    assert seen == set(whole.execute("SELECT node, hour FROM run_hours").fetchall())
     assert rolled_state(conn) == rolled_state(whole)
     assert dict(queries.verdict_counts(conn, start, end)) == totals
     assert sync.rollup(conn, end - DAY, limit) == {"runs": 0, "hours": 0, "late": 0, "behind": 0}
