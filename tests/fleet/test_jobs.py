@@ -316,8 +316,10 @@ def test_a_damaged_or_foreign_comment_is_a_one_line_error(comment):
 
 FAKE = r'''#!{python}
 """sacct/sacctmgr stand-in: jobs in $FAKE_ACCT (JSON), calls appended to $FAKE_ACCT.calls."""
-import json, os, sys
+import fcntl, json, os, sys
 path = os.environ["FAKE_ACCT"]
+lock = open(path + ".lock", "a")
+fcntl.flock(lock, fcntl.LOCK_EX)  # one call at a time, as slurmdbd serialises its writes
 with open(path + ".calls", "a") as log:
     log.write(json.dumps([os.path.basename(sys.argv[0])] + sys.argv[1:]) + "\n")
 with open(path) as f:
@@ -329,6 +331,9 @@ if os.path.basename(sys.argv[0]) == "sacctmgr":
         print("PrivateData            = " + acct["private"])
         sys.exit(0)
     job = args[4].split("=", 1)[1]
+    if acct["jobs"][job].get("refuse"):
+        print(" Error: slurmdbd: refused", file=sys.stderr)
+        sys.exit(1)
     value = args[6].split("=", 1)[1].replace('"', "`").replace("'", "`")
     acct["jobs"][job]["comment"] = value
     with open(path, "w") as f:
@@ -411,6 +416,32 @@ def test_publish_writes_each_summary_once_and_again_only_when_it_changed(conn, t
     published = conn.execute("SELECT job_id, bytes FROM published ORDER BY job_id").fetchall()
     assert [j for j, _ in published] == ["41", "42"]
     assert all(0 < size <= jobs.COMMENT_MAX for _, size in published)
+
+
+def test_publish_writes_many_at_once_and_a_refused_write_costs_only_its_job(conn, acct):
+    """sacctmgr calls run a few at once (each waits on slurmdbd): every summary lands, in the
+    order of the jobs; a write slurmdbd refuses is reported and not remembered, so the next
+    publish tries it again, and the others are remembered."""
+    ids = [str(100 + i) for i in range(3 * jobs.PUBLISH_AT_ONCE)]
+    for job_id in ids:
+        job_on(conn, "gpu02", job_id, exit_code=3)
+    rows = {job_id: ended() for job_id in ids}
+    rows["105"]["refuse"] = True
+    acct.write(rows)
+    client = slurm.Slurm(acct.bin)
+    now = time.time()
+    first = jobs.publish(conn, client, now - 3600, now + 60)
+    assert first["published"] == [j for j in ids if j != "105"]
+    assert first["failed"] == [("105", "sacctmgr -i: Error: slurmdbd: refused")]
+    stored = acct.read()
+    assert all(jobs.decode(stored[j]["comment"])["verdict"] == "failed" for j in ids if j != "105")
+    assert stored["105"]["comment"] == ""
+    remembered = {j for (j,) in conn.execute("SELECT job_id FROM published")}
+    assert remembered == set(ids) - {"105"}
+    del rows["105"]["refuse"]
+    acct.write({**rows, **{j: stored[j] for j in ids if j != "105"}})
+    again = jobs.publish(conn, client, now - 3600, now + 60)
+    assert again["published"] == ["105"] and again["unchanged"] == len(ids) - 1
 
 
 def test_publish_refuses_without_private_data_and_the_cli_says_why(conn, tmp_path, acct):
