@@ -81,6 +81,7 @@ bench: $(VENVB)/.installed
 	$(VENVB)/bin/python bench/bench_fleet.py
 	$(VENVB)/bin/python bench/bench_scale.py
 	$(VENVB)/bin/python bench/bench_report.py
+	$(VENVB)/bin/python bench/bench_publish.py
 	$(VENVB)/bin/python bench/validate_lemons.py
 	$(VENVB)/bin/python bench/validate_slow.py
 	$(VENVB)/bin/python bench/validate_trends.py --seeds 2
