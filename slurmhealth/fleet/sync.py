@@ -938,10 +938,11 @@ _LATE = """CREATE TEMP TABLE folded AS SELECT rowid AS rid, id FROM runs
 
 # The next nodes after :after, in name order, :n of them (-1: all): one seek each into the
 # (node, started, verdict) index. A node with no run in the hour costs its seek and no more.
+# The walk is a co-routine: it stops when the outer LIMIT has its rows.
 _BATCH = """CREATE TEMP TABLE batch AS WITH RECURSIVE walk(node) AS (
     SELECT (SELECT min(node) FROM runs WHERE node > :after)
     UNION ALL SELECT (SELECT min(node) FROM runs WHERE node > walk.node)
-    FROM walk WHERE walk.node IS NOT NULL LIMIT :limit)
+    FROM walk WHERE walk.node IS NOT NULL)
 SELECT node FROM walk WHERE node IS NOT NULL LIMIT :n"""
 
 
@@ -980,7 +981,7 @@ def _rollup(conn: sqlite3.Connection, before: float, limit: int | None) -> dict:
             # hour, as many nodes as the budget allows.
             hi = min(until, (lo // DAY + 1) * DAY) if budget is None and not after else lo + HOUR
             want = -1 if budget is None else budget
-            conn.execute(_BATCH, {"after": after, "n": want, "limit": want + 1 if want > 0 else -1})
+            conn.execute(_BATCH, {"after": after, "n": want})
             nodes, last = conn.execute("SELECT count(*), max(node) FROM temp.batch").fetchone()
             folded, hours = _rollup_range(conn, lo, hi) if nodes else (0, 0)
             if budget is not None:
