@@ -619,6 +619,18 @@ def job_state(conn: sqlite3.Connection, node: str, job_id: str) -> str | None:
 
 
 @_translated
+def open_jobs(conn: sqlite3.Connection, node: str, since: float) -> list:
+    """[job_id] of the jobs whose prolog ran on the node at or after `since` and whose epilog
+    has not (state 'running'): one range of the (node, start, ...) index."""
+    rows = conn.execute(
+        "SELECT job_id FROM jobs WHERE node = ? AND start >= ? AND state = 'running' "
+        "ORDER BY start",
+        (node, since),
+    )
+    return [r[0] for r in rows]
+
+
+@_translated
 def forget_job_baselines(conn: sqlite3.Connection, node: str, job_id: str) -> None:
     conn.execute("DELETE FROM baselines WHERE node = ? AND job_id = ?", (node, job_id))
 

@@ -373,6 +373,7 @@ def check(argv: list) -> int:
     )
     if areas is None or "xid" in areas:
         baselines = _with_history(conn, node, baselines, expect, "check")
+    baselines = _with_open_jobs(conn, node, "", baselines, "check")
     run = runner.run(node, expect, options, areas, "check", baselines)
     if not opts.get("--no-db"):
         conn = record(conn, run, "check", path=path)
@@ -555,9 +556,14 @@ def _hook_config(conn: object, node: str, mode: str) -> dict:
         return config.defaults()
 
 
+# What the epilog takes of its job's prolog GPU baseline for the job's figures (`job_start`).
+_JOB_START = ("taken_at", "energy", "below_base", "samples", "inventory")
+
+
 def _baselines(conn: object, node: str, job_id: str, mode: str) -> dict:
     """Node baselines; the epilog takes counters (GPU, NVLink, IB) from its job's prolog, and
-    the prolog's GPU energy readings (`job_start`: the job's energy, node/counters.py)."""
+    the prolog's GPU readings for the job's figures (`job_start`: energy, time below base
+    clocks, SM clock and utilisation sums; node/counters.py job_telemetry)."""
     if conn is None:
         return {}
     from slurmhealth.core import store  # noqa: PLC0415
@@ -579,7 +585,7 @@ def _baselines(conn: object, node: str, job_id: str, mode: str) -> dict:
         merged["gpu"] = dict(
             node_level.get("gpu") or {},
             counters=prolog.get("counters"),
-            job_start={k: prolog.get(k) for k in ("taken_at", "energy", "inventory")},
+            job_start={k: prolog.get(k) for k in _JOB_START},
         )
     return merged
 
@@ -602,6 +608,33 @@ def _with_history(conn: object, node: str, baselines: dict, expect: dict, mode: 
     return dict(baselines, xid=dict(baselines.get("xid") or {}, recent=rows))
 
 
+def _booted_at() -> float:
+    """When this node booted (the wall clock less the time since boot); 0 where unknown."""
+    clock = getattr(time, "CLOCK_BOOTTIME", None)
+    try:
+        return time.time() - time.clock_gettime(clock) if clock is not None else 0.0
+    except OSError:
+        return 0.0
+
+
+def _with_open_jobs(conn: object, node: str, job_id: str, baselines: dict, mode: str) -> dict:
+    """The baselines with the other jobs running on the node as the gpu area's `open_jobs`:
+    those whose prolog ran here since the node booted and whose epilog has not. A GPU running
+    processes is one of theirs, not a fault (checks/gpu.py processes): slurmd runs the health
+    check on busy nodes too (HealthCheckNodeState=ANY), and a shared node starts a job while
+    others run. No store, or a read that fails: None, not known."""
+    jobs = None
+    if conn is not None:
+        from slurmhealth.core import store  # noqa: PLC0415
+
+        try:
+            found = store.open_jobs(conn, node, _booted_at())  # type: ignore[arg-type]
+            jobs = [j for j in found if j != job_id]
+        except Exception as exc:
+            log(f"could not read the running jobs: {exc}", mode)
+    return dict(baselines, gpu=dict(baselines.get("gpu") or {}, open_jobs=jobs))
+
+
 def _job_columns(mode: str, job: dict, run: runner.Run, conn: object) -> dict | None:
     """The jobs row: the prolog opens it, the epilog closes it. A job whose prolog failed here
     never ran here: its epilog records the end but no exit status (the job ran elsewhere)."""
@@ -613,8 +646,8 @@ def _job_columns(mode: str, job: dict, run: runner.Run, conn: object) -> dict | 
         state = "prolog_failed" if failed else "running"
         return dict(out, start=run.started, state=state, num_nodes=job["num_nodes"])
     out["end"] = run.started
-    if run.job_energy:
-        out["gpu_energy"] = json.dumps(run.job_energy, sort_keys=True)
+    if run.job_telemetry:
+        out["gpu_energy"] = json.dumps(run.job_telemetry, sort_keys=True)
     if _job_state(conn, run.node, job["id"]) != "prolog_failed":
         out["state"] = "ended"
         out.update({k: job[k] for k in ("exit_code", "signal") if k in job})
@@ -664,6 +697,7 @@ def hook(mode: str, clock: Deadline) -> int:
     spool = spool_for(db_path)
     replay_spool(conn, spool, mode)
     baselines = _with_history(conn, node, baselines, expect, mode)
+    baselines = _with_open_jobs(conn, node, job["id"], baselines, mode)
     run = runner.run(node, expect, options, None, mode, baselines, job["gpus"], clock.left())
     pending = None if monitor else state.pending(side)
     if pending and not any(r.message == pending["message"] for r in run.results):

@@ -231,35 +231,105 @@ def _label(device: str) -> str:
     return device
 
 
-def job_energy(start: object, facts: object, now: float, job_gpus: list | None) -> dict | None:
-    """The energy each of the job's GPUs used between its prolog and its epilog.
+def add_samples(before: object, facts: object) -> dict:
+    """The SM clock and utilisation samples summed so far, with this run's added.
 
-    start: the prolog's GPU baseline (checks/gpu.py baseline: `taken_at`, `energy` in mJ and
-    `inventory` by index); facts: the epilog's GPU facts; now: the epilog's time; job_gpus: the
-    job's GPU indexes (None: every GPU). NVML's energy counter (field 83) counts mJ since the
-    driver loaded, so a lower reading means the driver reloaded during the job, and a GPU whose
-    UUID changed is not the same GPU: both are left out. Returns {"s": seconds, "j": {index:
-    joules}}, or None when no GPU has both readings.
+    NVML keeps no job-long figure for either, so each run that found a GPU running processes
+    (the health checks during a job; node/sources/nvml.py `_sample`) adds its reading to a
+    running sum kept in the node's GPU baseline: {index: [samples, SM MHz summed, utilisation %
+    summed]}. Like a counter, the sum only grows: the prolog keeps the sums at the job's start,
+    the epilog's sums minus those are the job's (job_telemetry). A GPU not sampled keeps its
+    sums. before: the previous sums (anything else: none); facts: this run's parsed GPU facts.
+    """
+    kept = {}
+    if isinstance(before, dict):
+        for index, sums in before.items():
+            read = [_int(v) for v in sums] if isinstance(sums, list) else []
+            if len(read) == 3 and None not in read:
+                kept[str(index)] = read
+    devices = facts.get("devices") if isinstance(facts, dict) else None
+    for dev in devices or ():
+        if not isinstance(dev, dict) or dev.get("error"):
+            continue
+        clock, util = _int(dev.get("sm_clock")), _int(dev.get("util_gpu"))
+        if clock is None or util is None or util > 100:
+            continue
+        count, clocks, utils = kept.get(str(dev.get("index")), [0, 0, 0])
+        kept[str(dev.get("index"))] = [count + 1, clocks + clock, utils + util]
+    return kept
+
+
+def _job_gpu(dev: object, wanted: set | None, inventory: object) -> str | None:
+    """The GPU's index when it is one of the job's and the same GPU as at the prolog."""
+    if not isinstance(dev, dict) or dev.get("error"):
+        return None
+    index = str(dev.get("index"))
+    if wanted is not None and index not in wanted:
+        return None
+    known = inventory.get(index) if isinstance(inventory, dict) else None
+    if isinstance(known, dict) and known.get("uuid") not in (None, dev.get("uuid")):
+        return None
+    return index
+
+
+def _grew(first: object, last: object) -> int | None:
+    """last - first of a counter read at the prolog and at the epilog; None when either is
+    missing or it fell (the driver reloaded during the job: the job's share is unknown)."""
+    ok = isinstance(first, int) and isinstance(last, int) and last >= first
+    return last - first if ok else None  # type: ignore[operator]
+
+
+def job_telemetry(
+    start: object, facts: object, now: float, job_gpus: list | None, samples: object = None
+) -> dict | None:
+    """What each of the job's GPUs did between its prolog and its epilog.
+
+    start: the prolog's GPU baseline (checks/gpu.py baseline: `taken_at`, `energy` in mJ,
+    `below_base` in ns, `samples` and `inventory` by index); facts: the epilog's GPU facts;
+    now: the epilog's time; job_gpus: the job's GPU indexes (None: every GPU); samples: the
+    epilog's sums (add_samples). Per GPU:
+    - "j": joules used, from NVML's energy counter (field 83, mJ since the driver loaded);
+    - "b": seconds the SM clock was held below its base clock (field 81, ns);
+    - "u": [samples, mean SM clock MHz, mean utilisation %] of the health checks in between.
+    A counter that fell (the driver reloaded during the job) and a GPU whose UUID changed (not
+    the same GPU) are left out. Returns {"s": seconds, "j": {...}, "b": {...}, "u": {...}}
+    ("b" and "u" only when not empty), or None when no GPU has a figure.
     """
     if not isinstance(start, dict) or not isinstance(facts, dict):
         return None
-    before, inventory = start.get("energy"), start.get("inventory") or {}
     taken = start.get("taken_at")
-    if not isinstance(before, dict) or not isinstance(taken, (int, float)) or now <= taken:
+    if not isinstance(taken, (int, float)) or now <= taken:
         return None
+    energy = start.get("energy") if isinstance(start.get("energy"), dict) else {}
+    below = start.get("below_base") if isinstance(start.get("below_base"), dict) else {}
+    # no sums kept by the prolog (an older version's): the node's sums include time before it
+    first_sums = start.get("samples") if isinstance(start.get("samples"), dict) else None
     wanted = None if job_gpus is None else {str(g) for g in job_gpus}
-    joules = {}
+    out: dict = {"s": round(now - taken, 3), "j": {}}
     for dev in facts.get("devices") or ():
-        if not isinstance(dev, dict) or dev.get("error"):
+        index = _job_gpu(dev, wanted, start.get("inventory"))
+        if index is None:
             continue
-        index = str(dev.get("index"))
-        first, last = before.get(index), (dev.get("fields") or {}).get("energy_mj")
-        if wanted is not None and index not in wanted:
-            continue
-        if not isinstance(first, int) or not isinstance(last, int) or last < first:
-            continue
-        known = inventory.get(index) if isinstance(inventory, dict) else None
-        if isinstance(known, dict) and known.get("uuid") not in (None, dev.get("uuid")):
-            continue
-        joules[index] = round((last - first) / 1000.0, 1)
-    return {"s": round(now - taken, 3), "j": joules} if joules else None
+        fields = dev.get("fields") or {}
+        used = _grew(energy.get(index), fields.get("energy_mj"))
+        if used is not None:
+            out["j"][index] = round(used / 1000.0, 1)
+        slow = _grew(below.get(index), fields.get("below_base_ns"))
+        if slow is not None:
+            out.setdefault("b", {})[index] = round(slow / 1e9, 1)
+        sampled = None if first_sums is None else _sampled(first_sums, samples, index)
+        if sampled is not None:
+            out.setdefault("u", {})[index] = sampled
+    return out if out["j"] or "b" in out or "u" in out else None
+
+
+def _sampled(first: object, last: object, index: str) -> list | None:
+    """[samples, mean SM MHz, mean utilisation %] between two sums of one GPU, or None."""
+    before = first.get(index, [0, 0, 0]) if isinstance(first, dict) else None
+    after = last.get(index) if isinstance(last, dict) else None
+    if not isinstance(after, list) or not isinstance(before, list) or len(before) != 3:
+        return None
+    count, clocks, utils = (_grew(a, b) for a, b in zip(before, after))
+    if not count or clocks is None or utils is None:
+        return None
+    return [count, round(clocks / count), round(utils / count, 1)]

@@ -128,7 +128,7 @@ class Run:
         self.resets: list = []  # GPU indexes a reset would mend (areas' resets_of())
         self.counters: list = []  # counter readings that changed (node/counters.py)
         self.readings: dict = {}  # every counter read: {"<device>|<counter>": value}
-        self.job_energy: dict | None = None  # the epilog's: counters.job_energy
+        self.job_telemetry: dict | None = None  # the epilog's: counters.job_telemetry
         self.verdict = OK
         self.record_versions = True  # False: unchanged since recorded (VERSIONS_EVERY)
         self.hung = False
@@ -344,12 +344,27 @@ def _counters(out: Run, before: object) -> None:
         out.counters = []
 
 
-def _job_energy(out: Run, before: object, job_gpus: list | None) -> dict | None:
-    """The job's energy per GPU, from its prolog's reading (`job_start` of the GPU baseline);
-    a crash here is our bug and costs the figure, never the run."""
-    start = before.get("job_start") if isinstance(before, dict) else None
+def _samples(out: Run, before: object) -> None:
+    """The GPU baseline gets the SM clock and utilisation sums with this run's samples added
+    (node/counters.py add_samples); a crash here is our bug and costs the samples, never the
+    run."""
+    gpu = out.baselines.get("gpu")
+    if not isinstance(gpu, dict):
+        return
     try:
-        return counters.job_energy(start, out.facts.get("gpu"), out.started, job_gpus)
+        sums = before.get("samples") if isinstance(before, dict) else None
+        gpu["samples"] = counters.add_samples(sums, out.facts.get("gpu"))
+    except Exception:
+        gpu.pop("samples", None)
+
+
+def _job_telemetry(out: Run, before: object, job_gpus: list | None) -> dict | None:
+    """The job's figures per GPU, from its prolog's readings (`job_start` of the GPU baseline);
+    a crash here is our bug and costs the figures, never the run."""
+    start = before.get("job_start") if isinstance(before, dict) else None
+    sums = (out.baselines.get("gpu") or {}).get("samples")
+    try:
+        return counters.job_telemetry(start, out.facts.get("gpu"), out.started, job_gpus, sums)
     except Exception:
         return None
 
@@ -400,8 +415,9 @@ def run(
     if kept:
         out.baselines["versions"] = kept
     _counters(out, baselines.get("counters"))
+    _samples(out, baselines.get("gpu"))
     if phase == "epilog":
-        out.job_energy = _job_energy(out, baselines.get("gpu"), job_gpus)
+        out.job_telemetry = _job_telemetry(out, baselines.get("gpu"), job_gpus)
     out._error_fails = settings["error_fails"]
     out.verdict = verdict(out.results, out._error_fails)
     out.duration = time.perf_counter() - started

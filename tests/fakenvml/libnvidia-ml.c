@@ -174,6 +174,22 @@ nvmlReturn_t nvmlDeviceGetApplicationsClock(nvmlDevice_t dev, unsigned int clock
     *out = clock == 1 ? (dev->index == 1 ? 1755 : 1980) : 3201; /* GPU 1: lowered SM clock */
     return OK;
 }
+nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t dev, unsigned int clock, unsigned int *out) {
+    nvmlReturn_t r = check(dev);
+    if (r) return r;
+    if (clock > 3) return INVALID;
+    *out = clock == 1 ? 1980 - 60 * dev->index : 3201; /* SM clock now: lower on each index */
+    return OK;
+}
+typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
+nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t dev, nvmlUtilization_t *out) {
+    nvmlReturn_t r = check(dev);
+    if (r) return r;
+    if (unsupported()) return UNSUPPORTED;
+    out->gpu = 97 - dev->index;
+    out->memory = 40;
+    return OK;
+}
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *out) {
     nvmlReturn_t r = check(dev);
     if (r) return r;
@@ -260,6 +276,7 @@ static nvmlReturn_t field(unsigned int dev, unsigned int id, unsigned int scope,
     case 74: v->valueType = 3; v->value.ullVal = 2599937728ULL * (dev + 1); return OK;
     case 75: v->valueType = 3; v->value.ullVal = 0; return OK;
     case 94: v->value.uiVal = 3 * dev; return OK;
+    case 81: v->valueType = 3; v->value.ullVal = 700000000ULL * dev; return OK; /* ns */
     case 83: v->valueType = 3; v->value.ullVal = 5000000ULL * (dev + 1); return OK; /* mJ */
     case 161: case 162: case 163:
         if (scope >= 18) return INVALID;

@@ -33,6 +33,7 @@ _REVERSE_FIELDS = {
     75: "perf_thermal_ns",
     94: "pcie_replay",
     83: "energy_mj",
+    81: "below_base_ns",
 }
 _LINK_FIELDS = {161: "replay", 162: "recovery", 163: "crc"}
 
@@ -190,6 +191,21 @@ def nvmlDeviceGetMemoryInfo(h, version=None):
 def nvmlDeviceGetApplicationsClock(h, clock):
     """MHz; clock 1 (SM) and 2 (memory). NotSupported where the snapshot has no value."""
     return _dev(h, {1: "app_clock_sm", 2: "app_clock_mem"}.get(clock, "-"))
+
+
+def nvmlDeviceGetClockInfo(h, clock):
+    """MHz now; only the SM clock (1) is served, from the snapshot's `sm_clock`."""
+    return _dev(h, "sm_clock" if clock == 1 else "-")
+
+
+class c_nvmlUtilization_t:
+    def __init__(self, gpu):
+        self.gpu = gpu
+        self.memory = 0
+
+
+def nvmlDeviceGetUtilizationRates(h):
+    return c_nvmlUtilization_t(_dev(h, "util_gpu"))
 
 
 def nvmlDeviceGetMigMode(h):

@@ -210,12 +210,19 @@ def test_epilog_deltas_are_against_the_jobs_prolog(node, tmp_path):
     assert node.slurm()["reason"] == "slurmhealth: GPU 1 link 7 recovery +25"
 
 
-def with_energy(tmp_path, name: str, joules: dict) -> str:
-    """The healthy snapshot with NVML's energy counter (field 83, mJ) on some GPUs."""
+def with_energy(tmp_path, name: str, joules: dict, below: dict | None = None, busy=None) -> str:
+    """The healthy snapshot with NVML's energy counter (field 83, mJ) on some GPUs, their time
+    below base clocks (field 81, s) and the SM clock and utilisation of busy ones."""
     with open(snapshot_path("healthy")) as handle:
         doc = json.load(handle)
     for index, value in joules.items():
         doc["gpu"]["devices"][index]["fields"]["energy_mj"] = int(value * 1000)
+    for index, seconds in (below or {}).items():
+        doc["gpu"]["devices"][index]["fields"]["below_base_ns"] = int(seconds * 1e9)
+    for index, (clock, util) in (busy or {}).items():
+        dev = doc["gpu"]["devices"][index]
+        dev.update(processes=[{"pid": 4000 + index, "used_memory": 1 << 30}])
+        dev.update(sm_clock=clock, util_gpu=util)
     path = tmp_path / f"{name}.json"
     path.write_text(json.dumps(doc))
     return str(path)
@@ -236,12 +243,57 @@ def test_the_epilog_records_the_energy_each_of_the_jobs_gpus_used_since_its_prol
     energy = json.loads(raw)
     assert energy["j"] == {"2": 4500.5}  # GPU 4 is not the job's
     assert 0 < energy["s"] < 120
+    assert set(energy) == {"s", "j"}  # no clock counter, no samples: no such figures
     node.configure()  # no energy counter (an older driver): no figure, nothing else changes
     node.run("prolog", job="32")
     assert node.run("epilog", job="32", SLURM_JOB_EXIT_CODE="0").returncode == 0
     assert node.db().execute("SELECT gpu_energy FROM jobs WHERE job_id = '32'").fetchone() == (
         None,
     )
+
+
+def test_the_epilog_records_time_below_base_clocks_and_the_health_checks_samples(node, tmp_path):
+    """The health checks during the job sample its busy GPUs' SM clock and utilisation; the
+    epilog records their means and each GPU's time below base clocks since the prolog."""
+    node.run("prolog", job="40", SLURM_JOB_GPUS="2")  # an earlier job on GPU 2, sampled once
+    node.configure(gpu_source=with_energy(tmp_path, "before", {}, busy={2: (1000, 5)}))
+    assert node.run("healthcheck", job="").returncode == 0
+    node.configure()
+    node.run("epilog", job="40", SLURM_JOB_GPUS="2", SLURM_JOB_EXIT_CODE="0")
+    node.configure(gpu_source=with_energy(tmp_path, "start", {2: 100}, {2: 50, 3: 50}))
+    node.run("prolog", job="41", SLURM_JOB_GPUS="2,3")
+    for name, clocks in (("mid1", (1980, 98)), ("mid2", (1500, 60))):
+        during = {2: clocks, 3: (1980, 99), 5: (1200, 20)}  # GPU 5: another job's
+        node.configure(gpu_source=with_energy(tmp_path, name, {2: 200}, {2: 60}, during))
+        assert node.run("healthcheck", job="").returncode == 0
+    node.configure(gpu_source=with_energy(tmp_path, "end", {2: 400}, {2: 80, 3: 50}))
+    proc = node.run("epilog", job="41", SLURM_JOB_GPUS="2,3", SLURM_JOB_EXIT_CODE="0")
+    assert proc.returncode == 0, proc.stderr
+    (raw,) = node.db().execute("SELECT gpu_energy FROM jobs WHERE job_id = '41'").fetchone()
+    figures = json.loads(raw)
+    assert figures["j"] == {"2": 300.0}
+    assert figures["b"] == {"2": 30.0, "3": 0.0}
+    assert figures["u"] == {"2": [2, 1740, 79.0], "3": [2, 1980, 99.0]}
+
+
+def test_a_health_check_on_a_node_running_jobs_leaves_their_gpus_processes_alone(node, tmp_path):
+    """slurmd runs the health check on busy nodes too (HealthCheckNodeState=ANY): a job's
+    processes on its GPUs are not leftovers, and must never drain the node under it. Once no
+    job runs, a process left on a GPU is one."""
+    busy = with_energy(tmp_path, "busy", {}, busy={0: (1980, 99), 1: (1980, 99)})
+    assert node.run("prolog", job="61", SLURM_JOB_GPUS="0,1").returncode == 0
+    node.configure(gpu_source=busy)
+    assert node.run("healthcheck", job="").returncode == 0
+    assert node.slurm()["state"] == "IDLE"
+    # a second job on the shared node: its prolog judges its own GPUs, not job 61's
+    proc = node.run("prolog", job="62", SLURM_JOB_GPUS="2,3")
+    assert proc.returncode == 0, proc.stderr
+    node.configure()
+    node.run("epilog", job="61", SLURM_JOB_GPUS="0,1", SLURM_JOB_EXIT_CODE="0")
+    node.run("epilog", job="62", SLURM_JOB_GPUS="2,3", SLURM_JOB_EXIT_CODE="0")
+    node.configure(gpu_source=busy)  # no job runs, yet GPUs 0 and 1 have processes
+    assert node.run("healthcheck", job="").returncode == 1
+    assert node.slurm()["reason"].startswith("slurmhealth: GPU 0 (00000000:18:00.0) has 1 compute")
 
 
 def test_epilog_drains_a_gpu_needing_reset_unless_resets_are_allowed(node, tmp_path):

@@ -166,10 +166,10 @@ def prolog_start(readings: dict, taken_at: float = 1000.0) -> dict:
 def test_the_jobs_energy_is_each_gpus_reading_at_the_epilog_less_the_prologs():
     start = prolog_start({0: 1_000_000, 1: 2_000_000, 2: 3_000_000})
     end = energy_facts({0: 61_000_000, 1: 2_000_500, 2: 9_000_000})
-    got = counters.job_energy(start, end, 1100.0, None)
+    got = counters.job_telemetry(start, end, 1100.0, None)
     assert got == {"s": 100.0, "j": {"0": 60000.0, "1": 0.5, "2": 6000.0}}
     # only the job's GPUs
-    assert counters.job_energy(start, end, 1100.0, [2])["j"] == {"2": 6000.0}
+    assert counters.job_telemetry(start, end, 1100.0, [2])["j"] == {"2": 6000.0}
 
 
 def test_a_reloaded_driver_a_changed_gpu_or_a_missing_reading_leaves_that_gpu_out():
@@ -177,14 +177,60 @@ def test_a_reloaded_driver_a_changed_gpu_or_a_missing_reading_leaves_that_gpu_ou
     end = energy_facts({0: 100, 1: 6_000_000, 2: None, 3: 7_000_000})
     end["devices"][1]["uuid"] = "GPU-swapped"  # another GPU at that index
     end["devices"][4]["fields"]["energy_mj"] = 9_000_000  # no prolog reading
-    assert counters.job_energy(start, end, 1010.0, None) == {"s": 10.0, "j": {"3": 2000.0}}
+    assert counters.job_telemetry(start, end, 1010.0, None) == {"s": 10.0, "j": {"3": 2000.0}}
 
 
 def test_no_prolog_reading_or_no_time_gives_no_energy():
     end = energy_facts({0: 5_000_000})
-    assert counters.job_energy(None, end, 1010.0, None) is None
-    assert counters.job_energy({}, end, 1010.0, None) is None
+    assert counters.job_telemetry(None, end, 1010.0, None) is None
+    assert counters.job_telemetry({}, end, 1010.0, None) is None
     start = prolog_start({0: 1_000_000})
-    assert counters.job_energy(start, end, 1000.0, None) is None  # the clock went back
-    assert counters.job_energy(start, energy_facts({}), 1010.0, None) is None
-    assert counters.job_energy(start, "garbage", 1010.0, None) is None
+    assert counters.job_telemetry(start, end, 1000.0, None) is None  # the clock went back
+    assert counters.job_telemetry(start, energy_facts({}), 1010.0, None) is None
+    assert counters.job_telemetry(start, "garbage", 1010.0, None) is None
+
+
+# --- time below base clocks, and the SM clock and utilisation samples -----------------------------
+
+
+def busy(gpu: dict, samples: dict) -> dict:
+    """The GPUs with a health check's sample ({index: (SM MHz, utilisation %)}) where given."""
+    for dev in gpu["devices"]:
+        dev["sm_clock"], dev["util_gpu"] = samples.get(dev["index"], (None, None))
+    return gpu
+
+
+def test_samples_add_up_per_gpu_and_a_gpu_not_sampled_keeps_its_sums():
+    sums = counters.add_samples(None, busy(healthy_gpu(), {0: (1980, 90), 1: (1500, 100)}))
+    assert sums == {"0": [1, 1980, 90], "1": [1, 1500, 100]}
+    sums = counters.add_samples(sums, busy(healthy_gpu(), {0: (1960, 96)}))
+    assert sums == {"0": [2, 3940, 186], "1": [1, 1500, 100]}
+    # a lost GPU, a reading out of range and garbage kept from before add nothing
+    gpu = busy(healthy_gpu(), {2: (1980, 101), 3: (1980, 50)})
+    gpu["devices"][3]["error"] = "GpuIsLost"
+    assert counters.add_samples(dict(sums, x="junk", y=[1, -2, 3]), gpu) == sums
+
+
+def test_the_job_gets_its_gpus_time_below_base_clocks_and_the_mean_of_its_samples():
+    first = counters.add_samples(None, busy(healthy_gpu(), {0: (1000, 10)}))  # before the job
+    facts = energy_facts({0: 1_000_000, 1: 1_000_000})
+    for dev in facts["devices"]:
+        dev["fields"]["below_base_ns"] = 5 * 10**9
+    start = dict(prolog_start({}), below_base={"0": 5 * 10**9, "1": 5 * 10**9}, samples=first)
+    during = counters.add_samples(first, busy(healthy_gpu(), {0: (1900, 90), 1: (1700, 80)}))
+    during = counters.add_samples(during, busy(healthy_gpu(), {0: (1980, 100), 1: (1500, 60)}))
+    end = energy_facts({0: 61_000_000, 1: 31_000_000})
+    end["devices"][0]["fields"]["below_base_ns"] = 5 * 10**9 + 1_250_000_000
+    end["devices"][1]["fields"]["below_base_ns"] = 100  # fell: the driver reloaded
+    got = counters.job_telemetry(start, end, 1100.0, ["0", "1"], during)
+    assert got == {
+        "s": 100.0,
+        "j": {},  # the prolog here read no energy
+        "b": {"0": 1.2},
+        "u": {"0": [2, 1940, 95.0], "1": [2, 1600, 70.0]},  # the sample before the job left out
+    }
+    # a prolog of an older version kept no sums: the node's include time before the job
+    older = {k: v for k, v in start.items() if k != "samples"}
+    assert "u" not in counters.job_telemetry(older, end, 1100.0, None, during)
+    # the node's sums lost meanwhile (a new store): fewer than at the prolog, no figure
+    assert "u" not in counters.job_telemetry(start, end, 1100.0, None, {"0": [1, 1, 1]})

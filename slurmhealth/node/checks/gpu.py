@@ -122,6 +122,8 @@ _INT_KEYS = (
     "mig_pending",
     "app_clock_sm",
     "app_clock_mem",
+    "sm_clock",
+    "util_gpu",
 )
 
 
@@ -397,10 +399,24 @@ def persistence(facts: dict, ctx: Context) -> Result:
 
 
 def processes(facts: dict, ctx: Context) -> Result:
-    """No compute processes left on a GPU before a job (or on the job's GPUs after it)."""
+    """No compute processes left on a GPU before a job (or on the job's GPUs after it).
+
+    A GPU another job holds is not judged. The job hooks judge the job's own GPUs when slurmd
+    names them (SLURM_JOB_GPUS), else every GPU unless other jobs run on the node (a shared
+    node). The health check runs on busy nodes too (HealthCheckNodeState=ANY): it judges the
+    GPUs only when no job runs on the node, and not at all when that is not known (no store).
+    `check` judges them when it is not known: it only reports.
+    """
     devices = _alive(facts)
-    if ctx.phase == "epilog" and ctx.job_gpus is not None:
+    running = ctx.baseline.get("open_jobs") if isinstance(ctx.baseline, dict) else None
+    job_hook = ctx.phase in ("prolog", "epilog")
+    if job_hook and ctx.job_gpus is not None:
         devices = [d for d in devices if d["index"] in ctx.job_gpus]
+    elif running or (running is None and ctx.phase == "healthcheck"):
+        busy = [label(d) for d in devices if d["processes"]]
+        data = {"left": [], "running_jobs": running, "busy": busy}
+        why = "jobs running here" if running else "not known whether jobs run here"
+        return ok(f"not judged: {why}", data)
     left = []
     for dev in devices:
         pids = [p.get("pid") for p in dev["processes"] or []]
@@ -609,8 +625,9 @@ CHECKS = (
 
 def baseline(facts: dict, now: float | None = None) -> dict:
     """The inventory and memory counters to compare the next run against, keyed by index, the
-    energy counters (the prolog's, for the job's energy at its epilog) and the time they were
-    read (`now`, else the clock: the run's time)."""
+    energy and below-base-clock counters (the prolog's, for the job's figures at its epilog)
+    and the time they were read (`now`, else the clock: the run's time). The runner adds the
+    SM clock and utilisation samples summed so far (node/counters.py add_samples)."""
     alive = _alive(facts)
     return {
         "taken_at": time.time() if now is None else now,
@@ -628,6 +645,11 @@ def baseline(facts: dict, now: float | None = None) -> dict:
             str(d["index"]): d["fields"]["energy_mj"]
             for d in alive
             if isinstance(d["fields"].get("energy_mj"), int)
+        },
+        "below_base": {
+            str(d["index"]): d["fields"]["below_base_ns"]
+            for d in alive
+            if isinstance(d["fields"].get("below_base_ns"), int)
         },
     }
 

@@ -43,6 +43,10 @@ FIELDS = {
     # NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION: mJ since the driver loaded; the prolog's and the
     # epilog's readings give the job's energy and mean power per GPU (node/counters.py).
     "energy_mj": 83,
+    # NVML_FI_DEV_PERF_POLICY_TOTAL_BASE_CLOCKS: ns the SM clock was held below its base clock
+    # (nvmlPerfPolicyType_t NVML_PERF_POLICY_TOTAL_BASE_CLOCKS), for any reason; like the
+    # energy, the prolog's and the epilog's readings give the job's share (node/counters.py).
+    "below_base_ns": 81,
 }
 # Per-link NVLink error counters (scopeId = link); unsupported on Blackwell+ (NVML 13 header).
 LINK_FIELDS = {"replay": 161, "recovery": 162, "crc": 163}
@@ -194,6 +198,18 @@ def _settings(sweep: _Sweep) -> None:
     sweep.record["app_clock_mem"] = get("app_clock_mem", "nvmlDeviceGetApplicationsClock", 2)
 
 
+def _sample(sweep: _Sweep) -> None:
+    """On a GPU running processes, the SM clock now (nvmlDeviceGetClockInfo, NVML_CLOCK_SM 1,
+    MHz) and its utilisation over the last sample period (nvmlDeviceGetUtilizationRates().gpu,
+    percent of the time a kernel ran): the health checks during a job add them up into the
+    job's means (node/counters.py). An idle GPU is not sampled: no call."""
+    if not sweep.record.get("processes"):
+        return
+    sweep.record["sm_clock"] = sweep.get("sm_clock", "nvmlDeviceGetClockInfo", 1)
+    rates = sweep.get("util_gpu", "nvmlDeviceGetUtilizationRates")
+    sweep.record["util_gpu"] = int(rates.gpu) if rates is not None else None  # type: ignore[attr-defined]
+
+
 def _health(sweep: _Sweep) -> None:
     record, get = sweep.record, sweep.get
     record["persistence"] = get("persistence", "nvmlDeviceGetPersistenceMode")
@@ -227,6 +243,7 @@ def sweep_device(nvml: object, index: int, costly: bool = True) -> dict:
     _health(sweep)
     if costly:
         _settings(sweep)
+        _sample(sweep)
     if any(reason in ("GpuIsLost", "Unknown") for reason in record["errors"].values()):
         record["error"] = "GpuIsLost" if "GpuIsLost" in record["errors"].values() else "Unknown"
     return record

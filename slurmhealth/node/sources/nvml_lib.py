@@ -115,6 +115,13 @@ class c_nvmlValue_t(ctypes.Union):  # noqa: N801
     ]
 
 
+class c_nvmlUtilization_t(ctypes.Structure):  # noqa: N801
+    """nvmlUtilization_t: percent of the last sample period a kernel ran (gpu) and device
+    memory was read or written (memory)."""
+
+    _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
+
+
 class c_nvmlFieldValue_t(ctypes.Structure):  # noqa: N801
     _fields_ = [
         ("fieldId", ctypes.c_uint32),
@@ -323,6 +330,16 @@ def nvmlDeviceGetCurrPcieLinkWidth(handle: object) -> int:
 
 def nvmlDeviceGetApplicationsClock(handle: object, clock: int) -> int:
     return _uint("nvmlDeviceGetApplicationsClock", handle, ctypes.c_uint(clock))
+
+
+def nvmlDeviceGetClockInfo(handle: object, clock: int) -> int:
+    return _uint("nvmlDeviceGetClockInfo", handle, ctypes.c_uint(clock))
+
+
+def nvmlDeviceGetUtilizationRates(handle: object) -> c_nvmlUtilization_t:
+    out = c_nvmlUtilization_t()
+    _call("nvmlDeviceGetUtilizationRates", handle, ctypes.byref(out))
+    return out
 
 
 def nvmlDeviceGetMigMode(handle: object) -> list:

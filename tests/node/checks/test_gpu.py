@@ -184,6 +184,32 @@ def test_epilog_processes_only_on_the_jobs_gpus():
     assert gpu.processes(f, epilog).status == "fail"
 
 
+def test_processes_of_other_running_jobs_are_never_leftovers():
+    f = facts("processes-left")  # the process sits on GPU 0
+    expect = ctx().expect
+
+    def judged(phase, running, job_gpus=None):
+        baseline = {} if running == "absent" else {"open_jobs": running}
+        return gpu.processes(f, Context("gpu01", phase, expect, baseline, job_gpus=job_gpus))
+
+    # the prolog of a job on GPUs 4-5 of a shared node: GPU 0 is another job's
+    assert judged("prolog", ["7"], [4, 5]).status == "ok"
+    assert judged("prolog", None, [0]).status == "fail"
+    # no GPUs named (a job without GPUs): judged unless another job runs here
+    assert judged("prolog", [], None).status == "fail"
+    assert judged("prolog", ["7"], None).status == "ok"
+    # the health check: only when no job runs, and never when that is not known
+    assert judged("healthcheck", []).status == "fail"
+    running = judged("healthcheck", ["7", "8"])
+    assert running.status == "ok" and running.message == "not judged: jobs running here"
+    assert running.data["running_jobs"] == ["7", "8"]
+    assert judged("healthcheck", None).status == "ok"
+    assert judged("healthcheck", "absent").status == "ok"
+    # `check` only reports: not known is judged
+    assert judged("check", None).status == "fail"
+    assert judged("check", ["7"]).status == "ok"
+
+
 def test_parse_survives_garbage():
     for raw in (
         None,

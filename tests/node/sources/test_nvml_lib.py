@@ -91,6 +91,7 @@ def test_the_sweep_reads_every_value_through_the_builtin_binding(libdir):
     assert fields["ecc_current"] == 1 and fields["ecc_sbe_aggregate"] == 13
     assert fields["perf_power_ns"] == 2 * 2599937728  # an unsigned long long, read whole
     assert fields["energy_mj"] == 2 * 5_000_000  # field 83, in the same batched call
+    assert fields["below_base_ns"] == 700_000_000  # field 81
     assert (fields["pcie_replay"], fields["remap_correctable"]) == (3, 1)
     assert fields["retired_sbe"] is None  # that entry's own return: NotSupported
     links = second["nvlink"]
@@ -118,6 +119,14 @@ def test_processes_are_listed_with_memory_not_available_as_none(libdir):
         {"pid": 4001, "used_memory": 2 << 30},
         {"pid": 4002, "used_memory": 3 << 30},
     ]
+
+
+def test_a_busy_gpu_is_sampled_and_an_idle_one_is_not(libdir):
+    """SM clock and utilisation are read only where processes run (the job's GPUs during a
+    health check): the idle GPU costs no call and has no keys."""
+    busy, idle = sweep(libdir, FAKE_NVML_LIB_FAULT="procs:1")["devices"]
+    assert (busy["sm_clock"], busy["util_gpu"]) == (1980, 97)
+    assert "sm_clock" not in idle and "util_gpu" not in idle
 
 
 def test_a_lost_gpu_is_its_own_error_and_the_others_are_read(libdir):
