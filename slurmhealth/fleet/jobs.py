@@ -151,15 +151,18 @@ def _add_telemetry(conn: sqlite3.Connection, data: dict, energy: dict) -> None:
         end = node["end"] if node.get("end") is not None else data.get("end") or time.time()
         spans.append((node["node"], node["start"], max(end, node["start"])))
     figures = queries.job_telemetry(conn, spans)
+    clocks = {}
     for node in data["nodes"]:
         node["telemetry"] = figures.get(node["node"])
         if node["telemetry"] is not None:
             node["telemetry"]["power"] = telemetry.power(energy.get(node["node"]))
+            node["telemetry"]["clocks"] = telemetry.clock_figures(energy.get(node["node"]))
+            clocks[node["node"]] = node["telemetry"]["clocks"]
     data["held_back"] = None
     ran = [n for n in data["nodes"] if not _refused(n)]
     if spans and not _still_running(data, ran):
         duration = max(s[2] for s in spans) - min(s[1] for s in spans)
-        found = telemetry.held_back(figures, duration)
+        found = telemetry.held_back(figures, duration, clocks)
         data["held_back"] = dict(found, evidence=telemetry.words(found)) if found else None
 
 
@@ -379,20 +382,35 @@ def _telemetry_lines(data: dict) -> list:
     if not nodes:
         return []
     if not any(n["telemetry"]["share"] or n["telemetry"]["errors"] for n in nodes):
-        none = "GPU slowdown (power or thermal policy) and error counters during the job: none"
-        return [none, *_power_lines(nodes)]
-    lines = ["GPU slowdown (power or thermal policy, worst GPU) and error counters during the job:"]
-    for node in nodes:
-        figures = node["telemetry"]
-        worst = figures.get("worst_gpu")
-        why = f" ({clean(worst, 20)} {clean(figures.get('cause'), 20)})" if worst else ""
-        lines.append(
-            f"  {clean(node['node'], 20):<12} slowdown {telemetry.percent(figures['share']):>4}"
-            f"{why}  errors: {telemetry.error_words(figures['errors'])}"
-        )
+        lines = ["GPU slowdown (power or thermal policy) and error counters during the job: none"]
+    else:
+        lines = [
+            "GPU slowdown (power or thermal policy, worst GPU) and error counters during the job:"
+        ]
+        for node in nodes:
+            figures = node["telemetry"]
+            worst = figures.get("worst_gpu")
+            why = f" ({clean(worst, 20)} {clean(figures.get('cause'), 20)})" if worst else ""
+            lines.append(
+                f"  {clean(node['node'], 20):<12} slowdown {telemetry.percent(figures['share']):>4}"
+                f"{why}  errors: {telemetry.error_words(figures['errors'])}"
+            )
     if data.get("held_back"):
         lines.append(f"held back: {clean(data['held_back']['evidence'], 300)}")
-    return lines + _power_lines(nodes)
+    return lines + _clock_lines(nodes) + _power_lines(nodes)
+
+
+def _clock_lines(nodes: list) -> list:
+    """Per node, its GPUs' time below base clocks and the health checks' samples, where
+    recorded."""
+    known = [n for n in nodes if n["telemetry"].get("clocks")]
+    if not known:
+        return []
+    lines = ["GPU clocks during the job (worst GPU; means of the health checks' samples):"]
+    for node in known:
+        words = telemetry.clock_words(node["telemetry"]["clocks"])
+        lines.append(f"  {clean(node['node'], 20):<12} {words}")
+    return lines
 
 
 def _power_lines(nodes: list) -> list:

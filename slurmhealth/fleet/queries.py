@@ -684,21 +684,27 @@ def held_back_jobs(conn: sqlite3.Connection, start: float, end: float) -> list:
     from slurmhealth.fleet import telemetry  # noqa: PLC0415
 
     jobs: dict = {}
+    clocks: dict = {}
     rows = conn.execute(
-        "SELECT job_id, node, start, end FROM jobs WHERE end >= ? AND end < ? AND num_nodes > 1 "
-        "AND start IS NOT NULL AND end > start AND coalesce(state, '') != 'prolog_failed'",
+        "SELECT job_id, node, start, end, gpu_energy FROM jobs WHERE end >= ? AND end < ? "
+        "AND num_nodes > 1 AND start IS NOT NULL AND end > start "
+        "AND coalesce(state, '') != 'prolog_failed'",
         (start - JOB_END_SPREAD, end + JOB_END_SPREAD),
     )
-    for job_id, node, begin, finish in rows:
+    for job_id, node, begin, finish, figures in rows:
         jobs.setdefault(job_id, []).append((node, begin, finish))
+        if figures is not None:
+            clocks.setdefault(job_id, {})[node] = figures
     out = []
     known: dict = {}  # each node's GPU devices, read once for all its jobs
-    for spans in jobs.values():
+    for job_id, spans in jobs.items():
         if len(spans) <= telemetry.MIN_OTHERS or not start <= max(s[2] for s in spans) < end:
             continue
         duration = max(s[2] for s in spans) - min(s[1] for s in spans)
         figures = job_telemetry(conn, spans, ("gpu",), known)
-        found = telemetry.held_back(figures, duration)
+        raw = clocks.get(job_id, {})
+        below = {node: telemetry.clock_figures(raw.get(node)) for node, _, _ in spans}
+        found = telemetry.held_back(figures, duration, below)
         if found:
             out.append((found["node"], max(s[2] for s in spans)))
     return out

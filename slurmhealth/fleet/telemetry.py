@@ -23,7 +23,20 @@ GPU's mean power. It names no node: a node held back by its clocks draws less th
 and a node its peers wait for (a slow memory stack, a link trained down) draws more, so a
 difference alone says neither which node nor why (docs/trends.md).
 
-Not recorded per job, so not compared: SM clocks and utilisation.
+SM clock: each node's epilog also records, per GPU of the job, the seconds its SM clock was
+held below its base clock since the prolog (NVML field 81, NVML_FI_DEV_PERF_POLICY_TOTAL_BASE_
+CLOCKS: for any reason, the power and thermal policies' and the hardware's own slowdowns, a
+power brake or an overheating HBM stack, that fields 74 and 75 do not count). When the power
+and thermal policy counters name no node, the same rule runs on that share (clock_figures):
+a node whose worst GPU spent far more of the job below its base clock than the other nodes'
+ran slower. An idle GPU clocks down too, so a job that leaves its GPUs idle part of the time
+raises every node's share alike, and the factor keeps such a job from naming one.
+
+Utilisation and SM clock in MHz: the health checks during the job sample each busy GPU (NVML
+utilisation over the last sample period, and the SM clock then), and the epilog records their
+means. They are shown, and the finding quotes the named node's mean utilisation against the
+others' (a node whose GPUs idle while below base clocks was starved, not throttled), but they
+name no node: samples minutes apart on each node catch different moments of the job.
 """
 
 from __future__ import annotations
@@ -42,6 +55,7 @@ NS = 1e9
 
 # The policy counters, and what the held-back finding calls the time each counts.
 PERF = {"perf_power_ns": "power-capped", "perf_thermal_ns": "thermally slowed"}
+BELOW_BASE = "below base clocks"  # ... and the time below base clocks (clock_figures)
 _AER = tuple(f"aer_{name}" for name in AER_TOTALS)
 # The counters read for a job, per kind of device (the part of the device name before ':').
 COUNTERS = {
@@ -125,27 +139,53 @@ def _cause(gpu: dict) -> str:
     return PERF["perf_power_ns"] if gpu["power_s"] >= gpu["thermal_s"] else PERF["perf_thermal_ns"]
 
 
-def held_back(figures: dict, duration: float) -> dict | None:
+def held_back(figures: dict, duration: float, clocks: dict | None = None) -> dict | None:
     """The node that held the job back, or None.
 
     figures: {node: node_figures(...)} of the nodes that ran one finished job; duration: the
-    job's time, seconds (for the words). The node whose worst GPU was held back the largest
+    job's time, seconds (for the words); clocks: {node: clock_figures(...) or None} of the same
+    nodes. The node whose worst GPU was held back by the power or thermal policy the largest
     share of its time, when that share is at least MARGIN above the median of the other nodes'
-    and at least FACTOR times it, with at least MIN_OTHERS other nodes. Returns {node, gpu,
-    cause, share, others_median, duration_s}.
+    and at least FACTOR times it, with at least MIN_OTHERS other nodes. When none is, the same
+    rule on the share below base clocks, among the nodes that recorded it. Returns {node, gpu,
+    cause, share, others_median, duration_s}, and util and others_util (mean utilisation of
+    the node's and the median of the others' sampled GPUs) where sampled.
     """
-    if len(figures) < MIN_OTHERS + 1:
+    shares = {node: (f["share"], f["worst_gpu"], f["cause"]) for node, f in figures.items()}
+    found = _odd_one(shares, duration)
+    if found is None and clocks:
+        below = {
+            node: (c["share"], c["worst_gpu"], BELOW_BASE)
+            for node, c in clocks.items()
+            if c is not None and c.get("share") is not None
+        }
+        found = _odd_one(below, duration)
+    if found is not None and clocks:
+        mine = clocks.get(found["node"]) or {}
+        others = [
+            c["util"]
+            for node, c in clocks.items()
+            if node != found["node"] and c is not None and c.get("util") is not None
+        ]
+        if mine.get("util") is not None and others:
+            found.update(util=mine["util"], others_util=statistics.median(others))
+    return found
+
+
+def _odd_one(shares: dict, duration: float) -> dict | None:
+    """held_back's rule on {node: (share, worst GPU, cause)}."""
+    if len(shares) < MIN_OTHERS + 1:
         return None
-    ranked = sorted(figures.items(), key=lambda item: (-item[1]["share"], item[0]))
-    node, top = ranked[0]
-    median = statistics.median(f["share"] for _, f in ranked[1:])
-    if top["share"] - median < MARGIN or top["share"] < FACTOR * median:
+    ranked = sorted(shares.items(), key=lambda item: (-item[1][0], item[0]))
+    node, (share, gpu, cause) = ranked[0]
+    median = statistics.median(s[0] for _, s in ranked[1:])
+    if share - median < MARGIN or share < FACTOR * median:
         return None
     return {
         "node": node,
-        "gpu": top["worst_gpu"],
-        "cause": top["cause"],
-        "share": top["share"],
+        "gpu": gpu,
+        "cause": cause,
+        "share": share,
         "others_median": median,
         "duration_s": duration,
     }
@@ -156,30 +196,98 @@ def _number(value: object) -> float | None:
     return float(value) if ok and value >= 0 else None  # type: ignore[operator]
 
 
-def power(raw: object) -> dict | None:
-    """A node's `gpu_energy` (JSON text from the store: {"s": seconds, "j": {index: joules}})
-    as {span_s, mean_w (over its GPUs), gpus [{gpu, joules, watts}] lowest first}; None when
-    absent or not that shape (the fleet store's rows come from node exports: never trusted)."""
+def _job_figures(raw: object) -> tuple:
+    """A node's `gpu_energy` (JSON text from the store: {"s": seconds, "j": {index: joules},
+    "b": {index: seconds below base clocks}, "u": {index: [samples, MHz, %]}}) as (span, the
+    parsed object); (None, {}) when absent or not that shape (the fleet store's rows come from
+    node exports: never trusted)."""
     try:
         data = json.loads(raw) if isinstance(raw, str) else None
     except (ValueError, RecursionError):
-        return None
-    if not isinstance(data, dict) or not isinstance(data.get("j"), dict):
-        return None
-    span = _number(data.get("s"))
+        return None, {}
+    if not isinstance(data, dict):
+        return None, {}
+    return _number(data.get("s")) or None, data
+
+
+def _per_gpu(data: dict, key: str) -> list:
+    """[(GPU name, value)] of one of the figures' maps, sound entries only."""
+    values = data.get(key)
+    out = []
+    for index, value in (values.items() if isinstance(values, dict) else ()):
+        if str(index).isdigit() and len(str(index)) <= 4:
+            out.append((f"GPU {int(index)}", value))
+    return out
+
+
+def power(raw: object) -> dict | None:
+    """A node's GPU power over the job, from its `gpu_energy` (_job_figures), as {span_s,
+    mean_w (over its GPUs), gpus [{gpu, joules, watts}] lowest first}; None without one."""
+    span, data = _job_figures(raw)
     if not span:
         return None
     gpus = []
-    for index, joules in data["j"].items():
+    for gpu, joules in _per_gpu(data, "j"):
         used = _number(joules)
-        if used is None or not str(index).isdigit() or len(str(index)) > 4:
-            continue
-        gpus.append({"gpu": f"GPU {int(index)}", "joules": used, "watts": used / span})
+        if used is not None:
+            gpus.append({"gpu": gpu, "joules": used, "watts": used / span})
     if not gpus:
         return None
     gpus.sort(key=lambda g: (g["watts"], g["gpu"]))
     mean = statistics.fmean(g["watts"] for g in gpus)
     return {"span_s": span, "mean_w": mean, "gpus": gpus}
+
+
+def clock_figures(raw: object) -> dict | None:
+    """A node's GPU clocks over the job, from its `gpu_energy` (_job_figures): {span_s, share
+    (the worst GPU's share of the job below base clocks, None when not recorded), worst_gpu,
+    util and mhz (the means of the sampled GPUs' means, None when not sampled), samples (the
+    most any GPU had), gpus [{gpu, below_s, share, samples, mhz, util}] worst first}; None
+    without either figure."""
+    span, data = _job_figures(raw)
+    if not span:
+        return None
+    gpus: dict = {}
+    for gpu, seconds in _per_gpu(data, "b"):
+        below = _number(seconds)
+        if below is not None:
+            gpus[gpu] = {"gpu": gpu, "below_s": below, "share": _share(below, span)}
+    for gpu, sampled in _per_gpu(data, "u"):
+        if not isinstance(sampled, list) or len(sampled) != 3:
+            continue
+        count, mhz, util = (_number(v) for v in sampled)
+        if count and mhz is not None and util is not None and util <= 100:
+            entry = gpus.setdefault(gpu, {"gpu": gpu, "below_s": None, "share": None})
+            entry.update(samples=int(count), mhz=mhz, util=util)
+    if not gpus:
+        return None
+    shared = [g for g in gpus.values() if g["share"] is not None]
+    sampled = [g for g in gpus.values() if g.get("samples")]
+    worst = max(shared, key=lambda g: (g["share"], g["gpu"]), default=None)
+    return {
+        "span_s": span,
+        "share": worst["share"] if worst else None,
+        "worst_gpu": worst["gpu"] if worst else None,
+        "util": statistics.fmean(g["util"] for g in sampled) if sampled else None,
+        "mhz": statistics.fmean(g["mhz"] for g in sampled) if sampled else None,
+        "samples": max((g["samples"] for g in sampled), default=0),
+        "gpus": sorted(gpus.values(), key=lambda g: (-(g["share"] or 0), g["gpu"])),
+    }
+
+
+def clock_words(figures: dict) -> str:
+    """ "below base clocks 34% (GPU 3); SM 1740 MHz, utilisation 79% (12 samples)"."""
+    parts = []
+    if figures.get("share") is not None:
+        worst = f" ({clean(figures['worst_gpu'], 10)})" if figures["share"] else ""
+        parts.append(f"below base clocks {percent(figures['share'])}{worst}")
+    if figures.get("util") is not None:
+        count = figures["samples"]
+        parts.append(
+            f"SM {figures['mhz']:.0f} MHz, utilisation {figures['util']:.0f}% "
+            f"({count} sample{'' if count == 1 else 's'})"
+        )
+    return "; ".join(parts)
 
 
 def power_words(figures: dict) -> str:
@@ -206,12 +314,17 @@ def span_words(seconds: float) -> str:
 
 def words(finding: dict) -> str:
     """ "gpu07 held the job back: GPU 3 power-capped 34% of the job's 6.0 h, others' median
-    2%"."""
-    return (
+    2%", and "; utilisation 97%, others' median 96%" where sampled."""
+    text = (
         f"{clean(finding['node'], 40)} held the job back: {clean(finding['gpu'], 40)} "
         f"{clean(finding['cause'], 20)} {percent(finding['share'])} of the job's "
         f"{span_words(finding['duration_s'])}, others' median {percent(finding['others_median'])}"
     )
+    if finding.get("util") is not None:
+        text += (
+            f"; utilisation {finding['util']:.0f}%, others' median {finding['others_util']:.0f}%"
+        )
+    return text
 
 
 def error_words(errors: list) -> str:

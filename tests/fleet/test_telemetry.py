@@ -389,3 +389,110 @@ def test_slurmhealth_job_shows_each_nodes_mean_gpu_power(tmp_path):
         "  gpu07        439 W per GPU (lowest GPU 3 212 W)",
     ]
     assert not any(line.startswith("  gpu08") and "W per GPU" in line for line in text)
+
+
+# --- clocks: time below base clocks and the health checks' samples (jobs.gpu_energy) ------------
+
+
+def clocks_row(share: float, util: float = 97.0, worst: str = "3", span: float = SPAN) -> str:
+    """A node's epilog figures: every GPU 2% of the job below base clocks, GPU `worst` at
+    `share`; 12 samples per GPU at 1980 MHz and `util` % (GPU `worst` slower)."""
+    below = {str(i): 0.02 * span for i in range(8)}
+    below[worst] = share * span
+    sampled = {str(i): [12, 1980, util] for i in range(8)}
+    sampled[worst] = [12, 1500, util]
+    return json.dumps({"s": span, "j": {}, "b": below, "u": sampled})
+
+
+def test_clock_figures_take_the_worst_gpus_share_and_the_sampled_means():
+    got = telemetry.clock_figures(clocks_row(0.30, util=90.0))
+    assert (got["worst_gpu"], round(got["share"], 6), got["samples"]) == ("GPU 3", 0.30, 12)
+    assert got["mhz"] == (7 * 1980 + 1500) / 8 and got["util"] == 90.0
+    assert got["gpus"][0] == {
+        "gpu": "GPU 3", "below_s": 0.30 * SPAN, "share": 0.30, "samples": 12, "mhz": 1500,
+        "util": 90.0,
+    }
+    words = "below base clocks 30% (GPU 3); SM 1920 MHz, utilisation 90% (12 samples)"
+    assert telemetry.clock_words(got) == words
+    # samples alone (a driver without field 81), the share alone, and a share over the span
+    only = telemetry.clock_figures('{"s": 100, "u": {"0": [1, 1700, 50]}}')
+    assert only["share"] is None and telemetry.clock_words(only) == (
+        "SM 1700 MHz, utilisation 50% (1 sample)"
+    )
+    capped = telemetry.clock_figures('{"s": 100, "b": {"0": 250}}')
+    assert capped["share"] == 1.0 and capped["util"] is None
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        None,
+        "not json",
+        '{"s": 10, "j": {"0": 5}}',  # energy only
+        '{"s": 0, "b": {"0": 1}}',
+        '{"s": 10, "b": {"0": -1, "x\\u001b[2J": 5, "99999": 5, "1": "5"}}',
+        '{"s": 10, "u": {"0": [0, 1900, 50], "1": [3, 1900, 101], "2": [3, 1900], "3": "x"}}',
+        "[" * 100_000,
+    ],
+)
+def test_clock_figures_from_a_damaged_or_forged_row_are_none(raw):
+    assert telemetry.clock_figures(raw) is None
+
+
+def test_time_below_base_clocks_names_a_node_the_policy_counters_do_not():
+    """A hardware slowdown (a power brake, an overheating HBM stack) holds the clocks below
+    base without the power or thermal policy counting it."""
+    none = {n: figures(0.0) for n in ("a", "b", "c", "d")}
+    clocks = {n: telemetry.clock_figures(clocks_row(0.03)) for n in ("a", "b", "c")}
+    clocks["d"] = telemetry.clock_figures(clocks_row(0.41, util=98.0))
+    found = telemetry.held_back(none, SPAN, clocks)
+    assert (found["node"], found["gpu"], found["cause"]) == ("d", "GPU 3", "below base clocks")
+    assert telemetry.words(found) == (
+        "d held the job back: GPU 3 below base clocks 41% of the job's 6.0 h, others' median "
+        "3%; utilisation 98%, others' median 97%"
+    )
+    # a job that idles its GPUs a third of the time on every node names nobody
+    idle = {n: telemetry.clock_figures(clocks_row(0.33 + i / 100)) for i, n in enumerate("abcd")}
+    assert telemetry.held_back(none, SPAN, idle) is None
+    # the policy counters' finding comes first
+    capped = dict(none, b=figures(0.5))
+    assert telemetry.held_back(capped, SPAN, clocks)["node"] == "b"
+    # fewer than three nodes with the figure: no telling which is odd
+    two = {"c": clocks["c"], "d": clocks["d"], "a": None, "b": None}
+    assert telemetry.held_back(none, SPAN, two) is None
+
+
+def below_base_job(conn, tmp_path, job: str, t0: float) -> None:
+    """Five nodes, no policy counter moving; gpu07's GPU 3 below base clocks 41% of the job."""
+    for node in NODES:
+        run_hook(conn, tmp_path, node, job, "prolog", t0)
+        run_hook(conn, tmp_path, node, job, "epilog", t0 + SPAN)
+        row = clocks_row(0.41 if node == "gpu07" else 0.02 + NODES.index(node) / 200)
+        conn.execute(
+            "UPDATE jobs SET gpu_energy = ? WHERE node = ? AND job_id = ?", (row, node, job)
+        )
+    conn.commit()
+
+
+def test_slurmhealth_job_and_the_lemon_sweep_name_a_node_below_base_clocks(tmp_path):
+    path = str(tmp_path / "fleet.db")
+    conn = store.connect(path)
+    below_base_job(conn, tmp_path, "51", T0)
+    got = json.loads(run_cli("job", "51", "--db", path, "--json").stdout)
+    assert got["held_back"]["node"] == "gpu07"
+    assert got["held_back"]["cause"] == "below base clocks"
+    gpu07 = next(n for n in got["nodes"] if n["node"] == "gpu07")["telemetry"]["clocks"]
+    assert (gpu07["worst_gpu"], gpu07["samples"]) == ("GPU 3", 12)
+
+    text = run_cli("job", "51", "--db", path).stdout.splitlines()
+    at = text.index("GPU clocks during the job (worst GPU; means of the health checks' samples):")
+    assert text[at + 4] == (
+        "  gpu07        below base clocks 41% (GPU 3); SM 1920 MHz, utilisation 97% (12 samples)"
+    )
+    assert any(line.startswith("held back: gpu07 held the job back: GPU 3 below") for line in text)
+
+    below_base_job(conn, tmp_path, "52", T0 + 86400)
+    window = (T0 - 86400, T0 + 3 * 86400)
+    warned = signals.signals(conn, *window)
+    assert [kind for _, kind, _, _ in warned["gpu07"]["warnings"]] == ["warn"]
+    assert all(warned[n]["warnings"] == [] for n in NODES if n != "gpu07")
