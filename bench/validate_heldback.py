@@ -35,18 +35,27 @@ then), and the median hours from onset to that job's end. Over all: precision of
 named by any sweep, healthy nodes named (and how many of them hold one of the fleet's top 5%
 GPUs by own factor, or are warm), jobs whose held-back finding names a healthy node.
 
+--signal base plants a slowdown the policy counters do not see (a power brake, an overheating
+HBM stack): the planted GPU spends the extra share of each job below its base clock (NVML field
+81), which the epilog records per GPU in jobs.gpu_energy ("b", node/counters.py job_telemetry)
+and the finder reads when the policy counters name nobody. Every GPU's share below base clocks
+is then the job's idle share (IDLE: jobs that leave their GPUs idle part of the time, data
+loading, checkpoints; the same on each of the job's nodes, x the node's noise) plus its policy
+share (held back by the power or thermal policy: counted as below base too, the worst case).
+
 --gpu-sd, --noise-sd and --uneven change the model; --margin and --factor set the finder's
 telemetry.MARGIN and FACTOR in the workers, --repeat the `least` given to telemetry.repeated
 (the defaults are the module's own).
 
 Run: `.venv/bin/python bench/validate_heldback.py [--seeds 40] [--nodes 256] [--planted 2]
 [--onset 0] [--uneven 0.2] [--gpu-sd 0.25] [--noise-sd 0.2] [--margin 0.1] [--factor 2]
-[--repeat 2]`
+[--repeat 2] [--signal policy|base]`
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import random
@@ -79,6 +88,8 @@ UNEVEN = 0.2  # share of jobs where some nodes carry more (1-2x the level)
 WARM = (0.05, 0.06)  # share of nodes thermally slowed in every job, and their highest share
 RESET = 0.01  # chance of a reboot (counters restart at 0) before a job
 EXTRAS = (0.10, 0.20, 0.40)
+# (share of jobs, lowest, highest): the share of the job's time its GPUs sit idle (below base)
+IDLE = ((0.6, 0.0, 0.05), (0.3, 0.05, 0.20), (0.1, 0.20, 0.40))
 BUSES = [f"00000000:{0x18 + 0x10 * g:02X}:00.0" for g in range(GPUS)]
 
 
@@ -98,21 +109,20 @@ class Fleet:
         self.warm = {n: self.rng.uniform(0, WARM[1]) for n in warm}
         chosen = self.rng.sample(self.names, planted * len(EXTRAS))
         # node -> (extra share, GPU, counter)
+        kinds = ("perf_power_ns", "perf_thermal_ns") if opts["signal"] == "policy" else ("base",)
         self.planted = {
-            n: (
-                EXTRAS[k % len(EXTRAS)],
-                self.rng.randrange(GPUS),
-                self.rng.choice(("perf_power_ns", "perf_thermal_ns")),
-            )
+            n: (EXTRAS[k % len(EXTRAS)], self.rng.randrange(GPUS), self.rng.choice(kinds))
             for k, n in enumerate(chosen)
         }
         self.onset = START + onset * DAY
 
     def job_shares(self, nodes: list, start: float) -> dict:
-        """{node: [(power share, thermal share)] per GPU} of one job."""
+        """{node: [(power share, thermal share, share below base clocks)] per GPU} of one job."""
         weights = [w for w, _, _ in JOB_LEVELS]
         _, low, high = self.rng.choices(JOB_LEVELS, weights)[0]
         level = self.rng.uniform(low, high)
+        _, low, high = self.rng.choices(IDLE, [w for w, _, _ in IDLE])[0]
+        idle = self.rng.uniform(low, high)
         more = {}
         if self.rng.random() < self.opts["uneven"]:
             heavy = self.rng.sample(nodes, self.rng.randint(1, max(1, len(nodes) // 4)))
@@ -126,15 +136,19 @@ class Fleet:
                 power = level * more.get(node, 1.0) * self.factor[(node, g)] * node_noise * noise
                 thermal = self.warm.get(node, 0.0) * math.exp(self.rng.gauss(0, 0.2))
                 plant = self.planted.get(node)
+                extra = 0.0
                 if plant and plant[1] == g and start >= self.onset:
                     if plant[2] == "perf_power_ns":
                         power += plant[0]
-                    else:
+                    elif plant[2] == "perf_thermal_ns":
                         thermal += plant[0]
+                    else:
+                        extra = plant[0]
                 total = power + thermal
                 if total > 1.0:
                     power, thermal = power / total, thermal / total
-                gpus.append((power, thermal))
+                below = min(1.0, idle * node_noise + power + thermal + extra)
+                gpus.append((power, thermal, below))
             out[node] = gpus
         return out
 
@@ -246,7 +260,8 @@ def one_fleet(job: tuple) -> dict:
         conn = store.connect(os.path.join(folder, "fleet.db"))
         conn.execute("PRAGMA synchronous = OFF")  # a throwaway store: no fsync per run
         midnight = START + DAY
-        for when, _order, node, job_id, phase, shares, columns in runs:
+        for when, _order, node, job_id, phase, shares, opened in runs:
+            columns = opened
             while when >= midnight:
                 held = sweep(conn, midnight, named, opts["repeat"])
                 midnight += DAY
@@ -257,9 +272,13 @@ def one_fleet(job: tuple) -> dict:
                 began[(node, job_id)] = when
             else:
                 span = when - began[(node, job_id)]
-                for g, (power, thermal) in enumerate(shares):
+                for g, (power, thermal, _below) in enumerate(shares):
                     mine.values[(g, "perf_power_ns")] += round(power * span * 1e9)
                     mine.values[(g, "perf_thermal_ns")] += round(thermal * span * 1e9)
+                if opts["signal"] == "base":  # the epilog's figures (job_telemetry's shape)
+                    below = {str(g): round(b * span, 1) for g, (_, _, b) in enumerate(shares)}
+                    figures = {"s": round(span, 3), "j": {}, "b": below}
+                    columns = dict(columns, gpu_energy=json.dumps(figures, sort_keys=True))
             record(conn, node, job_id, phase, when, mine.rows(when), columns)
         while midnight <= horizon:
             held = sweep(conn, midnight, named, opts["repeat"])
@@ -381,6 +400,9 @@ def main() -> int:
     parser.add_argument("--factor", type=float, default=telemetry.FACTOR)
     parser.add_argument("--repeat", type=int, default=telemetry.REPEAT, help="jobs to name")
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
+    parser.add_argument(
+        "--signal", choices=("policy", "base"), default="policy", help="what the plants move"
+    )
     args = parser.parse_args()
     started = time.time()
     opts = {
@@ -390,6 +412,7 @@ def main() -> int:
         "margin": args.margin,
         "factor": args.factor,
         "repeat": args.repeat,
+        "signal": args.signal,
     }
     jobs = [(seed, args.nodes, args.planted, args.onset, opts) for seed in range(args.seeds)]
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
@@ -401,7 +424,7 @@ def main() -> int:
         f"nodes held back by each of {', '.join(f'+{x:.0%}' for x in EXTRAS)} from day "
         f"{args.onset}; uneven jobs {args.uneven:.0%}, GPU factor sd {args.gpu_sd:g}, job noise "
         f"sd {args.noise_sd:g}; margin {args.margin:g}, factor {args.factor:g}, repeat "
-        f"{args.repeat}; sweeps at midnight\n"
+        f"{args.repeat}; planted: {args.signal}; sweeps at midnight\n"
     )
     print(table(results))
     print(f"\nwall time {time.time() - started:.0f} s with {args.workers} workers")

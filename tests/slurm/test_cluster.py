@@ -184,3 +184,43 @@ def test_a_users_job_is_recorded_with_their_uid_and_name(cluster, user):
     row = wait_job_row(lab, node, job_id)
     assert (row["uid"], row["user"]) == (user.pw_uid, user.pw_name)
     assert row["exit_code"] == 0
+
+
+def test_a_health_check_during_a_gpu_job_leaves_the_node_to_it(cluster):
+    """slurmd runs the health check on busy nodes (HealthCheckNodeState=ANY): the job's
+    processes on its GPUs must not drain the node under it, and the health checks sample those
+    GPUs for the job's figures. Processes still there after the job ended are leftovers: the
+    epilog drains the node, and the drain is ours to resume once they are gone."""
+    import json
+
+    lab = cluster
+    node = "gpu03"
+    with open(snapshot("healthy")) as handle:
+        doc = json.load(handle)
+    for gpu in doc["gpu"]["devices"]:
+        pid = 4000 + gpu["index"]
+        gpu.update(processes=[{"pid": pid, "used_memory": 1 << 30}], sm_clock=1980, util_gpu=97)
+    busy = os.path.join(lab.dir, "busy.json")
+    with open(busy, "w") as handle:
+        json.dump(doc, handle)
+    os.chmod(busy, 0o644)
+
+    job_id = lab.submit("sleep 30", "-w", node)
+    lab.wait_job(job_id, ("RUNNING",))
+    lab.wait_runs(node, "prolog", job_id=job_id)
+    t0 = time.time()
+    lab.inject(node, gpu_source=busy)  # the job's processes appear on every GPU
+    checks = lab.wait_runs(node, "healthcheck", count=3, after=t0)
+    assert all(r["verdict"] == "ok" for r in checks), checks
+    assert "DRAIN" not in lab.node(node)["state"]
+    lab.scancel(job_id)
+    lab.wait_runs(node, "epilog", job_id=job_id, verdict="fail")
+    drained = lab.wait_node(node, lambda n: "DRAIN" in n["state"], what="to be drained")
+    assert "compute process(es)" in drained["reason"]
+    figures = json.loads(job_row(lab, node, job_id)["gpu_energy"])
+    counts = {gpu: sampled[0] for gpu, sampled in figures["u"].items()}
+    assert len(counts) == 8 and min(counts.values()) >= 3
+    assert all(sampled[1:] == [1980, 97.0] for sampled in figures["u"].values())
+
+    lab.clear(node)  # the leftovers gone: our drain is resumed
+    lab.wait_node(node, lambda n: n["state"] == "IDLE", timeout=60, what="to be resumed")

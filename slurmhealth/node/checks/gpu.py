@@ -399,7 +399,7 @@ def persistence(facts: dict, ctx: Context) -> Result:
 
 
 def processes(facts: dict, ctx: Context) -> Result:
-    """No compute processes left on a GPU before a job (or on the job's GPUs after it).
+    """No compute processes left on the GPUs before or after a job; running jobs' not judged.
 
     A GPU another job holds is not judged. The job hooks judge the job's own GPUs when slurmd
     names them (SLURM_JOB_GPUS), else every GPU unless other jobs run on the node (a shared
