@@ -676,11 +676,17 @@ JOB_END_SPREAD = 3600.0
 
 
 def held_back_jobs(conn: sqlite3.Connection, start: float, end: float) -> list:
-    """[(node, time)] of the node that held back each multi-node job whose last node ended in
-    [start, end) (telemetry.held_back), at the job's end; nodes the prolog refused never ran
-    it. A job is judged whole, in the one window its last end falls in: a window edge between
-    its nodes' epilogs must not leave some of them out. Only the GPUs' policy counters are
-    read: a few key seeks per node of each job."""
+    """[(node, time)] of held_back_findings: the node that held back each job, at its end."""
+    return [(f["node"], f["time"]) for f in held_back_findings(conn, start, end)]
+
+
+def held_back_findings(conn: sqlite3.Connection, start: float, end: float) -> list:
+    """[{node, time, job, finding}] of the node that held back each multi-node job whose last
+    node ended in [start, end) (telemetry.held_back), at the job's end (time); nodes the prolog
+    refused never ran it. A job is judged whole, in the one window its last end falls in: a
+    window edge between its nodes' epilogs must not leave some of them out. Only the GPUs'
+    policy counters and the job rows' figures are read: a few key seeks per node of each
+    job."""
     from slurmhealth.fleet import telemetry  # noqa: PLC0415
 
     jobs: dict = {}
@@ -706,5 +712,6 @@ def held_back_jobs(conn: sqlite3.Connection, start: float, end: float) -> list:
         below = {node: telemetry.clock_figures(raw.get(node)) for node, _, _ in spans}
         found = telemetry.held_back(figures, duration, below)
         if found:
-            out.append((found["node"], max(s[2] for s in spans)))
+            ended = max(s[2] for s in spans)
+            out.append({"node": found["node"], "time": ended, "job": job_id, "finding": found})
     return out

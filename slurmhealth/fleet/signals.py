@@ -112,7 +112,9 @@ def _next_ok(conn: sqlite3.Connection, node: str, times: list, end: float) -> li
     return out
 
 
-def _items(conn: sqlite3.Connection, counts: dict, start: float, end: float) -> None:
+def _items(
+    conn: sqlite3.Connection, counts: dict, start: float, end: float, held: list | None
+) -> None:
     """Add each node's "faults" and "warnings" items (fleet/faults.py) to counts, in place."""
     found: dict = {}  # node: [(time, kind, weight)]
     warned: dict = {}  # node: [time]
@@ -156,7 +158,7 @@ def _items(conn: sqlite3.Connection, counts: dict, start: float, end: float) -> 
             t = finish if finish is not None else begin
             if start <= t < end and weights.get(node):
                 add(node, t, "node_fail", weights[node])
-    for node, t in _ahead(conn, start, end):
+    for node, t in _ahead(conn, start, end, held):
         warned.setdefault(node, []).append(t)
     for node in set(found) | set(warned):
         if node not in counts:
@@ -171,13 +173,14 @@ def _items(conn: sqlite3.Connection, counts: dict, start: float, end: float) -> 
         ]
 
 
-def _ahead(conn: sqlite3.Connection, start: float, end: float) -> list:
+def _ahead(conn: sqlite3.Connection, start: float, end: float, held: list | None = None) -> list:
     """(node, time) warnings of what comes before a failure, as of `end`: each rising error
     counter (fleet/trends.py, at the newest episode), each node slower than its peers
     (fleet/peers.py, at its newest diagnosis), both at their defaults, as `slurmhealth trends`
     and `slurmhealth slow` list them, and each node that held back telemetry.REPEAT multi-node
     jobs ended in the last telemetry.LOOKBACK (fleet/telemetry.py, at the newest such job's
-    end)."""
+    end). held: those jobs as queries.held_back_jobs gives them for (max(start, end -
+    LOOKBACK), end), when the caller read them already (the report shows them too)."""
     out = []
     rising, _ = queries.rising_counters(conn, end)
     out.extend((f["node"], f["last"]) for f in rising if start <= f["last"] < end)
@@ -186,17 +189,20 @@ def _ahead(conn: sqlite3.Connection, start: float, end: float) -> list:
     for node, t, *_ in figures:
         last[node] = max(t, last.get(node, t))
     out.extend((f["node"], last[f["node"]]) for f in peers.slow(figures) if f["node"] in last)
-    held = queries.held_back_jobs(conn, max(start, end - telemetry.LOOKBACK), end)
+    if held is None:
+        held = queries.held_back_jobs(conn, max(start, end - telemetry.LOOKBACK), end)
     out.extend(telemetry.repeated(held))
     return [(node, t) for node, t in out if start <= t < end]
 
 
-def signals(conn: sqlite3.Connection, start: float, end: float) -> dict:
+def signals(
+    conn: sqlite3.Connection, start: float, end: float, held: list | None = None
+) -> dict:
     """{node: {signal: count, "faults": items, "warnings": items}} for every node with any
     record in [start, end), per docs/signals.md; application Xids and ordinary job failures
     count nowhere.
 
-    One read transaction: a consistent snapshot while collect writes.
+    One read transaction: a consistent snapshot while collect writes. held: as _ahead's.
     """
     out: dict = {}
 
@@ -222,7 +228,7 @@ def signals(conn: sqlite3.Connection, start: float, end: float) -> dict:
             add(node, drain_names, values)
         for counts in out.values():
             counts["node_days"] = _days(counts)
-        _items(conn, out, start, end)
+        _items(conn, out, start, end, held)
     finally:
         if own:
             conn.execute("COMMIT")

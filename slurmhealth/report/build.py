@@ -31,7 +31,7 @@ from slurmhealth.core.constants import (
 )
 from slurmhealth.core.result import clean
 from slurmhealth.fleet import drift as drift_of
-from slurmhealth.fleet import faults, peers, policy, queries, signals, trends
+from slurmhealth.fleet import faults, peers, policy, queries, signals, telemetry, trends
 from slurmhealth.node.checks import xid as xid_catalogue
 
 FORMAT = "slurmhealth-report/1"
@@ -518,7 +518,11 @@ def _build(
     tick: Callable[[int], None],
 ) -> dict:
     w_start, w_end = records_window(conn, w_start, w_end)
-    counts = signals.signals(conn, w_start, w_end)
+    # the held-back jobs the lemon sweep's warnings read, read once: shown in the report too
+    held_from = max(w_start, w_end - telemetry.LOOKBACK)
+    findings = queries.held_back_findings(conn, held_from, w_end)
+    held = [(f["node"], f["time"]) for f in findings]
+    counts = signals.signals(conn, w_start, w_end, held)
     scored = policy.score(counts)  # as lemons.sweep, over the same whole days
     tick(1)
     # the window's nodes, and those with runs in the period but none in the window (new
@@ -566,6 +570,7 @@ def _build(
     )
     doc["diagnosed"] = diagnosed(conn, start, now)
     doc["slow"] = slow_nodes(conn, now)
+    doc["held_back"] = held_back_nodes(findings, held_from, w_end)
     doc["rising"] = rising_counters(conn, now, found)
     tick(1)
     doc["cost"] = own_cost(conn, start, now)
@@ -645,6 +650,40 @@ def slow_nodes(conn: sqlite3.Connection, now: float) -> dict:
         "margin": peers.MARGIN,
         "nodes": len({row[0] for row in rows}),
         "total": len(found),
+        "list": listed,
+    }
+
+
+def held_back_nodes(findings: list, start: float, end: float) -> dict:
+    """The nodes that held back multi-node jobs ended in [start, end) (the week before the
+    lemon window's end, as the lemon sweep reads them; queries.held_back_findings), most jobs
+    first: how many, the newest's end, job and evidence, and whether they make the node a
+    lemon warning (telemetry.REPEAT jobs or more); the first LIST_MAX."""
+    per: dict = {}
+    for f in findings:
+        row = per.setdefault(f["node"], {"jobs": 0, "newest": f})
+        row["jobs"] += 1
+        if f["time"] >= row["newest"]["time"]:
+            row["newest"] = f
+    ranked = sorted(per.items(), key=lambda item: (-item[1]["jobs"], -item[1]["newest"]["time"]))
+    listed = [
+        {
+            "node": clean(node, 64),
+            "jobs": row["jobs"],
+            "warning": row["jobs"] >= telemetry.REPEAT,
+            "last": timespec.iso(row["newest"]["time"]),
+            "job": clean(row["newest"]["job"], 40),
+            "cause": clean(row["newest"]["finding"]["cause"], 32),
+            "evidence": telemetry.words(row["newest"]["finding"]),
+        }
+        for node, row in ranked[:LIST_MAX]
+    ]
+    return {
+        "start": timespec.iso(start),
+        "end": timespec.iso(end),
+        "repeat": telemetry.REPEAT,
+        "jobs": len(findings),
+        "total": len(per),
         "list": listed,
     }
 

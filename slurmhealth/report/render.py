@@ -93,6 +93,11 @@ PROM_FAMILIES = (
         "Share by which a node is worse than its peers' median (slurmhealth slow)",
     ),
     (
+        "slurmhealth_fleet_held_back_jobs",
+        ("node",),
+        "Multi-node jobs each node held back in the lemon window's last 7 days (slurmhealth job)",
+    ),
+    (
         "slurmhealth_fleet_odd_node",
         ("node", "what", "value", "majority"),
         "1 for each node whose version or setting differs from its class majority",
@@ -109,8 +114,9 @@ def _prom_label(value: object) -> str:
 
 def prometheus(doc: dict) -> str:
     """The report's before-failure signals, one gauge family each: lemons, rising error
-    counters, slow nodes and odd nodes, for node_exporter's textfile collector on the head node
-    (docs/metrics.md). Every family is written with its HELP and TYPE even when empty."""
+    counters, slow nodes, nodes that held jobs back and odd nodes, for node_exporter's textfile
+    collector on the head node (docs/metrics.md). Every family is written with its HELP and
+    TYPE even when empty."""
     rows: dict = {name: [] for name, _, _ in PROM_FAMILIES}
     for c in (doc.get("lemons") or {}).get("candidates") or []:
         rows["slurmhealth_fleet_lemon_score"].append(((c["node"],), c["score"]))
@@ -120,6 +126,8 @@ def prometheus(doc: dict) -> str:
     for f in (doc.get("slow") or {}).get("list") or []:
         key = (f["node"], f["probe"], f["figure"], f["unit"])
         rows["slurmhealth_fleet_slow_deficit_ratio"].append((key, f["deficit"]))
+    for h in (doc.get("held_back") or {}).get("list") or []:
+        rows["slurmhealth_fleet_held_back_jobs"].append(((h["node"],), h["jobs"]))
     for item in (doc.get("drift") or {}).get("items") or []:
         for d in item.get("differ") or []:
             key = (d["node"], item["what"], d["value"], item["majority"])

@@ -926,6 +926,7 @@ def test_the_prom_format_carries_the_signals_for_node_exporter(tmp_path):
                 }
             ]
         },
+        "held_back": {"list": [{"node": "gpu05", "jobs": 3}]},
         "drift": {
             "items": [
                 {
@@ -955,8 +956,9 @@ def test_the_prom_format_carries_the_signals_for_node_exporter(tmp_path):
     ]
     odd = [dict(k) for n, k in found if n == "slurmhealth_fleet_odd_node"]
     assert odd == [{"node": "gpu07", "what": "driver", "value": 'x"\\\n', "majority": "550.90.07"}]
+    assert found[("slurmhealth_fleet_held_back_jobs", (("node", "gpu05"),))] == 3
     empty = render.render({}, "prom")
-    assert empty.count("# TYPE") == 4 and "{" not in empty
+    assert empty.count("# TYPE") == 5 and "{" not in empty
     conn = store.connect(str(tmp_path / "fleet.db"))
     conn.close()
     out = tmp_path / "fleet.prom"
@@ -1010,3 +1012,65 @@ def test_nodes_a_rollout_has_not_reached_yet_are_not_odd_nodes(tmp_path):
         record(f"gpu{i:02d}", later - 3600.0, "560.35.03" if i < 9 else "550.90.07")
     odd = report.build(conn, later, 86400.0)["drift"]["odd"]
     assert odd == ["gpu09: driver 550.90.07 vs 560.35.03 on 9 of 9 peers (NVIDIA H100 80GB HBM3)"]
+
+
+def held_job(conn, job: str, end: float, slow: str, nodes: tuple) -> None:
+    """A 6-hour job on `nodes` as the hooks record it: prolog and epilog runs with the job
+    columns, each epilog's figures with `slow`'s GPU 3 below base clocks 41% of the job."""
+    span = 6 * 3600.0
+    for node in nodes:
+        below = {str(i): 0.02 * span for i in range(8)}
+        below["3"] = (0.41 if node == slow else 0.03) * span
+        figures = json.dumps({"s": span, "j": {}, "b": below})
+        for phase, when in (("prolog", end - span), ("epilog", end)):
+            run = {
+                "node": node, "job_id": job, "phase": phase, "started": when, "duration": 0.04,
+                "verdict": "ok", "tool_version": "t", "sources": "{}",
+            }
+            columns = {"uid": 1000, "user": "u", "start": when, "state": "running"}
+            columns["num_nodes"] = len(nodes)
+            if phase == "epilog":
+                columns = {"end": when, "state": "ended", "gpu_energy": figures}
+            records = {"run": run, "results": [], "events": [], "baselines": {}, "counters": []}
+            store.record_run(conn, records, columns)
+
+
+def test_nodes_that_held_jobs_back_are_shown_alike_in_every_format(tmp_path):
+    """The lemon window's last week of held-back jobs (fleet/telemetry.py): per node, how many,
+    the newest's evidence, and whether they make it a warning; a hostile node name as text."""
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    now = 100 * DAY + 3600
+    nodes = (HOSTILE_NODE, "gpu02", "gpu03", "gpu04")
+    held_job(conn, "71", now - 3 * DAY, HOSTILE_NODE, nodes)
+    held_job(conn, "72", now - 2 * DAY, HOSTILE_NODE, nodes)
+    held_job(conn, "73", now - 2 * DAY, "gpu03", nodes)
+    held_job(conn, "70", now - 9 * DAY, "gpu04", nodes)  # before the week
+    d = report.build(conn, now, DAY)
+    held = d["held_back"]
+    assert (held["jobs"], held["total"], held["repeat"]) == (3, 2, 2)
+    first, second = held["list"]
+    assert (first["node"], first["jobs"], first["warning"], first["job"]) == (
+        HOSTILE_NODE, 2, True, "72"
+    )
+    assert (second["node"], second["jobs"], second["warning"]) == ("gpu03", 1, False)
+    assert first["evidence"] == (
+        f"{HOSTILE_NODE} held the job back: GPU 3 below base clocks 41% of the job's 6.0 h, "
+        "others' median 3%"
+    )
+    # the lemon sweep reads the same jobs: a warning for that node, none for the others
+    from slurmhealth.fleet import signals  # noqa: PLC0415
+
+    counts = signals.signals(conn, *report.window(now))
+    assert [kind for _, kind, _, _ in counts[HOSTILE_NODE]["warnings"]] == ["warn"]
+    assert counts["gpu03"]["warnings"] == []
+    assert json.loads(render.render(d, "json"))["held_back"] == held
+    text = render.render(d, "html")
+    assert "<b>" not in text
+    rows = html_tables(text).tables["held-table"][1:]
+    want = [HOSTILE_NODE, 2, "yes", first["last"], 72, "below base clocks", first["evidence"]]
+    assert typed(rows)[0] == want
+    md = md_table(md_tables(render.render(d, "md")), "node", "jobs held back")
+    assert typed(md[1:])[0] == want
+    assert "No node held a job back." in render.render(
+        report.build(conn, now + 30 * DAY, DAY), "md"
+    )
