@@ -278,7 +278,9 @@ def one_fleet(job: tuple) -> dict:
                 if opts["signal"] == "base":  # the epilog's figures (job_telemetry's shape)
                     below = {str(g): round(b * span, 1) for g, (_, _, b) in enumerate(shares)}
                     figures = {"s": round(span, 3), "j": {}, "b": below}
-                    columns = dict(columns, gpu_energy=json.dumps(figures, sort_keys=True))
+                    text = json.dumps(figures, sort_keys=True)
+                    share = counters.below_share(figures)
+                    columns = dict(columns, gpu_energy=text, below_base=share)
             record(conn, node, job_id, phase, when, mine.rows(when), columns)
         while midnight <= horizon:
             held = sweep(conn, midnight, named, opts["repeat"])

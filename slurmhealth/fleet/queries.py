@@ -675,6 +675,14 @@ def job_telemetry(
 JOB_END_SPREAD = 3600.0
 
 
+def job_figures(conn: sqlite3.Connection, node: str, job_id: str) -> str | None:
+    """The job's GPU figures the node's epilog recorded (jobs.gpu_energy), or None."""
+    row = conn.execute(
+        "SELECT gpu_energy FROM jobs WHERE node = ? AND job_id = ?", (node, job_id)
+    ).fetchone()
+    return row[0] if row else None
+
+
 def held_back_jobs(conn: sqlite3.Connection, start: float, end: float) -> list:
     """[(node, time)] of held_back_findings: the node that held back each job, at its end."""
     return [(f["node"], f["time"]) for f in held_back_findings(conn, start, end)]
@@ -685,22 +693,23 @@ def held_back_findings(conn: sqlite3.Connection, start: float, end: float) -> li
     node ended in [start, end) (telemetry.held_back), at the job's end (time); nodes the prolog
     refused never ran it. A job is judged whole, in the one window its last end falls in: a
     window edge between its nodes' epilogs must not leave some of them out. Only the GPUs'
-    policy counters and the job rows' figures are read: a few key seeks per node of each
-    job."""
+    policy counters and the job rows' `below_base` are read: a few key seeks per node of each
+    job; the figures of a job with a finding are read to name its GPU and utilisation."""
     from slurmhealth.fleet import telemetry  # noqa: PLC0415
 
     jobs: dict = {}
-    clocks: dict = {}
+    shares: dict = {}  # job -> {node: its worst GPU's share below base clocks}
     rows = conn.execute(
-        "SELECT job_id, node, start, end, gpu_energy FROM jobs WHERE end >= ? AND end < ? "
+        "SELECT job_id, node, start, end, below_base FROM jobs WHERE end >= ? AND end < ? "
         "AND num_nodes > 1 AND start IS NOT NULL AND end > start "
         "AND coalesce(state, '') != 'prolog_failed'",
         (start - JOB_END_SPREAD, end + JOB_END_SPREAD),
     )
-    for job_id, node, begin, finish, figures in rows:
+    for job_id, node, begin, finish, below in rows:
         jobs.setdefault(job_id, []).append((node, begin, finish))
-        if figures is not None:
-            clocks.setdefault(job_id, {})[node] = figures
+        share = telemetry.share_of(below)
+        if share is not None:
+            shares.setdefault(job_id, {})[node] = {"share": share}
     out = []
     known: dict = {}  # each node's GPU devices, read once for all its jobs
     for job_id, spans in jobs.items():
@@ -708,10 +717,10 @@ def held_back_findings(conn: sqlite3.Connection, start: float, end: float) -> li
             continue
         duration = max(s[2] for s in spans) - min(s[1] for s in spans)
         figures = job_telemetry(conn, spans, ("gpu",), known)
-        raw = clocks.get(job_id, {})
-        below = {node: telemetry.clock_figures(raw.get(node)) for node, _, _ in spans}
-        found = telemetry.held_back(figures, duration, below)
-        if found:
+        found = telemetry.held_back(figures, duration, shares.get(job_id))
+        if found:  # judged again on the nodes' whole figures, for the GPU and utilisation
+            clocks = {n: telemetry.clock_figures(job_figures(conn, n, job_id)) for n, _, _ in spans}
+            found = telemetry.held_back(figures, duration, clocks) or found
             ended = max(s[2] for s in spans)
             out.append({"node": found["node"], "time": ended, "job": job_id, "finding": found})
     return out

@@ -155,7 +155,7 @@ def held_back(figures: dict, duration: float, clocks: dict | None = None) -> dic
     found = _odd_one(shares, duration)
     if found is None and clocks:
         below = {
-            node: (c["share"], c["worst_gpu"], BELOW_BASE)
+            node: (c["share"], c.get("worst_gpu"), BELOW_BASE)
             for node, c in clocks.items()
             if c is not None and c.get("share") is not None
         }
@@ -189,6 +189,13 @@ def _odd_one(shares: dict, duration: float) -> dict | None:
         "others_median": median,
         "duration_s": duration,
     }
+
+
+def share_of(value: object) -> float | None:
+    """A jobs row's `below_base` (node/counters.py below_share: a share, 0-1) or None when
+    absent or not that (the fleet store's rows come from node exports: never trusted)."""
+    share = _number(value)
+    return share if share is not None and share <= 1.0 else None
 
 
 def _number(value: object) -> float | None:
@@ -316,7 +323,7 @@ def words(finding: dict) -> str:
     """ "gpu07 held the job back: GPU 3 power-capped 34% of the job's 6.0 h, others' median
     2%", and "; utilisation 97%, others' median 96%" where sampled."""
     text = (
-        f"{clean(finding['node'], 40)} held the job back: {clean(finding['gpu'], 40)} "
+        f"{clean(finding['node'], 40)} held the job back: {clean(finding['gpu'] or 'a GPU', 40)} "
         f"{clean(finding['cause'], 20)} {percent(finding['share'])} of the job's "
         f"{span_words(finding['duration_s'])}, others' median {percent(finding['others_median'])}"
     )

@@ -28,7 +28,7 @@ from slurmhealth.core.constants import (
 )
 from slurmhealth.core.result import DRAIN, FAIL, OK, RESET_GPU
 from slurmhealth.core.result import SERVICE as SERVICE_ACTION
-from slurmhealth.node import config, runner, state
+from slurmhealth.node import config, counters, runner, state
 from slurmhealth.node.checks import AREAS
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
@@ -648,6 +648,7 @@ def _job_columns(mode: str, job: dict, run: runner.Run, conn: object) -> dict | 
     out["end"] = run.started
     if run.job_telemetry:
         out["gpu_energy"] = json.dumps(run.job_telemetry, sort_keys=True)
+        out["below_base"] = counters.below_share(run.job_telemetry)
     if _job_state(conn, run.node, job["id"]) != "prolog_failed":
         out["state"] = "ended"
         out.update({k: job[k] for k in ("exit_code", "signal") if k in job})

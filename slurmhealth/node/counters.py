@@ -333,3 +333,17 @@ def _sampled(first: object, last: object, index: str) -> list | None:
     if not count or clocks is None or utils is None:
         return None
     return [count, round(clocks / count), round(utils / count, 1)]
+
+
+def below_share(figures: object) -> float | None:
+    """The job's worst GPU's share of the job below base clocks (job_telemetry's "b" over its
+    "s", at most 1), or None without that figure: the jobs row's `below_base`, which the fleet's
+    held-back sweep reads instead of parsing every job's figures (fleet/telemetry.py
+    clock_figures computes the same share from them)."""
+    if not isinstance(figures, dict) or not isinstance(figures.get("b"), dict):
+        return None
+    span = figures.get("s")
+    below = [v for v in figures["b"].values() if _int(v) is not None and not isinstance(v, str)]
+    if not isinstance(span, (int, float)) or span <= 0 or not below:
+        return None
+    return min(1.0, max(below) / span)

@@ -133,7 +133,7 @@ def migrated_with_a_job(db: str, version: int) -> sqlite3.Connection:
     old.execute("INSERT INTO jobs (node, job_id, end) VALUES ('gpu01', '7', 1.5)")
     old.close()
     conn = store.connect(db)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 10
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 11
     return conn
 
 
@@ -153,7 +153,7 @@ def test_a_version_6_store_gains_watermarks_and_run_hours_and_keeps_its_runs(db)
     )
     old.close()
     conn = store.connect(db)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 10
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 11
     assert conn.execute("SELECT id, started FROM runs").fetchall() == [("r1", 7.0)]
     conn.execute(store.insert_sql("watermarks"), ("/spool/gpu01.db", 7.0, "", 8.0))
     conn.execute(store.insert_sql("run_hours"), ("gpu01", 3600.0, "healthcheck", 11, 0.5))
@@ -180,6 +180,16 @@ def test_a_version_7_store_reads_its_runs_by_time_from_the_index_alone(db):
     # the runs that did not pass, by time, from the partial index alone
     failed = "SELECT node FROM runs WHERE verdict != 'ok' AND started >= 0 AND started < 9"
     assert "runs_not_ok" in str(conn.execute(f"EXPLAIN QUERY PLAN {failed}").fetchall())
+
+
+def test_a_version_10_store_gains_each_jobs_share_below_base_clocks_read_from_the_index(db):
+    conn = migrated_with_a_job(db, 10)
+    assert conn.execute("SELECT job_id, below_base FROM jobs").fetchall() == [("7", None)]
+    sql = (
+        "SELECT job_id, node, start, end, below_base FROM jobs WHERE end >= 0 AND end < 9 "
+        "AND num_nodes > 1"
+    )
+    assert "COVERING INDEX jobs_end" in str(conn.execute(f"EXPLAIN QUERY PLAN {sql}").fetchall())
 
 
 def test_a_version_8_store_gains_the_jobs_gpu_energy_and_keeps_its_jobs(db):

@@ -13,7 +13,7 @@ from conftest import run_cli, snapshot_path
 
 from slurmhealth.core import store
 from slurmhealth.fleet import jobs, signals, telemetry
-from slurmhealth.node import config, runner
+from slurmhealth.node import config, counters, runner
 
 HOUR = 3600.0
 NS = 1e9
@@ -468,8 +468,10 @@ def below_base_job(conn, tmp_path, job: str, t0: float) -> None:
         run_hook(conn, tmp_path, node, job, "prolog", t0)
         run_hook(conn, tmp_path, node, job, "epilog", t0 + SPAN)
         row = clocks_row(0.41 if node == "gpu07" else 0.02 + NODES.index(node) / 200)
+        share = counters.below_share(json.loads(row))  # as node/agent.py records it
         conn.execute(
-            "UPDATE jobs SET gpu_energy = ? WHERE node = ? AND job_id = ?", (row, node, job)
+            "UPDATE jobs SET gpu_energy = ?, below_base = ? WHERE node = ? AND job_id = ?",
+            (row, share, node, job),
         )
     conn.commit()
 
@@ -496,3 +498,25 @@ def test_slurmhealth_job_and_the_lemon_sweep_name_a_node_below_base_clocks(tmp_p
     warned = signals.signals(conn, *window)
     assert [kind for _, kind, _, _ in warned["gpu07"]["warnings"]] == ["warn"]
     assert all(warned[n]["warnings"] == [] for n in NODES if n != "gpu07")
+
+
+def test_a_jobs_rows_share_below_base_is_read_only_when_sound():
+    assert telemetry.share_of(0.41) == 0.41 and telemetry.share_of(1) == 1.0
+    for forged in (None, -0.1, 1.5, float("nan"), float("inf"), "0.4", True, b"\x00"):
+        assert telemetry.share_of(forged) is None
+
+
+def test_the_sweep_names_the_node_from_the_rows_share_and_its_gpu_from_the_figures(tmp_path):
+    """The lemon sweep reads jobs.below_base from the index; the figures of a job with a
+    finding name its GPU. Figures that do not agree with the share (a forged row) leave the
+    finding as the shares made it, its GPU unnamed."""
+    from slurmhealth.fleet import queries  # noqa: PLC0415
+
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    below_base_job(conn, tmp_path, "51", T0)
+    [found] = queries.held_back_findings(conn, T0, T0 + SPAN + 1)
+    assert (found["node"], found["job"], found["finding"]["gpu"]) == ("gpu07", "51", "GPU 3")
+    conn.execute("UPDATE jobs SET gpu_energy = NULL WHERE node = 'gpu07'")
+    [found] = queries.held_back_findings(conn, T0, T0 + SPAN + 1)
+    assert found["node"] == "gpu07" and found["finding"]["gpu"] is None
+    assert "held the job back: a GPU below base clocks 41%" in telemetry.words(found["finding"])

@@ -274,6 +274,8 @@ def test_the_epilog_records_time_below_base_clocks_and_the_health_checks_samples
     assert figures["j"] == {"2": 300.0}
     assert figures["b"] == {"2": 30.0, "3": 0.0}
     assert figures["u"] == {"2": [2, 1740, 79.0], "3": [2, 1980, 99.0]}
+    row = node.db().execute("SELECT below_base FROM jobs WHERE job_id = '41'").fetchone()
+    assert row == (min(1.0, 30.0 / figures["s"]),)  # the worst GPU's share, for the sweep
 
 
 def test_a_health_check_on_a_node_running_jobs_leaves_their_gpus_processes_alone(node, tmp_path):

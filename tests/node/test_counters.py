@@ -234,3 +234,10 @@ def test_the_job_gets_its_gpus_time_below_base_clocks_and_the_mean_of_its_sample
     assert "u" not in counters.job_telemetry(older, end, 1100.0, None, during)
     # the node's sums lost meanwhile (a new store): fewer than at the prolog, no figure
     assert "u" not in counters.job_telemetry(start, end, 1100.0, None, {"0": [1, 1, 1]})
+
+
+def test_the_jobs_row_keeps_its_worst_gpus_share_below_base_clocks():
+    assert counters.below_share({"s": 100.0, "j": {}, "b": {"0": 12.5, "3": 41.0}}) == 0.41
+    assert counters.below_share({"s": 10.0, "b": {"0": 25.0}}) == 1.0  # at most the whole job
+    for figures in (None, {"s": 100.0, "j": {}}, {"s": 0, "b": {"0": 1.0}}, {"s": 9, "b": {}}):
+        assert counters.below_share(figures) is None

@@ -1022,6 +1022,7 @@ def held_job(conn, job: str, end: float, slow: str, nodes: tuple) -> None:
         below = {str(i): 0.02 * span for i in range(8)}
         below["3"] = (0.41 if node == slow else 0.03) * span
         figures = json.dumps({"s": span, "j": {}, "b": below})
+        share = max(below.values()) / span
         for phase, when in (("prolog", end - span), ("epilog", end)):
             run = {
                 "node": node, "job_id": job, "phase": phase, "started": when, "duration": 0.04,
@@ -1031,6 +1032,7 @@ def held_job(conn, job: str, end: float, slow: str, nodes: tuple) -> None:
             columns["num_nodes"] = len(nodes)
             if phase == "epilog":
                 columns = {"end": when, "state": "ended", "gpu_energy": figures}
+                columns["below_base"] = share
             records = {"run": run, "results": [], "events": [], "baselines": {}, "counters": []}
             store.record_run(conn, records, columns)
 
