@@ -397,31 +397,34 @@ def _telemetry_lines(data: dict) -> list:
             )
     if data.get("held_back"):
         lines.append(f"held back: {clean(data['held_back']['evidence'], 300)}")
-    return lines + _clock_lines(nodes) + _power_lines(nodes)
+    return lines + _figure_lines(nodes)
 
 
-def _clock_lines(nodes: list) -> list:
-    """Per node, its GPUs' time below base clocks and the health checks' samples, where
-    recorded."""
-    known = [n for n in nodes if n["telemetry"].get("clocks")]
-    if not known:
-        return []
-    lines = ["GPU clocks during the job (worst GPU; means of the health checks' samples):"]
-    for node in known:
-        words = telemetry.clock_words(node["telemetry"]["clocks"])
-        lines.append(f"  {clean(node['node'], 20):<12} {words}")
-    return lines
+# The per-node figure sections after the slowdown lines: (telemetry key, title, words).
+_FIGURE_LINES = (
+    (
+        "clocks",
+        "GPU clocks during the job (worst GPU; means of the health checks' samples):",
+        telemetry.clock_words,
+    ),
+    (
+        "power",
+        "GPU power, mean over the job (NVML energy counter, prolog to epilog):",
+        telemetry.power_words,
+    ),
+)
 
 
-def _power_lines(nodes: list) -> list:
-    """Per node, its GPUs' mean power over the job (prolog to epilog), where recorded."""
-    drew = [n for n in nodes if n["telemetry"].get("power")]
-    if not drew:
-        return []
-    lines = ["GPU power, mean over the job (NVML energy counter, prolog to epilog):"]
-    for node in drew:
-        words = telemetry.power_words(node["telemetry"]["power"])
-        lines.append(f"  {clean(node['node'], 20):<12} {words}")
+def _figure_lines(nodes: list) -> list:
+    """Per node, its GPUs' time below base clocks and the health checks' samples, then their
+    mean power over the job (prolog to epilog): each section only where recorded."""
+    lines = []
+    for key, title, words in _FIGURE_LINES:
+        known = [n for n in nodes if n["telemetry"].get(key)]
+        if known:
+            lines.append(title)
+            for node in known:
+                lines.append(f"  {clean(node['node'], 20):<12} {words(node['telemetry'][key])}")
     return lines
 
 
