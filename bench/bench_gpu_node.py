@@ -194,6 +194,12 @@ calls = {
     "fields_all": (n.nvmlDeviceGetFieldValues, h, list(nvml.FIELDS.values())),
     "fields_no_74_75": (n.nvmlDeviceGetFieldValues, h,
                         [f for f in nvml.FIELDS.values() if f not in (74, 75)]),
+    # the per-job fields (energy, time below base clocks) against the batch without them
+    "fields_no_81_83": (n.nvmlDeviceGetFieldValues, h,
+                        [f for f in nvml.FIELDS.values() if f not in (81, 83)]),
+    # the health check's samples of a busy GPU (sources/nvml.py _sample)
+    "sm_clock": (n.nvmlDeviceGetClockInfo, h, 1),
+    "utilization": (n.nvmlDeviceGetUtilizationRates, h),
 }
 for key, fid in nvml.FIELDS.items():
     calls[f"field_{fid}_{key}"] = (n.nvmlDeviceGetFieldValues, h, [fid])
@@ -242,6 +248,7 @@ for key, func, *args in (
     ("processes", n.nvmlDeviceGetComputeRunningProcesses),
     ("fabric", n.nvmlDeviceGetGpuFabricInfo, n.byref(n.c_nvmlGpuFabricInfo_t())),
     ("nvlink0", n.nvmlDeviceGetNvLinkState, 0),
+    ("sm_clock", n.nvmlDeviceGetClockInfo, 1), ("utilization", n.nvmlDeviceGetUtilizationRates),
     ("fields_again", n.nvmlDeviceGetFieldValues, list(nvml.FIELDS.values())),
 ):
     timed(key, func, h, *args)
