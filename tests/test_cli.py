@@ -207,6 +207,15 @@ def test_readme_catalogue_equals_the_registry():
     assert listed == list(REGISTRY)
 
 
+def test_every_catalogue_line_is_a_whole_sentence():
+    from slurmhealth.node.checks import describe
+
+    # the catalogue takes a docstring's first line alone: a sentence wrapped onto the next line
+    # was cut mid-phrase in the README, docs/checks.md and the example config
+    cut = [name for name in REGISTRY if not describe(name).endswith(".")]
+    assert cut == []
+
+
 def test_the_parsed_config_is_cached_in_the_store_until_the_file_changes(tmp_path, db):
     import sqlite3
     import time

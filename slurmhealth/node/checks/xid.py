@@ -1115,8 +1115,8 @@ def _hca_words(event: dict) -> str:
 
 
 def hca_events(facts: dict, ctx: Context) -> Result:
-    """HCA events in the kernel log since the last run (mlx5_core lines; not Xids, reported
-    here only: see the HCA section above).
+    """HCA events in the kernel log since the last run: a hot module fails, a slow link warns.
+    mlx5_core lines, not Xids, reported here only (see the HCA section above).
     Module over temperature: fail, service. The module passed its high-temperature alarm and
     the firmware reports it as a cable error; its link is at risk (the module protects its
     optics by shutting down), a job's collectives over that port fail or stall, and neither a
