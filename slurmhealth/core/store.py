@@ -395,6 +395,13 @@ def default_path(node: str) -> str:
     return os.environ.get("SLURMHEALTH_DB") or os.path.join(state_dir(), f"{node}.db")
 
 
+def _has(conn: sqlite3.Connection, table: str, record_id: str) -> bool:
+    """Whether `table` (runs or actions: names from this module, never from input) holds the
+    record with this id."""
+    sql = f"SELECT 1 FROM {table} WHERE id = ?"  # noqa: S608 - the table is one of ours
+    return conn.execute(sql, (record_id,)).fetchone() is not None
+
+
 def new_id(at: float | None = None) -> str:
     """A run's or action's id: 24 hex digits, the time in microseconds (13, in order until the
     year 2112) then 44 random bits. `at`: the time, default now (bench/bench_ids.py gives
@@ -568,7 +575,7 @@ def record_run(
     job_baselines: also keep this run's baselines under the job id (the prolog's, for the
     epilog's deltas).
     """
-    run_id = new_id()
+    run_id = records["run"].get("id") or new_id()
     now = time.time()
     run = dict(records["run"], id=run_id)
     node, job_id = run["node"], run.get("job_id")
@@ -585,6 +592,8 @@ def record_run(
     ]
     try:
         with immediate(conn):
+            if records["run"].get("id") and _has(conn, "runs", run_id):
+                return run_id  # a spooled copy of a run that was written after all
             conn.execute(insert_sql("runs"), row("runs", run))
             conn.executemany(insert_sql("results"), results)
             conn.executemany(_INSERT_EVENT, events)
@@ -653,10 +662,15 @@ def record_action(
     ok: bool = True,
     detail: str = "",
     when: float | None = None,
+    action_id: str | None = None,
 ) -> str:
-    """A drain, resume, reset or refusal, with who did it and whether it worked."""
-    action_id = new_id()
+    """A drain, resume, reset or refusal, with who did it and whether it worked. An
+    `action_id` given (a spooled action, replayed) is written once: a second replay of the same
+    one writes nothing."""
     try:
+        if action_id and _has(conn, "actions", action_id):
+            return action_id
+        action_id = action_id or new_id()
         conn.execute(
             insert_sql("actions"),
             (

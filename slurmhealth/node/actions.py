@@ -54,7 +54,9 @@ def note(
         except store.StoreError as exc:
             log(f"could not record the {action}: {exc}")  # type: ignore[operator]
     if keep is not None:
-        keep({"action": [node, action, why, actor, ok, detail, when]})  # type: ignore[operator]
+        # its own id: a replay that is cut short and replayed again writes it once
+        entry = {"action": [node, action, why, actor, ok, detail, when], "id": store.new_id()}
+        keep(entry)  # type: ignore[operator]
 
 
 def _history(conn: object, node: str, log: object) -> list:

@@ -41,6 +41,9 @@ DEFAULT_DEADLINE_S = config.SETTINGS["deadline"][0]
 HOOK_BUSY_S = 3.0
 # Kept back from the deadline for what follows the last bounded wait: logging, exiting.
 RESERVE_S = 0.3
+# How long the watchdog waits to spool a store write it cut short (a small append; a disk that
+# takes longer is the disk that hung the store).
+SPOOL_AT_DEADLINE_S = 0.2
 PENDING_CHECK = "slurmhealth.pending"
 SPOOL_SUFFIX = ".unrecorded.ndjson"  # beside the store: runs it could not take, replayed later
 
@@ -56,6 +59,8 @@ class Deadline:
         self.code = EXIT_OK
         self.summary = "no verdict yet"
         self.timer: object = None
+        # (spool, entry) of a store write under way: spooled if the deadline cuts it short
+        self.unsaved: tuple | None = None
         self.limit(seconds)
 
     def limit(self, seconds: float) -> None:
@@ -82,7 +87,26 @@ class Deadline:
             f"deadline of {self.seconds:g} s reached ({self.summary}): exiting {self.code}",
             self.mode,
         )
+        if self.unsaved is not None:
+            self._spool_unsaved(*self.unsaved)
         _finish(self.code)
+
+    def _spool_unsaved(self, spool: str, entry: dict) -> None:
+        """The store write the deadline cut short goes to the spool, for the next run to record
+        (the run carries its id: a write that landed after all is not recorded twice). Bounded
+        too: the disk that hung the store may hang this write, and the hook must end."""
+        import threading  # noqa: PLC0415 - already imported by the runner
+
+        def write() -> None:
+            try:
+                state.spool(spool, entry)
+                log("the cut-short run is spooled for the next run to record", self.mode)
+            except OSError as exc:
+                log(f"could not spool the cut-short run: {exc}", self.mode)
+
+        writer = threading.Thread(target=write, daemon=True)
+        writer.start()
+        writer.join(SPOOL_AT_DEADLINE_S)
 
 
 CHECK_HELP = """Usage: slurmhealth check [OPTIONS]
@@ -244,26 +268,31 @@ def record(
     mode: str,
     job_id: str | None = None,
     path: str = "",
+    clock: Deadline | None = None,
     **kw: object,
 ) -> object:
     """Record a run; returns the connection to go on with. If the store cannot take it (locked
     past the busy timeout, unusable), the run goes to the spool beside it, replayed by the next
     run that can write the store, and its verdict goes to syslog at once: nothing recorded is
     lost. A store found damaged past its header only now is moved aside like a corrupt one, and
-    the run recorded in a new store."""
+    the run recorded in a new store. A write still under way at the hook's deadline (a hung
+    disk) is spooled by the watchdog (`clock`)."""
     records = run.records(job_id)
     if conn is not None:
         from slurmhealth.core import store  # noqa: PLC0415
 
+        records["run"]["id"] = store.new_id()  # the spooled copy and the store's are one run
+        if clock is not None and path:
+            clock.unsaved = (spool_for(path), {"records": records, "kw": kw})
         try:
             store.record_run(conn, records, **kw)  # type: ignore[arg-type]
-            return conn
+            return _saved(conn, clock)
         except store.StoreError as exc:
             conn = _reopen_if_corrupt(conn, exc, path, mode)
             if conn is not None:
                 try:
                     store.record_run(conn, records, **kw)  # type: ignore[arg-type]
-                    return conn
+                    return _saved(conn, clock)
                 except store.StoreError as again:
                     exc = again
             log(f"could not record the run, verdict stands: {exc}", mode)
@@ -275,6 +304,13 @@ def record(
             state.spool(spool_for(path), {"records": records, "kw": kw})
         except OSError as exc:
             log(f"could not spool the run either: {exc}", mode)
+    return _saved(conn, clock)
+
+
+def _saved(conn: object, clock: Deadline | None) -> object:
+    """The run is in the store or the spool: nothing left for the watchdog to spool."""
+    if clock is not None:
+        clock.unsaved = None
     return conn
 
 
@@ -312,16 +348,19 @@ def _reopen_if_corrupt(conn: object, exc: Exception, path: str, mode: str) -> ob
 def replay_spool(conn: object, spool: str, mode: str) -> None:
     """Record the runs earlier runs could not, oldest first; on a failure, spool the rest
     again (the store is busy again: the next run tries)."""
-    if conn is None or not spool or not os.path.exists(spool):
+    if conn is None or not spool:
+        return
+    entries, taken = state.take_spool(spool)
+    if not entries and not taken:
         return
     from slurmhealth.core import store  # noqa: PLC0415
 
-    entries, taken = state.take_spool(spool)
     for n, entry in enumerate(entries):
         kw = entry.get("kw") if isinstance(entry.get("kw"), dict) else {}
         try:
             if "action" in entry:
-                store.record_action(conn, *entry["action"])  # type: ignore[arg-type]
+                given = entry.get("id") if isinstance(entry.get("id"), str) else None
+                store.record_action(conn, *entry["action"], action_id=given)  # type: ignore[arg-type]
             else:
                 store.record_run(conn, entry["records"], **kw)  # type: ignore[arg-type]
         except (store.StoreError, KeyError, TypeError) as exc:
@@ -331,10 +370,10 @@ def replay_spool(conn: object, spool: str, mode: str) -> None:
                 try:
                     state.spool(spool, rest)
                 except OSError:
-                    return  # the taken file stays: nothing is deleted unrecorded
+                    return  # the taken files stay: nothing is deleted unrecorded
             break
-    if taken:
-        os.unlink(taken)
+    for done in taken:
+        os.unlink(done)
 
 
 def format_table(run: runner.Run, quiet: bool = False) -> str:
@@ -713,6 +752,7 @@ def hook(mode: str, clock: Deadline) -> int:
         mode,
         job_id=job["id"] or None,
         path=db_path,
+        clock=clock,
         job=_job_columns(mode, job, run, conn),
         job_baselines=mode == "prolog",
     )

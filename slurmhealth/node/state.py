@@ -105,27 +105,70 @@ def spool(path: str, entry: dict) -> None:
 
 
 def take_spool(path: str) -> tuple:
-    """(entries, taken path) of the spooled runs, moved aside first so that a concurrent run
-    spools anew; ([], "") when there are none. The caller removes the taken file once the
-    entries are recorded (or puts it back by spooling them again)."""
-    taken = f"{path}.{os.getpid()}.taking"
-    try:
-        os.rename(path, taken)
-    except OSError:
-        return [], ""
-    entries = []
-    try:
-        fd = os.open(taken, os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd, "rb") as handle:
-            for line in handle:
-                try:
-                    entry = json.loads(line)
-                except (ValueError, RecursionError):
-                    continue
-                if isinstance(entry, dict) and (
-                    isinstance(entry.get("records"), dict) or isinstance(entry.get("action"), list)
-                ):
-                    entries.append(entry)
-    except OSError:
-        return [], ""
+    """(entries, taken paths) of the spooled runs, oldest first: any spool an earlier run took
+    and never finished with (its process is gone: ended at its deadline in the middle of a
+    replay), then the spool itself, each moved aside first so that a concurrent run spools anew;
+    ([], []) when there are none. The caller removes the taken files once the entries are
+    recorded (or puts them back by spooling them again). Spooled runs and actions carry their
+    ids, so an entry replayed twice is written once."""
+    entries: list = []
+    taken = []
+    for n, source in enumerate([*_abandoned(path), path]):
+        mine = f"{path}.{os.getpid()}.{n}.taking"
+        try:
+            os.rename(source, mine)
+        except OSError:
+            continue  # none there, or a concurrent run took it first
+        got = _read_spool(mine)
+        if got is not None:  # an unreadable one stays, for a later run to take
+            entries += got
+            taken.append(mine)
     return entries, taken
+
+
+def _read_spool(path: str) -> list | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as handle:
+            return [entry for entry in map(_entry, handle) if entry is not None]
+    except OSError:
+        return None
+
+
+def _entry(line: bytes) -> dict | None:
+    try:
+        entry = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if isinstance(entry, dict) and (
+        isinstance(entry.get("records"), dict) or isinstance(entry.get("action"), list)
+    ):
+        return entry
+    return None
+
+
+def _abandoned(path: str) -> list:
+    """The spools other runs took (`<spool>.<pid>.<n>.taking`) whose process is gone."""
+    directory, base = os.path.split(os.path.abspath(path))
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    out = []
+    for name in sorted(names):
+        if not (name.startswith(base + ".") and name.endswith(".taking")):
+            continue
+        pid = name[len(base) + 1 :].split(".", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            out.append(os.path.join(directory, name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # it exists (not ours to signal)
+    return True

@@ -25,6 +25,21 @@ def a_run() -> runner.Run:
     )
 
 
+def test_a_run_or_action_that_carries_its_id_is_written_once(db):
+    """A spooled run or action is replayed by a later hook; one replayed twice (a replay cut
+    short, taken again) or one whose first write landed after all is still one record."""
+    conn = store.connect(db)
+    records = a_run().records("42")
+    records["run"]["id"] = store.new_id()
+    assert store.record_run(conn, records) == store.record_run(conn, records)
+    assert conn.execute("SELECT COUNT(*) FROM runs").fetchone() == (1,)
+    assert conn.execute("SELECT COUNT(*) FROM results").fetchone()[0] == len(records["results"])
+    given = store.new_id()
+    for _ in range(2):
+        store.record_action(conn, "gpu01", "drain", "why", "prolog", True, "", 1.0, given)
+    assert conn.execute("SELECT id FROM actions").fetchall() == [(given,)]
+
+
 def test_a_run_is_recorded_with_results_and_baselines(db):
     conn = store.connect(db)
     run_id = store.record_run(conn, a_run().records("42"))

@@ -661,6 +661,60 @@ def test_the_whole_hook_ends_by_its_deadline_whatever_blocks(node, tmp_path):
     assert time.monotonic() - started < 8
     assert proc.returncode == 1 and "deadline of 2 s reached" in proc.stderr
     assert side_state(node)["pending"]["message"] == "GPU 3 GpuIsLost"
+    # Nothing recorded is lost: the watchdog spooled the run the hung write held, and the next
+    # run records it.
+    assert "the cut-short run is spooled" in proc.stderr
+    node.configure("gpu-lost")
+    assert node.run("prolog", job="102").returncode == 1
+    runs = node.db().execute("SELECT job_id, verdict FROM runs ORDER BY started").fetchall()
+    assert runs == [("101", "fail"), ("102", "fail")]
+    assert not list(node.state_dir.glob("*.unrecorded.ndjson*"))
+
+
+def test_a_replay_cut_short_is_finished_by_a_later_run_and_written_once(node, tmp_path):
+    """Item: a run dies in the middle of replaying the spool (its deadline, a kill). The spool
+    it took is not lost: a later run takes it once that process is gone, and what the first one
+    had already written is not written twice (spooled runs and actions carry their ids)."""
+    node.configure("gpu-lost", deadline=2.0)
+    node.run("healthcheck", job=None)  # the store exists
+    hang = tmp_path / "hang"
+    hang.mkdir()
+    (hang / "sitecustomize.py").write_text(
+        "import time\nimport slurmhealth.core.store as s\nreal = s.record_run\n"
+        "def slow(*a, **k):\n    real(*a, **k)\n    time.sleep(60)\n"
+        "s.record_run = slow\n"
+    )
+    # A prolog whose store write lands, then hangs past the deadline: the run is in the store
+    # and in the spool.
+    proc = node.run("prolog", job="201", PYTHONPATH=os.pathsep.join([str(hang), REPO]))
+    assert "the cut-short run is spooled" in proc.stderr
+    spool = node.state_dir / f"{node.name}.db.unrecorded.ndjson"
+    assert spool.exists()
+    # A second run takes the spool and hangs replaying it, before any verdict (exit 0: fail
+    # open): the spool it took is left behind, taken, when the watchdog ends it.
+    proc = node.run("prolog", job="202", PYTHONPATH=os.pathsep.join([str(hang), REPO]))
+    assert proc.returncode == 0 and "no verdict yet" in proc.stderr
+    assert not spool.exists() and len(list(node.state_dir.glob("*.taking"))) == 1
+    # A spool taken by a process that is still alive is not touched.
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        alive = node.state_dir / f"{node.name}.db.unrecorded.ndjson.{holder.pid}.0.taking"
+        alive.write_text("")
+        node.configure("healthy")
+        # exit 1: the fault 201 saw was never acted on (its drain came after the hang), so it
+        # is still pending and this run drains for it
+        assert node.run("prolog", job="203").returncode == 1
+        assert node.slurm()["reason"] == "slurmhealth: GPU 3 GpuIsLost"
+        assert alive.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    alive.unlink()
+    jobs = node.db().execute(
+        "SELECT job_id, COUNT(*) FROM runs WHERE job_id IS NOT NULL GROUP BY job_id"
+    ).fetchall()
+    assert jobs == [("201", 1), ("203", 1)]  # 202 never got as far as a verdict
+    assert not list(node.state_dir.glob("*.unrecorded.ndjson*"))
 
 
 def test_monitor_only_records_what_it_would_do_and_enforces_nothing(node, tmp_path):
