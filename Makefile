@@ -37,7 +37,7 @@ test: $(VENV)/.installed lint
 	@$(MAKE) --no-print-directory test-py39 test-py312 test-py313
 
 # The edit-test loop: everything but the tests marked `real` (a real Slurm, MariaDB, Chromium,
-# tmpfs, package builds) or `slow`; under 2 minutes on 2 cores. `make test` and CI run them all.
+# tmpfs, package builds) or `slow`; about 2 minutes on 2 cores. `make test` and CI run them all.
 test-fast: $(VENV)/.installed lint
 	$(VENV)/bin/python -m pytest -q -m "not real and not slow" -p no:cacheprovider
 
