@@ -185,6 +185,24 @@ def test_periodic_skips_a_run_while_the_previous_one_holds_the_lock(periodic_env
     assert os.listdir(periodic_env["SLURMHEALTH_SPOOL"]) == ["gpu07.ndjson"]
 
 
+def test_periodic_never_opens_a_lock_someone_could_plant(periodic_env, tmp_path):
+    """The shell's >> follows a symlink: a lock planted as one (or a state folder others may
+    write, where one could be) is refused in one line, and its target never created."""
+    _node_with_one_run(periodic_env)
+    state = periodic_env["SLURMHEALTH_STATE_DIR"]
+    target = tmp_path / "etc-nologin"
+    os.symlink(target, os.path.join(state, "periodic-export.lock"))
+    done = periodic(periodic_env, "-q", "export")
+    assert done.returncode == 1 and "refusing" in done.stderr and len(done.stderr.splitlines()) == 1
+    assert not target.exists() and os.listdir(periodic_env["SLURMHEALTH_SPOOL"]) == []
+    os.unlink(os.path.join(state, "periodic-export.lock"))
+    os.chmod(state, 0o777)
+    done = periodic(periodic_env, "-q", "export")
+    assert done.returncode == 1 and "refusing" in done.stderr
+    os.chmod(state, 0o700)
+    assert periodic(periodic_env, "-q", "export").returncode == 0
+
+
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [

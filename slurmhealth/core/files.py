@@ -5,6 +5,10 @@ Writing: `open_private` / `write_private` create an exclusive temporary file bes
 umask), write it and rename it over the target; a target that is a symlink is refused.
 `create_private` makes an empty file exclusively (a new store), `private_dir` a directory 0700.
 
+Every writer reaches the target's directory through `open_dir`: one component at a time from
+`/`, never through a symlink that someone else made or could replace, and then creates and
+renames inside that directory's descriptor, so no name on the way can be swapped meanwhile.
+
 Reading: `open_trusted` opens without following a symlink and checks the opened descriptor
 (fstat: a regular file, owned by root, the caller or a named owner, writable by no one else),
 so nothing can be swapped between the check and the read; `trusted` says why a file that
@@ -23,7 +27,9 @@ _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: a FIFO planted where a file should be opens at once (and is refused) instead of
 # blocking the reader forever.
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _TRIES = 16
+_HOPS = 40  # symlinks followed on one path at most (Linux's own limit, path_resolution(7))
 
 
 class Unsafe(OSError):
@@ -129,45 +135,107 @@ def open_trusted(path: str, owners: object = None) -> int:
     return fd
 
 
-def _refuse_symlink(path: str) -> None:
+def open_dir(directory: str, owners: object = None) -> int:
+    """A descriptor of `directory`, reached one component at a time from `/` with O_NOFOLLOW.
+    A symlink on the way is followed only when root, the euid or `owners` (uids) made it and
+    no one else can replace it: the directory holding it is theirs too, and not writable by
+    group or others unless sticky (/tmp). Unsafe says why not; a missing directory raises as
+    open() would."""
+    parts = os.path.abspath(directory).split("/")[::-1]  # a stack: the next component last
+    fd = os.open("/", _DIR)
+    hops = 0
     try:
-        if stat.S_ISLNK(os.lstat(path).st_mode):
-            raise Unsafe(path, "a symlink: not replaced")
+        while parts:
+            name = parts.pop()
+            if name in ("", "."):
+                continue
+            try:
+                inner = os.open(name, _DIR, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                target = _followed(fd, name, owners, directory, exc)
+                hops += 1
+                if hops > _HOPS:
+                    raise OSError(errno.ELOOP, "too many symlinks", directory) from None
+                if target.startswith("/"):
+                    os.close(fd)
+                    fd = os.open("/", _DIR)
+                parts.extend(target.split("/")[::-1])
+                continue
+            os.close(fd)
+            fd = inner
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _followed(fd: int, name: str, owners: object, path: str, exc: OSError) -> str:
+    """The target of symlink `name` in directory `fd`, when it may be followed (open_dir)."""
+    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+    if not stat.S_ISLNK(st.st_mode):
+        raise exc  # a file where a directory should be
+    if st.st_uid not in _owners(owners):
+        raise Unsafe(path, f"{name} is a symlink made by {_owner_name(st.st_uid)}")
+    holder = os.fstat(fd)
+    open_to_others = holder.st_mode & 0o022 and not holder.st_mode & stat.S_ISVTX
+    if holder.st_uid not in _owners(owners) or open_to_others:
+        raise Unsafe(path, f"{name} is a symlink in a directory others can change")
+    return os.readlink(name, dir_fd=fd)
+
+
+def _split(path: str) -> tuple:
+    """(descriptor of the directory of `path`, opened by open_dir; the name in it)."""
+    directory, base = os.path.split(os.path.abspath(path))
+    return open_dir(directory), base
+
+
+def _lstat(base: str, dir_fd: int) -> os.stat_result | None:
+    try:
+        return os.stat(base, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
-        pass
+        return None
+
+
+def _refuse_symlink(path: str, base: str, dir_fd: int) -> None:
+    st = _lstat(base, dir_fd)
+    if st is not None and stat.S_ISLNK(st.st_mode):
+        raise Unsafe(path, "a symlink: not replaced")
 
 
 def _suffix() -> str:
     return os.urandom(6).hex()
 
 
-def _create_temp(path: str, mode: int) -> tuple:
-    """(fd, name) of a new file beside `path`: `.NAME.RANDOM.tmp`, exclusive, mode `mode`."""
-    directory, base = os.path.split(os.path.abspath(path))
+def _create_temp(path: str, base: str, dir_fd: int, mode: int) -> tuple:
+    """(fd, name) of a new file beside `path` in `dir_fd`: `.NAME.RANDOM.tmp`, exclusive,
+    mode `mode`."""
     for _ in range(_TRIES):
-        tmp = os.path.join(directory, f".{base}.{_suffix()}.tmp")
+        tmp = f".{base}.{_suffix()}.tmp"
         try:
-            fd = os.open(tmp, _CREATE, mode & 0o777)  # never wider than `mode`: the umask narrows
+            # never wider than `mode`: the umask narrows it
+            fd = os.open(tmp, _CREATE, mode & 0o777, dir_fd=dir_fd)
         except FileExistsError:  # a name someone took (planted): draw another
             continue
         try:
             os.fchmod(fd, mode & 0o777)  # exactly `mode` whatever the umask, before any byte
         except BaseException:
             os.close(fd)
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=dir_fd)
             raise
         return fd, tmp
     raise FileExistsError(errno.EEXIST, "no free temporary name", path)
 
 
-def _kept_mode(path: str, mode: int, owners: object) -> int:
+def _kept_mode(base: str, dir_fd: int, mode: int, owners: object) -> int:
     """An existing target's permission bits (no group or other write) when it is a regular file
     of ours, else `mode`: rewriting a report an admin made world-readable keeps it so."""
     try:
-        st = os.lstat(path)
+        st = _lstat(base, dir_fd)
     except OSError:
         return mode
-    if stat.S_ISREG(st.st_mode) and st.st_uid in _owners(owners):
+    if st is not None and stat.S_ISREG(st.st_mode) and st.st_uid in _owners(owners):
         return stat.S_IMODE(st.st_mode) & 0o755
     return mode
 
@@ -192,11 +260,19 @@ class open_private:  # noqa: N801 - used like open(): `with open_private(path) a
         self.keep_mode, self.encoding = keep_mode, encoding
         self.file = None
         self.tmp = ""
+        self.dir_fd = -1
 
     def __enter__(self) -> object:
-        _refuse_symlink(self.path)
-        mode = _kept_mode(self.path, self.mode, None) if self.keep_mode else self.mode
-        fd, self.tmp = _create_temp(self.path, mode)
+        self.dir_fd, self.base = _split(self.path)
+        try:
+            _refuse_symlink(self.path, self.base, self.dir_fd)
+            mode = self.mode
+            if self.keep_mode:
+                mode = _kept_mode(self.base, self.dir_fd, self.mode, None)
+            fd, self.tmp = _create_temp(self.path, self.base, self.dir_fd, mode)
+        except BaseException:
+            os.close(self.dir_fd)
+            raise
         try:
             if self.binary:
                 self.file = os.fdopen(fd, "wb")
@@ -218,11 +294,13 @@ class open_private:  # noqa: N801 - used like open(): `with open_private(path) a
             if self.sync:
                 os.fsync(handle.fileno())  # type: ignore[union-attr]
             handle.close()  # type: ignore[union-attr]
-            _refuse_symlink(self.path)  # planted while we wrote: still not replaced
-            os.replace(self.tmp, self.path)
+            # planted while we wrote: still not replaced
+            _refuse_symlink(self.path, self.base, self.dir_fd)
+            os.replace(self.tmp, self.base, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
         except BaseException:
             self._abandon()
             raise
+        os.close(self.dir_fd)
         return False
 
     def _abandon(self) -> None:
@@ -234,9 +312,10 @@ class open_private:  # noqa: N801 - used like open(): `with open_private(path) a
 
     def _discard(self) -> None:
         try:
-            os.unlink(self.tmp)
+            os.unlink(self.tmp, dir_fd=self.dir_fd)
         except OSError:
             pass
+        os.close(self.dir_fd)
 
 
 def write_private(
@@ -251,20 +330,41 @@ def write_private(
 
 def create_private(path: str, mode: int = 0o600) -> bool:
     """Create `path` empty, exclusively, with `mode` from the first byte (a new store, before
-    SQLite opens it). True when made here; False when something is there already. A symlink
-    there that someone else (not root, not us) made is refused (Unsafe)."""
+    SQLite opens it), in its directory reached by open_dir. True when made here; False when a
+    file of ours is there already. What someone else made there (a symlink, a file), or a file
+    others may write, is refused (Unsafe)."""
+    dir_fd, base = _split(path)
     try:
-        fd = os.open(path, _CREATE, mode & 0o777)
-    except FileExistsError:
-        st = os.lstat(path)
-        if stat.S_ISLNK(st.st_mode) and st.st_uid not in _owners():
-            raise Unsafe(path, f"a symlink made by {_owner_name(st.st_uid)}") from None
-        return False
-    try:
-        os.fchmod(fd, mode & 0o777)
+        try:
+            fd = os.open(base, _CREATE, mode & 0o777, dir_fd=dir_fd)
+        except FileExistsError:
+            st = os.stat(base, dir_fd=dir_fd, follow_symlinks=False)
+            if stat.S_ISLNK(st.st_mode):
+                if st.st_uid not in _owners():
+                    raise Unsafe(path, f"a symlink made by {_owner_name(st.st_uid)}") from None
+                st = os.stat(base, dir_fd=dir_fd)  # ours: what it points to must be ours too
+            why = why_not(st)
+            if why:
+                raise Unsafe(path, why) from None
+            return False
+        try:
+            os.fchmod(fd, mode & 0o777)
+        finally:
+            os.close(fd)
+        return True
     finally:
-        os.close(fd)
-    return True
+        os.close(dir_fd)
+
+
+def refuse_foreign(path: str) -> None:
+    """Unsafe when something is at `path` that someone else made or may write (a symlink, a
+    FIFO, another user's file): a store's -wal or -shm, which SQLite opens by name."""
+    try:
+        why = why_not(os.lstat(path))
+    except FileNotFoundError:
+        return
+    if why:
+        raise Unsafe(path, why)
 
 
 def private_dir(path: str, mode: int = 0o700) -> None:

@@ -462,13 +462,20 @@ def connect(path: str, busy_timeout: float = BUSY_TIMEOUT_S) -> sqlite3.Connecti
 
     A new store is root-only (0640 in a 0700 directory, both from their first byte, whatever the
     umask; SQLite gives -wal and -shm the file's mode): users read summaries through the admin
-    path, never the file.
+    path, never the file. A store whose directory someone else may change (SQLite opens it by
+    name), or whose file, -wal or -shm someone else made or may write, is refused.
     """
     from slurmhealth.core import files  # noqa: PLC0415
 
     try:
-        files.private_dir(os.path.dirname(os.path.abspath(path)))
+        directory = os.path.dirname(os.path.abspath(path))
+        files.private_dir(directory)
+        why = files.others_may_write(directory)
+        if why:
+            raise files.Unsafe(path, f"refused: {why}")
         files.create_private(path, 0o640)
+        for sidecar in (path + "-wal", path + "-shm"):
+            files.refuse_foreign(sidecar)
         conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None)
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
         if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":

@@ -317,10 +317,14 @@ def merge(previous: dict, current: dict, run: runner.Run, node: str, counts: tup
 
 
 def _read(path: str) -> str:
-    """The previous file, to carry its series forward; never read through a symlink."""
+    """The previous file, to carry its series forward; never read through a symlink, and not
+    at all when someone else made it (node_exporter's folder may be its user's: counters it
+    forged would be carried on as ours)."""
+    from slurmhealth.core import files  # noqa: PLC0415
+
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:  # none yet, or a symlink someone planted (ELOOP)
+        fd = files.open_trusted(path)
+    except OSError:  # none yet, a symlink someone planted, or not ours
         return ""
     with os.fdopen(fd, encoding="utf-8", errors="replace") as handle:
         text = handle.read(READ_MAX + 1)
@@ -342,10 +346,14 @@ def _lock(path: str) -> int | None:
     (the write then goes ahead unlocked: still whole, the merge may miss a concurrent run)."""
     import fcntl  # noqa: PLC0415 - a C module, only when metrics are on
 
+    from slurmhealth.core import files  # noqa: PLC0415
+
     directory, base = os.path.split(path)
-    fd = os.open(
-        os.path.join(directory, f".{base}.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644
-    )
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    fd = os.open(os.path.join(directory, f".{base}.lock"), flags, 0o644)
+    if files.why_not(os.fstat(fd)):  # someone else's lock: theirs to hold; write unlocked
+        os.close(fd)
+        return None
     give_up = time.monotonic() + LOCK_WAIT_S
     while True:
         try:

@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 import os
 
+from slurmhealth.core import files
+
 FORMAT = 1
 READ_MAX = 1 << 16  # our file is a few hundred bytes; anything bigger is not ours
 
@@ -27,9 +29,10 @@ def path_for(state_dir: str, node: str) -> str:
 
 
 def load(path: str) -> dict:
-    """The saved state, or {} when there is none or it cannot be trusted."""
+    """The saved state, or {} when there is none or it cannot be trusted (a symlink, a FIFO,
+    a file someone else made or may write: files.open_trusted)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = files.open_trusted(path)
     except OSError:
         return {}
     try:
@@ -66,23 +69,12 @@ def pending(doc: dict) -> dict | None:
 
 
 def save(path: str, doc: dict) -> None:
-    """Replace the state file: a private temp file created exclusively beside it, then renamed.
-    Raises OSError (the caller logs it: the verdict never depends on this file)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, mode=0o700, exist_ok=True)
+    """Replace the state file: a private temp file created exclusively beside it, then renamed
+    (files.write_private; its directory made 0700 where missing). Raises OSError (the caller
+    logs it: the verdict never depends on this file)."""
+    files.private_dir(os.path.dirname(os.path.abspath(path)))
     body = json.dumps(dict(doc, format=FORMAT), separators=(",", ":")).encode()
-    temp = f"{path}.{os.getpid()}.tmp"
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-    fd = os.open(temp, flags, 0o600)
-    try:
-        os.write(fd, body)
-    finally:
-        os.close(fd)
-    try:
-        os.replace(temp, path)  # a rename replaces a planted symlink itself, never its target
-    except BaseException:
-        os.unlink(temp)
-        raise
+    files.write_private(path, body, 0o600)
 
 
 # --- runs the store could not take --------------------------------------------------------------
@@ -94,10 +86,19 @@ def spool(path: str, entry: dict) -> None:
     """Append one run the store could not take (locked, full for a moment) to `path`, a private
     file beside the store; the next run that can write the store replays it. Raises OSError."""
     line = (json.dumps(entry, separators=(",", ":"), default=str) + "\n").encode()
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
-    fd = os.open(path, flags, 0o600)
+    # O_NONBLOCK: a FIFO planted there fails at once instead of blocking the run
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    folder = files.open_dir(os.path.dirname(os.path.abspath(path)))
     try:
-        if os.fstat(fd).st_size + len(line) > SPOOL_MAX:
+        fd = os.open(os.path.basename(path), flags, 0o600, dir_fd=folder)
+    finally:
+        os.close(folder)
+    try:
+        st = os.fstat(fd)
+        why = files.why_not(st)
+        if why:  # someone else's file where the spool should be: never appended to
+            raise files.Unsafe(path, why)
+        if st.st_size + len(line) > SPOOL_MAX:
             raise OSError(f"{path} holds {SPOOL_MAX >> 20} MiB of unrecorded runs already")
         os.write(fd, line)
     finally:
@@ -127,8 +128,10 @@ def take_spool(path: str) -> tuple:
 
 
 def _read_spool(path: str) -> list | None:
+    """The entries of a taken spool; None when it cannot be read or trusted (someone else's
+    file is never replayed into the store)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = files.open_trusted(path)
         with os.fdopen(fd, "rb") as handle:
             return [entry for entry in map(_entry, handle) if entry is not None]
     except OSError:

@@ -262,6 +262,85 @@ def test_a_store_name_someone_else_symlinked_is_refused(tmp_path):
     assert not (tmp_path / "elsewhere.db").exists()
 
 
+def test_a_directory_on_the_way_that_someone_else_symlinked_is_never_followed(tmp_path, victim):
+    """Item: root writes a report into a folder whose path runs through a symlink another user
+    made (their own folder, or a name in a shared one): refused, nothing lands at its target."""
+    need_root()
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, NOBODY, NOBODY)
+    (theirs / "out").symlink_to(victim.parent)  # -> a root folder holding `victim`
+    os.lchown(theirs / "out", NOBODY, NOBODY)
+    for write in (
+        lambda p: files.write_private(p, "report\n"),
+        lambda p: files.create_private(p),
+    ):
+        with pytest.raises(files.Unsafe, match="out is a symlink made by uid 65534"):
+            write(str(theirs / "out" / "victim"))
+    assert victim.read_text() == "precious\n"
+    assert sorted(p.name for p in victim.parent.iterdir()) == ["theirs", "victim"]
+
+
+def test_a_root_symlink_someone_else_could_replace_is_not_followed_either(tmp_path):
+    need_root()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # not sticky: anyone may swap the link for their own
+    (tmp_path / "real").mkdir()
+    (shared / "link").symlink_to(tmp_path / "real")
+    with pytest.raises(files.Unsafe, match="link is a symlink in a directory others can change"):
+        files.write_private(str(shared / "link" / "report.html"), "x")
+
+
+def test_an_admins_own_symlinks_are_followed(tmp_path):
+    """A root folder linked elsewhere by root (/var/lib/slurmhealth -> /data/...), relative and
+    absolute, and /tmp's sticky folder: all fine."""
+    (tmp_path / "data" / "reports").mkdir(parents=True)
+    (tmp_path / "var").mkdir()
+    (tmp_path / "var" / "rel").symlink_to("../data/reports")
+    (tmp_path / "var" / "abs").symlink_to(tmp_path / "data")
+    files.write_private(str(tmp_path / "var" / "rel" / "a.html"), "a")
+    files.write_private(str(tmp_path / "var" / "abs" / "reports" / "b.html"), "b")
+    assert sorted(p.name for p in (tmp_path / "data" / "reports").iterdir()) == ["a.html", "b.html"]
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    with pytest.raises(OSError):
+        files.write_private(str(loop / "c"), "c")
+
+
+def test_create_private_refuses_a_file_someone_else_made_or_may_write(tmp_path):
+    need_root()
+    theirs = tmp_path / "gpu01.db"
+    theirs.write_bytes(b"")
+    os.chown(theirs, NOBODY, NOBODY)
+    with pytest.raises(files.Unsafe, match="owned by uid 65534"):
+        files.create_private(str(theirs))
+    open_to_all = tmp_path / "gpu02.db"
+    open_to_all.write_bytes(b"")
+    open_to_all.chmod(0o666)
+    with pytest.raises(files.Unsafe, match="writable by group or others"):
+        files.create_private(str(open_to_all))
+
+
+def test_a_store_others_may_change_is_refused_with_one_line(tmp_path):
+    """SQLite opens the store, its -wal and -shm by name: in a folder someone else may write, a
+    name can be swapped between our checks and SQLite's open, and files they made there are
+    theirs to read. Refused, whatever exists there yet."""
+    need_root()
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o1777)  # sticky or not: anyone may add -wal and -shm
+    with pytest.raises(store.StoreError, match="refused: .*open is writable by group or others"):
+        store.connect(str(open_dir / "gpu01.db"))
+    assert list(open_dir.iterdir()) == []
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "gpu01.db-wal").write_bytes(b"")
+    os.chown(mine / "gpu01.db-wal", NOBODY, NOBODY)
+    with pytest.raises(store.StoreError, match="gpu01.db-wal: owned by uid 65534"):
+        store.connect(str(mine / "gpu01.db"))
+
+
 # --- reading: open_trusted (collect) -----------------------------------------------------------
 
 

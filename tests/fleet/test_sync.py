@@ -52,6 +52,22 @@ def recorded_run(node: str, phase: str, snapshot: str, kmsg: str = "xid-forms.km
     return run
 
 
+def moved_in(spool: pathlib.Path, name: str, node: str, live: bool = False) -> object:
+    """A node store made in a private folder beside `spool` and moved into it (root never opens
+    a store by name in a folder others may write: core/store.py). `live`: still open, with
+    its -wal and -shm moved too and the connection on the moved files (returned)."""
+    private = spool.parent / f".{name}.private"
+    private.mkdir(mode=0o700, exist_ok=True)
+    conn = node_store(str(private / name), node)
+    conn.execute("PRAGMA wal_autocheckpoint = 0")
+    if not live:
+        conn.close()
+    for suffix in ("", "-wal", "-shm"):
+        if (private / (name + suffix)).exists():
+            os.rename(private / (name + suffix), spool / (name + suffix))
+    return conn if live else None
+
+
 def node_store(path: str, node: str) -> sqlite3.Connection:
     """A node store as the hooks leave it: prolog/epilog of a job, a health check, a drain."""
     conn = store.connect(path)
@@ -787,8 +803,8 @@ def test_collect_refuses_what_a_user_could_have_forged_and_says_which(shared, us
         "export", "--db", str(shared / "gpu01.db"), "-o", str(spool / "gpu01.ndjson")
     )
     assert exported.returncode == 0, exported.stderr
-    node_store(str(spool / "gpu03.db"), "gpu03").close()  # root's store in the shared spool
-    node_store(str(spool / "gpu02.db"), "gpu02").close()
+    moved_in(spool, "gpu03.db", "gpu03")  # root's store in the shared spool
+    moved_in(spool, "gpu02.db", "gpu02")
     forged = export_text(node_store(str(shared / "forge.db"), "gpu66"))  # drains, failed runs
     (shared / "forge.db").chmod(0o644)
     # What the user can do in a sticky spool: write files, link, make FIFOs, add a -wal beside
@@ -825,9 +841,8 @@ def test_a_store_in_a_shared_spool_is_read_from_a_private_copy(shared, monkeypat
     """SQLite never opens a name in a directory others can write (a -wal could appear there
     between the check and the open): it reads a copy made through the checked descriptors."""
     spool = a_spool(shared)
-    node_store(str(spool / "gpu03.db"), "gpu03").close()
-    live = node_store(str(spool / "gpu04.db"), "gpu04")  # open: its records are in its -wal
-    live.execute("PRAGMA wal_autocheckpoint = 0")
+    moved_in(spool, "gpu03.db", "gpu03")
+    live = moved_in(spool, "gpu04.db", "gpu04", live=True)  # open: its records are in its -wal
     store.record_action(live, "gpu04", "drain", "only in the wal", "test")
     assert os.path.getsize(spool / "gpu04.db-wal") > 0
     opened = []

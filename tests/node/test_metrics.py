@@ -411,6 +411,26 @@ def test_a_stuck_lock_holder_delays_a_hook_at_most_the_lock_wait(node, tmp_path)
     )
 
 
+def test_a_lock_or_a_file_someone_else_made_in_the_textfile_folder_is_not_ours(node, tmp_path):
+    """node_exporter's folder may be its own user's. A lock that user made is not waited on
+    (each hook would pay the wait), and counters in a .prom file that user forged are not
+    carried on as ours."""
+    if os.geteuid() != 0:
+        require_real("needs root to give files to another owner")
+    path = tmp_path / "m.prom"
+    node.configure("healthy", metrics_file=str(path))
+    path.write_text('slurmhealth_runs_total{node="gpu01",phase="prolog",verdict="ok"} 5000\n')
+    lock = tmp_path / ".m.prom.lock"
+    lock.write_text("")
+    for planted in (path, lock):
+        os.chown(planted, 65534, 65534)
+    assert metrics._lock(str(path)) is None  # not taken, so never waited on
+    proc = node.run("prolog")
+    assert proc.returncode == 0, proc.stderr
+    runs = value(parsed(path), "slurmhealth_runs_total", node="gpu01", phase="prolog", verdict="ok")
+    assert runs == 1 and path.stat().st_uid == 0
+
+
 @pytest.fixture
 def read_only_dir(tmp_path):
     """A read-only tmpfs: root writes anywhere a plain chmod would forbid."""
