@@ -20,6 +20,22 @@ _BRACKET = re.compile(r"\[([^\]]*)\]")
 _ASCII_DIGITS = frozenset("0123456789")
 
 
+# One node's name, as Slurm's NodeName holds it and hostname(7) allows: letters, digits, `.`,
+# `_` and `-`, not starting with `-` or `.` (scontrol would read an option), at most 255
+# characters. A bracket or a comma makes a node set ("gpu[01-64]": 64 nodes), not a name.
+_NODE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")
+# The same as an SQL condition on a column (GLOB is case-sensitive; `-` first in a set is itself).
+NODE_NAME_SQL = (
+    "({0} <> '' AND {0} NOT GLOB '*[^A-Za-z0-9._-]*' AND {0} NOT GLOB '[-.]*' "
+    "AND length({0}) <= 255)"
+)
+
+
+def is_node_name(name: object) -> bool:
+    """Whether `name` is one node's name (never a node set, an option or junk)."""
+    return isinstance(name, str) and _NODE_NAME.fullmatch(name) is not None
+
+
 class PatternError(ValueError):
     """A node-set pattern that cannot be read."""
 

@@ -10,6 +10,7 @@ import os
 import time
 
 from slurmhealth.core.constants import PREFIX
+from slurmhealth.core.hostlist import is_node_name
 from slurmhealth.core.result import clean
 
 REASON_MAX = 160
@@ -145,11 +146,21 @@ class Slurm:
         return [parse_sinfo(line) for line in out.splitlines() if line.strip()]
 
     def node(self, name: str, timeout: float | None = None) -> dict:
-        out = self.run("-o", "show", "node", name, timeout=timeout)
+        out = self.run("-o", "show", "node", one_node(name), timeout=timeout)
         return parse_node(out.strip().splitlines()[0] if out.strip() else "")
 
     def drain(self, name: str, why: str, timeout: float | None = None) -> None:
-        self.run("update", f"NodeName={name}", "State=DRAIN", f"Reason={why}", timeout=timeout)
+        node = one_node(name)
+        self.run("update", f"NodeName={node}", "State=DRAIN", f"Reason={why}", timeout=timeout)
 
     def resume(self, name: str, timeout: float | None = None) -> None:
-        self.run("update", f"NodeName={name}", "State=RESUME", timeout=timeout)
+        self.run("update", f"NodeName={one_node(name)}", "State=RESUME", timeout=timeout)
+
+
+def one_node(name: str) -> str:
+    """`name`, when it is one node's name; else SlurmError. A name read from a store or an
+    import could be a node set (`gpu[01-64]` would drain 64 nodes, and resume ones an admin
+    drained, past every per-node check) or an option: it never reaches a Slurm command."""
+    if not is_node_name(name):
+        raise SlurmError(f"not a node name: {clean(repr(name), 80)}")
+    return name

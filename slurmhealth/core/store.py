@@ -487,6 +487,8 @@ def connect(path: str, busy_timeout: float = BUSY_TIMEOUT_S) -> sqlite3.Connecti
         # and "malformed" mean the bytes are not a database.
         corrupt = type(exc) is sqlite3.DatabaseError or "malformed" in str(exc)
         raise StoreError(f"{path}: {exc}", corrupt) from None
+    except files.Unsafe as exc:
+        raise StoreError(str(exc)) from None  # it names the path already
     except OSError as exc:
         raise StoreError(f"{path}: {exc}") from None
     return conn

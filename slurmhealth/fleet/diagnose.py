@@ -140,7 +140,7 @@ def set_reservation(client: slurm.Slurm, name: str, before: set, nodes: set) -> 
     """Make the reservation hold exactly `nodes` (created, updated or deleted)."""
     if nodes == before:
         return
-    listed = ",".join(sorted(nodes))
+    listed = ",".join(slurm.one_node(n) for n in sorted(nodes))  # each one node, never a set
     if not nodes:
         client.run("delete", f"ReservationName={name}")
     elif not before:
@@ -179,7 +179,7 @@ def submit(client: slurm.Slurm, node: str, minutes: int, reservation: str, comma
         "--parsable",
         f"--job-name={JOB_NAME}",
         f"--reservation={reservation}",
-        f"--nodelist={node}",
+        f"--nodelist={slurm.one_node(node)}",
         "--nodes=1",
         "--exclusive",
         f"--time={minutes}",

@@ -26,6 +26,7 @@ from urllib.parse import quote
 
 from slurmhealth import __version__
 from slurmhealth.core import files, store
+from slurmhealth.core.hostlist import NODE_NAME_SQL, is_node_name
 from slurmhealth.core.result import clean
 
 FORMAT = 1  # the NDJSON record format (docs/fleet.md); a newer one is refused
@@ -51,6 +52,31 @@ class Kind:
             (i, c.default) for i, c in enumerate(table.columns) if c.default is not None
         )
         self.json = tuple(i for i, c in enumerate(table.columns) if c.json)
+        self.types = tuple((i, c.type) for i, c in enumerate(table.columns))
+        self.node = self.columns.index("node") if "node" in self.columns else None
+        # The same checks in SQL, for a node store merged whole (ATTACH): a row that fails
+        # them is left out, as a bad NDJSON line is.
+        terms = [_SQL_TYPES[c.type].format(c.name) for c in table.columns]
+        if self.node is not None:
+            terms.append(NODE_NAME_SQL.format("node"))
+        self.valid_sql = " AND ".join(terms)
+
+
+# What each SQL type of the table spec takes: an import of a string where a time or a count
+# belongs, or of a float exit code, stopped every reader that met it (a traceback in `report`).
+_SQL_TYPES = {
+    "INTEGER": "({0} IS NULL OR typeof({0}) = 'integer')",
+    "REAL": "({0} IS NULL OR typeof({0}) IN ('integer', 'real'))",
+    "TEXT": "({0} IS NULL OR typeof({0}) = 'text')",
+}
+
+
+def _typed(value: object, wanted: str) -> bool:
+    if wanted == "TEXT":
+        return type(value) is str
+    if wanted == "INTEGER":
+        return type(value) is int
+    return type(value) in (int, float) and math.isfinite(value)  # type: ignore[arg-type]
 
 
 KINDS = {kind: Kind(table) for kind, table in store.KINDS.items()}
@@ -269,6 +295,11 @@ def _row(record: dict) -> tuple:
     missing = [spec.columns[i] for i in spec.required if row[i] is None]
     if missing:
         raise ValueError(f"{kind} without {', '.join(missing)}")
+    for i, wanted in spec.types:
+        if row[i] is not None and not _typed(row[i], wanted):
+            raise ValueError(f"{kind} {spec.columns[i]} is not {wanted.lower()}: {row[i]!r:.40}")
+    if spec.node is not None and not is_node_name(row[spec.node]):
+        raise ValueError(f"{kind} node is not a node name: {row[spec.node]!r:.40}")
     for value in row:
         if value is None or (type(value) is str and value.isascii()) or not _unstorable(value):
             continue
@@ -544,6 +575,7 @@ def _merge_attached(conn: sqlite3.Connection, since: float | None, source: str |
         for kind, spec in KINDS.items():
             where, args = _dated(kind, since, prefix="node.")
             columns = ", ".join(spec.columns)  # names and conditions from the fixed tables above
+            where = f"{where} AND {spec.valid_sql}"
             select = f"SELECT {columns} FROM node.{spec.table} WHERE {where}"  # noqa: S608
             added[kind] = _changes(conn, _insert(kind, select), args)
         if source is not None:

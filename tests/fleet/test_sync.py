@@ -224,6 +224,30 @@ def test_an_event_keeps_the_job_the_epilog_gave_it(tmp_path):
 # --- collect --------------------------------------------------------------------------------
 
 
+def test_a_merged_store_brings_no_row_an_import_would_refuse(tmp_path):
+    """The same checks as an NDJSON line's, in SQL, for a node store merged whole: a node name
+    no node can have (a node set would reach `scontrol` as 64 nodes), a string where a time
+    belongs. The store's good rows come in."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    node_store(str(spool / "gpu01.db"), "gpu01").close()
+    with sqlite3.connect(spool / "gpu01.db") as raw:
+        raw.execute(
+            "INSERT INTO actions SELECT 'x1', 'gpu[01-64]', time, action, reason, actor, ok, "
+            "detail FROM actions LIMIT 1"
+        )
+        raw.execute(
+            "INSERT INTO runs (id, node, job_id, phase, started, duration, verdict, tool_version,"
+            " sources) VALUES ('x2', 'gpu01', NULL, 'check', 'yesterday', 1, 'ok', '0', '{}')"
+        )
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    sync.collect(conn, str(spool))
+    nodes = {r[0] for r in conn.execute("SELECT node FROM actions")}
+    assert nodes == {"gpu01"}
+    ids = {r[0] for r in conn.execute("SELECT id FROM runs")}
+    assert ids and "x2" not in ids
+
+
 def test_collect_merges_node_stores_and_spools_and_skips_garbage(tmp_path):
     spool = tmp_path / "spool"
     spool.mkdir()

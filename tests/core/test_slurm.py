@@ -1,0 +1,50 @@
+"""core/slurm.py: the adapter runs real commands (a recording scontrol here; a real slurmctld in
+tests/slurm). What it refuses never reaches the command at all."""
+
+from __future__ import annotations
+
+import pytest
+
+from slurmhealth.core import slurm
+from slurmhealth.core.hostlist import is_node_name
+
+
+@pytest.fixture
+def recorded(tmp_path):
+    """A scontrol that writes its arguments, one call a line, and succeeds."""
+    log = tmp_path / "calls"
+    tool = tmp_path / "scontrol"
+    tool.write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
+    tool.chmod(0o755)
+    return slurm.Slurm(slurm_bin=str(tmp_path)), log
+
+
+@pytest.mark.parametrize(
+    "name", ["gpu[01-64]", "gpu01,gpu02", "-v", "--help", ".hidden", "", "gpu 01", "gpu01\n",
+             "gpu\x1b[31m", "x" * 256, "gpu01]"]  # fmt: skip
+)
+def test_a_name_that_is_not_one_node_never_reaches_scontrol(recorded, name):
+    client, log = recorded
+    for call in (
+        lambda: client.drain(name, "slurmhealth: lemon"),
+        lambda: client.resume(name),
+        lambda: client.node(name),
+    ):
+        with pytest.raises(slurm.SlurmError, match="not a node name"):
+            call()
+    assert not log.exists()
+
+
+def test_one_node_goes_through(recorded):
+    client, log = recorded
+    client.drain("gpu01.rack-2_b", "slurmhealth: GPU 3 GpuIsLost")
+    client.resume("gpu01.rack-2_b")
+    assert log.read_text().splitlines() == [
+        "update NodeName=gpu01.rack-2_b State=DRAIN Reason=slurmhealth: GPU 3 GpuIsLost",
+        "update NodeName=gpu01.rack-2_b State=RESUME",
+    ]
+
+
+def test_node_names():
+    assert all(map(is_node_name, ["gpu01", "n0001", "GPU-07", "a.b.c", "_x", "9"]))
+    assert not any(map(is_node_name, ["gpu[1-2]", "a,b", "-x", ".x", "a b", "é", None, 7]))
