@@ -167,7 +167,7 @@ def scenarios(snapshots: str) -> list:
             None,
         ),
         ("corrupt store (moved aside)", {}, "prolog", {}, "corrupt"),
-        ("config unreadable TOML (defaults)", {}, "prolog", {}, "badconfig"),
+        ("config unreadable TOML (none cached: monitor-only)", {}, "prolog", {}, "badconfig"),
         ("config out-of-range deadline = 0", dict(deadline=0), "prolog", {}, None),
         ("config world-writable (refused)", {}, "prolog", {}, "writable"),
         ("node pattern gpu[0-99999][0-99999]", {}, "prolog", {}, "pattern"),

@@ -26,7 +26,7 @@ from slurmhealth.core.constants import (
     SKIPPED,
     WOULD_DRAIN,
 )
-from slurmhealth.core.result import DRAIN, FAIL, OK, RESET_GPU
+from slurmhealth.core.result import DRAIN, FAIL, OK, RESET_GPU, clean
 from slurmhealth.core.result import SERVICE as SERVICE_ACTION
 from slurmhealth.node import config, counters, runner, state
 from slurmhealth.node.checks import AREAS
@@ -45,6 +45,7 @@ RESERVE_S = 0.3
 # takes longer is the disk that hung the store).
 SPOOL_AT_DEADLINE_S = 0.2
 PENDING_CHECK = "slurmhealth.pending"
+LOG_MAX = 4000  # a log line's characters at most (a traceback, folded onto one line)
 SPOOL_SUFFIX = ".unrecorded.ndjson"  # beside the store: runs it could not take, replayed later
 
 
@@ -159,7 +160,8 @@ def log(message: str, mode: str = "check") -> None:
     """One line to stderr (slurmd's log for hooks) and to syslog."""
     import syslog  # noqa: PLC0415 - a C module, cheap; only when there is something to say
 
-    line = message.replace("\n", " | ")
+    # untrusted text reaches here too (config keys, store errors): one printable line
+    line = clean(message.replace("\n", " | "), LOG_MAX)
     print(f"slurmhealth {mode}: {line}", file=sys.stderr)
     syslog.openlog("slurmhealth", syslog.LOG_PID, syslog.LOG_DAEMON)
     syslog.syslog(syslog.LOG_WARNING, f"{mode}: {line}")
@@ -585,14 +587,45 @@ def write_metrics(path: str | None, run: runner.Run, drain_outcome: str | None, 
 
 
 def _hook_config(conn: object, node: str, mode: str) -> dict:
+    """The node's expectations. A config that cannot be read (not TOML, an unknown key or
+    section, refused as untrusted) must neither gate jobs on expectations nobody wrote nor drop
+    the ones the admin did (monitor-only, checks switched off): the hook runs with the last
+    config this store parsed from the same file, loudly. With none known, with the built-in
+    defaults in monitor-only mode: every verdict recorded, nothing enforced."""
     try:
         return load_config(None, conn).for_node(node)
     except config.ConfigError as exc:
         if exc.usable is not None:  # only some values are unusable: their defaults apply
             log(f"config values unusable, running with their defaults: {exc}", mode)
             return exc.usable.for_node(node)
-        log(f"config broken, running with built-in defaults: {exc}", mode)
-        return config.defaults()
+        last = _last_good_config(conn)
+        if last is not None:
+            log(f"config broken, running with the last one that worked: {exc}", mode)
+            return last.for_node(node)
+        log(f"config broken and none known to work: built-in defaults, monitor-only: {exc}", mode)
+        out = config.defaults()
+        out["settings"]["monitor_only"] = True
+        return out
+
+
+def _last_good_config(conn: object) -> config.Config | None:
+    """The config load_config last cached for the hooks' config file (by this version)."""
+    if conn is None:
+        return None
+    from slurmhealth import __version__  # noqa: PLC0415
+    from slurmhealth.core import store  # noqa: PLC0415
+
+    chosen = os.environ.get("SLURMHEALTH_CONFIG") or config.DEFAULT_PATH
+    try:
+        cached = store.get_meta(conn, f"config:{os.path.abspath(chosen)}")  # type: ignore[arg-type]
+    except Exception:  # a store that reads badly: no last config, like a new node
+        return None
+    if not isinstance(cached, dict) or not isinstance(cached.get("data"), dict):
+        return None
+    stamp = cached.get("stamp")
+    if not isinstance(stamp, list) or stamp[-1:] != [__version__]:
+        return None  # parsed by another version: its shape may differ
+    return config.Config(cached["data"], chosen)
 
 
 # What the epilog takes of its job's prolog GPU baseline for the job's figures (`job_start`).

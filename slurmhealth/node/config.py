@@ -22,6 +22,7 @@ import os
 import re
 
 from slurmhealth.core import hostlist
+from slurmhealth.core.result import clean
 from slurmhealth.node.checks import AREAS, REGISTRY
 
 DEFAULT_PATH = "/etc/slurmhealth/slurmhealth.toml"
@@ -186,8 +187,11 @@ class ConfigError(Exception):
     otherwise None (the file cannot be read, or a section, key, check or pattern is wrong).
     """
 
-    def __init__(self, message: str, usable: Config | None = None) -> None:
-        super().__init__(message)
+    def __init__(self, message: str | list, usable: Config | None = None) -> None:
+        # one printable line per problem (a list: several): keys, sections and values are the
+        # file's own text, which TOML's escapes let hold newlines and terminal controls
+        problems = message if isinstance(message, list) else [message]
+        super().__init__("\n".join(clean(line, 300) for line in problems))
         self.usable = usable
 
 
@@ -400,7 +404,7 @@ def parse(text: str, where: str = "<config>") -> dict:
     if errors:
         usable = _drop_unusable(data)
         salvaged = None if validate(usable, where, text) else Config(usable, where)
-        raise ConfigError("\n".join(errors), salvaged)
+        raise ConfigError(errors, salvaged)
     return data
 
 

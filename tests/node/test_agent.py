@@ -339,12 +339,32 @@ def test_healthcheck_drains_on_fail_and_resumes_only_its_own_drain_after_n_passe
     assert node.slurm()["reason"] == "admin: firmware update"
 
 
-def test_a_broken_config_fails_open_and_says_so(node):
+def test_a_broken_config_with_none_known_to_work_enforces_nothing(node):
+    """A new node whose config cannot be read: the built-in defaults, but monitor-only. The
+    admin's expectations are unknown, and defaults they never chose (here: live NVML, on a node
+    without it) must not drain a cluster's worth of nodes."""
     node.config.write_text("[settings\ngpu_source = ")
     proc = node.run("prolog")
     assert proc.returncode == 0
-    assert "config broken, running with built-in defaults" in proc.stderr
+    assert "config broken and none known to work: built-in defaults, monitor-only" in proc.stderr
     assert [c for c in node.calls() if c[0] == "update"] == []
+    assert node.db().execute("SELECT COUNT(*) FROM runs").fetchone() == (1,)  # still recorded
+
+
+def test_a_broken_config_runs_the_last_one_that_worked(node):
+    """Item: an admin's typo (an unknown key) in a config that kept this node monitor-only.
+    Built-in defaults would enforce, on expectations nobody wrote; the hook runs the config it
+    last read from the same file, loudly, and keeps its promise: nothing enforced."""
+    node.configure("gpu-lost", monitor_only=True)
+    assert node.run("prolog", job="1").returncode == 0  # read and cached
+    node.config.write_text(node.config.read_text() + "monitor_onyl = true\n")
+    proc = node.run("prolog", job="2")
+    assert proc.returncode == 0
+    assert "config broken, running with the last one that worked" in proc.stderr
+    assert "unknown key settings.monitor_onyl" in proc.stderr
+    assert [c for c in node.calls() if c[0] == "update"] == []
+    would = node.db().execute("SELECT COUNT(*) FROM actions WHERE action = 'would-drain'")
+    assert would.fetchone() == (2,)  # the GPU snapshot of the last good config, both times
 
 
 def test_our_own_bug_fails_open(node, tmp_path):

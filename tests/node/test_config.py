@@ -304,3 +304,15 @@ def test_config_validate_accepts_huge_patterns_and_rejects_bad_values(monkeypatc
     assert result.exit_code == 2
     assert f"{path}:9: settings.deadline: must be > 0" in result.output
     assert f"{path}:10: settings.breaker_share: must be a share" in result.output
+
+
+def test_a_config_error_is_printable_whatever_the_file_names(tmp_path):
+    """A key is the file's own text (TOML escapes allow ESC, BEL, CR, bidi overrides): the
+    error that names it reaches a terminal, slurmd's log and syslog as one printable line."""
+    path = tmp_path / "c.toml"
+    path.write_text('[gpu]\n"bad\\u001b[31m\\u0007\\r\\u202e" = 1\n[settings]\nbogus = 1\n')
+    with pytest.raises(config.ConfigError) as caught:
+        config.load(str(path))
+    lines = str(caught.value).splitlines()
+    assert len(lines) == 2 and all(line.isprintable() for line in lines), lines
+    assert "unknown key gpu.bad?[31m?" in lines[0] and "unknown key settings.bogus" in lines[1]
