@@ -193,7 +193,7 @@ def show(path: str | None, node: str | None) -> None:
 
 def genconf_text(node: str, expectations: dict) -> str:
     lines = [
-        f"# Written by `slurmhealth config genconf` on {node}: the expectations of a",
+        f"# Written by `slurmhealth config genconf` on {clean(node, 80)}: the expectations of a",
         "# known-good node. Review, then widen `match` to the nodes of the same kind.",
         "",
         "[[node]]",
@@ -524,7 +524,7 @@ def import_cmd(files: tuple, db: str | None) -> None:
         source = click.get_binary_stream("stdin") if name == "-" else name
         try:
             size = 0 if name == "-" else os.path.getsize(name)
-            with _progress(size, f"import {name}") as tick:
+            with _progress(size, f"import {clean(name, 80)}") as tick:  # any node's name
                 report = sync.import_ndjson(conn, source, tick)  # type: ignore[arg-type]
         except (sync.FleetError, OSError) as exc:
             raise click.ClickException(f"{clean(name, 300)}: {clean(exc, 300)}") from None

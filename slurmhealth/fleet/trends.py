@@ -261,7 +261,7 @@ def _finding(key: tuple, items: list, best: dict, peers: tuple, own_errors: floa
     rate = best["errors"] / window
     fleet_errors = peers[1]
     ratio = rate / own_errors if own_errors > 0 else None
-    what = LABELS.get(counter, counter)
+    what = LABELS.get(counter) or clean(counter, 60)  # a counter a node's record named
     text = f"{clean(label, 60)} {what} {_num(rate * HOUR)}/h over {window / HOUR:g} h"
     if ratio is not None:
         text += f", {_num(ratio)}x its 7-day baseline"

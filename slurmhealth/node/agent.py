@@ -385,7 +385,7 @@ def format_table(run: runner.Run, quiet: bool = False) -> str:
     lines = [f"{'CHECK':<{width}}  STATUS  MESSAGE"] if results else []
     for r in results:
         lines.append(f"{r.check:<{width}}  {r.status:<6}  {r.message}")
-    lines.append(f"node {run.node}: {run.verdict} ({run.duration * 1000:.0f} ms)")
+    lines.append(f"node {clean(run.node, 80)}: {run.verdict} ({run.duration * 1000:.0f} ms)")
     return "\n".join(lines)
 
 

@@ -104,9 +104,14 @@ class _Read:
             self.values[f"{device}|{name}"] = (value, label)
 
 
+_PCI_ADDRESS = "0123456789abcdefABCDEF:."  # what a bus id is made of; a snapshot's may lie
+
+
 def _gpu(dev: dict, out: _Read) -> None:
     bus_id = dev.get("bus_id")
     if dev.get("error") or not isinstance(bus_id, str) or not bus_id:
+        return
+    if bus_id.strip(_PCI_ADDRESS):  # not an address: it would forge keys (`|` splits them)
         return
     where_bus = bus(bus_id)
     device, label = f"gpu:{where_bus}", f"GPU {dev.get('index')}"
@@ -142,12 +147,14 @@ def _gpu(dev: dict, out: _Read) -> None:
 
 
 def _hca(name: str, hca: dict, out: _Read) -> None:
+    if "|" in name:  # sysfs names hold none; a snapshot's could forge keys
+        return
     aer = hca.get("aer")
     if isinstance(aer, dict):
         for key, total in AER_TOTALS.items():
             out.add(f"hca:{name}", f"aer_{key}", aer_total(aer.get(key), total), name)
     for port, facts in (hca.get("ports") or {}).items():
-        counters = facts.get("counters") if isinstance(facts, dict) else None
+        counters = facts.get("counters") if isinstance(facts, dict) and "|" not in port else None
         if isinstance(counters, dict):
             device, label = f"ib:{name}:{port}", f"{name} port {port}"
             for counter in PORT_COUNTERS:

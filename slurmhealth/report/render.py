@@ -27,13 +27,27 @@ _MD_SPECIAL = str.maketrans(
 )
 
 
+def printable(text: str) -> str:
+    """`text` on one line, every character printable: white space becomes a space, any other
+    control, format or bidi-override character a `?` (as core/result.py clean does, without
+    folding spaces the templates put there). Most text is printable already: one C call."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else " " if ch.isspace() else "?" for ch in text)
+
+
 def md_escape(value: object) -> str:
-    """One Markdown table cell: one line; `|`, backticks, emphasis, links and HTML-ish text
-    shown as text, whatever a node name or a kernel log holds."""
+    """One Markdown table cell: one printable line; `|`, backticks, emphasis, links and
+    HTML-ish text shown as text, whatever a node name or a kernel log holds."""
     if value is None:
         return ""
-    text = "".join(" " if ch.isspace() else ch for ch in str(value))
-    return text.translate(_MD_SPECIAL)
+    return printable(str(value)).translate(_MD_SPECIAL)
+
+
+def html_text(value: object) -> object:
+    """Every string that reaches the HTML page, before autoescape: printable, one line (the
+    report is mailed and read in terminals too: no controls, no bidi overrides)."""
+    return printable(value) if isinstance(value, str) else value
 
 
 def number(value: object) -> str:
@@ -57,7 +71,7 @@ def _environment(fmt: str) -> object:
         lstrip_blocks=True,
         keep_trailing_newline=True,
         # Markdown: every value that reaches the page is escaped, not only those remembered.
-        finalize=md_escape if fmt == "md" else None,
+        finalize=md_escape if fmt == "md" else html_text,
     )
     env.filters["num"] = number
     return env
@@ -106,10 +120,10 @@ PROM_FAMILIES = (
 
 
 def _prom_label(value: object) -> str:
-    """A label value as the text format wants it: backslash, quote and newline escaped (the
-    values are node names and versions: already one cleaned line, escaped all the same)."""
-    text = str(value if value is not None else "")
-    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    """A label value as the text format wants it: one printable line (node names, versions and
+    counter names come from node records), backslash and quote escaped."""
+    text = printable(str(value if value is not None else ""))
+    return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def prometheus(doc: dict) -> str:

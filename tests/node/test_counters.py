@@ -241,3 +241,15 @@ def test_the_jobs_row_keeps_its_worst_gpus_share_below_base_clocks():
     assert counters.below_share({"s": 10.0, "b": {"0": 25.0}}) == 1.0  # at most the whole job
     for figures in (None, {"s": 100.0, "j": {}}, {"s": 0, "b": {"0": 1.0}}, {"s": 9, "b": {}}):
         assert counters.below_share(figures) is None
+
+
+def test_a_bus_id_or_hca_name_that_is_not_one_forges_no_counter(tmp_path):
+    """Keys are `device|counter`: a snapshot's bus id holding `|` made a counter of its own
+    choosing (terminal controls and all) on another GPU's device."""
+    gpu = bump(healthy_gpu(), 2, "pcie_replay", 5)
+    gpu["devices"][2]["bus_id"] = "00000000:2A:00.0|pcie_replay\x1b]0;pwn\x07"
+    ib = {"devices": {"mlx5_0|x": {"ports": {"1": {"counters": {"symbol_error": 3}}}},
+                      "mlx5_1": {"ports": {"1|y": {"counters": {"symbol_error": 3}}}}}}  # fmt: skip
+    read = counters.readings(gpu, ib)
+    assert all(key.count("|") == 1 for key in [*read.values, *read.missing]), read.values
+    assert not [k for k in read.values if "pwn" in k or "mlx5_0" in k or "1|y" in k]

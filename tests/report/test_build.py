@@ -545,6 +545,33 @@ def test_hostile_strings_render_as_text(hostile):
     ]
 
 
+TERMINAL = "gpu07\x1b[31m\x1b]0;pwn\x07\r\u202e\x9b31m\x85\u2028"
+
+
+def test_terminal_controls_in_any_field_reach_no_page(tmp_path):
+    """Node names, actors, actions, versions and Xid codes written into a store by any means (an
+    import refuses such node names; a store edited by hand does not): the HTML, the Markdown
+    (both mailed, both printed to a terminal by default) and the prom text hold no control,
+    bidi or line-separator character."""
+    conn = store.connect(str(tmp_path / "hostile.db"))
+    now = 100 * DAY + 3600
+    _run(conn, TERMINAL, now - 600, "fail", f"lost {TERMINAL}")
+    store.record_action(conn, TERMINAL, "drain" + TERMINAL, "why", TERMINAL, when=now - 500)
+    conn.execute(
+        "INSERT INTO events (id, run_id, node, time, kind, code, gpu, process, class) "
+        "VALUES ('x1', ?, ?, ?, 'xid', 79, 3, ?, 'fail')",
+        (f"{TERMINAL}:{now - 600}", TERMINAL, now - 600, TERMINAL),
+    )
+    versions = {"gpu": {"versions": {"driver": TERMINAL, "vbios": [TERMINAL]}}}
+    conn.execute("UPDATE runs SET sources = ?", (json.dumps(versions),))
+    doc = report.build(conn, now, DAY)
+    for fmt in ("html", "md", "prom"):
+        text = render.render(doc, fmt)
+        bad = {ch for ch in text.replace("\n", "") if not ch.isprintable()}
+        assert not bad, (fmt, bad)
+    assert "gpu07?\\[31m" in render.render(doc, "md")  # shown, made inert
+
+
 def test_markdown_cells_are_one_line_and_inert():
     assert render.md_escape("a|b\nc`d`<e>") == "a\\|b c\\`d\\`&lt;e&gt;"
     assert render.md_escape(None) == ""
@@ -955,7 +982,10 @@ def test_the_prom_format_carries_the_signals_for_node_exporter(tmp_path):
         0.087
     ]
     odd = [dict(k) for n, k in found if n == "slurmhealth_fleet_odd_node"]
-    assert odd == [{"node": "gpu07", "what": "driver", "value": 'x"\\\n', "majority": "550.90.07"}]
+    # quote and backslash escaped; a newline (or any control) printed as no line of its own
+    odd_value = 'x"\\ '
+    assert odd == [{"node": "gpu07", "what": "driver", "value": odd_value, "majority": "550.90.07"}]
+    assert "\x1b" not in text and "\r" not in text
     assert found[("slurmhealth_fleet_held_back_jobs", (("node", "gpu05"),))] == 3
     empty = render.render({}, "prom")
     assert empty.count("# TYPE") == 5 and "{" not in empty
