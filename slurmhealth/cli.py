@@ -63,9 +63,26 @@ def _load_config(path: str | None, error: type = click.ClickException) -> config
         raise error(str(exc)) from None
 
 
+class _UsageLine(click.ClickException):
+    """A usage error as one line (click's own prints usage, a hint, a blank line and the error):
+    `Error: MESSAGE (see 'slurmhealth CMD --help')`, exit 2 as click gives it."""
+
+    exit_code = 2
+
+
 class _Group(click.Group):
     """A store that turns out damaged or locked in the middle of any command is one line and
-    exit 1, never a traceback (a command's own checks say more where they can)."""
+    exit 1, never a traceback (a command's own checks say more where they can); a usage error
+    is one line, exit 2."""
+
+    def make_context(
+        self, info_name: str | None, args: list, parent: click.Context | None = None, **extra
+    ) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as exc:  # the group's own options: `slurmhealth --bogus`
+            where = exc.ctx.command_path if exc.ctx is not None else (info_name or "slurmhealth")
+            raise _UsageLine(f"{exc.format_message()} (see '{where} --help')") from None
 
     def invoke(self, ctx: click.Context) -> object:
         import sqlite3  # noqa: PLC0415 - already loaded by the store
@@ -74,6 +91,9 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except (store.StoreError, sqlite3.Error) as exc:
             raise click.ClickException(f"store: {clean(exc)}") from None
+        except click.UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx is not None else ctx.command_path
+            raise _UsageLine(f"{exc.format_message()} (see '{where} --help')") from None
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -260,27 +280,27 @@ def _open(path: str) -> object:
         raise click.ClickException(str(exc)) from None
 
 
-def _instant(text: str | None) -> float:
+def _instant(text: str | None, hint: str = "--now") -> float:
     try:
         return timespec.parse_instant(text)
     except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+        raise click.BadParameter(str(exc), param_hint=hint) from None
 
 
-def _duration(text: str) -> float:
+def _duration(text: str, hint: str = "--window") -> float:
     try:
         return timespec.parse_duration(text)
     except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+        raise click.BadParameter(str(exc), param_hint=hint) from None
 
 
-def _start(text: str, end: float) -> float:
+def _start(text: str, end: float, hint: str = "--since") -> float:
     """--since / --older-than: a duration back from `end` (7d, 1d12h) or a time (2024-01-01,
-    now-7d)."""
+    now-7d). `hint`: the option, for the error."""
     try:
         return timespec.parse_start(text, end)
     except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+        raise click.BadParameter(str(exc), param_hint=hint) from None
 
 
 def _when(epoch: object) -> str:
@@ -340,7 +360,13 @@ def _history_text(runs: list, actions: list) -> str:
     help="how far back (24h, 1d12h) or since when (2024-01-01, now-7d)",
 )
 @click.option("--now", default=None, help="replay: the time to count back from")
-@click.option("--limit", default=200, show_default=True, help="at most this many runs")
+@click.option(
+    "--limit",
+    type=click.IntRange(1, 10_000_000),
+    default=200,
+    show_default=True,
+    help="at most this many runs",
+)
 @click.option("--db", default=None, help="a store file [$SLURMHEALTH_DB or the state dir]")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 @click.option("-q", "--quiet", is_flag=True, help="only runs that did not pass, drains and resumes")
@@ -405,7 +431,7 @@ def prune(older: str, dry_run: bool, node: str | None, db: str | None, now: str 
         slurmhealth prune --older-than 90d --dry-run
         slurmhealth prune --older-than 90d
     """
-    before = _start(older, _instant(now))
+    before = _start(older, _instant(now), "--older-than")
     for path in history.store_paths(db, node):
         try:
             counts = store.prune(_open(path), before, dry_run)  # type: ignore[arg-type]
@@ -652,7 +678,7 @@ def collect_cmd(
         f"{merged} files merged, {skipped} skipped{unchanged}: {_added(report['added'])} added"
     )
     if rollup_after is not None:
-        _rollup(conn, _start(rollup_after, end), rollup_max or None)
+        _rollup(conn, _start(rollup_after, end, "--rollup-after"), rollup_max or None)
     if use_sacct:
         _collect_sacct(conn, sync.accounting_start(conn, "sacct", start, full), end, slurm_bin)
         # After the jobs are committed: a sacctmgr that fails then loses none of them.

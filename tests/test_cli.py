@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
+import subprocess
+import sys
 
 import pytest
 from conftest import FAKE_NVML, FIXTURES, run_cli, snapshot_path
@@ -51,6 +54,11 @@ def test_warn_alone_exits_0():
         (["--node"], "option --node needs a value"),
         (["--gpu-source", "/nonexistent.json"], "No such file"),
         (["--config", "/nonexistent.toml"], "cannot read config"),
+        (["--node", "../../escaped"], "not a node name: '../../escaped'"),
+        (["--node", "gpu[01-64]"], "not a node name"),
+        (["--kmsg", "/tmp"], "--kmsg /tmp: a directory, not a kernel log"),
+        (["--only", ","], "--only names no area"),
+        (["--gpu-source", "/dev/zero"], "/dev/zero: not a snapshot: not a regular file"),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(args, message):
@@ -58,6 +66,45 @@ def test_usage_errors_exit_2_with_one_line(args, message):
     assert proc.returncode == 2
     assert message in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_a_config_nested_thousands_deep_is_a_one_line_error(tmp_path):
+    cfg = tmp_path / "deep.toml"
+    cfg.write_text("a = " + "[" * 5000 + "]" * 5000 + "\n")
+    for proc in (
+        check("--config", str(cfg), "--gpu-source", snapshot_path("healthy")),
+        run_cli("config", "validate", str(cfg)),
+    ):
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.strip().endswith("nested too deep to be a config")
+        assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_check_with_stdout_closed_still_gives_its_verdict():
+    """`check >&-` (cron without output): no traceback on the missing stream, the exit code
+    is the verdict."""
+    done = subprocess.run(
+        f"{shlex.quote(sys.executable)} -m slurmhealth check --no-db --gpu-source "
+        f"{shlex.quote(snapshot_path('gpu-lost'))} >&-",
+        shell=True,  # noqa: S602 - the test's own fixed command line, to close stdout
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+
+
+def test_click_usage_errors_are_one_line_naming_the_help_to_read():
+    for args, where in (
+        (("--bogus",), "slurmhealth"),
+        (("nosuch",), "slurmhealth"),
+        (("config", "validate", "--bogus"), "slurmhealth config validate"),
+        (("history", "--limit", "-1"), "slurmhealth history"),
+    ):
+        proc = run_cli(*args)
+        assert proc.returncode == 2, (args, proc.stderr)
+        (line,) = proc.stderr.strip().splitlines()
+        assert line.startswith("Error: ") and line.endswith(f"(see '{where} --help')"), line
 
 
 def test_a_broken_config_exits_2_naming_file_and_line(tmp_path):
@@ -326,8 +373,9 @@ def test_every_duration_option_refuses_a_bare_number_in_one_line(tmp_path, comma
     proc = run_cli(*args, value, "--db", db, env={"SLURMHEALTH_SLURM_BIN": "/nonexistent"})
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
-    (error,) = [line for line in proc.stderr.splitlines() if line.startswith("Error")]
-    assert message in error
+    (error,) = proc.stderr.strip().splitlines()  # one line, naming the option
+    assert error.startswith("Error: ") and message in error and command[-1] in error, error
+    assert f"(see 'slurmhealth {command[0]} --help')" in error
 
 
 def test_an_instant_out_of_range_is_a_one_line_error(tmp_path):
@@ -468,8 +516,8 @@ def test_diagnose_usage_errors_exit_2_in_one_line(tmp_path, args, message):
     proc = diagnose(tmp_path, "--level", "quick", "--db", str(db), "--config", cfg, *args)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
-    (error,) = [line for line in proc.stderr.splitlines() if line.startswith("Error")]
-    assert message in error
+    (error,) = proc.stderr.strip().splitlines()
+    assert error.startswith("Error: ") and message in error
     assert not db.exists()  # refused before any store is opened
 
 

@@ -341,6 +341,20 @@ def _env_file(etc: str, mode: int = 0o644) -> str:
     return path
 
 
+def test_the_hook_script_help_never_acts(etc):
+    """`--help` prints what the script does and runs nothing (it used to ignore its
+    arguments and run a real prolog); any other argument is one line, exit 2."""
+    _env_file(etc)
+    env = {"SLURM_CONF": os.path.join(etc, "slurm", "slurm.conf")}
+    env["SLURM_SCRIPT_CONTEXT"] = "prolog_slurmd"
+    for flag in ("--help", "-h"):
+        done = subprocess.run(["/bin/sh", HOOK, flag], env=env, capture_output=True, text=True)
+        assert done.returncode == 0 and "takes no arguments" in done.stdout, done.stderr
+    done = subprocess.run(["/bin/sh", HOOK, "prolog"], env=env, capture_output=True, text=True)
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1
+    assert not os.path.exists(os.path.join(etc, "ran-ours"))
+
+
 def test_the_hook_reads_a_root_only_env_file(etc):
     _env_file(etc)
     done = hook(etc)

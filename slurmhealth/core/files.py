@@ -199,9 +199,14 @@ def _lstat(base: str, dir_fd: int) -> os.stat_result | None:
 
 
 def _refuse_symlink(path: str, base: str, dir_fd: int) -> None:
+    """Unsafe when the target is there and is not a regular file: a symlink, or a device or
+    FIFO (`-o /dev/null` as root would otherwise replace the system's /dev/null)."""
     st = _lstat(base, dir_fd)
-    if st is not None and stat.S_ISLNK(st.st_mode):
+    if st is None or stat.S_ISREG(st.st_mode):
+        return
+    if stat.S_ISLNK(st.st_mode):
         raise Unsafe(path, "a symlink: not replaced")
+    raise Unsafe(path, "not a regular file: not replaced")
 
 
 def _suffix() -> str:

@@ -379,9 +379,10 @@ def markdown_tables() -> str:
 class StoreError(Exception):
     """The store cannot be opened or written (read-only, full, corrupt): one line."""
 
-    def __init__(self, message: str, corrupt: bool = False) -> None:
+    def __init__(self, message: str, corrupt: bool = False, bad_record: bool = False) -> None:
         super().__init__(message)
         self.corrupt = corrupt
+        self.bad_record = bad_record  # the record cannot be stored (a constraint, a type), ever
 
 
 def state_dir() -> str:
@@ -514,7 +515,9 @@ def _translate(exc: sqlite3.Error) -> StoreError:
     corrupt=True then, so the caller can move_aside() the file as connect() failures are."""
     text = str(exc)
     corrupt = type(exc) is sqlite3.DatabaseError or any(m in text for m in _CORRUPT)
-    return StoreError(text, corrupt)
+    refused = (sqlite3.IntegrityError, sqlite3.InterfaceError, sqlite3.ProgrammingError)
+    bad = isinstance(exc, refused)
+    return StoreError(text, corrupt, bad)
 
 
 def _translated(func):  # type: ignore[no-untyped-def]  # a decorator for the functions below

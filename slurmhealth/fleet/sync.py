@@ -56,7 +56,9 @@ class Kind:
         self.node = self.columns.index("node") if "node" in self.columns else None
         # The same checks in SQL, for a node store merged whole (ATTACH): a row that fails
         # them is left out, as a bad NDJSON line is.
+        self.times = tuple(i for i, c in enumerate(table.columns) if c.name in _TIMES)
         terms = [_SQL_TYPES[c.type].format(c.name) for c in table.columns]
+        terms += [_SQL_TIME.format(c.name) for c in table.columns if c.name in _TIMES]
         if self.node is not None:
             terms.append(NODE_NAME_SQL.format("node"))
         self.valid_sql = " AND ".join(terms)
@@ -69,6 +71,13 @@ _SQL_TYPES = {
     "REAL": "({0} IS NULL OR typeof({0}) IN ('integer', 'real'))",
     "TEXT": "({0} IS NULL OR typeof({0}) = 'text')",
 }
+
+
+# Columns that hold a time (epoch seconds): from 1970 to the year 9999, as every reader's date
+# formatting can show (a run "started" at -1e308 stopped the rollup with an OverflowError).
+_TIMES = frozenset(("started", "time", "start", "end", "hour", "mark", "updated"))
+TIME_MAX = 253402300800.0  # 10000-01-01T00:00:00Z
+_SQL_TIME = "({0} IS NULL OR ({0} >= 0 AND {0} < " + repr(TIME_MAX) + "))"
 
 
 def _typed(value: object, wanted: str) -> bool:
@@ -298,6 +307,9 @@ def _row(record: dict) -> tuple:
     for i, wanted in spec.types:
         if row[i] is not None and not _typed(row[i], wanted):
             raise ValueError(f"{kind} {spec.columns[i]} is not {wanted.lower()}: {row[i]!r:.40}")
+    for i in spec.times:
+        if row[i] is not None and not 0 <= row[i] < TIME_MAX:
+            raise ValueError(f"{kind} {spec.columns[i]} is no time: {row[i]!r:.40}")
     if spec.node is not None and not is_node_name(row[spec.node]):
         raise ValueError(f"{kind} node is not a node name: {row[spec.node]!r:.40}")
     for value in row:

@@ -26,6 +26,7 @@ from slurmhealth.core.constants import (
     SKIPPED,
     WOULD_DRAIN,
 )
+from slurmhealth.core.hostlist import is_node_name
 from slurmhealth.core.result import DRAIN, FAIL, OK, RESET_GPU, clean
 from slurmhealth.core.result import SERVICE as SERVICE_ACTION
 from slurmhealth.node import config, counters, runner, state
@@ -195,7 +196,10 @@ def _one(opts: dict, name: str, default: str | None = None) -> str | None:
 def node_name(explicit: str | None = None) -> str:
     """The one place a node's name is worked out: the option, else $SLURMD_NODENAME (several
     slurmd may run on one host, `slurmd -N gpu01`), else the short host name."""
-    return explicit or os.environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
+    name = explicit or os.environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
+    if not is_node_name(name):  # it names the store's file: never a path (`../x`) or a node set
+        raise UsageError(f"not a node name: {clean(repr(name), 80)}")
+    return name
 
 
 def _areas(opts: dict) -> list | None:
@@ -349,7 +353,9 @@ def _reopen_if_corrupt(conn: object, exc: Exception, path: str, mode: str) -> ob
 
 def replay_spool(conn: object, spool: str, mode: str) -> None:
     """Record the runs earlier runs could not, oldest first; on a failure, spool the rest
-    again (the store is busy again: the next run tries)."""
+    again (the store is busy again: the next run tries). An entry that can never be recorded
+    (damaged: not the shape a run of ours writes) is dropped, loudly: kept, it would fail every
+    replay after it and fill the spool."""
     if conn is None or not spool:
         return
     entries, taken = state.take_spool(spool)
@@ -365,7 +371,12 @@ def replay_spool(conn: object, spool: str, mode: str) -> None:
                 store.record_action(conn, *entry["action"], action_id=given)  # type: ignore[arg-type]
             else:
                 store.record_run(conn, entry["records"], **kw)  # type: ignore[arg-type]
-        except (store.StoreError, KeyError, TypeError) as exc:
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            log(f"dropped a damaged spooled entry: {type(exc).__name__}: {exc}", mode)
+        except store.StoreError as exc:
+            if exc.bad_record:
+                log(f"dropped a spooled entry the store refuses: {exc}", mode)
+                continue
             log(f"could not replay spooled runs, kept for the next run: {exc}", mode)
             _wait_less(conn)
             for rest in entries[n:]:
@@ -426,7 +437,8 @@ def check(argv: list) -> int:
         doc["results"] = [r for r in doc["results"] if r["status"] not in _PASSED]
     try:
         print(json.dumps(doc, indent=1) if opts.get("--json") else format_table(run, quiet))
-        sys.stdout.flush()
+        if sys.stdout is not None:  # None: started with stdout closed; the verdict is the code
+            sys.stdout.flush()
     except BrokenPipeError:  # `check --json | head -1`: the reader has all it wanted
         _silence_stdout()
     return code
@@ -439,6 +451,10 @@ def _named_paths_exist(opts: dict) -> None:
         raise UsageError(f"--sysfs-root {root}: no such directory")
     if kmsg is not None and not os.path.exists(kmsg):
         raise UsageError(f"--kmsg {kmsg}: no such file")
+    if kmsg is not None and os.path.isdir(kmsg):
+        raise UsageError(f"--kmsg {kmsg}: a directory, not a kernel log")
+    if "--only" in opts and not _areas(opts):
+        raise UsageError("--only names no area (choose from " + ", ".join(AREAS) + ")")
 
 
 def _silence_stdout() -> None:
@@ -453,7 +469,10 @@ def _silence_stdout() -> None:
 
 
 def _int_or_none(text: str | None) -> int | None:
-    return int(text) if text and text.isdigit() else None
+    """A number slurmd passed, or None: not digits, or past what a store column holds."""
+    if not text or not text.isascii() or not text.isdigit() or len(text) > 18:
+        return None
+    return int(text)
 
 
 def job_env(env: dict) -> dict:
@@ -917,6 +936,8 @@ def _epilog_reset(
 def _finish(code: int) -> None:
     """Exit now: a gather thread stuck in a C call (hung NVML) must not hold the process."""
     for stream in (sys.stdout, sys.stderr):
+        if stream is None:  # started with that descriptor closed (`>&-`)
+            continue
         try:
             stream.flush()
         except (OSError, ValueError):  # a closed pipe or stream: nothing more to say there

@@ -400,7 +400,12 @@ def parse(text: str, where: str = "<config>") -> dict:
         found = re.search(r"at line (\d+)", str(exc))
         line = found.group(1) if found else "0"
         raise ConfigError(f"{where}:{line}: {exc}") from None
-    errors = validate(data, where, text)
+    except RecursionError:  # arrays or tables nested thousands deep
+        raise ConfigError(f"{where}: nested too deep to be a config") from None
+    try:
+        errors = validate(data, where, text)
+    except RecursionError:
+        raise ConfigError(f"{where}: nested too deep to be a config") from None
     if errors:
         usable = _drop_unusable(data)
         salvaged = None if validate(usable, where, text) else Config(usable, where)

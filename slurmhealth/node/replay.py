@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 
 FORMAT = "slurmhealth-snapshot/1"
 MAX_DEPTH = 64  # the deepest real snapshot path is 7 levels; JSON nesting past this is refused
@@ -199,11 +201,36 @@ def _join(path: str, key: str) -> str:
     return f"{path}.{text}" if path else text
 
 
+READ_MAX = 64 << 20  # bytes: an 8-GPU node's snapshot is ~100 KiB
+
+
+def _read(path: str) -> str:
+    """The file's text: a regular file (a FIFO would block, /dev/zero never end), at most
+    READ_MAX bytes; ValueError saying why not."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read snapshot: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{path}: not a snapshot: not a regular file")
+        try:
+            data = handle.read(READ_MAX + 1)
+        except OSError as exc:
+            raise ValueError(f"{path}: cannot read snapshot: {exc.strerror}") from None
+    if len(data) > READ_MAX:
+        raise ValueError(f"{path}: not a snapshot: over {READ_MAX >> 20} MiB")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not a JSON snapshot: {exc.reason}") from None
+
+
 def load(path: str) -> dict:
     """A snapshot document; ValueError with a one-line reason when it is not one."""
+    text = _read(path)
     try:
-        with open(path, encoding="utf-8") as handle:
-            doc = json.load(handle, parse_constant=_no_constant)
+        doc = json.loads(text, parse_constant=_no_constant)
     except RecursionError:
         raise ValueError(f"{path}: not a snapshot: nested too deep") from None
     except UnicodeDecodeError as exc:

@@ -58,11 +58,19 @@ def _replayed(doc: dict, source: str) -> Gathered:
     return Gathered("ok", doc[source])
 
 
-def _plan(wanted: set, options: Options) -> dict:
-    """source -> a zero-argument gather function, or a Gathered already known (replay)."""
+def _plan(wanted: set, options: Options, strict: bool = True) -> dict:
+    """source -> a zero-argument gather function, or a Gathered already known (replay). A
+    snapshot that cannot be replayed raises ValueError when `strict` (`check`: the user's
+    argument, exit 2); otherwise (a hook's settings.gpu_source) the sources it was to give are
+    errors, and sources given their own paths still run."""
     doc = None
     if options.gpu_source not in ("nvml", "", None):
-        doc = load_snapshot(options.gpu_source)
+        try:
+            doc = load_snapshot(options.gpu_source)
+        except ValueError as exc:
+            if strict:
+                raise
+            doc = {"sources": {s: {"status": "error", "message": str(exc)} for s in wanted}}
     plan: dict = {}
     for source in wanted:
         path = {"ib": options.sysfs_root, "kmsg": options.kmsg}.get(source)
@@ -88,10 +96,12 @@ def _worker(func: object, box: list) -> None:
         box.append(Gathered("error", None, f"{type(exc).__name__}: {exc}"))
 
 
-def gather(wanted: set, options: Options, timeouts: dict, deadline: float) -> tuple:
-    """Gather sources concurrently; returns ({source: Gathered}, hung)."""
+def gather(
+    wanted: set, options: Options, timeouts: dict, deadline: float, strict: bool = True
+) -> tuple:
+    """Gather sources concurrently; returns ({source: Gathered}, hung). `strict`: see _plan."""
     started = time.monotonic()
-    plan = _plan(wanted, options)
+    plan = _plan(wanted, options, strict)
     running = {}
     out: dict = {}
     for source, job in plan.items():
@@ -389,7 +399,7 @@ def run(
     timeouts = {s: settings[f"timeout_{s}"] for s in SOURCES}
     needed = {AREAS[a].SOURCE for a in areas}
     limit = settings["deadline"] if deadline is None else min(deadline, settings["deadline"])
-    out.sources, out.hung = gather(needed, options, timeouts, limit)
+    out.sources, out.hung = gather(needed, options, timeouts, limit, strict=phase == "check")
     baselines = baselines or {}
     gpus = _bus_map(out.sources, baselines)
     for area in areas:

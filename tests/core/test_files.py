@@ -292,6 +292,22 @@ def test_a_root_symlink_someone_else_could_replace_is_not_followed_either(tmp_pa
         files.write_private(str(shared / "link" / "report.html"), "x")
 
 
+def test_a_device_or_fifo_at_the_target_is_refused_never_replaced(tmp_path):
+    """`report -o /dev/null` as root used to rename a regular file over the system's
+    /dev/null: a target that is there and is not a regular file is refused."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    targets = [fifo]
+    if os.geteuid() == 0:
+        os.mknod(tmp_path / "null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        targets.append(tmp_path / "null")
+    for target in targets:
+        with pytest.raises(files.Unsafe, match="not a regular file: not replaced"):
+            files.write_private(str(target), "x")
+        assert not stat.S_ISREG(os.lstat(target).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(t.name for t in targets)
+
+
 def test_an_admins_own_symlinks_are_followed(tmp_path):
     """A root folder linked elsewhere by root (/var/lib/slurmhealth -> /data/...), relative and
     absolute, and /tmp's sticky folder: all fine."""

@@ -901,3 +901,40 @@ def test_a_drain_for_service_is_never_lifted_by_passing_health_checks(node):
     for _ in range(4):
         assert node.run("healthcheck", job=None).returncode == 0
     assert node.slurm()["reason"].startswith("slurmhealth: service: ")  # still out
+
+
+def test_a_damaged_spool_entry_is_dropped_and_never_stops_the_gating(node):
+    """Item: a spool line that is JSON but not a run of ours (a bad disk, a hand edit) used to
+    make every hook after it an internal error: the job not gated, on every run, for good."""
+    node.configure("gpu-lost")
+    node.run("healthcheck", job=None)  # the store exists
+    node.set_slurm("IDLE", "")
+    spool = node.state_dir / f"{node.name}.db.unrecorded.ndjson"
+    spool.write_text('{"records": {"run": "x"}}\n{"records": {"run": 5}}\n{"action": [1]}\n')
+    spool.chmod(0o600)
+    proc = node.run("prolog", job="7")
+    assert proc.returncode == 1, proc.stderr  # gated: the sick node refuses the job
+    assert node.slurm()["reason"] == "slurmhealth: GPU 3 GpuIsLost"
+    assert proc.stderr.count("dropped a damaged spooled entry") == 3, proc.stderr
+    assert "internal error" not in proc.stderr
+    assert not spool.exists()
+
+
+def test_a_snapshot_the_config_names_that_cannot_be_read_errors_its_sources_only(node, tmp_path):
+    """Item: settings.gpu_source names a file that is gone. The hook used to stop with a
+    traceback (the job not gated, the kernel log unread); now the GPU source is an error (our
+    config, not the node's fault) and the kernel log it was given still gates the job."""
+    kmsg = tmp_path / "xid79.kmsg"
+    kmsg.write_text("3,1,100,-;NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus.\n")
+    node.configure("healthy", gpu_source=str(tmp_path / "gone.json"), kmsg=str(kmsg))
+    proc = node.run("prolog")
+    assert "internal error" not in proc.stderr, proc.stderr
+    assert proc.returncode == 1 and "Xid 79" in node.slurm()["reason"]
+    rows = node.db().execute("SELECT check_name, status FROM results").fetchall()
+    assert ("gpu.count", "error") in rows
+
+
+def test_numbers_past_what_a_store_holds_from_slurmd_are_unknown_not_a_crash(node):
+    proc = node.run("prolog", SLURM_JOB_UID="9" * 30, SLURM_JOB_NUM_NODES="²")
+    assert proc.returncode == 0 and "internal error" not in proc.stderr, proc.stderr
+    assert node.db().execute("SELECT uid, num_nodes FROM jobs").fetchall() == [(None, None)]
