@@ -29,7 +29,12 @@ def find_bin(name: str, slurm_bin: str = "") -> str:
 
     slurmd gives prolog, epilog and health check no PATH, so the usual places matter.
     """
-    dirs = [slurm_bin, os.environ.get("SLURMHEALTH_SLURM_BIN", "")]
+    if slurm_bin:  # named by the admin: that one, never another cluster's from PATH
+        path = os.path.join(slurm_bin, name)
+        if os.path.isabs(path) and os.access(path, os.X_OK):
+            return path
+        raise SlurmError(f"{name} not found in {clean(slurm_bin, 80)} (settings.slurm_bin)")
+    dirs = [os.environ.get("SLURMHEALTH_SLURM_BIN", "")]
     dirs += os.environ.get("PATH", "").split(os.pathsep) + list(SEARCH)
     for directory in dirs:
         path = os.path.join(directory, name) if directory else ""

@@ -235,7 +235,7 @@ def open_store(path: str, mode: str, busy_timeout: float | None = None) -> objec
         return None
 
 
-def load_config(path: str | None, conn: object) -> config.Config:
+def load_config(path: str | None, conn: object, mode: str = "check") -> config.Config:
     """The config, parsed from the store's cache while the file is unchanged.
 
     Parsing TOML costs ~11 ms per run (tomllib import and parse), a quarter of the hot path's
@@ -263,7 +263,7 @@ def load_config(path: str | None, conn: object) -> config.Config:
     try:
         store.set_meta(conn, key, {"stamp": stamp, "data": loaded.data})  # type: ignore[arg-type]
     except Exception as exc:
-        log(f"could not cache the config: {exc}")
+        log(f"could not cache the config: {exc}", mode)
         _wait_less(conn)
     return loaded
 
@@ -612,7 +612,7 @@ def _hook_config(conn: object, node: str, mode: str) -> dict:
     config this store parsed from the same file, loudly. With none known, with the built-in
     defaults in monitor-only mode: every verdict recorded, nothing enforced."""
     try:
-        return load_config(None, conn).for_node(node)
+        return load_config(None, conn, mode).for_node(node)
     except config.ConfigError as exc:
         if exc.usable is not None:  # only some values are unusable: their defaults apply
             log(f"config values unusable, running with their defaults: {exc}", mode)

@@ -48,3 +48,17 @@ def test_one_node_goes_through(recorded):
 def test_node_names():
     assert all(map(is_node_name, ["gpu01", "n0001", "GPU-07", "a.b.c", "_x", "9"]))
     assert not any(map(is_node_name, ["gpu[1-2]", "a,b", "-x", ".x", "a b", "é", None, 7]))
+
+
+def test_a_slurm_bin_the_admin_named_is_the_only_one_used(recorded, tmp_path, monkeypatch):
+    """settings.slurm_bin names this cluster's commands: when they are not there, another
+    scontrol on PATH (another cluster's, a test's) is never called in their place."""
+    _, log = recorded
+    monkeypatch.setenv("PATH", str(tmp_path))  # the recording scontrol is on PATH
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(slurm.SlurmError, match="scontrol not found in .*empty"):
+        slurm.Slurm(slurm_bin=str(empty)).drain("gpu01", "slurmhealth: x")
+    assert not log.exists()
+    slurm.Slurm().drain("gpu01", "slurmhealth: x")  # named by nobody: PATH is searched
+    assert log.read_text().startswith("update NodeName=gpu01")
