@@ -20,20 +20,29 @@ _BRACKET = re.compile(r"\[([^\]]*)\]")
 _ASCII_DIGITS = frozenset("0123456789")
 
 
-# One node's name, as Slurm's NodeName holds it and hostname(7) allows: letters, digits, `.`,
-# `_` and `-`, not starting with `-` or `.` (scontrol would read an option), at most 255
-# characters. A bracket or a comma makes a node set ("gpu[01-64]": 64 nodes), not a name.
-_NODE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")
-# The same as an SQL condition on a column (GLOB is case-sensitive; `-` first in a set is itself).
+# One node's name, never a node set or an option: Slurm reads `[`, `]` and `,` as hostlist syntax
+# ("gpu[01-64]" is 64 nodes) and splits slurm.conf on white space, so no node has them; `/`
+# would make the store's file name a path, and a leading `-` an option to scontrol. Any other
+# printable character is Slurm's business (the readers escape it where they print it).
+_NOT_IN_NAME = frozenset("[],/")
+NODE_NAME_MAX = 255
+# The same as an SQL condition on a column, for a node store merged whole (GLOB is
+# case-sensitive; `]` first in a set is itself; white space as the characters themselves).
 NODE_NAME_SQL = (
-    "({0} <> '' AND {0} NOT GLOB '*[^A-Za-z0-9._-]*' AND {0} NOT GLOB '[-.]*' "
-    "AND length({0}) <= 255)"
+    "({0} <> '' AND {0} NOT GLOB '*[][,/ \t\n\r\v\f]*' AND {0} NOT GLOB '-*' "
+    f"AND length({{0}}) <= {NODE_NAME_MAX})"
 )
 
 
 def is_node_name(name: object) -> bool:
-    """Whether `name` is one node's name (never a node set, an option or junk)."""
-    return isinstance(name, str) and _NODE_NAME.fullmatch(name) is not None
+    """Whether `name` is one node's name (never a node set, an option, a path or junk)."""
+    return (
+        isinstance(name, str)
+        and 0 < len(name) <= NODE_NAME_MAX
+        and name.isprintable()
+        and not name.startswith("-")
+        and not any(ch.isspace() or ch in _NOT_IN_NAME for ch in name)
+    )
 
 
 class PatternError(ValueError):
