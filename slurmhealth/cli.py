@@ -275,7 +275,7 @@ def _open(path: str) -> object:
     if not os.path.exists(path):
         raise click.ClickException(f"no store at {path}")
     try:
-        return store.connect(path)
+        return store.connect(path, existing=True)
     except store.StoreError as exc:
         raise click.ClickException(str(exc)) from None
 

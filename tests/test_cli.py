@@ -531,3 +531,24 @@ def test_diagnose_refuses_a_bad_reservation_name_naming_the_setting(tmp_path, ar
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith(f"Error: {cfg}:3: settings.diag_reservation: must be 1-64 letters")
     assert not db.exists()
+
+
+def test_a_reading_command_never_turns_a_file_it_was_given_into_a_store(tmp_path):
+    """`history --db FILE` on an empty file, or on another program's SQLite database, used to
+    give it slurmhealth's tables (and a WAL header): refused, the file left as it was."""
+    import sqlite3
+
+    empty = tmp_path / "empty.db"
+    empty.write_bytes(b"")
+    theirs = tmp_path / "theirs.db"
+    with sqlite3.connect(theirs) as conn:
+        conn.execute("CREATE TABLE accounts (name TEXT)")
+    before = theirs.read_bytes()
+    for path, what in ((empty, "empty"), (theirs, "another program's SQLite database")):
+        for args in (("history",), ("report", "--format", "json"), ("lemons",), ("export",)):
+            proc = run_cli(*args, "--db", str(path))
+            assert proc.returncode == 1, (args, proc.stderr)
+            assert f"not a slurmhealth store ({what})" in proc.stderr
+            assert len(proc.stderr.strip().splitlines()) == 1
+    assert empty.read_bytes() == b"" and theirs.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.db", "theirs.db"]

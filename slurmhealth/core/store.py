@@ -458,13 +458,17 @@ def _migrate(conn: sqlite3.Connection) -> None:
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
 
-def connect(path: str, busy_timeout: float = BUSY_TIMEOUT_S) -> sqlite3.Connection:
+def connect(
+    path: str, busy_timeout: float = BUSY_TIMEOUT_S, existing: bool = False
+) -> sqlite3.Connection:
     """Open (creating if needed) a store in WAL mode; StoreError with a one-line reason.
 
     A new store is root-only (0640 in a 0700 directory, both from their first byte, whatever the
     umask; SQLite gives -wal and -shm the file's mode): users read summaries through the admin
     path, never the file. A store whose directory someone else may change (SQLite opens it by
     name), or whose file, -wal or -shm someone else made or may write, is refused.
+    `existing`: a command that reads a store names one (an empty file or another program's
+    SQLite file is refused, never given our tables).
     """
     from slurmhealth.core import files  # noqa: PLC0415
 
@@ -479,6 +483,8 @@ def connect(path: str, busy_timeout: float = BUSY_TIMEOUT_S) -> sqlite3.Connecti
             files.refuse_foreign(sidecar)
         conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None)
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+        if existing:  # before anything writes to it (journal_mode = WAL rewrites its header)
+            _refuse_foreign(conn, path)
         if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
             conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
@@ -493,6 +499,16 @@ def connect(path: str, busy_timeout: float = BUSY_TIMEOUT_S) -> sqlite3.Connecti
     except OSError as exc:
         raise StoreError(f"{path}: {exc}") from None
     return conn
+
+
+def _refuse_foreign(conn: sqlite3.Connection, path: str) -> None:
+    """StoreError unless the database is one of ours (a schema version set by _migrate)."""
+    if conn.execute("PRAGMA user_version").fetchone()[0] > 0:
+        return
+    tables = conn.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table'").fetchone()[0]
+    conn.close()
+    what = "another program's SQLite database" if tables else "empty"
+    raise StoreError(f"{path}: not a slurmhealth store ({what}): nothing written to it")
 
 
 def move_aside(path: str) -> str:
