@@ -661,6 +661,10 @@ def collect_cmd(
     end = _instant(now)
     start = _start(since, end)
     try:
+        store.check_writable(conn)  # type: ignore[arg-type]
+    except store.StoreError as exc:
+        raise click.ClickException(f"{_fleet_path(db)}: cannot be written: {exc}") from None
+    try:
         paths = sync.collect_paths(directory)
         with _progress(len(paths), "collect") as tick:
             report = sync.collect(conn, directory, start, tick, owners, consume, full)  # type: ignore[arg-type]

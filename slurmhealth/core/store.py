@@ -551,6 +551,14 @@ def _translated(func):  # type: ignore[no-untyped-def]  # a decorator for the fu
 
 
 @_translated
+def check_writable(conn: sqlite3.Connection) -> None:
+    """StoreError when the store cannot take a write now (read-only, locked past the busy
+    timeout): a command that only writes says so once, not once per file it was to merge."""
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute("ROLLBACK")
+
+
+@_translated
 def get_meta(conn: sqlite3.Connection, key: str) -> object:
     row = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
     return json.loads(row[0]) if row else None

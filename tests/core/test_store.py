@@ -40,6 +40,22 @@ def test_a_run_or_action_that_carries_its_id_is_written_once(db):
     assert conn.execute("SELECT id FROM actions").fetchall() == [(given,)]
 
 
+def test_check_writable_says_when_the_store_takes_no_write(db):
+    """collect asks once before merging: a store locked (or read-only) used to fail every
+    file's merge, each reported as a bad file, and collect exited 0."""
+    store.connect(db).close()
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        conn = store.connect(db, busy_timeout=0.1)
+        with pytest.raises(store.StoreError, match="locked"):
+            store.check_writable(conn)
+    finally:
+        holder.execute("ROLLBACK")
+    store.check_writable(conn)  # free again: no error, no transaction left open
+    assert not conn.in_transaction
+
+
 def test_a_run_is_recorded_with_results_and_baselines(db):
     conn = store.connect(db)
     run_id = store.record_run(conn, a_run().records("42"))

@@ -16,7 +16,7 @@ import tempfile
 import time
 
 import pytest
-from conftest import FIXTURES, require_real, run_cli, snapshot_path
+from conftest import FIXTURES, require_real, run_cli, snapshot_path, tmpfs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -1599,3 +1599,21 @@ def test_the_collect_cli_rolls_up_at_most_its_node_hours_and_says_when_behind(tm
     assert rest.returncode == 0, rest.stderr
     assert "rollup: 99 passing runs counted in 9 node-hours" in rest.stdout
     assert "behind" not in rest.stdout
+
+
+@pytest.mark.real
+def test_collect_into_a_store_it_cannot_write_fails_once_not_per_file(tmp_path):
+    """The fleet store on a filesystem gone read-only: every file used to be `skipped: attempt
+    to write a readonly database`, and collect exited 0 as if the spool were bad."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    node_store(str(spool / "gpu01.db"), "gpu01").close()
+    with tmpfs(tmp_path / "head", "size=4m,mode=0700") as head:
+        fleet = head / "fleet.db"
+        store.connect(str(fleet)).close()
+        subprocess.run(["mount", "-o", "remount,ro", str(head)], check=True)
+        done = run_cli("collect", str(spool), "--db", str(fleet))
+    assert done.returncode == 1, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "skipped" not in done.stderr
+    assert str(fleet) in done.stderr
+
