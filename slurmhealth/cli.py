@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import sys
 import time
@@ -278,6 +279,13 @@ def _open(path: str) -> object:
         return store.connect(path, existing=True)
     except store.StoreError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def _a_number(value: float) -> float:
+    """A FloatRange's value, NaN refused (it compares false with both bounds, so passes)."""
+    if math.isnan(value):
+        raise click.BadParameter("nan is not a number")
+    return value
 
 
 def _instant(text: str | None, hint: str = "--now") -> float:
@@ -1037,6 +1045,7 @@ def _trends_text(found: list, nodes: int) -> str:
     type=click.FloatRange(1.0, 1000.0),
     default=2.0,
     show_default=True,
+    callback=lambda _ctx, _param, value: _a_number(value),
     help="how many times its own and its peers' rate a counter must reach",
 )
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
@@ -1109,7 +1118,8 @@ def report_cmd(
     from slurmhealth.report import build, mail, render  # noqa: PLC0415 - jinja2 here only
 
     try:
-        mail.check_address(mail_to or "root")
+        if mail_to is not None:  # `--mail-to ''` is an error, never a silent no-mail
+            mail.check_address(mail_to)
     except build.ReportError as exc:
         raise click.BadParameter(str(exc), param_hint="--mail-to") from None
     if mail_to and fmt == "prom":

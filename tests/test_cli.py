@@ -100,6 +100,7 @@ def test_click_usage_errors_are_one_line_naming_the_help_to_read():
         (("nosuch",), "slurmhealth"),
         (("config", "validate", "--bogus"), "slurmhealth config validate"),
         (("history", "--limit", "-1"), "slurmhealth history"),
+        (("trends", "--factor", "nan"), "slurmhealth trends"),
     ):
         proc = run_cli(*args)
         assert proc.returncode == 2, (args, proc.stderr)

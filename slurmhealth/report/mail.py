@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 
 from slurmhealth.core.result import clean
@@ -37,11 +38,16 @@ def subject(doc: dict) -> str:
     )
 
 
-def check_address(to: str) -> None:
-    """Mail addresses, comma-separated: printable, no line breaks (no header injection)."""
-    from email.utils import getaddresses  # noqa: PLC0415
+# One recipient: `user`, `user@host`, or `Name <user@host>`; nothing else on its part of the
+# list (getaddresses reads "not an address" as the local user `not` and drops the rest).
+_ADDRESS = re.compile(r"\s*(?:[^<>,]*<[^<>\s,]+>|[^<>\s,]+)\s*")
 
-    if any(not ch.isprintable() for ch in to) or not all(a for _, a in getaddresses([to])):
+
+def check_address(to: str) -> None:
+    """Mail addresses, comma-separated: printable, no line breaks (no header injection), each
+    part one address, at least one."""
+    parts = to.split(",")
+    if any(not ch.isprintable() for ch in to) or not all(map(_ADDRESS.fullmatch, parts)):
         raise ReportError(f"not a mail address: {clean(to, 80)!r}")
 
 

@@ -605,6 +605,8 @@ def test_cli_writes_each_format(fleet_db, sim, tmp_path):
         ("--format", "pdf"),
         ("-o", "/nonexistent-dir/r.html"),
         ("--mail-to", "root\nBcc: everyone@example.org", "-o", "{tmp}/r.html"),
+        ("--mail-to", "", "-o", "{tmp}/r.html"),  # was: no mail, exit 0
+        ("--mail-to", "not an address", "-o", "{tmp}/r.html"),  # was: mailed the user `not`
     ],
 )
 def test_cli_errors_are_one_line(fleet_db, tmp_path, args):
