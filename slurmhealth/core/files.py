@@ -2,7 +2,8 @@
 
 Writing: `open_private` / `write_private` create an exclusive temporary file beside the target
 (O_CREAT | O_EXCL | O_NOFOLLOW, a random name, its final mode from the first byte whatever the
-umask), write it and rename it over the target; a target that is a symlink is refused.
+umask), write it and rename it over the target; a target that is a symlink, a device or a FIFO
+is refused.
 `create_private` makes an empty file exclusively (a new store), `private_dir` a directory 0700.
 
 Every writer reaches the target's directory through `open_dir`: one component at a time from
@@ -198,7 +199,7 @@ def _lstat(base: str, dir_fd: int) -> os.stat_result | None:
         return None
 
 
-def _refuse_symlink(path: str, base: str, dir_fd: int) -> None:
+def _refuse_non_regular(path: str, base: str, dir_fd: int) -> None:
     """Unsafe when the target is there and is not a regular file: a symlink, or a device or
     FIFO (`-o /dev/null` as root would otherwise replace the system's /dev/null)."""
     st = _lstat(base, dir_fd)
@@ -248,9 +249,10 @@ def _kept_mode(base: str, dir_fd: int, mode: int, owners: object) -> int:
 class open_private:  # noqa: N801 - used like open(): `with open_private(path) as out:`
     """Write `path` atomically and privately: a file object on an exclusive temporary file
     beside it (mode `mode` from the first byte), renamed over `path` when the block ends
-    without an exception, removed when it raises. A `path` that is a symlink is refused
-    (Unsafe), never followed or replaced. `binary` for bytes; `sync` fsyncs before the rename;
-    `keep_mode` keeps an existing regular file's mode (less group/other write) instead."""
+    without an exception, removed when it raises. A `path` that is a symlink (or a device, a
+    FIFO) is refused (Unsafe), never followed or replaced. `binary` for bytes; `sync` fsyncs
+    before the rename; `keep_mode` keeps an existing regular file's mode (less group/other
+    write) instead."""
 
     def __init__(
         self,
@@ -270,7 +272,7 @@ class open_private:  # noqa: N801 - used like open(): `with open_private(path) a
     def __enter__(self) -> object:
         self.dir_fd, self.base = _split(self.path)
         try:
-            _refuse_symlink(self.path, self.base, self.dir_fd)
+            _refuse_non_regular(self.path, self.base, self.dir_fd)
             mode = self.mode
             if self.keep_mode:
                 mode = _kept_mode(self.base, self.dir_fd, self.mode, None)
@@ -300,7 +302,7 @@ class open_private:  # noqa: N801 - used like open(): `with open_private(path) a
                 os.fsync(handle.fileno())  # type: ignore[union-attr]
             handle.close()  # type: ignore[union-attr]
             # planted while we wrote: still not replaced
-            _refuse_symlink(self.path, self.base, self.dir_fd)
+            _refuse_non_regular(self.path, self.base, self.dir_fd)
             os.replace(self.tmp, self.base, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
         except BaseException:
             self._abandon()
