@@ -26,20 +26,21 @@ _ACTION_RANK = {NONE: 0, DRAIN: 1, RESET_GPU: 2, SERVICE: 3, REBOOT: 4}
 MESSAGE_MAX = 200
 
 
+def printable(text: str) -> str:
+    """`text` with every character printable: CR, LF and tab become a space, any other control,
+    format or bidi-override character a `?`; spaces are kept as they are (a page's cells, which
+    templates space). Most text is printable already: one C call."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else " " if ch in "\r\n\t" else "?" for ch in text)
+
+
 def clean(text: object, limit: int = MESSAGE_MAX) -> str:
     """One line, printable, bounded: safe for a table, a log line or a Slurm Reason.
 
     Kernel-log process names and job names are untrusted; every message goes through here.
     """
-    out = []
-    for ch in str(text):
-        if ch in "\r\n\t":
-            out.append(" ")
-        elif ch.isprintable():
-            out.append(ch)
-        else:
-            out.append("?")
-    line = " ".join("".join(out).split())
+    line = " ".join(printable(str(text)).split())
     if len(line) > limit:
         line = line[: limit - 3].rstrip() + "..."
     return line

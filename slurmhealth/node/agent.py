@@ -252,7 +252,7 @@ def load_config(path: str | None, conn: object, mode: str = "check") -> config.C
     except OSError:
         return config.load(resolved)  # raises the clear error
     stamp = [st.st_mtime_ns, st.st_size, st.st_ino, __version__]
-    key = f"config:{os.path.abspath(resolved)}"
+    key = _config_key(resolved)
     try:
         cached = store.get_meta(conn, key)  # type: ignore[arg-type]
     except Exception:  # a store that reads badly must not cost the config
@@ -266,6 +266,11 @@ def load_config(path: str | None, conn: object, mode: str = "check") -> config.C
         log(f"could not cache the config: {exc}", mode)
         _wait_less(conn)
     return loaded
+
+
+def _config_key(path: str) -> str:
+    """Where load_config caches a config file's parse in the store's meta table."""
+    return f"config:{os.path.abspath(path)}"
 
 
 def record(
@@ -636,7 +641,7 @@ def _last_good_config(conn: object) -> config.Config | None:
 
     chosen = os.environ.get("SLURMHEALTH_CONFIG") or config.DEFAULT_PATH
     try:
-        cached = store.get_meta(conn, f"config:{os.path.abspath(chosen)}")  # type: ignore[arg-type]
+        cached = store.get_meta(conn, _config_key(chosen))  # type: ignore[arg-type]
     except Exception:  # a store that reads badly: no last config, like a new node
         return None
     if not isinstance(cached, dict) or not isinstance(cached.get("data"), dict):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 
+from slurmhealth.core.result import printable
 from slurmhealth.report.build import FORMATS, ReportError
 
 _MD_SPECIAL = str.maketrans(
@@ -25,15 +26,6 @@ _MD_SPECIAL = str.maketrans(
         "&": "&amp;",
     }
 )
-
-
-def printable(text: str) -> str:
-    """`text` on one line, every character printable: white space becomes a space, any other
-    control, format or bidi-override character a `?` (as core/result.py clean does, without
-    folding spaces the templates put there). Most text is printable already: one C call."""
-    if text.isprintable():
-        return text
-    return "".join(ch if ch.isprintable() else " " if ch.isspace() else "?" for ch in text)
 
 
 def md_escape(value: object) -> str:
