@@ -853,7 +853,10 @@ def diagnose_cmd(
     )
     _diag_sources(options, sysfs_root, kmsg)
     store_path = db or store.default_path(name)
-    conn = agent.open_store(store_path, "diagnose")
+    try:
+        conn = agent.open_store(store_path, "diagnose", named=db is not None)
+    except agent.UsageError as exc:
+        raise click.UsageError(str(exc)) from None
     diagnosis = diag_run.diagnose(name, level, expect, options)
     conn = agent.record(conn, diagnosis, "diagnose", path=store_path)
     agent.write_metrics(agent.metrics_path(settings) or None, diagnosis, None, "diagnose")

@@ -144,6 +144,48 @@ def test_the_store_keeps_baselines_between_checks(db):
     assert json.loads(second.stdout)["results"][1]["message"] == "inventory unchanged"
 
 
+def _other_files(tmp_path):
+    """A text file and another program's SQLite database, with what each holds."""
+    import sqlite3
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    other = tmp_path / "app.sqlite"
+    conn = sqlite3.connect(str(other))
+    conn.execute("CREATE TABLE accounts (name TEXT)")
+    conn.commit()
+    conn.close()
+    return {notes: notes.read_bytes(), other: other.read_bytes()}
+
+
+@pytest.mark.parametrize("command", ["check", "diagnose"])
+def test_a_db_that_is_another_file_is_refused_and_left_as_it_was(tmp_path, command):
+    """`--db` naming a file that is not a store (a typo): exit 2 with one line; the file is not
+    renamed `.corrupt-...` nor given our tables (a store the hook finds damaged still is)."""
+    files = _other_files(tmp_path)
+    for path, before in files.items():
+        args = ["--db", str(path), "--gpu-source", snapshot_path("healthy")]
+        if command == "diagnose":
+            proc = diagnose(tmp_path, *args, "--config", diag_config(tmp_path), *SOURCES)
+        else:
+            proc = run_cli(command, *args, "--only", "gpu")
+        assert proc.returncode == 2, proc.stderr
+        assert f"--db {path}: not a" in proc.stderr and "Traceback" not in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+        assert path.read_bytes() == before
+    left = [p.name for p in tmp_path.iterdir() if ".corrupt-" in p.name or "-wal" in p.name]
+    assert left == []
+
+
+def test_a_db_that_is_empty_or_new_becomes_a_store(tmp_path):
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    for path in (empty, tmp_path / "new.db"):
+        proc = run_cli("check", "--db", str(path), "--gpu-source", snapshot_path("healthy"))
+        assert proc.returncode == 0, proc.stderr
+        assert path.read_bytes().startswith(b"SQLite format 3\x00")
+
+
 def fake_env(fault=""):
     return {
         "PYTHONPATH": f"{FAKE_NVML}:{REPO}",

@@ -511,6 +511,9 @@ def _refuse_foreign(conn: sqlite3.Connection, path: str) -> None:
     raise StoreError(f"{path}: not a slurmhealth store ({what}): nothing written to it")
 
 
+SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite 3 database file
+
+
 def move_aside(path: str) -> str:
     """Rename a corrupt store (and its WAL files) out of the way; returns the new name."""
     aside = f"{path}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"

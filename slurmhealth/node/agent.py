@@ -212,14 +212,20 @@ def _areas(opts: dict) -> list | None:
     return areas
 
 
-def open_store(path: str, mode: str, busy_timeout: float | None = None) -> object:
+def open_store(
+    path: str, mode: str, busy_timeout: float | None = None, named: bool = False
+) -> object:
     """The node store, or None (logged) when it cannot be used: the verdict never depends on it.
 
     A corrupt file is moved aside and a new store started, so history resumes at once.
+    `named`: the user named this file (`--db`): one that holds something else (not SQLite, or
+    another program's database) is a UsageError and stays as it was, never moved or written.
     """
     from slurmhealth.core import store  # noqa: PLC0415 - sqlite3 only when a store is used
 
     busy = store.BUSY_TIMEOUT_S if busy_timeout is None else busy_timeout
+    if named:
+        _refuse_other_file(path, busy)
     try:
         return store.connect(path, busy)
     except store.StoreError as exc:
@@ -233,6 +239,33 @@ def open_store(path: str, mode: str, busy_timeout: float | None = None) -> objec
     except store.StoreError as exc:
         log(f"store unusable, verdict stands: {exc}", mode)
         return None
+
+
+def _refuse_other_file(path: str, busy: float) -> None:
+    """UsageError if `path` is a file with content that is not a slurmhealth store: a typo'd
+    `--db ~/notes.txt` must not be renamed `.corrupt-...`, nor another program's database be
+    given our tables. A file that is missing or empty (or a SQLite file with no table) becomes
+    a new store; one of ours whose
+    pages are damaged is still moved aside."""
+    from slurmhealth.core import store  # noqa: PLC0415
+
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(len(store.SQLITE_HEADER))
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise UsageError(f"--db {clean(path, 200)}: {exc.strerror}") from None
+    if not head:
+        return
+    if head != store.SQLITE_HEADER:
+        raise UsageError(f"--db {clean(path, 200)}: not a SQLite file: not a store, left as it is")
+    try:
+        store.connect(path, busy, existing=True).close()
+    except store.StoreError as exc:
+        if "another program's" in str(exc):
+            raise UsageError(f"--db {clean(str(exc), 300)}") from None
+        # anything else (locked, damaged, unsafe) is met and handled by open_store's connect
 
 
 def load_config(path: str | None, conn: object, mode: str = "check") -> config.Config:
@@ -418,7 +451,7 @@ def check(argv: list) -> int:
         from slurmhealth.core import store  # noqa: PLC0415
 
         path = _one(opts, "--db") or store.default_path(node)
-        conn = open_store(path, "check")
+        conn = open_store(path, "check", named=_one(opts, "--db") is not None)
         replay_spool(conn, spool_for(path), "check")
     expect = load_config(_one(opts, "--config"), conn).for_node(node)
     baselines = _baselines(conn, node, "", "check")
