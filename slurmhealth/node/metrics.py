@@ -348,9 +348,13 @@ def _lock(path: str) -> int | None:
 
     from slurmhealth.core import files  # noqa: PLC0415
 
-    directory, base = os.path.split(path)
+    directory, base = os.path.split(os.path.abspath(path))
     flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    fd = os.open(os.path.join(directory, f".{base}.lock"), flags, 0o644)
+    dir_fd = files.open_dir(directory)  # the folder as write_atomic reaches it: no planted link
+    try:
+        fd = os.open(f".{base}.lock", flags, 0o644, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
     if files.why_not(os.fstat(fd)):  # someone else's lock: theirs to hold; write unlocked
         os.close(fd)
         return None

@@ -431,6 +431,21 @@ def test_a_lock_or_a_file_someone_else_made_in_the_textfile_folder_is_not_ours(n
     assert runs == 1 and path.stat().st_uid == 0
 
 
+def test_a_folder_symlink_someone_else_planted_gets_neither_the_file_nor_its_lock(tmp_path):
+    """The textfile folder reached through a symlink another user made (and could repoint) is
+    refused before anything is created there: the lock too, not only the .prom file."""
+    if os.geteuid() != 0:
+        require_real("needs root to give a symlink to another owner")
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    link = tmp_path / "textfile"
+    link.symlink_to(target)
+    os.lchown(link, 65534, 65534)
+    with pytest.raises(OSError, match="symlink made by"):
+        metrics.update(str(link / "m.prom"), a_run(), "gpu01")
+    assert list(target.iterdir()) == []
+
+
 @pytest.fixture
 def read_only_dir(tmp_path):
     """A read-only tmpfs: root writes anywhere a plain chmod would forbid."""
