@@ -26,12 +26,6 @@ _ASCII_DIGITS = frozenset("0123456789")
 # printable character is Slurm's business (the readers escape it where they print it).
 _NOT_IN_NAME = frozenset("[],/")
 NODE_NAME_MAX = 255
-# The same as an SQL condition on a column, for a node store merged whole (GLOB is
-# case-sensitive; `]` first in a set is itself; white space as the characters themselves).
-NODE_NAME_SQL = (
-    "({0} <> '' AND {0} NOT GLOB '*[][,/ \t\n\r\v\f]*' AND {0} NOT GLOB '-*' "
-    f"AND length({{0}}) <= {NODE_NAME_MAX})"
-)
 
 
 def is_node_name(name: object) -> bool:

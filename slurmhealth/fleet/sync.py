@@ -26,7 +26,7 @@ from urllib.parse import quote
 
 from slurmhealth import __version__
 from slurmhealth.core import files, store
-from slurmhealth.core.hostlist import NODE_NAME_SQL, is_node_name
+from slurmhealth.core.hostlist import is_node_name
 from slurmhealth.core.result import clean
 
 FORMAT = 1  # the NDJSON record format (docs/fleet.md); a newer one is refused
@@ -59,9 +59,7 @@ class Kind:
         self.times = tuple(i for i, c in enumerate(table.columns) if c.name in _TIMES)
         terms = [_SQL_TYPES[c.type].format(c.name) for c in table.columns]
         terms += [_SQL_TIME.format(c.name) for c in table.columns if c.name in _TIMES]
-        if self.node is not None:
-            terms.append(NODE_NAME_SQL.format("node"))
-        self.valid_sql = " AND ".join(terms)
+        self.valid_sql = " AND ".join(terms)  # node names: _merge_attached's _bad_nodes
 
 
 # What each SQL type of the table spec takes: an import of a string where a time or a count
@@ -581,13 +579,30 @@ _NEWEST = (
 _MARK = store.insert_sql("watermarks", verb="INSERT OR REPLACE")
 
 
+def _bad_nodes(conn: sqlite3.Connection) -> str:
+    """The attached store's node names that is_node_name refuses, as a JSON list (the rule is
+    Python's: `isprintable` has no SQL form). One pass over each table's names, not a
+    callback per row; "[]" in every store the hooks wrote."""
+    selects = " UNION ".join(
+        f"SELECT node FROM node.{spec.table}"  # noqa: S608 - our fixed table names
+        for spec in KINDS.values()
+        if spec.node is not None
+    )
+    names = [row[0] for row in conn.execute(selects)]
+    return json.dumps([n for n in names if isinstance(n, str) and not is_node_name(n)])
+
+
 def _merge_attached(conn: sqlite3.Connection, since: float | None, source: str | None) -> dict:
     added = {}
     with store.immediate(conn):
+        bad = _bad_nodes(conn)
         for kind, spec in KINDS.items():
             where, args = _dated(kind, since, prefix="node.")
             columns = ", ".join(spec.columns)  # names and conditions from the fixed tables above
             where = f"{where} AND {spec.valid_sql}"
+            if spec.node is not None and bad != "[]":
+                where += " AND node NOT IN (SELECT value FROM json_each(?))"
+                args = (*args, bad)
             select = f"SELECT {columns} FROM node.{spec.table} WHERE {where}"  # noqa: S608
             added[kind] = _changes(conn, _insert(kind, select), args)
         if source is not None:

@@ -225,25 +225,34 @@ def test_an_event_keeps_the_job_the_epilog_gave_it(tmp_path):
 
 
 def test_a_merged_store_brings_no_row_an_import_would_refuse(tmp_path):
-    """The same checks as an NDJSON line's, in SQL, for a node store merged whole: a node name
-    no node can have (a node set would reach `scontrol` as 64 nodes), a string where a time
-    belongs. The store's good rows come in."""
+    """The same checks as an NDJSON line's for a node store merged whole: a node name no node
+    can have (a node set would reach `scontrol` as 64 nodes; a terminal escape or a bidi
+    override would reach the admin's screen), a string where a time belongs. The store's good
+    rows come in."""
     spool = tmp_path / "spool"
     spool.mkdir()
     node_store(str(spool / "gpu01.db"), "gpu01").close()
     with sqlite3.connect(spool / "gpu01.db") as raw:
-        raw.execute(
-            "INSERT INTO actions SELECT 'x1', 'gpu[01-64]', time, action, reason, actor, ok, "
-            "detail FROM actions LIMIT 1"
-        )
+        for i, name in enumerate(["gpu[01-64]", "gpu01\x1b[2J", "gpu\u202e10", "-gpu01"]):
+            raw.execute(
+                f"INSERT INTO actions SELECT 'x1{i}', ?, time, action, reason, actor, ok, "
+                "detail FROM actions LIMIT 1",
+                (name,),
+            )
+            raw.execute(
+                f"INSERT INTO events SELECT 'e{i}' || id, run_id, ?, job_id, time, kind, code, "
+                "gpu, bus_id, pid, process, class, action, text, repeats FROM events LIMIT 1",
+                (name,),
+            )
         raw.execute(
             "INSERT INTO runs (id, node, job_id, phase, started, duration, verdict, tool_version,"
             " sources) VALUES ('x2', 'gpu01', NULL, 'check', 'yesterday', 1, 'ok', '0', '{}')"
         )
     conn = store.connect(str(tmp_path / "fleet.db"))
     sync.collect(conn, str(spool))
-    nodes = {r[0] for r in conn.execute("SELECT node FROM actions")}
-    assert nodes == {"gpu01"}
+    for table in ("actions", "events"):
+        assert {r[0] for r in conn.execute(f"SELECT node FROM {table}")} == {"gpu01"}  # noqa: S608
+    assert conn.execute("SELECT count(*) FROM events").fetchone()[0] > 0
     ids = {r[0] for r in conn.execute("SELECT id FROM runs")}
     assert ids and "x2" not in ids
 
