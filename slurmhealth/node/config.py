@@ -234,6 +234,15 @@ def _line_of(text: str, key: str) -> int:
     return 0
 
 
+_BLOCK = re.compile(r'^\s*\[\[\s*(node|"node")\s*\]\]')
+
+
+def _block_lines(text: str) -> list[int]:
+    """The line of each `[[node]]` header, in order: block i of the parsed array is header i
+    (the inline form `node = [{...}]` has none: _line_of's line of `node` then)."""
+    return [n for n, line in enumerate(text.splitlines(), 1) if _BLOCK.match(line)]
+
+
 def _value_line(text: str, key: str, value: object) -> int:
     """Line of the `key = value` that reads as `value` (a key set at the top and again in a
     [[node]] block has several); else _line_of's first line of the key."""
@@ -353,8 +362,9 @@ def _check_nodes(blocks: object, where: str, text: str) -> list[str]:
     if not isinstance(blocks, list):
         return [f"{where}:{_line_of(text, 'node')}: node must be an array of tables [[node]]"]
     errors = []
-    for block in blocks:
-        line = _line_of(text, "match")
+    headers = _block_lines(text)
+    for index, block in enumerate(blocks):
+        line = headers[index] if index < len(headers) else _line_of(text, "node")
         if not isinstance(block, dict):
             errors.append(f"{where}:{_line_of(text, 'node')}: node must be an array of tables")
             continue

@@ -64,7 +64,11 @@ def test_no_file_means_defaults_that_expect_nothing_unseen(monkeypatch):
             "checks.gpu.ecc.severity = 'loud' is not valid",
         ),
         ('[[node]]\nmatch = "gpu[01-"\n', "t.toml:2: unbalanced '['"),
-        ("[[node]]\ngpu.count = 2\n", "every [[node]] needs match"),
+        ("[[node]]\ngpu.count = 2\n", "t.toml:1: every [[node]] needs match"),
+        (
+            '[[node]]\nmatch = "gpu01"\n\n[[node]]\n[node.gpu]\ncount = 4\n',
+            "t.toml:4: every [[node]] needs match",
+        ),
     ],
 )
 def test_errors_name_file_and_line(text, expected):
