@@ -58,6 +58,7 @@ def sweep(history: simulate.History, params: dict) -> tuple:
     daily = simulate.daily_signals(history)
     items = simulate.fault_items(history, fleet.start, fleet.end)
     first_day = fleet.start // DAY
+    classes = simulate.gpu_classes(fleet)  # what fleet.signals reads from each node's runs
     window: dict = {}
     ours: dict = {}
     base: dict = {}
@@ -71,6 +72,7 @@ def sweep(history: simulate.History, params: dict) -> tuple:
                 window.get(node) or dict.fromkeys(policy.SIGNALS, 0),
                 faults=simulate.window_items(mine.get("faults", []), fleet.start, at),
                 warnings=simulate.window_items(mine.get("warnings", []), fleet.start, at),
+                gpu_class=classes.get(node, ""),
             )
         seen = {n: s for n, s in seen.items() if s["node_days"] or s["faults"] or s["warnings"]}
         for r in policy.score(seen, params):

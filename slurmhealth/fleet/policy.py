@@ -84,6 +84,14 @@ DEFAULT_PARAMS = {
     # left out of that test's pool and dispersion, at most this share of the fleet (at least
     # one node of three or more), strongest first, until the set settles.
     "max_outlier_share": 0.10,
+    # Hardware classes (the GPU model each node's runs record): a class is pooled on its own
+    # when its rate differs from the rest of the fleet's beyond chance (two-sided Poisson test
+    # of its total at class_p / classes) and the fleet's rate gives it at least
+    # class_min_expected events: a generation that fails 2.5x as often must neither make its
+    # healthy nodes look like lemons nor hide the other generation's lemons. Otherwise (one
+    # class, classes alike, or too little data) the whole fleet is one pool.
+    "class_p": 1e-3,
+    "class_min_expected": 10.0,
 }
 
 REASON_MAX = 120
@@ -139,9 +147,11 @@ def _gamma_cf(a: float, x: float) -> float:
     return h
 
 
-def _chernoff(k: float, mu: float) -> float:
-    """An upper bound on ln P(X >= k), k > mu: cheap, to skip exact tails that cannot matter."""
-    return k - mu - k * math.log(k / mu)
+def _ln_sf_floor(k: float, mu: float) -> float:
+    """A lower bound on ln P(X >= k), k > 0, mu > 0: the first term of ln_poisson_sf's series
+    (every term is positive). Cheap, to skip the exact tails of nodes that cannot be
+    significant: a tail whose floor is above the cut is above it too."""
+    return k * math.log(mu) - mu - math.lgamma(k + 1)
 
 
 def ln_chi2_sf_even(x: float, df: int) -> float:
@@ -157,16 +167,63 @@ def ln_chi2_sf_even(x: float, df: int) -> float:
 # --- one signal against the fleet --------------------------------------------------------------
 
 
-def _expected(counts: list, exposure: list, keep: list, floor: float) -> list:
-    """Each node's expectation: the pooled rate of the kept nodes other than itself."""
-    total = sum(c for c, k in zip(counts, keep) if k)
-    units = sum(e for e, k in zip(exposure, keep) if k)
+def _expected(
+    counts: list, exposure: list, keep: list, floor: float, strata: list | None = None
+) -> list:
+    """Each node's expectation: the pooled rate of the kept nodes other than itself, of its
+    stratum (_strata) when given."""
+    strata = strata or [""] * len(counts)
+    totals: dict = {}
+    for c, e, k, g in zip(counts, exposure, keep, strata):
+        if k:
+            got = totals.setdefault(g, [0.0, 0.0])
+            got[0] += c
+            got[1] += e
     out = []
-    for c, e, k in zip(counts, exposure, keep):
+    for c, e, k, g in zip(counts, exposure, keep, strata):
+        total, units = totals.get(g, (0.0, 0.0))
         rest, rest_units = (total - c, units - e) if k else (total, units)
         rate = rest / rest_units if rest_units > 0 else 0.0
         out.append(max(rate, floor) * e)
     return out
+
+
+def _ln_two_sided(count: float, mu: float) -> float:
+    """ln of the two-sided Poisson p-value of `count` against mean `mu` (twice the nearer tail)."""
+    if count >= mu:
+        tail = ln_poisson_sf(count, mu)
+    elif count <= 0:
+        tail = -mu
+    else:  # P(X <= count) = 1 - P(X >= count + 1); the smallest double for a tail of ~0
+        tail = math.log(max(1.0 - math.exp(ln_poisson_sf(count + 1, mu)), 5e-324))
+    return min(0.0, math.log(2) + tail)
+
+
+def _strata(counts: list, exposure: list, keep: list, classes: list | None, p: dict) -> list:
+    """Each node's pool: its hardware class where that class's kept nodes fail at a rate the
+    rest of the kept fleet's does not explain (DEFAULT_PARAMS class_p, class_min_expected),
+    else "" (the fleet's pool, with every class that is not its own)."""
+    if not classes:
+        return [""] * len(counts)
+    totals: dict = {}
+    for c, e, k, g in zip(counts, exposure, keep, classes):
+        if k and g:
+            got = totals.setdefault(g, [0.0, 0.0])
+            got[0] += c
+            got[1] += e
+    count = sum(c for c, k in zip(counts, keep) if k)
+    units = sum(e for e, k in zip(exposure, keep) if k)
+    if len(totals) < 2 or units <= 0:
+        return [""] * len(counts)
+    ln_cut = math.log(p["class_p"] / len(totals))
+    own = set()
+    for g, (c, e) in totals.items():
+        rest, rest_units = count - c, units - e
+        if rest_units <= 0 or count / units * e < p["class_min_expected"]:
+            continue
+        if _ln_two_sided(c, max(rest / rest_units, 1e-12) * e) < ln_cut:
+            own.add(g)
+    return [g if g in own else "" for g in classes]
 
 
 def _pooled(counts: list, exposure: list) -> list:
@@ -195,7 +252,9 @@ def _outliers(counts: list, expected: list, phi: float, ln_cut: float, most: int
     """Kept-mask: False for the (at most `most`) nodes significant on this signal alone."""
     found = []
     for i, (c, m) in enumerate(zip(counts, expected)):
-        if c > m and _chernoff(c / phi, m / phi) < ln_cut:
+        # (an upper bound here, Chernoff's, skipped the very tails that decide: a lemon with 5
+        # faults vs 0.23 expected, p = 5e-6, stayed in the pool and inflated it)
+        if c > m and (m <= 0 or _ln_sf_floor(c / phi, m / phi) < ln_cut):
             lnp = ln_poisson_sf(c / phi, m / phi)
             if lnp < ln_cut:
                 found.append((lnp, i))
@@ -205,8 +264,16 @@ def _outliers(counts: list, expected: list, phi: float, ln_cut: float, most: int
     return keep
 
 
-def fit_signal(counts: list, exposure: list, floor: float, ln_cut: float, p: dict) -> tuple:
-    """(expected per node, dispersion, ln p per node) for one signal over the fleet."""
+def fit_signal(
+    counts: list,
+    exposure: list,
+    floor: float,
+    ln_cut: float,
+    p: dict,
+    classes: list | None = None,
+) -> tuple:
+    """(expected per node, dispersion, ln p per node, pool per node) for one signal over the
+    fleet; `classes`: each node's hardware class ("" unknown), pooled apart where they differ."""
     n = len(counts)
     share = p["max_outlier_share"]
     most = max(1, int(share * n)) if share > 0 and n >= 3 else 0
@@ -215,18 +282,45 @@ def fit_signal(counts: list, exposure: list, floor: float, ln_cut: float, p: dic
     # under the previous pass, until the set and the dispersion settle. Starting from an
     # estimate over every node instead would let two lemons of a small fleet inflate it and
     # hide each other.
-    keep, phi = [True] * n, 1.0
-    for _ in range(8):
-        expected = _expected(counts, exposure, keep, floor)
-        new = _outliers(counts, expected, phi, ln_cut, most) if most else [True] * n
-        pooled = _expected(counts, exposure, new, floor) if new != keep else expected
-        spread = _dispersion(counts, pooled, new)
-        if new == keep and spread == phi:
-            break
-        keep, phi = new, spread
-    expected = _expected(counts, exposure, keep, floor)
+    keep, phi, strata = _settle(counts, exposure, floor, ln_cut, p, most, None)
+    if classes and len(set(classes) - {""}) > 1:
+        # Then the classes, judged on the nodes that are no outliers of the fleet's pool (a
+        # class's lemons must not set it apart), and the outliers again within each pool.
+        keep, phi, strata = _settle(counts, exposure, floor, ln_cut, p, most, classes, keep, phi)
+    expected = _expected(counts, exposure, keep, floor, strata)
     lnps = [ln_poisson_sf(c / phi, m / phi) if c > 0 else 0.0 for c, m in zip(counts, expected)]
-    return expected, phi, lnps
+    return expected, phi, lnps, strata
+
+
+def _settle(
+    counts: list,
+    exposure: list,
+    floor: float,
+    ln_cut: float,
+    p: dict,
+    most: int,
+    classes: list | None,
+    keep: list | None = None,
+    phi: float = 1.0,
+) -> tuple:
+    """(kept-mask, dispersion, pools) once the outliers, the dispersion and (with `classes`)
+    the pools stop changing (fit_signal)."""
+    n = len(counts)
+    keep = keep or [True] * n
+    strata = _strata(counts, exposure, keep, classes, p)
+    for _ in range(8):
+        expected = _expected(counts, exposure, keep, floor, strata)
+        new = _outliers(counts, expected, phi, ln_cut, most) if most else [True] * n
+        new_strata = _strata(counts, exposure, new, classes, p)
+        if new != keep or new_strata != strata:
+            pooled = _expected(counts, exposure, new, floor, new_strata)
+        else:
+            pooled = expected
+        spread = _dispersion(counts, pooled, new)
+        if new == keep and new_strata == strata and spread == phi:
+            break
+        keep, phi, strata = new, spread, new_strata
+    return keep, phi, strata
 
 
 # --- the score ---------------------------------------------------------------------------------
@@ -271,9 +365,11 @@ def ln_scan(most: int, expected: float, days: float, window_days: float, phi: fl
     return min(0.0, ln_p)
 
 
-def _fit(counts: list, exposure: list, name: str, ln_cut: float, p: dict) -> tuple:
+def _fit(
+    counts: list, exposure: list, name: str, ln_cut: float, p: dict, classes: list
+) -> tuple:
     floor = p["rate_floor"].get(name, 0.0)
-    return fit_signal(counts, exposure, floor, ln_cut, p)
+    return fit_signal(counts, exposure, floor, ln_cut, p, classes)
 
 
 def _phrase(name: str, test: dict, kinds: bool) -> str:
@@ -341,6 +437,7 @@ def score(signals: dict, params: dict | None = None) -> list:
     if not nodes:
         return []
     ln_cut = math.log(p["alpha"] / len(nodes))
+    classes = [str(signals[n].get("gpu_class") or "") for n in nodes]
     starts: dict = {}
     episodes = {
         "faults": _counted(signals, nodes, "faults", p, starts),
@@ -354,7 +451,7 @@ def score(signals: dict, params: dict | None = None) -> list:
             counts = [signals[n].get(name, 0) for n in nodes]
         unit = EXPOSURE[name]
         exposure = [_exposure(signals[n], unit, c) for n, c in zip(nodes, counts)]
-        fits[name] = (counts, exposure, *_fit(counts, exposure, name, ln_cut, p))
+        fits[name] = (counts, exposure, *_fit(counts, exposure, name, ln_cut, p, classes))
         if name == "faults" or sum(counts) > 0:
             used.append(name)
     shown = {}
@@ -382,6 +479,7 @@ def score(signals: dict, params: dict | None = None) -> list:
             for name, t in tests.items()
         }
         evidence["faults"]["shared"] = episodes["faults"][node][2]
+        evidence["faults"]["pool"] = faults_fit[5][i] or "fleet"
         evidence["faults"]["worst_day"] = day
         for name, (counts, expected) in shown.items():
             evidence[name] = {"count": counts[i], "expected": round(expected[i], 4)}

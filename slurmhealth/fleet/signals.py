@@ -198,9 +198,9 @@ def _ahead(conn: sqlite3.Connection, start: float, end: float, held: list | None
 def signals(
     conn: sqlite3.Connection, start: float, end: float, held: list | None = None
 ) -> dict:
-    """{node: {signal: count, "faults": items, "warnings": items}} for every node with any
-    record in [start, end), per docs/signals.md; application Xids and ordinary job failures
-    count nowhere.
+    """{node: {signal: count, "faults": items, "warnings": items, "gpu_class": GPU model or ""}}
+    for every node with any record in [start, end), per docs/signals.md; application Xids and
+    ordinary job failures count nowhere.
 
     One read transaction: a consistent snapshot while collect writes. held: as _ahead's.
     """
@@ -229,6 +229,9 @@ def signals(
         for counts in out.values():
             counts["node_days"] = _days(counts)
         _items(conn, out, start, end, held)
+        # each node's hardware class, which the lemon policy pools apart where classes differ
+        for node, model in queries.node_models(conn, sorted(out), end, end - start).items():
+            out[node]["gpu_class"] = model
     finally:
         if own:
             conn.execute("COMMIT")

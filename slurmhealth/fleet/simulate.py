@@ -642,17 +642,19 @@ def _tally(h: History, start: float, end: float, by_day: bool) -> dict:
 
 
 def signals(history: History, start: float, end: float) -> dict:
-    """{node: {signal: count, "faults": items, "warnings": items}} over [start, end), exactly
-    as docs/signals.md defines them over a store (fleet.signals), for every node with any
-    record in the window."""
+    """{node: {signal: count, "faults": items, "warnings": items, "gpu_class"}} over [start,
+    end), exactly as docs/signals.md defines them over a store (fleet.signals), for every node
+    with any record in the window."""
     out = _tally(history, start, end, by_day=False).get(0, {})
     items = fault_items(history, start, end)
     for node in set(items) - set(out):
         out[node] = dict.fromkeys(policy.SIGNALS, 0)
+    classes = gpu_classes(history.fleet)
     for node, counts in out.items():
         mine = items.get(node, {})
         counts["faults"] = window_items(mine.get("faults", []), start, end)
         counts["warnings"] = window_items(mine.get("warnings", []), start, end)
+        counts["gpu_class"] = classes.get(node, "")
     return {node: out[node] for node in sorted(out)}
 
 
@@ -800,21 +802,36 @@ def drifted_nodes(fleet: Fleet) -> dict:
     return {node: DRIFTS[n % len(DRIFTS)] for n, node in enumerate(chosen)}
 
 
-def node_versions(drift: str | None) -> dict:
-    """The `versions` a run's sources record (runner.Gathered) on a node with this drift."""
+# The GPU model each generation's runs record (a fleet with generations only: the others record
+# none, as before), so the lemon policy can tell the generations apart as it would on a store.
+GENERATION_MODELS = ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "NVIDIA H200")
+
+
+def gpu_classes(fleet: Fleet) -> dict:
+    """{node: the GPU model its runs record} ("" for every node of a fleet without
+    generations), as fleet.signals reads it back from a store."""
+    if not fleet.generations:
+        return dict.fromkeys(fleet.names(), "")
+    models = GENERATION_MODELS
+    return {n: models[g % len(models)] for n, g in zip(fleet.names(), generation_of(fleet))}
+
+
+def node_versions(drift: str | None, model: str = "") -> dict:
+    """The `versions` a run's sources record (runner.Gathered) on a node with this drift (and
+    this GPU model, when the fleet has generations)."""
     vbios = sorted({VBIOS, ODD_VBIOS}) if drift == "vbios" else [VBIOS]
     firmware = dict.fromkeys(HCAS, HCA_FW)
     if drift == "ib_fw":
         firmware[HCAS[-1]] = OLD_HCA_FW
-    return {
-        "gpu": {"driver": OLD_DRIVER if drift == "driver" else DRIVER, "vbios": vbios},
-        "ib": {"fw_ver": firmware},
-    }
+    gpu: dict = {"driver": OLD_DRIVER if drift == "driver" else DRIVER, "vbios": vbios}
+    if model:
+        gpu["model"] = [model]
+    return {"gpu": gpu, "ib": {"fw_ver": firmware}}
 
 
-def _sources(drift: str | None, versions: bool = True) -> str:
+def _sources(drift: str | None, versions: bool = True, model: str = "") -> str:
     """A run's sources JSON, as runner.Gathered.to_dict writes it, versions included or not."""
-    found = node_versions(drift)
+    found = node_versions(drift, model)
     out = {
         source: {"status": "ok", "message": "", "seconds": seconds}
         for source, seconds in (("gpu", 0.012), ("ib", 0.002))
@@ -844,7 +861,8 @@ def _run_rows(h: History, version: str, lo: float = -math.inf, hi: float = math.
     filtered: a day of a month costs a day)."""
     explicit = {r[0]: r[5] for r in h.runs}
     drift = drifted_nodes(h.fleet)
-    sources = {node: _sources(drift.get(node)) for node in h.names}
+    models = gpu_classes(h.fleet)
+    sources = {node: _sources(drift.get(node), model=models[node]) for node in h.names}
     # Versions unchanged are recorded again every runner.VERSIONS_EVERY: here by the first
     # health check of each 6-hour period; every other run records none.
     plain = _sources(None, versions=False)

@@ -305,3 +305,69 @@ def test_worst_day_bound_against_a_simulated_healthy_fleet():
 def test_most_within_counts_a_sliding_window():
     assert policy.faultlib.most_within([], DAY) == 0
     assert policy.faultlib.most_within([0.0, 10.0, DAY, DAY + 11.0, 3 * DAY], DAY) == 3
+
+
+# --- hardware classes ------------------------------------------------------------------------
+
+
+def two_classes(factor: float = 10.0, seed: int = 4) -> dict:
+    """600 nodes over 28 days: 300 of class A at ~4.5 faults per 1,000 node-days, 300 of class
+    B failing `factor` times as often, each fault at a random time."""
+    rng = random.Random(seed)
+    signals = {}
+    for i in range(600):
+        cls = "A" if i < 300 else "B"
+        count = poisson(rng, 0.0045 * 28 * (1 if cls == "A" else factor))
+        at = [rng.random() * 27 * DAY for _ in range(count)]
+        signals[f"gpu{i:04d}"] = {
+            "node_days": 28,
+            "faults": sorted(i for t in at for i in fault(t)),
+            "gpu_class": cls,
+        }
+    return signals
+
+
+def faults_at(rng: random.Random, count: int) -> list:
+    return sorted(i for _ in range(count) for i in fault(rng.random() * 27 * DAY))
+
+
+def test_a_generation_that_fails_more_is_pooled_apart_so_the_other_ones_lemon_shows():
+    """Pooled with a generation failing 10x as often, a node with 5 faults among nodes that
+    have 0 or 1 looks ordinary (vs ~0.7 expected); against its own class (~0.12) it is a
+    lemon. The other class's nodes are judged against their own rate, not flagged."""
+    signals = two_classes()
+    signals["gpu0005"]["faults"] = spread(5, phase=2.5)
+    scored = by_node(policy.score(signals))
+    assert [n for n, r in scored.items() if r["lemon"]] == ["gpu0005"]
+    assert scored["gpu0005"]["evidence"]["faults"]["pool"] == "A"
+    assert scored["gpu0005"]["evidence"]["faults"]["expected"] < 0.2
+    assert scored["gpu0400"]["evidence"]["faults"]["pool"] == "B"
+    assert scored["gpu0400"]["evidence"]["faults"]["expected"] > 1.0
+    for s in signals.values():
+        s["gpu_class"] = ""  # classes unknown: one pool, and the lemon is hidden
+    blind = by_node(policy.score(signals))
+    assert not blind["gpu0005"]["lemon"]
+    assert blind["gpu0005"]["evidence"]["faults"]["pool"] == "fleet"
+
+
+def test_classes_that_fail_alike_stay_one_pool_even_with_lemons_in_one():
+    """Two classes at the same rate are one pool; ten lemons in one class do not set it apart
+    (the classes are judged on the nodes that are no outliers), so all ten are found."""
+    signals = two_classes(factor=1.0)
+    bad = {f"gpu{i:04d}" for i in range(1, 300, 30)}
+    for n, name in enumerate(sorted(bad)):
+        signals[name]["faults"] = spread(5, phase=n * 3)  # lemons do not fail in step
+    scored = by_node(policy.score(signals))
+    assert {n for n, r in scored.items() if r["lemon"]} == bad
+    assert {r["evidence"]["faults"]["pool"] for r in scored.values()} == {"fleet"}
+
+
+def test_a_class_too_small_to_judge_is_pooled_with_the_fleet():
+    """Three nodes of a class, each with 2 faults: the fleet's rate gives them well under
+    class_min_expected, so they are not pooled apart (three nodes' own rate would hide
+    anything) and are judged against the fleet."""
+    signals = two_classes(factor=1.0)
+    for i in range(3):
+        signals[f"gpu{i + 10:04d}"].update(gpu_class="C", faults=faults_at(random.Random(i), 2))
+    scored = by_node(policy.score(signals))
+    assert scored["gpu0010"]["evidence"]["faults"]["pool"] == "fleet"

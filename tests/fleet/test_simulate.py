@@ -217,6 +217,26 @@ def test_store_signals_equal_in_memory_signals(lemony, stored, window):
     assert signals.signals(conn, start, end) == in_memory
 
 
+def test_a_fleet_of_two_generations_records_each_ones_gpu_model(tmp_path):
+    """The runs of a fleet with generations name each generation's GPU model, which
+    fleet.signals reads back as each node's gpu_class, the same as the in-memory signals (the
+    lemon policy pools generations apart by it); the lemon sweep over the store uses it."""
+    from slurmhealth.fleet import lemons
+
+    f = small(nodes=12, days=3, incident_day=None)
+    f.generations = ((0.5, 1.0), (0.5, 2.5))
+    h = simulate.events(f)
+    conn = store.connect(str(tmp_path / "gen.db"))
+    simulate.write_store(h, conn)
+    got = signals.signals(conn, f.start, f.end)
+    assert got == simulate.signals(h, f.start, f.end)
+    assert [got[n]["gpu_class"] for n in sorted(got)] == [simulate.GENERATION_MODELS[0]] * 6 + [
+        simulate.GENERATION_MODELS[1]
+    ] * 6
+    pools = {r["evidence"]["faults"]["pool"] for r in lemons.sweep(conn, f.end, 3 * DAY)}
+    assert pools <= {"fleet", *simulate.GENERATION_MODELS[:2]}
+
+
 # --- versions and run durations ------------------------------------------------------------------
 
 

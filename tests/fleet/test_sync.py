@@ -530,7 +530,7 @@ def test_without_slurmdbd_sacct_fails_in_one_line(tmp_path):
 
 # --- lemon signals (docs/signals.md) --------------------------------------------------------
 
-ZERO = dict.fromkeys(policy.SIGNALS, 0)
+ZERO = {**dict.fromkeys(policy.SIGNALS, 0), "gpu_class": ""}  # no run here records a model
 
 
 def signal_store(path: str) -> sqlite3.Connection:
