@@ -321,11 +321,12 @@ def record(
     lost. A store found damaged past its header only now is moved aside like a corrupt one, and
     the run recorded in a new store. A write still under way at the hook's deadline (a hung
     disk) is spooled by the watchdog (`clock`)."""
-    records = run.records(job_id)
-    if conn is not None:
-        from slurmhealth.core import store  # noqa: PLC0415
+    from slurmhealth.core import store  # noqa: PLC0415 - loaded already where a store is open
 
-        records["run"]["id"] = store.new_id()  # the spooled copy and the store's are one run
+    records = run.records(job_id)
+    # the spooled copy and the store's are one run, replayed once, whatever path it takes
+    records["run"]["id"] = store.new_id()
+    if conn is not None:
         if clock is not None and path:
             clock.unsaved = (spool_for(path), {"records": records, "kw": kw})
         try:
@@ -390,10 +391,10 @@ def _reopen_if_corrupt(conn: object, exc: Exception, path: str, mode: str) -> ob
 
 
 def replay_spool(conn: object, spool: str, mode: str) -> None:
-    """Record the runs earlier runs could not, oldest first; on a failure, spool the rest
-    again (the store is busy again: the next run tries). An entry that can never be recorded
-    (damaged: not the shape a run of ours writes) is dropped, loudly: kept, it would fail every
-    replay after it and fill the spool."""
+    """Record the runs earlier runs could not, oldest first; on a failure, give the rest back
+    in place, still first in line (the store is busy again: the next run tries). An entry that
+    can never be recorded (damaged: not the shape a run of ours writes) is dropped, loudly:
+    kept, it would fail every replay after it and fill the spool."""
     if conn is None or not spool:
         return
     entries, taken = state.take_spool(spool)
@@ -417,14 +418,11 @@ def replay_spool(conn: object, spool: str, mode: str) -> None:
                 continue
             log(f"could not replay spooled runs, kept for the next run: {exc}", mode)
             _wait_less(conn)
-            for rest in entries[n:]:
-                try:
-                    state.spool(spool, rest)
-                except OSError:
-                    return  # the taken files stay: nothing is deleted unrecorded
-            break
-    for done in taken:
-        os.unlink(done)
+            # not appended to the spool: after newer runs, a prolog would replay after its
+            # epilog and leave its job "running" for good
+            state.release(taken, entries[n:])
+            return
+    state.finish(taken)
 
 
 def format_table(run: runner.Run, quiet: bool = False) -> str:
@@ -928,9 +926,9 @@ def _save_side(
     if doc == side:
         return
     try:
-        state.save(path, doc)
+        saved = state.update(path, side, doc)  # merged with a concurrent hook's saves
         side.clear()
-        side.update(doc)
+        side.update(saved)
     except OSError as exc:
         log(f"could not save the node's side state {path}: {exc}", mode)
 

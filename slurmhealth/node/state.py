@@ -77,65 +77,258 @@ def save(path: str, doc: dict) -> None:
     files.write_private(path, body, 0o600)
 
 
+LOCK_WAIT_S = 1.0  # a holder takes ~1 ms; one stuck longer (stopped) is not waited on further
+
+
+def update(path: str, known: dict, wanted: dict) -> dict:
+    """Save `wanted`, this run's state, merged under a lock with what is on disk now: another
+    hook of the node may have saved since this one loaded `known` (a slow health check beside a
+    prolog), and its fault or its later kernel-log position must not be undone. Returns what was
+    saved. Raises OSError as save() does.
+
+    - the kernel-log position: the later of the two on the same boot, else this run's (it read
+      the boot that is running);
+    - the pending fault: this run's when it has one; cleared only when the file still holds the
+      one this run knew (`known`): a fault another run saved meanwhile stays pending.
+    """
+    files.private_dir(os.path.dirname(os.path.abspath(path)))
+    lock = _lock(path)
+    try:
+        current = load(path)
+        doc = dict(wanted)
+        mine, theirs = kmsg_position(wanted), kmsg_position(current)
+        if mine and theirs and theirs["boot_id"] == mine["boot_id"] and theirs["seq"] > mine["seq"]:
+            doc["kmsg"] = theirs
+        if "pending" not in wanted and current.get("pending") not in (None, known.get("pending")):
+            doc["pending"] = current["pending"]
+        if doc != current:
+            save(path, doc)
+        return doc
+    finally:
+        if lock is not None:
+            os.close(lock)
+
+
+def _lock(path: str) -> int | None:
+    """An exclusive flock on `<path>.lock` (ours, 0600, never through a symlink), or None after
+    LOCK_WAIT_S or when it cannot be had: the save then goes ahead unlocked, still whole."""
+    import fcntl  # noqa: PLC0415 - a C module, only when the state changes
+    import time  # noqa: PLC0415
+
+    directory, base = os.path.split(os.path.abspath(path))
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        folder = files.open_dir(directory)
+        try:
+            fd = os.open(f"{base}.lock", flags, 0o600, dir_fd=folder)
+        finally:
+            os.close(folder)
+    except OSError:
+        return None
+    if files.why_not(os.fstat(fd)):
+        os.close(fd)
+        return None
+    give_up = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except OSError:
+            if time.monotonic() > give_up:
+                os.close(fd)
+                return None
+            time.sleep(0.002)
+
+
 # --- runs the store could not take --------------------------------------------------------------
+#
+# The spool is appended to under an flock, and taken by renaming it to
+# `<spool>.<time ns>.<random>.taking`, whose flock its taker holds until the entries are recorded
+# (the file removed) or given back (`release`: the rest written back in place). Whoever holds a
+# taken file's lock is its owner: a file nobody holds (its taker was killed, or gave it back) is
+# taken by the next run, oldest first (the names sort by the time they were taken), so the runs
+# are replayed in the order they ran, and a pid reused never strands or overwrites one. A writer
+# that opened the spool just as it was taken finds its file renamed once it has the lock and
+# appends to the new spool instead; a taker waits for a writer still appending before it reads.
 
 SPOOL_MAX = 16 << 20  # a store locked for days at a run a minute is ~10 MiB of spooled runs
+WRITE_WAIT_S = 0.2  # writers hold the spool's lock for one append
+TAKE_WAIT_S = 0.5  # ...so a taker waits this long at most for one to finish
+_READ_TAKEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_HELD: dict = {}  # taken path -> the descriptor whose lock makes this process its owner
 
 
 def spool(path: str, entry: dict) -> None:
     """Append one run the store could not take (locked, full for a moment) to `path`, a private
     file beside the store; the next run that can write the store replays it. Raises OSError."""
     line = (json.dumps(entry, separators=(",", ":"), default=str) + "\n").encode()
+    for _ in range(5):  # a spool taken between our open and our lock: append to the new one
+        folder = files.open_dir(os.path.dirname(os.path.abspath(path)))
+        try:
+            if _append(folder, os.path.basename(path), path, line):
+                return
+        finally:
+            os.close(folder)
+    raise OSError(f"{path}: taken again and again while appending")
+
+
+def _append(folder: int, base: str, path: str, line: bytes) -> bool:
+    """Append `line` to the spool `base` in `folder` if its file is still the spool once
+    locked; False when it was taken meanwhile."""
     # O_NONBLOCK: a FIFO planted there fails at once instead of blocking the run
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    folder = files.open_dir(os.path.dirname(os.path.abspath(path)))
-    try:
-        fd = os.open(os.path.basename(path), flags, 0o600, dir_fd=folder)
-    finally:
-        os.close(folder)
+    fd = os.open(base, flags, 0o600, dir_fd=folder)
     try:
         st = os.fstat(fd)
         why = files.why_not(st)
         if why:  # someone else's file where the spool should be: never appended to
             raise files.Unsafe(path, why)
+        _flock(fd, WRITE_WAIT_S)  # not had: another writer is stuck mid-append; O_APPEND holds
+        if not _is_named(fd, base, folder):
+            return False
+        st = os.fstat(fd)
         if st.st_size + len(line) > SPOOL_MAX:
             raise OSError(f"{path} holds {SPOOL_MAX >> 20} MiB of unrecorded runs already")
         os.write(fd, line)
+        return True
     finally:
         os.close(fd)
 
 
+def _flock(fd: int, wait: float, block: bool = True) -> bool:
+    """An exclusive flock on `fd` within `wait` seconds (at once without `block`)."""
+    import fcntl  # noqa: PLC0415 - a C module, only when something is spooled
+    import time  # noqa: PLC0415
+
+    give_up = time.monotonic() + (wait if block else 0.0)
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError:
+            if time.monotonic() >= give_up:
+                return False
+            time.sleep(0.002)
+
+
+def _is_named(fd: int, base: str, folder: int) -> bool:
+    """Whether `base` in `folder` is still the file open as `fd` (not renamed or removed)."""
+    try:
+        named = os.stat(base, dir_fd=folder, follow_symlinks=False)
+    except OSError:
+        return False
+    st = os.fstat(fd)
+    return st.st_nlink > 0 and (named.st_dev, named.st_ino) == (st.st_dev, st.st_ino)
+
+
 def take_spool(path: str) -> tuple:
-    """(entries, taken paths) of the spooled runs, oldest first: any spool an earlier run took
-    and never finished with (its process is gone: ended at its deadline in the middle of a
-    replay), then the spool itself, each moved aside first so that a concurrent run spools anew;
-    ([], []) when there are none. The caller removes the taken files once the entries are
-    recorded (or puts them back by spooling them again). Spooled runs and actions carry their
-    ids, so an entry replayed twice is written once."""
+    """(entries, taken paths) of the spooled runs, oldest first: the spools earlier runs took
+    and left (killed at their deadline mid-replay, or given back), then the spool itself, moved
+    aside first so that a concurrent run spools anew; ([], []) when there are none. This process
+    owns the taken files until finish() (recorded: removed) or release() (the rest given back).
+    Spooled runs and actions carry their ids, so an entry replayed twice is written once."""
+    import time  # noqa: PLC0415
+
+    directory, base = os.path.split(os.path.abspath(path))
     entries: list = []
     taken = []
-    for n, source in enumerate([*_abandoned(path), path]):
-        mine = f"{path}.{os.getpid()}.{n}.taking"
+    try:
+        folder = files.open_dir(directory)
+    except OSError:
+        return [], []
+    try:
+        for name in _left(folder, base):
+            got = _own(folder, name, directory, block=False)
+            if got is not None:
+                entries += got
+                taken.append(os.path.join(directory, name))
+        mine = f"{base}.{time.time_ns():020d}.{os.urandom(4).hex()}.taking"
         try:
-            os.rename(source, mine)
+            os.rename(base, mine, src_dir_fd=folder, dst_dir_fd=folder)
         except OSError:
-            continue  # none there, or a concurrent run took it first
-        got = _read_spool(mine)
-        if got is not None:  # an unreadable one stays, for a later run to take
+            return entries, taken  # none there, or a concurrent run took it first
+        got = _own(folder, mine, directory, block=True)
+        if got is not None:
             entries += got
-            taken.append(mine)
+            taken.append(os.path.join(directory, mine))
+    finally:
+        os.close(folder)
     return entries, taken
 
 
-def _read_spool(path: str) -> list | None:
-    """The entries of a taken spool; None when it cannot be read or trusted (someone else's
-    file is never replayed into the store)."""
+def _left(folder: int, base: str) -> list:
+    """The names of taken spools (`<spool>.<time ns>.<random>.taking`, or an older release's
+    `<spool>.<pid>.<n>.taking`), oldest first."""
     try:
-        fd = files.open_trusted(path)
-        with os.fdopen(fd, "rb") as handle:
-            return [entry for entry in map(_entry, handle) if entry is not None]
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    found = [n for n in names if n.startswith(base + ".") and n.endswith(".taking")]
+    # an older release's names (a pid, not 20 digits of time) were left before any of these
+    return sorted(found, key=lambda n: (len(n[len(base) + 1 :].split(".", 1)[0]) == 20, n))
+
+
+def _own(folder: int, name: str, directory: str, block: bool) -> list | None:
+    """The entries of the taken spool `name` once this process holds its lock (kept in
+    _HELD); None when another process holds it, it is gone, or it cannot be trusted (someone
+    else's file is never replayed into the store). `block`: wait for a writer's append."""
+    path = os.path.join(directory, name)
+    try:
+        fd = os.open(name, _READ_TAKEN, dir_fd=folder)
     except OSError:
         return None
+    try:
+        if files.why_not(os.fstat(fd)):
+            raise OSError("not ours")
+        if not _flock(fd, TAKE_WAIT_S, block) or not _is_named(fd, name, folder):
+            raise OSError("held, or replaced")  # its owner lives, or it was finished meanwhile
+        os.set_blocking(fd, True)
+        with os.fdopen(os.dup(fd), "rb") as handle:
+            got = [entry for entry in map(_entry, handle) if entry is not None]
+    except OSError:
+        os.close(fd)
+        return None
+    _HELD[path] = fd
+    return got
+
+
+def finish(taken: list) -> None:
+    """The taken spools' entries are recorded: remove them (and let go of their locks)."""
+    for path in taken:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        _let_go(path)
+
+
+def release(taken: list, rest: list) -> None:
+    """The store stopped taking the replay: the taken spools become one file of the entries
+    not yet recorded (`rest`, in order), under the oldest one's name, so the next run replays
+    them first; then let go of them. Raises nothing: a file that cannot be rewritten stays as
+    it was (its recorded entries carry ids: written once all the same)."""
+    if not taken:
+        return
+    if not rest:
+        finish(taken)
+        return
+    try:
+        body = b"".join(
+            (json.dumps(e, separators=(",", ":"), default=str) + "\n").encode() for e in rest
+        )
+        files.write_private(taken[0], body, 0o600)
+        for path in taken[1:]:
+            os.unlink(path)
+    except OSError:
+        pass
+    for path in taken:
+        _let_go(path)
+
+
+def _let_go(path: str) -> None:
+    fd = _HELD.pop(path, None)
+    if fd is not None:
+        os.close(fd)
 
 
 def _entry(line: bytes) -> dict | None:
@@ -148,30 +341,3 @@ def _entry(line: bytes) -> dict | None:
     ):
         return entry
     return None
-
-
-def _abandoned(path: str) -> list:
-    """The spools other runs took (`<spool>.<pid>.<n>.taking`) whose process is gone."""
-    directory, base = os.path.split(os.path.abspath(path))
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return []
-    out = []
-    for name in sorted(names):
-        if not (name.startswith(base + ".") and name.endswith(".taking")):
-            continue
-        pid = name[len(base) + 1 :].split(".", 1)[0]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
-            out.append(os.path.join(directory, name))
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # it exists (not ours to signal)
-    return True

@@ -25,6 +25,19 @@ def a_run() -> runner.Run:
     )
 
 
+def test_a_prolog_recorded_after_its_jobs_epilog_leaves_the_job_ended(db):
+    """A prolog replayed after its epilog must not make the job "running" again (for good: a
+    health check would then never judge leftover GPU processes); the same job id requeued onto
+    the node later does run again."""
+    conn = store.connect(db)
+    prolog = {"start": 100.0, "state": "running", "num_nodes": 1}
+    store.record_run(conn, a_run().records("7"), job={"end": 200.0, "state": "ended"})
+    store.record_run(conn, a_run().records("7"), job=prolog)
+    assert store.job_state(conn, "gpu01", "7") == "ended"
+    store.record_run(conn, a_run().records("7"), job=dict(prolog, start=300.0))  # requeued
+    assert store.job_state(conn, "gpu01", "7") == "running"
+
+
 def test_a_run_or_action_that_carries_its_id_is_written_once(db):
     """A spooled run or action is replayed by a later hook; one replayed twice (a replay cut
     short, taken again) or one whose first write landed after all is still one record."""

@@ -715,11 +715,19 @@ def test_a_replay_cut_short_is_finished_by_a_later_run_and_written_once(node, tm
     proc = node.run("prolog", job="202", PYTHONPATH=os.pathsep.join([str(hang), REPO]))
     assert proc.returncode == 0 and "no verdict yet" in proc.stderr
     assert not spool.exists() and len(list(node.state_dir.glob("*.taking"))) == 1
-    # A spool taken by a process that is still alive is not touched.
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # A spool taken by a process that is still alive (it holds the taken file's lock) is not
+    # touched.
+    alive = node.state_dir / f"{node.name}.db.unrecorded.ndjson.{'9' * 20}.cccccccc.taking"
+    alive.write_text("")
+    hold = (
+        "import fcntl, os, sys, time\nfd = os.open(sys.argv[1], os.O_RDONLY)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(60)\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", hold, str(alive)], stdout=subprocess.PIPE, text=True
+    )
     try:
-        alive = node.state_dir / f"{node.name}.db.unrecorded.ndjson.{holder.pid}.0.taking"
-        alive.write_text("")
+        assert holder.stdout.readline() == "held\n"
         node.configure("healthy")
         # exit 1: the fault 201 saw was never acted on (its drain came after the hang), so it
         # is still pending and this run drains for it
@@ -938,3 +946,24 @@ def test_numbers_past_what_a_store_holds_from_slurmd_are_unknown_not_a_crash(nod
     proc = node.run("prolog", SLURM_JOB_UID="9" * 30, SLURM_JOB_NUM_NODES="²")
     assert proc.returncode == 0 and "internal error" not in proc.stderr, proc.stderr
     assert node.db().execute("SELECT uid, num_nodes FROM jobs").fetchall() == [(None, None)]
+
+
+def test_a_run_spooled_without_any_store_carries_its_id(tmp_path):
+    """A run spooled because no store could be opened at all carries its id like one the store
+    refused, so a replay cut short and taken again records it once."""
+    from slurmhealth.core import store
+    from slurmhealth.node import agent, config, runner, state
+
+    run = runner.run(
+        "gpu01", config.defaults(), runner.Options(gpu_source=snapshot_path("healthy")), ["gpu"]
+    )
+    path = str(tmp_path / "gpu01.db")
+    agent.record(None, run, "check", path=path)
+    entries, taken = state.take_spool(agent.spool_for(path))
+    ids = [e["records"]["run"]["id"] for e in entries]
+    assert len(ids) == 1 and len(ids[0]) == 24
+    conn = store.connect(path)
+    for _ in range(2):  # replayed twice: one run
+        store.record_run(conn, entries[0]["records"])
+    assert conn.execute("SELECT id FROM runs").fetchall() == [(ids[0],)]
+    state.finish(taken)

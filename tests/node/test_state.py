@@ -64,16 +64,110 @@ def test_a_fifo_where_the_spool_should_be_fails_at_once(tmp_path):
     assert proc.stdout.startswith("refused"), proc.stderr
 
 
-def test_a_spool_taken_by_a_live_process_is_left_and_a_dead_ones_is_taken(tmp_path):
+HOLD = (
+    "import fcntl, os, sys, time\n"
+    "fd = os.open(sys.argv[1], os.O_RDONLY)\n"
+    "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+    "print('held', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+def test_a_taken_spool_its_owner_holds_is_left_and_one_nobody_holds_is_taken(tmp_path):
+    """Ownership is the taken file's lock, not a pid (one reused would strand the file while
+    another process has that pid): a file whose lock a live process holds is left; one nobody
+    holds (its taker was killed) is replayed, before the spool itself."""
     spool = str(tmp_path / "gpu01.db.unrecorded.ndjson")
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True).stdout.strip()
-    line = json.dumps(ENTRY) + "\n"
-    (tmp_path / f"gpu01.db.unrecorded.ndjson.{dead}.0.taking").write_text(line)
-    (tmp_path / f"gpu01.db.unrecorded.ndjson.{os.getppid()}.0.taking").write_text(line)
+    held = tmp_path / "gpu01.db.unrecorded.ndjson.01764000000000000000.aaaaaaaa.taking"
+    left = tmp_path / "gpu01.db.unrecorded.ndjson.01764000000000000001.bbbbbbbb.taking"
+    first = {"records": {"run": {"node": "gpu01", "id": "left"}}, "kw": {}}
+    held.write_text(json.dumps(ENTRY) + "\n")
+    left.write_text(json.dumps(first) + "\n")
+    state.spool(spool, ENTRY)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(held)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline() == "held\n"
+        entries, taken = state.take_spool(spool)
+        assert entries == [first, ENTRY] and len(taken) == 2 and held.exists()
+        state.finish(taken)
+        assert sorted(p.name for p in tmp_path.iterdir()) == [held.name]
+    finally:
+        holder.kill()
+        holder.wait()
+    entries, taken = state.take_spool(spool)  # its holder is gone: now it is taken
+    assert entries == [ENTRY] and taken == [str(held)]
+    state.finish(taken)
+
+
+def test_a_replay_given_back_stays_first_in_line(tmp_path):
+    """A replay the store stopped gives its rest back in place, not after newer runs: a
+    prolog must never be replayed after its epilog."""
+    spool = str(tmp_path / "gpu01.db.unrecorded.ndjson")
+    runs = [{"records": {"run": {"node": "gpu01", "id": str(n)}}, "kw": {}} for n in range(4)]
+    state.spool(spool, runs[0])
+    state.spool(spool, runs[1])
     entries, taken = state.take_spool(spool)
-    assert entries == [ENTRY] and len(taken) == 1
-    assert (tmp_path / f"gpu01.db.unrecorded.ndjson.{os.getppid()}.0.taking").exists()
+    assert entries == runs[:2]
+    state.spool(spool, runs[2])  # a concurrent run spools meanwhile
+    state.release(taken, entries[1:])  # the first was recorded, then the store was locked
+    state.spool(spool, runs[3])
+    entries, taken = state.take_spool(spool)
+    assert entries == runs[1:]
+    state.finish(taken)
+    assert os.listdir(tmp_path) == []
+
+
+WRITER = (
+    "import sys\n"
+    "from slurmhealth.node import state\n"
+    "for n in range(int(sys.argv[3])):\n"
+    "    state.spool(sys.argv[1], {'records': {'run': {'id': sys.argv[2] + '-' + str(n)}}})\n"
+)
+
+
+def test_runs_spooled_while_other_runs_take_the_spool_are_all_replayed_once(tmp_path):
+    """Four processes append 150 runs each while this one keeps taking the spool: every run
+    is taken exactly once (an append that raced a take lands in the new spool, or in the taken
+    file before it is read, never in a file already read)."""
+    spool = str(tmp_path / "gpu01.db.unrecorded.ndjson")
+    writers = [
+        subprocess.Popen([sys.executable, "-c", WRITER, spool, f"w{w}", "150"]) for w in range(4)
+    ]
+    seen: list = []
+    while any(w.poll() is None for w in writers):
+        entries, taken = state.take_spool(spool)
+        seen += [e["records"]["run"]["id"] for e in entries]
+        state.finish(taken)
+    entries, taken = state.take_spool(spool)
+    seen += [e["records"]["run"]["id"] for e in entries]
+    state.finish(taken)
+    assert all(w.returncode == 0 for w in writers)
+    assert sorted(seen) == sorted(f"w{w}-{n}" for w in range(4) for n in range(150))
+
+
+def test_a_side_state_saved_meanwhile_keeps_its_fault_and_its_later_kmsg_position(tmp_path):
+    """A slow health check loaded the side state before a prolog found a fault (its drain
+    failed: pending) and read the kernel log further: the health check's save must neither
+    drop that fault nor move the kernel-log position back (the old Xid would drain again)."""
+    path = state.path_for(str(tmp_path), "gpu01")
+    state.save(path, {"kmsg": {"seq": 20, "boot_id": "b1"}})
+    slow = state.load(path)
+    fault = {"message": "GPU 3 GpuIsLost", "since": 1.0, "phase": "prolog"}
+    state.save(path, {"kmsg": {"seq": 23, "boot_id": "b1"}, "pending": fault})
+    saved = state.update(path, slow, {"kmsg": {"seq": 22, "boot_id": "b1"}})
+    assert saved == state.load(path) == {
+        "kmsg": {"seq": 23, "boot_id": "b1"},
+        "pending": fault,
+        "format": state.FORMAT,
+    } or saved == {"kmsg": {"seq": 23, "boot_id": "b1"}, "pending": fault}
+    assert state.pending(state.load(path)) == fault
+    assert state.kmsg_position(state.load(path)) == {"seq": 23, "boot_id": "b1"}
+    # a run that knew the fault and acted on it clears it; another boot's position is replaced
+    state.update(path, state.load(path), {"kmsg": {"seq": 5, "boot_id": "b2"}})
+    assert state.pending(state.load(path)) is None
+    assert state.kmsg_position(state.load(path)) == {"seq": 5, "boot_id": "b2"}
 
 
 def test_side_state_someone_else_wrote_is_not_believed(tmp_path):
