@@ -103,10 +103,38 @@ def update(path: str, known: dict, wanted: dict) -> dict:
             doc["pending"] = current["pending"]
         if doc != current:
             save(path, doc)
+            _sweep_temps(path)
         return doc
     finally:
         if lock is not None:
             os.close(lock)
+
+
+STALE_TEMP_S = 60.0  # a save takes ~1 ms; a temporary file older than this lost its writer
+
+
+def _sweep_temps(path: str) -> None:
+    """Remove the temporary files (`.NAME.RANDOM.tmp`, files.write_private) a save killed
+    before its rename left beside the state file."""
+    import time  # noqa: PLC0415
+
+    directory, base = os.path.split(os.path.abspath(path))
+    try:
+        folder = files.open_dir(directory)
+    except OSError:
+        return
+    try:
+        for name in os.listdir(folder):
+            if not (name.startswith(f".{base}.") and name.endswith(".tmp")):
+                continue
+            try:
+                st = os.stat(name, dir_fd=folder, follow_symlinks=False)
+                if time.time() - st.st_mtime > STALE_TEMP_S and not files.why_not(st):
+                    os.unlink(name, dir_fd=folder)
+            except OSError:
+                pass
+    finally:
+        os.close(folder)
 
 
 def _lock(path: str) -> int | None:

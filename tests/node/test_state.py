@@ -186,3 +186,14 @@ def test_side_state_parents_are_made_private(tmp_path):
     finally:
         os.umask(old)
     assert [stat.S_IMODE(os.stat(tmp_path / d).st_mode) for d in ("a", "a/b")] == [0o700] * 2
+
+
+def test_a_save_killed_before_its_rename_leaves_no_temporary_file_for_good(tmp_path):
+    path = state.path_for(str(tmp_path), "gpu01")
+    stale = tmp_path / ".gpu01.state.json.0123456789ab.tmp"
+    fresh = tmp_path / ".gpu01.state.json.ba9876543210.tmp"  # a save under way right now
+    for temp in (stale, fresh):
+        temp.write_text("{")
+    os.utime(stale, (1, 1))
+    state.update(path, {}, {"kmsg": {"seq": 1, "boot_id": "b"}})
+    assert not stale.exists() and fresh.exists()
