@@ -676,6 +676,11 @@ def collect_cmd(
         paths = sync.collect_paths(directory)
         with _progress(len(paths), "collect") as tick:
             report = sync.collect(conn, directory, start, tick, owners, consume, full)  # type: ignore[arg-type]
+    except sync.StoreFault as exc:
+        raise click.ClickException(
+            f"{_fleet_path(db)}: stopped taking writes ({exc}): collect stopped; what it had"
+            " merged is committed, the files not merged stay for the next collect"
+        ) from None
     except sync.FleetError as exc:
         raise click.ClickException(str(exc)) from None
     for path, why in report["skipped"]:

@@ -286,6 +286,28 @@ class FleetError(Exception):
     """An input that cannot be merged at all (a newer format, an unreadable file): one line."""
 
 
+class StoreFault(FleetError):
+    """The fleet store (or the temporary space a merge copies into) stopped taking writes:
+    locked past the busy timeout, full, read-only, failing I/O. Not one file's fault: collect
+    stops at once, one line, instead of skipping, and waiting for, every file after it."""
+
+
+# SQLite's messages for a store that cannot take writes, whatever the file being merged.
+_STORE_FAULTS = (
+    "database is locked",
+    "database or disk is full",
+    "disk i/o error",
+    "readonly database",
+    "unable to open database file",
+)
+
+
+def _store_fault(exc: BaseException) -> bool:
+    return isinstance(exc, sqlite3.OperationalError) and any(
+        m in str(exc).lower() for m in _STORE_FAULTS
+    )
+
+
 def _row(record: dict) -> tuple:
     """(kind, row) of one parsed record; ValueError saying why it is not a record."""
     kind = record.get("type")
@@ -387,7 +409,8 @@ def _write(conn: sqlite3.Connection, chunk: _Chunk, report: dict) -> None:
         with store.immediate(conn):
             _apply(conn, chunk, report)
     except sqlite3.Error as exc:
-        raise FleetError(f"after {report['records']:,} records: {clean(exc, 120)}") from None
+        kind = StoreFault if _store_fault(exc) else FleetError
+        raise kind(f"after {report['records']:,} records: {clean(exc, 120)}") from None
 
 
 def _apply(conn: sqlite3.Connection, chunk: _Chunk, report: dict) -> None:
@@ -564,7 +587,7 @@ def _merge_copy(
     try:
         return _merge_attached(conn, since, source)
     except sqlite3.Error as exc:
-        raise FleetError(clean(exc, 120)) from None
+        raise (StoreFault if _store_fault(exc) else FleetError)(clean(exc, 120)) from None
     finally:
         conn.execute("DETACH DATABASE node")
 
@@ -723,6 +746,8 @@ def _collect_store(
 ) -> None:
     try:
         added = merge_store(conn, path, since, owners, source=_source(path))
+    except StoreFault:
+        raise
     except files.Unsafe as exc:
         report["skipped"].append((path, exc.strerror))
         return
@@ -809,6 +834,8 @@ class _Batch:
             result = _new_result()
             for chunk in (first, second, *chunks):
                 _write(self.conn, chunk, result)
+        except StoreFault:
+            raise
         except FleetError as exc:
             self.report["skipped"].append((path, clean(exc, 160)))
             return
@@ -828,6 +855,8 @@ class _Batch:
                     if identity is not None:
                         self.conn.execute(_MARK, (_source(path), None, identity, time.time()))
         except sqlite3.Error as exc:
+            if _store_fault(exc):  # the files stay (claimed ones too): the next collect reads them
+                raise StoreFault(clean(exc, 160)) from None
             for path, _chunk, _identity in pending:
                 self.report["skipped"].append((path, clean(exc, 160)))
             return
@@ -841,13 +870,27 @@ class _Batch:
         self._finish(path, result)
 
     def _finish(self, path: str, result: dict) -> None:
-        if path.endswith(CLAIMED):
+        if path.endswith(CLAIMED) and result.get("truncated") and not _stale(path):
+            # a writer copying it in place (scp, cp) is still appending to it: removed now,
+            # the rest of its records would go with it; the next collect reads it again
+            self.report["kept"].append((path, "last line cut: read again by the next collect"))
+        elif path.endswith(CLAIMED):
             try:
                 os.unlink(path)
+            except FileNotFoundError:
+                pass  # a concurrent collect merged and removed it too (idempotent)
             except OSError as exc:  # merged; the next collect reads it again (idempotent)
                 self.report["kept"].append((path, exc.strerror or str(exc)))
         self.report["imports"].append((path, result))
         _merged(self.report, path, result["added"])
+
+
+def _stale(path: str) -> bool:
+    """Untouched for STALE_TEMP_S (or gone): no writer is appending to it any more."""
+    try:
+        return time.time() - os.stat(path).st_mtime > STALE_TEMP_S
+    except OSError:
+        return True
 
 
 def _clean_temps(directory: str) -> int:

@@ -1184,6 +1184,68 @@ def test_an_export_carries_what_is_new_and_a_lost_collect_loses_nothing(tmp_path
     assert spool_ids(target) == {"d"}
 
 
+def test_a_spool_still_being_copied_in_place_is_kept_until_it_is_whole(tmp_path):
+    """A spool copied in place (scp, cp) and claimed halfway: its cut last line says it is
+    still being written, so it is merged and kept, not removed with the rest of its records
+    still to come; the next collect reads it whole and removes it."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    node = store.connect(str(tmp_path / "gpu01.db"))
+    for n in range(6):
+        add_run(node, f"r{n}", T0 + n)
+    text = export_text(node)
+    cut = text.index("\n", len(text) // 2) + 10  # mid-line
+    target = spool / "gpu01.ndjson"
+    with open(target, "w") as writer:
+        writer.write(text[:cut])
+        writer.flush()
+        fleet = store.connect(str(tmp_path / "fleet.db"))
+        report = sync.collect(fleet, str(spool), consume=True)
+        assert report["imports"][0][1]["truncated"] and len(report["kept"]) == 1
+        writer.write(text[cut:])  # the copy goes on into the claimed file
+    assert run_ids(fleet) < {f"r{n}" for n in range(6)}
+    report = sync.collect(fleet, str(spool), consume=True)
+    assert run_ids(fleet) == {f"r{n}" for n in range(6)} and os.listdir(spool) == []
+
+
+def test_a_fleet_store_that_stops_taking_writes_stops_collect_and_loses_nothing(tmp_path):
+    """The fleet store locked by another process (or full) is not one file's fault: collect
+    stops at the first write with StoreFault, instead of skipping every file after a busy
+    timeout each; the claimed files stay and the next collect merges them all."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    for n in range(3):
+        node = store.connect(str(tmp_path / f"gpu0{n}.db"))
+        add_run(node, f"r{n}", T0 + n)
+        (spool / f"gpu0{n}.ndjson").write_text(export_text(node))
+    path = str(tmp_path / "fleet.db")
+    store.connect(path).close()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, path], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        fleet = store.connect(path, busy_timeout=0.2)
+        with pytest.raises(sync.StoreFault, match="database is locked"):
+            sync.collect(fleet, str(spool), consume=True)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert len(os.listdir(spool)) == 3
+    report = sync.collect(fleet, str(spool), consume=True)
+    assert run_ids(fleet) == {"r0", "r1", "r2"} and os.listdir(spool) == []
+    assert report["skipped"] == []
+
+
+HOLD_LOCK = (
+    "import sqlite3, sys, time\n"
+    "conn = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+    "conn.execute('BEGIN EXCLUSIVE')\n"
+    "print('locked', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
 def test_a_record_committed_late_is_in_the_next_export(tmp_path):
     node = store.connect(str(tmp_path / "gpu01.db"))
     target = str(tmp_path / "gpu01.ndjson")
