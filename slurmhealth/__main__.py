@@ -25,9 +25,19 @@ def main(argv: list | None = None) -> None:
         from slurmhealth.node import agent  # noqa: PLC0415
 
         agent.main(argv)  # exits the process
+    import signal  # noqa: PLC0415
+
+    # systemd's stop and TimeoutStartSec send SIGTERM: end as an exit, so that every `finally`
+    # runs (collect's private copy of a node store in $TMPDIR is removed, a transaction is
+    # rolled back), exit status 143 as a shell reports a SIGTERM
+    signal.signal(signal.SIGTERM, _terminated)
     from slurmhealth.cli import cli  # noqa: PLC0415 - click, for the admin side only
 
     cli.main(args=argv, prog_name="slurmhealth")
+
+
+def _terminated(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 if __name__ == "__main__":

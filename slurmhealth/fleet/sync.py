@@ -567,7 +567,8 @@ def merge_store(
     """
     fd = files.open_trusted(path, owners)
     try:
-        with tempfile.TemporaryDirectory(prefix="slurmhealth-collect-") as tmp:
+        _clean_copies()
+        with tempfile.TemporaryDirectory(prefix=COPY_PREFIX) as tmp:
             copy = os.path.join(tmp, "node.db")
             trusted = _trusted_source(path, fd, tmp, owners)
             _checked_copy(trusted, copy)
@@ -578,6 +579,34 @@ def merge_store(
             return _merge_copy(conn, copy, since, source)
     finally:
         os.close(fd)
+
+
+COPY_PREFIX = "slurmhealth-collect-"
+STALE_COPY_S = 6 * 3600.0  # a merge of the largest store takes minutes
+
+
+def _clean_copies() -> None:
+    """Remove the private copies of node stores that a collect killed mid-merge (SIGKILL, a
+    power cut: no `finally` ran) left in $TMPDIR: ours, untouched for STALE_COPY_S."""
+    import shutil  # noqa: PLC0415
+
+    base = tempfile.gettempdir()
+    try:
+        names = [n for n in os.listdir(base) if n.startswith(COPY_PREFIX)]
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(base, name)
+        try:
+            st = os.stat(path, follow_symlinks=False)
+            if (
+                stat.S_ISDIR(st.st_mode)
+                and st.st_uid == os.geteuid()
+                and time.time() - st.st_mtime > STALE_COPY_S
+            ):
+                shutil.rmtree(path)
+        except OSError:
+            continue
 
 
 def _merge_copy(

@@ -16,7 +16,7 @@ import tempfile
 import time
 
 import pytest
-from conftest import FIXTURES, require_real, run_cli, snapshot_path, tmpfs
+from conftest import FIXTURES, REPO, require_real, run_cli, snapshot_path, tmpfs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -1688,3 +1688,40 @@ def test_collect_into_a_store_it_cannot_write_fails_once_not_per_file(tmp_path):
     assert len(done.stderr.strip().splitlines()) == 1 and "skipped" not in done.stderr
     assert str(fleet) in done.stderr
 
+
+
+def test_a_collect_stopped_with_sigterm_leaves_no_copy_of_a_node_store(tmp_path):
+    """systemd stops a collect with SIGTERM (stop, TimeoutStartSec): it ends as an exit, so its
+    private copy of the node store it was merging is removed (exit 143)."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    node_store(str(spool / "gpu01.db"), "gpu01").close()
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import os, signal, time\nimport slurmhealth.fleet.sync as s\nreal = s._checked_copy\n"
+        "def copy(*a, **k):\n    real(*a, **k)\n    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(30)\n"
+        "s._checked_copy = copy\n"
+    )
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(hook), REPO]),
+        "TMPDIR": str(tmp),
+        "SLURMHEALTH_FLEET_DB": str(tmp_path / "fleet.db"),
+    }
+    proc = run_cli("collect", str(spool), env=env)
+    assert proc.returncode == 143, proc.stderr
+    assert os.listdir(tmp) == []
+
+
+def test_copies_a_killed_collect_left_are_removed_by_the_next(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    old, fresh = tmp_path / f"{sync.COPY_PREFIX}old", tmp_path / f"{sync.COPY_PREFIX}now"
+    for folder in (old, fresh):
+        folder.mkdir()
+        (folder / "node.db").write_bytes(b"x" * 100)
+    os.utime(old, (1, 1))
+    sync._clean_copies()
+    assert not old.exists() and fresh.exists()
