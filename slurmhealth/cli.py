@@ -18,7 +18,7 @@ import click
 
 from slurmhealth import __version__
 from slurmhealth.core import files, slurm, store, timespec
-from slurmhealth.core.constants import BREAKER, HELD
+from slurmhealth.core.constants import BREAKER, FAILED, HELD
 from slurmhealth.core.result import clean
 from slurmhealth.fleet import accounting, history, lemons, peers, queries, sync
 from slurmhealth.node import agent, config, runner
@@ -960,7 +960,8 @@ def lemons_cmd(
     """Score every node against the fleet; list the lemons with their evidence.
 
     With --apply, drain them (reason `slurmhealth: lemon: ...`), strongest first, behind the
-    circuit breaker: past settings.breaker_share of the fleet it stops, says so, exits 3.
+    circuit breaker: past settings.breaker_share of the fleet it stops, says so, exits 3. A
+    drain Slurm did not take stops the sweep too, exit 1 (the next sweep tries again).
 
     \b
     Example:
@@ -984,6 +985,8 @@ def lemons_cmd(
         click.echo(_lemon_text(scored, applied, span))
     if any(a["outcome"] in (BREAKER, HELD) for a in applied):
         sys.exit(3)
+    if any(a["outcome"] == FAILED for a in applied):
+        sys.exit(1)
 
 
 def _share(_ctx: object, _param: object, value: float) -> float:

@@ -8,7 +8,7 @@ the fleet store.
 from __future__ import annotations
 
 from slurmhealth.core import slurm
-from slurmhealth.core.constants import BREAKER, HELD, LEMON
+from slurmhealth.core.constants import BREAKER, FAILED, HELD, LEMON
 from slurmhealth.fleet import policy, signals
 from slurmhealth.node import actions
 
@@ -20,7 +20,9 @@ def sweep(conn: object, now: float, window: float, params: dict | None = None) -
 
 
 def apply(scored: list, client: slurm.Slurm, settings: dict, conn: object, log: object) -> list:
-    """Drain each lemon, strongest first; stop at the first the breaker refuses."""
+    """Drain each lemon, strongest first; stop at the first the breaker refuses, and at the
+    first drain Slurm did not take (a controller that times out on one would make each lemon
+    after it wait as long: the next sweep tries again)."""
     applied = []
     for entry in (e for e in scored if e["lemon"]):
         outcome = actions.drain(
@@ -33,6 +35,6 @@ def apply(scored: list, client: slurm.Slurm, settings: dict, conn: object, log: 
             log,
         )
         applied.append({"node": entry["node"], "outcome": outcome})
-        if outcome in (BREAKER, HELD):  # past the cap, or the fleet cannot be counted: stop
+        if outcome in (BREAKER, HELD, FAILED):  # past the cap, uncounted, not taken: stop
             break
     return applied

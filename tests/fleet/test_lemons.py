@@ -88,6 +88,19 @@ def test_the_breaker_stops_the_sweep_loudly(fleet_db, tmp_path):
     assert sum(1 for v in nodes.values() if v["reason"]) == 1
 
 
+def test_a_drain_slurm_does_not_take_stops_the_sweep_and_exits_1(fleet_db, tmp_path):
+    """An hourly cron sweep that drained nothing must not report success; and a controller
+    that fails one update is not asked again for each lemon after it."""
+    path, fleet = fleet_db
+    state, cfg, env = slurm_env(tmp_path, fleet, 0.10)
+    env["FAKE_SLURM_UPDATE_FAILS"] = "1"
+    args = ["lemons", "--db", path, "--now", str(fleet.end), "--apply", "--config", str(cfg)]
+    proc = run_cli(*args, "--json", env=env)
+    assert proc.returncode == 1, proc.stderr
+    assert [a["outcome"] for a in json.loads(proc.stdout)["applied"]] == ["failed"]
+    assert not any(v["reason"] for v in json.loads(state.read_text()).values())
+
+
 def test_lemons_on_a_fleet_store_damaged_past_its_header_is_one_line(tmp_path):
     """A damaged fleet store met in the middle of a command: one line, exit 1, no traceback."""
     from slurmhealth.core import store as store_module
