@@ -41,6 +41,7 @@ PUBLISH_LATENCY_S = 15 * 60  # the documented collect + publish timer period (do
 DRAIN_SLACK_S = 1800
 SACCT_CHUNK = 100  # job ids per sacct call
 PUBLISH_AT_ONCE = 8  # sacctmgr writes at once (publish)
+PUBLISH_BUDGET_S = 120.0  # for all the writes of one publish: well inside the 5-minute cycle
 
 # What a hardware Xid means to a user, in words (the rest: "a hardware fault on GPU n").
 _XID_WORDS = {
@@ -724,8 +725,11 @@ def _remember(conn: sqlite3.Connection, job_id: str, sign: str, comment: str) ->
     store.record_published(conn, job_id, sign, len(comment))
 
 
-def _write_one(client: slurm.Slurm, job_id: str, comment: str) -> str:
-    """Write one job's comment: "" when written, else why not (one line)."""
+def _write_one(client: slurm.Slurm, job_id: str, comment: str, ends: float = math.inf) -> str:
+    """Write one job's comment: "" when written, else why not (one line). Not begun once the
+    publish's budget (`ends`, monotonic) is spent."""
+    if time.monotonic() >= ends:
+        return f"not written: publish's {PUBLISH_BUDGET_S:g} s for Slurm spent (the next publish)"
     try:
         write_comment(client, job_id, comment)
     except slurm.SlurmError as exc:
@@ -770,12 +774,16 @@ def publish(
     # Each sacctmgr waits ~0.27 s on slurmdbd for 5-6 ms of its own CPU (bench/bench_publish.py):
     # one at a time, 200 jobs took 54 s. A few at once keep a busy fleet's publish well inside
     # the 5-minute cycle. The store is written on this thread once they are done.
+    # All the writes together get PUBLISH_BUDGET_S: a slurmdbd that hangs on writes (reads
+    # answering) made each batch wait out its timeout, 58 jobs 240 s, past the collect timer's
+    # cycle; the jobs not written are reported and written by the next publish.
     failed = {}
     if writes:
         from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415 - admin side only
 
+        ends = time.monotonic() + PUBLISH_BUDGET_S
         with ThreadPoolExecutor(min(PUBLISH_AT_ONCE, len(writes))) as pool:
-            outcomes = pool.map(lambda w: _write_one(client, *w), writes)
+            outcomes = pool.map(lambda w: _write_one(client, *w, ends=ends), writes)
             failed = {job_id: why for (job_id, _), why in zip(writes, outcomes) if why}
     for job_id, comment, sign in ours_now:
         if job_id in failed:

@@ -316,7 +316,9 @@ def test_a_damaged_or_foreign_comment_is_a_one_line_error(comment):
 
 FAKE = r'''#!{python}
 """sacct/sacctmgr stand-in: jobs in $FAKE_ACCT (JSON), calls appended to $FAKE_ACCT.calls."""
-import fcntl, json, os, sys
+import fcntl, json, os, sys, time
+if os.path.basename(sys.argv[0]) == "sacctmgr" and "-i" in sys.argv:
+    time.sleep(float(os.environ.get("FAKE_ACCT_WRITE_SLEEP") or 0))  # a slow or hung slurmdbd
 path = os.environ["FAKE_ACCT"]
 lock = open(path + ".lock", "a")
 fcntl.flock(lock, fcntl.LOCK_EX)  # one call at a time, as slurmdbd serialises its writes
@@ -442,6 +444,25 @@ def test_publish_writes_many_at_once_and_a_refused_write_costs_only_its_job(conn
     acct.write({**rows, **{j: stored[j] for j in ids if j != "105"}})
     again = jobs.publish(conn, client, now - 3600, now + 60)
     assert again["published"] == ["105"] and again["unchanged"] == len(ids) - 1
+
+
+def test_publish_stops_writing_once_its_budget_is_spent(conn, acct, monkeypatch):
+    """A slurmdbd that takes its time over every write (reads answering) must not stretch one
+    publish past its cycle: writes not begun within the budget are reported, not remembered,
+    and left for the next publish."""
+    ids = [str(200 + i) for i in range(3 * jobs.PUBLISH_AT_ONCE)]
+    for job_id in ids:
+        job_on(conn, "gpu02", job_id, exit_code=3)
+    acct.write({job_id: ended() for job_id in ids})
+    monkeypatch.setenv("FAKE_ACCT_WRITE_SLEEP", "0.5")
+    monkeypatch.setattr(jobs, "PUBLISH_BUDGET_S", 0.9)  # each worker's third write is late
+    now = time.time()
+    report = jobs.publish(conn, slurm.Slurm(acct.bin), now - 3600, now + 60)
+    late = [j for j, why in report["failed"] if "spent" in why]
+    assert len(late) >= jobs.PUBLISH_AT_ONCE
+    assert sorted(late + report["published"]) == ids
+    remembered = {j for (j,) in conn.execute("SELECT job_id FROM published")}
+    assert remembered == set(report["published"])
 
 
 def test_publish_refuses_without_private_data_and_the_cli_says_why(conn, tmp_path, acct):
