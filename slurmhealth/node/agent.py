@@ -245,8 +245,7 @@ def _refuse_other_file(path: str, busy: float) -> None:
     """UsageError if `path` is a file with content that is not a slurmhealth store: a typo'd
     `--db ~/notes.txt` must not be renamed `.corrupt-...`, nor another program's database be
     given our tables. A file that is missing or empty (or a SQLite file with no table) becomes
-    a new store; one of ours whose
-    pages are damaged is still moved aside."""
+    a new store; one of ours whose pages are damaged is still moved aside."""
     from slurmhealth.core import store  # noqa: PLC0415
 
     try:
