@@ -134,7 +134,9 @@ def build_store(path: str, runs: int, seed: int = 1) -> dict:
     conn.execute("BEGIN")
     for kind, spec in sync.KINDS.items():
         marks = ", ".join("?" * len(spec.columns))
-        conn.executemany(f"INSERT OR IGNORE INTO {spec.table} VALUES ({marks})", rows[kind])  # noqa: S608
+        width = len(spec.columns)  # columns added since (jobs.gpu_energy, below_base): NULL
+        padded = (row + (None,) * (width - len(row)) for row in rows[kind])
+        conn.executemany(f"INSERT OR IGNORE INTO {spec.table} VALUES ({marks})", padded)  # noqa: S608
     conn.execute("COMMIT")
     conn.close()
     return {kind: len(r) for kind, r in rows.items()}
