@@ -531,13 +531,21 @@ def export_cmd(
             total = sync.count_records(conn, start)  # type: ignore[arg-type]
             with _progress(total, "export") as tick:
                 counts = sync.export(conn, out, start, tick)  # type: ignore[arg-type]
-        if incremental:
-            sync.exported(conn, output, start, mark)  # type: ignore[arg-type]
     except OSError as exc:
         raise click.ClickException(f"{output}: {exc.strerror or exc}") from None
     except store.StoreError as exc:
         raise click.ClickException(f"{output}: {exc}") from None
-    click.echo(f"{output}: {sum(counts.values()):,} records ({_added(counts)})")
+    done = f"{output}: {sum(counts.values()):,} records ({_added(counts)})"
+    if incremental:
+        try:
+            sync.exported(conn, output, start, mark)  # type: ignore[arg-type]
+        except (store.StoreError, OSError) as exc:
+            # the file is whole and in place; without its mark the next export starts where
+            # this one did (records exported twice are merged once)
+            raise click.ClickException(
+                f"{done}, written; its start not remembered ({exc}): the next export overlaps"
+            ) from None
+    click.echo(done)
 
 
 @cli.command(name="import")

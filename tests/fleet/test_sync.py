@@ -1725,3 +1725,28 @@ def test_copies_a_killed_collect_left_are_removed_by_the_next(tmp_path, monkeypa
     os.utime(old, (1, 1))
     sync._clean_copies()
     assert not old.exists() and fresh.exists()
+
+
+@pytest.mark.slow  # the meta write waits out the store's 30 s busy timeout
+def test_an_export_whose_start_cannot_be_remembered_says_the_file_is_written(tmp_path):
+    """The node store locked by another process after the export read it: the file is whole
+    and in place, and the one line says so (it read as if the export had failed)."""
+    db = str(tmp_path / "gpu01.db")
+    node = store.connect(db)
+    add_run(node, "a", T0)
+    node.close()
+    out = tmp_path / "spool" / "gpu01.ndjson"
+    out.parent.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, db], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        proc = run_cli("export", "--db", db, "--incremental", "-o", str(out), "--since", "3000d")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "written; its start not remembered" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert spool_ids(str(out)) == {"a"}
