@@ -402,6 +402,85 @@ def test_an_env_file_someone_else_could_have_written_is_refused_loudly(etc, faul
     assert "ran-ours" not in os.listdir(etc), "nothing runs"
 
 
+def _program(etc: str, name: str, body: str) -> str:
+    path = os.path.join(etc, name)
+    with open(path, "w") as handle:
+        handle.write(f"#!/bin/sh\n{body}\n")
+    os.chmod(path, 0o755)
+    return path
+
+
+def _env_lines(etc: str, text: str) -> None:
+    path = os.path.join(etc, "slurm", "slurmhealth.env")
+    with open(path, "w", newline="") as handle:
+        handle.write(text)
+    os.chmod(path, 0o644)
+
+
+def test_the_env_file_is_read_never_run_as_shell(etc):
+    """Its lines are NAME=VALUE, read: text in it never runs as root, and a typo (a stray quote,
+    an `exit 1`, a CRLF, a BOM) never fails the prolog, which would make slurmd drain the node."""
+    marker = os.path.join(etc, "injected")
+    shows = _program(etc, "shows", f'echo "$SLURMHEALTH_CONFIG|$EXTRA" > {etc}/seen')
+    lines = [
+        "# a comment",
+        f"SLURMHEALTH_BIN={shows}\r",
+        "export SLURMHEALTH_CONFIG='/etc/slurmhealth/my config.toml'",
+        'EXTRA="a b"',
+        f"SLURMHEALTH_X=$(touch {marker})",
+        f"SLURMHEALTH_Y=1; touch {marker}",
+        "exit 1",
+        'SLURMHEALTH_Z="unbalanced',
+        "\ufeffBOM=1",
+        "not a setting",
+    ]
+    _env_lines(etc, "\n".join(lines) + "\n")
+    done = hook(etc)
+    assert done.returncode == 0, done.stderr
+    assert not os.path.exists(marker), "text in the env file ran as root"
+    assert open(os.path.join(etc, "seen")).read() == "/etc/slurmhealth/my config.toml|a b\n"
+    ignored = [line for line in done.stderr.splitlines() if "ignored" in line]
+    assert [line.split(":")[-2] for line in ignored] == ["7", "9", "10"]
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "said"),
+    [
+        ("exit 10", 1, ""),  # the verdict: the job is refused
+        ("exit 0", 0, ""),
+        ("exit 1", 0, "ended with status 1, not a verdict"),  # a traceback exits 1 too
+        ("exec /nonexistent/python3", 0, "ended with status 127, not a verdict"),
+        ("kill -9 $$", 0, "ended with status 137, not a verdict"),
+    ],
+)
+def test_only_the_verdict_refuses_the_job(etc, body, code, said):
+    """slurmd drains the node on any non-zero prolog: a venv whose Python is gone, a
+    half-upgraded install's traceback or a crash must not pass for a failing check. The
+    verdict says itself with status 10 ($SLURMHEALTH_REFUSE_STATUS, which the hook sets)."""
+    program = _program(etc, "bin", f'[ "$SLURMHEALTH_REFUSE_STATUS" = 10 ] || exit 3\n{body}')
+    _env_lines(etc, f"SLURMHEALTH_BIN={program}\n")
+    done = hook(etc)
+    assert done.returncode == code, done.stderr
+    assert said in done.stderr and (said or done.stderr == "")
+
+
+def test_a_slurmhealth_bin_that_is_a_directory_is_skipped(etc):
+    _env_lines(etc, f"SLURMHEALTH_BIN={etc}\n")
+    done = hook(etc)
+    assert done.returncode == 0
+    assert done.stderr == f"slurmhealth: {etc} is not an executable file: prolog skipped\n"
+
+
+def test_the_agent_gives_the_refuse_status_the_hook_asks_for(monkeypatch):
+    from slurmhealth.node import agent
+
+    assert agent.hook_status(1) == 1  # run by hand: 1 as always
+    monkeypatch.setenv("SLURMHEALTH_REFUSE_STATUS", "10")
+    assert (agent.hook_status(1), agent.hook_status(0), agent.hook_status(2)) == (10, 0, 2)
+    monkeypatch.setenv("SLURMHEALTH_REFUSE_STATUS", "0")  # nonsense: ignored
+    assert agent.hook_status(1) == 1
+
+
 def test_the_refusal_goes_to_syslog_too(etc):
     """The same line through logger(1), by its absolute path: a stand-in bind-mounted over
     /usr/bin/logger in a private mount namespace records what the hook gave it."""

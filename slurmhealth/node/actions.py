@@ -113,6 +113,15 @@ def drain(
         fleet = client.nodes()
         if not fleet:  # an answer that lists no node counts nothing either
             raise slurm.SlurmError("sinfo listed no nodes")
+        listed = next((n for n in fleet if n["name"] == node), None)
+        if listed is not None and not slurm.may_drain(listed, ignore):
+            # out since `show node` (another hook of this node drained it a moment ago): out,
+            # not a drain of another node that could trip the breaker
+            if record_skip:
+                detail = f"already out: {listed['reason'] or listed['state']}"
+                why = slurm.reason(message)
+                note(conn, node, ACT_DRAIN_SKIPPED, why, actor, True, detail, log, keep)
+            return SKIPPED
     except slurm.SlurmError as exc:
         # Without a fresh count of the fleet the breaker cannot hold, and a fleet-wide fault
         # (a slow or restarting controller among its signs) is exactly when every node would
@@ -124,7 +133,7 @@ def drain(
         note(conn, node, ACT_BREAKER, why, actor, False, f"circuit breaker: {detail}", log, keep)
         return HELD
     why = _reason(message, conn, node, settings, now, log)
-    recent = slurm.drained_by_us(fleet, now - settings["breaker_window"])
+    recent = [n for n in slurm.drained_by_us(fleet, now - settings["breaker_window"]) if n != node]
     if not safety.may_drain_more(len(recent), len(fleet), settings["breaker_share"]):
         detail = (
             f"{len(recent)} of {len(fleet)} nodes drained by "
@@ -137,10 +146,13 @@ def drain(
     try:
         client.drain(node, why)
     except slurm.SlurmError as exc:
-        log(f"could not drain {node} ({why}): {exc}")  # type: ignore[operator]
-        note(conn, node, ACT_DRAIN, why, actor, False, str(exc), log, keep)
-        return FAILED
-    if _yield_to_earlier(client, node, settings, now, log):
+        if not _landed(client, node, why):
+            log(f"could not drain {node} ({why}): {exc}")  # type: ignore[operator]
+            note(conn, node, ACT_DRAIN, why, actor, False, str(exc), log, keep)
+            return FAILED
+        # the update timed out but the controller applied it (it was stopped, then went on):
+        # a drain like any other, counted against the burst below
+    if _yield_to_earlier(client, node, settings, now, log, why):
         detail = f"others drained first in the same burst: {node} resumed"
         log(f"CIRCUIT BREAKER OPEN: {detail}")  # type: ignore[operator]
         note(conn, node, ACT_BREAKER, why, actor, False, f"circuit breaker: {detail}", log, keep)
@@ -149,8 +161,17 @@ def drain(
     return DRAINED
 
 
+def _landed(client: slurm.Slurm, node: str, why: str) -> bool:
+    """Whether the node shows our drain after an update that failed or timed out."""
+    try:
+        info = client.node(node)
+    except slurm.SlurmError:
+        return False
+    return slurm.ours(info) and info["reason"] == why
+
+
 def _yield_to_earlier(
-    client: slurm.Slurm, node: str, settings: dict, now: float, log: object
+    client: slurm.Slurm, node: str, settings: dict, now: float, log: object, why: str
 ) -> bool:
     """Recount after a burst; undo our own drain unless among the first up to the cap.
 
@@ -169,8 +190,12 @@ def _yield_to_earlier(
         ]
         ours.sort(key=lambda n: (n["since"] or 0, n["name"]))
         cap = safety.allowed_drains(0, len(fleet), settings["breaker_share"])
-        if node in [n["name"] for n in ours[:cap]]:
-            return False
+        names = [n["name"] for n in ours]
+        if node not in names[cap:]:
+            return False  # among the first (kept), or not drained by us now: not ours to undo
+        info = client.node(node)
+        if not (slurm.ours(info) and info["reason"] == why):
+            return False  # someone drained it since (an admin, in the settle): never lifted
         client.resume(node)
     except slurm.SlurmError as exc:
         log(f"could not recount the fleet's drains, keeping {node} drained: {exc}")  # type: ignore[operator]

@@ -20,7 +20,6 @@ from slurmhealth.core.constants import (
     DRAINED,
     EPILOG,
     HEALTHCHECK,
-    HELD,
     HOOKS,
     SERVICE,
     SKIPPED,
@@ -91,7 +90,7 @@ class Deadline:
         )
         if self.unsaved is not None:
             self._spool_unsaved(*self.unsaved)
-        _finish(self.code)
+        _finish(hook_status(self.code))
 
     def _spool_unsaved(self, spool: str, entry: dict) -> None:
         """The store write the deadline cut short goes to the spool, for the next run to record
@@ -829,7 +828,11 @@ def hook(mode: str, clock: Deadline) -> int:
     pending = None if monitor else state.pending(side)
     if pending and not any(r.message == pending["message"] for r in run.results):
         run.carry(_pending_result(pending))
-    clock.code = EXIT_FAIL if run.verdict == FAIL and not monitor else EXIT_OK
+    # Nothing is refused until our drain lands: slurmd drains a node whose prolog or epilog
+    # fails, whatever the circuit breaker says, so an exit 1 on every node of a fleet-wide
+    # fault (the controller not taking updates, a bug of ours in the drain path) would empty
+    # the cluster past it. Until then the fault is pending: the next run drains.
+    clock.code = EXIT_OK
     message, service = _failure_message(run), _needs_service(run)
     clock.summary = f"verdict {run.verdict}" + (f": {message}" if message else "")
     _save_side(side_path, side, run, "" if monitor else message, pending, mode, service)
@@ -860,18 +863,19 @@ def hook(mode: str, clock: Deadline) -> int:
         write_metrics(metrics_path(settings), run, WOULD_DRAIN if message else None, mode)
         return EXIT_OK  # monitor-only: everything recorded, nothing enforced
     outcome = drain(node, reason, settings, conn, mode, clock, spool) if message else None
+    refuse = run.verdict == FAIL and outcome in (DRAINED, SKIPPED)  # out of service now
+    clock.code = EXIT_FAIL if refuse else EXIT_OK
     if outcome in (DRAINED, SKIPPED, BREAKER) and (pending or message):
         # Acted on: drained, already out, or judged by the breaker (a fleet-wide fault: the
         # refusal is recorded, and the node must not be drained later for it). A drain that
         # failed, or one held because the fleet could not be counted, stays pending.
         _save_side(side_path, side, run, "", None, mode)
     write_metrics(metrics_path(settings), run, outcome, mode)
-    if outcome in (BREAKER, HELD):
-        clock.code = EXIT_OK
-        return EXIT_OK  # fail open, loudly (drain() logged and recorded it)
-    if not message and mode == HEALTHCHECK:
+    # not refused: passed, or BREAKER, HELD, FAILED: fail open, loudly (drain() logged and
+    # recorded it), the last two with the fault kept pending for the next run
+    if not refuse and not message and mode == HEALTHCHECK:
         maybe_resume(node, settings, conn, clock, spool)
-    return EXIT_FAIL if run.verdict == FAIL else EXIT_OK
+    return EXIT_FAIL if refuse else EXIT_OK
 
 
 def _kmsg_after(side: dict, baselines: dict) -> dict | None:
@@ -1033,4 +1037,14 @@ def main(argv: list) -> None:
     """`check` or a hook, then exit at once (see _finish). The entry point sends only these
     here; every other command goes to the click CLI."""
     mode, rest = argv[0], argv[1:]
-    _finish(run_hook(mode, rest) if mode in HOOKS else run_check(rest))
+    _finish(hook_status(run_hook(mode, rest)) if mode in HOOKS else run_check(rest))
+
+
+def hook_status(code: int) -> int:
+    """A hook's exit status: a refusal (EXIT_FAIL) is $SLURMHEALTH_REFUSE_STATUS where the hook
+    script asks for one (10: it gives slurmd 1), so that no other failure (a broken install's
+    traceback exits 1 too) can pass for a verdict and drain the node."""
+    wanted = os.environ.get("SLURMHEALTH_REFUSE_STATUS", "")
+    if code == EXIT_FAIL and wanted.isdigit() and 2 < int(wanted) < 126:
+        return int(wanted)
+    return code

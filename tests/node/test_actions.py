@@ -200,3 +200,81 @@ def test_an_answer_that_lists_no_node_holds_the_breaker(conn):
     outcome, logged = drain(client, conn)
     assert outcome == HELD and "drain" not in client.calls
     assert any("CIRCUIT BREAKER HOLDS" in line for line in logged)
+
+
+class Racing(Client):
+    """A Client where something happens between two calls, as on a live cluster: `after`
+    maps a call to a function of the states run once, right after that call answers."""
+
+    def __init__(self, states: dict, after: dict, **kw) -> None:
+        super().__init__(states, **kw)
+        self.after = dict(after)
+
+    def node(self, name: str) -> dict:
+        got = super().node(name)
+        self._then("node")
+        return got
+
+    def drain(self, name: str, why: str) -> None:
+        try:
+            super().drain(name, why)
+        finally:
+            self._then("drain")
+
+    def _then(self, call: str) -> None:
+        action = self.after.pop(call, None)
+        if action is not None:
+            action(self.states)
+
+
+def test_an_admins_drain_in_the_settle_is_never_lifted(conn, monkeypatch):
+    """The recount after a drain resumes the node only when it is ours and past the cap: an
+    admin who drained it in the 0.3 s settle keeps it drained (it was resumed, "others drained
+    first", though no other node was)."""
+    monkeypatch.setattr(actions, "SETTLE_S", 0.0)
+
+    def admin(states: dict) -> None:
+        states["gpu01"].update(state="IDLE+DRAIN", flags=["IDLE", "DRAIN"])
+        states["gpu01"].update(reason="admin: fan replaced, keep out", since=time.time())
+
+    client = Racing(fleet(4), {"drain": admin})
+    outcome, _ = drain(client, conn, breaker_share=0.5)
+    assert outcome == DRAINED and "resume" not in client.calls
+    assert client.states["gpu01"]["reason"] == "admin: fan replaced, keep out"
+
+
+def test_the_nodes_own_fresh_drain_is_not_a_burst_that_trips_the_breaker(conn):
+    """The node's health check drained it between this prolog's `show node` and its count of
+    the fleet: the node is out (SKIPPED, the job refused), not a drain of another node that
+    opens the breaker and lets the job run on the faulty node."""
+
+    def health_check(states: dict) -> None:
+        states["gpu01"].update(state="IDLE+DRAIN", flags=["IDLE", "DRAIN"])
+        states["gpu01"].update(reason="slurmhealth: GPU 3 GpuIsLost", since=time.time())
+
+    client = Racing(fleet(4), {"node": health_check})  # cap: 1 of 4
+    outcome, _ = drain(client, conn)
+    assert outcome == SKIPPED and "drain" not in client.calls
+    assert recorded(conn)[0][0] == "drain-skipped"
+
+
+def test_an_update_that_timed_out_but_landed_is_a_drain_counted_in_the_burst(conn, monkeypatch):
+    """A stopped controller that takes the update after the call timed out: the drain is
+    there, so it is one (recorded, counted, recounted with the burst), not a failure that
+    skipped the recount and left two nodes drained against a cap of one."""
+    monkeypatch.setattr(actions, "SETTLE_S", 0.0)
+    now = time.time()
+    client = Client(fleet(10))
+
+    def applied_anyway(name: str, why: str) -> None:
+        client.calls.append("drain")
+        client.states[name].update(state="IDLE+DRAIN", flags=["IDLE", "DRAIN"], reason=why)
+        client.states[name]["since"] = now + 1
+        client.states["gpu02"].update(state="IDLE+DRAIN", flags=["IDLE", "DRAIN"])
+        client.states["gpu02"].update(reason="slurmhealth: x", since=now)  # drained first
+        raise slurm.SlurmError("scontrol update timed out after 2 s")
+
+    client.drain = applied_anyway
+    outcome, _ = drain(client, conn)  # cap: 1 of 10, and gpu02 was first
+    assert outcome == BREAKER and client.states["gpu01"]["reason"] == ""
+    assert "resume" in client.calls

@@ -374,15 +374,19 @@ def test_our_own_bug_fails_open(node, tmp_path):
     assert "internal error, job not gated" in proc.stderr and "RuntimeError: bug" in proc.stderr
 
 
-def test_our_own_bug_after_a_failing_verdict_still_refuses_the_job(node, tmp_path):
-    """A bug in the drain path (or a store read inside it) must not let a sick node take the
-    job: the catch-all exits with the verdict's code, and the fault stays pending."""
+def test_our_own_bug_in_the_drain_path_fails_open_and_the_fault_stays_pending(node, tmp_path):
+    """A bug in the drain path after a failing verdict: the prolog exits 0, not 1 (slurmd would
+    drain the node itself, past the circuit breaker: with a bug every node has, on a fleet-wide
+    fault, the whole cluster), and the fault stays pending: the next run drains and refuses."""
     boom = planted_bug(tmp_path, "slurmhealth.node.actions", "drain")
     node.configure("gpu-lost")
     proc = node.run("prolog", PYTHONPATH=os.pathsep.join([boom, REPO]))
-    assert proc.returncode == 1
-    assert "internal error, job refused" in proc.stderr and "RuntimeError: bug" in proc.stderr
+    assert proc.returncode == 0
+    assert "internal error, job not gated" in proc.stderr and "RuntimeError: bug" in proc.stderr
     assert side_state(node)["pending"]["message"] == "GPU 3 GpuIsLost"
+    assert node.slurm()["reason"] == ""
+    proc = node.run("prolog", job="2")
+    assert proc.returncode == 1 and node.slurm()["reason"] == "slurmhealth: GPU 3 GpuIsLost"
 
 
 def test_a_corrupt_store_is_moved_aside_and_a_new_one_started(node):
@@ -598,7 +602,8 @@ def test_a_health_check_drain_that_fails_is_retried_until_it_lands(node, tmp_pat
     Xid to read) drains the node, and the run after that has nothing pending."""
     node.configure("healthy", kmsg=_kmsg_with_xid79(tmp_path), drain_timeout=0.5)
     first = node.run("healthcheck", job=None, FAKE_SLURM_UPDATE_FAILS="1")
-    assert first.returncode == 1 and "could not drain gpu01" in first.stderr
+    # not drained: exit 0 (in a prolog, 1 would make slurmd drain the node past the breaker)
+    assert first.returncode == 0 and "could not drain gpu01" in first.stderr
     assert "Xid 79" in side_state(node)["pending"]["message"]
     assert node.slurm()["state"] == "IDLE"
     second = node.run("healthcheck", job=None)
@@ -666,8 +671,10 @@ def test_a_store_locked_by_another_process_costs_the_prolog_seconds_not_minutes(
 
 
 def test_the_whole_hook_ends_by_its_deadline_whatever_blocks(node, tmp_path):
-    """Item: a watchdog ends the hook at settings.deadline with the verdict's exit code, even
-    when something we did not bound blocks (here: a planted hang in the store write)."""
+    """Item: a watchdog ends the hook at settings.deadline, even when something we did not
+    bound blocks (here: a planted hang in the store write, before the drain): exit 0, since the
+    node is not drained yet (an exit 1 would have slurmd drain it, past the breaker), and the
+    fault pending for the next run, which drains and refuses its job."""
     hang = tmp_path / "hang"
     hang.mkdir()
     (hang / "sitecustomize.py").write_text(
@@ -679,7 +686,7 @@ def test_the_whole_hook_ends_by_its_deadline_whatever_blocks(node, tmp_path):
     started = time.monotonic()
     proc = node.run("prolog", PYTHONPATH=os.pathsep.join([str(hang), REPO]))
     assert time.monotonic() - started < 8
-    assert proc.returncode == 1 and "deadline of 2 s reached" in proc.stderr
+    assert proc.returncode == 0 and "deadline of 2 s reached" in proc.stderr
     assert side_state(node)["pending"]["message"] == "GPU 3 GpuIsLost"
     # Nothing recorded is lost: the watchdog spooled the run the hung write held, and the next
     # run records it.
@@ -967,3 +974,19 @@ def test_a_run_spooled_without_any_store_carries_its_id(tmp_path):
         store.record_run(conn, entries[0]["records"])
     assert conn.execute("SELECT id FROM runs").fetchall() == [(ids[0],)]
     state.finish(taken)
+
+
+def test_a_prolog_whose_drain_fails_exits_0_and_the_next_one_drains(node):
+    """`scontrol update` failing (a controller restarting): exit 1 would make slurmd drain the
+    node itself with "Prolog error", on every node at once, past the circuit breaker, and the
+    fault would then be "already out" and forgotten. So the prolog exits 0 with the fault
+    pending, and the next run drains with our reason and refuses its job."""
+    node.configure("gpu-lost", drain_timeout=0.5)
+    first = node.run("prolog", job="1", FAKE_SLURM_UPDATE_FAILS="1")
+    assert first.returncode == 0 and "could not drain gpu01" in first.stderr
+    assert side_state(node)["pending"]["message"] == "GPU 3 GpuIsLost"
+    assert node.slurm()["state"] == "IDLE"
+    second = node.run("prolog", job="2")
+    assert second.returncode == 1
+    assert node.slurm()["reason"].startswith("slurmhealth: GPU 3 GpuIsLost")
+    assert "pending" not in side_state(node)
