@@ -864,8 +864,8 @@ def _from_fleet(path: str, job_id: str) -> dict | None:
         return None
     try:
         conn = store.connect(path)
-    except store.StoreError:
-        return None
+    except store.StoreError as exc:  # readable, but refused (unsafe, not a store...): say why
+        raise JobError(f"fleet store cannot be used: {clean(exc, 300)}") from None
     try:
         return dict(summary(conn, job_id), source="fleet store")
     except JobError:

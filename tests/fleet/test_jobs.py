@@ -515,6 +515,19 @@ def test_a_job_missing_from_a_readable_fleet_store_says_so_without_asking_sacct(
     )
 
 
+def test_a_readable_fleet_store_that_is_refused_says_why_not_that_the_job_is_missing(tmp_path):
+    """A store in a folder anyone may change is refused (as `report` says): `job` said the job
+    was not collected yet, hiding why."""
+    folder = tmp_path / "open"
+    folder.mkdir()
+    store.connect(str(folder / "fleet.db")).close()
+    os.chmod(folder, 0o1777)
+    proc = run_cli("job", "42", "--db", str(folder / "fleet.db"))
+    assert proc.returncode == 1
+    assert "fleet store cannot be used" in proc.stderr and "writable by" in proc.stderr
+    assert "not collected yet" not in proc.stderr
+
+
 @pytest.mark.parametrize(
     ("job", "row", "message"),
     [
