@@ -170,6 +170,22 @@ def test_periodic_export_collect_report_lemons_end_to_end(periodic_env):
     assert (done.returncode, done.stdout) == (0, ""), done.stderr
 
 
+def test_the_periodic_env_file_is_read_never_run_as_shell(periodic_env, tmp_path):
+    """periodic.env's lines are NAME=VALUE, read: `$(...)` or `; cmd` in it never runs as
+    root, and values still reach the jobs (`-n` prints the command a job would run)."""
+    marker = tmp_path / "injected"
+    (tmp_path / "periodic.env").write_text(
+        f"SLURMHEALTH_NODE='gpu 42'\r\nSLURMHEALTH_SPLAY=$(touch {marker})\n"
+        f"SLURMHEALTH_X=1; touch {marker}\nexit 1\n"
+    )
+    env = {k: v for k, v in periodic_env.items() if k != "SLURMHEALTH_NODE"}
+    done = periodic(env, "-n", "export")
+    assert done.returncode == 0, done.stderr
+    assert not marker.exists()
+    assert "gpu 42.ndjson" in done.stdout
+    assert "periodic.env:4: not NAME=VALUE, ignored" in done.stderr
+
+
 def test_periodic_skips_a_run_while_the_previous_one_holds_the_lock(periodic_env):
     _need("flock")
     _node_with_one_run(periodic_env)
