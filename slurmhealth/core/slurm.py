@@ -146,9 +146,16 @@ class Slurm:
         return self.run(*args, timeout=timeout, command="sinfo")
 
     def nodes(self, timeout: float | None = None) -> list:
-        """Every node: {name, state, flags, reason, since} from one sinfo call."""
+        """Every node once: {name, state, flags, reason, since} from one sinfo call (`sinfo -N`
+        prints a node once per partition it is in: counted as listed, a cluster whose nodes
+        are in two partitions had twice its nodes, in the report and under the breaker)."""
         out = self.sinfo("-h", "-N", "-o", "%N|%T|%H|%E", timeout=timeout)
-        return [parse_sinfo(line) for line in out.splitlines() if line.strip()]
+        seen: dict = {}
+        for line in out.splitlines():
+            if line.strip():
+                info = parse_sinfo(line)
+                seen.setdefault(info["name"], info)
+        return list(seen.values())
 
     def node(self, name: str, timeout: float | None = None) -> dict:
         out = self.run("-o", "show", "node", one_node(name), timeout=timeout)

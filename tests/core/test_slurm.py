@@ -63,3 +63,19 @@ def test_a_slurm_bin_the_admin_named_is_the_only_one_used(recorded, tmp_path, mo
     assert not log.exists()
     slurm.Slurm().drain("gpu01", "slurmhealth: x")  # named by nobody: PATH is searched
     assert log.read_text().startswith("update NodeName=gpu01")
+
+
+def test_a_node_in_two_partitions_is_one_node(tmp_path):
+    """`sinfo -N` prints a node once per partition (real Slurm 22.05 does, for a node in a
+    second, overlapping partition): the fleet is counted by node, not by line, for the report
+    and for the circuit breaker's share."""
+    tool = tmp_path / "sinfo"
+    tool.write_text(
+        "#!/bin/sh\nprintf '%s\\n' 'gpu01|idle|Unknown|none' 'gpu01|idle|Unknown|none' "
+        "'gpu02|drained|2026-11-29T23:59:01|slurmhealth: GPU 3' "
+        "'gpu02|drained|2026-11-29T23:59:01|slurmhealth: GPU 3'\n"
+    )
+    tool.chmod(0o755)
+    nodes = slurm.Slurm(slurm_bin=str(tmp_path)).nodes()
+    assert [n["name"] for n in nodes] == ["gpu01", "gpu02"]
+    assert slurm.drained_by_us(nodes, 0) == ["gpu02"]
