@@ -942,7 +942,7 @@ def _diagnose_submit(
             minutes,
             lambda text: click.echo(clean(text, 500), err=True),
         )
-    except slurm.SlurmError as exc:
+    except (slurm.SlurmError, orchestration.Busy, OSError) as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:
         click.echo(json.dumps(done, indent=1))

@@ -21,10 +21,11 @@ _ASCII_DIGITS = frozenset("0123456789")
 
 
 # One node's name, never a node set or an option: Slurm reads `[`, `]` and `,` as hostlist syntax
-# ("gpu[01-64]" is 64 nodes) and splits slurm.conf on white space, so no node has them; `/`
-# would make the store's file name a path, and a leading `-` an option to scontrol. Any other
-# printable character is Slurm's business (the readers escape it where they print it).
-_NOT_IN_NAME = frozenset("[],/")
+# ("gpu[01-64]" is 64 nodes) and splits slurm.conf on white space and `=`, so no node has them;
+# `/` would make the store's file name a path, and a leading `-` an option to scontrol; `ALL` is
+# every node to `scontrol update NodeName=ALL` (any case). Any other printable character is
+# Slurm's business (the readers escape it where they print it).
+_NOT_IN_NAME = frozenset("[],/=")
 NODE_NAME_MAX = 255
 
 
@@ -35,6 +36,7 @@ def is_node_name(name: object) -> bool:
         and 0 < len(name) <= NODE_NAME_MAX
         and name.isprintable()
         and not name.startswith("-")
+        and name.upper() != "ALL"
         and not any(ch.isspace() or ch in _NOT_IN_NAME for ch in name)
     )
 

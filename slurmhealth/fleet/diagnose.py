@@ -18,6 +18,7 @@ breaker like every drain.
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 
@@ -32,6 +33,7 @@ from slurmhealth.core.constants import (
     WOULD_DRAIN,
 )
 from slurmhealth.core.hostlist import PatternError, expand, split_terms
+from slurmhealth.core.result import clean
 from slurmhealth.node import actions
 
 JOB_NAME = "slurmhealth-diagnose"
@@ -210,7 +212,59 @@ def sweep(
     log: object,
 ) -> list:
     """One cron pass: plan, then put nodes in the reservation with their jobs, and drain for
-    service those that lost theirs. [{node, what, detail}]."""
+    service those that lost theirs. [{node, what, detail}]. One pass at a time (Busy): a
+    second pass planning from the first's half-made reservation released a node it had just
+    put there, and the first then resumed it outside any reservation, undiagnosed."""
+    lock = _one_pass()
+    try:
+        return _sweep(client, level, settings, conn, named, command, minutes, log)
+    finally:
+        os.close(lock)
+
+
+class Busy(Exception):
+    """Another `diagnose --submit` pass is running on this host."""
+
+
+def _one_pass() -> int:
+    """An exclusive flock on `<state dir>/diagnose-submit.lock` (root's, never through a
+    symlink), or Busy at once."""
+    import fcntl  # noqa: PLC0415
+
+    from slurmhealth.core import files  # noqa: PLC0415
+
+    folder_path = store.state_dir()
+    files.private_dir(folder_path)
+    folder = files.open_dir(folder_path)
+    try:
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        fd = os.open("diagnose-submit.lock", flags, 0o600, dir_fd=folder)
+    finally:
+        os.close(folder)
+    try:
+        why = files.why_not(os.fstat(fd))
+        if why:
+            raise files.Unsafe(os.path.join(folder_path, "diagnose-submit.lock"), why)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise Busy("another diagnose --submit pass is running: this one did nothing") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _sweep(
+    client: slurm.Slurm,
+    level: str,
+    settings: dict,
+    conn: object,
+    named: list,
+    command: str,
+    minutes: int,
+    log: object,
+) -> list:
     name = settings["diag_reservation"]
     nodes = client.nodes()
     reserved = reservation_nodes(client, name)
@@ -223,6 +277,10 @@ def sweep(
         # leaves, and takes no capacity from users, so it is not the breaker's to refuse.
         message = slurm.reason(f"{SERVICE} diagnose {level}: the job ended without an outcome")
         try:
+            if _held(client.node(node)):  # taken out since the plan's sinfo (an admin)
+                done.append({"node": node, "what": "left", "detail": "taken out meanwhile"})
+                released.add(node)
+                continue
             client.drain(node, message)
         except slurm.SlurmError as exc:
             done.append({"node": node, "what": "failed", "detail": f"not drained: {exc}"})
@@ -232,6 +290,14 @@ def sweep(
         released.add(node)
     for node, what, why in steps:
         if what == RETURN:
+            # read again just before: since the plan's sinfo (calls of up to 30 s each), an
+            # admin may have drained it, and an admin's drain is never lifted
+            info = client.node(node)
+            if not (_held(info) and info["reason"] == PASSED):
+                got = info["reason"] or info["state"]
+                done.append({"node": node, "what": "left", "detail": f"not returned: {got}"})
+                released.add(node)
+                continue
             client.resume(node)
             _note(conn, node, ACT_RESUME, slurm.reason(f"diagnose {level} passed"), why)
             done.append({"node": node, "what": "returned", "detail": why})
@@ -301,6 +367,11 @@ def finish(client: slurm.Slurm, diagnosis: object, settings: dict, conn: object,
             return f"{outcome} for service"
         return f"{outcome}: stays in the reservation, drained for service by the next pass"
     try:
+        info = client.node(node)
+        if not slurm.may_drain(info, ignore=("MAINT",)):
+            # taken out while its job ran (an admin's drain): marking it passed would replace
+            # that reason, and the next pass would return the node
+            return f"passed; taken out meanwhile ({clean(info['reason'] or info['state'], 80)})"
         client.drain(node, PASSED)
     except slurm.SlurmError as exc:
         log(f"{node}: could not mark its diagnosis passed: {exc}")  # type: ignore[operator]

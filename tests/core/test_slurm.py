@@ -21,7 +21,7 @@ def recorded(tmp_path):
 
 @pytest.mark.parametrize(
     "name", ["gpu[01-64]", "gpu01,gpu02", "-v", "--help", "", "gpu 01", "gpu01\n", "a/b",
-             "gpu\x1b7", "x" * 256, "gpu01]"]  # fmt: skip
+             "gpu\x1b7", "x" * 256, "gpu01]", "ALL", "State=RESUME"]  # fmt: skip
 )
 def test_a_name_that_is_not_one_node_never_reaches_scontrol(recorded, name):
     client, log = recorded
@@ -49,6 +49,9 @@ def test_node_names():
     # Slurm's business: any printable name without hostlist syntax or white space
     assert all(map(is_node_name, ["gpu01", "n0001", "GPU-07", "a.b.c", "_x", "9", ".x", "é"]))
     assert not any(map(is_node_name, ["gpu[1-2]", "a,b", "-x", "a b", "a\tb", "a/b", None, 7]))
+    # every node to `scontrol update NodeName=ALL` (a real Slurm drains them all), and options
+    assert not any(map(is_node_name, ["ALL", "all", "All", "a=b", "Reason=x"]))
+    assert is_node_name("allgpu01")
 
 
 def test_a_slurm_bin_the_admin_named_is_the_only_one_used(recorded, tmp_path, monkeypatch):

@@ -136,3 +136,126 @@ def test_diagnoses_travel_to_the_fleet_and_count_as_evidence(tmp_path):
         ("n1", "medium", "pass"),
     ]
     assert "diag.dcgm" in shown[0]["failures"]
+
+
+# --- sweep and finish against an in-memory Slurm: an admin acting in the middle ---------------
+
+
+class Cluster:
+    """The calls fleet/diagnose.py makes of core.slurm.Slurm, answered from memory: nodes, one
+    maintenance reservation, diagnose jobs. `before[call]` runs once, just before that call
+    answers (an admin acting while a pass or a job is under way)."""
+
+    def __init__(self, states: dict) -> None:
+        self.states = {name: [state, reason] for name, (state, reason) in states.items()}
+        self.reserved: set = set()
+        self.jobs: dict = {}
+        self.before: dict = {}
+        self.resumed: list = []
+
+    def _at(self, call: str) -> None:
+        action = self.before.pop(call, None)
+        if action is not None:
+            action(self)
+
+    def _row(self, name: str) -> dict:
+        state, reason = self.states[name]
+        return dict(node(name, state, reason), flags=state.upper().split("+"))
+
+    def node(self, name: str) -> dict:
+        self._at("node")
+        return self._row(name)
+
+    def nodes(self) -> list:
+        self._at("nodes")
+        return [self._row(n) for n in self.states]
+
+    def drain(self, name: str, why: str) -> None:
+        self._at("drain")
+        state = self.states[name][0]
+        self.states[name] = [state if "drain" in state else "drained", why]  # Slurm: replaced
+
+    def resume(self, name: str) -> None:
+        self._at("resume")
+        self.states[name] = ["idle", ""]
+        self.resumed.append(name)
+
+    def run(self, *args: str, command: str = "scontrol", timeout: float | None = None) -> str:
+        self._at(command)
+        if command == "squeue":
+            return "".join(f"{n}|{n}\n" for n in self.jobs.values())
+        if command == "sbatch":
+            job_id = str(100 + len(self.jobs))
+            self.jobs[job_id] = next(a for a in args if a.startswith("--nodelist=")).split("=")[1]
+            return job_id + "\n"
+        if args[:3] == ("-o", "show", "reservation"):
+            return f"ReservationName={args[3]} Nodes={','.join(sorted(self.reserved)) or '(null)'}"
+        if args[:2] == ("show", "hostnames"):
+            return "\n".join(args[2].split(",")) + "\n"
+        if args[0] in ("create", "update"):
+            self.reserved = set(next(a for a in args if a.startswith("Nodes="))[6:].split(","))
+            return ""
+        if args[0] == "delete":
+            self.reserved = set()
+            return ""
+        raise AssertionError(args)
+
+
+def admin_drains(name: str):
+    def act(cluster: Cluster) -> None:
+        cluster.states[name] = ["drained", "admin: PSU fault, RMA ticket 77"]
+
+    return act
+
+
+def a_sweep(cluster: Cluster, monkeypatch, tmp_path) -> list:
+    monkeypatch.setenv("SLURMHEALTH_STATE_DIR", str(tmp_path / "state"))
+    settings = {"diag_reservation": "slurmhealth_diag"}
+    return diagnose.sweep(cluster, "quick", settings, None, [], "true", 10, print)
+
+
+def test_a_return_reads_the_node_again_and_never_lifts_an_admins_drain(monkeypatch, tmp_path):
+    """A node that passed is returned by the next pass; an admin who drained it between the
+    pass's sinfo and its resume (calls of up to 30 s each) keeps it drained."""
+    cluster = Cluster({"gpu01": ("drained", diagnose.PASSED), "gpu02": ("idle", "")})
+    cluster.reserved = {"gpu01"}
+    cluster.before["squeue"] = admin_drains("gpu01")
+    done = a_sweep(cluster, monkeypatch, tmp_path)
+    assert cluster.resumed == [] and cluster.states["gpu01"][1].startswith("admin: PSU")
+    assert [d["what"] for d in done] == ["left"]
+    cluster = Cluster({"gpu01": ("drained", diagnose.PASSED)})  # nobody interferes: returned
+    cluster.reserved = {"gpu01"}
+    assert [d["what"] for d in a_sweep(cluster, monkeypatch, tmp_path)] == ["returned"]
+    assert cluster.resumed == ["gpu01"] and cluster.reserved == set()
+
+
+def test_a_passing_diagnosis_never_replaces_an_admins_drain_made_while_it_ran():
+    """The job passed, but an admin drained the node while it ran: marking it passed would
+    replace the admin's reason (Slurm does), and the next pass would return the node."""
+    import types
+
+    cluster = Cluster({"gpu01": ("maint", "")})
+    cluster.before["node"] = admin_drains("gpu01")
+    diagnosis = types.SimpleNamespace(node="gpu01", level="quick", verdict="ok")
+    outcome = diagnose.finish(cluster, diagnosis, {}, None, print)
+    assert outcome.startswith("passed; taken out meanwhile (admin: PSU fault")
+    assert cluster.states["gpu01"] == ["drained", "admin: PSU fault, RMA ticket 77"]
+
+
+def test_two_submit_passes_never_run_at_once(monkeypatch, tmp_path):
+    """A second pass planning from the first's half-made reservation released a node the first
+    had just put there, which the first then resumed outside any reservation, undiagnosed."""
+    cluster = Cluster({"gpu01": ("drained", OURS)})
+    seen: list = []
+
+    def second_pass(_cluster: Cluster) -> None:
+        try:
+            a_sweep(cluster, monkeypatch, tmp_path)
+        except diagnose.Busy as exc:
+            seen.append(str(exc))
+
+    cluster.before["resume"] = second_pass  # in the first pass's _start, before its resume
+    done = a_sweep(cluster, monkeypatch, tmp_path)
+    assert seen == ["another diagnose --submit pass is running: this one did nothing"]
+    assert [d["what"] for d in done] == ["diagnose"] and cluster.reserved == {"gpu01"}
+    assert list(cluster.jobs.values()) == ["gpu01"]
