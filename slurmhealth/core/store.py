@@ -485,8 +485,7 @@ def connect(
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
         if existing:  # before anything writes to it (journal_mode = WAL rewrites its header)
             _refuse_foreign(conn, path)
-        if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-            conn.execute("PRAGMA journal_mode = WAL")
+        _to_wal(conn, busy_timeout)
         conn.execute("PRAGMA synchronous = NORMAL")
         _migrate(conn)
     except sqlite3.DatabaseError as exc:
@@ -499,6 +498,21 @@ def connect(
     except OSError as exc:
         raise StoreError(f"{path}: {exc}") from None
     return conn
+
+
+def _to_wal(conn: sqlite3.Connection, busy_timeout: float) -> None:
+    """WAL mode, once per store. Switching needs the file to itself, and SQLite answers a
+    connection that waits for it while holding a read lock "database is locked" at once, busy
+    timeout or not (deadlock avoidance): 16 processes opening a new store together lost one.
+    Tried again, within the busy timeout, until this or another connection has switched it."""
+    give_up = time.monotonic() + busy_timeout
+    while conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > give_up:
+                raise
+            time.sleep(0.005)
 
 
 def _refuse_foreign(conn: sqlite3.Connection, path: str) -> None:

@@ -559,9 +559,9 @@ def node_exporter(tmp_path):
 
 def test_node_exporter_serves_what_the_hooks_wrote(node, node_exporter):
     directory, url = node_exporter
-    # No node has white space or a comma in its name (Slurm splits on them; the hooks refuse
-    # such a name): the rest of the label's hostile characters, maybe
-    node.name = 'gpu"01\\x}bad{="1"}ü'
+    # No node has white space, a comma or `=` in its name (Slurm splits on them; the hooks
+    # refuse such a name): the rest of the label's hostile characters, maybe
+    node.name = 'gpu"01\\x}bad{:"1"}ü'
     node.set_slurm("IDLE", "")
     node.configure("gpu-lost", metrics_file=str(directory / "slurmhealth-{node}.prom"))
     assert node.run("prolog").returncode == 1
