@@ -217,7 +217,56 @@ def sweep(
     put there, and the first then resumed it outside any reservation, undiagnosed."""
     lock = _one_pass()
     try:
-        return _sweep(client, level, settings, conn, named, command, minutes, log)
+        name = settings["diag_reservation"]
+        nodes = client.nodes()
+        reserved = reservation_nodes(client, name)
+        queued = queued_nodes(client)
+        steps = plan(nodes, reserved, queued, named)
+        done: list = []
+        released = set()  # out of the reservation this pass
+        for node in (n for n, what, _ in steps if what == LOST):
+            # Out of service already (the reservation holds it): the drain keeps it out once it
+            # leaves, and takes no capacity from users, so it is not the breaker's to refuse.
+            message = slurm.reason(f"{SERVICE} diagnose {level}: the job ended without an outcome")
+            try:
+                if _held(client.node(node)):  # taken out since the plan's sinfo (an admin)
+                    done.append({"node": node, "what": "left", "detail": "taken out meanwhile"})
+                    released.add(node)
+                    continue
+                client.drain(node, message)
+            except slurm.SlurmError as exc:
+                done.append({"node": node, "what": "failed", "detail": f"not drained: {exc}"})
+                continue
+            _note(conn, node, ACT_DRAIN, message, "lost its diagnose job (time limit or crash)")
+            done.append({"node": node, "what": DRAINED, "detail": message})
+            released.add(node)
+        for node, what, why in steps:
+            if what == RETURN:
+                # read again just before: since the plan's sinfo (calls of up to 30 s each), an
+                # admin may have drained it, and an admin's drain is never lifted
+                info = client.node(node)
+                if not (_held(info) and info["reason"] == PASSED):
+                    got = info["reason"] or info["state"]
+                    done.append({"node": node, "what": "left", "detail": f"not returned: {got}"})
+                    released.add(node)
+                    continue
+                client.resume(node)
+                _note(conn, node, ACT_RESUME, slurm.reason(f"diagnose {level} passed"), why)
+                done.append({"node": node, "what": "returned", "detail": why})
+                released.add(node)
+            elif what == RELEASE:
+                done.append({"node": node, "what": "released", "detail": why})
+                released.add(node)
+        keep = reserved - released
+        todo = [(n, why) for n, what, why in steps if what == SUBMIT]
+        wanted = keep | {n for n, _ in todo}
+        set_reservation(client, name, reserved, wanted)
+        for node, why in todo:
+            done.append(_start(client, node, (level, minutes), name, command, why, conn, log))
+        started = {d["node"] for d in done if d["what"] == ACT_DIAGNOSE}
+        set_reservation(client, name, wanted, keep | started)
+        done.extend({"node": n, "what": w, "detail": why} for n, w, why in steps if w == REFUSED)
+        return done
     finally:
         os.close(lock)
 
@@ -253,68 +302,6 @@ def _one_pass() -> int:
         os.close(fd)
         raise
     return fd
-
-
-def _sweep(
-    client: slurm.Slurm,
-    level: str,
-    settings: dict,
-    conn: object,
-    named: list,
-    command: str,
-    minutes: int,
-    log: object,
-) -> list:
-    name = settings["diag_reservation"]
-    nodes = client.nodes()
-    reserved = reservation_nodes(client, name)
-    queued = queued_nodes(client)
-    steps = plan(nodes, reserved, queued, named)
-    done: list = []
-    released = set()  # out of the reservation this pass
-    for node in (n for n, what, _ in steps if what == LOST):
-        # Out of service already (the reservation holds it): the drain keeps it out once it
-        # leaves, and takes no capacity from users, so it is not the breaker's to refuse.
-        message = slurm.reason(f"{SERVICE} diagnose {level}: the job ended without an outcome")
-        try:
-            if _held(client.node(node)):  # taken out since the plan's sinfo (an admin)
-                done.append({"node": node, "what": "left", "detail": "taken out meanwhile"})
-                released.add(node)
-                continue
-            client.drain(node, message)
-        except slurm.SlurmError as exc:
-            done.append({"node": node, "what": "failed", "detail": f"not drained: {exc}"})
-            continue
-        _note(conn, node, ACT_DRAIN, message, "lost its diagnose job (time limit or crash)")
-        done.append({"node": node, "what": DRAINED, "detail": message})
-        released.add(node)
-    for node, what, why in steps:
-        if what == RETURN:
-            # read again just before: since the plan's sinfo (calls of up to 30 s each), an
-            # admin may have drained it, and an admin's drain is never lifted
-            info = client.node(node)
-            if not (_held(info) and info["reason"] == PASSED):
-                got = info["reason"] or info["state"]
-                done.append({"node": node, "what": "left", "detail": f"not returned: {got}"})
-                released.add(node)
-                continue
-            client.resume(node)
-            _note(conn, node, ACT_RESUME, slurm.reason(f"diagnose {level} passed"), why)
-            done.append({"node": node, "what": "returned", "detail": why})
-            released.add(node)
-        elif what == RELEASE:
-            done.append({"node": node, "what": "released", "detail": why})
-            released.add(node)
-    keep = reserved - released
-    todo = [(n, why) for n, what, why in steps if what == SUBMIT]
-    wanted = keep | {n for n, _ in todo}
-    set_reservation(client, name, reserved, wanted)
-    for node, why in todo:
-        done.append(_start(client, node, (level, minutes), name, command, why, conn, log))
-    started = {d["node"] for d in done if d["what"] == ACT_DIAGNOSE}
-    set_reservation(client, name, wanted, keep | started)
-    done.extend({"node": n, "what": w, "detail": why} for n, w, why in steps if w == REFUSED)
-    return done
 
 
 def _start(
