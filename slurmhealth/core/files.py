@@ -335,6 +335,49 @@ def write_private(
         handle.write(data)  # type: ignore[attr-defined]
 
 
+_LOCK = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def flock(fd: int, wait: float) -> bool:
+    """An exclusive flock on `fd` within `wait` seconds (0: at once); whether it was had."""
+    import fcntl  # noqa: PLC0415 - a C module, only where something is locked
+    import time  # noqa: PLC0415
+
+    give_up = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= give_up:
+                return False
+            time.sleep(0.002)
+
+
+def lock(path: str, wait: float, mode: int = 0o600, theirs: bool = False) -> int | None:
+    """A descriptor of the lock file `path` holding an exclusive flock, or None when the lock is
+    not had within `wait` seconds (0: at once). The file is created with `mode` (the umask
+    narrows it) in its folder reached by open_dir, never through a symlink; one someone else
+    made is refused (Unsafe; None with `theirs`: their lock is theirs to hold, never waited
+    on), as are the failures to open it (OSError)."""
+    dir_fd, base = _split(path)
+    try:
+        fd = os.open(base, _LOCK, mode, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
+    try:
+        why = why_not(os.fstat(fd))
+        if why and not theirs:
+            raise Unsafe(path, why)
+        if not why and flock(fd, wait):
+            return fd
+    except BaseException:
+        os.close(fd)
+        raise
+    os.close(fd)
+    return None
+
+
 def create_private(path: str, mode: int = 0o600) -> bool:
     """Create `path` empty, exclusively, with `mode` from the first byte (a new store, before
     SQLite opens it), in its directory reached by open_dir. True when made here; False when a

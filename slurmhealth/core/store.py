@@ -604,19 +604,17 @@ _JOB_COLUMNS = TABLE["jobs"].names()[2:]
 
 def _write_job(conn: sqlite3.Connection, node: str, job_id: str, job: dict) -> None:
     conn.execute("INSERT OR IGNORE INTO jobs (node, job_id) VALUES (?, ?)", (node, job_id))
-    if job.get("state") == "running" and isinstance(job.get("start"), (int, float)):
-        row = conn.execute(
-            "SELECT end FROM jobs WHERE node = ? AND job_id = ?", (node, job_id)
-        ).fetchone()
-        if row[0] is not None and row[0] >= job["start"]:
-            return  # a prolog recorded after its job's epilog (a replay): the job has ended
     columns = [c for c in _JOB_COLUMNS if c in job]
     if columns:
         sets = ", ".join(f"{c} = ?" for c in columns)  # column names from the spec
         values = [job[c] for c in columns]
+        ended, since = "", ()
+        if job.get("state") == "running" and isinstance(job.get("start"), (int, float)):
+            # a prolog recorded after its job's epilog (a replay): the job has ended
+            ended, since = " AND (end IS NULL OR end < ?)", (job["start"],)
         conn.execute(
-            f"UPDATE jobs SET {sets} WHERE node = ? AND job_id = ?",  # noqa: S608
-            (*values, node, job_id),
+            f"UPDATE jobs SET {sets} WHERE node = ? AND job_id = ?{ended}",  # noqa: S608
+            (*values, node, job_id, *since),
         )
 
 

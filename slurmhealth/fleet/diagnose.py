@@ -278,29 +278,12 @@ class Busy(Exception):
 def _one_pass() -> int:
     """An exclusive flock on `<state dir>/diagnose-submit.lock` (root's, never through a
     symlink), or Busy at once."""
-    import fcntl  # noqa: PLC0415
-
     from slurmhealth.core import files  # noqa: PLC0415
 
-    folder_path = store.state_dir()
-    files.private_dir(folder_path)
-    folder = files.open_dir(folder_path)
-    try:
-        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-        fd = os.open("diagnose-submit.lock", flags, 0o600, dir_fd=folder)
-    finally:
-        os.close(folder)
-    try:
-        why = files.why_not(os.fstat(fd))
-        if why:
-            raise files.Unsafe(os.path.join(folder_path, "diagnose-submit.lock"), why)
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise Busy("another diagnose --submit pass is running: this one did nothing") from None
-    except BaseException:
-        os.close(fd)
-        raise
+    files.private_dir(store.state_dir())
+    fd = files.lock(os.path.join(store.state_dir(), "diagnose-submit.lock"), 0.0)
+    if fd is None:
+        raise Busy("another diagnose --submit pass is running: this one did nothing")
     return fd
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
 
 from slurmhealth import __version__
 from slurmhealth.core.constants import DRAIN_OUTCOMES, PHASES
@@ -343,31 +342,13 @@ def write_atomic(path: str, text: str) -> None:
 
 def _lock(path: str) -> int | None:
     """An exclusive lock beside the file for the read-merge-write, or None after LOCK_WAIT_S
-    (the write then goes ahead unlocked: still whole, the merge may miss a concurrent run)."""
-    import fcntl  # noqa: PLC0415 - a C module, only when metrics are on
-
+    (the write then goes ahead unlocked: still whole, the merge may miss a concurrent run).
+    Reached as write_atomic reaches the file (no planted link); someone else's lock is theirs
+    to hold: written unlocked."""
     from slurmhealth.core import files  # noqa: PLC0415
 
     directory, base = os.path.split(os.path.abspath(path))
-    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    dir_fd = files.open_dir(directory)  # the folder as write_atomic reaches it: no planted link
-    try:
-        fd = os.open(f".{base}.lock", flags, 0o644, dir_fd=dir_fd)
-    finally:
-        os.close(dir_fd)
-    if files.why_not(os.fstat(fd)):  # someone else's lock: theirs to hold; write unlocked
-        os.close(fd)
-        return None
-    give_up = time.monotonic() + LOCK_WAIT_S
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return fd
-        except BlockingIOError:
-            if time.monotonic() > give_up:
-                os.close(fd)
-                return None
-            time.sleep(0.002)
+    return files.lock(os.path.join(directory, f".{base}.lock"), LOCK_WAIT_S, 0o644, theirs=True)
 
 
 def update(path: str, run: runner.Run, node: str, drain: str | None = None) -> None:

@@ -140,20 +140,10 @@ def _sweep_temps(path: str) -> None:
 def _lock(path: str) -> int | None:
     """An exclusive flock on `<path>.lock` (ours, 0600, never through a symlink), or None after
     LOCK_WAIT_S or when it cannot be had: the save then goes ahead unlocked, still whole."""
-    directory, base = os.path.split(os.path.abspath(path))
-    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        folder = files.open_dir(directory)
-        try:
-            fd = os.open(f"{base}.lock", flags, 0o600, dir_fd=folder)
-        finally:
-            os.close(folder)
+        return files.lock(f"{path}.lock", LOCK_WAIT_S)
     except OSError:
         return None
-    if files.why_not(os.fstat(fd)) or not _flock(fd, LOCK_WAIT_S):
-        os.close(fd)
-        return None
-    return fd
 
 
 # --- runs the store could not take --------------------------------------------------------------
@@ -213,18 +203,7 @@ def _append(folder: int, base: str, path: str, line: bytes) -> bool:
 
 def _flock(fd: int, wait: float, block: bool = True) -> bool:
     """An exclusive flock on `fd` within `wait` seconds (at once without `block`)."""
-    import fcntl  # noqa: PLC0415 - a C module, only when something is spooled or saved
-    import time  # noqa: PLC0415
-
-    give_up = time.monotonic() + (wait if block else 0.0)
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except OSError:
-            if time.monotonic() >= give_up:
-                return False
-            time.sleep(0.002)
+    return files.flock(fd, wait if block else 0.0)
 
 
 def _is_named(fd: int, base: str, folder: int) -> bool:
