@@ -11,8 +11,9 @@ days (one-sided quasi-Poisson, the pool robust to the lemons themselves). That o
 decides at `primary_share` of the false-positive budget: nothing else can dilute it. The rest
 of the budget goes to Fisher's combination of the faults with the groups of softer evidence
 that this fleet has at all (warning episodes; failed multi-node jobs): more evidence, where it
-exists, finds lemons sooner. A node is a lemon when its p-value is below alpha / fleet size AND
-it has at least `min_faults` faults.
+exists, finds lemons sooner. A node is a lemon when its p-value is below the false-positive
+budget for the window (fp_per_node_month x window days / 30.44) AND it has at least
+`min_faults` faults.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ SIGNALS = (
 )
 
 DAY = 86400.0
+NODE_MONTH_DAYS = 365.25 / 12
 
 # What each tested quantity is measured against.
 EXPOSURE = {
@@ -54,13 +56,19 @@ TESTED = ("faults", "warnings", "multi_node_failures")
 SHOWN = ("hw_job_failures", "hw_xids", "drains", "check_fails", "warn_xids", "check_warns")
 
 DEFAULT_PARAMS = {
-    # False-positive budget: the expected number of healthy nodes flagged by one sweep of the
-    # whole fleet. Each node is tested at alpha / fleet size (Bonferroni).
-    "alpha": 0.01,
-    # The share of alpha that the fault count alone may use: on a fleet where only faults tell
-    # lemons apart, the test is the plain per-node Poisson test at 0.8 alpha.
+    # False-positive budget: healthy nodes flagged per node-month (1 per 1,000). A node's
+    # p-value over a window of D days is held to this x D / 30.44 (9.2e-4 over 28 days),
+    # whatever the fleet's size: at the literature's 4.5 faults per 1,000 node-days (0.126 in
+    # 28 days) three separate faults suffice (p = 3.2e-4), two never do (7.3e-3). (Until
+    # 2026-12-02 it was 0.01 per sweep of the fleet, Bonferroni over its nodes: 2e-5 a node on
+    # 512 nodes, so a lemon needed four faults, and was weaker than a plain per-node test at
+    # the budget admins accept. docs/lemons.md: what a sliding window does to the rate.)
+    "fp_per_node_month": 0.001,
+    # The share of the budget that the fault count alone may use: on a fleet where only faults
+    # tell lemons apart, the test is the plain per-node Poisson test at 0.8 of the budget
+    # (0.9 where the fleet has no softer evidence at all).
     "primary_share": 0.8,
-    # The share of alpha for the node's worst day: the most faults starting within
+    # The share of the budget for the node's worst day: the most faults starting within
     # scan_window_s of each other, against the fleet's rate (a scan statistic). Three faults in
     # one day are rarer than four in a month, and a lemon that fails in bursts shows them.
     # Fisher's combination gets what the two leave (0.1).
@@ -69,9 +77,10 @@ DEFAULT_PARAMS = {
     # Never a lemon with fewer distinct faults than this (a NODE_FAIL share counts 1 / nodes).
     "min_faults": 2,
     # The lowest pooled rate assumed, per unit of exposure: a small or clean fleet's pool of 0
-    # would make any single event infinitely surprising. 0.001 faults per node-day is under the
-    # literature's 2.34-6.50 failures per 1,000.
-    "rate_floor": {"faults": 0.001, "warnings": 0.01, "multi_node_failures": 0.01},
+    # would make any single event infinitely surprising. 0.002 faults per node-day is under the
+    # literature's 2.34-6.50 failures per 1,000, and keeps a clean fleet's node from being a
+    # lemon on two faults in 28 days (p = 1.5e-3 at 0.056 expected).
+    "rate_floor": {"faults": 0.002, "warnings": 0.01, "multi_node_failures": 0.01},
     # Items with no passing run known between them are one fault unless this far apart.
     "fault_gap_s": 6 * 3600.0,
     # A fault starting on many nodes within this of each other (either side) is shared (an
@@ -80,7 +89,7 @@ DEFAULT_PARAMS = {
     "shared_window_s": 3600.0,
     "shared_p": 1e-4,
     "shared_min_nodes": 3,
-    # Robust pooling: nodes significant on a test by themselves (p < alpha / fleet size) are
+    # Robust pooling: nodes significant on a test by themselves (p below the budget) are
     # left out of that test's pool and dispersion, at most this share of the fleet (at least
     # one node of three or more), strongest first, until the set settles.
     "max_outlier_share": 0.10,
@@ -347,8 +356,7 @@ def _counted(signals: dict, nodes: list, key: str, p: dict, starts: dict | None 
     """{node: (count, kinds, shared)} of the node's fault or warning episodes; `starts`
     receives each node's whole faults' starts (faults.count)."""
     by_node = {n: faultlib.episodes(signals[n].get(key, ()), p["fault_gap_s"]) for n in nodes}
-    span = max(signals[n].get("node_days", 0) for n in nodes) * DAY
-    return faultlib.count(by_node, max(span, DAY), p, starts)
+    return faultlib.count(by_node, _window_days(signals, nodes) * DAY, p, starts)
 
 
 def ln_scan(most: int, expected: float, days: float, window_days: float, phi: float) -> float:
@@ -424,6 +432,11 @@ def _combined(ln_tests: dict, used: list, p: dict, ln_day: float) -> float:
     return min(options)
 
 
+def _window_days(signals: dict, nodes: list) -> float:
+    """The scored window's length in days: the most days any node was seen (at least 1)."""
+    return max([1.0] + [signals[n].get("node_days", 0) for n in nodes])
+
+
 def score(signals: dict, params: dict | None = None) -> list:
     """Score every node against the fleet; one dict per node, highest score first.
 
@@ -436,7 +449,7 @@ def score(signals: dict, params: dict | None = None) -> list:
     nodes = sorted(signals)
     if not nodes:
         return []
-    ln_cut = math.log(p["alpha"] / len(nodes))
+    ln_cut = math.log(p["fp_per_node_month"] * _window_days(signals, nodes) / NODE_MONTH_DAYS)
     classes = [str(signals[n].get("gpu_class") or "") for n in nodes]
     starts: dict = {}
     episodes = {

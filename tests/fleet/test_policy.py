@@ -38,10 +38,16 @@ def warning(at: float) -> tuple:
     return (at, "warn", 1.0, at + 300.0)
 
 
-def node(rng: random.Random, faults: int | None = None, days: int = 28, warns: float = 4.2):
-    """A node's 28 days: faults at ~4.5 per 1,000 node-days (or `faults` of them), background
-    warnings, ~4 jobs a day."""
-    count = poisson(rng, 0.0045 * days) if faults is None else faults
+def node(
+    rng: random.Random,
+    faults: int | None = None,
+    days: int = 28,
+    warns: float = 4.2,
+    rate: float = 0.0045,
+):
+    """A node's 28 days: faults at `rate` per node-day (~4.5 per 1,000; or `faults` of them),
+    background warnings, ~4 jobs a day."""
+    count = poisson(rng, rate * days) if faults is None else faults
     items = sorted(i for _ in range(count) for i in fault(rng.random() * (days - 1) * DAY))
     jobs = poisson(rng, 4 * days)
     return {
@@ -54,9 +60,9 @@ def node(rng: random.Random, faults: int | None = None, days: int = 28, warns: f
     }
 
 
-def fleet(size: int = 300, seed: int = 1, warns: float = 4.2) -> dict:
+def fleet(size: int = 300, seed: int = 1, warns: float = 4.2, rate: float = 0.0045) -> dict:
     rng = random.Random(seed)
-    return {f"gpu{i:04d}": node(rng, warns=warns) for i in range(size)}
+    return {f"gpu{i:04d}": node(rng, warns=warns, rate=rate) for i in range(size)}
 
 
 def spread(count: int, days: int = 28, phase: float = 0.0) -> list:
@@ -209,14 +215,36 @@ def test_missing_signals_count_as_zero():
     assert not any(r["lemon"] for r in scored)
 
 
-def test_params_stricter_alpha_flags_less_and_unknown_keys_fail():
+def test_three_faults_in_28_days_make_a_lemon_whatever_the_fleet_size():
+    """The budget is per node-month (1 per 1,000), not per sweep of the fleet: at 4.5 faults
+    per 1,000 node-days (one node in eight has one fault in 28 days: 0.125 expected) three
+    separate faults (p = 3.2e-4 < 0.8 x 9.2e-4) flag a node on 40 nodes and on 4,000 alike
+    (Bonferroni over 4,000 nodes asked for p < 2.5e-6: five faults); two (7.2e-3) never do.
+    Over 7 days the budget is a quarter, and so is the expectation: three still do."""
+    for size, days in ((40, 28), (4000, 28), (640, 7)):
+        step = 8 * 28 // days  # one node in `step` has a fault: 0.0045 per node-day
+        faulty = range(step, size, step)
+        at = {i: (n + 0.5) * days * DAY / len(faulty) for n, i in enumerate(faulty)}
+        signals = {
+            f"gpu{i:04d}": {"node_days": days, "faults": fault(at[i]) if i in at else []}
+            for i in range(size)
+        }
+        signals["gpu0003"]["faults"] = spread(3, days=days)
+        signals["gpu0005"]["faults"] = spread(2, days=days)
+        scored = by_node(policy.score(signals))
+        assert scored["gpu0003"]["lemon"], (size, days)
+        assert not scored["gpu0005"]["lemon"], (size, days)
+        assert [n for n, r in scored.items() if r["lemon"]] == ["gpu0003"]
+
+
+def test_params_stricter_budget_flags_less_and_unknown_keys_fail():
     signals = fleet()
     signals["gpu0004"]["faults"] = spread(3)
-    loose = by_node(policy.score(signals, {"alpha": 0.5}))["gpu0004"]
-    strict = by_node(policy.score(signals, {"alpha": 1e-12}))["gpu0004"]
+    loose = by_node(policy.score(signals, {"fp_per_node_month": 0.5}))["gpu0004"]
+    strict = by_node(policy.score(signals, {"fp_per_node_month": 1e-12}))["gpu0004"]
     assert loose["lemon"] and not strict["lemon"]
     with pytest.raises(ValueError):
-        policy.score(signals, {"alpah": 0.1})
+        policy.score(signals, {"alpha": 0.1})  # the old name: a budget per sweep
 
 
 def test_rate_floor_override_merges():
@@ -261,9 +289,10 @@ def test_fisher_tail():
 
 
 def test_three_faults_in_one_day_make_a_lemon_that_three_in_a_month_do_not():
-    """The worst day (a scan statistic): three separate faults within 24 h are rarer at the
-    fleet's rate than four in a month; spread over the month, three are not enough."""
-    signals = fleet(seed=5)
+    """The worst day (a scan statistic): on a fleet failing at 8 per 1,000 node-days (more than
+    the literature's), three faults in a month (0.22 expected, p = 1.7e-3) are not enough,
+    three within 24 h are far rarer (a bound of 7e-6)."""
+    signals = fleet(seed=5, rate=0.008)
     burst = [10 * DAY, 10 * DAY + 6 * HOUR, 10 * DAY + 15 * HOUR]
     signals["gpu0007"] = dict(
         signals["gpu0007"], faults=sorted(i for t in burst for i in fault(t, checks=6))
@@ -338,7 +367,12 @@ def test_a_generation_that_fails_more_is_pooled_apart_so_the_other_ones_lemon_sh
     signals = two_classes()
     signals["gpu0005"]["faults"] = spread(5, phase=2.5)
     scored = by_node(policy.score(signals))
-    assert [n for n, r in scored.items() if r["lemon"]] == ["gpu0005"]
+    flagged = {n for n, r in scored.items() if r["lemon"]}
+    # 600 nodes over 28 days may flag about 0.55 healthy ones (the budget, 1 per 1,000
+    # node-months); this fleet's are a class-A node with 3 faults and a class-B node with 4
+    # within 24 h, each at chance against its own pool
+    assert "gpu0005" in flagged and len(flagged) <= 3
+    assert all(scored[n]["evidence"]["faults"]["count"] >= 3 for n in flagged)
     assert scored["gpu0005"]["evidence"]["faults"]["pool"] == "A"
     assert scored["gpu0005"]["evidence"]["faults"]["expected"] < 0.2
     assert scored["gpu0400"]["evidence"]["faults"]["pool"] == "B"
@@ -358,7 +392,9 @@ def test_classes_that_fail_alike_stay_one_pool_even_with_lemons_in_one():
     for n, name in enumerate(sorted(bad)):
         signals[name]["faults"] = spread(5, phase=n * 3)  # lemons do not fail in step
     scored = by_node(policy.score(signals))
-    assert {n for n, r in scored.items() if r["lemon"]} == bad
+    flagged = {n for n, r in scored.items() if r["lemon"]}
+    assert bad <= flagged and len(flagged - bad) <= 1  # one healthy node at chance (3 faults)
+    assert all(scored[n]["evidence"]["faults"]["count"] >= 3 for n in flagged)
     assert {r["evidence"]["faults"]["pool"] for r in scored.values()} == {"fleet"}
 
 
