@@ -770,6 +770,9 @@ def _lemon_text(scored: list, applied: list, window: float) -> str:
     for entry in lemons:  # node names come from the store: untrusted, cleaned
         node, reason = clean(entry["node"]), clean(entry["reason"])
         lines.append(f"  {node:<12} score {entry['score']:.1f}  {reason}")
+        if "judged" in entry:
+            at = timespec.iso(entry["judged"])
+            lines.append(f"      drained as a lemon at {at}, no fault since: not drained again")
         for name, ev in entry["evidence"].items():
             if ev.get("count"):
                 lines.append(f"      {name}: {ev['count']} (fleet expects {ev['expected']:.2f})")

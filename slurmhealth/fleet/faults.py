@@ -173,15 +173,16 @@ def shared(by_node: dict, span: float, window: float, p_cut: float, least: int) 
 
 
 def count(by_node: dict, span: float, params: dict, starts: dict | None = None) -> dict:
-    """{node: (faults, {kind: faults it showed in}, shared faults)} with the shared faults
-    (an incident) left out; faults is a weighted count (a share of a NODE_FAIL counts 1 / n).
-    `starts`, when given, receives {node: [start of each whole fault not shared]}."""
+    """{node: (faults, {kind: faults it showed in}, shared faults, start of the latest fault
+    counted or None)} with the shared faults (an incident) left out; faults is a weighted count
+    (a share of a NODE_FAIL counts 1 / n). `starts`, when given, receives {node: [start of
+    each whole fault not shared]}."""
     common = shared(
         by_node, span, params["shared_window_s"], params["shared_p"], params["shared_min_nodes"]
     )
     out = {}
     for node, eps in by_node.items():
-        total, kinds, left_out = 0.0, {}, 0
+        total, kinds, left_out, last = 0.0, {}, 0, None
         whole = []
         for start, weight, seen in eps:
             if weight >= 1.0 and (node, start) in common:
@@ -190,9 +191,10 @@ def count(by_node: dict, span: float, params: dict, starts: dict | None = None) 
             if weight >= 1.0:
                 whole.append(start)
             total += weight
+            last = start if last is None else max(last, start)
             for kind in seen:
                 kinds[kind] = kinds.get(kind, 0) + 1
-        out[node] = (total, kinds, left_out)
+        out[node] = (total, kinds, left_out, last)
         if starts is not None:
             starts[node] = whole
     return out

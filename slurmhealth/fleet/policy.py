@@ -494,6 +494,7 @@ def score(signals: dict, params: dict | None = None) -> list:
         evidence["faults"]["shared"] = episodes["faults"][node][2]
         evidence["faults"]["pool"] = faults_fit[5][i] or "fleet"
         evidence["faults"]["worst_day"] = day
+        evidence["faults"]["last"] = episodes["faults"][node][3]
         for name, (counts, expected) in shown.items():
             evidence[name] = {"count": counts[i], "expected": round(expected[i], 4)}
         out.append(

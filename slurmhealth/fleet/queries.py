@@ -34,6 +34,17 @@ def last_action(conn: sqlite3.Connection, node: str, now: float) -> tuple | None
     ).fetchone()
 
 
+def drains_by(conn: sqlite3.Connection, actor: str, until: float) -> dict:
+    """{node: time of `actor`'s latest drain of it that Slurm took, at or before `until`}."""
+    return dict(
+        conn.execute(
+            "SELECT node, max(time) FROM actions WHERE actor = ? AND action = 'drain' "
+            "AND ok = 1 AND time <= ? GROUP BY node",
+            (actor, until),
+        )
+    )
+
+
 def last_run(conn: sqlite3.Connection, node: str, now: float) -> tuple | None:
     """(id, verdict, started) of the node's latest run before `now`, or None."""
     return conn.execute(

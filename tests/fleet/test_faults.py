@@ -126,7 +126,10 @@ def fleet_episodes(nodes: int, burst_nodes: int, at: float) -> dict:
 def test_a_fault_on_many_nodes_at_once_is_shared():
     by_node = fleet_episodes(200, 40, at=10.5 * 86400.0)
     counted = faults.count(by_node, 28 * 86400.0, PARAMS)
-    assert all(counted[f"n{i:03d}"] == (1.0, {"check": 1}, 1) for i in range(40))
+    # the node's own fault counts, and is its latest; the shared one is left out
+    assert all(
+        counted[f"n{i:03d}"] == (1.0, {"check": 1}, 1, i * 86400.0 / 7) for i in range(40)
+    )
     assert all(counted[f"n{i:03d}"][2] == 0 for i in range(40, 200))
 
 
@@ -139,7 +142,7 @@ def test_two_nodes_failing_in_the_same_hour_are_not_an_incident():
 def test_shares_of_one_job_do_not_make_a_burst():
     by_node = {f"n{i}": [(100.0, 0.125, {"node_fail": 1})] for i in range(8)}
     counted = faults.count(by_node, 28 * 86400.0, PARAMS)
-    assert all(c == (0.125, {"node_fail": 1}, 0) for c in counted.values())
+    assert all(c == (0.125, {"node_fail": 1}, 0, 100.0) for c in counted.values())
 
 
 def test_burst_size_grows_with_the_fleets_rate():

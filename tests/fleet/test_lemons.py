@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 
 import pytest
@@ -74,6 +75,63 @@ def test_apply_drains_the_lemons_with_reasons(fleet_db, tmp_path):
         .fetchone()
     )
     assert rows == (2,)
+
+
+def test_a_lemon_an_admin_returned_is_not_drained_again_until_it_fails_again(fleet_db, tmp_path):
+    """The sweep drains a lemon once; an admin resumes it (they decided on that evidence): the
+    hourly sweeps after leave it in service while its faults stay in the window, and say why.
+    A fault that starts after the drain makes it a lemon to drain again."""
+    source, fleet = fleet_db
+    path = str(tmp_path / "fleet.db")
+    shutil.copyfile(source, path)
+    state, cfg, env = slurm_env(tmp_path, fleet, 0.10)
+    now = time.time() + 60  # past the drains this test makes, over the whole simulated month
+
+    args = ["lemons", "--db", path, "--now", f"{now:.3f}", "--window", f"{now - fleet.start:.0f}s"]
+
+    def sweep() -> dict:
+        proc = run_cli(*args, "--apply", "--json", "--config", str(cfg), env=env)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+
+    first = sweep()
+    assert sorted(a["node"] for a in first["applied"] if a["outcome"] == "drained") == sorted(
+        fleet.lemons
+    )
+    nodes = json.loads(state.read_text())
+    for name in fleet.lemons:  # the admin returns them
+        nodes[name] = {"state": "IDLE", "reason": ""}
+    state.write_text(json.dumps(nodes))
+    calls = len(open(f"{state}.calls").readlines())
+    second = sweep()
+    assert {a["outcome"] for a in second["applied"]} == {"skipped"}
+    assert all(e["judged"] for e in second["lemons"])
+    assert not any(v["reason"] for v in json.loads(state.read_text()).values())
+    assert len(open(f"{state}.calls").readlines()) == calls, "Slurm was asked"
+    conn = store.connect(path)
+    skips = conn.execute(
+        "SELECT detail FROM actions WHERE action = 'drain-skipped' AND actor = 'slurmhealth lemons'"
+    ).fetchall()
+    assert len(skips) == 2 and all(d.startswith("judged: drained as a lemon at") for (d,) in skips)
+    text = run_cli(*args).stdout
+    assert "no fault since: not drained again" in text
+
+    lemon = sorted(fleet.lemons)[0]
+    run = {
+        "node": lemon,
+        "job_id": None,
+        "phase": "healthcheck",
+        "started": time.time(),
+        "duration": 0.1,
+        "verdict": "fail",
+        "tool_version": "test",
+    }
+    store.record_run(conn, {"run": run, "results": [], "events": [], "baselines": {}})
+    conn.close()
+    third = sweep()
+    outcomes = {a["node"]: a["outcome"] for a in third["applied"]}
+    assert outcomes[lemon] == "drained" and "judged" not in outcomes
+    assert json.loads(state.read_text())[lemon]["reason"].startswith("slurmhealth: lemon: ")
 
 
 def test_the_breaker_stops_the_sweep_loudly(fleet_db, tmp_path):

@@ -369,6 +369,32 @@ def test_a_node_with_intermittent_faults_is_drained_as_a_lemon_with_its_evidence
     assert lab.node(FAULTY) == drained, f"a passing health check resumed the lemon: {resumed}"
 
 
+def test_a_lemon_an_admin_resumed_stays_in_service_on_the_same_faults(cluster, history, tmp_path):
+    """The sweep drains the lemon; an admin resumes it, having looked: the next sweeps, over the
+    same faults, leave it in service (no scontrol update) and record why."""
+    lab = cluster
+    fleet = fleet_copy(history, tmp_path)
+    config = lab.path("etc", "slurmhealth.toml")
+
+    def sweep() -> dict:
+        now = time.time()
+        span = f"{now - history['start']:.3f}s"
+        args = ("lemons", "--db", fleet, "--now", f"{now:.3f}", "--window", span, "--apply")
+        return json.loads(ok(slurmhealth(lab, *args, "--config", config, "--json")).stdout)
+
+    assert sweep()["applied"] == [{"node": FAULTY, "outcome": "drained"}]
+    assert "DRAIN" in lab.node(FAULTY)["state"]
+    lab.resume(FAULTY)
+    t_resume = time.time()
+    again = sweep()
+    assert [(a["node"], a["outcome"]) for a in again["applied"]] == [(FAULTY, "skipped")], again
+    assert again["lemons"][0]["judged"] <= t_resume
+    assert "DRAIN" not in lab.node(FAULTY)["state"], lab.node(FAULTY)
+    acts = rows(fleet, "SELECT * FROM actions WHERE time >= ? ORDER BY time", (t_resume,))
+    assert [(a["node"], a["action"]) for a in acts] == [(FAULTY, "drain-skipped")], acts
+    assert acts[0]["detail"].startswith("judged: drained as a lemon at"), acts[0]
+
+
 # ---- circuit breaker -----------------------------------------------------------------------------
 
 
