@@ -353,8 +353,8 @@ def _exposure(sig: dict, unit: str, count: float) -> float:
 
 
 def _counted(signals: dict, nodes: list, key: str, p: dict, starts: dict | None = None) -> dict:
-    """{node: (count, kinds, shared)} of the node's fault or warning episodes; `starts`
-    receives each node's whole faults' starts (faults.count)."""
+    """{node: (count, kinds, shared, latest start)} of the node's fault or warning episodes;
+    `starts` receives each node's whole faults' starts (faults.count)."""
     by_node = {n: faultlib.episodes(signals[n].get(key, ()), p["fault_gap_s"]) for n in nodes}
     return faultlib.count(by_node, _window_days(signals, nodes) * DAY, p, starts)
 
