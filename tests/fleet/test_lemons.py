@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 
 import pytest
@@ -81,9 +80,9 @@ def test_a_lemon_an_admin_returned_is_not_drained_again_until_it_fails_again(fle
     """The sweep drains a lemon once; an admin resumes it (they decided on that evidence): the
     hourly sweeps after leave it in service while its faults stay in the window, and say why.
     A fault that starts after the drain makes it a lemon to drain again."""
-    source, fleet = fleet_db
-    path = str(tmp_path / "fleet.db")
-    shutil.copyfile(source, path)
+    _, fleet = fleet_db
+    path = str(tmp_path / "fleet.db")  # its own store: the module's has other tests' drains
+    simulate.write_store(fleet, store.connect(path))
     state, cfg, env = slurm_env(tmp_path, fleet, 0.10)
     now = time.time() + 60  # past the drains this test makes, over the whole simulated month
 
