@@ -59,7 +59,7 @@ DEFAULT_PARAMS = {
     # False-positive budget: healthy nodes flagged per node-month (1 per 1,000). A node's
     # p-value over a window of D days is held to this x D / 30.44 (9.2e-4 over 28 days),
     # whatever the fleet's size: at the literature's 4.5 faults per 1,000 node-days (0.126 in
-    # 28 days) three separate faults suffice (p = 3.2e-4), two never do (7.3e-3). (Until
+    # 28 days) three separate faults suffice (p = 3.2e-4), two do not (7.3e-3). (Until
     # 2026-12-02 it was 0.01 per sweep of the fleet, Bonferroni over its nodes: 2e-5 a node on
     # 512 nodes, so a lemon needed four faults, and was weaker than a plain per-node test at
     # the budget admins accept. docs/lemons.md: what a sliding window does to the rate.)
