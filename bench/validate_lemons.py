@@ -73,8 +73,8 @@ def _less(total: dict, gone: dict) -> None:
 
 def sweep(history: simulate.History, params: dict) -> tuple:
     """Daily sweeps of the WINDOW days up to each day's end: ({node: [times newly flagged by
-    score]}, {node: [... by the baseline]}); a node is newly flagged on a day it is a lemon
-    after a day it was not."""
+    score]}, {node: [... by the baseline]}, (nodes the last day's sweep flags by score, by the
+    baseline)); a node is newly flagged on a day it is a lemon after a day it was not."""
     fleet = history.fleet
     daily = simulate.daily_signals(history)
     items = simulate.fault_items(history, fleet.start, fleet.end)
@@ -107,7 +107,7 @@ def sweep(history: simulate.History, params: dict) -> tuple:
         for node in plain - before[1]:
             base.setdefault(node, []).append(at)
         before = (flagged, plain)
-    return ours, base
+    return ours, base, before
 
 
 # The fleet models (docs/lemons.md, "Validation"): each a set of simulate.Fleet fields. Every
@@ -164,7 +164,7 @@ def one_fleet(job: tuple) -> dict:
     if k:
         fleet.lemons = simulate.pick_lemons(fleet, LEMONS, k)
     history = simulate.events(fleet)
-    ours, base = sweep(history, params)
+    ours, base, (last, last_plain) = sweep(history, params)
     least = params.get("min_faults", policy.DEFAULT_PARAMS["min_faults"])
     return {
         "k": k,
@@ -177,6 +177,8 @@ def one_fleet(job: tuple) -> dict:
         "healthy": NODES - len(fleet.lemons),
         "ours": {n: times[0] for n, times in ours.items()},
         "base": {n: times[0] for n, times in base.items()},
+        "ours_end": dict.fromkeys(last, fleet.end),
+        "base_end": dict.fromkeys(last_plain, fleet.end),
         "ours_all": ours,
         "base_all": base,
         "breaker": history.breaker,
@@ -299,6 +301,26 @@ def summary(by_model: dict) -> str:
     return "\n".join(lines)
 
 
+def end_lines(by_model: dict) -> str:
+    """Issue 11's protocol: one sweep at the end of the DAYS (`slurmhealth lemons --now`), not
+    a sweep a day; a node counts when that sweep flags it."""
+    lines = [
+        "| model | k | recall (baseline) | precision (baseline) "
+        "| healthy flagged / 1k node-months (baseline) |",
+        "|" + "---|" * 5,
+    ]
+    for model, results in by_model.items():
+        for k in KS:
+            rs = [r for r in results if r["k"] == k]
+            a, b = summarize(rs, "ours_end"), summarize(rs, "base_end")
+            lines.append(
+                f"| {model} | {k} | {_f(a['recall'])} ({_f(b['recall'])}) "
+                f"| {_f(a['precision'])} ({_f(b['precision'])}) "
+                f"| {_f(a['fp_rate'])} ({_f(b['fp_rate'])}) |"
+            )
+    return "\n".join(lines)
+
+
 def steady_lines(results: list) -> str:
     """Healthy nodes newly flagged per 1,000 node-months once the sliding window is full (days
     WINDOW on), by score and by the baseline; each fleet's base rate beside."""
@@ -370,6 +392,8 @@ def main() -> int:
         print(f"- {m}: {MODELS[m][0]}")
     print()
     print(summary(by_model))
+    print(f"\nOne sweep at the end of the {DAYS} days (issue 11's protocol):\n")
+    print(end_lines(by_model))
     print()
     print(steady_lines(results))
     for m in models if args.detail else ():

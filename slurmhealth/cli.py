@@ -20,7 +20,7 @@ from slurmhealth import __version__
 from slurmhealth.core import files, slurm, store, timespec
 from slurmhealth.core.constants import BREAKER, FAILED, HELD
 from slurmhealth.core.result import clean
-from slurmhealth.fleet import accounting, history, lemons, peers, queries, sync
+from slurmhealth.fleet import accounting, history, lemons, peers, policy, queries, sync
 from slurmhealth.node import agent, config, runner
 from slurmhealth.node.checks import AREAS
 
@@ -767,6 +767,17 @@ def _merge_accounting(tool: str, fetch: object, ingest: object, conn: object, sp
 def _lemon_text(scored: list, applied: list, window: float) -> str:
     lemons = [e for e in scored if e["lemon"]]
     lines = [f"{len(lemons)} lemon(s) among {len(scored)} nodes over {window / 86400:g} days"]
+    bars: dict = {}  # pool -> (expected, faults needed, within a day) of its node seen longest
+    hours = policy.DEFAULT_PARAMS["scan_window_s"] / 3600
+    for entry in scored:
+        faults = entry["evidence"]["faults"]
+        mine = (faults["expected"], faults["needed"], faults["needed_day"])
+        bars[faults["pool"]] = max(bars.get(faults["pool"], mine), mine)
+    for pool, (expected, need, day) in sorted(bars.items()):  # pools name GPU models: cleaned
+        lines.append(
+            f"  {clean(pool)}: a node seen throughout is a lemon at {need} separate faults "
+            f"({expected:.2g} expected)" + (f" or {day} within {hours:g} h" if day else "")
+        )
     for entry in lemons:  # node names come from the store: untrusted, cleaned
         node, reason = clean(entry["node"]), clean(entry["reason"])
         lines.append(f"  {node:<12} score {entry['score']:.1f}  {reason}")

@@ -19,6 +19,7 @@ budget for the window (fp_per_node_month x window days / 30.44) AND it has at le
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from slurmhealth.fleet import faults as faultlib
 
@@ -414,22 +415,57 @@ def _reason(tests: dict, ln_tests: dict, day: tuple) -> str:
     return line[:REASON_MAX]
 
 
+def _faults_share(used: list, p: dict) -> float:
+    """The share of the budget the faults test decides at alone (_combined)."""
+    if len(used) < 2 or 1 - p["primary_share"] - p["scan_share"] <= 0:
+        return max(1 - p["scan_share"], 1e-12)
+    return p["primary_share"]
+
+
+def fewest(ln_p: Callable[[int], float], ln_cut: float, least: float, most: int = 1000) -> int:
+    """The fewest faults n >= `least` with ln_p(n) below ln_cut; `most` + 1 past `most`. With
+    the faults test or the worst day as ln_p: what makes a node of a given expectation a lemon,
+    the figure an admin checks a verdict against."""
+    n = max(1, math.ceil(least - 1e-9))
+    while n <= most and ln_p(n) >= ln_cut:
+        n += 1
+    return n
+
+
 def _combined(ln_tests: dict, used: list, p: dict, ln_day: float) -> float:
     """ln p of the node: the faults test at primary_share of the budget, the worst day at
     scan_share, or Fisher's combination of every test with data in this fleet at the rest
     (without such tests, the faults test takes the rest too)."""
     scan = p["scan_share"]
     fisher = 1 - p["primary_share"] - scan
-    options = [0.0]
-    if len(used) < 2 or fisher <= 0:
-        options.append(ln_tests["faults"] - math.log(max(1 - scan, 1e-12)))
-    else:
+    options = [0.0, ln_tests["faults"] - math.log(_faults_share(used, p))]
+    if len(used) >= 2 and fisher > 0:
         statistic = -2 * sum(ln_tests[name] for name in used)
-        options.append(ln_tests["faults"] - math.log(p["primary_share"]))
         options.append(ln_chi2_sf_even(statistic, 2 * len(used)) - math.log(fisher))
     if scan > 0:
         options.append(ln_day - math.log(scan))
     return min(options)
+
+
+def _needed(
+    memo: dict, expected: float, days: float, phi: float, ln_cut: float, used: list, p: dict
+) -> tuple:
+    """(faults spread over the window, faults within scan_window_s; 0: that test is off) that
+    would make a node of this expectation over `days` a lemon; memo: most nodes share one."""
+    key = (expected, days)
+    if key not in memo:
+        spread = ln_cut + math.log(_faults_share(used, p))
+        memo[key] = (
+            fewest(lambda n: ln_poisson_sf(n / phi, expected / phi), spread, p["min_faults"]),
+            fewest(
+                lambda n: ln_scan(n, expected, days, p["scan_window_s"] / DAY, phi),
+                ln_cut + math.log(p["scan_share"]),
+                max(3, p["min_faults"]),
+            )
+            if p["scan_share"] > 0
+            else 0,
+        )
+    return memo[key]
 
 
 def _window_days(signals: dict, nodes: list) -> float:
@@ -472,6 +508,7 @@ def score(signals: dict, params: dict | None = None) -> list:
         counts = [signals[n].get(name, 0) for n in nodes]
         exposure = [_exposure(signals[n], EXPOSURE[name], c) for n, c in zip(nodes, counts)]
         shown[name] = (counts, _pooled(counts, exposure))
+    needs: dict = {}  # by expectation: most nodes of a fleet share one
     out = []
     for i, node in enumerate(nodes):
         tests = {
@@ -495,6 +532,9 @@ def score(signals: dict, params: dict | None = None) -> list:
         evidence["faults"]["pool"] = faults_fit[5][i] or "fleet"
         evidence["faults"]["worst_day"] = day
         evidence["faults"]["last"] = episodes["faults"][node][3]
+        evidence["faults"]["needed"], evidence["faults"]["needed_day"] = _needed(
+            needs, faults_fit[2][i], faults_fit[1][i], faults_fit[3], ln_cut, used, p
+        )
         for name, (counts, expected) in shown.items():
             evidence[name] = {"count": counts[i], "expected": round(expected[i], 4)}
         out.append(

@@ -36,6 +36,20 @@ def test_lemons_are_named_with_their_evidence(fleet_db):
         assert entry["reason"] and entry["evidence"]
     text = run_cli("lemons", "--db", path, "--now", str(fleet.end)).stdout
     assert text.startswith("2 lemon(s) among 64 nodes over 28 days")
+    # each node carries the verdict's boundary, and the text says it for the fleet's pool
+    least = policy.DEFAULT_PARAMS["min_faults"]
+    for entry in doc["nodes"]:
+        faults = entry["evidence"]["faults"]
+        assert faults["needed"] >= least and faults["needed_day"] >= 3
+        if faults["count"] >= faults["needed"] or faults["worst_day"] >= faults["needed_day"]:
+            assert entry["lemon"], entry["node"]
+    bar = max(doc["nodes"], key=lambda e: e["evidence"]["faults"]["expected"])["evidence"]
+    line = text.splitlines()[1]
+    assert line == (
+        f"  fleet: a node seen throughout is a lemon at {bar['faults']['needed']} separate "
+        f"faults ({bar['faults']['expected']:.2g} expected) or "
+        f"{bar['faults']['needed_day']} within 24 h"
+    )
 
 
 def slurm_env(tmp_path, fleet, share):

@@ -237,6 +237,35 @@ def test_three_faults_in_28_days_make_a_lemon_whatever_the_fleet_size():
         assert [n for n, r in scored.items() if r["lemon"]] == ["gpu0003"]
 
 
+def test_each_node_says_how_many_faults_would_make_it_a_lemon():
+    """`needed` (spread over the window) and `needed_day` (within 24 h) are the verdict's own
+    boundary: a node given `needed` separate faults is a lemon, one given one fewer is not; at
+    4.5 per 1,000 node-days that is three, at 8 per 1,000 four, and three within a day in
+    both. A node seen for fewer days expects less, so needs no more."""
+    for rate, spread_bar in ((0.0045, 3), (0.008, 4)):
+        signals = fleet(seed=11, warns=0.0, rate=rate)
+        for s in signals.values():
+            s["multi_node_failures"] = 0  # the faults test alone decides
+        bar = by_node(policy.score(signals))["gpu0002"]["evidence"]["faults"]
+        assert (bar["needed"], bar["needed_day"]) == (spread_bar, 3), rate
+        signals["gpu0002"]["faults"] = spread(bar["needed"])
+        signals["gpu0004"]["faults"] = spread(bar["needed"] - 1)
+        burst = [9 * DAY + h * 4 * HOUR for h in range(bar["needed_day"])]
+        signals["gpu0006"]["faults"] = sorted(i for t in burst for i in fault(t, checks=6))
+        signals["gpu0008"] = dict(signals["gpu0008"], node_days=7, faults=[])
+        scored = by_node(policy.score(signals))
+        assert scored["gpu0002"]["lemon"] and not scored["gpu0004"]["lemon"], rate
+        assert scored["gpu0006"]["lemon"], rate
+        young = scored["gpu0008"]["evidence"]["faults"]
+        assert 2 <= young["needed"] <= spread_bar and young["expected"] < bar["expected"]
+
+
+def test_fewest_counts_up_to_the_cut_and_stops():
+    assert policy.fewest(lambda n: -float(n), -2.5, 2) == 3
+    assert policy.fewest(lambda n: -float(n), -2.5, 5) == 5  # never below the minimum
+    assert policy.fewest(lambda n: 0.0, -1.0, 2, most=9) == 10  # never reached: most + 1
+
+
 def test_params_stricter_budget_flags_less_and_unknown_keys_fail():
     signals = fleet()
     signals["gpu0004"]["faults"] = spread(3)
