@@ -767,16 +767,11 @@ def _merge_accounting(tool: str, fetch: object, ingest: object, conn: object, sp
 def _lemon_text(scored: list, applied: list, window: float) -> str:
     lemons = [e for e in scored if e["lemon"]]
     lines = [f"{len(lemons)} lemon(s) among {len(scored)} nodes over {window / 86400:g} days"]
-    bars: dict = {}  # pool -> (expected, faults needed, within a day) of its node seen longest
-    hours = policy.DEFAULT_PARAMS["scan_window_s"] / 3600
-    for entry in scored:
-        faults = entry["evidence"]["faults"]
-        mine = (faults["expected"], faults["needed"], faults["needed_day"])
-        bars[faults["pool"]] = max(bars.get(faults["pool"], mine), mine)
-    for pool, (expected, need, day) in sorted(bars.items()):  # pools name GPU models: cleaned
+    for bar in policy.bars(scored):  # pools name GPU models from the store: cleaned
+        day = f" or {bar['needed_day']} within {bar['hours']:g} h" if bar["needed_day"] else ""
         lines.append(
-            f"  {clean(pool)}: a node seen throughout is a lemon at {need} separate faults "
-            f"({expected:.2g} expected)" + (f" or {day} within {hours:g} h" if day else "")
+            f"  {clean(bar['pool'])}: a node seen throughout is a lemon at {bar['needed']} "
+            f"separate faults ({bar['expected']:.2g} expected){day}"
         )
     for entry in lemons:  # node names come from the store: untrusted, cleaned
         node, reason = clean(entry["node"]), clean(entry["reason"])

@@ -550,3 +550,20 @@ def score(signals: dict, params: dict | None = None) -> list:
         )
     out.sort(key=lambda r: (-r["score"], r["node"]))
     return out
+
+
+def bars(scored: list, params: dict | None = None) -> list:
+    """What makes a lemon in each pool of a score(): the boundary of the pool's node seen
+    longest, [{"pool", "expected", "needed", "needed_day", "hours"}] by pool (hours: the
+    worst-day span)."""
+    best: dict = {}
+    for entry in scored:
+        faults = entry["evidence"]["faults"]
+        mine = (faults["expected"], faults["needed"], faults["needed_day"])
+        best[faults["pool"]] = max(best.get(faults["pool"], mine), mine)
+    span = _params(params)["scan_window_s"] / 3600
+    hours = int(span) if span == int(span) else round(span, 2)
+    return [
+        {"pool": pool, "expected": e, "needed": n, "needed_day": d, "hours": hours}
+        for pool, (e, n, d) in sorted(best.items())
+    ]

@@ -559,7 +559,11 @@ def _build(
     tick(1)
     doc["xids"] = xid_counts(conn, start, now)
     tick(1)
-    doc["lemons"] = {"nodes_scored": len(scored), "candidates": lemon_candidates(scored)}
+    doc["lemons"] = {
+        "nodes_scored": len(scored),
+        "bars": policy.bars(scored),
+        "candidates": lemon_candidates(scored),
+    }
     doc["heatmap"] = heatmap(failures, w_start, scored, days)
     doc["trend"] = trend(failures, w_start, node_days, days, shared)
     doc["rate"] = rate(failures, node_days, shared)

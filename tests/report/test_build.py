@@ -18,7 +18,7 @@ import pytest
 from conftest import TESTS, diag_records, outcome, record_sources, run_cli, run_on_pty
 
 from slurmhealth.core import store, timespec
-from slurmhealth.fleet import lemons, queries, simulate
+from slurmhealth.fleet import lemons, policy, queries, simulate
 from slurmhealth.report import build as report
 from slurmhealth.report import render
 
@@ -153,6 +153,26 @@ def test_lemon_candidates_are_what_the_lemon_sweep_finds(conn, sim, doc):
     assert found == swept and found and found <= set(sim.fleet.lemons)
     for c in doc["lemons"]["candidates"]:
         assert c["evidence"] and all(e["count"] > 0 for e in c["evidence"])
+    # what makes a lemon here, as `slurmhealth lemons` says it, in every format
+    assert doc["lemons"]["bars"] == policy.bars(lemons.sweep(conn, w_end, 28 * DAY))
+    bar = doc["lemons"]["bars"][0]
+    said = (
+        f"{bar['pool']}: a node seen throughout the window is a lemon at {bar['needed']} "
+        f"separate faults ({bar['expected']} expected) or {bar['needed_day']} within 24 h."
+    )
+    assert bar["needed"] >= 2 and bar["needed_day"] >= 3
+    assert said in render.render(doc, "md") and said in render.render(doc, "html")
+
+
+def test_a_hostile_pool_name_in_the_lemon_bar_renders_as_text(doc):
+    """Pools are GPU models read from node stores: untrusted."""
+    hostile = dict(doc, lemons=dict(doc["lemons"], bars=[dict(doc["lemons"]["bars"][0])]))
+    hostile["lemons"]["bars"][0]["pool"] = "H100 |`<script>x</script>\x1b[31m"
+    page = render.render(hostile, "html")
+    assert "<script>x" not in page and "&lt;script&gt;x&lt;/script&gt;" in page
+    assert "\x1b" not in page
+    md = render.render(hostile, "md")
+    assert "<script>" not in md and "\x1b" not in md and "H100 \\|\\`&lt;script&gt;" in md
 
 
 def test_period_counts_match_sql(conn, sim, doc):
