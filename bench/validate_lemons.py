@@ -7,6 +7,7 @@ see them). Reported, pooled over seeds, for policy.score and for the baseline, a
 Poisson test on hardware job failures alone at the same false-positive budget, and the limit
 of any count test (the lemon's true faults against the true base rate, at that budget):
 - precision and recall of the nodes ever flagged;
+- the same of one sweep at the end of the 28 days alone (issue 11's protocol: `lemons --now`);
 - median days from a lemon's third recorded hardware fault to its first flagging (lemons with
   at least 3 faults; never flagged counts as never; negative: flagged before the third);
 - healthy nodes ever flagged per 1,000 healthy node-months;
