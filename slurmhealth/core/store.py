@@ -757,6 +757,17 @@ def last_action(conn: sqlite3.Connection, node: str, action: str) -> tuple | Non
 
 
 @_translated
+def newest_action(conn: sqlite3.Connection, node: str) -> tuple | None:
+    """(action, reason, actor, ok, detail) of the node's latest action by anyone, or None."""
+    row = conn.execute(
+        "SELECT action, reason, actor, ok, detail FROM actions WHERE node = ? "
+        "ORDER BY time DESC LIMIT 1",
+        (node,),
+    ).fetchone()
+    return None if row is None else (row[0], row[1], row[2], bool(row[3]), row[4])
+
+
+@_translated
 def recent_verdicts(
     conn: sqlite3.Connection, node: str, phase: str, since: float, limit: int
 ) -> list:

@@ -2,7 +2,8 @@
 
 `slurmhealth lemons` lists; `--apply` drains through actions.drain, so the sweep obeys the same
 etiquette, circuit breaker and probation as the hooks, and records every drain or refusal in
-the fleet store.
+the fleet store. A lemon already out is recorded as skipped once, not by every hourly sweep
+(actions.note(once=True)): the nightly report lists what happened, not the sweep's heartbeat.
 
 A lemon the sweep drained is judged: while every fault it is scored on started before that
 drain, the sweep never drains it again. An admin who returned it (or a passing diagnosis that
@@ -47,10 +48,14 @@ def apply(scored: list, client: slurm.Slurm, settings: dict, conn: object, log: 
             at = timespec.iso(entry["judged"])
             detail = f"judged: drained as a lemon at {at}, no fault since"
             reason = slurm.reason(why)
-            actions.note(conn, entry["node"], ACT_DRAIN_SKIPPED, reason, ACTOR, True, detail, log)
+            actions.note(
+                conn, entry["node"], ACT_DRAIN_SKIPPED, reason, ACTOR, True, detail, log, once=True
+            )
             applied.append({"node": entry["node"], "outcome": SKIPPED, "judged": entry["judged"]})
             continue
-        outcome = actions.drain(client, entry["node"], why, settings, conn, ACTOR, log)
+        outcome = actions.drain(
+            client, entry["node"], why, settings, conn, ACTOR, log, repeat_skip=False
+        )
         applied.append({"node": entry["node"], "outcome": outcome})
         if outcome in (BREAKER, HELD, FAILED):  # past the cap, uncounted, not taken: stop
             break

@@ -43,10 +43,19 @@ def note(
     detail: str,
     log: object,
     keep: object = None,
+    once: bool = False,
 ) -> None:
     """Record an action in the store; if the store cannot take it, hand it to `keep` (the
-    agent spools it beside the store, to be recorded by a later run): nothing is lost."""
+    agent spools it beside the store, to be recorded by a later run): nothing is lost. `once`:
+    not when the node's latest action is this very one (a sweep saying again, each hour, what
+    it already said: the first says it, and anything that happens between makes it new)."""
     when = time.time()
+    if once and conn is not None:
+        try:
+            if store.newest_action(conn, node) == (action, why, actor, ok, detail):  # type: ignore[arg-type]
+                return
+        except store.StoreError:
+            pass  # unknown: record it
     if conn is not None:
         try:
             store.record_action(conn, node, action, why, actor, ok, detail, when)  # type: ignore[arg-type]
@@ -83,6 +92,21 @@ def _reason(
     return slurm.reason(message)
 
 
+def _skipped(
+    conn: object,
+    node: str,
+    message: str,
+    actor: str,
+    out: dict,
+    log: object,
+    keep: object,
+    once: bool,
+) -> None:
+    """Record that the node was already out (`out`: its Slurm record), so not drained."""
+    detail = f"already out: {out['reason'] or out['state']}"
+    note(conn, node, ACT_DRAIN_SKIPPED, slurm.reason(message), actor, True, detail, log, keep, once)
+
+
 def drain(
     client: slurm.Slurm,
     node: str,
@@ -94,8 +118,11 @@ def drain(
     record_skip: bool = True,
     keep: object = None,
     ignore: tuple = (),
+    repeat_skip: bool = True,
 ) -> str:
     """Drain `node` unless someone else took it out, or the breaker is open. Returns the outcome.
+    A node already out is recorded as a skip (`record_skip`), each time unless `repeat_skip` is
+    false (note(once=True)).
 
     The breaker: slurmhealth never has more than settings.breaker_share of the fleet drained by
     itself within settings.breaker_window (any automatic path). Past it, it drains nothing more,
@@ -106,9 +133,7 @@ def drain(
         info = client.node(node)
         if not slurm.may_drain(info, ignore):
             if record_skip:
-                detail = f"already out: {info['reason'] or info['state']}"
-                why = slurm.reason(message)
-                note(conn, node, ACT_DRAIN_SKIPPED, why, actor, True, detail, log, keep)
+                _skipped(conn, node, message, actor, info, log, keep, not repeat_skip)
             return SKIPPED
         fleet = client.nodes()
         if not fleet:  # an answer that lists no node counts nothing either
@@ -118,9 +143,7 @@ def drain(
             # out since `show node` (another hook of this node drained it a moment ago): out,
             # not a drain of another node that could trip the breaker
             if record_skip:
-                detail = f"already out: {listed['reason'] or listed['state']}"
-                why = slurm.reason(message)
-                note(conn, node, ACT_DRAIN_SKIPPED, why, actor, True, detail, log, keep)
+                _skipped(conn, node, message, actor, listed, log, keep, not repeat_skip)
             return SKIPPED
     except slurm.SlurmError as exc:
         # Without a fresh count of the fleet the breaker cannot hold, and a fleet-wide fault

@@ -126,6 +126,11 @@ def test_a_lemon_an_admin_returned_is_not_drained_again_until_it_fails_again(fle
         "SELECT detail FROM actions WHERE action = 'drain-skipped' AND actor = 'slurmhealth lemons'"
     ).fetchall()
     assert len(skips) == 2 and all(d.startswith("judged: drained as a lemon at") for (d,) in skips)
+    # the next hourly sweep finds the same: it says so in its output, not in another row
+    assert {a["outcome"] for a in sweep()["applied"]} == {"skipped"}
+    assert conn.execute(
+        "SELECT count(*) FROM actions WHERE action = 'drain-skipped'"
+    ).fetchone() == (2,)
     text = run_cli(*args).stdout
     assert "no fault since: not drained again" in text
 

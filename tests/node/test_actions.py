@@ -89,6 +89,35 @@ def test_a_node_someone_else_took_out_is_left_alone(conn):
     assert recorded(conn)[0][0] == "drain-skipped"
 
 
+def test_a_skip_said_once_is_not_repeated_until_something_changes(conn):
+    """repeat_skip=False (the hourly lemon sweep): a node that stays out is recorded as skipped
+    once; a new reason of its own, or any action in between, makes the next skip worth a row.
+    The default repeats (a hook's skip is an event of its own)."""
+    client = Client(fleet(gpu01=("IDLE+DRAIN", "admin: fan", 1.0)))
+
+    def sweep(message="lemon: 4 faults"):
+        return actions.drain(
+            client, "gpu01", message, SETTINGS, conn, "sweep", print, repeat_skip=False
+        )
+
+    assert [sweep(), sweep(), sweep()] == [SKIPPED] * 3
+    assert [r[0] for r in recorded(conn)] == ["drain-skipped"]
+    client.states["gpu01"]["reason"] = "admin: fan and PSU"  # the admin said more
+    sweep()
+    sweep("lemon: 5 faults")  # the evidence grew
+    assert len(recorded(conn)) == 3
+    store.record_action(conn, "gpu01", "resume", "back", "admin", True, "", time.time() + 1)
+    store.record_action(conn, "gpu01", "drain", "x", "hc", True, "", time.time() + 2)
+    client.states["gpu01"]["reason"] = "admin: fan and PSU"
+    assert actions.drain(
+        client, "gpu01", "lemon: 5 faults", SETTINGS, conn, "sweep", print, repeat_skip=False
+    ) == SKIPPED
+    assert len(recorded(conn)) == 6, "after other actions, the skip is said again"
+    drain(client, conn)
+    drain(client, conn)
+    assert len(recorded(conn)) == 8, "a hook's skips are each recorded"
+
+
 def test_the_breaker_refuses_past_its_share_and_says_so(conn):
     now = time.time()
     ours = {f"gpu{i:02d}": ("IDLE+DRAIN", "slurmhealth: x", now) for i in (2, 3)}
