@@ -29,6 +29,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -276,6 +277,14 @@ def breaker_lines(results: list, clean: list) -> str:
     )
 
 
+def _pairs(by_model: dict, ours: str, base: str) -> Iterator[tuple]:
+    """(model, k, summarize of ours, of the baseline, the model's results) per model and k."""
+    for model, results in by_model.items():
+        for k in KS:
+            rs = [r for r in results if r["k"] == k]
+            yield model, k, summarize(rs, ours), summarize(rs, base), results
+
+
 def summary(by_model: dict) -> str:
     """One line per model and k: ours against the baseline on the same fleets."""
     lines = [
@@ -286,19 +295,16 @@ def summary(by_model: dict) -> str:
         "nodes flagged (baseline) |",
         "|" + "---|" * 11,
     ]
-    for model, results in by_model.items():
+    for model, k, a, b, results in _pairs(by_model, "ours", "base"):
         clean = [r for r in results if r["k"] == 0]
         quiet = f"{sum(len(r['ours']) for r in clean)} ({sum(len(r['base']) for r in clean)})"
-        for k in KS:
-            rs = [r for r in results if r["k"] == k]
-            a, b = summarize(rs, "ours"), summarize(rs, "base")
-            lines.append(
-                f"| {model} | {k} | {_f(a['recall'])} | {_f(b['recall'])} | {_f(a['limit'])} "
-                f"| {_f(a['precision'])} | {_f(b['precision'])} "
-                f"| {_f(a['fp_rate'])} ({_f(b['fp_rate'])}) "
-                f"| {_f(a['median_days'], '.1f')} ({_f(b['median_days'], '.1f')}) "
-                f"| {_f(a['median_late'], '.1f')} | {quiet if k == KS[0] else ''} |"
-            )
+        lines.append(
+            f"| {model} | {k} | {_f(a['recall'])} | {_f(b['recall'])} | {_f(a['limit'])} "
+            f"| {_f(a['precision'])} | {_f(b['precision'])} "
+            f"| {_f(a['fp_rate'])} ({_f(b['fp_rate'])}) "
+            f"| {_f(a['median_days'], '.1f')} ({_f(b['median_days'], '.1f')}) "
+            f"| {_f(a['median_late'], '.1f')} | {quiet if k == KS[0] else ''} |"
+        )
     return "\n".join(lines)
 
 
@@ -310,15 +316,12 @@ def end_lines(by_model: dict) -> str:
         "| healthy flagged / 1k node-months (baseline) |",
         "|" + "---|" * 5,
     ]
-    for model, results in by_model.items():
-        for k in KS:
-            rs = [r for r in results if r["k"] == k]
-            a, b = summarize(rs, "ours_end"), summarize(rs, "base_end")
-            lines.append(
-                f"| {model} | {k} | {_f(a['recall'])} ({_f(b['recall'])}) "
-                f"| {_f(a['precision'])} ({_f(b['precision'])}) "
-                f"| {_f(a['fp_rate'])} ({_f(b['fp_rate'])}) |"
-            )
+    for model, k, a, b, _ in _pairs(by_model, "ours_end", "base_end"):
+        lines.append(
+            f"| {model} | {k} | {_f(a['recall'])} ({_f(b['recall'])}) "
+            f"| {_f(a['precision'])} ({_f(b['precision'])}) "
+            f"| {_f(a['fp_rate'])} ({_f(b['fp_rate'])}) |"
+        )
     return "\n".join(lines)
 
 
