@@ -145,15 +145,18 @@ STEADY = {
 
 def sufficed(history: simulate.History, node: str, params: dict) -> float | None:
     """When the node's true faults would first convince a plain per-node Poisson test at the
-    fleet's true rate at the whole budget (the sweep at the end of that day), or None: the
-    limit of any test of fault counts."""
+    true rate of its pool (its generation's) at the whole budget (the sweep at the end of that
+    day), or None: the limit of any test of fault counts."""
     fleet = history.fleet
     times = history.faults.get(node, [])
+    rate = history.base_rate  # the node's own generation's, where the fleet has generations
+    if fleet.generations:
+        rate *= fleet.generations[history.generation[history.names.index(node)]][1]
     for d in range(1, fleet.days + 1):
         at = fleet.start + d * DAY
         days = min(d, WINDOW)
         seen = sum(at - days * DAY <= t < at for t in times)
-        if seen and policy.ln_poisson_sf(seen, history.base_rate * days) < ln_budget(params, days):
+        if seen and policy.ln_poisson_sf(seen, rate * days) < ln_budget(params, days):
             return at
     return None
 
