@@ -342,8 +342,11 @@ def test_a_node_with_intermittent_faults_is_drained_as_a_lemon_with_its_evidence
     t_apply = time.time()
     applied = ok(lemons(lab, history, fleet, "--apply", "--json"))
     drained = lab.node(FAULTY)
-    # Once drained, a second sweep changes nothing.
+    # Once drained, a second sweep changes nothing, and a third adds no row (a skip is
+    # recorded once, not by every hourly sweep).
     again = ok(lemons(lab, history, fleet, "--apply", "--json"))
+    third = ok(lemons(lab, history, fleet, "--apply", "--json"))
+    assert json.loads(third.stdout)["applied"] == [{"node": FAULTY, "outcome": "skipped"}]
     assert json.loads(applied.stdout)["applied"] == [{"node": FAULTY, "outcome": "drained"}]
     resumed = [a for a in actions(lab, FAULTY, t_apply) if a["action"] == "resume"]
     assert json.loads(again.stdout)["applied"] == [{"node": FAULTY, "outcome": "skipped"}], (
@@ -356,7 +359,7 @@ def test_a_node_with_intermittent_faults_is_drained_as_a_lemon_with_its_evidence
         if node != FAULTY:
             assert lab.node(node) == before[node], f"{node} was touched"
     acts = rows(fleet, "SELECT * FROM actions WHERE time >= ? ORDER BY time", (t_apply - 1,))
-    # the drain, and the second sweep's skip
+    # the drain, and the second sweep's skip; the third's is the same, so not recorded again
     got = [(a["node"], a["action"], a["ok"]) for a in acts]
     assert got == [(FAULTY, "drain", 1), (FAULTY, "drain-skipped", 1)], acts
     assert acts[0]["reason"] == drained["reason"]
