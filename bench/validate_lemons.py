@@ -5,7 +5,8 @@ base hardware fault rate (and the fleet-wide incident on day 14). Every day d th
 the 28-day window ending at the end of day d (in-memory signals, as `slurmhealth lemons` would
 see them). Reported, pooled over seeds, for policy.score and for the baseline, a plain per-node
 Poisson test on hardware job failures alone at the same false-positive budget, and the limit
-of any count test (the lemon's true faults against the true base rate, at that budget):
+of any count test (the lemon's true faults against the true base rate of its generation, at
+that budget):
 - precision and recall of the nodes ever flagged;
 - the same of one sweep at the end of the 28 days alone (issue 11's protocol: `lemons --now`);
 - median days from a lemon's third recorded hardware fault to its first flagging (lemons with

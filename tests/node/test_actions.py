@@ -118,6 +118,21 @@ def test_a_skip_said_once_is_not_repeated_until_something_changes(conn):
     assert len(recorded(conn)) == 8, "a hook's skips are each recorded"
 
 
+def test_a_skip_said_once_is_kept_when_the_store_cannot_say_what_it_holds(tmp_path):
+    """once=True over a store that fails (here closed under the sweep): not knowing whether the
+    skip was said, it records it, and what the store cannot take goes to `keep`: never lost."""
+    broken = store.connect(str(tmp_path / "gone.db"))
+    broken.close()
+    kept: list = []
+    logged: list = []
+    actions.note(broken, "gpu01", "drain-skipped", "r", "sweep", True, "d", logged.append,
+                 kept.append, once=True)
+    assert [entry["action"][:6] for entry in kept] == [
+        ["gpu01", "drain-skipped", "r", "sweep", True, "d"]
+    ]
+    assert logged and "could not record the drain-skipped" in logged[0]
+
+
 def test_the_breaker_refuses_past_its_share_and_says_so(conn):
     now = time.time()
     ours = {f"gpu{i:02d}": ("IDLE+DRAIN", "slurmhealth: x", now) for i in (2, 3)}
