@@ -764,7 +764,7 @@ def _merge_accounting(tool: str, fetch: object, ingest: object, conn: object, sp
         click.echo(f"{tool}: skipped: {line}", err=True)
 
 
-def _lemon_text(scored: list, applied: list, window: float) -> str:
+def _lemon_text(scored: list, applied: list, window: float, now: float) -> str:
     lemons = [e for e in scored if e["lemon"]]
     lines = [f"{len(lemons)} lemon(s) among {len(scored)} nodes over {window / 86400:g} days"]
     for bar in policy.bars(scored):  # pools name GPU models from the store: cleaned
@@ -773,15 +773,22 @@ def _lemon_text(scored: list, applied: list, window: float) -> str:
             f"  {clean(bar['pool'])}: a node seen throughout is a lemon at {bar['needed']} "
             f"separate faults ({bar['expected']:.2g} expected){day}"
         )
+        if bar["dispersion"] > 1:
+            lines.append(
+                f"    faults vary between its nodes more than chance (dispersion "
+                f"{bar['dispersion']:.2g}): nodes are still judged one by one against the pool"
+            )
     for entry in lemons:  # node names come from the store: untrusted, cleaned
         node, reason = clean(entry["node"]), clean(entry["reason"])
         lines.append(f"  {node:<12} score {entry['score']:.1f}  {reason}")
-        if "judged" in entry:
-            at = timespec.iso(entry["judged"])
-            lines.append(f"      drained as a lemon at {at}, no fault since: not drained again")
+        lines.extend(f"      {clean(line)}" for line in policy.explain(entry, now))
         for name, ev in entry["evidence"].items():
             if ev.get("count"):
                 lines.append(f"      {name}: {ev['count']} (fleet expects {ev['expected']:.2f})")
+    for entry in scored:
+        if not entry["lemon"] and entry["evidence"]["faults"].get("reset"):
+            lines.append(f"  {clean(entry['node']):<12} not a lemon")
+            lines.extend(f"      {clean(line)}" for line in policy.explain(entry, now))
     for item in applied:
         lines.append(f"  {clean(item['node'])}: {clean(item['outcome'])}")
     return "\n".join(lines)
@@ -987,7 +994,8 @@ def lemons_cmd(
     """
     span = _duration(window)
     conn = _open(_fleet_path(db))
-    scored = lemons.sweep(conn, _instant(now), span)
+    at = _instant(now)
+    scored = lemons.sweep(conn, at, span)
     applied: list = []
     if do_apply:
         settings = _load_config(path).for_node("")["settings"]
@@ -999,7 +1007,7 @@ def lemons_cmd(
         doc = {"lemons": [e for e in scored if e["lemon"]], "nodes": scored, "applied": applied}
         click.echo(json.dumps(doc, indent=1))
     else:
-        click.echo(_lemon_text(scored, applied, span))
+        click.echo(_lemon_text(scored, applied, span, at))
     if any(a["outcome"] in (BREAKER, HELD) for a in applied):
         sys.exit(3)
     if any(a["outcome"] == FAILED for a in applied):

@@ -11,17 +11,24 @@ lemon model (fleet/policy.py, docs/lemons.md) counts faults instead:
 - `episodes`: a node's evidence items, in time order, are one fault until a passing run of the
   node separates them (fail, pass, fail: two faults; a hundred failing runs in one repair: one).
   Where no run of the node is known after an item, items more than `gap` apart are separate.
-- `shared`: a fault that starts on many nodes at once (an incident: a switch, a filesystem, a
-  bad configuration push) is the fleet's, not the node's: it counts for none of them.
+  A long silence separates too, passing run known or not: a node out of service for days
+  between two faults (down, then back and failing) had two.
+- `shared`: a fault that starts on many nodes at once AND shares a cause with the others (the
+  same failing check, Xid, Slurm reason or job; a rack or switch where the records know one:
+  an incident such as a switch, a filesystem, a bad configuration push) is the fleet's, not the
+  node's: it counts for none of them. Unrelated faults close in time stay each node's own.
 
-Items are (time, kind, weight, next_ok): kind is one of KINDS, weight in (0, 1], next_ok the
-time of the node's first passing run after `time` within the window (None: none known).
+Items are (time, kind, weight, next_ok[, scopes]): kind is one of KINDS, weight in (0, 1],
+next_ok the time of the node's first passing run after `time` within the window (None: none
+known), scopes the causes and places the item can share with other nodes' ("check:ib.port_state",
+"xid:79", "reason:not responding", "job:1234", "rack:r12"; scope_key() builds them).
 fleet/signals.py builds them from a store, fleet/simulate.py from a simulated fleet.
 """
 
 from __future__ import annotations
 
 import math
+import re
 
 # The kinds of hardware evidence, and how a reason line names them.
 KINDS = {
@@ -103,30 +110,41 @@ def _within(times: object, lo: float, hi: float) -> bool:
     return any(lo <= t <= hi for t in times)  # type: ignore[attr-defined]
 
 
+def scope_key(kind: str, value: object) -> str:
+    """A scope as items carry it: "kind:value", the value lower-cased with its digit runs as
+    "#" for reasons (GPU and port numbers differ from node to node in one incident's messages),
+    at most 60 characters. kind "xid", "job", "check", "rack", "switch" keep their value."""
+    text = " ".join(str(value).split()).lower()
+    if kind == "reason":
+        text = re.sub(r"\d+", "#", text)
+    return f"{kind}:{text[:60]}"
+
+
 def episodes(items: list, gap: float) -> list:
-    """A node's items (time order) as faults: [(start, weight, {kind: items})]."""
+    """A node's items (time order) as faults: [(start, weight, {kind: items}, {scopes})]."""
     out: list = []
     previous = None
     for item in items:
-        time, kind, weight, _next_ok = item
+        time, kind, weight = item[0], item[1], item[2]
         if weight <= 0:
             continue
+        scopes = item[4] if len(item) > 4 and item[4] else ()
         if previous is None or _separated(previous, time, gap):
-            out.append([time, weight, {kind: 1}])
+            out.append([time, weight, {kind: 1}, set(scopes)])
         else:
             last = out[-1]
             last[1] = max(last[1], weight)
             last[2][kind] = last[2].get(kind, 0) + 1
+            last[3].update(scopes)
         previous = item
     return [tuple(e) for e in out]
 
 
 def _separated(previous: tuple, time: float, gap: float) -> bool:
-    """A passing run between the last item and this one, or (none known) a long silence."""
+    """A passing run between the last item and this one, or a long silence (no record of the
+    node for `gap`: it was out, or nothing watched it)."""
     before, next_ok = previous[0], previous[3]
-    if next_ok is not None:
-        return next_ok < time
-    return time - before > gap
+    return (next_ok is not None and next_ok < time) or time - before > gap
 
 
 def burst_size(starts: int, span: float, window: float, p_cut: float, least: int) -> int:
@@ -143,18 +161,38 @@ def burst_size(starts: int, span: float, window: float, p_cut: float, least: int
     return max(least, count)
 
 
-def shared(by_node: dict, span: float, window: float, p_cut: float, least: int) -> set:
-    """{(node, start)} of the faults that started on `burst_size` or more nodes within
-    `window` seconds (either side) of each other. Only whole faults (weight 1) are counted: the
-    shares of one unattributed NODE_FAIL job must not make a burst of their own."""
-    starts = sorted((e[0], node) for node, eps in by_node.items() for e in eps if e[1] >= 1.0)
-    if not starts:
-        return set()
-    need = burst_size(len(starts), span, window, p_cut, least)
-    # A window sliding over the sorted starts, with the count of each node's starts in it:
-    # linear in the starts (a 10,000-node month has tens of thousands; a set per start was
-    # quadratic, 70 s).
-    out = set()
+def shared(by_node: dict, span: float, window: float, p_cut: float, least: int) -> dict:
+    """{(node, start): (scope, nodes)} of the faults that started on `burst_size` or more nodes
+    within `window` seconds (either side) of each other, all sharing `scope` (a cause or place:
+    episodes' scopes), `nodes` the most nodes that scope's burst held around this start. How
+    many nodes make a burst is set by the fleet's rate of all fault starts; a shared scope is
+    what makes it one incident: faults of unrelated causes that happen to start close together
+    stay each node's own. Only whole faults (weight 1) are counted: the shares of one
+    unattributed NODE_FAIL job must not make a burst of their own."""
+    whole = [(e[0], node, e[3] if len(e) > 3 else ()) for node, eps in by_node.items() for e in eps
+             if e[1] >= 1.0]
+    if not whole:
+        return {}
+    need = burst_size(len(whole), span, window, p_cut, least)
+    by_scope: dict = {}
+    for t, node, scopes in whole:
+        for scope in scopes:
+            by_scope.setdefault(scope, []).append((t, node))
+    out: dict = {}
+    for scope, starts in by_scope.items():
+        if len({node for _, node in starts}) < need:
+            continue
+        for key, nodes in _bursts(sorted(starts), window, need):
+            if out.get(key, ("", 0))[1] < nodes:
+                out[key] = (scope, nodes)
+    return out
+
+
+def _bursts(starts: list, window: float, need: int):
+    """(node, start), nodes within `window` either side, of the starts (time order) with at
+    least `need` distinct nodes that close: a window sliding over the starts with the count of
+    each node's starts in it, linear in the starts (a 10,000-node month has tens of thousands;
+    a set per start was quadratic, 70 s)."""
     inside: dict = {}
     lo = hi = 0
     for t, node in starts:
@@ -167,26 +205,26 @@ def shared(by_node: dict, span: float, window: float, p_cut: float, least: int) 
             if not inside[gone]:
                 del inside[gone]
             lo += 1
-        if hi - lo >= need and len(inside) >= need:
-            out.add((node, t))
-    return out
+        if len(inside) >= need:
+            yield (node, t), len(inside)
 
 
 def count(by_node: dict, span: float, params: dict, starts: dict | None = None) -> dict:
-    """{node: (faults, {kind: faults it showed in}, shared faults, start of the latest fault
-    counted or None)} with the shared faults (an incident) left out; faults is a weighted count
-    (a share of a NODE_FAIL counts 1 / n). `starts`, when given, receives {node: [start of
-    each whole fault not shared]}."""
+    """{node: (faults, {kind: faults it showed in}, [discounted], start of the latest fault
+    counted or None)} with the shared faults (an incident) left out, each listed in discounted
+    as {"start", "scope", "nodes"}; faults is a weighted count (a share of a NODE_FAIL counts
+    1 / n). `starts`, when given, receives {node: [start of each whole fault not shared]}."""
     common = shared(
         by_node, span, params["shared_window_s"], params["shared_p"], params["shared_min_nodes"]
     )
     out = {}
     for node, eps in by_node.items():
-        total, kinds, left_out, last = 0.0, {}, 0, None
+        total, kinds, left_out, last = 0.0, {}, [], None
         whole = []
-        for start, weight, seen in eps:
-            if weight >= 1.0 and (node, start) in common:
-                left_out += 1
+        for start, weight, seen, *_ in eps:
+            why = common.get((node, start)) if weight >= 1.0 else None
+            if why is not None:
+                left_out.append({"start": start, "scope": why[0], "nodes": why[1]})
                 continue
             if weight >= 1.0:
                 whole.append(start)

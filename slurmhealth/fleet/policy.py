@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from slurmhealth.core import timespec
 from slurmhealth.fleet import faults as faultlib
 
 # The counts per node (docs/signals.md is the contract: fleet.signals computes them in SQL,
@@ -242,30 +243,33 @@ def _pooled(counts: list, exposure: list) -> list:
     return [rate * e for e in exposure]
 
 
-def _dispersion(counts: list, expected: list, keep: list) -> float:
-    """Pearson dispersion of the pooled nodes; 1 unless the data show overdispersion.
+def dispersion(counts: list, expected: list, keep: list) -> float:
+    """The kept nodes' dispersion: sum (count - expected)^2 / sum expected, 1 unless the data
+    show overdispersion beyond three standard errors.
 
-    At the small means of fault counts (0.1 per node-month) a Pearson residual has variance
-    2 + 1/mean, so the estimate scatters widely around 1 on a perfectly Poisson fleet; taken at
-    face value it would divide a lemon's evidence by noise. It counts only when it exceeds 1 by
-    three of its standard errors."""
-    kept = [((c - m) ** 2 / m, m) for c, m, k in zip(counts, expected, keep) if k and m > 0]
-    if len(kept) < 2:
+    Weighted by each node's expectation (Pearson's statistic divides each residual by it
+    instead): at fault rates of 0.1 a node-month, a node seen for a day with one fault has a
+    Pearson residual of ~200, so a few nodes that were out of service for most of the window
+    made a whole fleet look overdispersed. Here such a node adds about 1 / sum expected. Under
+    Poisson the statistic has mean 1 and variance sum (m + 2 m^2) / (sum m)^2."""
+    kept = [(c, m) for c, m, k in zip(counts, expected, keep) if k and m > 0]
+    total = sum(m for _, m in kept)
+    if len(kept) < 2 or total <= 0:
         return 1.0
-    phi = sum(r for r, _ in kept) / (len(kept) - 1)
-    mean = sum(m for _, m in kept) / len(kept)
-    noise = 3 * math.sqrt((2 + 1 / mean) / len(kept))
+    phi = sum((c - m) ** 2 for c, m in kept) / total
+    noise = 3 * math.sqrt(sum(m + 2 * m * m for _, m in kept)) / total
     return phi if phi > 1 + noise else 1.0
 
 
-def _outliers(counts: list, expected: list, phi: float, ln_cut: float, most: int) -> list:
-    """Kept-mask: False for the (at most `most`) nodes significant on this signal alone."""
+def _outliers(counts: list, expected: list, ln_cut: float, most: int) -> list:
+    """Kept-mask: False for the (at most `most`) nodes significant on this signal alone, as
+    Poisson counts."""
     found = []
     for i, (c, m) in enumerate(zip(counts, expected)):
         # (an upper bound here, Chernoff's, skipped the very tails that decide: a lemon with 5
         # faults vs 0.23 expected, p = 5e-6, stayed in the pool and inflated it)
-        if c > m and (m <= 0 or _ln_sf_floor(c / phi, m / phi) < ln_cut):
-            lnp = ln_poisson_sf(c / phi, m / phi)
+        if c > m and (m <= 0 or _ln_sf_floor(c, m) < ln_cut):
+            lnp = ln_poisson_sf(c, m)
             if lnp < ln_cut:
                 found.append((lnp, i))
     keep = [True] * len(counts)
@@ -281,24 +285,31 @@ def fit_signal(
     ln_cut: float,
     p: dict,
     classes: list | None = None,
+    scaled: bool = True,
 ) -> tuple:
     """(expected per node, dispersion, ln p per node, pool per node) for one signal over the
-    fleet; `classes`: each node's hardware class ("" unknown), pooled apart where they differ."""
+    fleet; `classes`: each node's hardware class ("" unknown), pooled apart where they differ.
+
+    The outliers are the nodes significant by themselves as Poisson counts against the pool of
+    the others, found until the set settles; they never enter the pool nor the dispersion that
+    judges them. The dispersion is measured on the rest (`dispersion`), once: it never readmits
+    an outlier (dividing by it made outliers ordinary, they rejoined the pool, the estimate
+    climbed, and a fleet with several bad nodes ended with none flagged). With `scaled` False
+    (the faults, counted to be Poisson: fleet/faults.py) it is shown, never divided by: a node
+    whose faults the fleet's rate does not explain is what a lemon is, however much the
+    fleet's nodes differ."""
     n = len(counts)
     share = p["max_outlier_share"]
     most = max(1, int(share * n)) if share > 0 and n >= 3 else 0
-    # Faults are counted to be Poisson: the first pass assumes so (dispersion 1) and finds the
-    # outliers; then the pool and the dispersion are those of the nodes that are no outliers
-    # under the previous pass, until the set and the dispersion settle. Starting from an
-    # estimate over every node instead would let two lemons of a small fleet inflate it and
-    # hide each other.
-    keep, phi, strata = _settle(counts, exposure, floor, ln_cut, p, most, None)
+    keep, strata = _settle(counts, exposure, floor, ln_cut, p, most, None)
     if classes and len(set(classes) - {""}) > 1:
         # Then the classes, judged on the nodes that are no outliers of the fleet's pool (a
         # class's lemons must not set it apart), and the outliers again within each pool.
-        keep, phi, strata = _settle(counts, exposure, floor, ln_cut, p, most, classes, keep, phi)
+        keep, strata = _settle(counts, exposure, floor, ln_cut, p, most, classes, keep)
     expected = _expected(counts, exposure, keep, floor, strata)
-    lnps = [ln_poisson_sf(c / phi, m / phi) if c > 0 else 0.0 for c, m in zip(counts, expected)]
+    phi = dispersion(counts, expected, keep)
+    by = phi if scaled else 1.0
+    lnps = [ln_poisson_sf(c / by, m / by) if c > 0 else 0.0 for c, m in zip(counts, expected)]
     return expected, phi, lnps, strata
 
 
@@ -311,26 +322,20 @@ def _settle(
     most: int,
     classes: list | None,
     keep: list | None = None,
-    phi: float = 1.0,
 ) -> tuple:
-    """(kept-mask, dispersion, pools) once the outliers, the dispersion and (with `classes`)
-    the pools stop changing (fit_signal)."""
+    """(kept-mask, pools) once the outliers and (with `classes`) the pools stop changing
+    (fit_signal)."""
     n = len(counts)
     keep = keep or [True] * n
     strata = _strata(counts, exposure, keep, classes, p)
     for _ in range(8):
         expected = _expected(counts, exposure, keep, floor, strata)
-        new = _outliers(counts, expected, phi, ln_cut, most) if most else [True] * n
+        new = _outliers(counts, expected, ln_cut, most) if most else [True] * n
         new_strata = _strata(counts, exposure, new, classes, p)
-        if new != keep or new_strata != strata:
-            pooled = _expected(counts, exposure, new, floor, new_strata)
-        else:
-            pooled = expected
-        spread = _dispersion(counts, pooled, new)
-        if new == keep and new_strata == strata and spread == phi:
+        if new == keep and new_strata == strata:
             break
-        keep, phi, strata = new, spread, new_strata
-    return keep, phi, strata
+        keep, strata = new, new_strata
+    return keep, strata
 
 
 # --- the score ---------------------------------------------------------------------------------
@@ -378,7 +383,7 @@ def _fit(
     counts: list, exposure: list, name: str, ln_cut: float, p: dict, classes: list
 ) -> tuple:
     floor = p["rate_floor"].get(name, 0.0)
-    return fit_signal(counts, exposure, floor, ln_cut, p, classes)
+    return fit_signal(counts, exposure, floor, ln_cut, p, classes, scaled=name != "faults")
 
 
 def _phrase(name: str, test: dict, kinds: bool) -> str:
@@ -432,33 +437,49 @@ def fewest(ln_p: Callable[[int], float], ln_cut: float, least: float, most: int 
     return n
 
 
-def _combined(ln_tests: dict, used: list, p: dict, ln_day: float) -> float:
-    """ln p of the node: the faults test at primary_share of the budget, the worst day at
-    scan_share, or Fisher's combination of every test with data in this fleet at the rest
-    (without such tests, the faults test takes the rest too)."""
+def _combined(ln_tests: dict, used: list, p: dict, ln_day: float) -> tuple:
+    """(ln p of the node, the test that gave it: "faults", "worst day", "combined" or "" for
+    none): the faults test at primary_share of the budget, the worst day at scan_share, or
+    Fisher's combination of every test with data in this fleet at the rest (without such
+    tests, the faults test takes the rest too)."""
     scan = p["scan_share"]
     fisher = 1 - p["primary_share"] - scan
-    options = [0.0, ln_tests["faults"] - math.log(_faults_share(used, p))]
+    options = [(0.0, ""), (ln_tests["faults"] - math.log(_faults_share(used, p)), "faults")]
     if len(used) >= 2 and fisher > 0:
         statistic = -2 * sum(ln_tests[name] for name in used)
-        options.append(ln_chi2_sf_even(statistic, 2 * len(used)) - math.log(fisher))
+        options.append((ln_chi2_sf_even(statistic, 2 * len(used)) - math.log(fisher), "combined"))
     if scan > 0:
-        options.append(ln_day - math.log(scan))
+        options.append((ln_day - math.log(scan), "worst day"))
     return min(options)
 
 
-def _needed(
-    memo: dict, expected: float, days: float, phi: float, ln_cut: float, used: list, p: dict
-) -> tuple:
+def _since(starts: list, needed: int, needed_day: int, p: dict) -> float | None:
+    """When the node's whole faults (time order) first sufficed on the faults test alone or
+    on its worst day: the start of its needed-th fault, or of the fault that completed its
+    first day of needed_day faults; None if they never did (softer evidence may still make a
+    lemon: its latest fault is then the flag's age)."""
+    found = [starts[needed - 1]] if 0 < needed <= len(starts) else []
+    if needed_day:
+        lo = 0
+        for hi, t in enumerate(starts):
+            while t - starts[lo] > p["scan_window_s"]:
+                lo += 1
+            if hi - lo + 1 >= needed_day:
+                found.append(t)
+                break
+    return min(found) if found else None
+
+
+def _needed(memo: dict, expected: float, days: float, ln_cut: float, used: list, p: dict) -> tuple:
     """(faults spread over the window, faults within scan_window_s; 0: that test is off) that
     would make a node of this expectation over `days` a lemon; memo: most nodes share one."""
     key = (expected, days)
     if key not in memo:
         spread = ln_cut + math.log(_faults_share(used, p))
         memo[key] = (
-            fewest(lambda n: ln_poisson_sf(n / phi, expected / phi), spread, p["min_faults"]),
+            fewest(lambda n: ln_poisson_sf(n, expected), spread, p["min_faults"]),
             fewest(
-                lambda n: ln_scan(n, expected, days, p["scan_window_s"] / DAY, phi),
+                lambda n: ln_scan(n, expected, days, p["scan_window_s"] / DAY, 1.0),
                 ln_cut + math.log(p["scan_share"]),
                 max(3, p["min_faults"]),
             )
@@ -519,22 +540,27 @@ def score(signals: dict, params: dict | None = None) -> list:
         ln_tests = {name: fits[name][4][i] for name in used}
         day = faultlib.most_within(starts[node], p["scan_window_s"])
         faults_fit = fits["faults"]
-        ln_day = ln_scan(
-            day, faults_fit[2][i], faults_fit[1][i], p["scan_window_s"] / DAY, faults_fit[3]
-        )
-        ln_p = _combined(ln_tests, used, p, ln_day)
+        expected, days = faults_fit[2][i], faults_fit[1][i]
+        ln_day = ln_scan(day, expected, days, p["scan_window_s"] / DAY, 1.0)
+        ln_p, decided = _combined(ln_tests, used, p, ln_day)
         count = episodes["faults"][node][0]
         evidence = {
             name: {"count": round(t["count"], 3), "expected": round(t["expected"], 4)}
             for name, t in tests.items()
         }
-        evidence["faults"]["shared"] = episodes["faults"][node][2]
-        evidence["faults"]["pool"] = faults_fit[5][i] or "fleet"
-        evidence["faults"]["worst_day"] = day
-        evidence["faults"]["last"] = episodes["faults"][node][3]
-        evidence["faults"]["needed"], evidence["faults"]["needed_day"] = _needed(
-            needs, faults_fit[2][i], faults_fit[1][i], faults_fit[3], ln_cut, used, p
-        )
+        mine = evidence["faults"]
+        mine["discounted"] = episodes["faults"][node][2]
+        mine["shared"] = len(mine["discounted"])
+        mine["pool"] = faults_fit[5][i] or "fleet"
+        mine["dispersion"] = round(faults_fit[3], 3)
+        mine["days"] = round(days, 2)
+        mine["worst_day"] = day
+        mine["last"] = episodes["faults"][node][3]
+        mine["needed"], mine["needed_day"] = _needed(needs, expected, days, ln_cut, used, p)
+        mine["decided"] = decided
+        mine["since"] = _since(starts[node], mine["needed"], mine["needed_day"], p)
+        if signals[node].get("reset"):
+            mine["reset"] = signals[node]["reset"]
         for name, (counts, expected) in shown.items():
             evidence[name] = {"count": counts[i], "expected": round(expected[i], 4)}
         out.append(
@@ -554,16 +580,63 @@ def score(signals: dict, params: dict | None = None) -> list:
 
 def bars(scored: list, params: dict | None = None) -> list:
     """What makes a lemon in each pool of a score(): the boundary of the pool's node seen
-    longest, [{"pool", "expected", "needed", "needed_day", "hours"}] by pool (hours: the
-    worst-day span)."""
+    longest, [{"pool", "expected", "needed", "needed_day", "hours", "dispersion"}] by pool
+    (hours: the worst-day span; dispersion: of the fleet's faults, shown, fit_signal)."""
     best: dict = {}
+    spread: dict = {}
     for entry in scored:
         faults = entry["evidence"]["faults"]
         mine = (faults["expected"], faults["needed"], faults["needed_day"])
         best[faults["pool"]] = max(best.get(faults["pool"], mine), mine)
+        spread[faults["pool"]] = faults.get("dispersion", 1.0)
     span = _params(params)["scan_window_s"] / 3600
     hours = int(span) if span == int(span) else round(span, 2)
     return [
-        {"pool": pool, "expected": e, "needed": n, "needed_day": d, "hours": hours}
+        {
+            "pool": pool,
+            "expected": e,
+            "needed": n,
+            "needed_day": d,
+            "hours": hours,
+            "dispersion": spread[pool],
+        }
         for pool, (e, n, d) in sorted(best.items())
     ]
+
+
+_DECIDED = {
+    "faults": "the faults test",
+    "worst day": "the worst-day test",
+    "combined": "the faults with the softer evidence (Fisher)",
+}
+
+
+def explain(entry: dict, now: float) -> list:
+    """A node's verdict as lines an admin can check by hand: the test that decided, what would
+    have sufficed (`needed`), the flag's age, what was left out as shared and why, and where
+    its evidence started afresh. Plain text, not yet cleaned (scopes and pools come from the
+    store): the CLI cleans each line, the report escapes them."""
+    f = entry["evidence"]["faults"]
+    lines = []
+    if entry["lemon"]:
+        test = _DECIDED.get(f.get("decided", ""), "no single test")
+        day = f" or {f['needed_day']} within a day" if f.get("needed_day") else ""
+        lines.append(
+            f"decided by {test} (p = {entry['p_value']:.2g}): {f['count']:g} separate faults "
+            f"in {f.get('days', 0):g} days in service vs {f['expected']:.2g} expected, "
+            f"worst day {f['worst_day']}; a lemon from {f['needed']}{day}"
+        )
+    since = f.get("since") if f.get("since") is not None else f.get("last")
+    if entry["lemon"] and since is not None:
+        lines.append(f"a lemon since {timespec.iso(since)} ({(now - since) / DAY:.1f} days)")
+    for gone in f.get("discounted", ()):
+        lines.append(
+            f"left out as shared: the fault of {timespec.iso(gone['start'])} "
+            f"({gone['scope']} on {gone['nodes']} nodes within the hour)"
+        )
+    if f.get("reset"):
+        lines.append(
+            f"evidence starts afresh at {timespec.iso(f['reset']['time'])}: "
+            f"{f['reset']['why']} (earlier faults stay in its history)"
+        )
+    return lines

@@ -26,7 +26,8 @@ _PER_NODE = (
         "runs",
         ("", "check_fails", "check_warns", "run_days"),
         """SELECT count(*), sum(verdict = 'fail'), sum(verdict = 'warn'),
-                  group_concat(DISTINCT CAST(started / 86400 AS INTEGER))
+                  group_concat(DISTINCT CASE WHEN verdict != 'fail'
+                               THEN CAST(started / 86400 AS INTEGER) END)
            FROM runs WHERE node = ? AND started >= ? AND started < ?""",
     ),
     (
@@ -62,14 +63,23 @@ _NEXT_OK = (
     "AND verdict = 'ok'"
 )
 _XIDS = (
-    "SELECT node, time, class FROM events WHERE time >= ? AND time < ? "
+    "SELECT node, time, class, code FROM events WHERE time >= ? AND time < ? "
     "AND class IN ('fail', 'warn')"
+)
+# Each failed run with the checks that failed in it (their names are the fault's scope).
+_FAILED_RUNS = (
+    "SELECT node, started, (SELECT group_concat(check_name) FROM results "
+    "WHERE run_id = runs.id AND status = 'fail') FROM runs INDEXED BY runs_not_ok "
+    "WHERE verdict != 'ok' AND verdict = 'fail' AND started >= ? AND started < ?"
 )
 _DRAINS = (
     "SELECT node, time, reason FROM actions WHERE time >= ? AND time < ? "
     "AND action = 'drain' AND ok = 1"
 )
-_PROLOGS = "SELECT node, start FROM jobs WHERE start >= ? AND start < ? AND state = 'prolog_failed'"
+_PROLOGS = (
+    "SELECT node, start, job_id FROM jobs WHERE start >= ? AND start < ? "
+    "AND state = 'prolog_failed'"
+)
 _NODE_FAILS = (
     "SELECT node, job_id, start, end, state FROM jobs "
     "WHERE start >= ? AND start < ? AND slurm_state = 'NODE_FAIL'"
@@ -77,17 +87,30 @@ _NODE_FAILS = (
 _NODE_EVENTS = "SELECT node, start, state, reason FROM node_events WHERE start >= ? AND start < ?"
 
 OWN_LEMON = f"slurmhealth: {LEMON}"
+# What ends a bad spell (docs/lemons.md): the sweep's own drain of a lemon (the site acted on
+# it: what follows is the repaired node's), or a GPU whose UUID, bus id or serial changed (a
+# part replaced: the inventory check warns).
+_RESETS = (
+    "SELECT node, max(time), 'drained as a lemon' FROM actions WHERE time >= ? AND time < ? "
+    "AND action = 'drain' AND ok = 1 AND substr(reason, 1, ?) = ? GROUP BY node",
+    "SELECT r.node, max(r.started), 'GPU replaced' FROM results s JOIN runs r ON r.id = s.run_id "
+    "WHERE s.check_name = 'gpu.inventory' AND s.status = 'warn' "
+    "AND r.started >= ? AND r.started < ? GROUP BY r.node",
+)
 
 
-def _days(counts: dict) -> int:
-    """node_days: the UTC days with a run of the node or the start of a job on it (a node whose
-    history is accounting's alone still has days, not a floor of one)."""
+def _days(counts: dict, since: float | None) -> int:
+    """node_days, the node's days in service: the UTC days with a run of the node that did not
+    fail or the start of a job on it (a node whose history is accounting's alone still has
+    days, not a floor of one; a node down, or failing its checks all day during a repair, was
+    not in service), from the day of `since` (a reset) on."""
     days = set()
     for key in ("run_days", "job_days"):
         text = counts.pop(key, None)
         if text:
-            days.update(str(text).split(","))
-    return len(days)
+            days.update(int(d) for d in str(text).split(","))
+    first = -1 if since is None else int(since // 86400)
+    return sum(1 for d in days if d >= first)
 
 
 def _per_node(conn: sqlite3.Connection, table: str, sql: str, start: float, end: float):
@@ -116,22 +139,22 @@ def _items(
     conn: sqlite3.Connection, counts: dict, start: float, end: float, held: list | None
 ) -> None:
     """Add each node's "faults" and "warnings" items (fleet/faults.py) to counts, in place."""
-    found: dict = {}  # node: [(time, kind, weight)]
+    found: dict = {}  # node: [(time, kind, weight, scopes)]
     warned: dict = {}  # node: [time]
 
-    def add(node: str, time: float, kind: str, weight: float = 1.0) -> None:
-        found.setdefault(node, []).append((time, kind, weight))
+    def add(node: str, time: float, kind: str, scopes: tuple, weight: float = 1.0) -> None:
+        found.setdefault(node, []).append((time, kind, weight, scopes))
 
     for node, t, verdict in queries.not_ok_runs(conn, start, end):
-        if node not in counts:
-            continue
-        if verdict == "fail":
-            add(node, t, "check")
-        elif verdict == "warn":
+        if node in counts and verdict == "warn":
             warned.setdefault(node, []).append(t)
-    for node, t, cls in conn.execute(_XIDS, (start, end)):
+    for node, t, names in conn.execute(_FAILED_RUNS, (start, end)):
+        if node in counts:
+            checks = sorted(set(str(names).split(","))) if names else []
+            add(node, t, "check", tuple(faults.scope_key("check", c) for c in checks))
+    for node, t, cls, code in conn.execute(_XIDS, (start, end)):
         if cls == "fail":
-            add(node, t, "xid")
+            add(node, t, "xid", (faults.scope_key("xid", code),))
         else:
             warned.setdefault(node, []).append(t)
     early = start - faults.LONGEST_JOB_S
@@ -140,37 +163,55 @@ def _items(
         if not reason.startswith(OWN_LEMON):
             drains.setdefault(node, []).append(t)
             if t >= start:
-                add(node, t, "drain")
-    for node, t in conn.execute(_PROLOGS, (start, end)):
-        add(node, t, "prolog")
+                add(node, t, "drain", (faults.scope_key("reason", _own(reason)),))
+    for node, t, job_id in conn.execute(_PROLOGS, (start, end)):
+        add(node, t, "prolog", (faults.scope_key("job", job_id),))
     downs: dict = {}
     for node, t, state, reason in conn.execute(_NODE_EVENTS, (early, end)):
         if faults.names_node(state, reason, OWN_LEMON):
             downs.setdefault(node, []).append(t)
         if t >= start and faults.is_fault_reason(reason, OWN_LEMON):
-            add(node, t, "down")
+            add(node, t, "down", (faults.scope_key("reason", _own(reason)),))
     jobs: dict = {}
     for node, job_id, begin, finish, state in conn.execute(_NODE_FAILS, (early, end)):
         jobs.setdefault(job_id, []).append((node, begin, finish, state))
-    for rows in jobs.values():
+    for job_id, rows in jobs.items():
         weights = faults.attribute(rows, downs, drains)
         for node, begin, finish, _state in rows:
             t = finish if finish is not None else begin
             if start <= t < end and weights.get(node):
-                add(node, t, "node_fail", weights[node])
+                add(node, t, "node_fail", (faults.scope_key("job", job_id),), weights[node])
     for node, t in _ahead(conn, start, end, held):
         warned.setdefault(node, []).append(t)
     for node in set(found) | set(warned):
         if node not in counts:
             counts[node] = dict.fromkeys(policy.SIGNALS, 0)
     for node, c in counts.items():
-        items = sorted(found.get(node, ()))
-        oks = _next_ok(conn, node, [t for t, _, _ in items], end)
-        c["faults"] = [(t, k, w, ok) for (t, k, w), ok in zip(items, oks)]
-        times = sorted(warned.get(node, ()))
+        since = (c.get("reset") or {}).get("time", start)
+        items = sorted(i for i in found.get(node, ()) if i[0] >= since)
+        oks = _next_ok(conn, node, [i[0] for i in items], end)
+        c["faults"] = [(t, k, w, ok, scopes) for (t, k, w, scopes), ok in zip(items, oks)]
+        times = sorted(t for t in warned.get(node, ()) if t >= since)
         c["warnings"] = [
             (t, "warn", 1.0, ok) for t, ok in zip(times, _next_ok(conn, node, times, end))
         ]
+
+
+def _own(reason: str) -> str:
+    """A drain or event reason without slurmhealth's prefix (scope_key of the cause)."""
+    return reason[len("slurmhealth:") :] if reason.startswith("slurmhealth:") else reason
+
+
+def resets(conn: sqlite3.Connection, start: float, end: float) -> dict:
+    """{node: {"time", "why"}}: the latest event in [start, end) that ends the node's bad spell
+    (_RESETS); its evidence starts afresh there."""
+    out: dict = {}
+    lemon_args = (start, end, len(OWN_LEMON), OWN_LEMON)
+    for sql, args in zip(_RESETS, (lemon_args, (start, end))):
+        for node, t, why in conn.execute(sql, args):
+            if t is not None and t > out.get(node, {}).get("time", -1.0):
+                out[node] = {"time": t, "why": why}
+    return out
 
 
 def _ahead(conn: sqlite3.Connection, start: float, end: float, held: list | None = None) -> list:
@@ -226,8 +267,11 @@ def signals(
             add(node, xid_names, values)
         for node, *values in conn.execute(drain_sql, (len(OWN_LEMON), OWN_LEMON, start, end)):
             add(node, drain_names, values)
+        for node, reset in resets(conn, start, end).items():
+            if node in out:
+                out[node]["reset"] = reset
         for counts in out.values():
-            counts["node_days"] = _days(counts)
+            counts["node_days"] = _days(counts, (counts.get("reset") or {}).get("time"))
         _items(conn, out, start, end, held)
         # each node's hardware class, which the lemon policy pools apart where classes differ:
         # the model its runs of the last 2 days recorded (versions come every 6 h; reading the

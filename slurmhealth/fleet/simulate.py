@@ -584,22 +584,26 @@ def events(fleet: Fleet) -> History:
 
 
 def _run_days(h: History, start: float, end: float) -> dict:
-    """{node: set of UTC days with at least one run in [start, end)}: every health-check slot,
-    every job row's prolog and (when it has one) epilog."""
+    """{node: set of UTC days in [start, end) in service: with a run that did not fail (every
+    health-check slot, every job row's prolog and, when it has one, epilog) or a job's start}."""
     f = h.fleet
     lo, hi = max(start, f.start), min(end, f.end)
+    failed = {r[0] for r in h.runs if r[5] == "fail"}
     out: dict = {}
     for i, node in enumerate(h.names):
         base, step = f.start + h.offsets[i], f.healthcheck_interval
         first = max(0, math.ceil((lo - base) / step))
         last = min(h.slots(i), math.ceil((hi - base) / step)) - 1
-        if first <= last:  # slots are less than a day apart: every day between has one
-            out[node] = set(range(h.slot_time(i, first) // DAY, h.slot_time(i, last) // DAY + 1))
-    for node, _job, begin, finish, _size, state, *_ in h.jobs:
-        for t in (begin, finish if state != "running" else None):
+        days = out.setdefault(node, set())
+        for slot in range(first, last + 1):
+            if f"{node}:healthcheck:{slot}" not in failed:
+                days.add(int(h.slot_time(i, slot) // DAY))
+    for node, job, begin, finish, _size, state, *_ in h.jobs:
+        epilog = finish if state != "running" and f"{node}:epilog:{job}" not in failed else None
+        for t in (begin, epilog):
             if t is not None and start <= t < end:
                 out.setdefault(node, set()).add(int(t // DAY))
-    return out
+    return {node: days for node, days in out.items() if days}
 
 
 def _tally(h: History, start: float, end: float, by_day: bool) -> dict:
@@ -705,63 +709,71 @@ def fault_items(h: History, start: float, end: float) -> dict:
     early = start - faultlib.LONGEST_JOB_S
     found: dict = {}
     warned: dict = {}
+    key = faultlib.scope_key
 
-    def add(node: str, t: float, kind: str, weight: float = 1.0) -> None:
+    def add(node: str, t: float, kind: str, scope: str, weight: float = 1.0) -> None:
         if start <= t < end:
-            found.setdefault(node, []).append((t, kind, weight))
+            found.setdefault(node, []).append((t, kind, weight, (scope,)))
 
-    for _id, node, _job, _phase, t, verdict, *_ in h.runs:
+    for _id, node, _job, _phase, t, verdict, check, *_ in h.runs:
         if verdict == "fail":
-            add(node, t, "check")
+            add(node, t, "check", key("check", check))
         elif verdict == "warn" and start <= t < end:
             warned.setdefault(node, []).append(t)
-    for _id, _run, node, _job, t, _code, cls, _gpu in h.events:
+    for _id, _run, node, _job, t, code, cls, _gpu in h.events:
         if cls == "fail":
-            add(node, t, "xid")
+            add(node, t, "xid", key("xid", code))
         elif cls == "warn" and start <= t < end:
             warned.setdefault(node, []).append(t)
     drains: dict = {}
     for _id, node, t, action, why, _actor, ok, _detail in h.actions:
         if action == ACT_DRAIN and ok == 1 and early <= t < end and not why.startswith(lemon):
             drains.setdefault(node, []).append(t)
-            add(node, t, "drain")
+            add(node, t, "drain", key("reason", _own(why)))
     downs: dict = {}
     for node, t, _until, state, reason in h.node_events:
         if early <= t < end:
             if faultlib.names_node(state, reason, lemon):
                 downs.setdefault(node, []).append(t)
             if faultlib.is_fault_reason(reason, lemon):
-                add(node, t, "down")
+                add(node, t, "down", key("reason", _own(reason)))
     jobs: dict = {}
     for node, job_id, begin, finish, _size, state, slurm_state, *_ in h.jobs:
         if state == "prolog_failed":
-            add(node, begin, "prolog")
+            add(node, begin, "prolog", key("job", job_id))
         if slurm_state == "NODE_FAIL" and early <= begin < end:
             jobs.setdefault(job_id, []).append((node, begin, finish, state))
-    for rows in jobs.values():
+    for job_id, rows in jobs.items():
         weights = faultlib.attribute(rows, downs, drains)
         for node, begin, finish, _state in rows:
             if weights.get(node):
-                add(node, finish if finish is not None else begin, "node_fail", weights[node])
+                t = finish if finish is not None else begin
+                add(node, t, "node_fail", key("job", job_id), weights[node])
     passes = _Passes(h)
     out: dict = {}
     for node in set(found) | set(warned):
         hardware = sorted(found.get(node, ()))
         warnings = sorted(warned.get(node, ()))
         out[node] = {
-            "faults": [(t, k, w, passes.after(node, t)) for t, k, w in hardware],
+            "faults": [(t, k, w, passes.after(node, t), sc) for t, k, w, sc in hardware],
             "warnings": [(t, "warn", 1.0, passes.after(node, t)) for t in warnings],
         }
     return out
+
+
+def _own(reason: str) -> str:
+    """A reason without slurmhealth's prefix (fleet/signals.py reads them so)."""
+    return reason[len("slurmhealth:") :] if reason.startswith("slurmhealth:") else reason
 
 
 def window_items(items: list, start: float, end: float) -> list:
     """The items in [start, end), a next passing run at or after `end` unknown (None): what a
     store holds at `end`."""
     return [
-        (t, kind, weight, ok if ok is not None and ok < end else None)
-        for t, kind, weight, ok in items
-        if start <= t < end
+        (item[0], item[1], item[2], item[3] if item[3] is not None and item[3] < end else None)
+        + tuple(item[4:])
+        for item in items
+        if start <= item[0] < end
     ]
 
 

@@ -280,8 +280,9 @@ def own_cost(conn: sqlite3.Connection, start: float, end: float) -> list:
 # --- the window: lemons, failures, heatmap, trend, rate ---------------------------------------
 
 
-def lemon_candidates(scored: list) -> list:
-    """The lemons policy.score found, with the evidence behind each (signals seen)."""
+def lemon_candidates(scored: list, now: float) -> list:
+    """The lemons policy.score found, with the evidence behind each (signals seen) and the
+    lines that say how the verdict came about (policy.explain)."""
     out = []
     for entry in (e for e in scored if e["lemon"]):
         evidence = [
@@ -296,6 +297,7 @@ def lemon_candidates(scored: list) -> list:
                 "faults": entry["faults"],
                 "reason": clean(entry["reason"], 200),
                 "evidence": evidence,
+                "explain": [clean(line, 300) for line in policy.explain(entry, now)],
             }
         )
     return out
@@ -334,18 +336,24 @@ def episodes(records: list) -> list:
 
 def shared_failures(failures: list, span: float) -> set:
     """{(node, time)} of the failures that are a fleet-wide incident's: starting on more nodes
-    within an hour than the fleet's own failure rate makes likely (the lemon sweep's test,
-    fleet/faults.py, with its parameters)."""
+    within an hour than the fleet's own failure rate makes likely, with one cause (the lemon
+    sweep's test, fleet/faults.py, with its parameters): a drain's reason, or a crash's job."""
     by_node: dict = {}
-    for t, node, *_ in failures:
-        by_node.setdefault(node, []).append((t, 1.0, {}))
+    for t, node, kind, why in failures:
+        if kind == ACT_DRAIN:
+            scope = faults.scope_key("reason", why[len(PREFIX) :].strip())
+        else:  # the record names the job it crashed under: one job, one scope
+            scope = faults.scope_key("job", why)
+        by_node.setdefault(node, []).append((t, 1.0, {}, {scope}))
     params = policy.DEFAULT_PARAMS
-    return faults.shared(
-        by_node,
-        span,
-        params["shared_window_s"],
-        params["shared_p"],
-        params["shared_min_nodes"],
+    return set(
+        faults.shared(
+            by_node,
+            span,
+            params["shared_window_s"],
+            params["shared_p"],
+            params["shared_min_nodes"],
+        )
     )
 
 
@@ -523,7 +531,11 @@ def _build(
     findings = queries.held_back_findings(conn, held_from, w_end)
     held = [(f["node"], f["time"]) for f in findings]
     counts = signals.signals(conn, w_start, w_end, held)
-    scored = policy.score(counts)  # as lemons.sweep, over the same whole days
+    # the lemons as `slurmhealth lemons --now NOW` scores them: the 28 days up to now (the
+    # whole days above when the report runs at midnight)
+    lemon_start = now - WINDOW_DAYS * DAY
+    same = (lemon_start, now) == (w_start, w_end)
+    scored = policy.score(counts if same else signals.signals(conn, lemon_start, now))
     tick(1)
     # the window's nodes, and those with runs in the period but none in the window (new
     # nodes, or a report at 00:30)
@@ -562,7 +574,12 @@ def _build(
     doc["lemons"] = {
         "nodes_scored": len(scored),
         "bars": policy.bars(scored),
-        "candidates": lemon_candidates(scored),
+        "candidates": lemon_candidates(scored, now),
+        "afresh": [
+            {"node": e["node"], "lines": [clean(x, 300) for x in policy.explain(e, now)]}
+            for e in scored
+            if not e["lemon"] and e["evidence"]["faults"].get("reset")
+        ],
     }
     doc["heatmap"] = heatmap(failures, w_start, scored, days)
     doc["trend"] = trend(failures, w_start, node_days, days, shared)

@@ -128,7 +128,7 @@ def test_diagnoses_travel_to_the_fleet_and_count_as_evidence(tmp_path):
     assert '"level": "medium"' in data and "gpu0" in data
     # lemon evidence: the failed diagnosis is a fault, the passed one ends it
     found = signals.signals(conn, runs[0][0] - 60, runs[1][0] + 60)["n1"]["faults"]
-    assert found == [(runs[0][0], "check", 1.0, runs[1][0])]
+    assert found == [(runs[0][0], "check", 1.0, runs[1][0], ("check:diag.dcgm",))]
     # the nightly report lists both, the figures of the passing one included
     shown = build.diagnosed(conn, runs[0][0] - 60, runs[1][0] + 60)
     assert [(d["node"], d["level"], d["outcome"]) for d in shown] == [

@@ -52,7 +52,7 @@ def test_a_passing_run_at_the_same_second_does_not_separate():
 
 def test_an_episode_weighs_its_strongest_item():
     eps = faults.episodes([(0, "node_fail", 0.25, None), (10, "check", 1.0, None)], 6 * HOUR)
-    assert eps == [(0, 1.0, {"node_fail": 1, "check": 1})]
+    assert eps == [(0, 1.0, {"node_fail": 1, "check": 1}, set())]
     assert faults.episodes([(0, "node_fail", 0.0, None)], 6 * HOUR) == []
 
 
@@ -112,37 +112,87 @@ def test_which_node_events_can_name_the_node_of_a_node_fail(state, reason, names
     assert faults.names_node(state, reason, "slurmhealth: lemon:") is names
 
 
-def fleet_episodes(nodes: int, burst_nodes: int, at: float) -> dict:
-    """Each node one fault of its own at a different day; burst_nodes also fail at `at`."""
+def test_a_long_silence_separates_even_before_a_known_passing_run():
+    # down for two days, back and failing again before any check passed: two faults
+    two_days = 48 * HOUR
+    eps = faults.episodes(
+        items((0, "down", two_days + 7200), (two_days, "check", two_days + 7200)), 6 * HOUR
+    )
+    assert [e[0] for e in eps] == [0, two_days]
+
+
+def test_an_episode_keeps_the_scopes_of_its_items():
+    eps = faults.episodes(
+        [(0, "xid", 1.0, 600, ("xid:79",)), (60, "check", 1.0, 600, ("check:gpu.count",))],
+        6 * HOUR,
+    )
+    assert eps[0][3] == {"xid:79", "check:gpu.count"}
+
+
+@pytest.mark.parametrize(
+    ("kind", "value", "key"),
+    [
+        ("reason", "GPU 3 fell off the bus", "reason:gpu # fell off the bus"),
+        ("reason", "  Not   responding ", "reason:not responding"),
+        ("xid", 79, "xid:79"),
+        ("check", "ib.port_state", "check:ib.port_state"),
+        ("job", "1234", "job:1234"),
+    ],
+)
+def test_scope_keys(kind, value, key):
+    assert faults.scope_key(kind, value) == key
+
+
+CAUSES = ("check:gpu.count", "xid:79", "xid:48", "reason:not responding", "check:ib.port_state")
+
+
+def fleet_episodes(nodes: int, burst_nodes: int, at: float, scope: str | None = "check:x") -> dict:
+    """Each node one fault of its own at a different day, of one of several causes;
+    burst_nodes also fail at `at`, all of cause `scope` (None: each of a cause of its own)."""
     out = {}
     for i in range(nodes):
-        eps = [(i * 86400.0 / 7, 1.0, {"check": 1})]
+        eps = [(i * 86400.0 / 7, 1.0, {"check": 1}, {CAUSES[i % len(CAUSES)]})]
         if i < burst_nodes:
-            eps.append((at + i * 30.0, 1.0, {"check": 1}))
+            eps.append((at + i * 30.0, 1.0, {"check": 1}, {scope or f"check:own{i}"}))
         out[f"n{i:03d}"] = sorted(eps)
     return out
 
 
-def test_a_fault_on_many_nodes_at_once_is_shared():
-    by_node = fleet_episodes(200, 40, at=10.5 * 86400.0)
+def test_a_fault_on_many_nodes_at_once_with_one_cause_is_shared():
+    at = 10.5 * 86400.0
+    by_node = fleet_episodes(200, 40, at=at)
     counted = faults.count(by_node, 28 * 86400.0, PARAMS)
-    # the node's own fault counts, and is its latest; the shared one is left out
-    assert all(
-        counted[f"n{i:03d}"] == (1.0, {"check": 1}, 1, i * 86400.0 / 7) for i in range(40)
-    )
-    assert all(counted[f"n{i:03d}"][2] == 0 for i in range(40, 200))
+    # the node's own fault counts, and is its latest; the shared one is left out, and says why
+    for i in range(40):
+        total, kinds, discounted, last = counted[f"n{i:03d}"]
+        assert (total, kinds, last) == (1.0, {"check": 1}, i * 86400.0 / 7)
+        assert discounted == [{"start": at + i * 30.0, "scope": "check:x", "nodes": 40}]
+    assert all(counted[f"n{i:03d}"][2] == [] for i in range(40, 200))
+
+
+def test_unrelated_faults_close_in_time_stay_each_nodes_own():
+    by_node = fleet_episodes(200, 40, at=10.5 * 86400.0, scope=None)
+    counted = faults.count(by_node, 28 * 86400.0, PARAMS)
+    assert all(counted[f"n{i:03d}"][0] == 2.0 for i in range(40))
+    assert all(c[2] == [] for c in counted.values())
+
+
+def test_faults_without_a_known_scope_are_never_shared():
+    by_node = {f"n{i}": [(100.0 + i, 1.0, {"check": 1})] for i in range(50)}
+    counted = faults.count(by_node, 28 * 86400.0, PARAMS)
+    assert all(c[0] == 1.0 and c[2] == [] for c in counted.values())
 
 
 def test_two_nodes_failing_in_the_same_hour_are_not_an_incident():
     by_node = fleet_episodes(200, 2, at=10 * 86400.0 + 0.5)
     counted = faults.count(by_node, 28 * 86400.0, PARAMS)
-    assert counted["n000"][0] == 2.0 and counted["n000"][2] == 0
+    assert counted["n000"][0] == 2.0 and counted["n000"][2] == []
 
 
 def test_shares_of_one_job_do_not_make_a_burst():
-    by_node = {f"n{i}": [(100.0, 0.125, {"node_fail": 1})] for i in range(8)}
+    by_node = {f"n{i}": [(100.0, 0.125, {"node_fail": 1}, {"job:7"})] for i in range(8)}
     counted = faults.count(by_node, 28 * 86400.0, PARAMS)
-    assert all(c == (0.125, {"node_fail": 1}, 0, 100.0) for c in counted.values())
+    assert all(c == (0.125, {"node_fail": 1}, [], 100.0) for c in counted.values())
 
 
 def test_burst_size_grows_with_the_fleets_rate():
@@ -152,17 +202,18 @@ def test_burst_size_grows_with_the_fleets_rate():
 
 
 def _shared_by_definition(by_node: dict, span: float, window: float, p: float, least: int) -> set:
-    """The definition, quadratic: each whole fault whose window holds `need` starts of as many
-    distinct nodes."""
-    starts = [(e[0], n) for n, eps in by_node.items() for e in eps if e[1] >= 1.0]
+    """The definition, quadratic: each whole fault with a scope whose window holds starts of
+    `need` distinct nodes with that scope (need from the rate of all whole faults)."""
+    starts = [(e[0], n, e[3]) for n, eps in by_node.items() for e in eps if e[1] >= 1.0]
     if not starts:
         return set()
     need = faults.burst_size(len(starts), span, window, p, least)
     out = set()
-    for t, node in starts:
-        near = [(u, m) for u, m in starts if t - window <= u <= t + window]
-        if len(near) >= need and len({m for _, m in near}) >= need:
-            out.add((node, t))
+    for t, node, scopes in starts:
+        for scope in scopes:
+            near = {m for u, m, sc in starts if t - window <= u <= t + window and scope in sc}
+            if len(near) >= need:
+                out.add((node, t))
     return out
 
 
@@ -173,13 +224,14 @@ def _shared_by_definition(by_node: dict, span: float, window: float, p: float, l
             st.integers(0, 30),
             st.integers(0, 40).map(lambda h: h * 900.0),
             st.sampled_from([1.0, 0.5]),
+            st.sets(st.sampled_from(["check:a", "xid:79", "job:1"]), max_size=2),
         ),
         max_size=80,
     )
 )
 def test_the_sliding_window_finds_exactly_the_shared_faults_of_the_definition(items):
     by_node: dict = {}
-    for node, start, weight in items:
-        by_node.setdefault(f"n{node}", []).append((start, weight, {"check": 1}))
+    for node, start, weight, scopes in items:
+        by_node.setdefault(f"n{node}", []).append((start, weight, {"check": 1}, scopes))
     args = (86400.0, 3600.0, 0.5, 3)
-    assert faults.shared(by_node, *args) == _shared_by_definition(by_node, *args)
+    assert set(faults.shared(by_node, *args)) == _shared_by_definition(by_node, *args)

@@ -90,10 +90,11 @@ def test_apply_drains_the_lemons_with_reasons(fleet_db, tmp_path):
     assert rows == (2,)
 
 
-def test_a_lemon_an_admin_returned_is_not_drained_again_until_it_fails_again(fleet_db, tmp_path):
-    """The sweep drains a lemon once; an admin resumes it (they decided on that evidence): the
-    hourly sweeps after leave it in service while its faults stay in the window, and say why.
-    A fault that starts after the drain makes it a lemon to drain again."""
+def test_a_lemon_the_sweep_drained_starts_afresh_and_an_admins_return_stands(fleet_db, tmp_path):
+    """The sweep drains a lemon once; an admin resumes it (they decided on that evidence, or
+    repaired it): its evidence starts afresh at the drain, so the hourly sweeps after leave it
+    in service, ask nothing of Slurm and say why. One new fault is not enough on its own;
+    faults after the return that suffice on their own make it a lemon to drain again."""
     _, fleet = fleet_db
     path = str(tmp_path / "fleet.db")  # its own store: the module's has other tests' drains
     simulate.write_store(fleet, store.connect(path))
@@ -117,39 +118,39 @@ def test_a_lemon_an_admin_returned_is_not_drained_again_until_it_fails_again(fle
     state.write_text(json.dumps(nodes))
     calls = len(open(f"{state}.calls").readlines())
     second = sweep()
-    assert {a["outcome"] for a in second["applied"]} == {"skipped"}
-    assert all(e["judged"] for e in second["lemons"])
+    assert not set(fleet.lemons) & {e["node"] for e in second["lemons"]}
+    assert not set(fleet.lemons) & {a["node"] for a in second["applied"]}
     assert not any(v["reason"] for v in json.loads(state.read_text()).values())
     assert len(open(f"{state}.calls").readlines()) == calls, "Slurm was asked"
-    conn = store.connect(path)
-    skips = conn.execute(
-        "SELECT detail FROM actions WHERE action = 'drain-skipped' AND actor = 'slurmhealth lemons'"
-    ).fetchall()
-    assert len(skips) == 2 and all(d.startswith("judged: drained as a lemon at") for (d,) in skips)
-    # the next hourly sweep finds the same: it says so in its output, not in another row
-    assert {a["outcome"] for a in sweep()["applied"]} == {"skipped"}
-    assert conn.execute(
-        "SELECT count(*) FROM actions WHERE action = 'drain-skipped'"
-    ).fetchone() == (2,)
+    entry = {e["node"]: e for e in second["nodes"]}[sorted(fleet.lemons)[0]]
+    reset = entry["evidence"]["faults"]["reset"]
+    assert reset["why"] == "drained as a lemon" and entry["evidence"]["faults"]["count"] == 0
     text = run_cli(*args).stdout
-    assert "no fault since: not drained again" in text
+    assert "evidence starts afresh at" in text and "drained as a lemon" in text
 
     lemon = sorted(fleet.lemons)[0]
-    run = {
-        "node": lemon,
-        "job_id": None,
-        "phase": "healthcheck",
-        "started": time.time(),
-        "duration": 0.1,
-        "verdict": "fail",
-        "tool_version": "test",
-    }
-    store.record_run(conn, {"run": run, "results": [], "events": [], "baselines": {}})
+    conn = store.connect(path)
+
+    def record(verdict: str, at: float) -> None:
+        run = {
+            "node": lemon,
+            "job_id": None,
+            "phase": "healthcheck",
+            "started": at,
+            "duration": 0.1,
+            "verdict": verdict,
+            "tool_version": "test",
+        }
+        store.record_run(conn, {"run": run, "results": [], "events": [], "baselines": {}})
+
+    record("fail", time.time())
+    assert lemon not in {e["node"] for e in sweep()["lemons"]}, "one new fault sufficed"
+    record("ok", time.time())
+    record("fail", time.time())
     conn.close()
     third = sweep()
     outcomes = {a["node"]: a["outcome"] for a in third["applied"]}
     assert outcomes[lemon] == "drained"
-    assert "judged" not in next(e for e in third["lemons"] if e["node"] == lemon)
     assert json.loads(state.read_text())[lemon]["reason"].startswith("slurmhealth: lemon: ")
 
 

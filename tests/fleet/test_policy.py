@@ -24,13 +24,15 @@ def poisson(rng: random.Random, mu: float) -> int:
     return k
 
 
-def fault(at: float, checks: int = 24, xid: bool = True) -> list:
+def fault(at: float, checks: int = 24, xid: bool = True, check: str = "gpu.count") -> list:
     """One fault's items: an Xid, a drain, then failed health checks every 5 minutes until
-    it is repaired; the next passing run comes after the last of them."""
+    it is repaired; the next passing run comes after the last of them. Each item names its
+    cause (its scope), as fleet/signals.py reads them from a store."""
     back = at + (checks + 1) * 300.0
-    out = [(at, "xid", 1.0, back)] if xid else []
-    out.append((at + 1, "drain", 1.0, back))
-    out += [(at + 300.0 * (n + 1), "check", 1.0, back) for n in range(checks)]
+    cause = ("check:" + check,)
+    out = [(at, "xid", 1.0, back, ("xid:79",))] if xid else []
+    out.append((at + 1, "drain", 1.0, back, ("reason:" + check,)))
+    out += [(at + 300.0 * (n + 1), "check", 1.0, back, cause) for n in range(checks)]
     return out
 
 
@@ -141,8 +143,8 @@ def test_a_fleet_wide_incident_is_not_a_lemon():
     signals = fleet()
     at = 14 * DAY + 10 * HOUR
     for i, s in enumerate(signals.values()):
-        s["faults"] = sorted(s["faults"] + fault(at + i % 300, checks=12, xid=False))
-    signals["gpu0009"]["faults"] = sorted(spread(4) + fault(at + 9, checks=12, xid=False))
+        s["faults"] = sorted(s["faults"] + fault(at + i % 300, 12, False, "ib.port_state"))
+    signals["gpu0009"]["faults"] = sorted(spread(4) + fault(at + 9, 12, False, "ib.port_state"))
     scored = by_node(policy.score(signals))
     assert [n for n, r in scored.items() if r["lemon"]] == ["gpu0009"]
     assert scored["gpu0009"]["faults"] == 4
@@ -391,8 +393,9 @@ def faults_at(rng: random.Random, count: int) -> list:
 
 def test_a_generation_that_fails_more_is_pooled_apart_so_the_other_ones_lemon_shows():
     """Pooled with a generation failing 10x as often, a node with 5 faults among nodes that
-    have 0 or 1 looks ordinary (vs ~0.7 expected); against its own class (~0.12) it is a
-    lemon. The other class's nodes are judged against their own rate, not flagged."""
+    have 0 or 1 is held to ~0.7 expected (5 faults needed, not 3); against its own class
+    (~0.12) it is a lemon by a wide margin. The other class's nodes are judged against their
+    own rate: pooled with the first, its healthy nodes with 5 faults became lemons."""
     signals = two_classes()
     signals["gpu0005"]["faults"] = spread(5, phase=2.5)
     scored = by_node(policy.score(signals))
@@ -409,8 +412,11 @@ def test_a_generation_that_fails_more_is_pooled_apart_so_the_other_ones_lemon_sh
     for s in signals.values():
         s["gpu_class"] = ""  # classes unknown: one pool, and the lemon is hidden
     blind = by_node(policy.score(signals))
-    assert not blind["gpu0005"]["lemon"]
-    assert blind["gpu0005"]["evidence"]["faults"]["pool"] == "fleet"
+    mine, theirs = scored["gpu0005"]["evidence"]["faults"], blind["gpu0005"]["evidence"]["faults"]
+    assert theirs["pool"] == "fleet" and theirs["expected"] > 3 * mine["expected"]
+    assert (mine["needed"], theirs["needed"]) == (3, 5)
+    flagged_blind = {n for n, r in blind.items() if r["lemon"]}
+    assert len(flagged_blind - {"gpu0005"}) > len(flagged - {"gpu0005"} - {"gpu0253"})
 
 
 def test_classes_that_fail_alike_stay_one_pool_even_with_lemons_in_one():

@@ -598,11 +598,12 @@ def signal_store(path: str) -> sqlite3.Connection:
     action("c3", "gpu03", "drain", start + 3, ok=0)
     action("c4", "gpu03", "resume", start + 4)
     action("c5", "gpu03", "drain", start - 1)  # outside
-    # gpu03: the lemon sweep's own drain is no evidence of a fault
+    # gpu03: the lemon sweep's own drain is no evidence of a fault; its evidence starts afresh
+    # there (the drains above come after it)
     conn.execute(
         "INSERT INTO actions VALUES ('c6', 'gpu03', ?, 'drain', 'slurmhealth: lemon: 4 faults', "
         "'slurmhealth lemons', 1, '')",
-        (start + 5,),
+        (start + 0.5,),
     )
     # gpu04: a resume; a NODE_FAIL job shared with gpu03 that accounting's node event charges
     # to gpu04 (a node event with Slurm's own reason is a fault of its own too)
@@ -633,16 +634,16 @@ def test_signals_equal_the_hand_count(tmp_path):
             "check_fails": 1,
             "check_warns": 2,
             "node_days": 3,
-            "faults": [
-                (T0 + 3, "prolog", 1.0, ok),
-                (T0 + 4, "node_fail", 1.0, ok),  # a one-node job: its node
-                (T0 + 5, "xid", 1.0, ok),
-                (T0 + 6, "node_fail", 1.0, ok),
-                (T0 + 6, "prolog", 1.0, ok),
-                (T0 + 6, "xid", 1.0, ok),
-                (T0 + 7, "xid", 1.0, ok),
-                (T0 + 20, "check", 1.0, None),  # no passing run after it
-                (T0 + 20 * DAY, "xid", 1.0, None),
+            "faults": [  # each with its scope: the job, the Xid, the checks that failed
+                (T0 + 3, "prolog", 1.0, ok, ("job:3",)),
+                (T0 + 4, "node_fail", 1.0, ok, ("job:4",)),  # a one-node job: its node
+                (T0 + 5, "xid", 1.0, ok, ("xid:79",)),
+                (T0 + 6, "node_fail", 1.0, ok, ("job:6",)),
+                (T0 + 6, "prolog", 1.0, ok, ("job:6",)),
+                (T0 + 6, "xid", 1.0, ok, ("xid:48",)),
+                (T0 + 7, "xid", 1.0, ok, ("xid:94",)),
+                (T0 + 20, "check", 1.0, None, ()),  # no passing run after it; no result row
+                (T0 + 20 * DAY, "xid", 1.0, None, ("xid:79",)),
             ],
             "warnings": [
                 (T0 + 10, "warn", 1.0, None),
@@ -657,7 +658,7 @@ def test_signals_equal_the_hand_count(tmp_path):
             "multi_node_jobs": 3,
             "multi_node_failures": 1,  # the FAILED one (NODE_FAIL is a fault, attributed)
             "node_days": 1,
-            "faults": [(T0 + 2, "node_fail", 1.0, None)],  # the only row of job 21 known
+            "faults": [(T0 + 2, "node_fail", 1.0, None, ("job:21",))],  # job 21's only row
             "warnings": [],
         },
         "gpu03": {
@@ -667,7 +668,11 @@ def test_signals_equal_the_hand_count(tmp_path):
             "hw_job_failures": 1,
             "multi_node_jobs": 1,
             "node_days": 1,  # no run, a job's start: a day all the same
-            "faults": [(T0 + 1, "drain", 1.0, None), (T0 + 2, "drain", 1.0, None)],
+            "faults": [
+                (T0 + 1, "drain", 1.0, None, ("reason:r",)),
+                (T0 + 2, "drain", 1.0, None, ("reason:r",)),
+            ],
+            "reset": {"time": T0 + 0.5, "why": "drained as a lemon"},
             "warnings": [],
         },
         "gpu04": {
@@ -676,7 +681,10 @@ def test_signals_equal_the_hand_count(tmp_path):
             "hw_job_failures": 1,
             "multi_node_jobs": 1,
             "node_days": 1,
-            "faults": [(T0 + 100, "node_fail", 1.0, None), (T0 + 150, "down", 1.0, None)],
+            "faults": [
+                (T0 + 100, "node_fail", 1.0, None, ("job:30",)),
+                (T0 + 150, "down", 1.0, None, ("reason:not responding",)),
+            ],
             "warnings": [],
         },
     }

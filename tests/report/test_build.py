@@ -457,7 +457,10 @@ def expected_tables(d: dict) -> dict:
         ),
         "lemons-table": (
             ("node", "score"),
-            [[c["node"], c["score"], c["faults"], c["reason"]] for c in d["lemons"]["candidates"]],
+            [
+                [c["node"], c["score"], c["faults"], c["reason"], "; ".join(c["explain"])]
+                for c in d["lemons"]["candidates"]
+            ],
         ),
     }
 

@@ -342,16 +342,14 @@ def test_a_node_with_intermittent_faults_is_drained_as_a_lemon_with_its_evidence
     t_apply = time.time()
     applied = ok(lemons(lab, history, fleet, "--apply", "--json"))
     drained = lab.node(FAULTY)
-    # Once drained, a second sweep changes nothing, and a third adds no row (a skip is
-    # recorded once, not by every hourly sweep).
+    # Once drained, its evidence starts afresh at the drain: the next sweeps find no lemon,
+    # change nothing and record nothing.
     again = ok(lemons(lab, history, fleet, "--apply", "--json"))
-    third = ok(lemons(lab, history, fleet, "--apply", "--json"))
-    assert json.loads(third.stdout)["applied"] == [{"node": FAULTY, "outcome": "skipped"}]
     assert json.loads(applied.stdout)["applied"] == [{"node": FAULTY, "outcome": "drained"}]
     resumed = [a for a in actions(lab, FAULTY, t_apply) if a["action"] == "resume"]
-    assert json.loads(again.stdout)["applied"] == [{"node": FAULTY, "outcome": "skipped"}], (
-        f"drained twice; resumed in between by {resumed}"
-    )
+    assert json.loads(again.stdout)["applied"] == [], f"drained twice; resumed by {resumed}"
+    entry = {n["node"]: n for n in json.loads(again.stdout)["nodes"]}[FAULTY]
+    assert entry["evidence"]["faults"]["reset"]["why"] == "drained as a lemon", entry
     assert "DRAIN" in drained["state"], drained
     assert drained["reason"].startswith(LEMON_PREFIX), drained
     assert lemon["reason"][:60] in drained["reason"], (lemon["reason"], drained)
@@ -359,9 +357,8 @@ def test_a_node_with_intermittent_faults_is_drained_as_a_lemon_with_its_evidence
         if node != FAULTY:
             assert lab.node(node) == before[node], f"{node} was touched"
     acts = rows(fleet, "SELECT * FROM actions WHERE time >= ? ORDER BY time", (t_apply - 1,))
-    # the drain, and the second sweep's skip; the third's is the same, so not recorded again
     got = [(a["node"], a["action"], a["ok"]) for a in acts]
-    assert got == [(FAULTY, "drain", 1), (FAULTY, "drain-skipped", 1)], acts
+    assert got == [(FAULTY, "drain", 1)], acts
     assert acts[0]["reason"] == drained["reason"]
     assert "lemons" in acts[0]["actor"]
 
@@ -373,29 +370,31 @@ def test_a_node_with_intermittent_faults_is_drained_as_a_lemon_with_its_evidence
 
 
 def test_a_lemon_an_admin_resumed_stays_in_service_on_the_same_faults(cluster, history, tmp_path):
-    """The sweep drains the lemon; an admin resumes it, having looked: the next sweeps, over the
-    same faults, leave it in service (no scontrol update) and record why."""
+    """The sweep drains the lemon; an admin resumes it, having looked (or repaired it): its
+    evidence starts afresh at the drain, so the next sweeps, over the same faults, leave it in
+    service (no scontrol update, no action recorded) and say why."""
     lab = cluster
     fleet = fleet_copy(history, tmp_path)
     config = lab.path("etc", "slurmhealth.toml")
 
-    def sweep() -> dict:
+    def sweep(*more: str) -> str:
         now = time.time()
         span = f"{now - history['start']:.3f}s"
-        args = ("lemons", "--db", fleet, "--now", f"{now:.3f}", "--window", span, "--apply")
-        return json.loads(ok(slurmhealth(lab, *args, "--config", config, "--json")).stdout)
+        args = ("lemons", "--db", fleet, "--now", f"{now:.3f}", "--window", span, *more)
+        return ok(slurmhealth(lab, *args, "--config", config)).stdout
 
-    assert sweep()["applied"] == [{"node": FAULTY, "outcome": "drained"}]
+    assert json.loads(sweep("--apply", "--json"))["applied"] == [
+        {"node": FAULTY, "outcome": "drained"}
+    ]
     assert "DRAIN" in lab.node(FAULTY)["state"]
     lab.resume(FAULTY)
     t_resume = time.time()
-    again = sweep()
-    assert [(a["node"], a["outcome"]) for a in again["applied"]] == [(FAULTY, "skipped")], again
-    assert again["lemons"][0]["judged"] <= t_resume
+    again = json.loads(sweep("--apply", "--json"))
+    assert again["applied"] == [] and again["lemons"] == [], again
     assert "DRAIN" not in lab.node(FAULTY)["state"], lab.node(FAULTY)
-    acts = rows(fleet, "SELECT * FROM actions WHERE time >= ? ORDER BY time", (t_resume,))
-    assert [(a["node"], a["action"]) for a in acts] == [(FAULTY, "drain-skipped")], acts
-    assert acts[0]["detail"].startswith("judged: drained as a lemon at"), acts[0]
+    assert rows(fleet, "SELECT * FROM actions WHERE time >= ?", (t_resume,)) == []
+    text = sweep()
+    assert f"{FAULTY}" in text and "evidence starts afresh at" in text, text
 
 
 # ---- circuit breaker -----------------------------------------------------------------------------
