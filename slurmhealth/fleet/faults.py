@@ -161,28 +161,45 @@ def burst_size(starts: int, span: float, window: float, p_cut: float, least: int
     return max(least, count)
 
 
-def shared(by_node: dict, span: float, window: float, p_cut: float, least: int) -> dict:
-    """{(node, start): (scope, nodes)} of the faults that started on `burst_size` or more nodes
-    within `window` seconds (either side) of each other, all sharing `scope` (a cause or place:
-    episodes' scopes), `nodes` the most nodes that scope's burst held around this start. How
-    many nodes make a burst is set by the fleet's rate of all fault starts; a shared scope is
-    what makes it one incident: faults of unrelated causes that happen to start close together
-    stay each node's own. Only whole faults (weight 1) are counted: the shares of one
-    unattributed NODE_FAIL job must not make a burst of their own."""
-    whole = [(e[0], node, e[3] if len(e) > 3 else ()) for node, eps in by_node.items() for e in eps
-             if e[1] >= 1.0]
+# Scopes that are a place or one job: faults sharing one of these within the hour are one
+# incident on burst_size nodes. A cause alone (the same check, Xid or Slurm reason) is one only
+# on shared_cause_nodes: the most common hardware faults (a GPU off the bus) strike unrelated
+# nodes, and a handful of bad nodes of one batch, failing together when one job starts on all
+# of them, are each a lemon, not an incident.
+PLACES = ("rack", "switch", "partition", "job")
+
+
+def shared(by_node: dict, span: float, params: dict) -> dict:
+    """{(node, start): (scope, nodes)} of the faults that started on enough nodes within
+    `shared_window_s` (either side) of each other, all sharing `scope` (a cause or place:
+    episodes' scopes), `nodes` the most nodes that scope's burst held around this start.
+
+    How many nodes make a burst is set by the fleet's rate of all fault starts (burst_size at
+    shared_p, at least shared_min_nodes), and for a cause alone at least shared_cause_nodes
+    (PLACES); a shared scope is what makes it one incident: faults of unrelated causes that
+    happen to start close together stay each node's own. Only whole faults (weight 1) are
+    counted: the shares of one unattributed NODE_FAIL job must not make a burst of their own."""
+    window = params["shared_window_s"]
+    whole = [
+        (e[0], node, e[3] if len(e) > 3 else ())
+        for node, eps in by_node.items()
+        for e in eps
+        if e[1] >= 1.0
+    ]
     if not whole:
         return {}
-    need = burst_size(len(whole), span, window, p_cut, least)
+    need = burst_size(len(whole), span, window, params["shared_p"], params["shared_min_nodes"])
     by_scope: dict = {}
     for t, node, scopes in whole:
         for scope in scopes:
             by_scope.setdefault(scope, []).append((t, node))
     out: dict = {}
     for scope, starts in by_scope.items():
-        if len({node for _, node in starts}) < need:
+        place = scope.split(":", 1)[0] in PLACES
+        least = need if place else max(need, params["shared_cause_nodes"])
+        if len({node for _, node in starts}) < least:
             continue
-        for key, nodes in _bursts(sorted(starts), window, need):
+        for key, nodes in _bursts(sorted(starts), window, least):
             if out.get(key, ("", 0))[1] < nodes:
                 out[key] = (scope, nodes)
     return out
@@ -214,9 +231,7 @@ def count(by_node: dict, span: float, params: dict, starts: dict | None = None) 
     counted or None)} with the shared faults (an incident) left out, each listed in discounted
     as {"start", "scope", "nodes"}; faults is a weighted count (a share of a NODE_FAIL counts
     1 / n). `starts`, when given, receives {node: [start of each whole fault not shared]}."""
-    common = shared(
-        by_node, span, params["shared_window_s"], params["shared_p"], params["shared_min_nodes"]
-    )
+    common = shared(by_node, span, params)
     out = {}
     for node, eps in by_node.items():
         total, kinds, left_out, last = 0.0, {}, [], None

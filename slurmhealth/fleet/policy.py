@@ -78,11 +78,17 @@ DEFAULT_PARAMS = {
     "scan_window_s": 86400.0,
     # Never a lemon with fewer distinct faults than this (a NODE_FAIL share counts 1 / nodes).
     "min_faults": 2,
-    # The lowest pooled rate assumed, per unit of exposure: a small or clean fleet's pool of 0
-    # would make any single event infinitely surprising. 0.002 faults per node-day is under the
-    # literature's 2.34-6.50 failures per 1,000, and keeps a clean fleet's node from being a
-    # lemon on two faults in 28 days (p = 1.5e-3 at 0.056 expected).
-    "rate_floor": {"faults": 0.002, "warnings": 0.01, "multi_node_failures": 0.01},
+    # What a pool's rate is assumed to be before it has data, per unit of exposure, and how
+    # many events that assumption weighs: a small or clean fleet's pool of 0 would make any
+    # single event infinitely surprising. The rate used is the pool's own, or, where that is
+    # lower, the pool's shrunk toward the prior: (events + prior_events) / (exposure +
+    # prior_events / prior). 0.002 faults per node-day is under the literature's 2.34-6.50 per
+    # 1,000 for GPU clusters. Until 2026-12-04 the prior was a floor: a fleet failing at 1.6 per
+    # 1,000 node-days (LANL's systems 18-20, hardware) was held to 0.002, and its nodes with two
+    # faults in a month, which fail ten times as often next, went unflagged where a plain
+    # per-node test flagged them.
+    "rate_prior": {"faults": 0.002, "warnings": 0.01, "multi_node_failures": 0.01},
+    "prior_events": 3.0,
     # Items with no passing run known between them are one fault unless this far apart.
     "fault_gap_s": 6 * 3600.0,
     # A fault starting on many nodes within this of each other (either side) is shared (an
@@ -91,6 +97,9 @@ DEFAULT_PARAMS = {
     "shared_window_s": 3600.0,
     "shared_p": 1e-4,
     "shared_min_nodes": 3,
+    # ...for faults that share only a cause (the same check, Xid or Slurm reason; not a place
+    # nor one job: fleet/faults.py PLACES), at least this many nodes.
+    "shared_cause_nodes": 10,
     # Robust pooling: nodes significant on a test by themselves (p below the budget) are
     # left out of that test's pool and dispersion, at most this share of the fleet (at least
     # one node of three or more), strongest first, until the set settles.
@@ -179,10 +188,11 @@ def ln_chi2_sf_even(x: float, df: int) -> float:
 
 
 def _expected(
-    counts: list, exposure: list, keep: list, floor: float, strata: list | None = None
+    counts: list, exposure: list, keep: list, prior: tuple, strata: list | None = None
 ) -> list:
     """Each node's expectation: the pooled rate of the kept nodes other than itself, of its
-    stratum (_strata) when given."""
+    stratum (_strata) when given; where that rate is below the prior (rate, events), it is
+    shrunk toward it (DEFAULT_PARAMS rate_prior)."""
     strata = strata or [""] * len(counts)
     totals: dict = {}
     for c, e, k, g in zip(counts, exposure, keep, strata):
@@ -194,9 +204,18 @@ def _expected(
     for c, e, k, g in zip(counts, exposure, keep, strata):
         total, units = totals.get(g, (0.0, 0.0))
         rest, rest_units = (total - c, units - e) if k else (total, units)
-        rate = rest / rest_units if rest_units > 0 else 0.0
-        out.append(max(rate, floor) * e)
+        out.append(_rate(rest, rest_units, prior) * e)
     return out
+
+
+def _rate(events: float, units: float, prior: tuple) -> float:
+    """The pool's rate, or where it is lower, the pool shrunk toward the prior rate with the
+    weight of `prior[1]` events."""
+    rate, weight = prior
+    own = events / units if units > 0 else 0.0
+    if rate <= 0 or own >= rate:
+        return own
+    return max(own, (events + weight) / (max(units, 0.0) + weight / rate))
 
 
 def _ln_two_sided(count: float, mu: float) -> float:
@@ -281,7 +300,7 @@ def _outliers(counts: list, expected: list, ln_cut: float, most: int) -> list:
 def fit_signal(
     counts: list,
     exposure: list,
-    floor: float,
+    prior: tuple,
     ln_cut: float,
     p: dict,
     classes: list | None = None,
@@ -301,12 +320,12 @@ def fit_signal(
     n = len(counts)
     share = p["max_outlier_share"]
     most = max(1, int(share * n)) if share > 0 and n >= 3 else 0
-    keep, strata = _settle(counts, exposure, floor, ln_cut, p, most, None)
+    keep, strata = _settle(counts, exposure, prior, ln_cut, p, most, None)
     if classes and len(set(classes) - {""}) > 1:
         # Then the classes, judged on the nodes that are no outliers of the fleet's pool (a
         # class's lemons must not set it apart), and the outliers again within each pool.
-        keep, strata = _settle(counts, exposure, floor, ln_cut, p, most, classes, keep)
-    expected = _expected(counts, exposure, keep, floor, strata)
+        keep, strata = _settle(counts, exposure, prior, ln_cut, p, most, classes, keep)
+    expected = _expected(counts, exposure, keep, prior, strata)
     phi = dispersion(counts, expected, keep)
     by = phi if scaled else 1.0
     lnps = [ln_poisson_sf(c / by, m / by) if c > 0 else 0.0 for c, m in zip(counts, expected)]
@@ -316,7 +335,7 @@ def fit_signal(
 def _settle(
     counts: list,
     exposure: list,
-    floor: float,
+    prior: tuple,
     ln_cut: float,
     p: dict,
     most: int,
@@ -329,7 +348,7 @@ def _settle(
     keep = keep or [True] * n
     strata = _strata(counts, exposure, keep, classes, p)
     for _ in range(8):
-        expected = _expected(counts, exposure, keep, floor, strata)
+        expected = _expected(counts, exposure, keep, prior, strata)
         new = _outliers(counts, expected, ln_cut, most) if most else [True] * n
         new_strata = _strata(counts, exposure, new, classes, p)
         if new == keep and new_strata == strata:
@@ -382,8 +401,8 @@ def ln_scan(most: int, expected: float, days: float, window_days: float, phi: fl
 def _fit(
     counts: list, exposure: list, name: str, ln_cut: float, p: dict, classes: list
 ) -> tuple:
-    floor = p["rate_floor"].get(name, 0.0)
-    return fit_signal(counts, exposure, floor, ln_cut, p, classes, scaled=name != "faults")
+    prior = (p["rate_prior"].get(name, 0.0), p["prior_events"])
+    return fit_signal(counts, exposure, prior, ln_cut, p, classes, scaled=name != "faults")
 
 
 def _phrase(name: str, test: dict, kinds: bool) -> str:

@@ -345,16 +345,7 @@ def shared_failures(failures: list, span: float) -> set:
         else:  # the record names the job it crashed under: one job, one scope
             scope = faults.scope_key("job", why)
         by_node.setdefault(node, []).append((t, 1.0, {}, {scope}))
-    params = policy.DEFAULT_PARAMS
-    return set(
-        faults.shared(
-            by_node,
-            span,
-            params["shared_window_s"],
-            params["shared_p"],
-            params["shared_min_nodes"],
-        )
-    )
+    return set(faults.shared(by_node, span, policy.DEFAULT_PARAMS))
 
 
 def incidents(shared: list) -> list:

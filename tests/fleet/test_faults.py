@@ -183,6 +183,19 @@ def test_faults_without_a_known_scope_are_never_shared():
     assert all(c[0] == 1.0 and c[2] == [] for c in counted.values())
 
 
+def test_a_handful_of_bad_nodes_failing_together_with_one_cause_keep_their_faults():
+    """Eight nodes of one bad batch fail with the same Xid when a job starts on all of them: a
+    cause alone is an incident only on shared_cause_nodes (10); a rack they share makes one
+    (on 200 nodes with a fault each in 28 days, 6 nodes within the hour suffice)."""
+    by_node = fleet_episodes(200, 8, at=10.5 * 86400.0, scope="xid:79")
+    counted = faults.count(by_node, 28 * 86400.0, PARAMS)
+    assert all(counted[f"n{i:03d}"][0] == 2.0 for i in range(8))
+    by_node = fleet_episodes(200, 8, at=10.5 * 86400.0, scope="rack:r07")
+    counted = faults.count(by_node, 28 * 86400.0, PARAMS)
+    assert all(counted[f"n{i:03d}"][0] == 1.0 for i in range(8))
+    assert counted["n000"][2][0]["scope"] == "rack:r07"
+
+
 def test_two_nodes_failing_in_the_same_hour_are_not_an_incident():
     by_node = fleet_episodes(200, 2, at=10 * 86400.0 + 0.5)
     counted = faults.count(by_node, 28 * 86400.0, PARAMS)
@@ -201,18 +214,23 @@ def test_burst_size_grows_with_the_fleets_rate():
     assert quiet == 3 < busy
 
 
-def _shared_by_definition(by_node: dict, span: float, window: float, p: float, least: int) -> set:
+def _shared_by_definition(by_node: dict, span: float, params: dict) -> set:
     """The definition, quadratic: each whole fault with a scope whose window holds starts of
-    `need` distinct nodes with that scope (need from the rate of all whole faults)."""
+    `need` distinct nodes with that scope (need from the rate of all whole faults, and at
+    least shared_cause_nodes for a scope that is no place)."""
+    window = params["shared_window_s"]
     starts = [(e[0], n, e[3]) for n, eps in by_node.items() for e in eps if e[1] >= 1.0]
     if not starts:
         return set()
-    need = faults.burst_size(len(starts), span, window, p, least)
+    need = faults.burst_size(
+        len(starts), span, window, params["shared_p"], params["shared_min_nodes"]
+    )
     out = set()
     for t, node, scopes in starts:
         for scope in scopes:
+            least = need if scope.startswith("job:") else max(need, params["shared_cause_nodes"])
             near = {m for u, m, sc in starts if t - window <= u <= t + window and scope in sc}
-            if len(near) >= need:
+            if len(near) >= least:
                 out.add((node, t))
     return out
 
@@ -222,7 +240,7 @@ def _shared_by_definition(by_node: dict, span: float, window: float, p: float, l
     st.lists(
         st.tuples(
             st.integers(0, 30),
-            st.integers(0, 40).map(lambda h: h * 900.0),
+            st.integers(0, 20).map(lambda h: h * 900.0),
             st.sampled_from([1.0, 0.5]),
             st.sets(st.sampled_from(["check:a", "xid:79", "job:1"]), max_size=2),
         ),
@@ -233,5 +251,7 @@ def test_the_sliding_window_finds_exactly_the_shared_faults_of_the_definition(it
     by_node: dict = {}
     for node, start, weight, scopes in items:
         by_node.setdefault(f"n{node}", []).append((start, weight, {"check": 1}, scopes))
-    args = (86400.0, 3600.0, 0.5, 3)
-    assert set(faults.shared(by_node, *args)) == _shared_by_definition(by_node, *args)
+    params = dict(PARAMS, shared_p=0.5, shared_cause_nodes=4)
+    assert set(faults.shared(by_node, 86400.0, params)) == _shared_by_definition(
+        by_node, 86400.0, params
+    )

@@ -114,9 +114,7 @@ def test_the_reason_is_one_short_line_for_every_node():
 def test_warnings_alone_never_make_a_lemon():
     """Below the minimum of faults nothing is a lemon, however strong the rest; with it, the
     warnings add to the faults (Fisher's path)."""
-    signals = fleet()
-    for s in signals.values():
-        s["faults"] = []
+    signals = fleet()  # faults at 4.5 per 1,000 node-days: two alone are not enough
     signals["gpu0001"]["warnings"] = sorted(warning(n * 8000.0) for n in range(300))
     signals["gpu0001"]["faults"] = spread(1)
     assert not by_node(policy.score(signals))["gpu0001"]["lemon"]
@@ -278,13 +276,26 @@ def test_params_stricter_budget_flags_less_and_unknown_keys_fail():
         policy.score(signals, {"alpha": 0.1})  # the old name: a budget per sweep
 
 
-def test_rate_floor_override_merges():
+def test_rate_prior_override_merges():
     signals = {f"n{i}": {"jobs": 10, "node_days": 1, "faults": []} for i in range(10)}
     signals["n1"]["faults"] = spread(3, days=1)
-    low = by_node(policy.score(signals, {"rate_floor": {"faults": 1e-6}}))["n1"]
-    high = by_node(policy.score(signals, {"rate_floor": {"faults": 1.0}}))["n1"]
+    low = by_node(policy.score(signals, {"rate_prior": {"faults": 1e-6}}))["n1"]
+    high = by_node(policy.score(signals, {"rate_prior": {"faults": 1.0}}))["n1"]
     assert low["score"] > high["score"]
-    assert high["evidence"]["faults"]["expected"] == 1.0
+    # nine clean node-days shrunk toward 1 a day with the weight of 3 events: 3 / 12
+    assert high["evidence"]["faults"]["expected"] == 0.25
+
+
+def test_a_pool_below_the_prior_is_its_own_given_enough_data():
+    """A fleet failing at 1.6 per 1,000 node-days, under the prior of 2 (as LANL's systems
+    do): its own data decide a node's expectation (about 0.045 in 28 days, not the prior's
+    0.056); a clean fleet's rate is the prior's shrunk by its clean node-days, never 0."""
+    signals = fleet(1000, seed=5, rate=0.0016)
+    expected = by_node(policy.score(signals))["gpu0001"]["evidence"]["faults"]["expected"]
+    assert 0.03 < expected < 0.056
+    clean = {f"n{i}": {"node_days": 28, "faults": []} for i in range(100)}
+    got = by_node(policy.score(clean))["n1"]["evidence"]["faults"]["expected"]
+    assert got == pytest.approx(28 * 3 / (99 * 28 + 3 / 0.002), rel=1e-2)
 
 
 # --- the tail math ------------------------------------------------------------------------------

@@ -188,15 +188,18 @@ def count(facts: dict, ctx: Context) -> Result:
 
 
 def inventory(facts: dict, ctx: Context) -> Result:
-    """A GPU whose UUID or bus id changed since the last known inventory is reported."""
+    """A GPU whose UUID, bus id or serial changed since the last known inventory is reported.
+
+    A new serial is a board replaced: the fleet's lemon sweep starts the node's evidence afresh
+    at this warning (docs/lemons.md)."""
     known = ctx.baseline.get("inventory") or {}
     changes = []
     for dev in _alive(facts):
         before = known.get(str(dev["index"]))
         if not before:
             continue
-        for key in ("uuid", "bus_id"):
-            if before.get(key) and dev[key] and before[key] != dev[key]:
+        for key in ("uuid", "bus_id", "serial"):
+            if before.get(key) and dev.get(key) and before[key] != dev[key]:
                 changes.append(f"GPU {dev['index']} {key} {before[key]} -> {dev[key]}")
     data = {"changes": changes}
     if not known:

@@ -158,6 +158,10 @@ def test_inventory_change_is_reported_against_the_baseline():
     result = gpu.inventory(healthy, Context(baseline=before))
     assert result.status == "warn" and "GPU 3 uuid GPU-old ->" in result.message
     assert gpu.inventory(healthy, Context(baseline=gpu.baseline(healthy))).status == "ok"
+    before = gpu.baseline(healthy)
+    before["inventory"]["5"]["serial"] = "1650000000000"  # the board was replaced
+    result = gpu.inventory(healthy, Context(baseline=before))
+    assert result.status == "warn" and "GPU 5 serial 1650000000000 ->" in result.message
 
 
 def test_driver_drift_warns():
