@@ -453,3 +453,49 @@ def test_a_class_too_small_to_judge_is_pooled_with_the_fleet():
         signals[f"gpu{i + 10:04d}"].update(gpu_class="C", faults=faults_at(random.Random(i), 2))
     scored = by_node(policy.score(signals))
     assert scored["gpu0010"]["evidence"]["faults"]["pool"] == "fleet"
+
+
+def test_many_bad_nodes_do_not_switch_the_detector_off():
+    """Forty lemons in 500 nodes (8%), and nodes seen for a day with a fault: the outliers
+    never feed the dispersion that would judge them, the faults are never divided by it, and
+    every lemon is found (dividing by a re-estimated dispersion let them rejoin the pool, the
+    estimate climbed, and a fleet with several bad nodes ended with none flagged)."""
+    signals = fleet(500, seed=7)
+    bad = {f"gpu{i:04d}" for i in range(0, 500, 12)}
+    for n, name in enumerate(sorted(bad)):
+        signals[name]["faults"] = spread(5, phase=n * 3)
+    for name in ("gpu0001", "gpu0002", "gpu0003"):  # a day in service, one fault each
+        signals[name].update(node_days=1, faults=fault(3 * HOUR))
+    scored = by_node(policy.score(signals))
+    flagged = {n for n, r in scored.items() if r["lemon"]}
+    assert bad <= flagged and len(flagged - bad) <= 1  # the budget's chance flag at most
+    seen_throughout = [r["evidence"]["faults"] for r in scored.values()]
+    assert {f["needed"] for f in seen_throughout if f["days"] == 28} == {3}
+
+
+def test_the_dispersion_is_weighted_by_expectation_and_gated():
+    """One fault in a day against 0.0045 expected is a Pearson residual of ~220; weighted by
+    the expectation it adds about 1 / sum(expected): a Poisson fleet stays at 1."""
+    counts = [0] * 497 + [1, 1, 1]
+    expected = [0.126] * 497 + [0.0045] * 3
+    assert policy.dispersion(counts, expected, [True] * 500) == 1.0
+    # a fleet whose every node has 0 or 2 faults at 0.5 expected is overdispersed
+    counts = [0, 2] * 250  # sum (c - m)^2 = 250 x 0.25 + 250 x 2.25 over sum m = 250
+    assert policy.dispersion(counts, [0.5] * 500, [True] * 500) == pytest.approx(2.5)
+
+
+def test_explain_says_which_test_decided_since_when_and_what_was_left_out():
+    signals = fleet()
+    at = 14 * DAY + 10 * HOUR
+    for i, s in enumerate(signals.values()):
+        s["faults"] = sorted(s["faults"] + fault(at + i % 300, 12, False, "ib.port_state"))
+    signals["gpu0009"]["faults"] = sorted(spread(4) + fault(at + 9, 12, False, "ib.port_state"))
+    entry = by_node(policy.score(signals))["gpu0009"]
+    faults = entry["evidence"]["faults"]
+    assert faults["decided"] == "faults" and faults["since"] == pytest.approx(17.5 * DAY)
+    lines = policy.explain(entry, 28 * DAY)
+    assert lines[0].startswith("decided by the faults test (p = ")
+    assert "a lemon from 3" in lines[0]
+    assert lines[1] == "a lemon since 1970-01-18T12:00:00Z (10.5 days)"
+    assert lines[2].startswith("left out as shared: the fault of 1970-01-15T10:00:10Z (")
+    assert "ib.port_state on 300 nodes within the hour)" in lines[2]

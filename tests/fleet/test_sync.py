@@ -691,6 +691,41 @@ def test_signals_equal_the_hand_count(tmp_path):
     assert list(got) == sorted(got)
 
 
+def test_a_replaced_gpu_starts_the_evidence_afresh_and_failed_days_are_not_in_service(tmp_path):
+    """gpu09 failed on days 0 and 1 (day 1 all day: no run passed), then a run on day 3 warned
+    that GPU 2's serial changed (a board replaced), then it failed again on day 5: its evidence
+    is that last fault alone, over its days in service from day 3 on."""
+    conn = store.connect(str(tmp_path / "fleet.db"))
+
+    def run(rid: str, verdict: str, when: float, check: str | None = None) -> None:
+        conn.execute(
+            "INSERT INTO runs VALUES (?, 'gpu09', NULL, 'healthcheck', ?, 0.1, ?, 'v', '{}')",
+            (rid, when, verdict),
+        )
+        if check:
+            status = "warn" if verdict == "warn" else "fail"
+            conn.execute(
+                "INSERT INTO results VALUES (?, ?, ?, 'm', 'none', '{}', 0.0)",
+                (rid, check, status),
+            )
+
+    run("g0", "ok", T0 + 10)
+    run("g1", "fail", T0 + 20, "gpu.count")
+    run("g2", "fail", T0 + DAY + 10, "gpu.count")  # day 1: failing all day
+    run("g3", "warn", T0 + 3 * DAY, "gpu.inventory")  # GPU 2 serial A -> B
+    run("g4", "ok", T0 + 4 * DAY)
+    run("g5", "fail", T0 + 5 * DAY, "ecc")
+    conn.commit()
+    got = signals.signals(conn, T0, T0 + 28 * DAY)["gpu09"]
+    assert got["reset"] == {"time": T0 + 3 * DAY, "why": "GPU replaced"}
+    assert got["faults"] == [(T0 + 5 * DAY, "check", 1.0, None, ("check:ecc",))]
+    assert got["node_days"] == 2  # days 3 and 4; not 0 and 1 (before), nor 5 (failed)
+    entry = {r["node"]: r for r in policy.score(signals.signals(conn, T0, T0 + 28 * DAY))}
+    assert entry["gpu09"]["evidence"]["faults"]["reset"]["why"] == "GPU replaced"
+    whole = signals.signals(conn, T0, T0 + 3 * DAY)["gpu09"]  # before the repair
+    assert "reset" not in whole and len(whole["faults"]) == 2 and whole["node_days"] == 1
+
+
 def test_signals_window_is_half_open(tmp_path):
     conn = signal_store(str(tmp_path / "fleet.db"))
     got = signals.signals(conn, T0 + 20, T0 + DAY)
