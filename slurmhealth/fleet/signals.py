@@ -93,9 +93,11 @@ OWN_LEMON = f"slurmhealth: {LEMON}"
 _RESETS = (
     "SELECT node, max(time), 'drained as a lemon' FROM actions WHERE time >= ? AND time < ? "
     "AND action = 'drain' AND ok = 1 AND substr(reason, 1, ?) = ? GROUP BY node",
-    "SELECT r.node, max(r.started), 'GPU replaced' FROM results s JOIN runs r ON r.id = s.run_id "
-    "WHERE s.check_name = 'gpu.inventory' AND s.status = 'warn' "
-    "AND r.started >= ? AND r.started < ? GROUP BY r.node",
+    # from the runs that did not pass (their partial index), each one's result by its key
+    "SELECT node, max(started), 'GPU replaced' FROM runs INDEXED BY runs_not_ok "
+    "WHERE verdict != 'ok' AND verdict = 'warn' AND started >= ? AND started < ? "
+    "AND EXISTS (SELECT 1 FROM results WHERE run_id = runs.id "
+    "AND check_name = 'gpu.inventory' AND status = 'warn') GROUP BY node",
 )
 
 
