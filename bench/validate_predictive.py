@@ -30,7 +30,9 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sqlite3
 import sys
+import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 
@@ -40,7 +42,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import fleet_records  # noqa: E402
 import validate_lemons  # noqa: E402
 
-from slurmhealth.fleet import policy, simulate  # noqa: E402
+from slurmhealth.core import store  # noqa: E402
+from slurmhealth.fleet import lemons, policy, simulate  # noqa: E402
 
 DAY = 86400.0
 WINDOW = 28 * DAY
@@ -174,6 +177,90 @@ def score_record(record: dict) -> dict:
         _add(tally, flagged, nxt, days, bad)
     tally["lemons"] = len(lemons)
     return tally
+
+
+# --- a record written to a fleet store, swept as `slurmhealth lemons --now T` -------------
+
+
+def _in_service(down: list, t0: float, t1: float) -> list:
+    """The spans in [t0, t1) outside `down` (sorted)."""
+    out, at = [], t0
+    for a, b in down + [(t1, t1)]:
+        if a > at:
+            out.append((at, min(a, t1)))
+        at = max(at, b)
+        if at >= t1:
+            break
+    return out
+
+
+def _run(node: str, n: int, verdict: str, at: float, check: str | None = None) -> list:
+    """A health check's rows: the run, and its check's result when one is named."""
+    rid = f"{node}:rec:{n}"
+    rows = [("runs", {"id": rid, "node": node, "phase": "healthcheck", "started": at,
+                      "duration": 0.1, "verdict": verdict, "tool_version": "record"})]
+    if check:
+        status = "warn" if verdict == "warn" else "fail"
+        rows.append(("results", {"run_id": rid, "check_name": check, "status": status,
+                                 "message": check, "action": "none"}))
+    return rows
+
+
+def record_rows(record: dict) -> list:
+    """(table, row dict) of a fleet store that recorded the record: a passing health check
+    when each in-service span begins (a fault's end: its next passing run) and at each UTC
+    midnight within it, a failing one with the fault's cause as its failed check where each
+    fault starts, and for a replaced GPU a warning of the gpu.inventory check at its end."""
+    out: list = []
+    for node in sorted(record["nodes"]):
+        runs = []
+        for a, b in _in_service(record["down"][node], record["start"], record["end"]):
+            runs.append(("ok", a, None))
+            midnight = (a // DAY + 1) * DAY
+            while midnight < b:
+                runs.append(("ok", midnight, None))
+                midnight += DAY
+        for f in record["by_node"].get(node, ()):
+            runs.append(("fail", f["start"], f["cause"]))
+            if f["cause"] == REPLACED and f["end"] < record["end"]:
+                runs.append(("warn", f["end"] - 1e-3, "gpu.inventory"))
+        for n, (verdict, at, check) in enumerate(runs):
+            out += _run(node, n, verdict, at, check)
+    return out
+
+
+def write_record(record: dict, conn: sqlite3.Connection) -> int:
+    """Write the record's rows into a fleet store; how many."""
+    rows = 0
+    with store.immediate(conn):
+        for table, values in record_rows(record):
+            conn.execute(store.insert_sql(table), store.row(table, values))
+            rows += 1
+    return rows
+
+
+def store_sweeps(record: dict) -> dict:
+    """{sweep time: set of lemons} from a fleet store holding the record, each sweep as
+    `slurmhealth lemons --now T --window 28d` scores it (fleet/lemons.py sweep)."""
+    record = _prepare(record)
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chmod(tmp, 0o700)
+        conn = store.connect(os.path.join(tmp, "fleet.db"))
+        write_record(record, conn)
+        out = {}
+        for t in _sweeps(record["start"], record["end"]):
+            out[t] = {e["node"] for e in lemons.sweep(conn, t, WINDOW) if e["lemon"]}
+        conn.close()
+    return out
+
+
+def record_sweeps(record: dict) -> dict:
+    """{sweep time: set of lemons} from record_signals, as score_record sweeps."""
+    record = _prepare(record)
+    return {
+        t: {r["node"] for r in policy.score(record_signals(record, t - WINDOW, t)) if r["lemon"]}
+        for t in _sweeps(record["start"], record["end"])
+    }
 
 
 # --- the simulator's models (bench/validate_lemons.py) --------------------------------------
