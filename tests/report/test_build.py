@@ -147,14 +147,21 @@ def test_heatmap_and_trend_add_up_to_the_failures(conn, sim):
 
 
 def test_lemon_candidates_are_what_the_lemon_sweep_finds(conn, sim, doc):
-    _, w_end = report.window(during(sim))
-    swept = {e["node"] for e in lemons.sweep(conn, w_end, 28 * DAY) if e["lemon"]}
-    found = {c["node"] for c in doc["lemons"]["candidates"]}
-    assert found == swept and found and found <= set(sim.fleet.lemons)
+    """The report at 18:00 scores the lemons as `slurmhealth lemons --now` at 18:00 does: the
+    28 days up to then, not the whole days of its heatmap, with the same scores."""
+    now = during(sim)
+    assert now % DAY != 0
+    sweep = lemons.sweep(conn, now, 28 * DAY)
+    swept = {e["node"]: e["score"] for e in sweep if e["lemon"]}
+    found = {c["node"]: c["score"] for c in doc["lemons"]["candidates"]}
+    assert found == {n: round(s, 1) for n, s in swept.items()}
+    assert found and set(found) <= set(sim.fleet.lemons)
+    for c in doc["lemons"]["candidates"]:
+        assert c["explain"][0].startswith("decided by ")
     for c in doc["lemons"]["candidates"]:
         assert c["evidence"] and all(e["count"] > 0 for e in c["evidence"])
     # what makes a lemon here, as `slurmhealth lemons` says it, in every format
-    assert doc["lemons"]["bars"] == policy.bars(lemons.sweep(conn, w_end, 28 * DAY))
+    assert doc["lemons"]["bars"] == policy.bars(sweep)
     bar = doc["lemons"]["bars"][0]
     said = (
         f"{bar['pool']}: a node seen throughout the window is a lemon at {bar['needed']} "
