@@ -303,6 +303,15 @@ def drains_between(conn: sqlite3.Connection, start: float, end: float) -> sqlite
     )
 
 
+def refused_between(conn: sqlite3.Connection, start: float, end: float) -> sqlite3.Cursor:
+    """(time, node, reason) rows of every drain the circuit breaker refused in [start, end)."""
+    return conn.execute(
+        "SELECT time, node, reason FROM actions WHERE action = 'breaker' "
+        "AND time >= ? AND time < ?",
+        (start, end),
+    )
+
+
 def node_fails_between(conn: sqlite3.Connection, start: float, end: float) -> sqlite3.Cursor:
     """(time, node, job_id) rows of the nodes that crashed under a job in [start, end).
 

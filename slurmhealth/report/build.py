@@ -334,18 +334,22 @@ def episodes(records: list) -> list:
     return out
 
 
-def shared_failures(failures: list, span: float) -> set:
+def shared_failures(failures: list, span: float, refused: list = ()) -> set:
     """{(node, time)} of the failures that are a fleet-wide incident's: starting on more nodes
     within an hour than the fleet's own failure rate makes likely, with one cause (the lemon
-    sweep's test, fleet/faults.py, with its parameters): a drain's reason, or a crash's job."""
+    sweep's test, fleet/faults.py, with its parameters): a drain's reason, or a crash's job.
+    `refused`: (time, node, reason) of the drains the circuit breaker refused, failures seen
+    though not counted (the breaker caps the drains of an incident at a share of the fleet:
+    the drains it let through are the incident's, not node failures)."""
     by_node: dict = {}
-    for t, node, kind, why in failures:
+    for t, node, kind, why in list(failures) + [(t, n, ACT_DRAIN, w) for t, n, w in refused]:
         if kind == ACT_DRAIN:
             scope = faults.scope_key("reason", why[len(PREFIX) :].strip())
         else:  # the record names the job it crashed under: one job, one scope
             scope = faults.scope_key("job", why)
         by_node.setdefault(node, []).append((t, 1.0, {}, {scope}))
-    return set(faults.shared(by_node, span, policy.DEFAULT_PARAMS))
+    found = faults.shared(by_node, span, policy.DEFAULT_PARAMS)
+    return {(node, t) for node, t in found} & {(f[1], f[0]) for f in failures}
 
 
 def incidents(shared: list) -> list:
@@ -537,7 +541,8 @@ def _build(
         states = fleet_summary([slurm_state(info) for info in sinfo], "sinfo")
     tick(1)
     everything = episodes(failure_records(conn, w_start, w_end))
-    common = shared_failures(everything, w_end - w_start)
+    refused = list(queries.refused_between(conn, w_start, w_end))
+    common = shared_failures(everything, w_end - w_start, refused)
     failures = [f for f in everything if (f[1], f[0]) not in common]
     shared = [f for f in everything if (f[1], f[0]) in common]
     node_days = sum(s["node_days"] for s in counts.values())

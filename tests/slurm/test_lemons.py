@@ -244,9 +244,12 @@ def fleet_copy(history: dict, tmp_path) -> str:
     return path
 
 
-def lemons(lab: Lab, history: dict, fleet: str, *args: str) -> subprocess.CompletedProcess:
-    """`slurmhealth lemons` over the history's own period (earlier tests' jobs left out)."""
-    now = history["end"] + 1
+def lemons(
+    lab: Lab, history: dict, fleet: str, *args: str, now: float | None = None
+) -> subprocess.CompletedProcess:
+    """`slurmhealth lemons` over the history's own period (earlier tests' jobs left out), as of
+    its end or `now`."""
+    now = history["end"] + 1 if now is None else now
     config = lab.path("etc", "slurmhealth.toml")
     return slurmhealth(
         lab,
@@ -342,9 +345,9 @@ def test_a_node_with_intermittent_faults_is_drained_as_a_lemon_with_its_evidence
     t_apply = time.time()
     applied = ok(lemons(lab, history, fleet, "--apply", "--json"))
     drained = lab.node(FAULTY)
-    # Once drained, its evidence starts afresh at the drain: the next sweeps find no lemon,
-    # change nothing and record nothing.
-    again = ok(lemons(lab, history, fleet, "--apply", "--json"))
+    # Once drained, its evidence starts afresh at the drain: the next sweep (as of now, after
+    # the drain) finds no lemon, changes nothing and records nothing.
+    again = ok(lemons(lab, history, fleet, "--apply", "--json", now=time.time()))
     assert json.loads(applied.stdout)["applied"] == [{"node": FAULTY, "outcome": "drained"}]
     resumed = [a for a in actions(lab, FAULTY, t_apply) if a["action"] == "resume"]
     assert json.loads(again.stdout)["applied"] == [], f"drained twice; resumed by {resumed}"
