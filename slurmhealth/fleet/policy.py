@@ -640,8 +640,10 @@ def explain(entry: dict, now: float) -> list:
     if entry["lemon"]:
         test = _DECIDED.get(f.get("decided", ""), "no single test")
         day = f" or {f['needed_day']} within a day" if f.get("needed_day") else ""
+        p = entry["p_value"]
+        chance = f"p = {p:.2g}" if p > 0 else "p < 1e-300"
         lines.append(
-            f"decided by {test} (p = {entry['p_value']:.2g}): {f['count']:g} separate faults "
+            f"decided by {test} ({chance}): {f['count']:g} separate faults "
             f"in {f.get('days', 0):g} days in service vs {f['expected']:.2g} expected, "
             f"worst day {f['worst_day']}; a lemon from {f['needed']}{day}"
         )
