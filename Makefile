@@ -10,7 +10,7 @@ VENV39 := .venv39
 VENVB := .venv-bench
 SOURCES := $(shell find slurmhealth -name '*.py' -o -name '*.html' -o -name '*.md')
 
-.PHONY: demo test test-fast test-py39 test-py312 test-py313 sdist lint bench deps clean package man completion
+.PHONY: demo test test-fast test-py311 test-py39 test-py312 test-py313 sdist lint bench deps clean package man completion
 
 deps:
 	@bash scripts/install-deps
@@ -32,9 +32,16 @@ $(VENV39)/.installed: setup.cfg pyproject.toml
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check slurmhealth tests bench
 
+# Everything on 3.11 and 3.9, the fast subset on 3.12 and 3.13, the four at once: the suites
+# that start real services (Slurm, MariaDB, Chromium) spend most of their time waiting on them
+# (a whole run used 11 of its 24 minutes of CPU one after another), and every lab, store and
+# browser profile lives in a temporary directory of its own, on ports picked free. Each
+# suite's output comes whole when it ends (--output-sync).
 test: $(VENV)/.installed lint
+	@$(MAKE) --no-print-directory -j4 --output-sync=target test-py311 test-py39 test-py312 test-py313
+
+test-py311: $(VENV)/.installed
 	$(VENV)/bin/python -m pytest
-	@$(MAKE) --no-print-directory test-py39 test-py312 test-py313
 
 # The edit-test loop: everything but the tests marked `real` (a real Slurm, MariaDB, Chromium,
 # tmpfs, package builds) or `slow`; about 2 minutes on 2 cores. `make test` and CI run them all.
