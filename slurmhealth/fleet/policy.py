@@ -83,10 +83,8 @@ DEFAULT_PARAMS = {
     # single event infinitely surprising. The rate used is the pool's own, or, where that is
     # lower, the pool's shrunk toward the prior: (events + prior_events) / (exposure +
     # prior_events / prior). 0.002 faults per node-day is under the literature's 2.34-6.50 per
-    # 1,000 for GPU clusters. Until 2026-12-04 the prior was a floor: a fleet failing at 1.6 per
-    # 1,000 node-days (LANL's systems 18-20, hardware) was held to 0.002, and its nodes with two
-    # faults in a month, which fail ten times as often next, went unflagged where a plain
-    # per-node test flagged them.
+    # 1,000 for GPU clusters. A prior, not a floor: a fleet with data that fails less (older
+    # or CPU fleets do) is judged at its own rate (docs/lemons.md, item 8).
     "rate_prior": {"faults": 0.002, "warnings": 0.01, "multi_node_failures": 0.01},
     "prior_events": 3.0,
     # Items with no passing run known between them are one fault unless this far apart.
@@ -215,7 +213,7 @@ def _rate(events: float, units: float, prior: tuple) -> float:
     own = events / units if units > 0 else 0.0
     if rate <= 0 or own >= rate:
         return own
-    return max(own, (events + weight) / (max(units, 0.0) + weight / rate))
+    return (events + weight) / (max(units, 0.0) + weight / rate)  # between own and rate
 
 
 def _ln_two_sided(count: float, mu: float) -> float:
@@ -384,18 +382,17 @@ def _counted(signals: dict, nodes: list, key: str, p: dict, starts: dict | None 
     return faultlib.count(by_node, _window_days(signals, nodes) * DAY, p, starts)
 
 
-def ln_scan(most: int, expected: float, days: float, window_days: float, phi: float) -> float:
+def ln_scan(most: int, expected: float, days: float, window_days: float) -> float:
     """ln of a bound on P(some `window_days` span of the node's `days` holds `most` or more
     faults) at the node's expected faults: each fault starts such a span with the next
     most - 1 after it with probability P(Poisson(rate x window) >= most - 1) (the rest of a
     Poisson process seen from one of its points is a Poisson process), so the expected number
-    of such starts, rate x days x that, bounds the probability (Markov). Over-dispersion
-    divides counts and means as in the count test. 0 (p = 1) below 3 faults."""
+    of such starts, rate x days x that, bounds the probability (Markov). 0 (p = 1) below 3
+    faults."""
     if most < 3 or expected <= 0 or days <= 0:
         return 0.0
     rate = expected / days
-    ln_p = math.log(rate * days / phi) + ln_poisson_sf((most - 1) / phi, rate * window_days / phi)
-    return min(0.0, ln_p)
+    return min(0.0, math.log(rate * days) + ln_poisson_sf(most - 1, rate * window_days))
 
 
 def _fit(
@@ -498,7 +495,7 @@ def _needed(memo: dict, expected: float, days: float, ln_cut: float, used: list,
         memo[key] = (
             fewest(lambda n: ln_poisson_sf(n, expected), spread, p["min_faults"]),
             fewest(
-                lambda n: ln_scan(n, expected, days, p["scan_window_s"] / DAY, 1.0),
+                lambda n: ln_scan(n, expected, days, p["scan_window_s"] / DAY),
                 ln_cut + math.log(p["scan_share"]),
                 max(3, p["min_faults"]),
             )
@@ -559,8 +556,8 @@ def score(signals: dict, params: dict | None = None) -> list:
         ln_tests = {name: fits[name][4][i] for name in used}
         day = faultlib.most_within(starts[node], p["scan_window_s"])
         faults_fit = fits["faults"]
-        expected, days = faults_fit[2][i], faults_fit[1][i]
-        ln_day = ln_scan(day, expected, days, p["scan_window_s"] / DAY, 1.0)
+        mu, days = faults_fit[2][i], faults_fit[1][i]
+        ln_day = ln_scan(day, mu, days, p["scan_window_s"] / DAY)
         ln_p, decided = _combined(ln_tests, used, p, ln_day)
         count = episodes["faults"][node][0]
         evidence = {
@@ -575,7 +572,7 @@ def score(signals: dict, params: dict | None = None) -> list:
         mine["days"] = round(days, 2)
         mine["worst_day"] = day
         mine["last"] = episodes["faults"][node][3]
-        mine["needed"], mine["needed_day"] = _needed(needs, expected, days, ln_cut, used, p)
+        mine["needed"], mine["needed_day"] = _needed(needs, mu, days, ln_cut, used, p)
         mine["decided"] = decided
         mine["since"] = _since(starts[node], mine["needed"], mine["needed_day"], p)
         if signals[node].get("reset"):

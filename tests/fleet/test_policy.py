@@ -368,9 +368,9 @@ def test_worst_day_bound_against_a_simulated_healthy_fleet():
                 break
             starts.append(t * DAY)
         hits += policy.faultlib.most_within(starts, DAY) >= 3
-    bound = math.exp(policy.ln_scan(3, rate * days, days, 1.0, 1.0))
+    bound = math.exp(policy.ln_scan(3, rate * days, days, 1.0))
     assert hits / 20_000 <= bound
-    assert policy.ln_scan(2, rate * days, days, 1.0, 1.0) == 0.0  # two are never tested
+    assert policy.ln_scan(2, rate * days, days, 1.0) == 0.0  # two are never tested
 
 
 def test_most_within_counts_a_sliding_window():
