@@ -589,21 +589,38 @@ def _run_days(h: History, start: float, end: float) -> dict:
     f = h.fleet
     lo, hi = max(start, f.start), min(end, f.end)
     failed = {r[0] for r in h.runs if r[5] == "fail"}
+    failed_slots: dict = {}  # node: {day: failed health checks}
+    index = {node: i for i, node in enumerate(h.names)}
+    for run_id in failed:
+        node, phase, slot = run_id.rsplit(":", 2)
+        if phase == "healthcheck" and node in index:
+            at = h.slot_time(index[node], int(slot))
+            if lo <= at < hi:
+                day = failed_slots.setdefault(node, {})
+                day[int(at // DAY)] = day.get(int(at // DAY), 0) + 1
     out: dict = {}
     for i, node in enumerate(h.names):
-        base, step = f.start + h.offsets[i], f.healthcheck_interval
-        first = max(0, math.ceil((lo - base) / step))
-        last = min(h.slots(i), math.ceil((hi - base) / step)) - 1
-        days = out.setdefault(node, set())
-        for slot in range(first, last + 1):
-            if f"{node}:healthcheck:{slot}" not in failed:
-                days.add(int(h.slot_time(i, slot) // DAY))
+        first, last = _slot_range(h, i, lo, hi)
+        if first <= last:  # slots are less than a day apart: every day between has one
+            days = set(range(h.slot_time(i, first) // DAY, h.slot_time(i, last) // DAY + 1))
+            for day, count in failed_slots.get(node, {}).items():
+                a, b = _slot_range(h, i, max(lo, day * DAY), min(hi, (day + 1) * DAY))
+                if count >= b - a + 1:  # every health check of the day failed
+                    days.discard(day)
+            out[node] = days
     for node, job, begin, finish, _size, state, *_ in h.jobs:
         epilog = finish if state != "running" and f"{node}:epilog:{job}" not in failed else None
         for t in (begin, epilog):
             if t is not None and start <= t < end:
                 out.setdefault(node, set()).add(int(t // DAY))
     return {node: days for node, days in out.items() if days}
+
+
+def _slot_range(h: History, i: int, lo: float, hi: float) -> tuple:
+    """(first, last) health-check slot of node i in [lo, hi); first > last when none."""
+    base, step = h.fleet.start + h.offsets[i], h.fleet.healthcheck_interval
+    first = max(0, math.ceil((lo - base) / step))
+    return first, min(h.slots(i), math.ceil((hi - base) / step)) - 1
 
 
 def _tally(h: History, start: float, end: float, by_day: bool) -> dict:
