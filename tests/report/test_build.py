@@ -1138,3 +1138,14 @@ def test_nodes_that_held_jobs_back_are_shown_alike_in_every_format(tmp_path):
     assert "No node held a job back." in render.render(
         report.build(conn, now + 30 * DAY, DAY), "md"
     )
+
+
+def test_a_node_whose_evidence_started_afresh_is_said_in_every_format(doc):
+    """A node the sweep drained as a lemon, or whose GPU was replaced, is no lemon now; the
+    report says where its evidence started afresh. Node names are untrusted: escaped."""
+    line = "evidence starts afresh at 2024-01-20T00:00:00Z: GPU replaced"
+    node = "gpu<b>07</b>"
+    afresh = dict(doc, lemons=dict(doc["lemons"], afresh=[{"node": node, "lines": [line]}]))
+    md, page = render.render(afresh, "md"), render.render(afresh, "html")
+    assert line in md and line in page
+    assert "gpu&lt;b&gt;07&lt;/b&gt;" in page and "<b>07</b>" not in page
