@@ -120,6 +120,12 @@ def scope_key(kind: str, value: object) -> str:
     return f"{kind}:{text[:60]}"
 
 
+def own_reason(reason: str) -> str:
+    """A drain's or node event's reason without slurmhealth's prefix: the cause its scope
+    names (a hook's drain and Slurm's own event for one fault then share it)."""
+    return reason[len("slurmhealth:") :].strip() if reason.startswith("slurmhealth:") else reason
+
+
 def episodes(items: list, gap: float) -> list:
     """A node's items (time order) as faults: [(start, weight, {kind: items}, {scopes})]."""
     out: list = []

@@ -165,7 +165,7 @@ def _items(
         if not reason.startswith(OWN_LEMON):
             drains.setdefault(node, []).append(t)
             if t >= start:
-                add(node, t, "drain", (faults.scope_key("reason", _own(reason)),))
+                add(node, t, "drain", (faults.scope_key("reason", faults.own_reason(reason)),))
     for node, t, job_id in conn.execute(_PROLOGS, (start, end)):
         add(node, t, "prolog", (faults.scope_key("job", job_id),))
     downs: dict = {}
@@ -173,7 +173,7 @@ def _items(
         if faults.names_node(state, reason, OWN_LEMON):
             downs.setdefault(node, []).append(t)
         if t >= start and faults.is_fault_reason(reason, OWN_LEMON):
-            add(node, t, "down", (faults.scope_key("reason", _own(reason)),))
+            add(node, t, "down", (faults.scope_key("reason", faults.own_reason(reason)),))
     jobs: dict = {}
     for node, job_id, begin, finish, state in conn.execute(_NODE_FAILS, (early, end)):
         jobs.setdefault(job_id, []).append((node, begin, finish, state))
@@ -197,11 +197,6 @@ def _items(
         c["warnings"] = [
             (t, "warn", 1.0, ok) for t, ok in zip(times, _next_ok(conn, node, times, end))
         ]
-
-
-def _own(reason: str) -> str:
-    """A drain or event reason without slurmhealth's prefix (scope_key of the cause)."""
-    return reason[len("slurmhealth:") :] if reason.startswith("slurmhealth:") else reason
 
 
 def resets(conn: sqlite3.Connection, start: float, end: float) -> dict:

@@ -746,14 +746,14 @@ def fault_items(h: History, start: float, end: float) -> dict:
     for _id, node, t, action, why, _actor, ok, _detail in h.actions:
         if action == ACT_DRAIN and ok == 1 and early <= t < end and not why.startswith(lemon):
             drains.setdefault(node, []).append(t)
-            add(node, t, "drain", key("reason", _own(why)))
+            add(node, t, "drain", key("reason", faultlib.own_reason(why)))
     downs: dict = {}
     for node, t, _until, state, reason in h.node_events:
         if early <= t < end:
             if faultlib.names_node(state, reason, lemon):
                 downs.setdefault(node, []).append(t)
             if faultlib.is_fault_reason(reason, lemon):
-                add(node, t, "down", key("reason", _own(reason)))
+                add(node, t, "down", key("reason", faultlib.own_reason(reason)))
     jobs: dict = {}
     for node, job_id, begin, finish, _size, state, slurm_state, *_ in h.jobs:
         if state == "prolog_failed":
@@ -776,11 +776,6 @@ def fault_items(h: History, start: float, end: float) -> dict:
             "warnings": [(t, "warn", 1.0, passes.after(node, t)) for t in warnings],
         }
     return out
-
-
-def _own(reason: str) -> str:
-    """A reason without slurmhealth's prefix (fleet/signals.py reads them so)."""
-    return reason[len("slurmhealth:") :] if reason.startswith("slurmhealth:") else reason
 
 
 def window_items(items: list, start: float, end: float) -> list:

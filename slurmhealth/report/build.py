@@ -344,7 +344,7 @@ def shared_failures(failures: list, span: float, refused: list = ()) -> set:
     by_node: dict = {}
     for t, node, kind, why in list(failures) + [(t, n, ACT_DRAIN, w) for t, n, w in refused]:
         if kind == ACT_DRAIN:
-            scope = faults.scope_key("reason", why[len(PREFIX) :].strip())
+            scope = faults.scope_key("reason", faults.own_reason(why))
         else:  # the record names the job it crashed under: one job, one scope
             scope = faults.scope_key("job", why)
         by_node.setdefault(node, []).append((t, 1.0, {}, {scope}))
