@@ -166,7 +166,10 @@ class StandIn(cuda.Backend):
         if gpu == self.crash:
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
             os.write(2, b"CUDA error: an illegal memory access was encountered\n")
-            os.kill(os.getpid(), signal.SIGSEGV)
+            # a fault is the faulting thread's own signal, taken before its next instruction; one
+            # sent to the process (os.kill) goes to the main thread, and this thread would go on
+            # until that one is scheduled
+            signal.pthread_kill(threading.get_ident(), signal.SIGSEGV)
 
 
 def _settings(text: str) -> dict:
