@@ -13,7 +13,9 @@ seeds, for both tests:
   same on the rest (how much more a flagged node fails next);
 - the share of all next-window faults that fell on flagged nodes;
 - where the record plants lemons: recall (lemons flagged by some sweep while bad) and
-  precision (flagged node-windows of a node bad at that sweep).
+  precision (flagged node-windows of a node bad at that sweep);
+- for the records, how flags age: the same rate ratio for ours in days 0-7, 7-28, 28-56 and
+  56-112 after each sweep (a repaired lemon fails like the rest).
 
 The fleets: bench/fleet_records.py (record models written apart from the simulator, each with
 assumptions of its own, and the real LANL record when its CSV is given), and each model of
@@ -175,8 +177,49 @@ def score_record(record: dict) -> dict:
         days = {n: service_time(record["down"][n], t, t + WINDOW) for n in record["nodes"]}
         bad = {n for n, spans in lemons.items() if _bad_at(spans, t)}
         _add(tally, flagged, nxt, days, bad)
+        _age(tally["age"], record, own, t, flagged["ours"])
     tally["lemons"] = len(lemons)
     return tally
+
+
+# How a flag ages: the weeks after a sweep, each span's faults per node-day in service on the
+# nodes that sweep flagged against the rest (a lemon that was repaired fails like the rest).
+AGES = ((0, 7), (7, 28), (28, 56), (56, 112))
+
+
+def _age(ages: dict, record: dict, own: list, t: float, flagged: set) -> None:
+    """One sweep's flagged nodes and the rest, in each span of AGES after it (within the
+    record): {(a, b): {"flagged": [faults, days], "rest": [...]}} added in place."""
+    for a, b in AGES:
+        lo, hi = t + a * DAY, t + b * DAY
+        if hi > record["end"]:
+            continue
+        cell = ages.setdefault((a, b), {"flagged": [0, 0.0], "rest": [0, 0.0]})
+        for f in own:
+            if lo <= f["start"] < hi:
+                cell["flagged" if f["node"] in flagged else "rest"][0] += 1
+        for n in record["nodes"]:
+            side = "flagged" if n in flagged else "rest"
+            cell[side][1] += service_time(record["down"][n], lo, hi)
+
+
+def age_row(name: str, t: dict) -> str:
+    """The rate ratio flagged / rest in each span of AGES after the sweep ('-': none)."""
+    cells = [name]
+    for span in AGES:
+        cell = t["age"].get(span)
+        if not cell or not cell["flagged"][1] or not cell["rest"][0]:
+            cells.append("-")
+            continue
+        (f, fd), (r, rd) = cell["flagged"], cell["rest"]
+        cells.append(f"{f / fd / (r / rd):.1f} ({f})")
+    return "| " + " | ".join(cells) + " |"
+
+
+AGE_HEADER = (
+    "| fleet | " + " | ".join(f"days {a}-{b}" for a, b in AGES) + " |\n"
+    "|---|" + "---|" * len(AGES)
+)
 
 
 # --- a record written to a fleet store, swept as `slurmhealth lemons --now T` -------------
@@ -210,7 +253,8 @@ def record_rows(record: dict) -> list:
     """(table, row dict) of a fleet store that recorded the record: a passing health check
     when each in-service span begins (a fault's end: its next passing run) and at each UTC
     midnight within it, a failing one with the fault's cause as its failed check where each
-    fault starts, and for a replaced GPU a warning of the gpu.inventory check at its end."""
+    fault starts, for a replaced GPU a warning of the gpu.inventory check at its end, and the
+    node's racks and switches as places."""
     out: list = []
     for node in sorted(record["nodes"]):
         runs = []
@@ -226,6 +270,12 @@ def record_rows(record: dict) -> list:
                 runs.append(("warn", f["end"] - 1e-3, "gpu.inventory"))
         for n, (verdict, at, check) in enumerate(runs):
             out += _run(node, n, verdict, at, check)
+        # its places (racks, switches) as `collect --sacct` stores where Slurm puts a node
+        for scope in sorted({s for f in record["by_node"].get(node, ()) for s in f["scopes"]}):
+            kind, _, name = scope.partition(":")
+            if kind in ("rack", "switch"):
+                out.append(("places", {"node": node, "kind": kind, "name": name,
+                                       "first": record["start"], "last": record["start"]}))
     return out
 
 
@@ -298,6 +348,7 @@ def _empty() -> dict:
     out: dict = {g: {"windows": 0, "faults": 0, "days": 0.0, "true": 0} for g in GROUPS}
     out["found"] = {"ours": set(), "plain": set()}
     out["lemons"] = 0
+    out["age"] = {}
     return out
 
 
@@ -325,6 +376,11 @@ def merge(tallies: list) -> dict:
         for name in ("ours", "plain"):  # lemons are counted per fleet
             out["found"][name] |= {(i, n) for n in t["found"][name]}
         out["lemons"] += t["lemons"]
+        for span, cell in t.get("age", {}).items():
+            mine = out["age"].setdefault(span, {"flagged": [0, 0.0], "rest": [0, 0.0]})
+            for side in ("flagged", "rest"):
+                mine[side][0] += cell[side][0]
+                mine[side][1] += cell[side][1]
     return out
 
 
@@ -410,11 +466,13 @@ def main() -> int:
     args = ap.parse_args()
     began = time.time()
     lines = [HEADER]
+    ages = [AGE_HEADER]
     with ProcessPoolExecutor(args.workers) as pool:
         for name in _pick(args.records, list(fleet_records.MODELS)):
             jobs = [(name, seed) for seed in range(1, args.seeds + 1)]
             merged = merge(list(pool.map(_record_job, jobs)))
             lines.append(row(f"{name} ({args.seeds} seeds)", merged))
+            ages.append(age_row(name, merged))
             print(lines[-1], flush=True)
         if args.lanl:
             for system in args.systems.split(","):
@@ -422,6 +480,7 @@ def main() -> int:
                     job = (args.lanl, system, cats or fleet_records.LANL_CATEGORIES)
                     merged = merge([_lanl_job(job)])
                     lines.append(row(f"LANL system {system}, {label}", merged))
+                    ages.append(age_row(f"LANL system {system}, {label}", merged))
                     print(lines[-1], flush=True)
         for name in _pick(args.sim, list(validate_lemons.MODELS)):
             jobs = [(name, seed) for seed in range(1, args.seeds + 1)]
@@ -430,6 +489,9 @@ def main() -> int:
             print(lines[-1], flush=True)
     print()
     print("\n".join(lines))
+    print("\nHow flags age: rate ratio flagged / rest (flagged nodes' faults) in each span "
+          "after the sweep\n")
+    print("\n".join(ages))
     print(f"\n({time.time() - began:.0f} s; ours, the plain test in brackets)")
     return 0
 

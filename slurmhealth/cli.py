@@ -606,7 +606,9 @@ def _report_bad(name: str, report: dict) -> None:
     help="also merge job outcomes and node events from Slurm accounting",
 )
 @click.option(
-    "--slurm-bin", default="", help="directory of sacct and sacctmgr [$SLURMHEALTH_SLURM_BIN, PATH]"
+    "--slurm-bin",
+    default="",
+    help="directory of sacct, sacctmgr, scontrol, sinfo [$SLURMHEALTH_SLURM_BIN, PATH]",
 )
 @click.option(
     "--spool-owner",
@@ -654,7 +656,8 @@ def collect_cmd(
     and so is one anyone could have forged: a symlink, not owned by root (or --spool-owner), or
     writable by group or others (docs/fleet.md). --sacct adds what Slurm accounting knows of
     each job (final state, NODE_FAIL: a job whose node died before its epilog still counts) and
-    of nodes going down, draining or failing (which node of a NODE_FAIL job failed). Collecting
+    of nodes going down, draining or failing (which node of a NODE_FAIL job failed), and where
+    Slurm puts each node (leaf switch or block, partitions: one incident's place). Collecting
     again adds nothing. Incremental: each file, and accounting, is read from where the last
     collect left it (less an overlap), never before --since; --full reads all of --since.
     --rollup-after keeps the fleet store small (docs/fleet.md); --rollup-max bounds what one
@@ -709,6 +712,7 @@ def collect_cmd(
         # After the jobs are committed: a sacctmgr that fails then loses none of them.
         events_start = sync.accounting_start(conn, "sacctmgr", start, full)
         _collect_events(conn, events_start, end, slurm_bin)
+        _collect_places(conn, end, slurm_bin)
 
 
 def _rollup(conn: object, before: float, limit: int | None) -> None:
@@ -735,6 +739,24 @@ def _collect_events(conn: object, start: float, end: float, slurm_bin: str) -> N
     _merge_accounting(
         "sacctmgr", accounting.fetch_events, accounting.ingest_events, conn, (start, end, slurm_bin)
     )
+
+
+def _collect_places(conn: object, now: float, slurm_bin: str) -> None:
+    """Where Slurm puts each node now (topology, partitions): one line for a Slurm error."""
+    from slurmhealth.core.slurm import SlurmError  # noqa: PLC0415
+
+    try:
+        rows, bad = accounting.fetch_places(slurm_bin)
+    except SlurmError as exc:
+        raise click.ClickException(f"{exc} (places of nodes not merged)") from None
+    try:
+        result = accounting.ingest_places(conn, rows, now)  # type: ignore[arg-type]
+    except sync.FleetError as exc:
+        raise click.ClickException(str(exc)) from None
+    kinds = sorted({kind for _, kind, _ in rows})
+    click.echo(f"places: {result['places']:,} node places ({', '.join(kinds) or 'none'})")
+    for line in bad[: sync.BAD_SHOWN]:
+        click.echo(f"places: skipped: {line}", err=True)
 
 
 # tool -> (what its records are, the count's key in the ingest result, what a count is of)

@@ -254,6 +254,20 @@ TABLES = (
         "node-hour of rolled-up passing runs: how many, their total wall time (fleet store)",
         since=7,
     ),
+    Table(
+        "places",
+        ("node", "kind", "name"),
+        (
+            C("node", "TEXT", True),
+            C("kind", "TEXT", True),
+            C("name", "TEXT", True),
+            C("first", "REAL", True),
+            C("last", "REAL", True),
+        ),
+        None,
+        "leaf switch, block or partition Slurm puts a node in, first and last seen (fleet store)",
+        since=12,
+    ),
 )
 del C
 TABLE = {t.name: t for t in TABLES}
@@ -335,6 +349,10 @@ INDEXES = {
         "DROP INDEX jobs_end",
         "CREATE INDEX jobs_end ON jobs (end, num_nodes, start, state, node, job_id, below_base)",
     ),
+    # 12: where Slurm puts each node (fleet/accounting.py places: a leaf switch or block of its
+    # topology, a partition), so faults that start together in one place are one incident
+    # (fleet/faults.py shared). Read whole: a row per node and place.
+    12: (),
 }
 SCHEMA_VERSION = max(INDEXES)
 

@@ -1,6 +1,7 @@
-"""Slurm accounting: what sacct knows of jobs (a job whose node died before its epilog) and what
+"""Slurm accounting: what sacct knows of jobs (a job whose node died before its epilog), what
 `sacctmgr show event` knows of nodes going down, draining or failing (which node of a NODE_FAIL
-job failed)."""
+job failed), and where Slurm puts each node (its topology's leaf switch or block, its
+partitions: faults that start together in one place are one incident)."""
 
 from __future__ import annotations
 
@@ -198,7 +199,105 @@ def fetch_events(start: float, end: float, slurm_bin: str = "", timeout: float =
 
 
 # ---------------------------------------------------------------------------------------------
-# running sacct and sacctmgr
+# places (scontrol show topology, sinfo)
+
+# What a place's name may be: Slurm's names are short words; anything else is a bad line.
+_PLACE_NAME_MAX = 60
+
+
+def _fields(line: str) -> dict:
+    """`Key=value Key=value` (scontrol's one-line records) -> {key: value}."""
+    return dict(tok.partition("=")[::2] for tok in line.split() if "=" in tok)
+
+
+def _nodes(text: str) -> list | None:
+    """A hostlist's node names, checked as a node event's one name is; None when unreadable."""
+    try:
+        names = [n for term in split_terms(text) for n in expand(term)]
+    except PatternError:
+        return None
+    if any(n != clean(n) or " " in n for n in names):
+        return None
+    return names
+
+
+def _place(kind: str, name: str, nodes: str, rows: list, bad: list, line: str) -> None:
+    names = _nodes(nodes) if nodes not in _NO_NODES else []
+    if names is None or not name or name != clean(name, _PLACE_NAME_MAX) or " " in name:
+        bad.append(clean(line, 120))
+        return
+    rows.extend((node, kind, name) for node in names)
+
+
+def parse_topology(text: str) -> tuple:
+    """`scontrol show topology` -> ([(node, kind, name)], bad lines).
+
+    topology/tree prints a line per switch (`SwitchName=s0 Level=0 LinkSpeed=1
+    Nodes=gpu[01-16]`): a leaf switch (Level=0) is each of its nodes' place "switch"; a switch
+    above it holds every node below it, no place of its own (all of a fleet's faults in an hour
+    would share the top switch). topology/block prints a line per block (`BlockName=b1
+    BlockIndex=0 Nodes=... BlockSize=...`): place "block". Any other line (no topology plugin:
+    scontrol says so in words) is no place and no bad line.
+    """
+    rows: list = []
+    bad: list = []
+    for line in text.splitlines():
+        fields = _fields(line)
+        if "SwitchName" in fields:
+            if fields.get("Level", "0") == "0":
+                _place("switch", fields["SwitchName"], fields.get("Nodes", ""), rows, bad, line)
+        elif "BlockName" in fields:
+            _place("block", fields["BlockName"], fields.get("Nodes", ""), rows, bad, line)
+    return rows, bad
+
+
+def parse_partitions(text: str) -> tuple:
+    """`sinfo -h -a -o %R|%N` -> ([(node, "partition", name)], bad lines): a line per
+    partition (or per partition and state), its name and node list."""
+    rows: list = []
+    bad: list = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        name, sep, nodes = line.strip().partition("|")
+        if not sep:
+            bad.append(clean(line, 120))
+            continue
+        _place("partition", name, nodes, rows, bad, line)
+    return rows, bad
+
+
+_PLACES_UPSERT = (
+    "INSERT INTO places (node, kind, name, first, last) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT (node, kind, name) DO UPDATE SET last = max(last, excluded.last), "
+    "first = min(first, excluded.first)"
+)
+
+
+def ingest_places(conn: sqlite3.Connection, rows: list, now: float) -> dict:
+    """Merge (node, kind, name) rows seen at `now` into places: {"places": rows new or seen
+    again}. A node that moved keeps its old place with the time it was last seen there."""
+    values = [(node, kind, name, now, now) for node, kind, name in sorted(set(rows))]
+    try:
+        with store.immediate(conn):
+            conn.executemany(_PLACES_UPSERT, values)
+    except sqlite3.Error as exc:
+        raise FleetError(f"places not merged: {clean(exc, 120)}") from None
+    return {"places": len(values)}
+
+
+def fetch_places(slurm_bin: str = "", timeout: float = 120.0) -> tuple:
+    """(rows, bad lines) of where Slurm puts each node: its topology and its partitions.
+    SlurmError with one line when scontrol or sinfo fails."""
+    topology = _accounting("scontrol", ["show", "topology"], slurm_bin, timeout)
+    partitions = _accounting("sinfo", ["-h", "-a", "-o", "%R|%N"], slurm_bin, timeout)
+    rows, bad = parse_topology(topology)
+    more, worse = parse_partitions(partitions)
+    return rows + more, bad + worse
+
+
+# ---------------------------------------------------------------------------------------------
+# running sacct, sacctmgr, scontrol and sinfo
 
 
 def _stamp(t: float) -> str:
@@ -206,11 +305,12 @@ def _stamp(t: float) -> str:
 
 
 def _accounting(tool: str, args: list, slurm_bin: str, timeout: float) -> str:
-    """Run sacct or sacctmgr by absolute path; its stdout, or SlurmError with one line.
+    """Run a Slurm command (sacct, sacctmgr, scontrol, sinfo) by absolute path; its stdout, or
+    SlurmError with one line.
 
     TZ=UTC makes the times it reads and prints UTC; SLURM_TIME_FORMAT=standard keeps them
     `2026-05-01T10:00:00` whatever the admin's shell sets (`relative` prints `10:00:00`, `%s`
-    epoch seconds: measured, both tools).
+    epoch seconds: measured, both tools); an admin's SLURM_TOPO_LEN is dropped.
     """
     import subprocess  # noqa: PLC0415 - admin side only
 
@@ -218,6 +318,7 @@ def _accounting(tool: str, args: list, slurm_bin: str, timeout: float) -> str:
 
     argv = [find_bin(tool, slurm_bin), *args]
     env = dict(os.environ, TZ="UTC", SLURM_TIME_FORMAT="standard")
+    env.pop("SLURM_TOPO_LEN", None)  # cuts scontrol's topology lines to that many characters
     try:
         proc = subprocess.run(
             argv,

@@ -14,8 +14,9 @@ lemon model (fleet/policy.py, docs/lemons.md) counts faults instead:
   A long silence separates too, passing run known or not: a node out of service for days
   between two faults (down, then back and failing) had two.
 - `shared`: a fault that starts on many nodes at once AND shares a cause with the others (the
-  same failing check, Xid, Slurm reason or job; a rack or switch where the records know one:
-  an incident such as a switch, a filesystem, a bad configuration push) is the fleet's, not the
+  same failing check, Xid, Slurm reason or job; a leaf switch, block or small partition where
+  Slurm's topology names one (collect --sacct), a rack where the records know one: an
+  incident such as a switch, a filesystem, a bad configuration push) is the fleet's, not the
   node's: it counts for none of them. Unrelated faults close in time stay each node's own.
 
 Items are (time, kind, weight, next_ok[, scopes]): kind is one of KINDS, weight in (0, 1],
@@ -113,7 +114,8 @@ def _within(times: object, lo: float, hi: float) -> bool:
 def scope_key(kind: str, value: object) -> str:
     """A scope as items carry it: "kind:value", the value lower-cased with its digit runs as
     "#" for reasons (GPU and port numbers differ from node to node in one incident's messages),
-    at most 60 characters. kind "xid", "job", "check", "rack", "switch" keep their value."""
+    at most 60 characters. Other kinds ("xid", "job", "check", and the places "rack", "switch",
+    "block", "partition") keep their value."""
     text = " ".join(str(value).split()).lower()
     if kind == "reason":
         text = re.sub(r"\d+", "#", text)
@@ -172,7 +174,7 @@ def burst_size(starts: int, span: float, window: float, p_cut: float, least: int
 # on shared_cause_nodes: the most common hardware faults (a GPU off the bus) strike unrelated
 # nodes, and a handful of bad nodes of one batch, failing together when one job starts on all
 # of them, are each a lemon, not an incident.
-PLACES = ("rack", "switch", "partition", "job")
+PLACES = ("rack", "switch", "block", "partition", "job")
 
 
 def shared(by_node: dict, span: float, params: dict) -> dict:

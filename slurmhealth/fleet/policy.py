@@ -646,7 +646,12 @@ def explain(entry: dict, now: float) -> list:
         )
     since = f.get("since") if f.get("since") is not None else f.get("last")
     if entry["lemon"] and since is not None:
-        lines.append(f"a lemon since {timespec.iso(since)} ({(now - since) / DAY:.1f} days)")
+        line = f"a lemon since {timespec.iso(since)} ({(now - since) / DAY:.1f} days)"
+        last = f.get("last")
+        if last is not None and last != since:
+            # a flag ages (docs/lemons.md): its newest fault says how fresh the evidence is
+            line += f"; latest fault {timespec.iso(last)} ({(now - last) / DAY:.1f} days ago)"
+        lines.append(line)
     for gone in f.get("discounted", ()):
         lines.append(
             f"left out as shared: the fault of {timespec.iso(gone['start'])} "

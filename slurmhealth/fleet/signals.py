@@ -86,6 +86,11 @@ _NODE_FAILS = (
 )
 _NODE_EVENTS = "SELECT node, start, state, reason FROM node_events WHERE start >= ? AND start < ?"
 
+_PLACES = "SELECT node, kind, name, last FROM places"
+# A partition that holds more than this share of the nodes is no place: every fault would share
+# it (most sites have one partition of GPU nodes), and unrelated faults must stay each node's.
+PARTITION_MAX_SHARE = 0.25
+
 OWN_LEMON = f"slurmhealth: {LEMON}"
 # What ends a bad spell (docs/lemons.md): the sweep's own drain of a lemon (the site acted on
 # it: what follows is the repaired node's), or a GPU whose UUID, bus id or serial changed (a
@@ -113,6 +118,35 @@ def _days(counts: dict, since: float | None) -> int:
             days.update(int(d) for d in str(text).split(","))
     first = -1 if since is None else int(since // 86400)
     return sum(1 for d in days if d >= first)
+
+
+def places(conn: sqlite3.Connection, start: float) -> dict:
+    """{node: (scope, ...)}: where Slurm put each node (the places table, `collect --sacct`),
+    as fault scopes ("switch:s12", "block:b3", "partition:a100"). Each kind's places the node
+    was seen in from `start` on, or its last known ones (a store collected once, or a replay
+    before the collect); a partition only where it holds at most PARTITION_MAX_SHARE of the
+    nodes with a partition."""
+    newest: dict = {}  # (node, kind): (last, [names])
+    for node, kind, name, last in conn.execute(_PLACES):
+        seen = newest.setdefault((node, kind), [])
+        seen.append((last, name))
+    members: dict = {}
+    chosen: dict = {}
+    for (node, kind), seen in newest.items():
+        top = max(t for t, _ in seen)
+        names = sorted({n for t, n in seen if t >= start or t == top})
+        chosen[(node, kind)] = names
+        for name in names:
+            members.setdefault((kind, name), set()).add(node)
+    partitioned = len({node for node, kind in chosen if kind == "partition"})
+    out: dict = {}
+    for (node, kind), names in sorted(chosen.items()):
+        for name in names:
+            big = len(members[(kind, name)]) > PARTITION_MAX_SHARE * partitioned
+            if kind == "partition" and big:
+                continue
+            out.setdefault(node, []).append(faults.scope_key(kind, name))
+    return {node: tuple(scopes) for node, scopes in out.items()}
 
 
 def _per_node(conn: sqlite3.Connection, table: str, sql: str, start: float, end: float):
@@ -188,11 +222,13 @@ def _items(
     for node in set(found) | set(warned):
         if node not in counts:
             counts[node] = dict.fromkeys(policy.SIGNALS, 0)
+    where = places(conn, start)
     for node, c in counts.items():
         since = (c.get("reset") or {}).get("time", start)
         items = sorted(i for i in found.get(node, ()) if i[0] >= since)
         oks = _next_ok(conn, node, [i[0] for i in items], end)
-        c["faults"] = [(t, k, w, ok, scopes) for (t, k, w, scopes), ok in zip(items, oks)]
+        here = where.get(node, ())
+        c["faults"] = [(t, k, w, ok, scopes + here) for (t, k, w, scopes), ok in zip(items, oks)]
         times = sorted(t for t in warned.get(node, ()) if t >= since)
         c["warnings"] = [
             (t, "warn", 1.0, ok) for t, ok in zip(times, _next_ok(conn, node, times, end))
@@ -233,9 +269,7 @@ def _ahead(conn: sqlite3.Connection, start: float, end: float, held: list | None
     return [(node, t) for node, t in out if start <= t < end]
 
 
-def signals(
-    conn: sqlite3.Connection, start: float, end: float, held: list | None = None
-) -> dict:
+def signals(conn: sqlite3.Connection, start: float, end: float, held: list | None = None) -> dict:
     """{node: {signal: count, "faults": items, "warnings": items, "gpu_class": GPU model or ""}}
     for every node with any record in [start, end), per docs/signals.md; application Xids and
     ordinary job failures count nowhere.

@@ -245,7 +245,10 @@ def test_the_pipeline_gives_the_in_memory_verdicts(tmp_path):
     sacct, events = accounting_text(h)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for tool, text in (("sacct", sacct), ("sacctmgr", events)):
+    # no topology plugin (scontrol prints nothing on stdout), one partition of every node
+    partitions = f"gpu|{','.join(fleet.names())}\n"
+    tools = {"sacct": sacct, "sacctmgr": events, "scontrol": "", "sinfo": partitions}
+    for tool, text in tools.items():
         (tmp_path / f"{tool}.txt").write_text(text)
         script = bin_dir / tool
         script.write_text(f"#!/bin/sh\ncat {tmp_path / f'{tool}.txt'}\n")
@@ -267,6 +270,7 @@ def test_the_pipeline_gives_the_in_memory_verdicts(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert "sacctmgr: " in proc.stdout and "node events added" in proc.stdout
+    assert "places: 48 node places (partition)" in proc.stdout
     proc = run_cli("lemons", "--db", fleet_db, "--now", end, "--json")
     assert proc.returncode == 0, proc.stderr
     piped = {e["node"]: e for e in json.loads(proc.stdout)["nodes"]}

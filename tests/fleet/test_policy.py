@@ -496,6 +496,9 @@ def test_explain_says_which_test_decided_since_when_and_what_was_left_out():
     lines = policy.explain(entry, 28 * DAY)
     assert lines[0].startswith("decided by the faults test (p = ")
     assert "a lemon from 3" in lines[0]
-    assert lines[1] == "a lemon since 1970-01-18T12:00:00Z (10.5 days)"
+    assert lines[1] == (
+        "a lemon since 1970-01-18T12:00:00Z (10.5 days); "
+        "latest fault 1970-01-25T12:00:00Z (3.5 days ago)"
+    )
     assert lines[2].startswith("left out as shared: the fault of 1970-01-15T10:00:10Z (")
     assert "ib.port_state on 300 nodes within the hour)" in lines[2]

@@ -20,11 +20,12 @@ LANL = os.path.join(FIXTURES, "lanl", "failures.csv")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["availability", "repairs", "bad-batch"])
+@pytest.mark.parametrize("model", ["availability", "repairs", "bad-batch", "incidents"])
 def test_a_records_sweeps_equal_those_over_a_fleet_store_holding_it(model):
     """Every weekly sweep of the record finds the same lemons as lemons.sweep over a store
     the record was written into: days in service, faults and their next passing runs, causes
-    as scopes, a replaced GPU's reset (repairs)."""
+    as scopes, a replaced GPU's reset (repairs), racks and switches as the store's places
+    (incidents: faults on most of a rack or switch within minutes are one incident)."""
     record = fleet_records.MODELS[model][1](1)
     over_store = validate_predictive.store_sweeps(record)
     in_memory = validate_predictive.record_sweeps(fleet_records.MODELS[model][1](1))

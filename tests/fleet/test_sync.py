@@ -466,6 +466,15 @@ def fake_sacct(tmp_path, script: str, tool: str = "sacct") -> str:
     return str(bin_dir)
 
 
+def no_topology(tmp_path) -> None:
+    """scontrol and sinfo as Slurm 22.05 prints them without a topology plugin (measured in the
+    tests/slurm lab): the topology an error line on stderr, exit 0; one partition."""
+    fake_sacct(
+        tmp_path, "echo 'scontrol: error: No topology information available' >&2\n", "scontrol"
+    )
+    fake_sacct(tmp_path, "echo 'gpu|gpu[01-04]'\n", "sinfo")
+
+
 def test_fetch_sacct_runs_sacct_by_path_in_utc(tmp_path, monkeypatch):
     monkeypatch.setenv("SLURM_TIME_FORMAT", "relative")  # an admin's: sacct would print 10:00:00
     args = tmp_path / "argv"
@@ -488,6 +497,7 @@ def test_collect_sacct_counts_a_job_whose_node_died_before_its_epilog(tmp_path):
     bin_dir = fake_sacct(tmp_path, f'echo "{line}"\n')
     event = "gpu04|2026-05-01T10:30:00|Unknown|DOWN*|Not responding"
     fake_sacct(tmp_path, f'echo "{event}"\n', tool="sacctmgr")
+    no_topology(tmp_path)
     spool = tmp_path / "spool"
     spool.mkdir()
     fleet_db = str(tmp_path / "fleet.db")
@@ -496,6 +506,7 @@ def test_collect_sacct_counts_a_job_whose_node_died_before_its_epilog(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "sacct: 1 job rows added or updated" in proc.stdout
     assert "sacctmgr: 1 node events added or updated" in proc.stdout
+    assert "places: 4 node places (partition)" in proc.stdout
     conn = store.connect(fleet_db)
     got = signals.signals(conn, MAY1_10 - DAY, MAY1_10 + DAY)
     assert got["gpu04"]["jobs"] == got["gpu04"]["hw_job_failures"] == 1
@@ -1074,6 +1085,74 @@ def test_a_node_event_that_cannot_be_stored_is_one_line(tmp_path):
         accounting.ingest_events(readonly, EVENTS, utc=True)
 
 
+# `scontrol show topology` of Slurm 22.05 with topology/tree (tests/slurm/test_lemons.py's lab
+# prints these lines), and a topology/block line as that plugin's printer writes it
+# (src/plugins/topology/block: "BlockName=%s BlockIndex=%u", then " Nodes=%s").
+TOPOLOGY = """SwitchName=leaf1 Level=0 LinkSpeed=1 Nodes=gpu[01-02]
+SwitchName=leaf2 Level=0 LinkSpeed=1 Nodes=gpu[03-04]
+SwitchName=spine Level=1 LinkSpeed=1 Nodes=gpu[01-04] Switches=leaf[1-2]
+BlockName=b1 BlockIndex=0 Nodes=dgx[1-2]
+SwitchName=empty Level=0 LinkSpeed=1
+SwitchName=bad Level=0 LinkSpeed=1 Nodes=gpu[02-01]
+SwitchName=w\x1b[2Jeird Level=0 Nodes=gpu09
+"""
+
+
+def test_the_topology_names_each_nodes_leaf_switch_or_block_and_never_the_spine():
+    rows, bad = accounting.parse_topology(TOPOLOGY)
+    assert rows == [
+        ("gpu01", "switch", "leaf1"),
+        ("gpu02", "switch", "leaf1"),
+        ("gpu03", "switch", "leaf2"),
+        ("gpu04", "switch", "leaf2"),
+        ("dgx1", "block", "b1"),
+        ("dgx2", "block", "b1"),
+    ]
+    assert len(bad) == 2 and "gpu[02-01]" in bad[0] and "\x1b" not in bad[1]
+    # no topology plugin: scontrol says so on stderr and prints nothing
+    assert accounting.parse_topology("") == ([], [])
+
+
+def test_partitions_come_from_sinfo_one_line_per_partition_and_state():
+    text = "gpu|gpu[01-02]\ngpu|gpu03\ndebug|gpu01\nempty|\nbroken line\n"
+    rows, bad = accounting.parse_partitions(text)
+    assert rows == [
+        ("gpu01", "partition", "gpu"),
+        ("gpu02", "partition", "gpu"),
+        ("gpu03", "partition", "gpu"),
+        ("gpu01", "partition", "debug"),
+    ]
+    assert bad == ["broken line"]
+
+
+def test_places_merge_with_first_and_last_seen_and_a_moved_node_keeps_its_old_place(tmp_path):
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    rows = [("gpu01", "switch", "leaf1"), ("gpu02", "switch", "leaf1")]
+    assert accounting.ingest_places(conn, rows, 100.0) == {"places": 2}
+    accounting.ingest_places(conn, [("gpu01", "switch", "leaf2"), rows[1]], 200.0)
+    got = conn.execute("SELECT node, name, first, last FROM places ORDER BY node, name")
+    assert got.fetchall() == [
+        ("gpu01", "leaf1", 100.0, 100.0),
+        ("gpu01", "leaf2", 200.0, 200.0),
+        ("gpu02", "leaf1", 100.0, 200.0),
+    ]
+    # the signals: where each node was from the window's start, or its last known place
+    assert signals.places(conn, 150.0) == {"gpu01": ("switch:leaf2",), "gpu02": ("switch:leaf1",)}
+    assert signals.places(conn, 50.0)["gpu01"] == ("switch:leaf1", "switch:leaf2")
+    assert signals.places(conn, 500.0)["gpu02"] == ("switch:leaf1",)
+
+
+def test_a_partition_is_a_place_only_where_it_holds_a_quarter_of_the_nodes_or_less(tmp_path):
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    nodes = [f"n{i:02d}" for i in range(12)]
+    rows = [(n, "partition", "all") for n in nodes] + [(n, "partition", "a100") for n in nodes[:3]]
+    rows += [(n, "partition", "big") for n in nodes[:4]]
+    accounting.ingest_places(conn, rows, 100.0)
+    where = signals.places(conn, 0.0)
+    assert where["n00"] == ("partition:a100",)  # 3 of 12; "big" holds 4 > 3, "all" 12
+    assert "n05" not in where
+
+
 def test_fetch_events_asks_sacctmgr_for_node_events_in_utc(tmp_path, monkeypatch):
     monkeypatch.setenv("SLURM_TIME_FORMAT", "%s")  # an admin's: sacctmgr would print epochs
     args = tmp_path / "argv"
@@ -1134,6 +1213,27 @@ def test_collect_keeps_the_jobs_it_merged_when_sacctmgr_fails(tmp_path):
     assert error.endswith("Connection refused (node events from accounting not merged)")
     conn = store.connect(fleet_db)
     assert conn.execute("SELECT job_id, slurm_state FROM jobs").fetchall() == [("12", "NODE_FAIL")]
+
+
+def test_collect_keeps_what_it_merged_when_the_places_cannot_be_read(tmp_path):
+    line = "12|NODE_FAIL|0:0|gpu04|2026-05-01T10:00:00|2026-05-01T10:30:00|alice"
+    bin_dir = fake_sacct(tmp_path, f'echo "{line}"\n')
+    fake_sacct(tmp_path, "echo 'gpu04|2026-05-01T10:30:00|Unknown|DOWN*|x'\n", "sacctmgr")
+    down = "slurm_load_topo error: Unable to contact slurm controller (connect failure)"
+    fake_sacct(tmp_path, f"echo '{down}' >&2\nexit 1\n", "scontrol")
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    fleet_db = str(tmp_path / "fleet.db")
+    args = ["collect", str(spool), "--db", fleet_db, "--sacct", "--slurm-bin", bin_dir]
+    proc = run_cli(*args, "--now", "2026-05-02", "--since", "2d")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"Error: scontrol: {down} (places of nodes not merged)"
+    ]
+    conn = store.connect(fleet_db)
+    assert conn.execute("SELECT count(*) FROM jobs").fetchone()[0] == 1
+    assert conn.execute("SELECT count(*) FROM node_events").fetchone()[0] == 1
+    assert conn.execute("SELECT count(*) FROM places").fetchone()[0] == 0
 
 
 # --- incremental collection, the spool and the rollup (a 10,000-node fleet) ---------------------
@@ -1730,7 +1830,6 @@ def test_collect_into_a_store_it_cannot_write_fails_once_not_per_file(tmp_path):
     assert done.returncode == 1, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "skipped" not in done.stderr
     assert str(fleet) in done.stderr
-
 
 
 def test_a_collect_stopped_with_sigterm_leaves_no_copy_of_a_node_store(tmp_path):

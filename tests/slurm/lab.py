@@ -189,9 +189,12 @@ class Lab:
         bin: str | None = None,
         accounting: bool = False,
         private_data: bool = False,
+        topology: dict | None = None,
     ) -> None:
         self.names = [f"gpu{i:02d}" for i in range(1, nodes + 1)]
         self.accounting = accounting
+        # {switch: "Nodes=..." or "Switches=..."}: topology.conf for topology/tree, or none
+        self.topology = topology
         self.private_data = private_data
         self.keep = keep
         self.base = base
@@ -311,6 +314,9 @@ class Lab:
         with open(self.conf, "w") as f:
             f.write(self.slurm_conf())
         nodelist = f"gpu[01-{len(self.names):02d}]"
+        if self.topology:
+            with open(self.path("etc", "topology.conf"), "w") as f:
+                f.writelines(f"SwitchName={k} {v}\n" for k, v in self.topology.items())
         with open(self.path("etc", "gres.conf"), "w") as f:
             f.write("AutoDetect=off\n")
             devices = f"{self.path('dev')}/nvidia[0-{GPUS_PER_NODE - 1}]"
@@ -379,6 +385,8 @@ class Lab:
             ]
         if self.private_data:
             lines.append("PrivateData=jobs")  # squeue and scontrol
+        if self.topology:
+            lines.append("TopologyPlugin=topology/tree")  # topology.conf beside slurm.conf
         for name, port in zip(self.names, node_ports):
             lines.append(
                 f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} "

@@ -22,7 +22,7 @@ import pytest
 from conftest import require_real
 
 from slurmhealth.core import store
-from slurmhealth.fleet import accounting
+from slurmhealth.fleet import accounting, signals
 
 from .lab import TERMINAL_JOB_STATES, Lab, copy_store, missing, snapshot, xid_message
 
@@ -34,6 +34,9 @@ JOBS_PER_NODE = 14
 # three nodes give (CRASHY's one crash in 3 node-days), P(>= 7) = 6e-7, well inside a one-day
 # window's budget (0.8 x 0.001 / 30.44 = 2.6e-5); five (2.6e-5) were at its very edge.
 FAULT_XIDS = (48, 79, 48, 79, 48, 79, 48)
+# Two leaf switches under a spine (topology/tree): the leaves are the nodes' places.
+TOPOLOGY = {"leaf1": "Nodes=gpu[01-02]", "leaf2": "Nodes=gpu[03-04]", "spine": "Switches=leaf[1-2]"}
+LEAVES = (("gpu01", "leaf1"), ("gpu02", "leaf1"), ("gpu03", "leaf2"), ("gpu04", "leaf2"))
 LEMON_PREFIX = "slurmhealth: lemon: "
 BREAKER_SHARE = 0.25  # 4 nodes: slurmhealth may drain 1 per window
 EXIT_BREAKER = 3
@@ -44,7 +47,7 @@ def lab():
     reason = missing(accounting=True)
     if reason:
         require_real(reason)
-    with Lab(nodes=4, accounting=True) as running:
+    with Lab(nodes=4, accounting=True, topology=TOPOLOGY) as running:
         yield running
 
 
@@ -306,6 +309,27 @@ def test_collect_merges_the_node_failure_that_ended_a_job_node_fail(cluster, his
     assert down["state"] == "DOWN", events
     assert down["end"] is not None and down["end"] >= down["start"]  # back (ReturnToService=2)
     assert not rows(history["fleet"], "SELECT * FROM node_events WHERE state LIKE 'UNK%'")
+
+
+def test_collect_records_where_slurm_puts_each_node(cluster, history):
+    """scontrol's topology (leaf switches, not the spine above them) and sinfo's partitions,
+    as the lemon signals read them: the one partition holds every node, so it is no place."""
+    assert re.search(
+        r"^places: 8 node places \(partition, switch\)$", history["collect"].stdout, re.M
+    ), history["collect"].stdout
+    got = rows(history["fleet"], "SELECT node, kind, name FROM places ORDER BY node, kind")
+    want = [
+        {"node": n, "kind": k, "name": v}
+        for n, leaf in LEAVES
+        for k, v in (("partition", "gpu"), ("switch", leaf))
+    ]
+    assert got == want
+    conn = store.connect(history["fleet"], existing=True)
+    try:
+        where = signals.places(conn, history["start"])
+    finally:
+        conn.close()
+    assert where == {n: (f"switch:{leaf}",) for n, leaf in LEAVES}
 
 
 def test_a_node_with_intermittent_faults_is_drained_as_a_lemon_with_its_evidence(
