@@ -13,7 +13,14 @@ import time
 from slurmhealth.core import store
 from slurmhealth.core.hostlist import PatternError, expand, split_terms
 from slurmhealth.core.result import clean
-from slurmhealth.fleet.sync import _VALUES, KINDS, FleetError, _changes, merge_node_events
+from slurmhealth.fleet.sync import (
+    _VALUES,
+    KINDS,
+    FleetError,
+    _changes,
+    merge_node_events,
+    merge_places,
+)
 
 SACCT_FIELDS = "JobIDRaw,State,ExitCode,NodeList,Start,End,User"
 # The job-level ExitCode is 0:0 whatever happened for these (the signal is on the step line):
@@ -267,20 +274,13 @@ def parse_partitions(text: str) -> tuple:
     return rows, bad
 
 
-_PLACES_UPSERT = (
-    "INSERT INTO places (node, kind, name, first, last) VALUES (?, ?, ?, ?, ?) "
-    "ON CONFLICT (node, kind, name) DO UPDATE SET last = max(last, excluded.last), "
-    "first = min(first, excluded.first)"
-)
-
-
 def ingest_places(conn: sqlite3.Connection, rows: list, now: float) -> dict:
     """Merge (node, kind, name) rows seen at `now` into places: {"places": rows new or seen
     again}. A node that moved keeps its old place with the time it was last seen there."""
     values = [(node, kind, name, now, now) for node, kind, name in sorted(set(rows))]
     try:
         with store.immediate(conn):
-            conn.executemany(_PLACES_UPSERT, values)
+            merge_places(conn, values)
     except sqlite3.Error as exc:
         raise FleetError(f"places not merged: {clean(exc, 120)}") from None
     return {"places": len(values)}

@@ -168,6 +168,20 @@ def merge_node_events(conn: sqlite3.Connection, rows: Iterable) -> int:
     return _changes(conn, _NODE_EVENTS, rows, many=True)
 
 
+# A node seen in a place again keeps its first sighting and moves its last one on.
+_PLACES = store.insert_sql(
+    "places",
+    tail="ON CONFLICT (node, kind, name) DO UPDATE SET last = max(last, excluded.last), "
+    "first = min(first, excluded.first)",
+)
+
+
+def merge_places(conn: sqlite3.Connection, rows: Iterable) -> int:
+    """Merge places rows (node, kind, name, first, last); how many. The caller holds the
+    transaction."""
+    return _changes(conn, _PLACES, rows, many=True)
+
+
 # ---------------------------------------------------------------------------------------------
 # export
 

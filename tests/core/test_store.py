@@ -177,7 +177,7 @@ def migrated_with_a_job(db: str, version: int) -> sqlite3.Connection:
     old.execute("INSERT INTO jobs (node, job_id, end) VALUES ('gpu01', '7', 1.5)")
     old.close()
     conn = store.connect(db)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 11
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 12
     return conn
 
 
@@ -197,7 +197,7 @@ def test_a_version_6_store_gains_watermarks_and_run_hours_and_keeps_its_runs(db)
     )
     old.close()
     conn = store.connect(db)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 11
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 12
     assert conn.execute("SELECT id, started FROM runs").fetchall() == [("r1", 7.0)]
     conn.execute(store.insert_sql("watermarks"), ("/spool/gpu01.db", 7.0, "", 8.0))
     conn.execute(store.insert_sql("run_hours"), ("gpu01", 3600.0, "healthcheck", 11, 0.5))
