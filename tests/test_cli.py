@@ -137,11 +137,49 @@ def test_expected_gpu_count_from_config_fails_a_short_node(tmp_path):
 
 
 def test_the_store_keeps_baselines_between_checks(db):
-    args = ["check", "--db", db, "--gpu-source", snapshot_path("healthy"), "--only", "gpu"]
+    args = [
+        "check",
+        "--db",
+        db,
+        "--record",
+        "--gpu-source",
+        snapshot_path("healthy"),
+        "--only",
+        "gpu",
+    ]
     first = run_cli(*args, "--json")
     assert json.loads(first.stdout)["results"][1]["message"] == "inventory recorded"
     second = run_cli(*args, "--json")
     assert json.loads(second.stdout)["results"][1]["message"] == "inventory unchanged"
+
+
+def test_a_replay_is_a_dry_run_that_never_becomes_the_nodes_history(tmp_path):
+    """Three faulty replays on a node whose store is the default one: each says what it would
+    find, exit 1, and none is read from or written to the store (once, three replays made a
+    healthy node a lemon and their driver its version). --record is the explicit way to keep
+    a replay, and even then its versions are not the node's."""
+    state = tmp_path / "state"
+    env = {"SLURMHEALTH_STATE_DIR": str(state), "SLURMHEALTH_DB": ""}
+    lost = snapshot_path("gpu-lost")
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text("")
+    for replay in (["--gpu-source", lost], ["--gpu-source", lost, "--kmsg", str(kmsg)]):
+        for _ in range(3):
+            proc = run_cli("check", "--node", "gpu01", *replay, env=env)
+            assert proc.returncode == 1, proc.stderr
+            assert "a replay: nothing read from or written to the node's store" in proc.stderr
+    assert not state.exists() or not list(state.iterdir())
+    db = str(tmp_path / "kept.db")
+    kept = run_cli("check", "--node", "gpu01", "--db", db, "--record", "--gpu-source", lost)
+    assert kept.returncode == 1 and "a replay" not in kept.stderr
+    import sqlite3
+
+    ((verdict, sources),) = sqlite3.connect(db).execute("SELECT verdict, sources FROM runs")
+    assert verdict == "fail" and json.loads(sources)["gpu"]["status"] == "ok"
+    assert not any("versions" in s for s in json.loads(sources).values()), sources
+    for wrong in (["--record"], ["--record", "--no-db", "--gpu-source", lost]):
+        proc = run_cli("check", "--node", "gpu01", *wrong, env=env)
+        assert proc.returncode == 2 and "--record records a replay" in proc.stderr
 
 
 def _other_files(tmp_path):
@@ -168,7 +206,7 @@ def test_a_db_that_is_another_file_is_refused_and_left_as_it_was(tmp_path, comma
         if command == "diagnose":
             proc = diagnose(tmp_path, *args, "--config", diag_config(tmp_path), *SOURCES)
         else:
-            proc = run_cli(command, *args, "--only", "gpu")
+            proc = run_cli(command, *args, "--only", "gpu", "--record")
         assert proc.returncode == 2, proc.stderr
         assert f"--db {path}: not a" in proc.stderr and "Traceback" not in proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1
@@ -181,7 +219,9 @@ def test_a_db_that_is_empty_or_new_becomes_a_store(tmp_path):
     empty = tmp_path / "empty.db"
     empty.touch()
     for path in (empty, tmp_path / "new.db"):
-        proc = run_cli("check", "--db", str(path), "--gpu-source", snapshot_path("healthy"))
+        proc = run_cli(
+            "check", "--db", str(path), "--record", "--gpu-source", snapshot_path("healthy")
+        )
         assert proc.returncode == 0, proc.stderr
         assert path.read_bytes().startswith(b"SQLite format 3\x00")
 
@@ -316,6 +356,7 @@ def test_the_parsed_config_is_cached_in_the_store_until_the_file_changes(tmp_pat
         "check",
         "--db",
         db,
+        "--record",
         "--config",
         str(cfg),
         "--gpu-source",

@@ -26,6 +26,7 @@ from slurmhealth.node.checks import AREAS
 
 SCRIPT = os.path.join(REPO, "scripts", "cli-docs")
 COMPLETION = os.path.join(REPO, "packaging", "completion")
+HEALTHY = snapshot_path("healthy")
 
 
 @pytest.fixture(scope="module")
@@ -217,7 +218,9 @@ def test_check_quiet_shows_only_what_did_not_pass():
 def test_history_quiet_shows_only_runs_that_did_not_pass(tmp_path):
     db = str(tmp_path / "gpu01.db")
     for name in ("healthy", "gpu-lost", "healthy"):
-        run_cli("check", "--node", "gpu01", "--db", db, "--gpu-source", snapshot_path(name))
+        run_cli(
+            "check", "--node", "gpu01", "--db", db, "--record", "--gpu-source", snapshot_path(name)
+        )
     full = run_cli("history", "--db", db).stdout.splitlines()
     quiet = run_cli("history", "--db", db, "-q")
     assert quiet.returncode == 0, quiet.stderr
@@ -226,7 +229,7 @@ def test_history_quiet_shows_only_runs_that_did_not_pass(tmp_path):
     as_json = json.loads(run_cli("history", "--db", db, "--quiet", "--json").stdout)
     assert [r["verdict"] for r in as_json["runs"]] == ["fail"]
     clean_db = str(tmp_path / "gpu02.db")
-    run_cli("check", "--node", "gpu02", "--db", clean_db, "--gpu-source", snapshot_path("healthy"))
+    run_cli("check", "--node", "gpu02", "--db", clean_db, "--record", "--gpu-source", HEALTHY)
     nothing = run_cli("history", "--db", clean_db, "--quiet")
     assert nothing.returncode == 0 and nothing.stdout == ""
 
@@ -317,7 +320,7 @@ def test_bad_starts_are_one_line_errors(text, message):
 
 def test_since_takes_a_date_and_now_minus_on_the_command_line(tmp_path):
     db = str(tmp_path / "gpu01.db")
-    run_cli("check", "--node", "gpu01", "--db", db, "--gpu-source", snapshot_path("healthy"))
+    run_cli("check", "--node", "gpu01", "--db", db, "--record", "--gpu-source", HEALTHY)
     for since in ("1d12h", "now-7d", "2024-01-01"):
         proc = run_cli("history", "--db", db, "--since", since)
         assert proc.returncode == 0 and len(proc.stdout.splitlines()) == 2, (since, proc.stderr)

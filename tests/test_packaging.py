@@ -141,6 +141,7 @@ def _node_with_one_run(env: dict) -> None:
         snapshot_path("gpu-lost"),
         "--db",
         env["SLURMHEALTH_DB"],
+        "--record",
         "--node",
         "gpu07",
     )

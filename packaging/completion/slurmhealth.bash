@@ -4,7 +4,7 @@
 _slurmhealth_spec() {
     case "$1" in
         "") subs="check collect config diagnose export history import job lemons prune publish report slow snapshot trends prolog epilog healthcheck"; opts="-V --version -h --help"; valued=""; files=0 ;;
-        "check") subs=""; opts="--json --no-db -q --quiet -h --help --node --only --gpu-source --sysfs-root --kmsg --db --config --metrics-file"; valued="--node --only --gpu-source --sysfs-root --kmsg --db --config --metrics-file"; files=0 ;;
+        "check") subs=""; opts="--json --no-db --record -q --quiet -h --help --node --only --gpu-source --sysfs-root --kmsg --db --config --metrics-file"; valued="--node --only --gpu-source --sysfs-root --kmsg --db --config --metrics-file"; files=0 ;;
         "collect") subs=""; opts="--sacct --consume --full -h --help --db --since --now --slurm-bin --spool-owner --rollup-after --rollup-max"; valued="--db --since --now --slurm-bin --spool-owner --rollup-after --rollup-max"; files=1 ;;
         "config") subs="example genconf show validate"; opts="-h --help"; valued=""; files=0 ;;
         "config example") subs=""; opts="-h --help"; valued=""; files=0 ;;

@@ -127,6 +127,9 @@ Options:
   --kmsg PATH          kernel log: /dev/kmsg (default) or a file of kmsg records/dmesg lines
   --db PATH            node store (default $SLURMHEALTH_DB or /var/lib/slurmhealth/NODE.db)
   --no-db              keep no history and no baselines
+  --record             record a replay (--gpu-source FILE, --sysfs-root, --kmsg) in the
+                       store as the node's own run; without it a replay is a dry run that
+                       reads and writes no store (its versions are never recorded)
   --config PATH        expectations (default $SLURMHEALTH_CONFIG or
                        /etc/slurmhealth/slurmhealth.toml)
   --metrics-file PATH  also write node_exporter textfile metrics there (docs/metrics.md)
@@ -134,7 +137,7 @@ Options:
 
 Example:
   slurmhealth check --only gpu,ib --json
-  slurmhealth check --gpu-source node.json --no-db
+  slurmhealth check --gpu-source node.json
   slurmhealth check --metrics-file /var/lib/prometheus/node-exporter/slurmhealth.prom
 """
 
@@ -148,7 +151,9 @@ _VALUED = (
     "--config",
     "--metrics-file",
 )
-_FLAGS = ("--json", "--no-db", "-q", "--quiet", "-h", "--help")
+_FLAGS = ("--json", "--no-db", "--record", "-q", "--quiet", "-h", "--help")
+# What makes `check` a replay: facts from files, not from this node as it is now.
+_REPLAY = ("--gpu-source", "--sysfs-root", "--kmsg")
 _PASSED = ("ok", "skip")  # what --quiet leaves out
 
 
@@ -443,7 +448,15 @@ def check(argv: list) -> int:
     _named_paths_exist(opts)
     node = node_name(_one(opts, "--node"))
     conn = None
-    if not opts.get("--no-db"):
+    replay = _replay(opts)
+    if opts.get("--record") and (opts.get("--no-db") or not replay):
+        raise UsageError("--record records a replay (--gpu-source FILE, --sysfs-root, --kmsg)")
+    stored = not opts.get("--no-db") and (not replay or opts.get("--record"))
+    if replay and not stored and not opts.get("--no-db"):
+        # a dry run: its verdict must never become the node's history, evidence or versions
+        print("slurmhealth check: a replay: nothing read from or written to the node's store "
+              "(--record records it)", file=sys.stderr)
+    if stored:
         from slurmhealth.core import store  # noqa: PLC0415
 
         path = _one(opts, "--db") or store.default_path(node)
@@ -461,7 +474,9 @@ def check(argv: list) -> int:
         baselines = _with_history(conn, node, baselines, expect, "check")
     baselines = _with_open_jobs(conn, node, "", baselines, "check")
     run = runner.run(node, expect, options, areas, "check", baselines)
-    if not opts.get("--no-db"):
+    if replay:
+        run.record_versions = False  # a file's driver and firmware are not this node's
+    if stored:
         conn = record(conn, run, "check", path=path)
     write_metrics(_one(opts, "--metrics-file"), run, None, "check")
     code = EXIT_FAIL if run.verdict == FAIL else EXIT_OK
@@ -476,6 +491,14 @@ def check(argv: list) -> int:
     except BrokenPipeError:  # `check --json | head -1`: the reader has all it wanted
         _silence_stdout()
     return code
+
+
+def _replay(opts: dict) -> bool:
+    """True when facts come from files (a snapshot, a sysfs tree, a kernel log)."""
+    return any(
+        _one(opts, name) not in (None, "nvml") if name == "--gpu-source" else name in opts
+        for name in _REPLAY
+    )
 
 
 def _named_paths_exist(opts: dict) -> None:

@@ -897,7 +897,7 @@ def test_the_same_fatal_xid_on_the_same_gpu_again_calls_for_service_from_the_sto
             "the bus.\n"
         )
     db = str(node.state_dir / f"{node.name}.db")
-    with_db = json.loads(node.command(*args, "--kmsg", log, "--db", db).stdout)
+    with_db = json.loads(node.command(*args, "--kmsg", log, "--db", db, "--record").stdout)
     hardware = [r for r in with_db["results"] if r["check"] == "xid.hardware"][0]
     assert hardware["action"] == "service" and "3rd time in 7 days" in hardware["message"]
 
