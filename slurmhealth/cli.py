@@ -819,6 +819,7 @@ def _lemon_text(scored: list, applied: list, window: float, now: float) -> str:
 # --- validate and return (docs/diagnose.md) ---------------------------------------------------
 
 DIAG_FAILED = 1
+DIAG_INCONCLUSIVE = 4  # nothing ran that could pass the node: never 0
 
 
 @cli.command(name="diagnose")
@@ -870,7 +871,8 @@ def diagnose_cmd(
 ) -> None:
     """Diagnose this node deeply: today's checks, then DCGM's diagnostic, NCCL's all-reduce,
     perftest and the built-in GPU tests, as far as they are installed (the rest is skipped and
-    says so). Records a `diag` run; exit 0 on pass, 1 on fail.
+    says so). Records a `diag` run; exit 0 on pass, 1 on fail, 4 when inconclusive (no probe
+    of the level could run: the checks alone never pass a diagnosis).
 
     With --submit (head node, cron): every node slurmhealth drained, and those named with
     --nodes, is diagnosed by one exclusive Slurm job in the maintenance reservation
@@ -927,6 +929,8 @@ def diagnose_cmd(
             click.echo(f"  -> {applied}")
     if diagnosis.verdict == "fail":
         sys.exit(DIAG_FAILED)
+    if diagnosis.inconclusive:
+        sys.exit(DIAG_INCONCLUSIVE)
 
 
 class _Refused(click.ClickException):

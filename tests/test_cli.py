@@ -538,7 +538,11 @@ def test_diagnose_help_does_nothing(tmp_path):
 
 @pytest.mark.parametrize(
     ("dcgmi_output", "code", "verdict"),
-    [("dcgmi-4.x-r3-pass.json", 0, "ok"), ("dcgmi-3.3-r2-fail.json", 1, "fail")],
+    [
+        ("dcgmi-4.x-r3-pass.json", 0, "ok"),
+        ("dcgmi-3.3-r2-fail.json", 1, "fail"),
+        ("", 4, "inconclusive"),  # no dcgmi, no CUDA library: nothing ran that could pass it
+    ],
 )
 def test_diagnose_quick_exits_by_its_verdict_and_records_a_diag_run(
     tmp_path, dcgmi_output, code, verdict
@@ -567,15 +571,18 @@ def test_diagnose_quick_exits_by_its_verdict_and_records_a_diag_run(
     assert (doc["node"], doc["level"], doc["verdict"]) == ("gpu01", "quick", verdict)
     # quick runs the built-in GPU tests too (skipped where no CUDA library is installed)
     assert [p["probe"] for p in doc["probes"]] == ["checks", "dcgm", "cuda"]
-    assert doc["probes"][1]["status"] == ("pass" if code == 0 else "fail")
+    assert doc["probes"][1]["status"] == {0: "pass", 1: "fail", 4: "skip"}[code]
     assert doc["applied"] is None
     history = json.loads(run_cli("history", "--db", db, "--json").stdout)
-    assert [(r["phase"], r["verdict"]) for r in history["runs"]] == [("diag", verdict)] * 2
+    stored = "warn" if verdict == "inconclusive" else verdict  # the run's verdict: never ok
+    assert [(r["phase"], r["verdict"]) for r in history["runs"]] == [("diag", stored)] * 2
+    if code == 4:
+        assert "inconclusive: no probe of the level ran" in shown.stdout
     rows = sqlite3.connect(db).execute(
         "SELECT r.check_name, r.status FROM results r JOIN runs ON runs.id = r.run_id "
         "WHERE runs.phase = 'diag' ORDER BY runs.started, r.check_name"
     )
-    dcgm = "ok" if code == 0 else "fail"
+    dcgm = {0: "ok", 1: "fail", 4: "skip"}[code]
     found = [row for row in rows.fetchall() if row[0] != "diag.cuda"]
     assert found == [("diag.checks", "ok"), ("diag.dcgm", dcgm)] * 2
 

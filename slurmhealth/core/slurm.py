@@ -43,10 +43,11 @@ def find_bin(name: str, slurm_bin: str = "") -> str:
     raise SlurmError(f"{name} not found (set settings.slurm_bin or SLURMHEALTH_SLURM_BIN)")
 
 
-def reason(message: str) -> str:
-    """`slurmhealth: <message>`: one printable line, bounded, no quotes (scontrol parses them)."""
+def reason(message: str, ours: bool = True) -> str:
+    """`slurmhealth: <message>`: one printable line, bounded, no quotes (scontrol parses them).
+    ours=False: the message alone, as safe (a hold that is none of our fault drains)."""
     text = clean(message, REASON_MAX).replace('"', "").replace("'", "")
-    return f"{PREFIX} {text}"
+    return f"{PREFIX} {text}" if ours else text
 
 
 def parse_node(line: str) -> dict:

@@ -53,6 +53,7 @@ LOST = "lost"
 REFUSED = "refused"
 RETURN = "return"  # passed: resumed, out of the reservation
 RELEASE = "release"  # drained (failed, or by someone else meanwhile): out of the reservation
+HOLD = "diagnose-inconclusive"  # nothing ran that could pass it: kept out for an admin
 
 
 def _drained(info: dict) -> bool:
@@ -336,6 +337,8 @@ def finish(client: slurm.Slurm, diagnosis: object, settings: dict, conn: object,
         if outcome in (DRAINED, WOULD_DRAIN):
             return f"{outcome} for service"
         return f"{outcome}: stays in the reservation, drained for service by the next pass"
+    if diagnosis.inconclusive:  # type: ignore[attr-defined]
+        return _hold(client, node, level, diagnosis.evidence(), conn, log)  # type: ignore[attr-defined]
     try:
         info = client.node(node)
         if not slurm.may_drain(info, ignore=("MAINT",)):
@@ -350,3 +353,22 @@ def finish(client: slurm.Slurm, diagnosis: object, settings: dict, conn: object,
     # the node out for an admin (probation), as after any resume of ours.
     _note(conn, node, ACT_RESUME, slurm.reason(f"diagnose {level} passed"), PASSED)
     return "passed: returned by the next diagnose --submit"
+
+
+def _hold(client: slurm.Slurm, node: str, level: str, why: str, conn: object, log: object) -> str:
+    """An inconclusive diagnosis (no probe of the level could run): the node stays out for an
+    admin with a reason that says so. Not one of our fault drains (no `slurmhealth:` prefix: no
+    lemon evidence, not counted by the breaker, never diagnosed again on its own); the next
+    --submit pass takes it out of the reservation and never returns it."""
+    reason = slurm.reason(f"diagnose {level} inconclusive (slurmhealth): {why}", ours=False)
+    try:
+        info = client.node(node)
+        if not slurm.may_drain(info, ignore=("MAINT",)):
+            was = clean(info["reason"] or info["state"], 80)
+            return f"inconclusive; taken out meanwhile ({was})"
+        client.drain(node, reason)
+    except slurm.SlurmError as exc:
+        log(f"{node}: could not mark its diagnosis inconclusive: {exc}")  # type: ignore[operator]
+        return "inconclusive; not marked (the next pass drains it for service: run it again)"
+    _note(conn, node, HOLD, reason, why)
+    return "inconclusive: stays out for an admin (no probe of the level could run)"

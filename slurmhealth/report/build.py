@@ -630,7 +630,8 @@ def diagnosed(conn: sqlite3.Connection, start: float, end: float) -> list:
                 "node": clean(run["node"], 64),
                 "time": timespec.iso(run["started"]),
                 "level": clean(level, 16),
-                "outcome": "pass" if run["verdict"] != "fail" else "fail",
+                # a `warn` diag run is an inconclusive one (no probe of the level could run)
+                "outcome": {"ok": "pass", "fail": "fail"}.get(run["verdict"], "inconclusive"),
                 "figures": _key_figures(run["results"]),
                 "failures": clean(
                     "; ".join(f"{r['check_name']}: {r['message']}" for r in failed), 300

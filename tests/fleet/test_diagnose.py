@@ -236,7 +236,7 @@ def test_a_passing_diagnosis_never_replaces_an_admins_drain_made_while_it_ran():
 
     cluster = Cluster({"gpu01": ("maint", "")})
     cluster.before["node"] = admin_drains("gpu01")
-    diagnosis = types.SimpleNamespace(node="gpu01", level="quick", verdict="ok")
+    diagnosis = types.SimpleNamespace(node="gpu01", level="quick", verdict="ok", inconclusive=False)
     outcome = diagnose.finish(cluster, diagnosis, {}, None, print)
     assert outcome.startswith("passed; taken out meanwhile (admin: PSU fault")
     assert cluster.states["gpu01"] == ["drained", "admin: PSU fault, RMA ticket 77"]

@@ -1149,3 +1149,15 @@ def test_a_node_whose_evidence_started_afresh_is_said_in_every_format(doc):
     md, page = render.render(afresh, "md"), render.render(afresh, "html")
     assert line in md and line in page
     assert "gpu&lt;b&gt;07&lt;/b&gt;" in page and "<b>07</b>" not in page
+
+
+def test_a_diagnosis_that_ran_nothing_is_inconclusive_in_the_report_never_a_pass(tmp_path):
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    now = 30 * DAY
+    skipped = {"status": "skip", "unit": "node", "figures": {}, "evidence": "dcgmi not installed"}
+    held = diag_records("gpu01", now - DAY, {"dcgm": [skipped]})
+    held["run"]["verdict"] = "warn"  # what node/diag/run.py records for an inconclusive one
+    store.record_run(conn, held)
+    store.record_run(conn, diag_records("gpu02", now - DAY, {"dcgm": [outcome("gpu0", {})]}))
+    shown = {d["node"]: d["outcome"] for d in report.diagnosed(conn, now - 2 * DAY, now)}
+    assert shown == {"gpu01": "inconclusive", "gpu02": "pass"}

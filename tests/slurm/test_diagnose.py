@@ -135,6 +135,29 @@ def test_a_node_that_fails_its_diagnosis_is_marked_for_service(diag, tmp_path):
     assert node not in {d["node"] for d in json.loads(submit(lab, tmp_path).stdout)}
 
 
+def test_a_diagnosis_that_could_run_nothing_never_returns_the_node(diag, tmp_path):
+    """No dcgmi in the tools and no CUDA library: the job ends, nothing passed the node, so it
+    stays out with a reason that says why, no fault of its own (no `slurmhealth:` prefix: not
+    lemon evidence, not counted by the breaker), and is not diagnosed again on its own."""
+    lab, node = diag, "gpu01"  # never diagnosed before here: no probation from a return
+    drained_by_fault(lab, node)
+    job_id = job_of(submit(lab, tmp_path), node)
+    done = lab.wait_job(job_id, timeout=60)
+    assert (done["JobState"], done["ExitCode"]) == ("FAILED", "4:0")  # diagnose's exit 4
+    state = lab.wait_node(node, lambda n: "inconclusive" in n["reason"], 60, what="to be held")
+    assert state["reason"].startswith("diagnose quick inconclusive (slurmhealth): dcgm: dcgmi")
+    assert "DRAIN" in state["state"]
+    (run,) = diag_runs(lab, node)
+    assert run["verdict"] == "warn"
+    held = lab.query(node, "SELECT action FROM actions WHERE action = 'diagnose-inconclusive'")
+    assert held == [{"action": "diagnose-inconclusive"}]
+    again = {d["node"]: d for d in json.loads(submit(lab, tmp_path).stdout)}
+    assert again[node]["what"] == "released"
+    assert node not in reserved(lab) and "DRAIN" in lab.node(node)["state"]
+    assert node not in {d["node"] for d in json.loads(submit(lab, tmp_path).stdout)}
+    lab.resume(node)
+
+
 def test_a_hung_diagnosis_is_killed_at_its_limit_and_the_node_stays_out(diag, tmp_path):
     lab, node = diag, "gpu04"
     drained_by_fault(lab, node)

@@ -19,7 +19,7 @@ import signal
 import subprocess
 import time
 
-from slurmhealth.core.result import FAIL, OK, SKIP, clean
+from slurmhealth.core.result import FAIL, OK, SKIP, WARN, clean
 from slurmhealth.node.diag import cuda, parsers
 
 LEVELS = ("quick", "medium", "long")
@@ -242,8 +242,26 @@ def summary(name: str, found: list, seconds: float) -> dict:
 
 
 def verdict(probes: list) -> str:
-    """fail if any probe failed; else ok (what could not run was skipped, and says so)."""
-    return FAIL if any(p["status"] == FAIL for p in probes) else OK
+    """fail if any probe failed; ok if a probe of the level ran and passed; else warn: the
+    diagnosis is inconclusive (every probe of the level skipped: its tool is missing or the
+    node has no GPU it can test). Today's checks passing alone never pass a diagnosis: they
+    are what the hooks already ran."""
+    if any(p["status"] == FAIL for p in probes):
+        return FAIL
+    if any(p["status"] == PASS and p["probe"] != "checks" for p in probes):
+        return OK
+    return WARN
+
+
+def skipped(probes: list) -> str:
+    """Why each probe of the level skipped, in one line: what an inconclusive diagnosis says."""
+    parts = [
+        f"{p['probe']}: {o['evidence']}"
+        for p in probes
+        if p["probe"] != "checks" and p["status"] == SKIP
+        for o in p["outcomes"][:1]
+    ]
+    return clean("; ".join(parts) or "no probe ran", 160)
 
 
 def evidence(probes: list) -> str:

@@ -10,11 +10,12 @@ import json
 import time
 
 from slurmhealth.core.constants import DIAG
-from slurmhealth.core.result import FAIL, OK, SERVICE, SKIP, Result
+from slurmhealth.core.result import FAIL, OK, SERVICE, SKIP, WARN, Result
 from slurmhealth.node import runner
 from slurmhealth.node.diag import probes
 
 PHASE = DIAG
+INCONCLUSIVE = "inconclusive"
 _STATUS = {probes.PASS: OK, FAIL: FAIL, SKIP: SKIP}
 
 
@@ -36,7 +37,20 @@ class Diagnosis:
             Result(_STATUS[p["status"]], _line(p), check=f"diag.{p['probe']}") for p in found
         ]
 
+    @property
+    def inconclusive(self) -> bool:
+        """Nothing ran that could pass the node (recorded as a `warn` run): never OK, and a
+        node is never returned on it."""
+        return self.verdict == WARN
+
+    @property
+    def outcome(self) -> str:
+        """ok, fail or inconclusive: what the table, --json and the exit code say."""
+        return {OK: OK, FAIL: FAIL}.get(self.verdict, INCONCLUSIVE)
+
     def evidence(self) -> str:
+        if self.inconclusive:
+            return probes.skipped(self.probes)
         return probes.evidence(self.probes)
 
     def records(self, job_id: str | None = None) -> dict:
@@ -76,7 +90,7 @@ class Diagnosis:
         return {
             "node": self.node,
             "level": self.level,
-            "verdict": self.verdict,
+            "verdict": self.outcome,
             "duration": round(self.duration, 3),
             "probes": self.probes,
         }
@@ -113,7 +127,9 @@ def diagnose(
 
 def table(diag: Diagnosis) -> str:
     """Human-readable: one line per probe, then each failure."""
-    lines = [f"{diag.node}: diagnose {diag.level}: {diag.verdict.upper()} ({diag.duration:.1f} s)"]
+    lines = [f"{diag.node}: diagnose {diag.level}: {diag.outcome.upper()} ({diag.duration:.1f} s)"]
     for p in diag.probes:
         lines.append(f"  {p['probe']:<12} {p['status']:<5} {p['seconds']:7.1f} s  {_line(p)}")
+    if diag.inconclusive:
+        lines.append("  inconclusive: no probe of the level ran (install one: docs/diagnose.md)")
     return "\n".join(lines)

@@ -121,7 +121,8 @@ def test_a_probe_whose_tool_is_absent_is_a_skipped_probe(tools):
     done = probes.run_probe("dcgm", context(tools, level="quick"))
     assert (done["probe"], done["status"]) == ("dcgm", "skip")
     assert done["seconds"] >= 0
-    assert probes.verdict([done]) == "ok"
+    # nothing of the level ran: inconclusive (a warn run), never ok
+    assert probes.verdict([done]) == "warn"
 
 
 # --- a tool that hangs ---------------------------------------------------------------------------
@@ -328,15 +329,18 @@ def raw(unit: str, status: str, evidence: str) -> dict:
     return {"unit": unit, "status": status, "figures": {}, "evidence": evidence}
 
 
-def test_any_failed_probe_fails_the_diagnosis_and_skips_do_not():
+def test_any_failed_probe_fails_the_diagnosis_and_only_a_probe_that_ran_passes_it():
     passed = probes.summary("dcgm", [raw("gpu0", "pass", "7 passed")], 1.0)
     skipped = probes.summary("nccl", [raw("node", "skip", "all_reduce_perf not installed")], 0.0)
     failed = probes.summary("cuda", [raw("gpu0", "pass", "ok"), raw("gpu1", "fail", "bad")], 2.0)
     assert (passed["status"], skipped["status"], failed["status"]) == ("pass", "skip", "fail")
     assert probes.verdict([passed, skipped]) == "ok"
-    assert probes.verdict([skipped]) == "ok"
+    assert probes.verdict([skipped]) == "warn"  # inconclusive
+    checks = probes.summary("checks", [raw("node", "pass", "29 checks, none failed")], 0.1)
+    assert probes.verdict([checks, skipped]) == "warn"  # the hooks' checks alone pass nothing
     assert probes.verdict([passed, skipped, failed]) == "fail"
     assert probes.evidence([passed, skipped]) == "no failure"
+    assert probes.skipped([checks, passed, skipped]) == "nccl: all_reduce_perf not installed"
 
 
 @pytest.mark.parametrize(
