@@ -786,6 +786,33 @@ def _merge_accounting(tool: str, fetch: object, ingest: object, conn: object, sp
         click.echo(f"{tool}: skipped: {line}", err=True)
 
 
+SILENT_SHOWN = 20
+
+
+def _freshness_text(fresh: dict, now: float) -> list:
+    """The store's newest record, first; a stale store loudly; the nodes not heard from."""
+    after = f"{fresh['after'] / 3600:g} h"
+    if fresh["newest"] is None:
+        return [f"STALE fleet store: no run recorded before {timespec.iso(now)}: nothing collected"]
+    age = (now - fresh["newest"]) / 3600
+    when = f"{timespec.iso(fresh['newest'])} ({age:.1f} h before {timespec.iso(now)})"
+    lines = [
+        f"STALE fleet store: its newest record is from {when}: collect is not running, and "
+        "a quiet store is no news"
+        if fresh["stale"]
+        else f"newest record {when}"
+    ]
+    silent = fresh["silent"]
+    if silent and not fresh["stale"]:
+        named = ", ".join(
+            f"{clean(e['node'], 64)} (last {timespec.iso(e['last'])})"
+            for e in silent[:SILENT_SHOWN]
+        )
+        more = f" (+{len(silent) - SILENT_SHOWN} more)" if len(silent) > SILENT_SHOWN else ""
+        lines.append(f"{len(silent)} node(s) not heard from within {after}: {named}{more}")
+    return lines
+
+
 def _lemon_text(scored: list, applied: list, window: float, now: float) -> str:
     lemons = [e for e in scored if e["lemon"]]
     lines = [f"{len(lemons)} lemon(s) among {len(scored)} nodes over {window / 86400:g} days"]
@@ -1004,8 +1031,22 @@ def _diagnose_submit(
 @click.option("--config", "path", default=None, help="settings: breaker, probation, slurm_bin")
 @click.option("--apply", "do_apply", is_flag=True, help="drain the lemons (else change nothing)")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
+@click.option(
+    "--silent-after",
+    default="6h",
+    show_default=True,
+    envvar="SLURMHEALTH_SILENT_AFTER",
+    help="name nodes with no run for this long; past it the store is stale "
+    "[$SLURMHEALTH_SILENT_AFTER]",
+)
 def lemons_cmd(
-    db: str | None, window: str, now: str | None, path: str | None, do_apply: bool, as_json: bool
+    db: str | None,
+    window: str,
+    now: str | None,
+    path: str | None,
+    do_apply: bool,
+    as_json: bool,
+    silent_after: str,
 ) -> None:
     """Score every node against the fleet; list the lemons with their evidence.
 
@@ -1013,17 +1054,25 @@ def lemons_cmd(
     circuit breaker: past settings.breaker_share of the fleet it stops, says so, exits 3. A
     drain Slurm did not take stops the sweep too, exit 1 (the next sweep tries again).
 
+    Says when the newest record is and names the nodes not heard from within --silent-after.
+    A store whose newest run is older than that is stale (collect is not running): the
+    sweep says so first, drains nothing, and exits 4, so cron mails it.
+
     \b
     Example:
         slurmhealth lemons --window 28d
         slurmhealth lemons --apply
     """
     span = _duration(window)
+    quiet = _duration(silent_after, "--silent-after")
     conn = _open(_fleet_path(db))
     at = _instant(now)
     scored = lemons.sweep(conn, at, span)
+    fresh = lemons.freshness(queries.heard_from(conn, at), at, quiet)  # type: ignore[arg-type]
     applied: list = []
-    if do_apply:
+    if do_apply and fresh["stale"]:
+        click.echo("stale fleet store: nothing drained (collect it, then sweep again)", err=True)
+    elif do_apply:
         settings = _load_config(path).for_node("")["settings"]
         client = slurm.Slurm(settings["slurm_bin"], settings["drain_timeout"] * 5)
         applied = lemons.apply(
@@ -1031,9 +1080,14 @@ def lemons_cmd(
         )
     if as_json:
         doc = {"lemons": [e for e in scored if e["lemon"]], "nodes": scored, "applied": applied}
-        click.echo(json.dumps(doc, indent=1))
+        click.echo(json.dumps(dict(doc, freshness=fresh), indent=1))
     else:
-        click.echo(_lemon_text(scored, applied, span, at))
+        # a stale store first, loudly; else when the newest record is, and who went silent, last
+        said = _freshness_text(fresh, at)
+        body = _lemon_text(scored, applied, span, at)
+        click.echo("\n".join([*said, body] if fresh["stale"] else [body, *said]))
+    if fresh["stale"]:
+        sys.exit(4)
     if any(a["outcome"] in (BREAKER, HELD) for a in applied):
         sys.exit(3)
     if any(a["outcome"] == FAILED for a in applied):

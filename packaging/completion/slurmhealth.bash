@@ -16,7 +16,7 @@ _slurmhealth_spec() {
         "history") subs=""; opts="--json -q --quiet -h --help --node --job --since --now --limit --db"; valued="--node --job --since --now --limit --db"; files=0 ;;
         "import") subs=""; opts="-h --help --db"; valued="--db"; files=1 ;;
         "job") subs=""; opts="--json -h --help --db --slurm-bin"; valued="--db --slurm-bin"; files=0 ;;
-        "lemons") subs=""; opts="--apply --json -h --help --db --window --now --config"; valued="--db --window --now --config"; files=0 ;;
+        "lemons") subs=""; opts="--apply --json -h --help --db --window --now --config --silent-after"; valued="--db --window --now --config --silent-after"; files=0 ;;
         "prune") subs=""; opts="--dry-run -h --help --older-than --node --db --now"; valued="--older-than --node --db --now"; files=0 ;;
         "publish") subs=""; opts="--public -h --help --db --since --now --slurm-bin"; valued="--db --since --now --slurm-bin"; files=0 ;;
         "report") subs=""; opts="--sinfo -h --help --db --since --now --format -o --output --mail-to --slurm-bin"; valued="--db --since --now --format -o --output --mail-to --slurm-bin"; files=0 ;;

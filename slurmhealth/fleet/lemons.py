@@ -28,6 +28,25 @@ def sweep(conn: sqlite3.Connection, now: float, window: float, params: dict | No
     return policy.score(signals.signals(conn, now - window, now), params)
 
 
+# How long a node may go without a run before the sweep and the report name it as not heard
+# from (health checks run every few minutes), and before a store whose newest run is older is
+# stale: its calm is no news, not good news.
+SILENT_AFTER_S = 6 * 3600.0
+
+
+def freshness(heard: dict, now: float, silent_after: float = SILENT_AFTER_S) -> dict:
+    """{"newest": the newest run of any node (None: no run at all), "stale": whether that is
+    older than silent_after before now, "silent": [{"node", "last"}] of the nodes whose newest
+    run is, oldest first}; pure."""
+    newest = max(heard.values(), default=None)
+    silent = sorted(
+        ({"node": n, "last": t} for n, t in heard.items() if now - t > silent_after),
+        key=lambda e: (e["last"], e["node"]),
+    )
+    stale = newest is None or now - newest > silent_after
+    return {"newest": newest, "stale": stale, "silent": silent, "after": silent_after}
+
+
 def apply(scored: list, client: slurm.Slurm, settings: dict, conn: object, log: object) -> list:
     """Drain each lemon, strongest first; stop at the first the breaker refuses, and at the
     first drain Slurm did not take (a controller that times out on one would make each lemon

@@ -31,7 +31,7 @@ from slurmhealth.core.constants import (
 )
 from slurmhealth.core.result import clean
 from slurmhealth.fleet import drift as drift_of
-from slurmhealth.fleet import faults, peers, policy, queries, signals, telemetry, trends
+from slurmhealth.fleet import faults, lemons, peers, policy, queries, signals, telemetry, trends
 from slurmhealth.node.checks import xid as xid_catalogue
 
 FORMAT = "slurmhealth-report/1"
@@ -560,6 +560,7 @@ def _build(
         "window": {"start": timespec.iso(w_start), "end": timespec.iso(w_end), "days": days},
         "fleet": states,
         "actions": period_actions(conn, start, now),
+        "freshness": freshness(conn, now),
     }
     tick(1)
     doc["runs"] = period_runs(conn, start, now)
@@ -596,6 +597,25 @@ def _build(
 
 
 DIAG_SHOWN = 200  # diagnoses listed at most (the newest)
+SILENT_SHOWN = 100  # nodes not heard from, listed at most (the longest silent)
+
+
+def freshness(conn: sqlite3.Connection, now: float) -> dict:
+    """When the store's newest run is, whether that makes it stale, and the nodes not heard
+    from within lemons.SILENT_AFTER_S (as `slurmhealth lemons` says them): first in the report
+    and the mail, since a store nobody collects looks like a calm fleet."""
+    fresh = lemons.freshness(queries.heard_from(conn, now), now)
+    return {
+        "newest": timespec.iso(fresh["newest"]) if fresh["newest"] is not None else None,
+        "hours": round((now - fresh["newest"]) / 3600, 1) if fresh["newest"] is not None else None,
+        "stale": fresh["stale"],
+        "after_hours": round(fresh["after"] / 3600, 2),
+        "silent": [
+            {"node": clean(e["node"], 64), "last": timespec.iso(e["last"])}
+            for e in fresh["silent"][:SILENT_SHOWN]
+        ],
+        "silent_count": len(fresh["silent"]),
+    }
 
 
 def _key_figures(results: list) -> str:

@@ -32,8 +32,12 @@ def subject(doc: dict) -> str:
     """Numbers only: nothing untrusted reaches a mail header."""
     counts = doc["fleet"]["counts"]
     out = counts["drained"] + counts["draining"] + counts["down"]
+    fresh = doc.get("freshness") or {}
+    stale = "STALE store, " if fresh.get("stale") else ""
+    silent = f"{fresh['silent_count']} not heard from, " if fresh.get("silent_count") else ""
     return (
-        f"slurmhealth report {doc['generated'][:10]}: {doc['fleet']['nodes']} nodes, "
+        f"slurmhealth report {doc['generated'][:10]}: {stale}{doc['fleet']['nodes']} nodes, "
+        f"{silent}"
         f"{out} out of service, {len(doc['lemons']['candidates'])} lemon candidates"
     )
 

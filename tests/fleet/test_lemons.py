@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import time
 
 import pytest
@@ -102,6 +103,7 @@ def test_a_lemon_the_sweep_drained_starts_afresh_and_an_admins_return_stands(fle
     now = time.time() + 60  # past the drains this test makes, over the whole simulated month
 
     args = ["lemons", "--db", path, "--now", f"{now:.3f}", "--window", f"{now - fleet.start:.0f}s"]
+    args += ["--silent-after", f"{now - fleet.start:.0f}s"]  # the month is old: not stale here
 
     def sweep() -> dict:
         proc = run_cli(*args, "--apply", "--json", "--config", str(cfg), env=env)
@@ -279,3 +281,35 @@ def test_the_pipeline_gives_the_in_memory_verdicts(tmp_path):
         n: e["faults"] for n, e in in_memory.items()
     }
     assert {n for n, e in piped.items() if e["lemon"]} == set(fleet.lemons)
+
+
+def test_a_stale_store_is_said_first_drains_nothing_and_exits_4(fleet_db, tmp_path):
+    """A store collected last weeks ago is no calm fleet: the sweep says when its newest
+    record is, drains nothing and exits 4 for cron; a fresh one names the nodes gone silent."""
+    path, fleet = fleet_db
+    state, cfg, env = slurm_env(tmp_path, fleet, 0.10)
+    late = str(fleet.end + 21 * 86400)
+    proc = run_cli("lemons", "--db", path, "--now", late, "--apply", "--config", str(cfg), env=env)
+    assert proc.returncode == 4, proc.stderr
+    assert proc.stdout.startswith("STALE fleet store: its newest record is from ")
+    assert "nothing drained" in proc.stderr
+    assert not any(v["reason"] for v in json.loads(state.read_text()).values())
+    doc = json.loads(run_cli("lemons", "--db", path, "--now", late, "--json").stdout)
+    assert doc["freshness"]["stale"] and len(doc["freshness"]["silent"]) == 64
+    # fresh as of its end; every node ran within the hour, so none is named
+    fresh = run_cli("lemons", "--db", path, "--now", str(fleet.end))
+    assert fresh.returncode == 0 and "newest record " in fresh.stdout.splitlines()[-1]
+    # a node whose runs stop a day before the end is named, the rest is not (on a copy)
+    path = str(tmp_path / "copy.db")
+    conn = store.connect(path)
+    with sqlite3.connect(fleet_db[0]) as source:
+        source.backup(conn)
+    with conn:
+        conn.execute("UPDATE runs SET node = 'gone' WHERE node = ?", (fleet.names()[0],))
+        conn.execute("DELETE FROM runs WHERE node = 'gone' AND started > ?", (fleet.end - 86400,))
+    conn.close()
+    quiet = run_cli("lemons", "--db", path, "--now", str(fleet.end), "--json")
+    silent = json.loads(quiet.stdout)["freshness"]["silent"]
+    assert [e["node"] for e in silent] == ["gone"] and quiet.returncode == 0
+    text = run_cli("lemons", "--db", path, "--now", str(fleet.end)).stdout
+    assert "1 node(s) not heard from within 6 h: gone (last " in text

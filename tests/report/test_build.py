@@ -1161,3 +1161,23 @@ def test_a_diagnosis_that_ran_nothing_is_inconclusive_in_the_report_never_a_pass
     store.record_run(conn, diag_records("gpu02", now - DAY, {"dcgm": [outcome("gpu0", {})]}))
     shown = {d["node"]: d["outcome"] for d in report.diagnosed(conn, now - 2 * DAY, now)}
     assert shown == {"gpu01": "inconclusive", "gpu02": "pass"}
+
+
+def test_a_stale_store_is_said_first_in_the_report_and_the_mail(conn, sim, doc):
+    """Weeks after the last collect, the report leads with the store's newest record, in
+    every format and in the mail's subject; on time, it says when the newest record is."""
+    from slurmhealth.report import mail
+
+    assert doc["freshness"]["stale"] is False and doc["freshness"]["silent_count"] == 0
+    assert doc["freshness"]["newest"] <= timespec.iso(during(sim))
+    late = report.build(conn, sim.fleet.end + 21 * DAY, DAY)
+    fresh = late["freshness"]
+    assert fresh["stale"] and fresh["hours"] >= 21 * 24 and fresh["silent_count"] == 48
+    text = render.render(late, "md")
+    lines = [line for line in text.splitlines() if line.strip()]
+    first = lines[lines.index("# slurmhealth nightly report") + 1]
+    assert first.startswith("**STALE fleet store: its newest record is from ")
+    page = render.render(late, "html")
+    assert page.index("STALE fleet store") < page.index('id="summary"')
+    assert mail.subject(late).startswith(f"slurmhealth report {late['generated'][:10]}: STALE")
+    assert "STALE" not in mail.subject(doc)
