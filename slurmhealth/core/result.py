@@ -35,14 +35,20 @@ def printable(text: str) -> str:
     return "".join(ch if ch.isprintable() else " " if ch in "\r\n\t" else "?" for ch in text)
 
 
-def clean(text: object, limit: int = MESSAGE_MAX) -> str:
+def clean(text: object, limit: int = MESSAGE_MAX, words: bool = False) -> str:
     """One line, printable, bounded: safe for a table, a log line or a Slurm Reason.
 
     Kernel-log process names and job names are untrusted; every message goes through here.
+    words: a cut line ends at a whole word where one ends in its last third (an error a
+    command printed, read by an admin).
     """
     line = " ".join(printable(str(text)).split())
     if len(line) > limit:
-        line = line[: limit - 3].rstrip() + "..."
+        cut = line[: limit - 3]
+        space = cut.rfind(" ")
+        if words and space > (limit - 3) * 2 // 3:
+            cut = cut[:space]
+        line = cut.rstrip() + "..."
     return line
 
 

@@ -139,7 +139,7 @@ class Slurm:
         except OSError as exc:
             raise SlurmError(f"{command}: {exc}") from None
         if proc.returncode != 0:
-            error = clean(proc.stderr or proc.stdout or f"exit {proc.returncode}")
+            error = clean(proc.stderr or proc.stdout or f"exit {proc.returncode}", words=True)
             raise SlurmError(f"{command} {args[0]}: {error}")
         return proc.stdout
 

@@ -334,7 +334,7 @@ def _accounting(tool: str, args: list, slurm_bin: str, timeout: float) -> str:
     except OSError as exc:
         raise SlurmError(f"{tool}: {exc}") from None
     if proc.returncode != 0:
-        why = clean(proc.stderr or proc.stdout or f"exit {proc.returncode}", 200)
+        why = clean(proc.stderr or proc.stdout or f"exit {proc.returncode}", 200, words=True)
         prefix = f"{tool}: "
         raise SlurmError(f"{prefix}{why[len(prefix) :] if why.startswith(prefix) else why}")
     return proc.stdout

@@ -151,9 +151,13 @@ def drain(
         # drain itself: drain nothing now. The agent keeps the fault pending and acts on it at
         # the next run that can count.
         why = _reason(message, conn, node, settings, now, log)
-        detail = f"cannot count the fleet's drains ({exc}); not draining {node} now"
-        log(f"CIRCUIT BREAKER HOLDS: {detail}")  # type: ignore[operator]
-        note(conn, node, ACT_BREAKER, why, actor, False, f"circuit breaker: {detail}", log, keep)
+        detail = (
+            f"Slurm did not answer ({exc}): the fleet's drains cannot be counted, so {node} is "
+            "not drained now; the fault stays pending"
+        )
+        log(f"SLURM UNREACHABLE, NOTHING DRAINED: {detail}")  # type: ignore[operator]
+        # recorded with the breaker's refusals (a drain not made), its detail naming the cause
+        note(conn, node, ACT_BREAKER, why, actor, False, f"Slurm unreachable: {detail}", log, keep)
         return HELD
     why = _reason(message, conn, node, settings, now, log)
     recent = [n for n in slurm.drained_by_us(fleet, now - settings["breaker_window"]) if n != node]

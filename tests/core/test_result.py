@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from slurmhealth.core import result
-from slurmhealth.core.result import Result
+from slurmhealth.core.result import Result, clean
 
 
 def test_messages_become_one_safe_bounded_line():
@@ -32,3 +32,11 @@ def test_verdict_levels():
 def test_worst_action():
     assert result.worst_action(["drain", "reboot", "reset_gpu"]) == "reboot"
     assert result.worst_action([]) == "none"
+
+
+def test_a_commands_error_is_cut_at_a_whole_word():
+    text = "sacctmgr: error: slurm_persist_conn_open_without_init: failed to open persistent " * 4
+    cut = clean(text, 120, words=True)
+    assert len(cut) <= 120 and cut.endswith("...")
+    assert text.startswith(cut[:-3]) and text[len(cut) - 3] == " "  # the next character: a space
+    assert clean(text, 120) == text[:117].rstrip() + "..."  # kernel lines keep every character
