@@ -341,7 +341,8 @@ def test_a_check_moves_a_store_damaged_past_its_header_aside(db):
     """The agent's side: the first run that meets the damage moves the file aside and records
     into a fresh store; no later run logs "malformed" again."""
     damaged_past_the_header(db)
-    args = ["check", "--db", db, "--node", "gpu01", "--gpu-source", snapshot_path("healthy")]
+    healthy = snapshot_path("healthy")
+    args = ["check", "--db", db, "--record", "--node", "gpu01", "--gpu-source", healthy]
     first = run_cli(*args)
     assert first.returncode == 0, first.stderr
     assert [p for p in os.listdir(os.path.dirname(db)) if ".corrupt-" in p]
