@@ -1094,6 +1094,19 @@ def lemons_cmd(
         sys.exit(1)
 
 
+def _file_mode(text: str | None) -> int | None:
+    """--mode: read and write bits only (a report is never executable, setuid or sticky)."""
+    if text is None:
+        return None
+    try:
+        mode = int(text, 8)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not an octal mode (e.g. 0644)") from None
+    if mode & ~0o666:
+        raise click.BadParameter(f"{text}: read and write bits only (e.g. 0644 or 0640)")
+    return mode
+
+
 def _share(_ctx: object, _param: object, value: float) -> float:
     if not 0 < value < 1:  # NaN too
         raise click.BadParameter(f"{value:g} is not a share between 0 and 1 (e.g. 0.05 for 5%)")
@@ -1210,6 +1223,15 @@ MAIL_FAILED = 4  # the report was written, but not mailed
 @click.option("--mail-to", default=None, help="also mail it through the local MTA (sendmail)")
 @click.option("--sinfo", "use_sinfo", is_flag=True, help="node states from Slurm, not the store")
 @click.option("--slurm-bin", default="", help="directory of sinfo [$SLURMHEALTH_SLURM_BIN, PATH]")
+@click.option(
+    "--mode",
+    "file_mode",
+    default=None,
+    callback=lambda _c, _p, v: _file_mode(v),
+    metavar="OCTAL",
+    help="the -o file's mode, e.g. 0644 for a web server [0600; an existing file keeps its "
+    "mode; prom: 0644]",
+)
 def report_cmd(
     db: str | None,
     since: str,
@@ -1219,8 +1241,12 @@ def report_cmd(
     mail_to: str | None,
     use_sinfo: bool,
     slurm_bin: str,
+    file_mode: int | None,
 ) -> None:
     """The nightly report of the fleet: node states, drains, lemons, failures, drift, own cost.
+
+    -o writes the file private (0600) unless --mode says otherwise: a report a web server
+    serves needs --mode 0644 (node stores and state stay private whatever this says).
 
     HTML, Markdown and JSON carry the same numbers (format: docs/report.md). Exits 0; 1 on an
     error (nothing written); 4 when the report was written but could not be mailed (no MTA,
@@ -1252,6 +1278,8 @@ def report_cmd(
     try:
         if output == "-":
             click.echo(text, nl=False)
+        elif file_mode is not None:  # the admin's choice (a web server's to read), as asked
+            files.write_private(output, text, mode=file_mode)
         elif fmt == "prom":  # node_exporter (its own user) reads it: 0644, whole or not at all
             files.write_private(output, text, mode=0o644)
         else:  # 0600 (an existing report keeps its mode), never through a planted symlink

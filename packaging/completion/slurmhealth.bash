@@ -19,7 +19,7 @@ _slurmhealth_spec() {
         "lemons") subs=""; opts="--apply --json -h --help --db --window --now --config --silent-after"; valued="--db --window --now --config --silent-after"; files=0 ;;
         "prune") subs=""; opts="--dry-run -h --help --older-than --node --db --now"; valued="--older-than --node --db --now"; files=0 ;;
         "publish") subs=""; opts="--public -h --help --db --since --now --slurm-bin"; valued="--db --since --now --slurm-bin"; files=0 ;;
-        "report") subs=""; opts="--sinfo -h --help --db --since --now --format -o --output --mail-to --slurm-bin"; valued="--db --since --now --format -o --output --mail-to --slurm-bin"; files=0 ;;
+        "report") subs=""; opts="--sinfo -h --help --db --since --now --format -o --output --mail-to --slurm-bin --mode"; valued="--db --since --now --format -o --output --mail-to --slurm-bin --mode"; files=0 ;;
         "slow") subs=""; opts="--json -h --help --db --window --now --margin"; valued="--db --window --now --margin"; files=0 ;;
         "snapshot") subs=""; opts="-h --help --node -o --output --gpu-source --sysfs-root --kmsg"; valued="--node -o --output --gpu-source --sysfs-root --kmsg"; files=0 ;;
         "trends") subs=""; opts="--json -h --help --db --now --factor"; valued="--db --now --factor"; files=0 ;;

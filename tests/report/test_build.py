@@ -1181,3 +1181,22 @@ def test_a_stale_store_is_said_first_in_the_report_and_the_mail(conn, sim, doc):
     assert page.index("STALE fleet store") < page.index('id="summary"')
     assert mail.subject(late).startswith(f"slurmhealth report {late['generated'][:10]}: STALE")
     assert "STALE" not in mail.subject(doc)
+
+
+def test_a_report_file_is_private_unless_mode_says_otherwise(fleet_db, sim, tmp_path):
+    """The docs serve reports from a web server: --mode 0644 makes the file readable to it;
+    without it the file is 0600 (an existing one keeps its mode); a mode with other bits is
+    a usage error that writes nothing."""
+    now = str(during(sim))
+    private, served = tmp_path / "private.html", tmp_path / "www" / "report.html"
+    served.parent.mkdir()
+    args = ["report", "--db", fleet_db, "--now", now]
+    assert run_cli(*args, "-o", str(private)).returncode == 0
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600
+    done = run_cli(*args, "-o", str(served), "--mode", "0644")
+    assert done.returncode == 0, done.stderr
+    assert stat.S_IMODE(served.stat().st_mode) == 0o644
+    for bad in ("4755", "0755", "rw"):
+        wrong = run_cli(*args, "-o", str(tmp_path / "x.html"), "--mode", bad)
+        assert wrong.returncode == 2 and "Traceback" not in wrong.stderr
+        assert "--mode" in wrong.stderr and not (tmp_path / "x.html").exists()
