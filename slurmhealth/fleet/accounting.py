@@ -132,13 +132,8 @@ EVENT_STATES = "DOWN,DRAIN,FAIL"
 def _node_name(text: str) -> str | None:
     """The one node a node event names, checked as parse_sacct checks a NodeList; None when the
     text is not exactly one printable name."""
-    try:
-        names = [n for term in split_terms(text) for n in expand(term)]
-    except PatternError:
-        return None
-    if len(names) != 1 or names[0] != clean(names[0]) or " " in names[0]:
-        return None
-    return names[0]
+    names = _nodes(text)
+    return names[0] if names is not None and len(names) == 1 else None
 
 
 def parse_events(text: str, utc: bool = False) -> tuple:
@@ -218,7 +213,8 @@ def _fields(line: str) -> dict:
 
 
 def _nodes(text: str) -> list | None:
-    """A hostlist's node names, checked as a node event's one name is; None when unreadable."""
+    """A hostlist's node names, each one printable word; None when any is not, or the list
+    cannot be read (node events, places)."""
     try:
         names = [n for term in split_terms(text) for n in expand(term)]
     except PatternError:
