@@ -66,7 +66,15 @@ test-py312 test-py313: test-py3%:
 	$(MAKE) --no-print-directory .venv3$*/.installed && \
 	.venv3$*/bin/python -m pytest -q -m "not real and not slow" -p no:cacheprovider
 
-demo: $(VENV)/.installed
+# The demo's own needs only: Python's venv, and Slurm + munge for its local Slurm
+# (scripts/install-deps --demo names them before installing); no test tools.
+$(VENV)/.demo: setup.cfg pyproject.toml
+	@bash scripts/install-deps --demo
+	@test -x $(VENV)/bin/python || $(PY311) -m venv $(VENV)
+	$(VENV)/bin/pip install -q -e .
+	touch $@
+
+demo: $(VENV)/.demo
 	@bash scripts/demo
 	@$(VENV)/bin/python scripts/demo-fleet
 	@$(VENV)/bin/python scripts/demo-slurm

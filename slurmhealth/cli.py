@@ -19,8 +19,9 @@ import click
 from slurmhealth import __version__
 from slurmhealth.core import files, slurm, store, timespec
 from slurmhealth.core.constants import BREAKER, FAILED, HELD
-from slurmhealth.core.result import clean
-from slurmhealth.fleet import accounting, history, lemons, peers, policy, queries, sync
+from slurmhealth.core.hostlist import is_node_name
+from slurmhealth.core.result import clean, counted
+from slurmhealth.fleet import accounting, history, lemons, peers, policy, queries, slurmconf, sync
 from slurmhealth.node import agent, config, runner
 from slurmhealth.node.checks import AREAS
 
@@ -95,6 +96,9 @@ class _Group(click.Group):
         except click.UsageError as exc:
             where = exc.ctx.command_path if exc.ctx is not None else ctx.command_path
             raise _UsageLine(f"{exc.format_message()} (see '{where} --help')") from None
+        except agent.UsageError as exc:  # no node name to go by ($SLURMD_NODENAME, host name)
+            where = f"{ctx.command_path} {ctx.invoked_subcommand}"
+            raise _UsageLine(f"{exc} (see '{where} --help')") from None
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -187,7 +191,10 @@ def validate(file: str | None, path: str | None) -> None:
         click.echo(str(exc), err=True)
         sys.exit(2)
     if resolved is None:
-        click.echo("no config file: built-in defaults apply")
+        click.echo(
+            "no config file: built-in defaults apply, and each node's own known-good runs set"
+            " its expectations (GPUs, NVLinks, InfiniBand ports, PCIe links)"
+        )
         return
     try:
         config.load(resolved)
@@ -272,13 +279,90 @@ def genconf(
         raise click.ClickException(f"{output}: {exc.strerror or exc}") from None
 
 
+@config_group.command(name="slurm-conf")
+@click.argument("file", required=False)
+@click.option(
+    "--hook",
+    default=slurmconf.HOOK,
+    show_default=True,
+    metavar="PATH",
+    help="the hook's path on the nodes",
+)
+@click.option(
+    "--conf-dir",
+    default=None,
+    metavar="DIR",
+    help="slurm.conf's directory on the nodes: prolog.d, epilog.d, slurmhealth.env [FILE's]",
+)
+@click.option("--check", is_flag=True, help="exit 1 when a line must change")
+def slurm_conf(file: str | None, hook: str, conf_dir: str | None, check: bool) -> None:
+    """Print the slurm.conf lines slurmhealth needs, each merged with what FILE sets now
+    ($SLURM_CONF, else /etc/slurm/slurm.conf; its Includes read too), the line it replaces
+    and why, then the commands to run on every node. Writes nothing.
+
+    A site's Prolog, Epilog and flags keep working beside slurmhealth's; a HealthCheckProgram
+    such as NHC runs from slurmhealth's hook. Exit 0; with --check 1 when a line must change;
+    2 when FILE cannot be read.
+
+    \b
+    Example:
+        slurmhealth config slurm-conf /etc/slurm/slurm.conf --check
+    """
+    path = file or os.environ.get("SLURM_CONF") or slurmconf.DEFAULT_CONF
+    try:
+        conf = slurmconf.load(path)
+    except OSError as exc:
+        raise _Refused(f"{clean(path, 300)}: {exc.strerror or exc}") from None
+    advice = slurmconf.advise(conf, slurmconf.paths_for(path, hook, conf_dir))
+    click.echo(slurmconf.render(advice, path), nl=False)
+    if check and advice.changes:
+        sys.exit(1)
+
+
 def _open(path: str) -> object:
-    if not os.path.exists(path):
-        raise click.ClickException(f"no store at {path}")
+    """A store a command reads: one line, exit 1, when it is missing or this user may not read
+    it (a node store is root's, in a root-only directory)."""
+    try:
+        os.stat(path)
+    except PermissionError:
+        raise _denied(path) from None
+    except OSError:
+        raise click.ClickException(f"no store at {path}") from None
+    if not os.access(path, os.R_OK):
+        raise _denied(path)
     try:
         return store.connect(path, existing=True)
     except store.StoreError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def _one_node(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--node NAME of a command that opens NAME's store: one node's name, never a path."""
+    if value is not None and not is_node_name(value):
+        raise click.BadParameter(f"not a node name: {clean(repr(value), 80)}")
+    return value
+
+
+def _store_paths(db: str | None, node: str | None) -> list:
+    """history.store_paths, a state directory this user may not list said as such."""
+    try:
+        return history.store_paths(db, node)
+    except PermissionError as exc:
+        raise _denied(os.path.join(str(exc.filename), "*.db")) from None
+
+
+def _denied(path: str) -> click.ClickException:
+    """`cannot read DIR (permission denied): history needs root, or --db FILE you can read`:
+    the first directory on the way to `path` this user may not enter, else the file."""
+    blocked, parts = path, os.path.abspath(path).split(os.sep)
+    for n in range(2, len(parts)):
+        folder = os.sep.join(parts[:n])
+        if not os.access(folder, os.X_OK):
+            blocked = folder
+            break
+    command = click.get_current_context().info_name
+    need = f"{command} needs root, or --db FILE you can read"
+    return click.ClickException(f"cannot read {blocked} (permission denied): {need}")
 
 
 def _a_number(value: float) -> float:
@@ -359,7 +443,7 @@ def _history_text(runs: list, actions: list) -> str:
 
 
 @cli.command(name="history")
-@click.option("--node", default=None, help="only this node (and its store)")
+@click.option("--node", default=None, callback=_one_node, help="only this node (and its store)")
 @click.option("--job", default=None, help="only runs of this job")
 @click.option(
     "--since",
@@ -396,7 +480,7 @@ def history_cmd(
     """
     start = _start(since, _instant(now))
     runs, actions, jobs, rolled = [], [], [], 0
-    for path in history.store_paths(db, node):
+    for path in _store_paths(db, node):
         try:
             found = history.read(_open(path), node, job, start, limit, quiet)  # type: ignore[arg-type]
         except store.StoreError as exc:
@@ -428,7 +512,7 @@ def history_cmd(
     "is refused)",
 )
 @click.option("--dry-run", is_flag=True, help="say how many records would go; delete nothing")
-@click.option("--node", default=None, help="only this node's store")
+@click.option("--node", default=None, callback=_one_node, help="only this node's store")
 @click.option("--db", default=None, help="a store file [$SLURMHEALTH_DB or the state dir]")
 @click.option("--now", default=None, help="replay: the time to count back from")
 def prune(older: str, dry_run: bool, node: str | None, db: str | None, now: str | None) -> None:
@@ -440,7 +524,7 @@ def prune(older: str, dry_run: bool, node: str | None, db: str | None, now: str 
         slurmhealth prune --older-than 90d
     """
     before = _start(older, _instant(now), "--older-than")
-    for path in history.store_paths(db, node):
+    for path in _store_paths(db, node):
         try:
             counts = store.prune(_open(path), before, dry_run)  # type: ignore[arg-type]
         except store.StoreError as exc:
@@ -481,7 +565,7 @@ def _since(since: str | None, now: str | None) -> float | None:
 
 
 def _added(counts: dict) -> str:
-    return ", ".join(f"{n:,} {kind}s" for kind, n in counts.items() if n) or "nothing new"
+    return ", ".join(counted(n, kind, spec=",") for kind, n in counts.items() if n) or "nothing new"
 
 
 fleet_db_option = click.option(
@@ -535,7 +619,7 @@ def export_cmd(
         raise click.ClickException(f"{output}: {exc.strerror or exc}") from None
     except store.StoreError as exc:
         raise click.ClickException(f"{output}: {exc}") from None
-    done = f"{output}: {sum(counts.values()):,} records ({_added(counts)})"
+    done = f"{output}: {counted(sum(counts.values()), 'record', spec=',')} ({_added(counts)})"
     if incremental:
         try:
             sync.exported(conn, output, start, mark)  # type: ignore[arg-type]
@@ -571,7 +655,8 @@ def import_cmd(files: tuple, db: str | None) -> None:
         except (sync.FleetError, OSError) as exc:
             raise click.ClickException(f"{clean(name, 300)}: {clean(exc, 300)}") from None
         click.echo(
-            f"{clean(name, 300)}: {report['records']:,} records: {_added(report['added'])} "
+            f"{clean(name, 300)}: {counted(report['records'], 'record', spec=',')}: "
+            f"{_added(report['added'])} "
             f"added, {report['unchanged']:,} unchanged"
         )
         _report_bad(name, report)
@@ -583,7 +668,7 @@ def _report_bad(name: str, report: dict) -> None:
         click.echo(f"{name}:{lineno}: skipped: {clean(why)}", err=True)
     more = report["bad_count"] - len(report["bad"])
     if more > 0:
-        click.echo(f"{name}: {more:,} more lines skipped", err=True)
+        click.echo(f"{name}: {counted(more, 'more line', spec=',')} skipped", err=True)
     if report["truncated"]:
         line = report["truncated"]
         click.echo(f"{name}:{line}: skipped: truncated last line (still being written?)", err=True)
@@ -703,7 +788,8 @@ def collect_cmd(
     merged, skipped = len(report["merged"]), len(report["skipped"])
     unchanged = f", {len(report['unchanged'])} unchanged" if report["unchanged"] else ""
     click.echo(
-        f"{merged} files merged, {skipped} skipped{unchanged}: {_added(report['added'])} added"
+        f"{counted(merged, 'file')} merged, {skipped} skipped{unchanged}: "
+        f"{_added(report['added'])} added"
     )
     if rollup_after is not None:
         _rollup(conn, _start(rollup_after, end, "--rollup-after"), rollup_max or None)
@@ -721,10 +807,12 @@ def _rollup(conn: object, before: float, limit: int | None) -> None:
     except store.StoreError as exc:
         raise click.ClickException(f"rollup: {exc}") from None
     if done["runs"]:
-        click.echo(f"rollup: {done['runs']:,} passing runs counted in {done['hours']:,} node-hours")
+        runs = counted(done["runs"], "passing run", spec=",")
+        click.echo(f"rollup: {runs} counted in {counted(done['hours'], 'node-hour', spec=',')}")
     if done["behind"] > sync.ROLLUP_BEHIND:
         click.echo(
-            f"rollup: {done['behind']:,} hours behind --rollup-after, rolled up over the next "
+            f"rollup: {counted(done['behind'], 'hour', spec=',')} behind --rollup-after, rolled "
+            "up over the next "
             "cycles (--rollup-max 0 rolls them all up at once)"
         )
 
@@ -754,7 +842,8 @@ def _collect_places(conn: object, now: float, slurm_bin: str) -> None:
     except sync.FleetError as exc:
         raise click.ClickException(str(exc)) from None
     kinds = sorted({kind for _, kind, _ in rows})
-    click.echo(f"places: {result['places']:,} node places ({', '.join(kinds) or 'none'})")
+    places = counted(result["places"], "node place", spec=",")
+    click.echo(f"places: {places} ({', '.join(kinds) or 'none'})")
     for line in bad[: sync.BAD_SHOWN]:
         click.echo(f"places: skipped: {line}", err=True)
 
@@ -809,13 +898,14 @@ def _freshness_text(fresh: dict, now: float) -> list:
             for e in silent[:SILENT_SHOWN]
         )
         more = f" (+{len(silent) - SILENT_SHOWN} more)" if len(silent) > SILENT_SHOWN else ""
-        lines.append(f"{len(silent)} node(s) not heard from within {after}: {named}{more}")
+        lines.append(f"{counted(len(silent), 'node')} not heard from within {after}: {named}{more}")
     return lines
 
 
 def _lemon_text(scored: list, applied: list, window: float, now: float) -> str:
     lemons = [e for e in scored if e["lemon"]]
-    lines = [f"{len(lemons)} lemon(s) among {len(scored)} nodes over {window / 86400:g} days"]
+    among = f"among {counted(len(scored), 'node')} over {counted(window / 86400, 'day')}"
+    lines = [f"{counted(len(lemons), 'lemon')} {among}"]
     for bar in policy.bars(scored):  # pools name GPU models from the store: cleaned
         day = f" or {bar['needed_day']} within {bar['hours']:g} h" if bar["needed_day"] else ""
         lines.append(
@@ -1115,8 +1205,8 @@ def _share(_ctx: object, _param: object, value: float) -> float:
 
 def _slow_text(found: list, nodes: int, window: float, margin: float) -> str:
     head = (
-        f"{len({f['node'] for f in found})} slow node(s) among {nodes} diagnosed over "
-        f"{window / 86400:g} days (margin {margin:.0%})"
+        f"{counted(len({f['node'] for f in found}), 'slow node')} among {nodes} diagnosed over "
+        f"{counted(window / 86400, 'day')} (margin {margin:.0%})"
     )
     return "\n".join([head, *(f"  {f['evidence']}" for f in found)])  # evidence: cleaned
 
@@ -1161,7 +1251,8 @@ def slow_cmd(db: str | None, window: str, now: str | None, margin: float, as_jso
 
 
 def _trends_text(found: list, nodes: int) -> str:
-    lines = [f"{len({f['node'] for f in found})} node(s) with rising error counters among {nodes}"]
+    rising = counted(len({f["node"] for f in found}), "node")
+    lines = [f"{rising} with rising error counters among {nodes}"]
     lines.extend(f["evidence"] for f in found)
     return "\n".join(lines)
 
@@ -1297,8 +1388,18 @@ def report_cmd(
 # --- job summaries for job owners (docs/jobs.md) ---------------------------------------------
 
 
+def _job_id(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """JOB_ID as Slurm takes it (jobs.job_id_arg); anything else is a usage error."""
+    from slurmhealth.fleet import jobs  # noqa: PLC0415
+
+    try:
+        return jobs.job_id_arg(value)
+    except jobs.JobError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 @cli.command(name="job")
-@click.argument("job_id")
+@click.argument("job_id", callback=_job_id)
 @fleet_db_option
 @click.option("--slurm-bin", default="", help="directory of sacct [$SLURMHEALTH_SLURM_BIN, PATH]")
 @click.option("--json", "as_json", is_flag=True, help="print JSON (docs/jobs.md)")

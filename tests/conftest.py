@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pathlib
 import pty
 import select
 import shlex
@@ -270,3 +271,40 @@ def record_sources(conn, node: str, started: float, sources: dict) -> None:
         "sources": json.dumps(sources),
     }
     store.record_run(conn, {"run": run, "results": [], "events": [], "baselines": {}})
+
+
+# --- a user who is not root: `nobody`, through setpriv (util-linux) -------------------------
+
+NOBODY = 65534
+
+
+def run_as_nobody(*args: str, env: dict | None = None, timeout: float = 60):
+    """`python -m slurmhealth ARGS` as the user nobody (no groups), as a user on a node runs it.
+    Needs root to switch user: skipped otherwise, a failure in CI (require_real)."""
+    if os.geteuid() != 0:
+        require_real("running a command as another user needs root")
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        require_real("setpriv (util-linux) is not installed")
+    argv = [setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", sys.executable]
+    full_env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", **(env or {}))
+    return subprocess.run(
+        [*argv, "-m", "slurmhealth", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+        cwd="/",  # pytest's own directories are root's, 0700
+    )
+
+
+@pytest.fixture
+def public_dir():
+    """A fresh directory anyone may enter (0755, root's), removed after the test: pytest's
+    tmp_path sits in a 0700 directory nobody else can reach."""
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix="slurmhealth-user-")
+    os.chmod(path, 0o755)
+    yield pathlib.Path(path)
+    shutil.rmtree(path, ignore_errors=True)

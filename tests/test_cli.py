@@ -440,7 +440,7 @@ DURATION_OPTIONS = [
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        ("90", "'90' has no unit (s, m, h, d or w: e.g. 90d for days)"),
+        ("90", "'90' has no unit (write 90s, 90m, 90h, 90d or 90w)"),
         ("1e300d", "more than 1000 years"),
         ("nand", "not a duration"),
         ("-1d", "negative"),
@@ -643,3 +643,22 @@ def test_a_reading_command_never_turns_a_file_it_was_given_into_a_store(tmp_path
             assert len(proc.stderr.strip().splitlines()) == 1
     assert empty.read_bytes() == b"" and theirs.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.db", "theirs.db"]
+
+
+def test_a_node_name_from_slurmd_that_is_none_is_a_usage_line_for_every_command(tmp_path):
+    env = {"SLURMD_NODENAME": 'gpu"01\nx', "SLURMHEALTH_STATE_DIR": str(tmp_path / "state")}
+    for args, where in ((("export",), "export"), (("config", "show"), "config")):
+        proc = run_cli(*args, env=env)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr == (
+            f"Error: not a node name: 'gpu\"01\\nx' (see 'slurmhealth {where} --help')\n"
+        )
+    assert not (tmp_path / "state").exists()
+
+
+def test_readers_given_a_db_in_a_missing_directory_say_no_store_and_create_nothing(tmp_path):
+    missing = tmp_path / "missing" / "dir" / "x.db"
+    for args in (("history",), ("prune", "--older-than", "1d"), ("export",)):
+        proc = run_cli(*args, "--db", str(missing))
+        assert proc.returncode == 1 and proc.stderr == f"Error: no store at {missing}\n"
+    assert not (tmp_path / "missing").exists()

@@ -137,7 +137,13 @@ def test_bash_completes_the_real_commands_and_options():
     commands = set(cli.list_commands(top)) | set(HOOKS)
     assert set(bash_complete("")) == commands
     assert bash_complete("conf") == ["config"]
-    assert set(bash_complete("config", "")) == {"example", "genconf", "show", "validate"}
+    assert set(bash_complete("config", "")) == {
+        "example",
+        "genconf",
+        "show",
+        "slurm-conf",
+        "validate",
+    }
     # check is parsed by hand (node/agent.py): its options are the agent's own
     assert set(bash_complete("check", "-")) == set(agent._VALUED) | set(agent._FLAGS)
     assert bash_complete("check", "--only", "") == list(AREAS)

@@ -238,6 +238,52 @@ def test_periodic_user_errors_are_one_line(periodic_env, args, code, message):
     assert not os.path.exists(periodic_env["SLURMHEALTH_SPOOL"]), "a missing spool was created"
 
 
+@pytest.mark.parametrize("job", ["export", "collect"])
+@pytest.mark.parametrize("dry", [(), ("-n",)])
+def test_periodic_without_a_spool_set_says_so_instead_of_a_local_one(periodic_env, job, dry):
+    """No default spool: a local one would fill on each node while collect reads nothing."""
+    del periodic_env["SLURMHEALTH_SPOOL"]
+    done = periodic(periodic_env, *dry, job)
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == (
+        "slurmhealth-periodic: SLURMHEALTH_SPOOL is not set: set it in "
+        f"{periodic_env['SLURMHEALTH_PERIODIC_ENV']} to the spool every node and the head node"
+        " share\n"
+    )
+    state = periodic_env["SLURMHEALTH_STATE_DIR"]
+    assert not os.path.exists(os.path.join(state, "spool"))
+
+
+def test_periodic_says_when_the_spool_is_read_only_here(periodic_env):
+    """As under the export unit's ProtectSystem=strict with the spool outside its
+    ReadWritePaths: a read-only bind mount in a private mount namespace."""
+    if os.geteuid() != 0:
+        require_real("needs root (a private mount namespace)")
+    _need("unshare")
+    _node_with_one_run(periodic_env)
+    spool = shlex.quote(periodic_env["SLURMHEALTH_SPOOL"])
+    script = (
+        f"mount --bind {spool} {spool} && mount -o remount,bind,ro {spool} && "
+        f"exec /bin/sh {shlex.quote(PERIODIC)} -q export"
+    )
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        env=periodic_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if done.returncode != 0 and "mount" in done.stderr and "ermission" in done.stderr:
+        require_real(f"no private mounts here: {done.stderr.strip()}")
+    assert done.returncode == 1
+    assert done.stderr == (
+        f"slurmhealth-periodic: spool {periodic_env['SLURMHEALTH_SPOOL']} is not writable here"
+        f" (under systemd: ReadWritePaths={periodic_env['SLURMHEALTH_SPOOL']} in a drop-in,"
+        " systemctl edit slurmhealth-export)\n"
+    )
+    assert os.listdir(periodic_env["SLURMHEALTH_SPOOL"]) == []
+
+
 def test_periodic_missing_binary_says_so(periodic_env):
     periodic_env["SLURMHEALTH_BIN"] = "/nonexistent/slurmhealth"
     done = periodic(periodic_env, "lemons")
@@ -486,6 +532,82 @@ def test_a_slurmhealth_bin_that_is_a_directory_is_skipped(etc):
     done = hook(etc)
     assert done.returncode == 0
     assert done.stderr == f"slurmhealth: {etc} is not an executable file: prolog skipped\n"
+
+
+def healthcheck(etc: str, context: str | None = None) -> subprocess.CompletedProcess:
+    """The hook as slurmd runs HealthCheckProgram: /bin/sh, no PATH, no script context."""
+    env = {"SLURM_CONF": os.path.join(etc, "slurm", "slurm.conf")}
+    if context:
+        env["SLURM_SCRIPT_CONTEXT"] = context
+    return subprocess.run(["/bin/sh", HOOK], env=env, capture_output=True, text=True, timeout=90)
+
+
+def _ours_and_nhc(etc: str, ours: str, nhc: str) -> None:
+    """slurmhealth and a stand-in NHC that each write one line to `ran` (NHC: its parent's
+    name), then exit as told; the env file names both."""
+    ran = os.path.join(etc, "ran")
+    bin_ = _program(etc, "bin", f'echo "ours $1 $SLURMHEALTH_REFUSE_STATUS" >> {ran}\n{ours}')
+    site = _program(etc, "nhc", f'echo "nhc $(cat /proc/$PPID/comm)" >> {ran}\n{nhc}')
+    _env_lines(etc, f"SLURMHEALTH_BIN={bin_}\nSLURMHEALTH_SITE_HEALTHCHECK={site}\n")
+
+
+def _ran(etc: str) -> list:
+    with open(os.path.join(etc, "ran")) as handle:
+        return handle.read().splitlines()
+
+
+@pytest.mark.parametrize(
+    ("ours", "nhc", "code", "said"),
+    [
+        ("exit 0", "exit 0", 0, ""),
+        ("exit 10", "exit 0", 1, ""),  # our verdict: the node is sick
+        ("exit 0", "exit 1", 1, ""),  # NHC's: it drained the node itself
+        ("exit 10", "exit 3", 1, ""),
+        ("exit 1", "exit 0", 0, "ended with status 1, not a verdict"),  # our crash: fail open
+        ("kill -9 $$", "exit 3", 3, "ended with status 137, not a verdict"),
+    ],
+)
+def test_the_health_check_runs_the_sites_own_after_ours(etc, ours, nhc, code, said):
+    """HealthCheckProgram takes one program: the hook runs slurmhealth's health check, then the
+    site's (NHC) under timeout(1), whatever the first one said; the status is the first
+    verdict that failed (slurmd only logs it: each program drains by itself)."""
+    _ours_and_nhc(etc, ours, nhc)
+    done = healthcheck(etc)
+    assert done.returncode == code, done.stderr
+    assert said in done.stderr and (said or done.stderr == "")
+    assert _ran(etc) == ["ours healthcheck 10", "nhc timeout"]
+
+
+def test_the_sites_health_check_runs_even_when_ours_cannot(etc):
+    _ours_and_nhc(etc, "exit 0", "exit 0")
+    os.remove(os.path.join(etc, "bin"))
+    done = healthcheck(etc)
+    assert done.returncode == 0
+    assert done.stderr == f"slurmhealth: {etc}/bin not found: healthcheck skipped\n"
+    assert _ran(etc) == ["nhc timeout"]
+
+
+def test_the_sites_health_check_is_never_run_by_the_prolog_or_epilog(etc):
+    _ours_and_nhc(etc, "exit 0", "exit 0")
+    for context in ("prolog_slurmd", "epilog_slurmd"):
+        assert healthcheck(etc, context).returncode == 0
+    assert _ran(etc) == ["ours prolog 10", "ours epilog 10"]
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ("nhc", "SLURMHEALTH_SITE_HEALTHCHECK=nhc is not an absolute path: not run"),
+        ("/nonexistent/nhc", "/nonexistent/nhc is not an executable file: not run"),
+    ],
+)
+def test_a_site_health_check_that_cannot_run_is_said_and_ours_still_runs(etc, value, said):
+    _ours_and_nhc(etc, "exit 0", "exit 0")
+    _env_lines(etc, f"SLURMHEALTH_BIN={etc}/bin\nSLURMHEALTH_SITE_HEALTHCHECK={value}\n")
+    done = healthcheck(etc)
+    assert done.returncode == 2
+    assert done.stderr == f"slurmhealth: {said}\n"
+    assert _ran(etc) == ["ours healthcheck 10"]
 
 
 def test_the_agent_gives_the_refuse_status_the_hook_asks_for(monkeypatch):
@@ -1267,3 +1389,62 @@ def test_sdist_pip_installs_into_a_fresh_venv_and_runs(sdist, tmp_path):
     assert where.stdout.startswith(str(venv)), "the installed package, not the checkout"
     templates = os.path.join(os.path.dirname(where.stdout.strip()), "templates")
     assert os.listdir(templates), "the report's templates were installed"
+
+
+# -- scripts/install-deps: what `make demo` and `make test` install, named first ----------------
+
+
+def _install_deps(tmp_path, *args: str) -> tuple:
+    """scripts/install-deps as root on a machine whose /usr/sbin is empty (a private mount
+    namespace: Slurm's and MariaDB's daemons are not there), with an apt-get that records its
+    arguments: (stdout, the apt-get calls)."""
+    if os.geteuid() != 0:
+        require_real("hiding /usr/sbin takes root (a private mount namespace)")
+    _need("unshare")
+    fake = tmp_path / "bin"
+    fake.mkdir(parents=True)
+    calls = tmp_path / "apt.calls"
+    (fake / "apt-get").write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
+    (fake / "apt-get").chmod(0o755)
+    script = os.path.join(ROOT, "scripts", "install-deps")
+    inner = f"mount -t tmpfs none /usr/sbin && exec bash {shlex.quote(script)} {' '.join(args)}"
+    proc = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", inner],
+        env={"PATH": f"{fake}:/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout, calls.read_text().splitlines() if calls.exists() else []
+
+
+def test_make_demo_installs_only_its_own_needs_and_says_so_first(tmp_path):
+    out, calls = _install_deps(tmp_path, "--demo")
+    wanted = calls[-1].split()[3:]  # install -y -qq PACKAGES
+    assert calls[0] == "update -qq" and calls[-1].startswith("install -y -qq ")
+    assert set(wanted) == {"slurm-wlm", "munge"}  # the demo's local Slurm; nothing for tests
+    assert out.splitlines()[0] == (
+        "Installing Debian packages for the demo with apt-get: " + " ".join(wanted)
+    )
+    _, full = _install_deps(tmp_path / "full", "")
+    assert {"slurmdbd", "mariadb-server", "slurm-wlm"} <= set(full[-1].split())
+
+
+def test_no_apt_names_what_is_missing_and_installs_nothing(tmp_path):
+    if os.geteuid() != 0:
+        require_real("hiding /usr/sbin takes root (a private mount namespace)")
+    _need("unshare")
+    script = os.path.join(ROOT, "scripts", "install-deps")
+    proc = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+         f"mount -t tmpfs none /usr/sbin && exec bash {shlex.quote(script)} --demo"],
+        env={"PATH": "/usr/bin:/bin", "SLURMHEALTH_NO_APT": "1"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0 and proc.stdout == ""
+    assert proc.stderr.startswith("note: slurm-wlm munge not installed: the parts of the demo")

@@ -6,10 +6,11 @@ _slurmhealth_spec() {
         "") subs="check collect config diagnose export history import job lemons prune publish report slow snapshot trends prolog epilog healthcheck"; opts="-V --version -h --help"; valued=""; files=0 ;;
         "check") subs=""; opts="--json --no-db --record -q --quiet -h --help --node --only --gpu-source --sysfs-root --kmsg --db --config --metrics-file"; valued="--node --only --gpu-source --sysfs-root --kmsg --db --config --metrics-file"; files=0 ;;
         "collect") subs=""; opts="--sacct --consume --full -h --help --db --since --now --slurm-bin --spool-owner --rollup-after --rollup-max"; valued="--db --since --now --slurm-bin --spool-owner --rollup-after --rollup-max"; files=1 ;;
-        "config") subs="example genconf show validate"; opts="-h --help"; valued=""; files=0 ;;
+        "config") subs="example genconf show slurm-conf validate"; opts="-h --help"; valued=""; files=0 ;;
         "config example") subs=""; opts="-h --help"; valued=""; files=0 ;;
         "config genconf") subs=""; opts="-h --help --node -o --output --gpu-source --sysfs-root --kmsg"; valued="--node -o --output --gpu-source --sysfs-root --kmsg"; files=0 ;;
         "config show") subs=""; opts="-h --help --config --node"; valued="--config --node"; files=0 ;;
+        "config slurm-conf") subs=""; opts="--check -h --help --hook --conf-dir"; valued="--hook --conf-dir"; files=1 ;;
         "config validate") subs=""; opts="-h --help --config"; valued="--config"; files=1 ;;
         "diagnose") subs=""; opts="--apply --submit --json -h --help --level --node --db --config --gpu-source --sysfs-root --kmsg --time-limit --nodes"; valued="--level --node --db --config --gpu-source --sysfs-root --kmsg --time-limit --nodes"; files=0 ;;
         "export") subs=""; opts="--incremental -h --help --db --since --now -o --output"; valued="--db --since --now -o --output"; files=0 ;;
@@ -47,7 +48,7 @@ _slurmhealth() {
         "check:--only") words="gpu nvlink ib xid" ;;
         "diagnose:--level") words="quick medium long" ;;
         "report:--format") words="html md json prom" ;;
-        *:--config|*:--db|*:--gpu-source|*:--kmsg|*:--metrics-file|*:--output|*:--slurm-bin|*:--sysfs-root|*:-o) COMPREPLY=($(compgen -f -- "$cur")); return ;;
+        *:--conf-dir|*:--config|*:--db|*:--gpu-source|*:--hook|*:--kmsg|*:--metrics-file|*:--output|*:--slurm-bin|*:--sysfs-root|*:-o) COMPREPLY=($(compgen -f -- "$cur")); return ;;
         *) [[ " $valued " == *" $prev "* ]] && return ;;
     esac
     if [[ -n $words ]]; then

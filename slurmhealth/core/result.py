@@ -52,6 +52,15 @@ def clean(text: object, limit: int = MESSAGE_MAX, words: bool = False) -> str:
     return line
 
 
+def counted(n: float, noun: str, nouns: str = "", spec: str = "") -> str:
+    """A count and its noun, singular only for exactly one: `1 GPU`, `8 GPUs`, `1.5 days`.
+    `nouns`: the plural where an added `s` is wrong (`summaries`, or a verb that agrees:
+    `GPU answers` / `GPUs answer`). `spec` formats the number (`,`: `1,024 records`); a float
+    prints as `:g` does (`7.0` is `7`)."""
+    word = noun if n == 1 else nouns or f"{noun}s"
+    return f"{format(n, spec or ('g' if isinstance(n, float) else ''))} {word}"
+
+
 class Result:
     """The verdict of one check: status, one-line message, structured data, action hint."""
 

@@ -22,9 +22,10 @@ _RELATIVE = re.compile(r"now\s*(?:-\s*(\S.*))?")
 
 
 def parse_duration(text: str) -> float:
-    """`90d`, `1.5h` or `1d12h` -> seconds; units s, m, h, d, w. A bare number is refused with
-    the units named: admins read `prune --older-than 90` as days, seconds would delete every
-    record."""
+    """`90d`, `1.5h` or `1d12h` -> seconds; units s, m, h, d, w. The one grammar of times the
+    command line, the environment and the config (node/config.py DURATIONS) take. A bare
+    number is refused with the units named: admins read `prune --older-than 90` as days,
+    seconds would delete every record (a config's bare number is in the unit its key names)."""
     value = text.strip().lower()
     if _COMPOUND.fullmatch(value):
         seconds = sum(int(n) * _UNITS[u] for n, u in _TERM.findall(value))
@@ -40,7 +41,8 @@ def parse_duration(text: str) -> float:
         raise ValueError(f"not a duration: {text!r} (use e.g. 90d, 24h, 1d12h)")
     if not unit:
         raise ValueError(
-            f"not a duration: {text!r} has no unit (s, m, h, d or w: e.g. {value}d for days)"
+            f"not a duration: {text!r} has no unit (write {value}s, {value}m, {value}h, "
+            f"{value}d or {value}w)"
         )
     seconds = number * unit
     if seconds < 0:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from typing import Callable
 
-from slurmhealth.core.result import clean
+from slurmhealth.core.result import clean, counted
 
 # key in the recorded versions -> what the report calls it
 ITEMS = (
@@ -242,6 +242,6 @@ def _newer(value: str, than: str) -> bool:
 def _line(node: str, label: str, value: str, item: dict) -> str:
     return clean(
         f"{node}: {label} {value} vs {item['majority']} on {item['agree']} of "
-        f"{item['nodes'] - 1} peers ({item['class']})",
+        f"{counted(item['nodes'] - 1, 'peer')} ({item['class']})",
         200,
     )

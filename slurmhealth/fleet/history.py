@@ -13,13 +13,18 @@ from slurmhealth.fleet import queries
 
 def store_paths(db: str | None, node: str | None) -> list:
     """--db, else $SLURMHEALTH_DB, else the node's store, else every store in the state
-    directory (store.default_path: $SLURMHEALTH_DB names the one store, as for the hooks)."""
+    directory (store.default_path: $SLURMHEALTH_DB names the one store, as for the hooks).
+    PermissionError when the state directory cannot be listed (it is root's): no stores found
+    would read as no records."""
     db = db or os.environ.get("SLURMHEALTH_DB")
     if db:
         return [db]
     if node:
         return [store.default_path(node)]
-    return sorted(glob.glob(os.path.join(store.state_dir(), "*.db")))
+    directory = store.state_dir()
+    if os.path.isdir(directory):
+        os.listdir(directory)  # glob says nothing of a directory it may not read
+    return sorted(glob.glob(os.path.join(directory, "*.db")))
 
 
 def read(

@@ -25,7 +25,7 @@ import zlib
 
 from slurmhealth.core import slurm
 from slurmhealth.core.constants import ACT_DRAIN, ACT_RESUME, FAILED_STATES, RUNNING_STATES
-from slurmhealth.core.result import clean
+from slurmhealth.core.result import clean, counted
 from slurmhealth.fleet import queries, telemetry
 
 PREFIX = "slurmhealth:v1:"
@@ -443,7 +443,8 @@ def _ok_line(data: dict) -> list:
     if not count:
         return []
     shown = ", ".join(names[:20]) + (f" and {count - 20} more" if count > 20 else "")
-    return [f"  prolog ok, epilog ok, nothing seen on {count} more node(s): {shown or '-'}"]
+    more = counted(count, "more node")
+    return [f"  prolog ok, epilog ok, nothing seen on {more}: {shown or '-'}"]
 
 
 def render_text(data: dict) -> str:
@@ -796,7 +797,8 @@ def publish(
 
 def report_text(report: dict) -> str:
     lines = [
-        f"{len(report['published'])} summaries published, {report['unchanged']} unchanged, "
+        f"{counted(len(report['published']), 'summary', 'summaries')} published, "
+        f"{report['unchanged']} unchanged, "
         f"{len(report['foreign'])} left alone, {len(report['unknown'])} not in accounting, "
         f"{len(report['failed'])} failed"
     ]
@@ -808,10 +810,12 @@ def report_text(report: dict) -> str:
 
 
 def job_id_arg(text: str) -> str:
-    """A job id as sacct takes it: 123, or an array task 123_4."""
-    head, _, task = text.partition("_")
-    if not head.isdigit() or (task and not task.isdigit()) or len(text) > 32:
-        raise JobError(f"not a job id: {clean(text, 40)!r} (e.g. 12345)")
+    """A job id as sacct takes it: 123, an array task 123_4 or a heterogeneous job's
+    component 123+1."""
+    head, mark, part = text.partition("_") if "_" in text else text.partition("+")
+    digits = text.isascii() and head.isdigit() and (not mark or part.isdigit())
+    if not digits or len(text) > 32:
+        raise JobError(f"not a job id: {clean(text, 40)!r} (e.g. 12345, 12345_7, 12345+1)")
     return text
 
 

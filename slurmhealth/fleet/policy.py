@@ -22,6 +22,7 @@ import math
 from collections.abc import Callable
 
 from slurmhealth.core import timespec
+from slurmhealth.core.result import counted
 from slurmhealth.fleet import faults as faultlib
 
 # The counts per node (docs/signals.md is the contract: fleet.signals computes them in SQL,
@@ -405,13 +406,20 @@ def _fit(
 def _phrase(name: str, test: dict, kinds: bool) -> str:
     count, expected, exposure = test["count"], test["expected"], test["exposure"]
     if name == "faults":
-        seen = ", ".join(f"{n} {faultlib.KINDS[k]}" for k, n in sorted(test["kinds"].items()))
-        line = f"{count:g} faults in {exposure:g} days vs {expected:.2g} expected"
+        seen = ", ".join(_many(n, faultlib.KINDS[k]) for k, n in sorted(test["kinds"].items()))
+        line = f"{counted(count, 'fault')} in {counted(exposure, 'day')} vs {expected:.2g} expected"
         return line + (f" ({seen})" if seen and kinds else "")
     if name == "multi_node_failures":
         rate = expected / exposure if exposure else 0.0
-        return f"{count:g} of {exposure:g} multi-node jobs failed vs fleet {100 * rate:.2g}%"
-    return f"{count:g} {_NAMES[name]} in {exposure:g} days vs {expected:.2g} expected"
+        jobs = counted(exposure, "multi-node job")
+        return f"{count:g} of {jobs} failed vs fleet {100 * rate:.2g}%"
+    seen = _many(count, _NAMES[name])
+    return f"{seen} in {counted(exposure, 'day')} vs {expected:.2g} expected"
+
+
+def _many(n: float, plural: str) -> str:
+    """`1 drain`, `3 drains`: the names of signals and fault kinds here are plurals."""
+    return counted(n, plural[:-1], plural) if plural.endswith("s") else counted(n, plural, plural)
 
 
 def _reason(tests: dict, ln_tests: dict, day: tuple) -> str:
@@ -640,8 +648,8 @@ def explain(entry: dict, now: float) -> list:
         p = entry["p_value"]
         chance = f"p = {p:.2g}" if p > 0 else "p < 1e-300"
         lines.append(
-            f"decided by {test} ({chance}): {f['count']:g} separate faults "
-            f"in {f.get('days', 0):g} days in service vs {f['expected']:.2g} expected, "
+            f"decided by {test} ({chance}): {counted(f['count'], 'separate fault')} "
+            f"in {counted(f.get('days', 0), 'day')} in service vs {f['expected']:.2g} expected, "
             f"worst day {f['worst_day']}; a lemon from {f['needed']}{day}"
         )
     since = f.get("since") if f.get("since") is not None else f.get("last")
@@ -655,7 +663,7 @@ def explain(entry: dict, now: float) -> list:
     for gone in f.get("discounted", ()):
         lines.append(
             f"left out as shared: the fault of {timespec.iso(gone['start'])} "
-            f"({gone['scope']} on {gone['nodes']} nodes within the hour)"
+            f"({gone['scope']} on {counted(gone['nodes'], 'node')} within the hour)"
         )
     if f.get("reset"):
         lines.append(

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 from slurmhealth.core import safety, store
 from slurmhealth.core.constants import ACT_BREAKER, ACT_DRAIN, ACT_RESUME, LEMON
+from slurmhealth.core.result import counted
 from slurmhealth.fleet import faults as faultlib
 from slurmhealth.fleet import policy
 from slurmhealth.node.runner import VERSIONS_EVERY
@@ -494,7 +495,8 @@ class _Builder:
             reason = f"slurmhealth: {message}"
             if not safety.may_drain_more(len(recent), f.nodes, f.breaker_share):
                 detail = (
-                    f"circuit breaker: {len(recent)} of {f.nodes} nodes drained by slurmhealth "
+                    f"circuit breaker: {len(recent)} of {counted(f.nodes, 'node')} drained by "
+                    "slurmhealth "
                     f"in {f.breaker_window / 60:g} min (max {f.breaker_share:.0%})"
                 )
                 acts.append((self.names[i], at, ACT_BREAKER, reason, actor, 0, detail))

@@ -27,7 +27,7 @@ from urllib.parse import quote
 from slurmhealth import __version__
 from slurmhealth.core import files, store
 from slurmhealth.core.hostlist import is_node_name
-from slurmhealth.core.result import clean
+from slurmhealth.core.result import clean, counted
 
 FORMAT = 1  # the NDJSON record format (docs/fleet.md); a newer one is refused
 CHUNK = 50_000  # records per import transaction (measured: docs/fleet.md)
@@ -424,7 +424,8 @@ def _write(conn: sqlite3.Connection, chunk: _Chunk, report: dict) -> None:
             _apply(conn, chunk, report)
     except sqlite3.Error as exc:
         kind = StoreFault if _store_fault(exc) else FleetError
-        raise kind(f"after {report['records']:,} records: {clean(exc, 120)}") from None
+        done = counted(report["records"], "record", spec=",")
+        raise kind(f"after {done}: {clean(exc, 120)}") from None
 
 
 def _apply(conn: sqlite3.Connection, chunk: _Chunk, report: dict) -> None:

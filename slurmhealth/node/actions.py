@@ -25,7 +25,7 @@ from slurmhealth.core.constants import (
     SERVICE,
     SKIPPED,
 )
-from slurmhealth.core.result import FAIL
+from slurmhealth.core.result import FAIL, counted
 
 # Health checks start on every node at once: hooks that counted the fleet's drains before the
 # others drained all think they are first. After draining, wait for the burst to land,
@@ -163,7 +163,7 @@ def drain(
     recent = [n for n in slurm.drained_by_us(fleet, now - settings["breaker_window"]) if n != node]
     if not safety.may_drain_more(len(recent), len(fleet), settings["breaker_share"]):
         detail = (
-            f"{len(recent)} of {len(fleet)} nodes drained by "
+            f"{len(recent)} of {counted(len(fleet), 'node')} drained by "
             f"slurmhealth in {settings['breaker_window'] / 60:g} min (max "
             f"{settings['breaker_share']:.0%}); not draining {node}"
         )

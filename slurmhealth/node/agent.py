@@ -26,12 +26,13 @@ from slurmhealth.core.constants import (
     WOULD_DRAIN,
 )
 from slurmhealth.core.hostlist import is_node_name
-from slurmhealth.core.result import DRAIN, FAIL, OK, RESET_GPU, clean
+from slurmhealth.core.result import DRAIN, FAIL, OK, RESET_GPU, clean, counted
 from slurmhealth.core.result import SERVICE as SERVICE_ACTION
-from slurmhealth.node import config, counters, runner, state
+from slurmhealth.node import config, counters, learned, runner, state
 from slurmhealth.node.checks import AREAS
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+EXIT_INCOMPLETE = 4  # `check`: a source could not be read (4: inconclusive, as for diagnose)
 DEFAULT_DEADLINE_S = config.SETTINGS["deadline"][0]
 # The first wait for the store's lock on the hook path. A concurrent prolog holds it ~1-5 ms
 # (64 prologs starting at once on a loaded 2-core node queue for up to a second or two); an
@@ -115,7 +116,9 @@ CHECK_HELP = """Usage: slurmhealth check [OPTIONS]
   Gather GPU, NVLink, InfiniBand and kernel-log facts once, run every check the node's
   expectations call for, and print a verdict per check.
 
-  Exit 0 when every check is ok, warn or skip; 1 when any fails; 2 for usage or config errors.
+  Exit 0 when every check is ok, warn or skip; 1 when any fails; 2 for usage or config errors;
+  4 when none fails but a source could not be read (the kernel log, not being root): the
+  answer is incomplete, and says which source and why.
 
 Options:
   --node NAME          node name (default: $SLURMD_NODENAME, else the host name)
@@ -188,8 +191,21 @@ def parse_args(argv: list, valued: tuple = _VALUED, flags: tuple = _FLAGS) -> di
                 value = args.pop(0)
             opts.setdefault(name, []).append(value)
         else:
-            raise UsageError(f"no such option: {arg}")
+            raise UsageError(f"no such option: {arg}{_closest(name, valued + flags)}")
     return opts
+
+
+def _closest(name: str, known: tuple) -> str:
+    """` (did you mean --json?)` for a mistyped option, as the click commands suggest one; ''
+    when none is close. difflib loads only on this error path, never on a hook's."""
+    if not name.startswith("-"):
+        return ""
+    import difflib  # noqa: PLC0415
+
+    close = difflib.get_close_matches(name, [k for k in known if k.startswith("--")], 3)
+    if len(close) > 1:
+        return f" (did you mean one of: {', '.join(close)}?)"
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def _one(opts: dict, name: str, default: str | None = None) -> str | None:
@@ -428,14 +444,16 @@ def replay_spool(conn: object, spool: str, mode: str) -> None:
     state.finish(taken)
 
 
-def format_table(run: runner.Run, quiet: bool = False) -> str:
-    """The verdict per check; quiet: only those that did not pass (no header when none)."""
+def format_table(run: runner.Run, quiet: bool = False, unread: tuple = ()) -> str:
+    """The verdict per check; quiet: only those that did not pass (no header when none).
+    unread: the sources that could not be read (_unread): the verdict says it is incomplete."""
     results = [r for r in run.results if not quiet or r.status not in _PASSED]
     width = max([len(r.check) for r in results] + [5])
     lines = [f"{'CHECK':<{width}}  STATUS  MESSAGE"] if results else []
     for r in results:
         lines.append(f"{r.check:<{width}}  {r.status:<6}  {r.message}")
-    lines.append(f"node {clean(run.node, 80)}: {run.verdict} ({run.duration * 1000:.0f} ms)")
+    said = f", incomplete: {' and '.join(u['source'] for u in unread)} not read" if unread else ""
+    lines.append(f"node {clean(run.node, 80)}: {run.verdict}{said} ({run.duration * 1000:.0f} ms)")
     return "\n".join(lines)
 
 
@@ -460,10 +478,13 @@ def check(argv: list) -> int:
         from slurmhealth.core import store  # noqa: PLC0415
 
         path = _one(opts, "--db") or store.default_path(node)
+        stored = _store_writable(path, named=_one(opts, "--db") is not None)
+    if stored:
         conn = open_store(path, "check", named=_one(opts, "--db") is not None)
         replay_spool(conn, spool_for(path), "check")
     expect = load_config(_one(opts, "--config"), conn).for_node(node)
     baselines = _baselines(conn, node, "", "check")
+    own = None if replay else _own_expectations(_one(opts, "--config"), conn, expect, baselines)
     options = runner.Options(
         gpu_source=_one(opts, "--gpu-source", "nvml") or "nvml",
         sysfs_root=_one(opts, "--sysfs-root"),
@@ -474,18 +495,24 @@ def check(argv: list) -> int:
         baselines = _with_history(conn, node, baselines, expect, "check")
     baselines = _with_open_jobs(conn, node, "", baselines, "check")
     run = runner.run(node, expect, options, areas, "check", baselines)
+    _learn(run, baselines, own)
     if replay:
         run.record_versions = False  # a file's driver and firmware are not this node's
     if stored:
         conn = record(conn, run, "check", path=path)
     write_metrics(_one(opts, "--metrics-file"), run, None, "check")
-    code = EXIT_FAIL if run.verdict == FAIL else EXIT_OK
+    unread = _unread(run)
+    code = EXIT_FAIL if run.verdict == FAIL else EXIT_INCOMPLETE if unread else EXIT_OK
     quiet = bool(opts.get("-q") or opts.get("--quiet"))
-    doc = run.to_dict()
+    doc = dict(run.to_dict(), incomplete=unread)
     if quiet:
         doc["results"] = [r for r in doc["results"] if r["status"] not in _PASSED]
+    for source in unread:
+        what = f"{source['source']}: {source['message']}: the {', '.join(source['areas'])} checks"
+        print(f"slurmhealth check: {what} did not run, the answer is incomplete", file=sys.stderr)
     try:
-        print(json.dumps(doc, indent=1) if opts.get("--json") else format_table(run, quiet))
+        table = format_table(run, quiet, tuple(unread))
+        print(json.dumps(doc, indent=1) if opts.get("--json") else table)
         if sys.stdout is not None:  # None: started with stdout closed; the verdict is the code
             sys.stdout.flush()
     except BrokenPipeError:  # `check --json | head -1`: the reader has all it wanted
@@ -501,13 +528,75 @@ def _replay(opts: dict) -> bool:
     )
 
 
+def _unread(run: runner.Run) -> list:
+    """The sources this run could not read though the node has them (`/dev/kmsg` to a user
+    who is not root, where the kernel restricts it): [{source, message, areas}]; the checks of
+    those areas did not run. A source the node lacks (no such file) is not one: its checks
+    skip, as in the hooks."""
+    import errno  # noqa: PLC0415 - a builtin module
+
+    return [
+        {"source": name, "message": got.message, "areas": [a for a in AREAS if _reads(a, name)]}
+        for name, got in sorted(run.sources.items())
+        if got.errno is not None and got.errno != errno.ENOENT
+    ]
+
+
+def _reads(area: str, source: str) -> bool:
+    return AREAS[area].SOURCE == source
+
+
+def _store_writable(path: str, named: bool) -> bool:
+    """Whether `check` may keep its run in the store at `path`. A user who may not write it
+    (not root: the state directory is root's) is told once and the run goes on unrecorded, its
+    verdict whole; a store named with --db is then a usage error."""
+    denied = _unwritable(path)
+    if denied is None:
+        return True
+    said = f"cannot write {clean(denied, 200)} (permission denied)"
+    if named:
+        raise UsageError(f"--db {clean(path, 200)}: {said}")
+    why = "the node's store is root's; --no-db keeps none"
+    print(f"slurmhealth check: {said}: this run is not recorded ({why})", file=sys.stderr)
+    return False
+
+
+def _unwritable(path: str) -> str | None:
+    """The store file, or the directory on its way, that this user may not write: None for
+    root, or with nothing in the way (any other problem is open_store's to say)."""
+    if os.geteuid() == 0:
+        return None
+    target = probe = os.path.abspath(path)
+    while not os.path.exists(probe):  # missing, or in a directory this user may not enter
+        if os.path.dirname(probe) == probe:
+            return None
+        probe = os.path.dirname(probe)
+    wanted = os.R_OK | os.W_OK if probe == target else os.W_OK | os.X_OK
+    return None if os.access(probe, wanted) else probe
+
+
+def _absent(path: str) -> bool:
+    """No such file: not merely hidden in a directory this user may not enter."""
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return True
+    except OSError:  # there, or in a directory this user may not enter: said where it is read
+        return False
+    return False
+
+
 def _named_paths_exist(opts: dict) -> None:
-    """A path the admin names must exist: a typo must not read as "no InfiniBand, no Xids"."""
-    root, kmsg = _one(opts, "--sysfs-root"), _one(opts, "--kmsg")
+    """A path the admin names must exist: a typo must not read as "no InfiniBand, no Xids"; a
+    store's directory too (the store is made, never its directory)."""
+    root, kmsg, db = _one(opts, "--sysfs-root"), _one(opts, "--kmsg"), _one(opts, "--db")
     if root is not None and not os.path.isdir(root):
         raise UsageError(f"--sysfs-root {root}: no such directory")
-    if kmsg is not None and not os.path.exists(kmsg):
+    if kmsg is not None and _absent(kmsg):
         raise UsageError(f"--kmsg {kmsg}: no such file")
+    folder = os.path.dirname(os.path.abspath(db)) if db is not None else None
+    if folder is not None and _absent(folder):
+        raise UsageError(f"--db {db}: no such directory: {folder}")
     if kmsg is not None and os.path.isdir(kmsg):
         raise UsageError(f"--kmsg {kmsg}: a directory, not a kernel log")
     if "--only" in opts and not _areas(opts):
@@ -556,7 +645,7 @@ def job_env(env: dict) -> dict:
 def _failure_message(run: runner.Run) -> str:
     """The drain reason's words: the first failing check's message."""
     failing = [r for r in run.results if r.status == FAIL]
-    more = f" (+{len(failing) - 1} more checks)" if len(failing) > 1 else ""
+    more = f" (+{counted(len(failing) - 1, 'more check')})" if len(failing) > 1 else ""
     return failing[0].message + more if failing else ""
 
 
@@ -684,6 +773,28 @@ def _hook_config(conn: object, node: str, mode: str) -> dict:
         return out
 
 
+def _own_expectations(path: str | None, conn: object, expect: dict, baselines: dict) -> dict | None:
+    """With no config file and a store to remember in, the node's own known-good values are
+    its expectations (node/learned.py): what was applied; None when not learning (a config
+    file exists, even a broken one: the admin's word, not the node's, sets them)."""
+    if conn is None or path or os.environ.get("SLURMHEALTH_CONFIG"):
+        return None
+    if os.path.exists(config.DEFAULT_PATH):
+        return None
+    return learned.apply(expect, baselines.get(learned.BASELINE))
+
+
+def _learn(run: runner.Run, baselines: dict, applied: dict | None) -> None:
+    """Failures of learned values say so; an area that passed updates what is learned (None:
+    not learning)."""
+    if applied is None:
+        return
+    learned.annotate(run.results, applied)
+    doc = learned.learn(run.facts, run.results, baselines.get(learned.BASELINE), run.started)
+    if doc is not None:
+        run.baselines[learned.BASELINE] = doc
+
+
 def _last_good_config(conn: object) -> config.Config | None:
     """The config load_config last cached for the hooks' config file (by this version)."""
     if conn is None:
@@ -754,6 +865,17 @@ def _with_history(conn: object, node: str, baselines: dict, expect: dict, mode: 
         log(f"could not read recent events: {exc}", mode)
         return baselines
     return dict(baselines, xid=dict(baselines.get("xid") or {}, recent=rows))
+
+
+def _with_memory(
+    conn: object, node: str, job_id: str, baselines: dict, expect: dict, mode: str
+) -> tuple:
+    """What the store remembers for a hook's checks: the baselines with the recent Xid events
+    (_with_history) and the jobs still open on the node (_with_open_jobs); and, with no config
+    file, the node's own expectations applied to `expect` (what was applied, else None)."""
+    own = _own_expectations(None, conn, expect, baselines)
+    baselines = _with_history(conn, node, baselines, expect, mode)
+    return _with_open_jobs(conn, node, job_id, baselines, mode), own
 
 
 def _booted_at() -> float:
@@ -845,9 +967,9 @@ def hook(mode: str, clock: Deadline) -> int:
     )
     spool = spool_for(db_path)
     replay_spool(conn, spool, mode)
-    baselines = _with_history(conn, node, baselines, expect, mode)
-    baselines = _with_open_jobs(conn, node, job["id"], baselines, mode)
+    baselines, own = _with_memory(conn, node, job["id"], baselines, expect, mode)
     run = runner.run(node, expect, options, None, mode, baselines, job["gpus"], clock.left())
+    _learn(run, baselines, own)
     pending = None if monitor else state.pending(side)
     if pending and not any(r.message == pending["message"] for r in run.results):
         run.carry(_pending_result(pending))
@@ -1027,7 +1149,7 @@ def run_check(argv: list) -> int:
         return check(argv)
     except (UsageError, config.ConfigError, ValueError, OSError) as exc:
         lines = str(exc).splitlines() or [""]
-        more = f" (+{len(lines) - 1} more problems)" if len(lines) > 1 else ""
+        more = f" (+{counted(len(lines) - 1, 'more problem')})" if len(lines) > 1 else ""
         print(f"slurmhealth: error: {lines[0]}{more}", file=sys.stderr)
         return EXIT_USAGE
 
@@ -1044,6 +1166,9 @@ def run_hook(mode: str, argv: list) -> int:
     clock = Deadline(mode)
     try:
         return hook(mode, clock)
+    except UsageError as exc:  # no node name to go by: nothing checked, nothing gated
+        log(f"{exc} ($SLURMD_NODENAME, else the host name): nothing checked", mode)
+        return EXIT_USAGE  # the packaged hook logs a status that is no verdict and lets the job run
     except Exception:  # our bug is not the node's fault: fail open, loudly
         import traceback  # noqa: PLC0415
 

@@ -168,8 +168,59 @@ BOUNDS: dict = {
 }
 
 
+# Keys that hold a span of time, by "section.key", with the unit a bare number is in (the key's
+# name or description says it; that is how every config file wrote them). A string is a
+# duration as the command line takes one (`90s`, `1h`, `7d`, `1d12h`: core/timespec.py), turned
+# into the key's unit when the file is read: one grammar everywhere, old files unchanged.
+DURATIONS = {
+    **{f"settings.{k}": 1 for k in ("deadline", "timeout_gpu", "timeout_ib", "timeout_kmsg")},
+    "settings.drain_timeout": 1,
+    "settings.breaker_window": 1,
+    "settings.probation_days": 86400,
+    "xid.dedup_s": 1,
+    "xid.repeat_days": 86400,
+    "xid.burst_h": 3600,
+    "nvlink.crc_min_interval_s": 1,
+}
+_UNIT_NAMES = {1: "seconds", 3600: "hours", 86400: "days"}
+
+
+def _in_unit(section: str, key: str, text: str) -> object:
+    """A duration string as a number in the key's unit; ValueError says why it is not one."""
+    from slurmhealth.core import timespec  # noqa: PLC0415 - only for a file that uses one
+
+    unit = DURATIONS[f"{section}.{key}"]
+    value = timespec.parse_duration(text) / unit
+    if _schema(section)[key][1] is int:
+        if value != int(value):
+            raise ValueError(f"{text!r} is not a whole number of {_UNIT_NAMES[unit]}")
+        return int(value)
+    return value
+
+
+def _read_durations(data: dict) -> None:
+    """Duration strings of time keys -> numbers in the keys' units, in place (top level and
+    [[node]] blocks); a string that is no duration stays for value_problem to name."""
+    blocks = data.get("node") if isinstance(data.get("node"), list) else []
+    for layer in [data, *(b for b in blocks if isinstance(b, dict))]:
+        for section, table in layer.items():
+            if not isinstance(table, dict):
+                continue
+            for key, value in table.items():
+                if f"{section}.{key}" in DURATIONS and isinstance(value, str):
+                    try:
+                        table[key] = _in_unit(section, key, value)
+                    except ValueError:
+                        pass
+
+
 def value_problem(section: str, key: str, value: object) -> str | None:
     """Why a value of a known key is unusable (wrong type or out of bounds), else None."""
+    if f"{section}.{key}" in DURATIONS and isinstance(value, str):
+        try:
+            _in_unit(section, key, value)
+        except ValueError as exc:
+            return str(exc)
     kind = _schema(section)[key][1]
     if not _type_ok(value, kind):
         return f"must be {kind.__name__}, not {value!r}"
@@ -307,7 +358,8 @@ def _check_section(section: str, values: object, where: str, text: str) -> list[
         if why is None:
             continue
         line = _value_line(text, key, value)
-        if not _type_ok(value, schema[key][1]):
+        spelt = isinstance(value, str) and f"{section}.{key}" in DURATIONS
+        if not _type_ok(value, schema[key][1]) and not spelt:
             want = schema[key][1].__name__
             errors.append(f"{where}:{line}: {section}.{key} must be {want}, not {value!r}")
         else:
@@ -413,6 +465,7 @@ def parse(text: str, where: str = "<config>") -> dict:
     except RecursionError:  # arrays or tables nested thousands deep
         raise ConfigError(f"{where}: nested too deep to be a config") from None
     try:
+        _read_durations(data)
         errors = validate(data, where, text)
     except RecursionError:
         raise ConfigError(f"{where}: nested too deep to be a config") from None
@@ -453,7 +506,9 @@ def example_text() -> str:
         "# slurmhealth expectations: /etc/slurmhealth/slurmhealth.toml",
         "# Every key is shown commented with its built-in default; unset keys expect nothing",
         "# that the node does not report. `slurmhealth config genconf` writes the values of a",
-        "# known-good node; `slurmhealth config validate` checks this file.",
+        "# known-good node; `slurmhealth config validate` checks this file. A time is a number",
+        '# in the unit its key names (seconds unless it says days or hours) or a duration as the',
+        '# command line takes one: "90s", "10m", "1h", "7d", "1d12h".',
         "",
         *_example_section("settings", SETTINGS),
     ]

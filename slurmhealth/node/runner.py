@@ -22,9 +22,10 @@ SOURCES = ("gpu", "ib", "kmsg")
 
 class Gathered:
     """The outcome of one source: status ok|unavailable|timeout|error, raw facts or a message,
-    and the versions its areas report (driver, VBIOS, HCA firmware) once parsed."""
+    and the versions its areas report (driver, VBIOS, HCA firmware) once parsed. `errno`: the
+    error of a source that could not be read (a kernel log only root may read), else None."""
 
-    __slots__ = ("message", "raw", "seconds", "status", "versions")
+    __slots__ = ("errno", "message", "raw", "seconds", "status", "versions")
 
     def __init__(self, status: str, raw: object = None, message: str = "", seconds: float = 0):
         self.status = status
@@ -32,6 +33,7 @@ class Gathered:
         self.message = message
         self.seconds = seconds
         self.versions: dict = {}
+        self.errno: int | None = None
 
     def to_dict(self, versions: bool = True) -> dict:
         out = {"status": self.status, "message": self.message, "seconds": round(self.seconds, 6)}
@@ -91,7 +93,9 @@ def _worker(func: object, box: list) -> None:
         box.append(Gathered("unavailable", exc.found, str(exc), time.perf_counter() - started))
     except OSError as exc:
         message = f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc)
-        box.append(Gathered("unavailable", None, message, time.perf_counter() - started))
+        unread = Gathered("unavailable", None, message, time.perf_counter() - started)
+        unread.errno = exc.errno
+        box.append(unread)
     except Exception as exc:  # our bug or an unexpected library failure: error, not fail
         box.append(Gathered("error", None, f"{type(exc).__name__}: {exc}"))
 

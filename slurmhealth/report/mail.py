@@ -6,7 +6,7 @@ import os
 import re
 import subprocess
 
-from slurmhealth.core.result import clean
+from slurmhealth.core.result import clean, counted
 from slurmhealth.report.build import ReportError
 from slurmhealth.report.render import render
 
@@ -36,9 +36,9 @@ def subject(doc: dict) -> str:
     stale = "STALE store, " if fresh.get("stale") else ""
     silent = f"{fresh['silent_count']} not heard from, " if fresh.get("silent_count") else ""
     return (
-        f"slurmhealth report {doc['generated'][:10]}: {stale}{doc['fleet']['nodes']} nodes, "
-        f"{silent}"
-        f"{out} out of service, {len(doc['lemons']['candidates'])} lemon candidates"
+        f"slurmhealth report {doc['generated'][:10]}: {stale}"
+        f"{counted(doc['fleet']['nodes'], 'node')}, {silent}{out} out of service, "
+        f"{counted(len(doc['lemons']['candidates']), 'lemon candidate')}"
     )
 
 

@@ -40,3 +40,22 @@ def test_a_commands_error_is_cut_at_a_whole_word():
     assert len(cut) <= 120 and cut.endswith("...")
     assert text.startswith(cut[:-3]) and text[len(cut) - 3] == " "  # the next character: a space
     assert clean(text, 120) == text[:117].rstrip() + "..."  # kernel lines keep every character
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        ((1, "GPU"), "1 GPU"),
+        ((8, "GPU"), "8 GPUs"),
+        ((0, "node"), "0 nodes"),
+        ((1.0, "day"), "1 day"),
+        ((28.0, "day"), "28 days"),
+        ((1.5, "day"), "1.5 days"),
+        ((1, "summary", "summaries"), "1 summary"),
+        ((2, "summary", "summaries"), "2 summaries"),
+        ((1, "GPU answers", "GPUs answer"), "1 GPU answers"),
+        ((1024, "record", "", ","), "1,024 records"),
+    ],
+)
+def test_counted_says_the_singular_only_for_one(args, said):
+    assert result.counted(*args) == said

@@ -6,7 +6,7 @@ import json
 import sqlite3
 import time
 
-from conftest import run_cli, snapshot_path
+from conftest import run_as_nobody, run_cli, snapshot_path
 
 from slurmhealth.core import store, timespec
 from slurmhealth.node import config, runner
@@ -36,7 +36,7 @@ def test_history_lists_runs_problems_and_actions(db):
     proc = run_cli("history", "--db", db, "--since", "1h")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert "gpu.ecc fail: GPU 2 (00000000:3A:00.0) 2 uncorrectable" in lines[1]
+    assert "gpu.ecc fail: GPU 2 (0000:3a:00) 2 uncorrectable" in lines[1]
     assert lines[2].split()[2:5] == ["prolog", "1", "ok"]
     assert any("drain" in line and "slurmhealth prolog" in line for line in lines)
     doc = json.loads(run_cli("history", "--db", db, "--job", "2", "--json").stdout)
@@ -140,7 +140,7 @@ def test_prune_refuses_a_bare_number_and_deletes_nothing(db):
     proc = run_cli("prune", "--older-than", "90", "--db", db)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     (error,) = [line for line in proc.stderr.splitlines() if line.startswith("Error")]
-    assert "'90' has no unit" in error and "s, m, h, d or w" in error and "90d" in error
+    assert "'90' has no unit (write 90s, 90m, 90h, 90d or 90w)" in error
     assert table_counts(db) == before
 
 
@@ -254,7 +254,7 @@ def test_an_import_refuses_node_names_no_node_can_have_and_values_of_the_wrong_t
     db = str(tmp_path / "fleet.db")
     done = run_cli("import", "--db", db, str(path))
     assert done.returncode == 0, done.stderr
-    assert ": 1 records" in done.stdout, done.stdout
+    assert ": 1 record:" in done.stdout, done.stdout
     assert len([line for line in done.stderr.splitlines() if ": skipped: " in line]) == len(bad)
     for line in done.stderr.splitlines():
         assert line.isprintable(), repr(line)
@@ -307,3 +307,38 @@ def test_history_of_a_rolled_up_fleet_store_says_how_many_runs_it_counts(tmp_pat
     )
     doc = json.loads(run_cli("history", "--db", db, "--since", "1d", "--now", now, "--json").stdout)
     assert doc["rolled_up"] == 11 and len(doc["runs"]) == 1
+
+
+# --- a user who is not root: the state directory is root's -----------------------------------
+
+
+def test_history_as_a_user_says_it_cannot_read_the_state_dir_never_an_empty_table(public_dir):
+    state = public_dir / "state"
+    state.mkdir(mode=0o700)
+    recorded(str(state / "gpu01.db"), "healthy", "1", time.time() - 60)
+    env = {"SLURMHEALTH_STATE_DIR": str(state)}
+    denied = f"Error: cannot read {state} (permission denied): "
+    for args in (("history",), ("history", "--node", "gpu01"), ("prune", "--older-than", "1d")):
+        proc = run_as_nobody(*args, env=env)
+        assert proc.returncode == 1, (args, proc.stdout)
+        assert proc.stderr == f"{denied}{args[0]} needs root, or --db FILE you can read\n"
+        assert proc.stdout == ""
+    named = run_as_nobody("history", "--db", str(state / "gpu01.db"))
+    assert named.returncode == 1 and named.stderr.startswith(denied)
+    # root reads it; a user with a state dir holding no store has no records: exit 0
+    assert "gpu01" in run_cli("history", env=env).stdout
+    empty = run_as_nobody("history", env={"SLURMHEALTH_STATE_DIR": str(public_dir / "none")})
+    assert empty.returncode == 0 and empty.stdout.split() == (
+        "TIME NODE PHASE JOB VERDICT PROBLEMS".split()
+    )
+
+
+def test_history_and_prune_name_one_node():
+    for args in (
+        ("history", "--node", "gpu01\nx"),
+        ("prune", "--older-than", "1d", "--node", "/x"),
+    ):
+        proc = run_cli(*args)
+        assert proc.returncode == 2
+        (line,) = proc.stderr.splitlines()
+        assert "Invalid value for '--node': not a node name" in line

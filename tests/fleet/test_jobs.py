@@ -476,7 +476,7 @@ def test_publish_refuses_without_private_data_and_the_cli_says_why(conn, tmp_pat
     assert acct.read()["42"]["comment"] == ""
     proc = run_cli("publish", "--db", db, "--slurm-bin", acct.bin, "--public", env=acct.env)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("1 summaries published")
+    assert proc.stdout.startswith("1 summary published")
 
 
 def test_job_reads_the_published_summary_through_accounting(conn, tmp_path, acct):
@@ -757,3 +757,25 @@ def test_a_hostile_summary_that_decodes_prints_no_control_characters(
     assert as_json.returncode == 0 and as_json.stdout.isascii()
     assert all(ch >= " " for ch in as_json.stdout.replace("\n", ""))
     assert json.loads(as_json.stdout)["nodes"][0]["node"] == bad
+
+
+# --- JOB_ID as Slurm writes it -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", ["abc", "12_", "12+x", "12_3+1", "１２", "8;rm -rf /"])
+def test_a_job_id_that_is_none_is_a_usage_error(tmp_path, text):
+    proc = run_cli("job", text, "--db", str(tmp_path / "none.db"))
+    assert proc.returncode == 2
+    assert proc.stderr == (
+        f"Error: Invalid value for 'JOB_ID': not a job id: {text!r} (e.g. 12345, 12345_7, "
+        "12345+1) (see 'slurmhealth job --help')\n"
+    )
+
+
+@pytest.mark.parametrize("text", ["123", "123_4", "123+1"])
+def test_array_tasks_and_het_job_components_are_job_ids(tmp_path, text):
+    fleet = str(tmp_path / "fleet.db")
+    store.connect(fleet).close()
+    proc = run_cli("job", text, "--db", fleet)
+    assert proc.returncode == 1  # looked up: not collected
+    assert f"job {text} is not in the fleet store" in proc.stderr

@@ -36,7 +36,7 @@ def test_lemons_are_named_with_their_evidence(fleet_db):
     for entry in doc["lemons"]:
         assert entry["reason"] and entry["evidence"]
     text = run_cli("lemons", "--db", path, "--now", str(fleet.end)).stdout
-    assert text.startswith("2 lemon(s) among 64 nodes over 28 days")
+    assert text.startswith("2 lemons among 64 nodes over 28 days")
     # each node carries the verdict's boundary, and the text says it for the fleet's pool
     least = policy.DEFAULT_PARAMS["min_faults"]
     for entry in doc["nodes"]:
@@ -312,4 +312,4 @@ def test_a_stale_store_is_said_first_drains_nothing_and_exits_4(fleet_db, tmp_pa
     silent = json.loads(quiet.stdout)["freshness"]["silent"]
     assert [e["node"] for e in silent] == ["gone"] and quiet.returncode == 0
     text = run_cli("lemons", "--db", path, "--now", str(fleet.end)).stdout
-    assert "1 node(s) not heard from within 6 h: gone (last " in text
+    assert "1 node not heard from within 6 h: gone (last " in text

@@ -346,7 +346,7 @@ def test_slow_lists_the_slow_node_with_its_evidence(fleet_db):
     text = run_cli("slow", "--db", fleet_db, "--now", str(NOW))
     assert text.returncode == 0 and text.stderr == ""
     assert text.stdout.splitlines() == [
-        "1 slow node(s) among 20 diagnosed over 7 days (margin 5%)",
+        "1 slow node among 20 diagnosed over 7 days (margin 5%)",
         f"  {found['evidence']}",
     ]
     assert "gpu07: nccl busbw_gbps 424 (3 runs), 8% below the median 462 of 11 peers" in text.stdout
@@ -355,7 +355,7 @@ def test_slow_lists_the_slow_node_with_its_evidence(fleet_db):
 def test_slow_follows_its_margin_and_window(fleet_db):
     wide = run_cli("slow", "--db", fleet_db, "--now", str(NOW), "--margin", "0.1")
     assert wide.returncode == 0
-    assert wide.stdout == "0 slow node(s) among 20 diagnosed over 7 days (margin 10%)\n"
+    assert wide.stdout == "0 slow nodes among 20 diagnosed over 7 days (margin 10%)\n"
     # one day of diagnoses: one run each, not repeatable yet
     day = run_cli("slow", "--db", fleet_db, "--now", str(NOW), "--window", "1d", "--json")
     assert json.loads(day.stdout)["slow"] == []

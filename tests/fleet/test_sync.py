@@ -771,7 +771,7 @@ def test_export_import_collect_commands(tmp_path):
     with open(out, "a") as handle:
         handle.write('{"type": "run", "id": "cut')
     collected = run_cli("collect", str(spool), "--since", "3650d", env=env)
-    assert collected.returncode == 0 and "1 files merged, 0 skipped" in collected.stdout
+    assert collected.returncode == 0 and "1 file merged, 0 skipped" in collected.stdout
     assert "truncated last line" in collected.stderr
     stdout = run_cli("export", "--db", node_db, "--since", "7d", "--now", str(T0 + DAY))
     assert json.loads(stdout.stdout.splitlines()[0])["type"] == "header"
@@ -959,9 +959,9 @@ def test_spool_owner_trusts_the_files_of_a_named_user(shared, user):
     refused = run_cli(*args)
     assert "0 files merged, 1 skipped" in refused.stdout, refused.stderr
     named = run_cli(*args, "--spool-owner", user.pw_name)
-    assert "1 files merged, 0 skipped" in named.stdout, named.stderr
+    assert "1 file merged, 0 skipped" in named.stdout, named.stderr
     by_env = run_cli(*args, "--full", env={"SLURMHEALTH_SPOOL_OWNER": str(user.pw_uid)})
-    assert "1 files merged, 0 skipped" in by_env.stdout, by_env.stderr
+    assert "1 file merged, 0 skipped" in by_env.stdout, by_env.stderr
     unknown = run_cli(*args, "--spool-owner", "no-such-user-here")
     assert unknown.returncode == 2 and "no user no-such-user-here" in unknown.stderr
 
@@ -1781,7 +1781,7 @@ def test_the_collect_cli_consumes_the_spool_and_rolls_up(tmp_path):
     args = ("collect", str(spool), "--db", fleet, "--since", "28d", "--now", str(T0))
     done = run_cli(*args, "--consume", "--rollup-after", "2d")
     assert done.returncode == 0, done.stderr
-    assert "1 files merged, 0 skipped: 24 runs added" in done.stdout
+    assert "1 file merged, 0 skipped: 24 runs added" in done.stdout
     assert "rollup: 22 passing runs counted in 2 node-hours" in done.stdout
     assert os.listdir(spool) == []
     again = run_cli(*args, "--rollup-after", "2d")

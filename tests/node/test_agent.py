@@ -13,7 +13,16 @@ import sys
 import time
 
 import pytest
-from conftest import FIXTURES, TESTS, planted_bug, require_real, snapshot_path, tmpfs
+from conftest import (
+    FIXTURES,
+    TESTS,
+    planted_bug,
+    require_real,
+    run_as_nobody,
+    run_cli,
+    snapshot_path,
+    tmpfs,
+)
 
 FAKE_SLURM = os.path.join(TESTS, "fakeslurm")
 FIXTURES_KMSG = pathlib.Path(FIXTURES) / "kmsg"
@@ -295,7 +304,7 @@ def test_a_health_check_on_a_node_running_jobs_leaves_their_gpus_processes_alone
     node.run("epilog", job="62", SLURM_JOB_GPUS="2,3", SLURM_JOB_EXIT_CODE="0")
     node.configure(gpu_source=busy)  # no job runs, yet GPUs 0 and 1 have processes
     assert node.run("healthcheck", job="").returncode == 1
-    assert node.slurm()["reason"].startswith("slurmhealth: GPU 0 (00000000:18:00.0) has 1 compute")
+    assert node.slurm()["reason"].startswith("slurmhealth: GPU 0 (0000:18:00) has 1 compute")
 
 
 def test_epilog_drains_a_gpu_needing_reset_unless_resets_are_allowed(node, tmp_path):
@@ -303,8 +312,7 @@ def test_epilog_drains_a_gpu_needing_reset_unless_resets_are_allowed(node, tmp_p
     assert node.run("prolog", job="1").returncode == 0  # a pending remap only warns before a job
     assert node.run("epilog", job="1", SLURM_JOB_EXIT_CODE="0").returncode == 0
     assert (
-        node.slurm()["reason"]
-        == "slurmhealth: GPU 6 (00000000:BA:00.0) row remap pending, reset needed"
+        node.slurm()["reason"] == "slurmhealth: GPU 6 (0000:ba:00) row remap pending, reset needed"
     )
 
     node.set_slurm("IDLE", "")
@@ -545,7 +553,7 @@ def test_a_node_failing_again_soon_after_our_resume_stays_out_for_an_admin(node)
     node.run("healthcheck", job=None)  # fails again within the probation period
     reason = node.slurm()["reason"]
     assert reason.startswith("slurmhealth: probation: an admin must resume")
-    assert "GPU 2 (00000000:3A:00.0) 2 uncorrectable" in reason
+    assert "GPU 2 (0000:3a:00) 2 uncorrectable" in reason
     node.configure("healthy", resume_after=1)
     for _ in range(3):
         node.run("healthcheck", job=None)
@@ -841,7 +849,7 @@ def test_check_with_an_out_of_range_value_is_a_config_error_on_one_line(node):
     lines = proc.stderr.splitlines()
     assert len(lines) == 1, proc.stderr
     assert "settings.breaker_share: must be a share" in lines[0]
-    assert "(+1 more problems)" in lines[0]
+    assert "(+1 more problem)" in lines[0]
 
 
 @pytest.mark.parametrize("mode", [0o666, 0o664])
@@ -990,3 +998,108 @@ def test_a_prolog_whose_drain_fails_exits_0_and_the_next_one_drains(node):
     assert second.returncode == 1
     assert node.slurm()["reason"].startswith("slurmhealth: GPU 3 GpuIsLost")
     assert "pending" not in side_state(node)
+
+
+# --- `check` run by a user who is not root, and what it is told --------------------------------
+
+
+def _user_check(public_dir, *args):
+    """`check` replaying the healthy snapshot, as nobody, with a root-only (0600) kernel log
+    and a root-only (0700) state directory holding nothing yet: (process, state dir)."""
+    kmsg = public_dir / "kmsg"
+    kmsg.write_text((FIXTURES_KMSG / "healthy.kmsg").read_text())
+    kmsg.chmod(0o600)
+    state = public_dir / "state"
+    state.mkdir(mode=0o700)
+    snapshot = ("--gpu-source", snapshot_path("healthy"), "--kmsg", str(kmsg))
+    env = {"SLURMHEALTH_STATE_DIR": str(state), "SLURMD_NODENAME": "gpu01"}
+    return run_as_nobody("check", *snapshot, *args, env=env), state
+
+
+def test_a_user_check_names_the_kernel_log_it_could_not_read_and_exits_4(public_dir):
+    """Not root: the verdict is no plain `ok` and the exit status no 0; the store, root's, is
+    said once and left untouched."""
+    proc, state = _user_check(public_dir, "--record", "-q")
+    assert proc.returncode == 4, proc.stderr
+    assert proc.stdout.splitlines()[-1].startswith("node gpu01: ok, incomplete: kmsg not read (")
+    said = proc.stderr.splitlines()
+    reads = [line for line in said if line.startswith("slurmhealth check: kmsg: ")]
+    assert reads == [
+        f"slurmhealth check: kmsg: cannot read the kernel log (Permission denied): "
+        f"{public_dir}/kmsg: the xid checks did not run, the answer is incomplete"
+    ]
+    stored = [line for line in said if "not recorded" in line]
+    assert stored == [
+        f"slurmhealth check: cannot write {state} (permission denied): this run is not recorded "
+        "(the node's store is root's; --no-db keeps none)"
+    ]
+    assert len(said) == 2 and "Traceback" not in proc.stderr
+    assert os.listdir(state) == []
+
+
+def test_a_user_check_says_incomplete_in_json_and_a_failure_still_exits_1(public_dir):
+    proc, _ = _user_check(public_dir, "--no-db", "--json")
+    assert proc.returncode == 4, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["verdict"] == "ok"
+    assert doc["incomplete"] == [
+        {
+            "source": "kmsg",
+            "message": f"cannot read the kernel log (Permission denied): {public_dir}/kmsg",
+            "areas": ["xid"],
+        }
+    ]
+    xid = [r for r in doc["results"] if r["check"].startswith("xid.")]
+    assert {r["status"] for r in xid} == {"skip"}
+    kmsg = ("--kmsg", str(public_dir / "kmsg"))
+    lost = run_as_nobody("check", "--no-db", "--gpu-source", snapshot_path("gpu-lost"), *kmsg)
+    assert lost.returncode == 1  # a failing check is the answer, read or not
+    root = run_cli("check", "--no-db", "--json", "--gpu-source", snapshot_path("healthy"), *kmsg)
+    assert root.returncode == 0 and json.loads(root.stdout)["incomplete"] == []  # root reads it
+
+
+def test_a_prolog_that_cannot_read_its_kernel_log_skips_the_xid_checks_and_gates_nothing(node):
+    """The hooks keep their semantics: root cannot be refused the file, so the kernel log here
+    is a directory (EISDIR on read): the xid checks skip and the job runs, undrained."""
+    unreadable = node.tmp / "kmsg-dir"
+    unreadable.mkdir()
+    node.configure(kmsg=str(unreadable))
+    proc = node.run("prolog")
+    assert proc.returncode == 0, proc.stderr
+    xid = "SELECT DISTINCT status FROM results WHERE check_name LIKE 'xid.%'"
+    assert node.db().execute(xid).fetchall() == [("skip",)]
+    assert node.calls() == [] and node.slurm()["state"] == "IDLE"
+
+
+def test_check_db_in_a_missing_directory_is_a_usage_error_that_creates_nothing(tmp_path):
+    missing = tmp_path / "missing" / "dir"
+    healthy = snapshot_path("healthy")
+    proc = run_cli("check", "--gpu-source", healthy, "--record", "--db", str(missing / "x.db"))
+    assert proc.returncode == 2
+    assert proc.stderr == (
+        f"slurmhealth: error: --db {missing}/x.db: no such directory: {missing}\n"
+    )
+    assert not (tmp_path / "missing").exists()
+
+
+def test_check_suggests_the_option_meant():
+    for typo, said in (
+        ("--jsn", "no such option: --jsn (did you mean --json?)"),
+        ("--kmgs", "no such option: --kmgs (did you mean --kmsg?)"),
+        ("--bogus", "no such option: --bogus"),
+    ):
+        proc = run_cli("check", typo)
+        assert proc.returncode == 2
+        assert proc.stderr == f"slurmhealth: error: {said}\n"
+
+
+def test_a_node_name_with_a_quote_and_a_newline_is_one_line_and_exit_2(node):
+    """slurmd's SLURMD_NODENAME names the store's file: one that is no node's name is said on
+    one line, exit 2 (the packaged hook logs that status and lets the job run), nothing made."""
+    bad = 'gpu"01\nrm'
+    for args in (("check", "--gpu-source", snapshot_path("healthy")), ("prolog",)):
+        proc = node.command(*args, job="7", SLURMD_NODENAME=bad)
+        assert proc.returncode == 2, proc.stderr
+        (line,) = proc.stderr.splitlines()
+        assert "not a node name: 'gpu\"01\\nrm'" in line and "Traceback" not in line
+    assert not node.state_dir.exists()

@@ -320,3 +320,64 @@ def test_a_config_error_is_printable_whatever_the_file_names(tmp_path):
     lines = str(caught.value).splitlines()
     assert len(lines) == 2 and all(line.isprintable() for line in lines), lines
     assert "unknown key gpu.bad?[31m?" in lines[0] and "unknown key settings.bogus" in lines[1]
+
+
+# ---------------------------------------------------------------- times: one grammar
+
+
+DURATION_FILE = """
+[settings]
+deadline = "15s"
+breaker_window = "1h"
+probation_days = "36h"
+drain_timeout = 2
+[xid]
+burst_h = "2h"
+repeat_days = "2w"
+dedup_s = 30
+[nvlink]
+crc_min_interval_s = "1m"
+[[node]]
+match = "gpu01"
+settings.deadline = "1m"
+"""
+
+
+def test_a_time_is_a_duration_or_a_number_in_the_unit_its_key_names():
+    cfg = config.Config(config.parse(DURATION_FILE, "t.toml"))
+    gpu02 = cfg.for_node("gpu02")
+    assert gpu02["settings"]["deadline"] == 15
+    assert gpu02["settings"]["breaker_window"] == 3600
+    assert gpu02["settings"]["probation_days"] == 1.5
+    assert gpu02["settings"]["drain_timeout"] == 2  # an old file's bare seconds still work
+    assert (gpu02["xid"]["burst_h"], gpu02["xid"]["repeat_days"]) == (2, 14)
+    assert isinstance(gpu02["xid"]["burst_h"], int)
+    assert gpu02["nvlink"]["crc_min_interval_s"] == 60
+    assert cfg.for_node("gpu01")["settings"]["deadline"] == 60
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[settings]\ndeadline = "2x"\n', "t.toml:2: settings.deadline: not a duration: '2x'"),
+        ('[settings]\ndeadline = "10"\n', "settings.deadline: not a duration: '10' has no unit"),
+        ('[settings]\ndeadline = "2d"\n', "settings.deadline: must be > 0 and at most 86400"),
+        ('[xid]\nburst_h = "90m"\n', "t.toml:2: xid.burst_h: '90m' is not a whole number of hours"),
+        ('[xid]\nrepeat_days = "1d12h"\n', "xid.repeat_days: '1d12h' is not a whole number of"),
+        ('[settings]\nresume_after = "3h"\n', "settings.resume_after must be int, not '3h'"),
+    ],
+)
+def test_a_time_that_is_no_duration_is_named_with_its_line(text, message):
+    with pytest.raises(config.ConfigError) as caught:
+        config.parse(text, "t.toml")
+    assert message in str(caught.value)
+
+
+def test_config_validate_and_the_hook_read_durations_alike(tmp_path):
+    path = tmp_path / "slurmhealth.toml"
+    path.write_text(DURATION_FILE)
+    path.chmod(0o644)
+    proc = conftest.run_cli("config", "validate", str(path))
+    assert (proc.returncode, proc.stdout.strip()) == (0, f"{path}: ok"), proc.stderr
+    shown = conftest.run_cli("config", "show", "--config", str(path), "--node", "gpu01")
+    assert '"deadline": 60.0' in shown.stdout and '"repeat_days": 14' in shown.stdout

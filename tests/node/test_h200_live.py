@@ -94,4 +94,4 @@ def test_the_busy_snapshot_fails_naming_the_cuda_process(tmp_path):
     _, doc = replay(tmp_path, BUSY)
     (result,) = [r for r in doc["results"] if r["check"] == "gpu.processes"]
     assert result["status"] == "fail" and "pid 1743" in result["message"]
-    assert result["message"] == "GPU 0 (00000000:00:06.0) has 1 compute process(es), pid 1743"
+    assert result["message"] == "GPU 0 (0000:00:06) has 1 compute process, pid 1743"

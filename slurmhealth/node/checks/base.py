@@ -6,6 +6,8 @@ A check is `fn(facts, ctx) -> Result`: a small pure function. Facts come from th
 
 from __future__ import annotations
 
+from slurmhealth.core.result import counted
+
 
 class Context:
     """Read-only inputs of a check other than its facts.
@@ -61,8 +63,11 @@ def norm_bus_id(bus_id: str) -> str:
 
 
 def summarize(problems: list[str], noun: str = "") -> str:
-    """First problem, plus how many more: one line that fits a Slurm Reason."""
+    """First problem, plus how many more (`(+1 more GPU)`, `(+7 more GPUs)`): one line that
+    fits a Slurm Reason."""
     if not problems:
         return ""
     more = len(problems) - 1
-    return problems[0] + (f" (+{more} more{noun})" if more else "")
+    if not more:
+        return problems[0]
+    return f"{problems[0]} (+{counted(more, 'more' + noun) if noun else f'{more} more'})"

@@ -33,8 +33,19 @@ from __future__ import annotations
 
 import time
 
-from slurmhealth.core.result import DRAIN, REBOOT, RESET_GPU, SERVICE, Result, fail, ok, skip, warn
-from slurmhealth.node.checks.base import Context, summarize
+from slurmhealth.core.result import (
+    DRAIN,
+    REBOOT,
+    RESET_GPU,
+    SERVICE,
+    Result,
+    counted,
+    fail,
+    ok,
+    skip,
+    warn,
+)
+from slurmhealth.node.checks.base import Context, norm_bus_id, summarize
 
 AREA = "gpu"
 SOURCE = "gpu"
@@ -155,36 +166,58 @@ def parse(raw: object) -> dict:
     parsed = [_device(d, i) for i, d in enumerate(devices)]
     count = _int(r.get("count"))
     cuda = _int(r.get("cuda_driver_version"))
+    pci = r.get("pci_gpus")
     return {
         "driver_version": _str(r.get("driver_version")),
         # nvmlSystemGetCudaDriverVersion: 1000 x major + 10 x minor (12040 is CUDA 12.4)
         "cuda_version": f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda and cuda > 0 else None,
         "count": count if count is not None else len(parsed),
         "devices": parsed,
+        # the GPUs the nvidia driver holds on the PCI bus (sources/nvml.py bound_gpus); None:
+        # not read (an older snapshot, no sysfs)
+        "pci_gpus": [a.lower() for a in pci if isinstance(a, str)]
+        if isinstance(pci, list)
+        else None,
     }
 
 
 def label(dev: dict) -> str:
-    """`GPU 3 (00000000:9B:00.0)`: how every message names a GPU."""
-    return f"GPU {dev['index']} ({dev['bus_id']})" if dev["bus_id"] else f"GPU {dev['index']}"
+    """`GPU 3 (0000:9b:00)`: how every message names a GPU, its bus id in the kernel log's form
+    (norm_bus_id), so the Xid lines' messages (xid.where) name the same GPU the same way."""
+    bus = dev["bus_id"]
+    return f"GPU {dev['index']} ({norm_bus_id(bus)})" if bus else f"GPU {dev['index']}"
 
 
 def _alive(facts: dict) -> list:
     return [d for d in facts["devices"] if not d["error"]]
 
 
+def _unlisted(facts: dict) -> list:
+    """PCI addresses of GPUs the nvidia driver holds that NVML does not list (fell off)."""
+    listed = {norm_bus_id(d["bus_id"]) for d in facts["devices"] if d["bus_id"]}
+    return [a for a in facts.get("pci_gpus") or [] if norm_bus_id(a) not in listed]
+
+
 def count(facts: dict, ctx: Context) -> Result:
-    """GPU count equals the expected count and every GPU answers NVML."""
+    """GPU count as expected, every GPU answers NVML and NVML lists every GPU the driver holds.
+
+    The last holds with no config: a GPU bound to the nvidia driver on the PCI bus that NVML
+    does not enumerate has fallen off (sources/nvml.py bound_gpus)."""
     expected = ctx.expect.get("count")
     lost = [f"{label(d)} {d['error']}" for d in facts["devices"] if d["error"]]
-    data = {"expected": expected, "found": facts["count"], "lost": lost}
+    unlisted = _unlisted(facts)
+    data = {"expected": expected, "found": facts["count"], "lost": lost, "unlisted": unlisted}
     if lost:
         return fail(summarize(lost, " GPU"), data, REBOOT)
+    if unlisted:
+        bus = counted(len(facts["pci_gpus"]), "GPU")
+        what = f"{len(unlisted)} of {bus} on the PCI bus not seen by NVML"
+        return fail(f"{what}: {', '.join(unlisted)}", data, REBOOT)
     if expected is not None and facts["count"] != expected:
-        return fail(f"{facts['count']} GPUs visible, {expected} expected", data, REBOOT)
+        return fail(f"{counted(facts['count'], 'GPU')} visible, {expected} expected", data, REBOOT)
     if expected is None and facts["count"] == 0:
         return skip("no GPUs on this node", data)
-    return ok(f"{facts['count']} GPUs answer", data)
+    return ok(counted(facts["count"], "GPU answers", "GPUs answer"), data)
 
 
 def inventory(facts: dict, ctx: Context) -> Result:
@@ -264,7 +297,8 @@ def _odd_memory(devices: list, name: object) -> list:
         if d["name"] == name and size and abs(size - ref) > _MEMORY_SLACK * ref
     ]
     peers = len(sizes) - len(odd)
-    return [f"{label(d)} {name} {_mib(size)}, {peers} others {_mib(ref)}" for d, size in odd]
+    others = counted(peers, "other")
+    return [f"{label(d)} {name} {_mib(size)}, {others} {_mib(ref)}" for d, size in odd]
 
 
 def model(facts: dict, ctx: Context) -> Result:
@@ -281,12 +315,13 @@ def model(facts: dict, ctx: Context) -> Result:
     if wanted:
         odd = [f"{label(d)} {d['name']}, expected {ref}" for d in devices if d["name"] != ref]
     else:
-        odd = [f"{label(d)} {d['name']}, {peers} others {ref}" for d in devices if d["name"] != ref]
+        others = counted(peers, "other")
+        odd = [f"{label(d)} {d['name']}, {others} {ref}" for d in devices if d["name"] != ref]
     odd += _odd_memory(devices, ref)
     data = {"model": ref, "names": sorted(set(names)), "odd": odd}
     if odd:
         return fail(summarize(odd, " GPU"), data, SERVICE)
-    return ok(f"{len(devices)} GPUs {ref}", data)
+    return ok(f"{counted(len(devices), 'GPU')} {ref}", data)
 
 
 _MIG_MODES = {0: "off", 1: "on"}  # NVML_DEVICE_MIG_DISABLE, NVML_DEVICE_MIG_ENABLE (nvml.h)
@@ -338,11 +373,12 @@ def _spares_gone(dev: dict, ctx: Context) -> str | None:
         pages = sum(c for c in counts if c is not None)
         most = _limit(ctx, "retired_pages_max")
         if any(c is not None for c in counts) and pages >= most:
-            return f"{label(dev)} {pages} retired pages, table limit {most}"
+            return f"{label(dev)} {counted(pages, 'retired page')}, table limit {most}"
         return None
     rows, most = fields.get("remap_uncorrectable"), _limit(ctx, "remap_rows_max")
     if rows is not None and rows >= most:
-        return f"{label(dev)} {rows} rows remapped for uncorrectable errors, spare-row limit {most}"
+        remapped = counted(rows, "row")
+        return f"{label(dev)} {remapped} remapped for uncorrectable errors, spare-row limit {most}"
     return None
 
 
@@ -424,7 +460,8 @@ def processes(facts: dict, ctx: Context) -> Result:
     for dev in devices:
         pids = [p.get("pid") for p in dev["processes"] or []]
         if pids:
-            left.append(f"{label(dev)} has {len(pids)} compute process(es), pid {pids[0]}")
+            procs = counted(len(pids), "compute process", "compute processes")
+            left.append(f"{label(dev)} has {procs}, pid {pids[0]}")
     data = {"left": left}
     if left:
         return fail(summarize(left, " GPU"), data, DRAIN)
@@ -508,7 +545,8 @@ def pcie_link(facts: dict, ctx: Context) -> Result:
         return ok("no GPU under load: current PCIe link not judged (drops at idle)", data)
     if not judged:
         return skip("current PCIe link not reported", data)
-    return ok(f"{judged} GPUs under load at their PCIe link", data)
+    judged_words = counted(judged, "GPU under load at its", "GPUs under load at their")
+    return ok(f"{judged_words} PCIe link", data)
 
 
 def fabric(facts: dict, ctx: Context) -> Result:

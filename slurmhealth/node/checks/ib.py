@@ -68,7 +68,7 @@ from __future__ import annotations
 
 import time
 
-from slurmhealth.core.result import DRAIN, SERVICE, Result, fail, ok, skip, warn
+from slurmhealth.core.result import DRAIN, SERVICE, Result, counted, fail, ok, skip, warn
 from slurmhealth.node.checks.base import Context, summarize
 
 AREA = "ib"
@@ -291,14 +291,7 @@ def expected_ports(facts: dict, ctx: Context) -> list:
 
 def _plural(problems: list, noun: str) -> str:
     """First problem plus "(+N more <noun>s)": one line for a Slurm Reason."""
-    if not noun:
-        return summarize(problems)
-    return summarize(problems, f" {noun}" + ("s" if len(problems) > 2 else ""))
-
-
-def _count(n: int, noun: str) -> str:
-    """Count and noun: 1 port, 8 ports."""
-    return f"{n} {noun}" + ("" if n == 1 else "s")
+    return summarize(problems, f" {noun}" if noun else "")
 
 
 def _verdict(fails: list, warns: list, data: dict, action: str, noun: str) -> Result | None:
@@ -321,14 +314,14 @@ def devices_present(facts: dict, ctx: Context) -> Result:
     if wanted is None:
         if not present:
             return skip("no InfiniBand devices", data)
-        return ok(f"{_count(len(present), 'HCA')} present", data)
+        return ok(f"{counted(len(present), 'HCA')} present", data)
     missing = [str(d) for d in wanted if str(d) not in facts["devices"]]
     data["missing"] = missing
     if missing:
         return fail(_plural([f"{d} missing" for d in missing], "HCA"), data, SERVICE)
     if not present:
         return skip("no InfiniBand devices", data)
-    return ok(f"{_count(len(wanted), 'expected HCA')} present", data)
+    return ok(f"{counted(len(wanted), 'expected HCA')} present", data)
 
 
 def _state_problem(key: str, port: dict | None) -> tuple:
@@ -357,7 +350,7 @@ def port_state(facts: dict, ctx: Context) -> Result:
             warns.append(text)
         data[key] = {"state": port["state_name"], "phys_state": port["phys_name"]} if port else None
     bad = _verdict(fails, warns, data, DRAIN, "port")
-    return bad or ok(f"{_count(len(keys), 'port')} ACTIVE/LinkUp", data)
+    return bad or ok(f"{counted(len(keys), 'port')} ACTIVE/LinkUp", data)
 
 
 def _active_rates(facts: dict, keys: list) -> dict:
@@ -392,7 +385,7 @@ def port_rate(facts: dict, ctx: Context) -> Result:
     # Unconfigured, a slower port only warns: nobody said what this node should reach.
     fails, warns = ([], slow) if wanted is None else (slow, [])
     bad = _verdict(fails, warns, data, DRAIN, "port")
-    return bad or ok(f"{_count(len(ports), 'port')} at >= {floor:g} Gb/s", data)
+    return bad or ok(f"{counted(len(ports), 'port')} at >= {floor:g} Gb/s", data)
 
 
 def link_layer(facts: dict, ctx: Context) -> Result:
@@ -405,7 +398,7 @@ def link_layer(facts: dict, ctx: Context) -> Result:
     wrong = [f"{k} link layer {v}, expected {wanted}" for k, v in data.items() if v and v != wanted]
     unknown = [f"{k} link layer unreadable" for k, v in data.items() if not v]
     bad = _verdict(wrong, unknown, data, DRAIN, "port")
-    return bad or ok(f"{_count(len(keys), 'port')} {wanted}", data)
+    return bad or ok(f"{counted(len(keys), 'port')} {wanted}", data)
 
 
 def _scope(facts: dict, ctx: Context) -> list:
@@ -437,7 +430,7 @@ def firmware(facts: dict, ctx: Context) -> Result:
     odd = [f"{n} firmware {v}, {word} {ref}" for n, v in known.items() if v != ref]
     data = {"fw_ver": fws, "reference": ref}
     bad = _verdict([], odd, data, DRAIN, "HCA")
-    return bad or ok(f"{_count(len(known), 'HCA')} on firmware {ref}", data)
+    return bad or ok(f"{counted(len(known), 'HCA')} on firmware {ref}", data)
 
 
 def _gen_width(gen: object, width: object) -> str:
@@ -482,7 +475,7 @@ def pcie_link(facts: dict, ctx: Context) -> Result:
             slow.append(f"{name} PCIe link {now}, expected {_gen_width(ref_gen, ref_width)}")
     data = {n: _gen_width(x["gen"], x["width"]) for n, x in links.items()}
     bad = _verdict([], slow, data, DRAIN, "HCA")
-    return bad or ok(f"{_count(len(links), 'HCA')} at full PCIe link", data)
+    return bad or ok(f"{counted(len(links), 'HCA')} at full PCIe link", data)
 
 
 def _limits(ctx: Context, name: str) -> tuple:
@@ -573,7 +566,7 @@ def counters(facts: dict, ctx: Context) -> Result:
     resets = [f"{k} {n}" for k in keys for n in data[k]["reset"]]
     if resets:
         note += f", counter reset: new baseline ({summarize(resets)})"
-    judged = _count(len(keys) - fresh, "port")
+    judged = counted(len(keys) - fresh, "port")
     return ok(f"no counter errors on {judged} since last run{note}", data)
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import time
 
-from slurmhealth.core.result import DRAIN, RESET_GPU, Result, fail, ok, skip, warn
+from slurmhealth.core.result import DRAIN, RESET_GPU, Result, counted, fail, ok, skip, warn
 from slurmhealth.node.checks import gpu
 from slurmhealth.node.checks.base import Context, summarize
 
@@ -94,7 +94,8 @@ def link_state(facts: dict, ctx: Context) -> Result:
     devices = [d for d in facts["devices"] if not d["error"]]
     if not _linked(facts):
         if expected:
-            return fail(f"NVLink not reported, {expected} links per GPU expected", {}, DRAIN)
+            wanted = counted(expected, "link")
+            return fail(f"NVLink not reported, {wanted} per GPU expected", {}, DRAIN)
         return skip("NVLink not supported on these GPUs")
     problems, counts = [], {}
     for dev in devices:
@@ -108,7 +109,7 @@ def link_state(facts: dict, ctx: Context) -> Result:
     data = {"active": counts, "problems": problems}
     if problems:
         return fail(summarize(problems, " GPU"), data, RESET_GPU)
-    return ok(f"all NVLinks active on {len(devices)} GPUs", data)
+    return ok(f"all NVLinks active on {counted(len(devices), 'GPU')}", data)
 
 
 def _counters(facts: dict) -> dict:

@@ -43,6 +43,7 @@ from slurmhealth.core.result import (
     WARN,
     Result,
     clean,
+    counted,
     fail,
     ok,
     warn,
@@ -925,13 +926,14 @@ def _again_words(event: dict, what: str) -> str:
     if again["rule"] == "tpc":
         return (
             f"again: Xid 13 on {where(event)} GPC {again['gpc']} TPC {again['tpc']}, "
-            f"{again['count']} jobs in {again['days']:g} days: suspect the GPU, run diagnostics"
+            f"{counted(again['count'], 'job')} in {counted(again['days'], 'day')}: suspect the "
+            "GPU, run diagnostics"
         )
     link = (event.get("detail") or {}).get("link") if xid == 74 else None
     link_words = f" link {link}" if link is not None else ""
     return (
         f"again: Xid {xid} on {where(event)}{link_words}, {_nth(again['count'])} time in "
-        f"{again['days']:g} days ({what})"
+        f"{counted(again['days'], 'day')} ({what})"
     )
 
 
@@ -1096,7 +1098,7 @@ def log_continuity(facts: dict, ctx: Context) -> Result:
     """Kernel log read without a gap since the last run (a wrapped ring hides Xids)."""
     data = {k: facts.get(k) for k in ("records", "first_seq", "after_seq", "last_seq", "missed")}
     if facts.get("lost") and facts.get("missed"):
-        lost = f"{facts['missed']} records lost since last run"
+        lost = f"{counted(facts['missed'], 'record')} lost since last run"
         return warn(f"kernel log wrapped: {lost}, Xids may be missed", data)
     if facts.get("lost"):
         return warn("kernel log wrapped while reading: records lost, Xids may be missed", data)

@@ -37,7 +37,7 @@ import tempfile
 import threading
 import time
 
-from slurmhealth.core.result import FAIL, SKIP, clean
+from slurmhealth.core.result import FAIL, SKIP, clean, counted
 
 PASS = "pass"  # noqa: S105 - a status, not a password
 TESTS = ("matmul", "memory", "h2d", "p2p")
@@ -345,7 +345,7 @@ def matmul(backend: Backend, gpu: int, seconds: float, n: int = MATMUL_N) -> dic
         why = f"{wrong} of {runs * n * n} results differ from the exact product"
         why += " (silent data corruption)"
         return _outcome(f"gpu{gpu}", FAIL, figures, f"matmul on gpu{gpu}: {why}")
-    line = f"{runs} products of {n}x{n} exact, {tflops:.0f} TFLOPS fp16"
+    line = f"{counted(runs, 'product')} of {n}x{n} exact, {tflops:.0f} TFLOPS fp16"
     return _outcome(f"gpu{gpu}", PASS, figures, f"matmul on gpu{gpu}: {line}")
 
 
@@ -397,9 +397,10 @@ def memory(
         "hbm_gbps": round(hbm, 1),
     }
     if wrong:
-        why = f"{wrong} words read back wrong in {gib:.1f} GiB ({', '.join(bad)})"
+        why = f"{counted(wrong, 'word')} read back wrong in {gib:.1f} GiB ({', '.join(bad)})"
         return _outcome(f"gpu{gpu}", FAIL, figures, f"memory on gpu{gpu}: {why}")
-    line = f"{gib:.1f} GiB, {len(PATTERNS)} patterns x {passes} passes, written at {gbps:.0f} GB/s"
+    line = f"{gib:.1f} GiB, {len(PATTERNS)} patterns x {counted(passes, 'pass', 'passes')}"
+    line += f", written at {gbps:.0f} GB/s"
     line += f", copied at {hbm:.0f} GB/s"
     return _outcome(f"gpu{gpu}", PASS, figures, f"memory on gpu{gpu}: {line}")
 
@@ -502,9 +503,10 @@ def h2d(
     d2h_gbps, h2d_gbps = (moved / s / 1e9 if s > 0 else 0.0 for s in spent)
     figures = {"h2d_gbps": round(h2d_gbps, 1), "d2h_gbps": round(d2h_gbps, 1)}
     figures["h2d_mismatches"] = wrong
-    size = f"{repeats + 1} round trips of {words * 4 / (1 << 20):g} MiB"
+    size = f"{counted(repeats + 1, 'round trip')} of {words * 4 / (1 << 20):g} MiB"
     if wrong:
-        why = f"{wrong} words wrong after {size} through host memory (PCIe data corruption)"
+        why = f"{counted(wrong, 'word')} wrong after {size} through host memory"
+        why += " (PCIe data corruption)"
         return _outcome(f"gpu{gpu}", FAIL, figures, f"h2d on gpu{gpu}: {why}")
     line = f"{size} exact, {h2d_gbps:.1f} GB/s host to device, {d2h_gbps:.1f} GB/s back"
     return _outcome(f"gpu{gpu}", PASS, figures, f"h2d on gpu{gpu}: {line}")
@@ -607,7 +609,8 @@ def _copy(backend: Backend, src: int, dst: int, nbytes: int, repeats: int) -> di
     wrong = backend.differ(target, want)
     figures = {"p2p_gbps": round(gbps, 1), "p2p_mismatches": wrong}
     if wrong:
-        return _outcome(f"gpu{src}", FAIL, figures, f"{where}: {wrong} words copied wrong")
+        copied = f"{where}: {counted(wrong, 'word')} copied wrong"
+        return _outcome(f"gpu{src}", FAIL, figures, copied)
     return _outcome(f"gpu{src}", PASS, figures, f"{where}: {gbps:.0f} GB/s")
 
 

@@ -14,7 +14,7 @@ import json
 import math
 import re
 
-from slurmhealth.core.result import clean
+from slurmhealth.core.result import clean, counted
 
 PASS = "pass"  # noqa: S105 - an outcome, not a password
 FAIL = "fail"
@@ -247,7 +247,7 @@ def _dcgm_unit_outcome(unit: str, tests: list) -> dict:
         return outcome(unit, PASS, f"{len(passed)} passed{note}: {', '.join(passed)}", figures)
     reasons = [m[0] for _n, m in skipped if m]
     why = f": {reasons[0]}" if reasons else ""
-    return outcome(unit, SKIP, f"all {len(skipped)} tests skipped{why}", figures)
+    return outcome(unit, SKIP, f"all {counted(len(skipped), 'test')} skipped{why}", figures)
 
 
 # --- NCCL: all_reduce_perf ---------------------------------------------------------------------

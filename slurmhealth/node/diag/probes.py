@@ -19,7 +19,7 @@ import signal
 import subprocess
 import time
 
-from slurmhealth.core.result import FAIL, OK, SKIP, WARN, clean
+from slurmhealth.core.result import FAIL, OK, SKIP, WARN, clean, counted
 from slurmhealth.node.diag import cuda, parsers
 
 LEVELS = ("quick", "medium", "long")
@@ -221,7 +221,7 @@ def checks_outcomes(results: list) -> list:
     """Today's checks as outcomes: each that failed, or one pass."""
     failed = [r for r in results if r.status == FAIL]
     if not failed:
-        return [outcome("node", PASS, f"{len(results)} checks, none failed")]
+        return [outcome("node", PASS, f"{counted(len(results), 'check')}, none failed")]
     return [outcome("node", FAIL, f"{r.check}: {r.message}") for r in failed]
 
 

@@ -15,6 +15,7 @@ import os
 import threading
 import time
 
+from slurmhealth.core.result import counted
 from slurmhealth.node.counters import bus as pci_address  # one spelling of a sysfs address
 from slurmhealth.node.sources import Options, SourceUnavailable
 
@@ -304,9 +305,11 @@ def gather(options: Options) -> dict:
         gpus = pci_gpus(options.sysfs_root or "/sys")
         if not gpus:
             raise
-        why = f"{exc} while {len(gpus)} NVIDIA GPUs are on the PCI bus ({gpus[0]}...)"
+        held = counted(len(gpus), "NVIDIA GPU is", "NVIDIA GPUs are")
+        why = f"{exc} while {held} on the PCI bus ({gpus[0]}...)"
         raise SourceUnavailable(why, {"pci_gpus": gpus}) from exc
     add_aer(raw, options.sysfs_root or "/sys")
+    raw["pci_gpus"] = bound_gpus(options.sysfs_root or "/sys", raw.get("devices") or [])
     return raw
 
 
@@ -348,6 +351,32 @@ def pci_gpus(root: str) -> list:
             continue
         if vendor == NVIDIA_VENDOR and cls.startswith(GPU_CLASSES):
             out.append(name)
+    return out
+
+
+def bound_gpus(root: str, devices: list) -> list | None:
+    """PCI addresses of the GPUs the nvidia driver holds (root/bus/pci/drivers/nvidia), so a
+    GPU the driver has but NVML does not list is seen, with or without a config. One directory
+    listing; a class file is read only for an address NVML did not list (a function bound there
+    that is no GPU, such as a bridge, is left out). A GPU bound to another driver (vfio-pci:
+    passed to a VM) is not ours. None when the directory cannot be listed (no driver loaded, a
+    sysfs tree without it)."""
+    base = os.path.join(root, "bus", "pci", "drivers", "nvidia")
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return None
+    listed = {pci_address(d["bus_id"]) for d in devices if isinstance(d.get("bus_id"), str)}
+    out = []
+    for name in sorted(n for n in names if n.count(":") == 2):
+        if name.lower() not in listed:
+            try:
+                with open(os.path.join(base, name, "class"), encoding="ascii") as handle:
+                    if not handle.read(16).strip().lower().startswith(GPU_CLASSES):
+                        continue
+            except (OSError, ValueError):
+                continue
+        out.append(name.lower())
     return out
 
 

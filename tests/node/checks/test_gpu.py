@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import snapshot_path
+from conftest import run_cli, snapshot_path
 
 from slurmhealth.node.checks import gpu
 from slurmhealth.node.checks.base import Context
@@ -32,77 +32,77 @@ def test_healthy_node_passes_every_check(check):
 FAULTS = [
     ("gpu-lost", gpu.count, "fail", "reboot", "GPU 3 GpuIsLost"),
     ("gpu-missing", gpu.count, "fail", "reboot", "7 GPUs visible, 8 expected"),
-    ("ecc-dbe", gpu.ecc, "fail", "reset_gpu", "GPU 2 (00000000:3A:00.0) 2 uncorrectable"),
-    ("ecc-off", gpu.ecc, "fail", "drain", "GPU 5 (00000000:AB:00.0) ECC disabled"),
+    ("ecc-dbe", gpu.ecc, "fail", "reset_gpu", "GPU 2 (0000:3a:00) 2 uncorrectable"),
+    ("ecc-off", gpu.ecc, "fail", "drain", "GPU 5 (0000:ab:00) ECC disabled"),
     (
         "remap-failure",
         gpu.row_remap,
         "fail",
         "service",
-        "GPU 1 (00000000:2A:00.0) row remapping failed",
+        "GPU 1 (0000:2a:00) row remapping failed",
     ),
     (
         "remap-pending",
         gpu.row_remap,
         "warn",
         "reset_gpu",
-        "GPU 6 (00000000:BA:00.0) row remap pending",
+        "GPU 6 (0000:ba:00) row remap pending",
     ),
     (
         "recovery-reset",
         gpu.recovery_action,
         "fail",
         "reset_gpu",
-        "GPU 4 (00000000:9A:00.0) driver requires GPU_RESET",
+        "GPU 4 (0000:9a:00) driver requires GPU_RESET",
     ),
-    ("persistence-off", gpu.persistence, "fail", "drain", "persistence mode off (+7 more GPU)"),
+    ("persistence-off", gpu.persistence, "fail", "drain", "persistence mode off (+7 more GPUs)"),
     (
         "processes-left",
         gpu.processes,
         "fail",
         "drain",
-        "GPU 0 (00000000:18:00.0) has 1 compute process(es), pid 48211",
+        "GPU 0 (0000:18:00) has 1 compute process, pid 48211",
     ),
-    ("thermal", gpu.thermal, "warn", "none", "GPU 7 (00000000:DB:00.0) at 88 C, slowdown at 87 C"),
-    ("pcie-x8", gpu.pcie, "fail", "drain", "GPU 2 (00000000:3A:00.0) PCIe width x 8 < 16"),
+    ("thermal", gpu.thermal, "warn", "none", "GPU 7 (0000:db:00) at 88 C, slowdown at 87 C"),
+    ("pcie-x8", gpu.pcie, "fail", "drain", "GPU 2 (0000:3a:00) PCIe width x 8 < 16"),
     ("fabric-in-progress", gpu.fabric, "fail", "drain", "fabric IN_PROGRESS"),
-    ("vbios-drift", gpu.versions, "warn", "none", "GPU 3 (00000000:5D:00.0) VBIOS 96.00.74.00.0D"),
+    ("vbios-drift", gpu.versions, "warn", "none", "GPU 3 (0000:5d:00) VBIOS 96.00.74.00.0D"),
     (
         "remap-spares-gone",
         gpu.row_remap,
         "fail",
         "service",
-        "GPU 2 (00000000:3A:00.0) 512 rows remapped for uncorrectable errors, spare-row limit 512",
+        "GPU 2 (0000:3a:00) 512 rows remapped for uncorrectable errors, spare-row limit 512",
     ),
     (
         "retired-pages-full",
         gpu.row_remap,
         "fail",
         "service",
-        "GPU 0 (00000000:18:00.0) 64 retired pages, table limit 63",
+        "GPU 0 (0000:18:00) 64 retired pages, table limit 63",
     ),
     (
         "sbe-tens-of-millions",
         gpu.corrected_ecc,
         "warn",
         "none",
-        "GPU 4 (00000000:9A:00.0) 31457280 corrected ECC errors (volatile), warn at 10000000",
+        "GPU 4 (0000:9a:00) 31457280 corrected ECC errors (volatile), warn at 10000000",
     ),
     (
         "gpu-model-odd",
         gpu.model,
         "fail",
         "service",
-        "GPU 5 (00000000:AB:00.0) NVIDIA H100 PCIe, 7 others NVIDIA H100 80GB HBM3",
+        "GPU 5 (0000:ab:00) NVIDIA H100 PCIe, 7 others NVIDIA H100 80GB HBM3",
     ),
     (
         "ecc-pending-off",
         gpu.ecc,
         "warn",
         "none",
-        "GPU 1 (00000000:2A:00.0) ECC will be disabled at the next reboot",
+        "GPU 1 (0000:2a:00) ECC will be disabled at the next reboot",
     ),
-    ("mig-pending", gpu.mig, "warn", "none", "GPU 4 (00000000:9A:00.0) MIG on pending (now off)"),
+    ("mig-pending", gpu.mig, "warn", "none", "GPU 4 (0000:9a:00) MIG on pending (now off)"),
 ]
 
 
@@ -249,7 +249,7 @@ def test_memory_errors_warn_on_growth_since_the_baseline():
     grown["devices"][1]["fields"]["ecc_sbe_volatile"] = 5000
     result = gpu.memory_errors(grown, Context(expect=ctx().expect, baseline=before))
     assert result.status == "warn"
-    assert "GPU 1 (00000000:2A:00.0) 5000 new correctable ECC errors" in result.message
+    assert "GPU 1 (0000:2a:00) 5000 new correctable ECC errors" in result.message
     assert result.data["deltas"]["4"] == {"remap_correctable": 2}
     assert gpu.memory_errors(healthy, Context(expect=ctx().expect, baseline=before)).status == "ok"
 
@@ -280,7 +280,7 @@ def test_first_run_is_no_free_pass():
 
 def test_remap_failure_still_leads_and_the_limit_follows():
     result = gpu.row_remap(facts("remap-failure"), ctx())  # 512 rows and the failure flag
-    assert result.message.startswith("GPU 1 (00000000:2A:00.0) row remapping failed (+1 more)")
+    assert result.message.startswith("GPU 1 (0000:2a:00) row remapping failed (+1 more)")
     assert (result.status, result.action) == ("fail", "service")
 
 
@@ -355,7 +355,7 @@ def test_one_gpu_of_another_model_fails_naming_it_and_the_majority():
     result = gpu.model(f, ctx())
     assert (result.status, result.action) == ("fail", "service")
     assert result.message == (
-        "GPU 5 (00000000:AB:00.0) NVIDIA A100-SXM4-40GB, 7 others NVIDIA A100-SXM4-80GB"
+        "GPU 5 (0000:ab:00) NVIDIA A100-SXM4-40GB, 7 others NVIDIA A100-SXM4-80GB"
     )
 
 
@@ -365,7 +365,7 @@ def test_one_gpu_with_other_memory_under_the_same_name_fails():
     result = gpu.model(f, ctx())
     assert (result.status, result.action) == ("fail", "service")
     assert result.message == (
-        "GPU 3 (00000000:5D:00.0) NVIDIA H100 80GB HBM3 40960 MiB, 7 others 81559 MiB"
+        "GPU 3 (0000:5d:00) NVIDIA H100 80GB HBM3 40960 MiB, 7 others 81559 MiB"
     )
     f["devices"][3]["memory_total"] = 85520809984 - 512 * 2**20  # a few hundred MiB off: same part
     assert gpu.model(f, ctx()).status == "ok"
@@ -376,12 +376,10 @@ def test_model_expectation_judges_every_gpu():
     result = gpu.model(facts("healthy"), ctx(model="NVIDIA H200"))
     assert (result.status, result.action) == ("fail", "service")
     assert result.message == (
-        "GPU 0 (00000000:18:00.0) NVIDIA H100 80GB HBM3, expected NVIDIA H200 (+7 more GPU)"
+        "GPU 0 (0000:18:00) NVIDIA H100 80GB HBM3, expected NVIDIA H200 (+7 more GPUs)"
     )
     odd = gpu.model(facts("gpu-model-odd"), ctx(model="NVIDIA H100 80GB HBM3"))
-    assert (
-        odd.message == "GPU 5 (00000000:AB:00.0) NVIDIA H100 PCIe, expected NVIDIA H100 80GB HBM3"
-    )
+    assert odd.message == "GPU 5 (0000:ab:00) NVIDIA H100 PCIe, expected NVIDIA H100 80GB HBM3"
 
 
 def test_model_skips_when_no_name_is_reported():
@@ -396,7 +394,7 @@ def test_ecc_off_now_still_fails_and_pending_off_only_warns():
     assert (off.status, off.action, off.message) == (
         "fail",
         "drain",
-        "GPU 5 (00000000:AB:00.0) ECC disabled",
+        "GPU 5 (0000:ab:00) ECC disabled",
     )
     f = facts("healthy")
     f["devices"][5]["fields"]["ecc_pending"] = 1
@@ -414,9 +412,9 @@ def test_mig_mode_against_the_expectation():
     assert on.status == "ok", "no expectation: a GPU in MIG mode is a choice"
     result = gpu.mig(facts("mig-on"), ctx(mig="off"))
     assert (result.status, result.action) == ("fail", "drain")
-    assert result.message == "GPU 6 (00000000:BA:00.0) MIG on, expected off"
+    assert result.message == "GPU 6 (0000:ba:00) MIG on, expected off"
     result = gpu.mig(facts("healthy"), ctx(mig="on"))
-    assert result.message == "GPU 0 (00000000:18:00.0) MIG off, expected on (+7 more GPU)"
+    assert result.message == "GPU 0 (0000:18:00) MIG off, expected on (+7 more GPUs)"
 
 
 def test_mig_not_supported_is_off():
@@ -433,18 +431,14 @@ def test_mig_not_supported_is_off():
 def test_mig_pending_with_a_wrong_mode_fails():
     f = facts("mig-pending")
     result = gpu.mig(f, ctx(mig="on"))
-    assert result.status == "fail" and "GPU 0 (00000000:18:00.0) MIG off, expected on" in (
-        result.message
-    )
+    assert result.status == "fail" and "GPU 0 (0000:18:00) MIG off, expected on" in result.message
     assert "MIG on pending (now off)" in str(result.data["pending"])
 
 
 def test_current_pcie_link_is_judged_only_under_load():
     result = gpu.pcie_link(facts("pcie-under-load-gen3"), ctx(count=8))
     assert (result.status, result.action) == ("warn", "none")
-    assert result.message == (
-        "GPU 2 (00000000:3A:00.0) PCIe link Gen3 x16 under load, expected Gen5 x16"
-    )
+    assert result.message == "GPU 2 (0000:3a:00) PCIe link Gen3 x16 under load, expected Gen5 x16"
     idle = facts("healthy")
     for dev in idle["devices"]:
         dev["pcie_gen"], dev["pcie_width"] = 1, 8  # idle: NVIDIA says it may be reduced
@@ -500,3 +494,20 @@ def test_the_cuda_version_the_driver_supports_is_recorded():
     facts = gpu.parse(raw)
     assert facts["cuda_version"] == "12.4" and gpu.versions_of(facts)["cuda"] == "12.4"
     assert "cuda" not in gpu.versions_of(gpu.parse(dict(raw, cuda_driver_version=None)))
+
+
+def test_a_gpu_is_named_the_same_by_its_checks_and_by_its_xid_lines(tmp_path):
+    """Index first, then the bus id in the kernel log's form: the ECC check (NVML says
+    `00000000:3A:00.0`) and the Xid line (the kernel says `0000:3a:00`) name GPU 2 alike."""
+    log = tmp_path / "xid48.kmsg"
+    log.write_text(
+        "3,500,99000000,-;NVRM: Xid (PCI:0000:3a:00): 48, pid=77, name=python3, "
+        "An uncorrectable double bit error\n"
+    )
+    proc = run_cli(
+        "check", "--no-db", "--json", "--gpu-source", snapshot_path("ecc-dbe"), "--kmsg", str(log)
+    )
+    assert proc.returncode == 1, proc.stderr
+    said = {r["check"]: r["message"] for r in json.loads(proc.stdout)["results"]}
+    assert said["gpu.ecc"].startswith("GPU 2 (0000:3a:00) 2 uncorrectable")
+    assert said["xid.hardware"].startswith("GPU 2 (0000:3a:00) Xid 48")

@@ -29,7 +29,7 @@ def test_all_links_active_is_ok():
 def test_links_down_fail_with_reset():
     result = nvlink.link_state(facts("nvlink-down"), ctx())
     assert (result.status, result.action) == ("fail", "reset_gpu")
-    assert "GPU 5 (00000000:AB:00.0) 16/18 NVLinks active, down [4, 11]" in result.message
+    assert "GPU 5 (0000:ab:00) 16/18 NVLinks active, down [4, 11]" in result.message
 
 
 def test_fewer_links_than_expected_fail():

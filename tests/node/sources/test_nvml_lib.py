@@ -243,7 +243,7 @@ def test_the_prolog_sweeps_the_gpus_once_and_leaves_the_teardown_to_its_exit(lib
     results = gpu_results(tmp_path)
     assert results["nvlink.link_state"] == (
         "fail",
-        "GPU 1 (00000000:28:00.0) 17/18 NVLinks active, down [5]",
+        "GPU 1 (0000:28:00) 17/18 NVLinks active, down [5]",
     )
     assert "gpu.count" not in results  # ok: the 2 GPUs expected
 

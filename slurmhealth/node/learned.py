@@ -1,0 +1,105 @@
+"""A node's own known-good runs as its expectations when no config file exists (pure).
+
+With no config the checks expect only what every GPU node needs, so a node that came up with 7
+of its 8 GPUs, an NVLink down or an HCA missing would pass as long as nothing else is wrong.
+Instead each stored run on a node without a config file keeps, per area, what the node showed
+on a run where that area passed (no fail, no error): its GPU count, model and PCIe links,
+NVLinks up per GPU, its HCAs, InfiniBand ports, their rate, link layer and PCIe links. Later
+runs expect at least that: a drop fails, and the message says that the expectation is the
+node's own and how to write a config. Versions (driver, VBIOS, firmware) and MIG mode are never
+learned: an admin changes those on purpose.
+
+Kept in the node store as the baseline `expect` (read with the other baselines, no extra
+query), rewritten only when a value changes. A config file replaces all of it; a replay
+(`check --gpu-source FILE`) neither learns nor uses it.
+"""
+
+from __future__ import annotations
+
+import time
+
+from slurmhealth.core.result import ERROR, FAIL
+from slurmhealth.node.checks import AREAS
+
+BASELINE = "expect"
+
+# area -> key learned -> the checks that judge it (their failures say where it came from)
+LEARNED = {
+    "gpu": {
+        "count": ("count",),
+        "model": ("model",),
+        "pcie_gen": ("pcie", "pcie_link"),
+        "pcie_width": ("pcie", "pcie_link"),
+    },
+    "nvlink": {"links_per_gpu": ("link_state",)},
+    "ib": {
+        "devices": ("devices_present",),
+        "ports": ("port_state",),
+        "rate": ("port_rate",),
+        "link_layer": ("link_layer",),
+        "pcie_gen": ("pcie_link",),
+        "pcie_width": ("pcie_link",),
+    },
+}
+
+HINT = "no config: slurmhealth config genconf writes one"
+
+
+def _values(area: str, facts: dict) -> dict:
+    """The learned keys of an area's genconf expectations, without the empty ones (no GPUs,
+    no ports: nothing to expect)."""
+    found = AREAS[area].expectations(facts)
+    out = {k: v for k, v in found.items() if k in LEARNED[area] and v not in (None, "", [], 0)}
+    if area == "ib" and not out.get("ports"):
+        out.pop("link_layer", None)  # a layer means something only for the ports it names
+    return out
+
+
+def learn(facts: dict, results: list, before: object, now: float) -> dict | None:
+    """The `expect` baseline after a run: each area that passed gives its values anew (with
+    the time they were first shown), the others keep theirs. None when nothing changed."""
+    known = before.get("areas") if isinstance(before, dict) else None
+    known = dict(known) if isinstance(known, dict) else {}
+    broken = {r.check.split(".")[0] for r in results if r.status in (FAIL, ERROR)}
+    changed = False
+    for area in LEARNED:
+        if area not in facts or area in broken:
+            continue
+        values = _values(area, facts[area])
+        old = known.get(area) if isinstance(known.get(area), dict) else {}
+        if not values or values == old.get("values"):
+            continue
+        known[area] = {"values": values, "since": now}
+        changed = True
+    return {"areas": known} if changed else None
+
+
+def apply(expect: dict, doc: object) -> dict:
+    """The learned values over the built-in defaults (no config: nothing else sets them), and
+    {area: {"keys": [...], "since": epoch}} of what was applied."""
+    known = doc.get("areas") if isinstance(doc, dict) else None
+    applied: dict = {}
+    if not isinstance(known, dict):
+        return applied
+    for area, entry in known.items():
+        values = entry.get("values") if isinstance(entry, dict) else None
+        if area not in LEARNED or area not in expect or not isinstance(values, dict):
+            continue
+        keys = sorted(k for k in values if k in LEARNED[area])
+        expect[area].update({k: values[k] for k in keys})
+        applied[area] = {"keys": keys, "since": entry.get("since")}
+    return applied
+
+
+def annotate(results: list, applied: dict) -> None:
+    """A failing check that judged a learned value says so: `(as this node showed since
+    DATE; no config: slurmhealth config genconf writes one)`."""
+    for result in results:
+        area, _, name = result.check.partition(".")
+        entry = applied.get(area)
+        if result.status != FAIL or not entry:
+            continue
+        if any(name in LEARNED[area].get(k, ()) for k in entry["keys"]):
+            since = entry.get("since")
+            day = time.strftime("%Y-%m-%d", time.gmtime(since)) if since else "an earlier run"
+            result.message += f" (as this node showed since {day}; {HINT})"
