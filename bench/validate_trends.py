@@ -1,27 +1,23 @@
-"""Validation of the rising-counter finder on planted fleets (docs/trends.md, "Validation").
+"""Validation of the rising-counter finder on fleet models it was not written from
+(bench/trend_fleets.py; docs/trends.md, "Validation").
 
-For each seed: a fleet store of N nodes (default 512) of two GPU models over 28 days. Every node
-has its GPUs (8), NVLinks (18 per H100, 12 per A100) and IB ports (8 and 4), each with the error
-counters of node/counters.py that this bench models (KINDS): most devices never count an error;
-the others have their own rate (log-normal over devices), which drifts from day to day
-(log-normal, DRIFT), and their errors come in bursts (geometric sizes, mean BURST). A node's
-counters are read every 5 minutes, as the health check does, and only a reading that changed
-is recorded (node/counters.py): one row per 5-minute bin with errors, its delta the errors in
-it. Rows go into the fleet store as `counter` records through sync.import_ndjson, the path
-`collect` takes, with a daily run per node that records its GPU model.
+For each model, health-check cadence and seed: a planted fleet's records go into a fleet store
+through sync.import_ndjson (the path `collect` and `import` take); its counter rows and GPU
+models are read back once, then the finder runs every --every hours over the last --sweep days
+as `slurmhealth trends --now <that hour>` would. Beside it, a plain per-device rate test at the
+same alpha: the errors of the last 24 h against the device's own 7 days before, Poisson, at
+least twice the rate.
 
-Planted: per fleet, --planted nodes, each on one series of a random kind: from a base rate
-(log-uniform in --base episodes a day) to --rise times that rate from a random onset in days
-21-26. The sweep runs every --every hours from day 8 to day 28 through queries.rising_counters,
-as `slurmhealth trends --now <that hour>` does.
+Reported per model and cadence, pooled over seeds:
+- recall: planted series flagged by a sweep within 24 h of their onset;
+- hours from onset to the first flag (median);
+- held: of the sweeps from the first flag to the end of the record, the share that flag the
+  planted series (a device still rising stays named);
+- precision: nodes flagged on their planted series / nodes flagged on anything;
+- healthy nodes flagged.
 
-Reported, pooled over seeds: recall within a day (the planted series flagged by a sweep in the
-24 h after its onset); median hours from onset to the first flagging sweep; precision (planted
-nodes flagged on their series / every node flagged by any sweep); healthy nodes flagged per
-1,000 node-days swept.
-
-Run: `.venv/bin/python bench/validate_trends.py [--seeds 4] [--nodes 512] [--rise 10]
-[--base 2 20] [--every 1]`
+Run: `.venv/bin/python bench/validate_trends.py [--models drift workload clustered]
+[--steps 5 15 60] [--seeds 2] [--nodes 128] [--days 18]`
 """
 
 from __future__ import annotations
@@ -32,220 +28,152 @@ import io
 import json
 import math
 import os
-import random
 import statistics
 import sys
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from trend_fleets import DAY, HOUR, START, Fleet  # noqa: E402
 
 from slurmhealth.core import store  # noqa: E402
 from slurmhealth.fleet import queries, sync, trends  # noqa: E402
-
-DAY = 86400.0
-HOUR = 3600.0
-START = 20_000 * DAY  # a UTC midnight
-DAYS = 28
-STEP = 300.0  # the health check's cadence
-BURST = 3.0  # mean errors per episode (geometric)
-DRIFT = 0.3  # sd of the day-to-day log-rate change of a healthy device
-MODELS = {
-    "NVIDIA H100 80GB HBM3": {"share": 0.6, "links": 18, "ports": 8},
-    "NVIDIA A100-SXM4-80GB": {"share": 0.4, "links": 12, "ports": 4},
-}
-# counter: (device kind, share of devices that ever count, median episodes a day of those)
-KINDS = {
-    "pcie_replay": ("gpu", 0.3, 1.0),
-    "ecc_sbe_volatile": ("gpu", 0.1, 0.3),
-    "aer_correctable": ("gpu", 0.1, 0.5),
-    "nvlink_crc": ("nvlink", 0.02, 1.0),
-    "symbol_error": ("ib", 0.2, 0.5),
-}
+from slurmhealth.fleet.policy import ln_poisson_sf  # noqa: E402
 
 
-def devices(node: int, model: str, kind: str) -> list:
-    spec = MODELS[model]
-    if kind == "gpu":
-        return [(f"gpu:0000:{0x18 + 16 * g:02x}:00.0", f"GPU {g}") for g in range(8)]
-    if kind == "nvlink":
-        return [
-            (f"nvlink:0000:{0x18 + 16 * g:02x}:00.0:{k}", f"GPU {g} link {k}")
-            for g in range(8)
-            for k in range(spec["links"])
-        ]
-    return [(f"ib:mlx5_{p}:1", f"mlx5_{p} port 1") for p in range(spec["ports"])]
-
-
-def series_rows(rng: random.Random, rate_of_day, onset: float | None = None, rise: float = 1.0):
-    """(time, delta) rows of one device's counter over the month: episodes of a Poisson
-    process whose rate (episodes/day) is rate_of_day(day), x rise after onset, binned to the
-    5-minute readings."""
-    bins: dict = {}
-    for day in range(DAYS):
-        t0 = START + day * DAY
-        for part in ((t0, t0 + DAY),) if onset is None or not t0 < onset < t0 + DAY else (
-            (t0, onset),
-            (onset, t0 + DAY),
-        ):
-            rate = rate_of_day(day) * (rise if onset is not None and part[0] >= onset else 1.0)
-            count = _poisson(rng, rate * (part[1] - part[0]) / DAY)
-            for _ in range(count):
-                t = rng.uniform(*part)
-                size = 1 + int(math.log(rng.random()) / math.log(1 - 1 / BURST))
-                reading = START + math.ceil((t - START) / STEP) * STEP
-                bins[reading] = bins.get(reading, 0) + size
-    return sorted(bins.items())
-
-
-def _poisson(rng: random.Random, mu: float) -> int:
-    if mu > 50:
-        return max(0, round(rng.gauss(mu, math.sqrt(mu))))
-    k, p, limit = 0, 1.0, math.exp(-mu)
-    while True:
-        p *= rng.random()
-        if p <= limit:
-            return k
-        k += 1
-
-
-def fleet(seed: int, nodes: int, planted: int, base: tuple, rise: float) -> tuple:
-    """(NDJSON lines, {node: (device, counter, onset)} planted, {node: model})."""
-    rng = random.Random(seed)  # noqa: S311 - a simulation, not a secret
-    names = [f"gpu{i:04d}" for i in range(nodes)]
-    models = {
-        n: ("NVIDIA H100 80GB HBM3" if rng.random() < 0.6 else "NVIDIA A100-SXM4-80GB")
-        for n in names
-    }
-    plants = {}
-    for node in rng.sample(names, planted):
-        counter = rng.choice(sorted(KINDS))
-        device = rng.choice(devices(0, models[node], KINDS[counter][0]))
-        onset = START + rng.uniform(21, 26) * DAY
-        rate = math.exp(rng.uniform(math.log(base[0]), math.log(base[1])))
-        plants[node] = (device, counter, onset, rate)
-    lines = []
-    for node in names:
-        for day in range(DAYS):
-            sources = {"gpu": {"status": "ok", "versions": {"model": [models[node]]}}}
-            lines.append(_record("run", {
-                "id": f"{node}-{day}", "node": node, "phase": "check",
-                "started": START + day * DAY + 60, "duration": 0.05, "verdict": "ok",
-                "tool_version": "bench", "sources": json.dumps(sources),
-            }))
-        for counter, (kind, share, median) in KINDS.items():
-            for device, label in devices(0, models[node], kind):
-                plant = plants.get(node)
-                if plant and plant[0] == (device, label) and plant[1] == counter:
-                    rate = plant[3]
-                    rows = series_rows(rng, lambda _d, r=rate: r, plant[2], rise)
-                elif rng.random() < share:
-                    rate = median * math.exp(rng.gauss(0, 1.0))
-                    drift = [math.exp(rng.gauss(0, DRIFT)) for _ in range(DAYS)]
-                    rows = series_rows(rng, lambda d, r=rate, f=drift: r * f[d])
-                else:
-                    continue
-                value = 0
-                for t, delta in rows:
-                    value += delta
-                    lines.append(_record("counter", {
-                        "node": node, "device": device, "counter": counter, "time": t,
-                        "value": value, "delta": delta, "label": label,
-                    }))
-    return lines, {n: (p[0][0], p[1], p[2]) for n, p in plants.items()}, models
-
-
-def _record(kind: str, fields: dict) -> str:
-    return json.dumps(dict(fields, type=kind))
+def plain(rows: list, now: float, alpha: float = trends.ALPHA) -> set:
+    """{(node, device, counter)} a plain per-device rate test flags: errors in the last 24 h
+    against the device's rate over the 7 days before, Poisson, P <= alpha and >= 2x."""
+    sums: dict = {}
+    for node, device, counter, t, delta, _ in rows:
+        if delta is None or delta <= 0 or counter in trends.NOT_TRENDS:
+            continue
+        recent, past = sums.get((node, device, counter), (0.0, 0.0))
+        if t > now - DAY:
+            recent += delta
+        elif t > now - 8 * DAY:
+            past += delta
+        sums[(node, device, counter)] = (recent, past)
+    out = set()
+    for key, (recent, past) in sums.items():
+        expected = max(past / 7.0, 0.5 / 7)
+        if recent >= 2 * expected and ln_poisson_sf(recent, expected) <= math.log(alpha):
+            out.add(key)
+    return out
 
 
 def one(args: tuple) -> dict:
-    seed, nodes, planted, base, rise, every = args
-    lines, plants, _models = fleet(seed, nodes, planted, base, rise)
+    model, step, seed, nodes, days, planted, every, sweep_days = args
+    fleet = Fleet(model, seed, nodes, days, step * 60.0, planted)
+    lines = fleet.records()
     with tempfile.TemporaryDirectory() as tmp:
         conn = store.connect(os.path.join(tmp, "fleet.db"))
         header = json.dumps({"type": "header", "format": sync.FORMAT})
         sync.import_ndjson(conn, io.StringIO("\n".join([header, *lines]) + "\n"))
-        # What `slurmhealth trends --now T` reads (queries.rising_counters), read once: each
-        # sweep takes the rows of its own 8 days.
-        found, nodes = queries.rising_counters(conn, START + DAYS * DAY)
-        rows = queries.counter_rows(conn, START, START + DAYS * DAY)
-        models = queries.node_models(conn, sorted(_models), START + DAYS * DAY, 2 * DAY)
-        times = [r[3] for r in rows]
-        flagged: dict = {}
-        first: dict = {}
-        sweeps = 0
-        t = START + 8 * DAY
-        reach = max(trends.WINDOWS) + trends.BASELINE
-        while t <= START + DAYS * DAY:
-            sweeps += 1
-            lo, hi = bisect.bisect_right(times, t - reach), bisect.bisect_right(times, t)
-            found = trends.rising(rows[lo:hi], models, t)
-            for f in found:
-                flagged.setdefault(f["node"], set()).add((f["device"], f["counter"]))
-                plant = plants.get(f["node"])
-                if plant and (f["device"], f["counter"]) == plant[:2] and f["node"] not in first:
-                    if t > plant[2]:
-                        first[f["node"]] = t - plant[2]
-            t += every * HOUR
+        end = START + days * DAY
+        rows = queries.counter_rows(conn, START, end)
+        models = queries.node_models(conn, fleet.names, end, days * DAY)
         conn.close()
-    true_flagged = {
-        n for n, got in flagged.items() if n in plants and plants[n][:2] in got
+    times = [r[3] for r in rows]
+    reach = max(trends.WINDOWS) + trends.BASELINE
+    plants = {n: (p.device[0], p.counter, p.onset) for n, p in fleet.plants.items()}
+    tally = {name: {"flagged": {}, "first": {}, "held": {}} for name in ("finder", "plain")}
+    t = end - sweep_days * DAY
+    while t <= end:
+        lo, hi = bisect.bisect_right(times, t - reach), bisect.bisect_right(times, t)
+        found = {
+            "finder": {(f["node"], f["device"], f["counter"]) for f in trends.rising(
+                rows[lo:hi], models, t)},
+            "plain": plain(rows[lo:hi], t),
+        }
+        for name, keys in found.items():
+            _count(tally[name], keys, plants, t)
+        t += every * HOUR
+    return {name: _summary(tally[name], plants, end, every) for name in tally} | {
+        "rows": len(lines), "node_days": nodes * sweep_days,
     }
+
+
+def _count(tally: dict, keys: set, plants: dict, t: float) -> None:
+    for node, device, counter in keys:
+        tally["flagged"].setdefault(node, set()).add((device, counter))
+    for node, (device, counter, onset) in plants.items():
+        hit = (node, device, counter) in keys
+        if hit and t > onset and node not in tally["first"]:
+            tally["first"][node] = t - onset
+        if node in tally["first"] and t > onset:
+            got = tally["held"].setdefault(node, [0, 0])
+            got[0] += hit
+            got[1] += 1
+
+
+def _summary(tally: dict, plants: dict, end: float, every: float) -> dict:
+    flagged = tally["flagged"]
+    true = {n for n, got in flagged.items() if n in plants and plants[n][:2] in got}
+    held = [h / n for h, n in tally["held"].values() if n]
     return {
-        "seed": seed,
-        "rows": len(lines),
         "planted": len(plants),
-        "within_day": sum(1 for d in first.values() if d <= DAY),
-        "hours": [d / HOUR for d in first.values()],
+        "within_day": sum(1 for d in tally["first"].values() if d <= DAY),
+        "hours": [d / HOUR for d in tally["first"].values()],
+        "held": held,
         "flagged": len(flagged),
-        "true_flagged": len(true_flagged),
-        "healthy_flagged": len([n for n in flagged if n not in plants]),
-        "node_days": nodes * (DAYS - 8),
-        "sweeps": sweeps,
+        "true": len(true),
+        "healthy": len([n for n in flagged if n not in plants]),
     }
+
+
+def _line(name: str, results: list, node_days: int) -> str:
+    planted = sum(r["planted"] for r in results)
+    within = sum(r["within_day"] for r in results)
+    hours = [h for r in results for h in r["hours"]]
+    held = [h for r in results for h in r["held"]]
+    flagged = sum(r["flagged"] for r in results)
+    true = sum(r["true"] for r in results)
+    healthy = sum(r["healthy"] for r in results)
+    median = f"{statistics.median(hours):.1f} h" if hours else "-"
+    kept = f"{statistics.mean(held):.2f}" if held else "-"
+    precision = f"{true / flagged:.2f}" if flagged else "-"
+    return (
+        f"    {name:7s} recall {within / planted:.2f} ({within}/{planted}), median {median}, "
+        f"held {kept}, precision {precision} ({true}/{flagged}), healthy flagged {healthy} "
+        f"in {node_days} node-days"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, default=4)
-    parser.add_argument("--nodes", type=int, default=512)
-    parser.add_argument("--planted", type=int, default=5)
-    parser.add_argument("--base", type=float, nargs=2, default=(2.0, 20.0))
-    parser.add_argument("--rise", type=float, default=10.0)
+    parser.add_argument("--models", nargs="+", default=["drift", "workload", "clustered"])
+    parser.add_argument("--steps", type=float, nargs="+", default=[5, 15, 60], help="minutes")
+    parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument("--nodes", type=int, default=128)
+    parser.add_argument("--days", type=int, default=18)
+    parser.add_argument("--planted", type=int, default=6)
     parser.add_argument("--every", type=float, default=1.0, help="hours between sweeps")
-    parser.add_argument("--detail", action="store_true", help="one line per seed")
+    parser.add_argument("--sweep", type=float, default=8.0, help="days swept, to the end")
     opts = parser.parse_args()
     jobs = [
-        (s, opts.nodes, opts.planted, tuple(opts.base), opts.rise, opts.every)
-        for s in range(opts.seeds)
+        (m, s, seed, opts.nodes, opts.days, opts.planted, opts.every, opts.sweep)
+        for m in opts.models
+        for s in opts.steps
+        for seed in range(opts.seeds)
     ]
     with ProcessPoolExecutor(max_workers=min(2, os.cpu_count() or 1)) as pool:
         results = list(pool.map(one, jobs))
-    if opts.detail:
-        for r in results:
-            print(json.dumps({k: v for k, v in r.items() if k != "hours"}))
-    planted = sum(r["planted"] for r in results)
-    within = sum(r["within_day"] for r in results)
-    hours = [h for r in results for h in r["hours"]]
-    flagged = sum(r["flagged"] for r in results)
-    true = sum(r["true_flagged"] for r in results)
-    healthy = sum(r["healthy_flagged"] for r in results)
-    node_days = sum(r["node_days"] for r in results)
     print(
-        f"trends: {opts.seeds} fleets x {opts.nodes} nodes, {planted} planted "
-        f"({opts.rise:g}x from {opts.base[0]:g}-{opts.base[1]:g} episodes/day), sweeps every "
-        f"{opts.every:g} h over 20 days, {statistics.mean(r['rows'] for r in results):.0f} "
-        "records per fleet"
+        f"trends: {opts.seeds} fleets per model and cadence, {opts.nodes} nodes, {opts.days} "
+        f"days, {opts.planted} planted (10x), sweeps every {opts.every:g} h over the last "
+        f"{opts.sweep:g} days"
     )
-    print(
-        f"  recall within a day {within / planted:.2f}; median {statistics.median(hours):.1f} h "
-        f"from onset to the first flag" if hours else "  nothing flagged"
-    )
-    print(
-        f"  precision {true / flagged if flagged else 1:.2f} ({true} of {flagged} flagged nodes); "
-        f"healthy nodes flagged {healthy} ({1000 * healthy / node_days:.2f} per 1,000 node-days)"
-    )
+    for model in opts.models:
+        for step in opts.steps:
+            group = [r for j, r in zip(jobs, results) if j[0] == model and j[1] == step]
+            node_days = sum(r["node_days"] for r in group)
+            rows = statistics.mean(r["rows"] for r in group)
+            print(f"  {model}, readings every {step:g} min ({rows:.0f} records a fleet)")
+            for name in ("finder", "plain"):
+                print(_line(name, [r[name] for r in group], node_days))
 
 
 if __name__ == "__main__":
