@@ -286,8 +286,10 @@ def run_as_nobody(*args: str, env: dict | None = None, timeout: float = 60):
     setpriv = shutil.which("setpriv")
     if setpriv is None:
         require_real("setpriv (util-linux) is not installed")
-    argv = [setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", sys.executable]
-    full_env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", **(env or {}))
+    user = [setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+    python, extra = _python_for_nobody(user)
+    argv = [*user, python]
+    full_env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", **extra, **(env or {}))
     return subprocess.run(
         [*argv, "-m", "slurmhealth", *args],
         capture_output=True,
@@ -296,6 +298,43 @@ def run_as_nobody(*args: str, env: dict | None = None, timeout: float = 60):
         timeout=timeout,
         cwd="/",  # pytest's own directories are root's, 0700
     )
+
+
+_NOBODY_PYTHON: list = []
+
+
+def _python_for_nobody(user: list) -> tuple:
+    """(interpreter, environment) that the user nobody can start: this test's own, unless it
+    lives where nobody may not go (a pyenv build under /root, 0700, whose libpython the loader
+    cannot open); then the system's python3 with this tree on its path (it has click:
+    scripts/install-deps) and a readable copy of this tree's package. What these tests judge,
+    the messages, is the same on any Python."""
+    if not _NOBODY_PYTHON:
+        probe = subprocess.run(
+            [*user, sys.executable, "-c", "import click"], capture_output=True, cwd="/", check=False
+        )
+        if probe.returncode == 0:
+            _NOBODY_PYTHON.append((sys.executable, {}))
+        else:
+            _NOBODY_PYTHON.append(("/usr/bin/python3", {"PYTHONPATH": _public_copy()}))
+    return _NOBODY_PYTHON[0]
+
+
+def _public_copy() -> str:
+    """This tree's package copied where anyone may read it (the checkout may sit in a 0700
+    home), removed at exit."""
+    import atexit
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="slurmhealth-pkg-")
+    atexit.register(shutil.rmtree, folder, True)
+    shutil.copytree(os.path.join(REPO, "slurmhealth"), os.path.join(folder, "slurmhealth"),
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for root, _dirs, names in os.walk(folder):
+        os.chmod(root, 0o755)
+        for name in names:
+            os.chmod(os.path.join(root, name), 0o644)
+    return folder
 
 
 @pytest.fixture
