@@ -536,14 +536,14 @@ def _unread(run: runner.Run) -> list:
     import errno  # noqa: PLC0415 - a builtin module
 
     return [
-        {"source": name, "message": got.message, "areas": [a for a in AREAS if _reads(a, name)]}
+        {
+            "source": name,
+            "message": got.message,
+            "areas": [a for a, module in AREAS.items() if module.SOURCE == name],
+        }
         for name, got in sorted(run.sources.items())
         if got.errno is not None and got.errno != errno.ENOENT
     ]
-
-
-def _reads(area: str, source: str) -> bool:
-    return AREAS[area].SOURCE == source
 
 
 def _store_writable(path: str, named: bool) -> bool:
@@ -777,9 +777,7 @@ def _own_expectations(path: str | None, conn: object, expect: dict, baselines: d
     """With no config file and a store to remember in, the node's own known-good values are
     its expectations (node/learned.py): what was applied; None when not learning (a config
     file exists, even a broken one: the admin's word, not the node's, sets them)."""
-    if conn is None or path or os.environ.get("SLURMHEALTH_CONFIG"):
-        return None
-    if os.path.exists(config.DEFAULT_PATH):
+    if conn is None or config.chosen_path(path) is not None:
         return None
     return learned.apply(expect, baselines.get(learned.BASELINE))
 

@@ -528,6 +528,15 @@ def example_text() -> str:
     return "\n".join(lines)
 
 
+def chosen_path(path: str | None) -> str | None:
+    """The config file named (--config, then SLURMHEALTH_CONFIG) or the default path if it
+    exists; None: no config file at all. Not yet judged trusted (resolve_path)."""
+    chosen = path or os.environ.get("SLURMHEALTH_CONFIG")
+    if chosen:
+        return chosen
+    return DEFAULT_PATH if os.path.exists(DEFAULT_PATH) else None
+
+
 def resolve_path(path: str | None) -> str | None:
     """--config, then SLURMHEALTH_CONFIG, then the default path if it exists.
 
@@ -535,9 +544,7 @@ def resolve_path(path: str | None) -> str | None:
     owner, a symlink, in a directory others can write) is refused: it decides what drains a
     node and which programs run as root. ConfigError, so the hooks run with built-in defaults,
     loudly, and `check` or `config validate` say why."""
-    chosen = path or os.environ.get("SLURMHEALTH_CONFIG")
-    if not chosen:
-        chosen = DEFAULT_PATH if os.path.exists(DEFAULT_PATH) else None
+    chosen = chosen_path(path)
     if chosen is None:
         return None
     from slurmhealth.core import files  # noqa: PLC0415

@@ -340,18 +340,11 @@ def pci_gpus(root: str) -> list:
         names = sorted(os.listdir(base))
     except OSError:
         return []
-    out = []
-    for name in names:
-        try:
-            with open(os.path.join(base, name, "vendor"), encoding="ascii") as handle:
-                vendor = handle.read(16).strip().lower()
-            with open(os.path.join(base, name, "class"), encoding="ascii") as handle:
-                cls = handle.read(16).strip().lower()
-        except (OSError, ValueError):
-            continue
-        if vendor == NVIDIA_VENDOR and cls.startswith(GPU_CLASSES):
-            out.append(name)
-    return out
+    return [
+        name
+        for name in names
+        if _pci_word(base, name, "vendor") == NVIDIA_VENDOR and _is_gpu(base, name)
+    ]
 
 
 def bound_gpus(root: str, devices: list) -> list | None:
@@ -367,17 +360,25 @@ def bound_gpus(root: str, devices: list) -> list | None:
     except OSError:
         return None
     listed = {pci_address(d["bus_id"]) for d in devices if isinstance(d.get("bus_id"), str)}
-    out = []
-    for name in sorted(n for n in names if n.count(":") == 2):
-        if name.lower() not in listed:
-            try:
-                with open(os.path.join(base, name, "class"), encoding="ascii") as handle:
-                    if not handle.read(16).strip().lower().startswith(GPU_CLASSES):
-                        continue
-            except (OSError, ValueError):
-                continue
-        out.append(name.lower())
-    return out
+    return [
+        name.lower()
+        for name in sorted(n for n in names if n.count(":") == 2)
+        if name.lower() in listed or _is_gpu(base, name)
+    ]
+
+
+def _is_gpu(base: str, name: str) -> bool:
+    return _pci_word(base, name, "class").startswith(GPU_CLASSES)
+
+
+def _pci_word(base: str, name: str, attribute: str) -> str:
+    """A PCI device's sysfs attribute (vendor, class) as the kernel prints it, lower case; ''
+    when unreadable."""
+    try:
+        with open(os.path.join(base, name, attribute), encoding="ascii") as handle:
+            return handle.read(16).strip().lower()
+    except (OSError, ValueError):
+        return ""
 
 
 def _cuda_version(nvml: object) -> int | None:
