@@ -42,6 +42,8 @@ from slurmhealth.core import store  # noqa: E402
 from slurmhealth.fleet import queries, sync, trends  # noqa: E402
 from slurmhealth.fleet.policy import ln_poisson_sf  # noqa: E402
 
+BUSY = 5.0  # episodes a day: a base from which a tenfold rise can pass ALPHA within a day
+
 
 def plain(rows: list, now: float, alpha: float = trends.ALPHA) -> set:
     """{(node, device, counter)} a plain per-device rate test flags: errors in the last 24 h
@@ -65,7 +67,7 @@ def plain(rows: list, now: float, alpha: float = trends.ALPHA) -> set:
 
 
 def one(args: tuple) -> dict:
-    model, step, seed, nodes, days, planted, every, sweep_days = args
+    model, step, seed, nodes, days, planted, every, sweep_days, alpha = args
     fleet = Fleet(model, seed, nodes, days, step * 60.0, planted)
     lines = fleet.records()
     with tempfile.TemporaryDirectory() as tmp:
@@ -78,15 +80,15 @@ def one(args: tuple) -> dict:
         conn.close()
     times = [r[3] for r in rows]
     reach = max(trends.WINDOWS) + trends.BASELINE
-    plants = {n: (p.device[0], p.counter, p.onset) for n, p in fleet.plants.items()}
+    plants = {n: (p.device[0], p.counter, p.onset, p.base) for n, p in fleet.plants.items()}
     tally = {name: {"flagged": {}, "first": {}, "held": {}} for name in ("finder", "plain")}
     t = end - sweep_days * DAY
     while t <= end:
         lo, hi = bisect.bisect_right(times, t - reach), bisect.bisect_right(times, t)
         found = {
             "finder": {(f["node"], f["device"], f["counter"]) for f in trends.rising(
-                rows[lo:hi], models, t)},
-            "plain": plain(rows[lo:hi], t),
+                rows[lo:hi], models, t, alpha=alpha)},
+            "plain": plain(rows[lo:hi], t, alpha),
         }
         for name, keys in found.items():
             _count(tally[name], keys, plants, t)
@@ -99,7 +101,7 @@ def one(args: tuple) -> dict:
 def _count(tally: dict, keys: set, plants: dict, t: float) -> None:
     for node, device, counter in keys:
         tally["flagged"].setdefault(node, set()).add((device, counter))
-    for node, (device, counter, onset) in plants.items():
+    for node, (device, counter, onset, _) in plants.items():
         hit = (node, device, counter) in keys
         if hit and t > onset and node not in tally["first"]:
             tally["first"][node] = t - onset
@@ -115,6 +117,12 @@ def _summary(tally: dict, plants: dict, end: float, every: float) -> dict:
     held = [h / n for h, n in tally["held"].values() if n]
     return {
         "planted": len(plants),
+        # per planted series: (its base in episodes a day, hours from onset to the first flag or
+        # None, hours of record after its onset)
+        "plants": [
+            (base, tally["first"][n] / HOUR if n in tally["first"] else None, (end - onset) / HOUR)
+            for n, (_, _, onset, base) in plants.items()
+        ],
         "within_day": sum(1 for d in tally["first"].values() if d <= DAY),
         "hours": [d / HOUR for d in tally["first"].values()],
         "held": held,
@@ -135,11 +143,22 @@ def _line(name: str, results: list, node_days: int) -> str:
     median = f"{statistics.median(hours):.1f} h" if hours else "-"
     kept = f"{statistics.mean(held):.2f}" if held else "-"
     precision = f"{true / flagged:.2f}" if flagged else "-"
+    bands = _bands([p for r in results for p in r["plants"]])
     return (
-        f"    {name:7s} recall {within / planted:.2f} ({within}/{planted}), median {median}, "
-        f"held {kept}, precision {precision} ({true}/{flagged}), healthy flagged {healthy} "
-        f"in {node_days} node-days"
+        f"    {name:7s} recall {within / planted:.2f} ({within}/{planted}), {bands}, "
+        f"median {median}, held {kept}, precision {precision} ({true}/{flagged}), healthy "
+        f"flagged {healthy} in {node_days} node-days"
     )
+
+
+def _bands(plants: list) -> str:
+    """Recall within 24 h of the rises from a base of at least BUSY episodes a day, and within
+    72 h of the rest (of those with 72 h of record after their onset)."""
+    busy = [h for base, h, _ in plants if base >= BUSY]
+    quiet = [h for base, h, after in plants if base < BUSY and after >= 72]
+    day = sum(1 for h in busy if h is not None and h <= 24)
+    days = sum(1 for h in quiet if h is not None and h <= 72)
+    return f">={BUSY:g}/day in 24 h {day}/{len(busy)}, fewer in 72 h {days}/{len(quiet)}"
 
 
 def main() -> None:
@@ -149,12 +168,13 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--nodes", type=int, default=128)
     parser.add_argument("--days", type=int, default=18)
-    parser.add_argument("--planted", type=int, default=6)
+    parser.add_argument("--planted", type=int, default=8)
     parser.add_argument("--every", type=float, default=1.0, help="hours between sweeps")
+    parser.add_argument("--alpha", type=float, default=trends.ALPHA, help="both tests' bar")
     parser.add_argument("--sweep", type=float, default=8.0, help="days swept, to the end")
     opts = parser.parse_args()
     jobs = [
-        (m, s, seed, opts.nodes, opts.days, opts.planted, opts.every, opts.sweep)
+        (m, s, seed, opts.nodes, opts.days, opts.planted, opts.every, opts.sweep, opts.alpha)
         for m in opts.models
         for s in opts.steps
         for seed in range(opts.seeds)
@@ -164,7 +184,7 @@ def main() -> None:
     print(
         f"trends: {opts.seeds} fleets per model and cadence, {opts.nodes} nodes, {opts.days} "
         f"days, {opts.planted} planted (10x), sweeps every {opts.every:g} h over the last "
-        f"{opts.sweep:g} days"
+        f"{opts.sweep:g} days, alpha {opts.alpha:g}"
     )
     for model in opts.models:
         for step in opts.steps:

@@ -2,23 +2,31 @@
 peers' (docs/trends.md). Pure: the rows queries.counter_rows reads go in, findings come out.
 
 A series is one counter of one device (GPU, NVLink, HCA, port) of one node. The node records a
-reading only when the counter grew (node/counters.py), each with its increase, so each row is an
-*episode*: one or more errors between two runs a few minutes apart. Episodes, not error counts,
-are what the test counts: errors come in bursts (one marginal lane retrains and replays 50
-times), and a Poisson test of raw counts would call every burst a trend.
+reading only when the counter grew (node/counters.py), each with its increase. The test counts
+errors, the sum of the increases: unlike the readings with an increase (episodes), that sum does
+not depend on how often the node is read, so a rise is found alike at 5-minute and hourly
+health checks. Errors come in bursts (one marginal lane retrains and replays 50 times), so the
+count is scaled by how bursty the device is: its increases' index of dispersion, sum(d^2) /
+sum(d), the variance-to-mean ratio of a sum of bursts (a compound Poisson count), measured on
+its own past, and never below its class's median while its past holds few bursts.
 
-For each series and each recent window (6 h and 24 h by default), with k its episodes in the
-window and n_b those in the 7 days before the longest window:
-- against its own past: under a steady rate, k of the k + n_b episodes fall in the window
-  with probability window / (window + 7 days) each: an exact binomial test of the two Poisson
-  counts, which carries the uncertainty of a past of few episodes (a Poisson test against the
-  past's rate, taken as exact, calls every noisy week a trend);
-- against its peers: the median rate over every device of the same kind on the nodes of the
-  same GPU model (devices without a row count 0; at least half an episode a week), a Poisson
-  test of k against window x that rate.
-The series is rising when k >= `min_episodes`, its rate in the window is at least `factor`
-times both its own past rate and its peers' (a rate that doubled, by default), and both tests
-give P <= `alpha`.
+For each series and each recent window (6 h, 24 h and 3 days by default), with x its errors in
+the window and x_b those in the 7 days before the longest window (a past that ends before any
+window tested, so a rise of up to 3 days is never its own baseline; and the lower of that
+week's rate and its older half's, so a rise that began in the week does not raise the bar):
+- against its own past: under a steady rate each error falls in the window with probability
+  window / (window + past); an exact binomial test of the two counts, both scaled by the
+  dispersion, which carries the uncertainty of a past of few errors;
+- against its peers: the median error rate over every device of the same kind on the nodes of
+  the same GPU model (devices without a row count 0; at least PRIOR errors a week), a Poisson
+  test of the scaled x against the window's scaled expectation;
+- day-to-day variation: error rates follow the work a node runs. The variance of a device's
+  daily errors is phi m + c m^2 (phi its burst dispersion, m the daily mean); c is the median
+  over the class's devices with a busy enough week (a few noisy neighbours do not mute a quiet
+  device's rise), and the tests scale by phi + c x the expected errors (a quasi-likelihood).
+The series is rising when the window holds at least `min_episodes` readings with errors (one
+burst is never a trend), its errors are at least `factor` times both its own past's and its
+peers' expectation, and both tests give P <= `alpha`.
 Published limits are judged on error counts besides: DCGM's health watches warn at 8 PCIe
 replays per minute (DCGM_LIMIT_MAX_PCIREPLAY_RATE) and at 100 NVLink CRC errors per second
 (DCGM_LIMIT_MAX_NVLINK_CRC_ERROR), over the shortest window here.
@@ -34,13 +42,17 @@ from slurmhealth.fleet.policy import ln_poisson_sf
 
 HOUR = 3600.0
 DAY = 86400.0
-WINDOWS = (6 * HOUR, DAY)  # recent windows tested (seconds)
+WINDOWS = (6 * HOUR, DAY, 3 * DAY)  # recent windows tested (seconds)
 BASELINE = 7 * DAY  # the series' own past, before the longest window
 FACTOR = 2.0  # "a rate that doubled"
-MIN_EPISODES = 4  # fewer episodes in a window are never a trend
-ALPHA = 1e-9  # per series, window and sweep: ~3,000 active series x 2 windows x 24 sweeps a day
-MIN_SPREAD = 14  # a week's episodes that measure a device's day-to-day variation
-PRIOR = 0.5  # episodes a week: the least rate a device's peers are taken to have
+MIN_EPISODES = 4  # fewer readings with errors in a window are never a trend
+ALPHA = 1e-7  # per series, window and sweep (docs/trends.md: what it costs in false flags)
+MIN_SIZES = 5  # baseline bursts that measure a device's own dispersion...
+OWN_SIZES = 30  # ...never below its class's median until it has this many
+MIN_SPREAD = 14  # a week's readings with errors that measure day-to-day variation
+MIN_CLASS = 10  # devices that measured day-to-day variation: a class's own median
+MIN_C = 1e-3  # day-to-day variation below this is none (a sd of 3% a day)
+PRIOR = 0.5  # errors (hours with errors) a week: the least rate a device's peers are taken to have
 # Published limits on error counts per second: (limit, source).
 PUBLISHED = {
     "pcie_replay": (8 / 60.0, "DCGM's PCIe health watch: 8 replays per minute"),
@@ -75,11 +87,6 @@ LABELS = {
 }
 
 
-def kind_of(device: str) -> str:
-    """ "gpu:0000:18:00.0" -> "gpu": the kind of device peers are compared by."""
-    return device.partition(":")[0]
-
-
 def rising(
     rows: list,
     models: dict,
@@ -95,9 +102,9 @@ def rising(
     one finding per series (its most significant window).
 
     rows: (node, device, counter, time, delta, label) with time in (now - longest window -
-    baseline, now]; a row whose delta is None (a first reading) counts nowhere. models: {node:
-    GPU model} of every node of the fleet, those without a row included (the fleet's median
-    counts them as 0)."""
+    baseline, now]; a row whose delta is None (a first reading, a reset) counts nowhere. models:
+    {node: GPU model} of every node of the fleet, those without a row included (the fleet's
+    median counts them as 0)."""
     longest = max(windows)
     start = now - longest - baseline
     series: dict = {}
@@ -105,108 +112,229 @@ def rising(
         if counter in NOT_TRENDS or delta is None or delta <= 0 or not start < t <= now:
             continue
         series.setdefault((node, device, counter), []).append((t, float(delta), label))
-    past = {key: _past(items, now - longest, baseline) for key, items in series.items()}
-    fleet = _fleet_rates(past, models, baseline)
-    spread = _spread(past, models)
+    hours = {key: _hours(items, now) for key, items in series.items()}
+    past = {key: _past(got, longest, baseline) for key, got in hours.items()}
+    classes = _classes(past, models, baseline)
     ln_alpha = math.log(alpha)
     found = []
     for key, items in series.items():
         node, device, counter = key
-        group = (models.get(node, ""), kind_of(device), counter)
-        peers = fleet.get(group, (0.0, 0.0))
-        limits = (factor, min_episodes, ln_alpha, spread.get(group, 0.0))
+        group = classes.get((models.get(node, ""), kind_of(device), counter), _NO_CLASS)
+        phis = {k: _phi(past[key], group, k) for k in ("phi", "phi_r")}
+        own = dict(past[key], **phis)
+        limits = (factor, min_episodes, ln_alpha, group)
         best = None
         for window in windows:
-            got = _window(items, now - window)
-            best = _better(best, _judge(got, window, past[key][0], baseline, peers[0], limits))
-            best = _better(best, _published(counter, got, window))
+            got = _window(hours[key], window)
+            best = _better(best, _judge(got, window, own, limits))
+            best = _better(best, _published(counter, _errors(items, now - window), window))
         if best is not None:
-            found.append(_finding(key, items, best, peers, past[key][1] / baseline))
+            found.append(_finding(key, items, best, group["errors"], own["rate"]))
     return sorted(found, key=lambda f: (f["lnp"], f["node"], f["device"], f["counter"]))
 
 
-def _past(items: list, before: float, baseline: float) -> tuple:
-    """(episodes, errors, episodes per day) of a series in the baseline before `before`."""
-    old = [(t, d) for t, d, _ in items if t <= before]
-    days = [0] * max(1, round(baseline / DAY))
-    for t, _ in old:
-        days[min(len(days) - 1, int((before - t) // DAY))] += 1
-    return len(old), sum(d for _, d in old), days
+_NO_CLASS = {"errors": 0.0, "readings": 0.0, "phi": 1.0, "phi_r": 1.0, "c": 0.0}
 
 
-def _spread(past: dict, models: dict) -> dict:
-    """{(model, kind, counter): c}, the day-to-day variation of the group's rates beyond
-    Poisson's: the variance of a device's daily episodes is m + c m^2 (m their mean), c pooled
-    by moments over the group's devices with a week of at least MIN_SPREAD episodes
-    (sum(variance - m) / sum(m^2): the busiest devices, where it matters, weigh most). Error
-    rates follow the work a node runs, so a busy day is no trend: the tests scale counts by
-    1 + c x the expected episodes (a quasi-likelihood)."""
-    sums: dict = {}
-    for (node, device, counter), (episodes, _, days) in past.items():
-        if episodes >= MIN_SPREAD and len(days) > 1:
-            m = episodes / len(days)
-            variance = sum((d - m) ** 2 for d in days) / (len(days) - 1)
-            key = (models.get(node, ""), kind_of(device), counter)
-            extra, weight = sums.get(key, (0.0, 0.0))
-            sums[key] = (extra + variance - m, weight + m * m)
-    return {k: max(0.0, extra / weight) for k, (extra, weight) in sums.items() if weight > 0}
+def _hours(items: list, now: float) -> dict:
+    """{hours before now (0: the last hour): [errors, readings with errors] in it}."""
+    out: dict = {}
+    for t, delta, _ in items:
+        got = out.setdefault(int((now - t) // HOUR), [0.0, 0])
+        got[0] += delta
+        got[1] += 1
+    return out
 
 
-def _window(items: list, after: float) -> tuple:
-    """(episodes, errors) of a series after `after`."""
-    new = [d for t, d, _ in items if t > after]
-    return len(new), sum(new)
+def _past(hours: dict, before: float, baseline: float) -> dict:
+    """A series' baseline, the `baseline` of hours ending `before` (seconds before now, the
+    longest window): {errors, readings (with errors), span (the seconds they are over), rate
+    (errors per s), phi and phi_r (the variance-to-mean ratio of its hourly errors and
+    readings, at least 1; None from fewer than MIN_SIZES readings), c (day-to-day variation
+    beyond phi, None from fewer than MIN_SPREAD readings), seen (readings in the whole
+    baseline)}. The counts are the older half's when the newer half holds more than FACTOR
+    times as many errors: a rise that began inside the baseline does not raise the bar it is
+    judged by."""
+    first, width = int(round(before / HOUR)), int(round(baseline / HOUR))
+    old = {h: v for h, v in hours.items() if first <= h < first + width}
+    errors = sum(v[0] for v in old.values())
+    half = {h: v for h, v in old.items() if h >= first + width // 2}
+    span, kept = baseline, old
+    older = sum(v[0] for v in half.values())
+    if errors - older > FACTOR * max(older, 1.0):
+        span, kept = baseline / 2, half
+    days = [0.0] * max(1, width // 24)
+    for h, v in old.items():
+        days[min(len(days) - 1, (h - first) // 24)] += v[0]
+    seen = sum(v[1] for v in old.values())
+    enough = seen >= MIN_SIZES
+    phi = _dispersion([v[0] for v in old.values()], width) if enough else None
+    return {
+        "errors": sum(v[0] for v in kept.values()),
+        "readings": sum(v[1] for v in kept.values()),
+        "span": span,
+        "rate": sum(v[0] for v in kept.values()) / span,
+        "phi": phi,
+        "phi_r": _dispersion([v[1] for v in old.values()], width) if enough else None,
+        "c": _day_variation(days, phi) if seen >= MIN_SPREAD and phi else None,
+        "seen": seen,
+    }
 
 
-def _fleet_rates(past: dict, models: dict, baseline: float) -> dict:
-    """{(model, kind, counter): (median episodes per s, median errors per s)} over every device
-    of that kind on the model's nodes; devices that recorded nothing count 0. A node's device
-    count is the most that recorded that counter on any node of the model (8 GPUs, 8 ports)."""
+def _dispersion(counts: list, hours: int) -> float:
+    """Variance over mean of hourly counts (the hours not listed are 0), at least 1: a sum of
+    bursts varies by about its bursts' sum(x^2) / sum(x)."""
+    total = sum(counts)
+    if total <= 0:
+        return 1.0
+    mean = total / hours
+    return max(1.0, (sum(x * x for x in counts) / hours - mean * mean) / mean)
+
+
+def _day_variation(days: list, phi: float) -> float:
+    """c in variance = phi m + c m^2 of a series' daily errors: an unbiased estimate, so
+    negative at times (a median over devices is taken, then floored at 0)."""
+    m = sum(days) / len(days)
+    if m <= 0 or len(days) < 2:
+        return 0.0
+    variance = sum((d - m) ** 2 for d in days) / (len(days) - 1)
+    return (variance - phi * m) / (m * m)
+
+
+def _phi(own: dict, group: dict, key: str) -> float:
+    """A dispersion a series is judged with: its own once it has OWN_SIZES readings with
+    errors, else the larger of its own and its class's median (a quiet device's few bursts
+    say little of its tail)."""
+    if own[key] is None:
+        return group[key]
+    return own[key] if own["seen"] >= OWN_SIZES else max(own[key], group[key])
+
+
+def kind_of(device: str) -> str:
+    """ "gpu:0000:18:00.0" -> "gpu": the kind of device peers are compared by."""
+    return device.partition(":")[0]
+
+
+def _classes(past: dict, models: dict, baseline: float) -> dict:
+    """{(model, kind, counter): {errors, readings, phi, phi_r, c}}: the median rates (per s)
+    of errors and of readings with errors over every device of that kind on the model's nodes
+    (devices that recorded nothing count 0; a node's device count is the most that recorded
+    the counter on any node of the model: 8 GPUs, 8 ports), and the medians of the
+    dispersions its devices measured (1 and 0 when none did)."""
     nodes_of: dict = {}
     for node, model in models.items():
         nodes_of.setdefault(model, set()).add(node)
     groups: dict = {}
-    width: dict = {}
-    for (node, device, counter), (episodes, errors, _) in past.items():
+    for (node, device, counter), own in past.items():
         key = (models.get(node, ""), kind_of(device), counter)
-        groups.setdefault(key, {}).setdefault(node, []).append((episodes, errors))
-    for key, per_node in groups.items():
-        width[key] = max(len(v) for v in per_node.values())
+        groups.setdefault(key, {}).setdefault(node, []).append(own)
+    every = [o["c"] for o in past.values() if o["c"] is not None]
+    fleet_c = max(0.0, statistics.median(every)) if every else 0.0
     out = {}
     for key, per_node in groups.items():
-        total = max(len(nodes_of.get(key[0], ())), len(per_node)) * width[key]
-        values = [v for items in per_node.values() for v in items]
-        zeros = [(0, 0.0)] * max(0, total - len(values))
-        episodes = statistics.median([e for e, _ in values] + [e for e, _ in zeros])
-        errors = statistics.median([x for _, x in values] + [x for _, x in zeros])
-        out[key] = (episodes / baseline, errors / baseline)
+        width = max(len(v) for v in per_node.values())
+        total = max(len(nodes_of.get(key[0], ())), len(per_node)) * width
+        owns = [o for items in per_node.values() for o in items]
+        zeros = [0.0] * max(0, total - len(owns))
+        out[key] = {
+            "errors": statistics.median([o["errors"] / o["span"] for o in owns] + zeros),
+            "readings": statistics.median([o["readings"] / o["span"] for o in owns] + zeros),
+            "phi": _median([o["phi"] for o in owns], 1.0),
+            "phi_r": _median([o["phi_r"] for o in owns], 1.0),
+            "c": _day_spread([o["c"] for o in owns], fleet_c),
+        }
     return out
 
 
-def _judge(got: tuple, window: float, before: int, baseline: float, fleet: float, limits: tuple):
-    """The window's finding when it is a trend against both the past and the peers, else None."""
-    factor, least, ln_alpha, spread = limits
-    episodes, errors = got
-    peers = window * max(fleet, PRIOR / BASELINE)
-    own = window * before / baseline
-    if episodes < least or episodes < factor * max(own, peers):
+def _day_spread(values: list, fleet: float) -> float:
+    """A class's day-to-day variation: the median of its devices' estimates once MIN_CLASS
+    devices measured it, else the fleet's over every counter (7 days of a few devices say
+    little)."""
+    known = [v for v in values if v is not None]
+    return max(0.0, statistics.median(known)) if len(known) >= MIN_CLASS else fleet
+
+
+def _median(values: list, none: float) -> float:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else none
+
+
+def _window(hours: dict, window: float) -> tuple:
+    """(readings with errors, errors, the most errors in one hour) of a series in the last
+    `window` seconds."""
+    last = [v for h, v in hours.items() if h < round(window / HOUR)]
+    return sum(v[1] for v in last), sum(v[0] for v in last), max((v[0] for v in last), default=0.0)
+
+
+def _errors(items: list, after: float) -> tuple:
+    """(readings with errors, errors) after `after`, for the published limits."""
+    new = [d for t, d, _ in items if t > after]
+    return len(new), sum(new)
+
+
+def _judge(got: tuple, window: float, own: dict, limits: tuple) -> dict | None:
+    """The window's finding when it is a trend against both the past and the peers, else None.
+
+    Two counts are tested, and either may carry the rise: the readings with errors (how often
+    the device errs, blind to burst sizes; at an hourly cadence it saturates at one an hour),
+    and the errors without the window's worst hour (how much it errs: a device that errs at
+    every reading already, bursts that grow). Each is scaled by its own dispersion, and
+    leaving out the worst hour keeps one large burst from ever being a trend."""
+    factor, least, ln_alpha, group = limits
+    readings, errors, worst = got
+    past, peers = window * own["rate"], window * max(group["errors"], PRIOR / BASELINE)
+    if readings < least or errors < factor * max(past, peers):
         return None
-    phi = 1.0 + spread * own
-    ln_own = ln_binomial_sf(
-        round(episodes / phi), round((episodes + before) / phi), window / (window + baseline)
-    )
-    ln_peers = ln_poisson_sf(episodes / phi, peers / phi)
-    lnp = max(ln_own, ln_peers)
+    shape = _shape(window, group["c"])
+    share = window / (window + own["span"])
+    ln_errors = _ln_p(errors - worst, own["errors"], (past, peers), own["phi"], shape, share)
+    peers_r = window * max(group["readings"], PRIOR / BASELINE)
+    past_r = window * own["readings"] / own["span"]
+    ln_readings = _ln_p(readings, own["readings"], (past_r, peers_r), own["phi_r"], shape, share)
+    lnp = min(ln_errors, ln_readings)
     if lnp > ln_alpha:
         return None
     return {
         "window": window,
-        "episodes": episodes,
+        "episodes": readings,
         "errors": errors,
-        "expected": max(own, peers),
+        "expected": max(past, peers),
         "lnp": lnp,
         "basis": "trend",
     }
+
+
+def _shape(window: float, c: float) -> float | None:
+    """The shape of the gamma law of the window's rate against its mean, from day-to-day
+    variation c (variance c m^2 of a day whose mean is m): one day's 1 / c, and the days' sum
+    for a longer window (days vary apart); None when the days do not vary (Poisson)."""
+    if c < MIN_C:
+        return None
+    return max(1.0, window / DAY) / c
+
+
+def _ln_p(
+    count: float, before: float, expected: tuple, phi: float, shape: float | None, share: float
+) -> float:
+    """ln P of `count` in the window against its own past (`before` in the baseline) and
+    against its peers' expectation: the larger of the two.
+
+    Counts are in bursts (divided by the dispersion phi). Against the past: given the window's
+    and the past's bursts together, the window's share is binomial (a steady rate) or, when days
+    vary, beta-binomial: each is Poisson at a rate drawn from a gamma law, and given their sum
+    the window's is beta-binomial with the two laws' shapes, the past's set so that its mean
+    share is the window's share of the time. Against the peers: Poisson, or negative binomial
+    (Poisson at a gamma rate) when days vary. The gamma tail is what day-to-day variation
+    allows: a busy week doubles a rate, it does not make it tenfold."""
+    _past, peers = expected
+    k, n = round(count / phi), round((count + before) / phi)
+    if shape is None:
+        own = ln_binomial_sf(k, n, share)
+        fleet = ln_poisson_sf(count / phi, peers / phi)
+    else:
+        own = ln_beta_binomial_sf(k, n, shape, shape * (1 - share) / share)
+        fleet = ln_neg_binomial_sf(k, peers / phi, shape)
+    return max(own, fleet)
 
 
 def ln_binomial_sf(k: int, n: int, p: float) -> float:
@@ -223,8 +351,50 @@ def ln_binomial_sf(k: int, n: int, p: float) -> float:
         math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq
         for i in range(k, n + 1)
     ]
+    return _ln_sum(terms)
+
+
+def _ln_sum(terms: list) -> float:
     top = max(terms)
     return min(0.0, top + math.log(sum(math.exp(t - top) for t in terms)))
+
+
+def ln_beta_binomial_sf(k: int, n: int, a: float, b: float) -> float:
+    """ln P(X >= k) for X ~ BetaBinomial(n, a, b): binomial with its p drawn from Beta(a, b)."""
+    if k <= 0:
+        return 0.0
+    if k > n:
+        return -math.inf
+    front = math.lgamma(n + 1) + math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
+    front -= math.lgamma(n + a + b)
+    return _ln_sum(
+        [
+            front
+            + math.lgamma(i + a)
+            + math.lgamma(n - i + b)
+            - math.lgamma(i + 1)
+            - math.lgamma(n - i + 1)
+            for i in range(k, n + 1)
+        ]
+    )
+
+
+def ln_neg_binomial_sf(k: int, mean: float, shape: float) -> float:
+    """ln P(X >= k) for X negative binomial with that mean: Poisson at a rate drawn from a gamma
+    law of that shape. The terms past the mode fall off geometrically; summed until they add
+    nothing."""
+    if k <= 0:
+        return 0.0
+    if mean <= 0:
+        return -math.inf
+    q = mean / (mean + shape)  # the chance of one more
+    front = shape * math.log1p(-q) - math.lgamma(shape)
+    terms, i = [], k
+    while True:
+        terms.append(front + math.lgamma(i + shape) - math.lgamma(i + 1) + i * math.log(q))
+        if i > k + 10 and terms[-1] < max(terms) - 40:
+            return _ln_sum(terms)
+        i += 1
 
 
 def _published(counter: str, got: tuple, window: float) -> dict | None:
@@ -254,12 +424,11 @@ def _per_h(value: float) -> float:
     return round(value * HOUR, 3)
 
 
-def _finding(key: tuple, items: list, best: dict, peers: tuple, own_errors: float):
+def _finding(key: tuple, items: list, best: dict, fleet_errors: float, own_errors: float):
     node, device, counter = key
     label = items[-1][2] or device
     window = best["window"]
     rate = best["errors"] / window
-    fleet_errors = peers[1]
     ratio = rate / own_errors if own_errors > 0 else None
     what = LABELS.get(counter) or clean(counter, 60)  # a counter a node's record named
     text = f"{clean(label, 60)} {what} {_num(rate * HOUR)}/h over {window / HOUR:g} h"

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 
 from conftest import record_sources, run_cli, snapshot_path
 
 from slurmhealth.core import store
 from slurmhealth.fleet import trends
+from slurmhealth.fleet.policy import ln_poisson_sf
 from slurmhealth.node import config, runner
 
 H = 3600.0
@@ -24,6 +26,23 @@ def episodes(node, device, counter, per_day, start, end, rng, size=1, label="GPU
         if t > end:
             return rows
         rows.append((node, device, counter, t, float(size), label))
+
+
+def read_every(rows, step):
+    """The same episodes as a node read every `step` seconds records them: one row per reading
+    that found the counter grown, its delta the sum since the reading before."""
+    out: dict = {}
+    for node, device, counter, t, delta, _label in rows:
+        at = (t // step + 1) * step
+        key = (node, device, counter, at)
+        out[key] = out.get(key, 0.0) + delta
+    return sorted(((n, d, c, t, v, "GPU 5") for (n, d, c, t), v in out.items()), key=lambda r: r[3])
+
+
+def rise(node, device, counter, base, onset, rng, size=1, after=None):
+    """A device at `base` episodes a day for 10 days, then ten times as many from `onset`."""
+    rows = episodes(node, device, counter, base, NOW - 10 * 86400, onset, rng, size)
+    return rows + episodes(node, device, counter, after or 10 * base, onset, NOW, rng, size)
 
 
 def fleet(n=20):
@@ -42,9 +61,99 @@ def test_a_tenfold_rise_is_found_with_its_evidence_and_a_steady_rate_is_not():
         ("gpu03", "pcie_replay", "trend")
     ]
     f = found[0]
-    assert f["episodes"] >= 20 and f["ratio"] > 5 and f["p"] < trends.ALPHA
+    assert f["episodes"] >= trends.MIN_EPISODES and f["ratio"] > 5 and f["p"] < trends.ALPHA
     assert f["evidence"].startswith("gpu03: GPU 5 PCIe replays ")
     assert "x its 7-day baseline, fleet median 0/h" in f["evidence"]
+
+
+def test_a_rise_is_found_alike_at_5_minute_and_hourly_readings():
+    """The errors, not the readings with errors, carry a rise at an hourly cadence: 8 episodes a
+    day that become 80 are at most 24 hourly readings a day."""
+    rng = random.Random(4)
+    device = "gpu:0000:9b:00.0"
+    steady = []
+    for node in fleet():
+        steady += episodes(node, device, "nvlink_crc", 2, NOW - 10 * 86400, NOW, rng, 2)
+    rows = steady + rise("gpu03", device, "nvlink_crc", 8, NOW - 86400, rng, 2)
+    rows = [r for r in rows if r[0] != "gpu03" or r[3] > NOW - 10 * 86400]
+    for step in (300.0, 3600.0):
+        found = trends.rising(read_every(rows, step), fleet(), NOW)
+        assert [(f["node"], f["counter"]) for f in found] == [("gpu03", "nvlink_crc")], step
+
+
+def test_a_device_still_rising_stays_flagged_after_its_rise_reaches_the_baseline():
+    """A rise 5 days old is inside the 7-day baseline: the older half, from before it, is the
+    bar, and the device stays named while it keeps rising."""
+    rng = random.Random(5)
+    device = "ib:mlx5_0:1"
+    rows = []
+    for node in fleet():
+        rows += episodes(node, device, "symbol_error", 3, NOW - 10 * 86400, NOW, rng)
+    rows = [r for r in rows if r[0] != "gpu07"]
+    rows += rise("gpu07", device, "symbol_error", 3, NOW - 5 * 86400, rng)
+    for now in (NOW - 4 * 86400, NOW - 2 * 86400, NOW):
+        rows_then = sorted((r for r in rows if r[3] <= now), key=lambda r: r[3])
+        found = trends.rising(rows_then, fleet(), now)
+        assert [f["node"] for f in found] == ["gpu07"], (NOW - now) / 86400
+
+
+def test_noisy_neighbours_do_not_mute_a_quiet_devices_rise():
+    """Four devices of the class err in large bursts all week, steadily; a quiet device's
+    single errors rise tenfold. Its dispersion is its own (or the class's median), not the
+    noisy ones': it is found, and they are not."""
+    rng = random.Random(6)
+    device = "gpu:0000:18:00.0"
+    rows = []
+    for i, node in enumerate(fleet()):
+        if i < 4:
+            for t in range(int(NOW - 10 * 86400), int(NOW), 3 * 3600):
+                rows.append(
+                    (
+                        node,
+                        device,
+                        "pcie_replay",
+                        t + rng.random(),
+                        rng.choice([1.0, 1.0, 40.0, 400.0]),
+                        "GPU 0",
+                    )
+                )
+        elif node != "gpu11":
+            rows += episodes(node, device, "pcie_replay", 1, NOW - 10 * 86400, NOW, rng)
+    rows += rise("gpu11", device, "pcie_replay", 4, NOW - 86400, rng)
+    found = trends.rising(sorted(rows, key=lambda r: r[3]), fleet(), NOW)
+    assert [f["node"] for f in found] == ["gpu11"]
+
+
+def test_a_busy_day_is_no_trend_where_days_vary():
+    """Every device of the class doubles and halves its rate from day to day: a device with one
+    day at 3 times its mean is within that variation, one at 10 times is not."""
+    rng = random.Random(7)
+    device = "gpu:0000:18:00.0"
+    rows = []
+    for node in fleet(30):
+        for day in range(10):
+            start = NOW - (10 - day) * 86400
+            busy = rng.choice([0.5, 1.0, 2.0])
+            if node == "gpu05" and day == 9:
+                busy = 3.0
+            if node == "gpu09" and day == 9:
+                busy = 10.0
+            rows += episodes(node, device, "ecc_sbe_volatile", 10 * busy, start, start + 86400, rng)
+    found = trends.rising(sorted(rows, key=lambda r: r[3]), fleet(30), NOW)
+    assert [f["node"] for f in found] == ["gpu09"]
+
+
+def test_the_tails_are_the_laws_they_name():
+    # Beta(1, 1) makes every count of n equally likely: P(X >= 3) of 0..5 is 3/6
+    assert math.isclose(math.exp(trends.ln_beta_binomial_sf(3, 5, 1.0, 1.0)), 0.5)
+    # shape 1: geometric, P(X >= k) = q^k with q = mean / (mean + 1)
+    assert math.isclose(math.exp(trends.ln_neg_binomial_sf(4, 2.0, 1.0)), (2 / 3) ** 4)
+    # a very large shape: the binomial and the Poisson
+    got = trends.ln_beta_binomial_sf(20, 60, 1e7, 3e7)
+    assert math.isclose(got, trends.ln_binomial_sf(20, 60, 0.25), rel_tol=1e-4)
+    assert math.isclose(trends.ln_neg_binomial_sf(9, 3.0, 1e8), ln_poisson_sf(9, 3.0), rel_tol=1e-4)
+    assert trends.ln_beta_binomial_sf(0, 5, 1.0, 1.0) == 0.0
+    assert trends.ln_beta_binomial_sf(6, 5, 1.0, 1.0) == -math.inf
 
 
 def test_one_burst_is_one_episode_not_a_trend():
@@ -134,7 +243,7 @@ def test_the_trends_command_reads_what_the_node_recorded(tmp_path):
         ("gpu01", "GPU 2", "pcie_replay")
     ]
     text = run_cli("trends", "--db", path, "--now", str(NOW))
-    assert "gpu01: GPU 2 PCIe replays 13.7/h over 24 h, 164x its 7-day baseline" in text.stdout
+    assert "gpu01: GPU 2 PCIe replays 13.7/h over 24 h, 192x its 7-day baseline" in text.stdout
 
 
 def test_a_rising_counter_is_a_lemon_warning_at_its_newest_episode(tmp_path):
