@@ -5,10 +5,9 @@ A series is one counter of one device (GPU, NVLink, HCA, port) of one node. The 
 reading only when the counter grew (node/counters.py), each with its increase. The test counts
 errors, the sum of the increases: unlike the readings with an increase (episodes), that sum does
 not depend on how often the node is read, so a rise is found alike at 5-minute and hourly
-health checks. Errors come in bursts (one marginal lane retrains and replays 50 times), so the
-count is scaled by how bursty the device is: its increases' index of dispersion, sum(d^2) /
-sum(d), the variance-to-mean ratio of a sum of bursts (a compound Poisson count), measured on
-its own past, and never below its class's median while its past holds few bursts.
+health checks. Errors come in bursts (one marginal lane retrains and replays 50 times), so
+counts are divided by how bursty the device is: the variance-to-mean ratio of its hourly
+errors over its past week, never below its class's median until it has OWN_SIZES bursts.
 
 For each series and each recent window (6 h, 24 h and 3 days by default), with x its errors in
 the window and x_b those in the 7 days before the longest window (a past that ends before any
@@ -21,9 +20,9 @@ week's rate and its older half's, so a rise that began in the week does not rais
   the same GPU model (devices without a row count 0; at least PRIOR errors a week), a Poisson
   test of the scaled x against the window's scaled expectation;
 - day-to-day variation: error rates follow the work a node runs. The variance of a device's
-  daily errors is phi m + c m^2 (phi its burst dispersion, m the daily mean); c is the median
-  over the class's devices with a busy enough week (a few noisy neighbours do not mute a quiet
-  device's rise), and the tests scale by phi + c x the expected errors (a quasi-likelihood).
+  daily errors is phi m + c m^2 (m the daily mean); c is the median over the class's devices
+  (the fleet's when fewer than MIN_CLASS measured it), and the tests become beta-binomial and
+  negative binomial: Poisson at a rate drawn from a gamma law of shape 1 / c a day.
 The series is rising when the window holds at least `min_episodes` readings with errors (one
 burst is never a trend), its errors are at least `factor` times both its own past's and its
 peers' expectation, and both tests give P <= `alpha`.
