@@ -549,13 +549,15 @@ def job_history(conn: sqlite3.Connection, job: str) -> list:
 # --- error counters over time (fleet/trends.py) ------------------------------------------------
 
 
-def counter_rows(conn: sqlite3.Connection, start: float, end: float) -> list:
+def counter_rows(conn: sqlite3.Connection, start: float, end: float, skip: tuple = ()) -> list:
     """[(node, device, counter, time, delta, label)] of the counter readings recorded in
-    (start, end], by time (node/counters.py records a reading only when it changed)."""
+    (start, end] with an increase (node/counters.py records a reading only when it changed;
+    a first reading or a reset has no delta), by time, but those of the counters in `skip`."""
+    marks = ", ".join("?" * len(skip))  # placeholders only: the names are parameters
+    sql = f"SELECT node, device, counter, time, delta, label FROM counters WHERE time > ? AND time <= ? AND delta > 0 AND counter NOT IN ({marks}) ORDER BY time"  # noqa: S608, E501
     return conn.execute(
-        "SELECT node, device, counter, time, delta, label FROM counters "
-        "WHERE time > ? AND time <= ? ORDER BY time",
-        (start, end),
+        sql,
+        (start, end, *skip),
     ).fetchall()
 
 
@@ -616,7 +618,8 @@ def rising_counters(
 
     windows = limits.get("windows") or trends.WINDOWS
     baseline = float(limits.get("baseline") or trends.BASELINE)  # type: ignore[arg-type]
-    rows = counter_rows(conn, now - max(windows) - baseline, now)  # type: ignore[arg-type]
+    start = now - max(windows) - baseline  # type: ignore[arg-type]
+    rows = counter_rows(conn, start, now, trends.NOT_TRENDS)
     nodes = set(nodes_with_runs(conn, now - MODEL_LOOKBACK, now)) | {r[0] for r in rows}
     found = node_models(conn, sorted(nodes), now, MODEL_LOOKBACK, models)
     return trends.rising(rows, found, now, **limits), len(nodes)  # type: ignore[arg-type]

@@ -33,6 +33,8 @@ replays per minute (DCGM_LIMIT_MAX_PCIREPLAY_RATE) and at 100 NVLink CRC errors 
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
 import statistics
 
@@ -105,44 +107,69 @@ def rising(
     {node: GPU model} of every node of the fleet, those without a row included (the fleet's
     median counts them as 0)."""
     longest = max(windows)
-    start = now - longest - baseline
+    with _no_gc():  # a million small objects at 10,000 nodes, none of them cyclic
+        series = _series(rows, now, now - longest - baseline)
+        past = {key: _past(entry[0], longest, baseline) for key, entry in series.items()}
+        classes = _classes(past, models, baseline)
+        limits = (factor, min_episodes, math.log(alpha))
+        found = []
+        for key, entry in series.items():
+            group = classes.get((models.get(key[0], ""), kind_of(key[1]), key[2]), _NO_CLASS)
+            best = _best(key[2], entry, past[key], windows, limits + (group,), now)
+            if best is not None:
+                found.append(_finding(key, entry, best, group["errors"], past[key]["rate"]))
+    return sorted(found, key=lambda f: (f["lnp"], f["node"], f["device"], f["counter"]))
+
+
+@contextlib.contextmanager
+def _no_gc():
+    """The cyclic garbage collector off for a while: it walks every live object each time
+    enough new ones were made, which a sweep's rows and series make a million times over."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _series(rows: list, now: float, start: float) -> dict:
+    """{(node, device, counter): [hours, last time, last label, readings]} of the rows that
+    count: hours {hours before now (0: the last hour): [errors, readings with errors]};
+    readings [(time, errors)] only for a counter with a published limit (None otherwise)."""
     series: dict = {}
     for node, device, counter, t, delta, label in rows:
         if counter in NOT_TRENDS or delta is None or delta <= 0 or not start < t <= now:
             continue
-        series.setdefault((node, device, counter), []).append((t, float(delta), label))
-    hours = {key: _hours(items, now) for key, items in series.items()}
-    past = {key: _past(got, longest, baseline) for key, got in hours.items()}
-    classes = _classes(past, models, baseline)
-    ln_alpha = math.log(alpha)
-    found = []
-    for key, items in series.items():
-        node, device, counter = key
-        group = classes.get((models.get(node, ""), kind_of(device), counter), _NO_CLASS)
-        phis = {k: _phi(past[key], group, k) for k in ("phi", "phi_r")}
-        own = dict(past[key], **phis)
-        limits = (factor, min_episodes, ln_alpha, group)
-        best = None
+        key = (node, device, counter)
+        entry = series.get(key)
+        if entry is None:
+            entry = series[key] = [{}, t, label, [] if counter in PUBLISHED else None]
+        got = entry[0].setdefault(int((now - t) // HOUR), [0.0, 0])
+        got[0] += delta
+        got[1] += 1
+        entry[1], entry[2] = t, label
+        if entry[3] is not None:
+            entry[3].append((t, float(delta)))
+    return series
+
+
+def _best(counter: str, entry: list, past: dict, windows: tuple, limits: tuple, now: float):
+    """The series' most significant window (a trend, or a published limit reached), or None."""
+    least, group = limits[1], limits[3]
+    recent = [(h, v) for h, v in entry[0].items() if h < round(max(windows) / HOUR)]
+    best = None
+    if sum(v[1] for _, v in recent) >= least:  # else no window holds enough readings
+        own = dict(past, phi=_phi(past, group, "phi"), phi_r=_phi(past, group, "phi_r"))
         for window in windows:
-            got = _window(hours[key], window)
-            best = _better(best, _judge(got, window, own, limits))
-            best = _better(best, _published(counter, _errors(items, now - window), window))
-        if best is not None:
-            found.append(_finding(key, items, best, group["errors"], own["rate"]))
-    return sorted(found, key=lambda f: (f["lnp"], f["node"], f["device"], f["counter"]))
+            best = _better(best, _judge(_window(recent, window), window, own, limits))
+    for window in windows if entry[3] is not None else ():
+        best = _better(best, _published(counter, _errors(entry[3], now - window), window))
+    return best
 
 
 _NO_CLASS = {"errors": 0.0, "readings": 0.0, "phi": 1.0, "phi_r": 1.0, "c": 0.0}
-
-
-def _hours(items: list, now: float) -> dict:
-    """{hours before now (0: the last hour): [errors, readings with errors] in it}."""
-    out: dict = {}
-    for t, delta, _ in items:
-        got = out.setdefault(int((now - t) // HOUR), [0.0, 0])
-        got[0] += delta
-        got[1] += 1
-    return out
 
 
 def _past(hours: dict, before: float, baseline: float) -> dict:
@@ -155,26 +182,35 @@ def _past(hours: dict, before: float, baseline: float) -> dict:
     times as many errors: a rise that began inside the baseline does not raise the bar it is
     judged by."""
     first, width = int(round(before / HOUR)), int(round(baseline / HOUR))
-    old = {h: v for h, v in hours.items() if first <= h < first + width}
-    errors = sum(v[0] for v in old.values())
-    half = {h: v for h, v in old.items() if h >= first + width // 2}
-    span, kept = baseline, old
-    older = sum(v[0] for v in half.values())
-    if errors - older > FACTOR * max(older, 1.0):
-        span, kept = baseline / 2, half
+    newer = first + width // 2  # the older half's first hour (hours count back from now)
     days = [0.0] * max(1, width // 24)
-    for h, v in old.items():
-        days[min(len(days) - 1, (h - first) // 24)] += v[0]
-    seen = sum(v[1] for v in old.values())
+    errors = older = 0.0
+    readings = older_readings = 0
+    counts, seen_in = [], []
+    for h, (e, r) in hours.items():
+        if not first <= h < first + width:
+            continue
+        errors += e
+        readings += r
+        if h >= newer:
+            older += e
+            older_readings += r
+        days[min(len(days) - 1, (h - first) // 24)] += e
+        counts.append(e)
+        seen_in.append(r)
+    span, kept, kept_readings = baseline, errors, readings
+    if errors - older > FACTOR * max(older, 1.0):
+        span, kept, kept_readings = baseline / 2, older, older_readings
+    seen = readings
     enough = seen >= MIN_SIZES
-    phi = _dispersion([v[0] for v in old.values()], width) if enough else None
+    phi = _dispersion(counts, width) if enough else None
     return {
-        "errors": sum(v[0] for v in kept.values()),
-        "readings": sum(v[1] for v in kept.values()),
+        "errors": kept,
+        "readings": kept_readings,
         "span": span,
-        "rate": sum(v[0] for v in kept.values()) / span,
+        "rate": kept / span,
         "phi": phi,
-        "phi_r": _dispersion([v[1] for v in old.values()], width) if enough else None,
+        "phi_r": _dispersion(seen_in, width) if enough else None,
         "c": _day_variation(days, phi) if seen >= MIN_SPREAD and phi else None,
         "seen": seen,
     }
@@ -258,16 +294,17 @@ def _median(values: list, none: float) -> float:
     return statistics.median(known) if known else none
 
 
-def _window(hours: dict, window: float) -> tuple:
+def _window(recent: list, window: float) -> tuple:
     """(readings with errors, errors, the most errors in one hour) of a series in the last
-    `window` seconds."""
-    last = [v for h, v in hours.items() if h < round(window / HOUR)]
+    `window` seconds; recent: [(hours before now, [errors, readings])] of the longest window."""
+    limit = round(window / HOUR)
+    last = [v for h, v in recent if h < limit]
     return sum(v[1] for v in last), sum(v[0] for v in last), max((v[0] for v in last), default=0.0)
 
 
 def _errors(items: list, after: float) -> tuple:
     """(readings with errors, errors) after `after`, for the published limits."""
-    new = [d for t, d, _ in items if t > after]
+    new = [d for t, d in items if t > after]
     return len(new), sum(new)
 
 
@@ -423,9 +460,9 @@ def _per_h(value: float) -> float:
     return round(value * HOUR, 3)
 
 
-def _finding(key: tuple, items: list, best: dict, fleet_errors: float, own_errors: float):
+def _finding(key: tuple, entry: list, best: dict, fleet_errors: float, own_errors: float):
     node, device, counter = key
-    label = items[-1][2] or device
+    label = entry[2] or device
     window = best["window"]
     rate = best["errors"] / window
     ratio = rate / own_errors if own_errors > 0 else None
@@ -454,7 +491,7 @@ def _finding(key: tuple, items: list, best: dict, fleet_errors: float, own_error
         "lnp": best["lnp"],
         "p": math.exp(best["lnp"]),
         "basis": best["basis"],
-        "last": items[-1][0],
+        "last": entry[1],
         "evidence": f"{clean(node)}: {text}",
     }
 
