@@ -53,7 +53,7 @@ def sweep(path: str, end: float) -> dict:
     conn = store.connect(path)
     reach = max(trends.WINDOWS) + trends.BASELINE
     started = time.perf_counter()
-    rows = queries.counter_rows(conn, end - reach, end)
+    rows = queries.counter_rows(conn, end - reach, end, trends.NOT_TRENDS)
     read = time.perf_counter()
     nodes = [n for (n,) in conn.execute("SELECT DISTINCT node FROM counters")]
     models = queries.node_models(conn, nodes, end, queries.MODEL_LOOKBACK)
