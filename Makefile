@@ -29,8 +29,10 @@ $(VENV39)/.installed: setup.cfg pyproject.toml
 	$(VENV39)/bin/pip install -q -e '.[test]'
 	touch $@
 
+# ruff, then mypy on the packages setup.cfg's [mypy] names (strict there).
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check slurmhealth tests bench
+	$(VENV)/bin/mypy
 
 # Everything on 3.11 and 3.9, the fast subset on 3.12 and 3.13, the four at once: the suites
 # that start real services (Slurm, MariaDB, Chromium) spend most of their time waiting on them

@@ -24,6 +24,12 @@ import errno
 import os
 import stat
 
+TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
+if TYPE_CHECKING:
+    from collections.abc import Collection
+    from types import TracebackType
+    from typing import IO, Any
+
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: a FIFO planted where a file should be opens at once (and is refused) instead of
 # blocking the reader forever.
@@ -43,9 +49,9 @@ class Unsafe(OSError):
         return f"{self.filename}: {self.strerror}"
 
 
-def _owners(owners: object = None) -> set:
+def _owners(owners: Collection[int] | None = None) -> set[int]:
     """The uids whose files are trusted: root, this process's euid, and `owners` (uids)."""
-    return {0, os.geteuid(), *(owners or ())}  # type: ignore[misc]
+    return {0, os.geteuid(), *(owners or ())}
 
 
 def _owner_name(uid: int) -> str:
@@ -57,7 +63,7 @@ def _owner_name(uid: int) -> str:
         return f"uid {uid}"
 
 
-def why_not(st: os.stat_result, owners: object = None) -> str | None:
+def why_not(st: os.stat_result, owners: Collection[int] | None = None) -> str | None:
     """Why a file with this (l)stat must not be trusted, or None: a symlink, not a regular file,
     owned by someone else than root, the euid or `owners`, writable by group or others."""
     if stat.S_ISLNK(st.st_mode):
@@ -71,7 +77,7 @@ def why_not(st: os.stat_result, owners: object = None) -> str | None:
     return None
 
 
-def _why_dirs(directory: str, owners: object, sticky_ok: bool) -> str | None:
+def _why_dirs(directory: str, owners: Collection[int] | None, sticky_ok: bool) -> str | None:
     """Why someone else may replace names in `directory`: it or a directory above it is theirs,
     or writable by group or others. A sticky directory above (/tmp) is fine: others cannot
     rename or remove an entry they do not own; `sticky_ok` says so for `directory` too."""
@@ -88,7 +94,7 @@ def _why_dirs(directory: str, owners: object, sticky_ok: bool) -> str | None:
         path, sticky_ok = parent, True
 
 
-def trusted(path: str, owners: object = None) -> str | None:
+def trusted(path: str, owners: Collection[int] | None = None) -> str | None:
     """Why root must not trust the file at `path` (None: it may, or it does not exist).
 
     Refused: a symlink, not a regular file, not owned by root or the current euid (or one of
@@ -108,14 +114,14 @@ def trusted(path: str, owners: object = None) -> str | None:
         return f"cannot be checked: {exc.strerror or exc}"
 
 
-def others_may_write(directory: str, owners: object = None) -> str | None:
+def others_may_write(directory: str, owners: Collection[int] | None = None) -> str | None:
     """Why someone else than root, the euid or `owners` (uids) may create or replace files in
     `directory` (None: no one else can): it is theirs or writable by group or others (sticky or
     not: anyone may add a name), or a directory above it is (unless sticky)."""
     return _why_dirs(directory, owners, sticky_ok=False)
 
 
-def open_trusted(path: str, owners: object = None) -> int:
+def open_trusted(path: str, owners: Collection[int] | None = None) -> int:
     """A read-only descriptor of `path`, opened without following a symlink, after checking the
     opened file itself (fstat): a regular file, owned by root, the euid or one of `owners`
     (uids), not writable by group or others. Unsafe (an OSError) says why not."""
@@ -136,7 +142,7 @@ def open_trusted(path: str, owners: object = None) -> int:
     return fd
 
 
-def open_dir(directory: str, owners: object = None) -> int:
+def open_dir(directory: str, owners: Collection[int] | None = None) -> int:
     """A descriptor of `directory`, reached one component at a time from `/` with O_NOFOLLOW.
     A symlink on the way is followed only when root, the euid or `owners` (uids) made it and
     no one else can replace it: the directory holding it is theirs too, and not writable by
@@ -172,7 +178,7 @@ def open_dir(directory: str, owners: object = None) -> int:
     return fd
 
 
-def _followed(fd: int, name: str, owners: object, path: str, exc: OSError) -> str:
+def _followed(fd: int, name: str, owners: Collection[int] | None, path: str, exc: OSError) -> str:
     """The target of symlink `name` in directory `fd`, when it may be followed (open_dir)."""
     st = os.stat(name, dir_fd=fd, follow_symlinks=False)
     if not stat.S_ISLNK(st.st_mode):
@@ -186,7 +192,7 @@ def _followed(fd: int, name: str, owners: object, path: str, exc: OSError) -> st
     return os.readlink(name, dir_fd=fd)
 
 
-def _split(path: str) -> tuple:
+def _split(path: str) -> tuple[int, str]:
     """(descriptor of the directory of `path`, opened by open_dir; the name in it)."""
     directory, base = os.path.split(os.path.abspath(path))
     return open_dir(directory), base
@@ -214,7 +220,7 @@ def _suffix() -> str:
     return os.urandom(6).hex()
 
 
-def _create_temp(path: str, base: str, dir_fd: int, mode: int) -> tuple:
+def _create_temp(path: str, base: str, dir_fd: int, mode: int) -> tuple[int, str]:
     """(fd, name) of a new file beside `path` in `dir_fd`: `.NAME.RANDOM.tmp`, exclusive,
     mode `mode`."""
     for _ in range(_TRIES):
@@ -234,7 +240,7 @@ def _create_temp(path: str, base: str, dir_fd: int, mode: int) -> tuple:
     raise FileExistsError(errno.EEXIST, "no free temporary name", path)
 
 
-def _kept_mode(base: str, dir_fd: int, mode: int, owners: object) -> int:
+def _kept_mode(base: str, dir_fd: int, mode: int, owners: Collection[int] | None) -> int:
     """An existing target's permission bits (no group or other write) when it is a regular file
     of ours, else `mode`: rewriting a report an admin made world-readable keeps it so."""
     try:
@@ -265,11 +271,11 @@ class open_private:  # noqa: N801 - used like open(): `with open_private(path) a
     ) -> None:
         self.path, self.mode, self.binary, self.sync = path, mode, binary, sync
         self.keep_mode, self.encoding = keep_mode, encoding
-        self.file = None
+        self.file: IO[Any] | None = None  # text or bytes (`binary`)
         self.tmp = ""
         self.dir_fd = -1
 
-    def __enter__(self) -> object:
+    def __enter__(self) -> IO[Any]:
         self.dir_fd, self.base = _split(self.path)
         try:
             _refuse_non_regular(self.path, self.base, self.dir_fd)
@@ -281,26 +287,33 @@ class open_private:  # noqa: N801 - used like open(): `with open_private(path) a
             os.close(self.dir_fd)
             raise
         try:
+            handle: IO[Any]
             if self.binary:
-                self.file = os.fdopen(fd, "wb")
+                handle = os.fdopen(fd, "wb")
             else:
-                self.file = os.fdopen(fd, "w", encoding=self.encoding)
+                handle = os.fdopen(fd, "w", encoding=self.encoding)
         except BaseException:
             os.close(fd)
             self._discard()
             raise
-        return self.file
+        self.file = handle
+        return handle
 
-    def __exit__(self, kind: object, exc: object, tb: object) -> bool:
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         handle = self.file
-        if kind is not None:
+        if kind is not None or handle is None:  # None: __enter__ never returned a file
             self._abandon()
-            return False
+            return
         try:
-            handle.flush()  # type: ignore[union-attr]
+            handle.flush()
             if self.sync:
-                os.fsync(handle.fileno())  # type: ignore[union-attr]
-            handle.close()  # type: ignore[union-attr]
+                os.fsync(handle.fileno())
+            handle.close()
             # planted while we wrote: still not replaced
             _refuse_non_regular(self.path, self.base, self.dir_fd)
             os.replace(self.tmp, self.base, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
@@ -308,11 +321,11 @@ class open_private:  # noqa: N801 - used like open(): `with open_private(path) a
             self._abandon()
             raise
         os.close(self.dir_fd)
-        return False
 
     def _abandon(self) -> None:
         try:
-            self.file.close()  # type: ignore[union-attr]
+            if self.file is not None:
+                self.file.close()
         except OSError:  # the flush of what was left (a full disk): the file goes anyway
             pass
         self._discard()
@@ -326,13 +339,13 @@ class open_private:  # noqa: N801 - used like open(): `with open_private(path) a
 
 
 def write_private(
-    path: str, data: object, mode: int = 0o600, sync: bool = False, keep_mode: bool = False
+    path: str, data: str | bytes, mode: int = 0o600, sync: bool = False, keep_mode: bool = False
 ) -> None:
     """Write `data` (bytes or str, UTF-8) to `path` with open_private: exclusive temporary file
     beside it, `mode` from the first byte, renamed over `path`; a symlink at `path` is refused."""
     binary = isinstance(data, (bytes, bytearray))
     with open_private(path, mode, binary=binary, sync=sync, keep_mode=keep_mode) as handle:
-        handle.write(data)  # type: ignore[attr-defined]
+        handle.write(data)
 
 
 _LOCK = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC

@@ -14,6 +14,16 @@ import functools
 import itertools
 import re
 
+TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
+if TYPE_CHECKING:
+    from typing import Union
+
+    # A parsed bracket term: literal text and bracket sets, in turn. A bracket set's items are
+    # text the name holds verbatim or ranges (low, high, width, longest).
+    _Range = tuple[int, int, int, int]
+    _Set = tuple[Union[str, _Range], ...]
+    _Part = Union[str, _Set]
+
 MAX_NAMES = 100_000  # most names expand() lists from one term (sacct nodelists are far smaller)
 
 _BRACKET = re.compile(r"\[([^\]]*)\]")
@@ -64,10 +74,10 @@ def split_terms(pattern: str) -> list[str]:
     return [t for t in terms if t]
 
 
-def _bracket_set(body: str, term: str) -> tuple:
+def _bracket_set(body: str, term: str) -> _Set:
     """`01-16,20` -> items: a str (`20`, the name holds it verbatim) or a range
     (low, high, width, longest): the numbers low..high, each zero-padded to width digits."""
-    items: list = []
+    items: list[str | _Range] = []
     for part in body.split(","):
         lo, sep, hi = part.strip().partition("-")
         if not lo.isdigit() or (sep and not hi.isdigit()):
@@ -87,12 +97,12 @@ def _bracket_set(body: str, term: str) -> tuple:
 
 
 @functools.lru_cache(maxsize=1024)
-def _parse(term: str) -> tuple:
+def _parse(term: str) -> tuple[_Part, ...]:
     """A bracket term -> its parts: literal strs and bracket sets (tuples), in order.
 
     Text after the last `[...]` is literal, an unclosed `[` included (split_terms rejects it).
     """
-    parts: list = []
+    parts: list[_Part] = []
     rest = term
     found = _BRACKET.search(rest)
     while found:
@@ -103,7 +113,7 @@ def _parse(term: str) -> tuple:
     return tuple(parts)
 
 
-def _set_ends(items: tuple, name: str, start: int) -> set:
+def _set_ends(items: _Set, name: str, start: int) -> set[int]:
     """Where one bracket set, read from name[start:], can end."""
     ends = set()
     digits = start
@@ -123,7 +133,7 @@ def _set_ends(items: tuple, name: str, start: int) -> set:
     return ends
 
 
-def _walk(parts: tuple, name: str) -> bool:
+def _walk(parts: tuple[_Part, ...], name: str) -> bool:
     """True when name is one of the names of the parsed term, without listing them."""
     positions = {0}
     for part in parts:
@@ -136,12 +146,12 @@ def _walk(parts: tuple, name: str) -> bool:
     return len(name) in positions
 
 
-def _size(part: tuple) -> int:
+def _size(part: _Set) -> int:
     return sum(1 if isinstance(item, str) else item[1] - item[0] + 1 for item in part)
 
 
-def _names(part: tuple) -> list:
-    out: list = []
+def _names(part: _Set) -> list[str]:
+    out: list[str] = []
     for item in part:
         if isinstance(item, str):
             out.append(item)
@@ -157,8 +167,8 @@ def expand(term: str) -> list[str]:
     """
     parts = _parse(term)
     total = 1
-    for part in parts[1::2]:
-        total *= _size(part)
+    for part in parts:
+        total *= 1 if isinstance(part, str) else _size(part)
         if total > MAX_NAMES:
             raise PatternError(f"{term!r} names more than {MAX_NAMES} nodes: not expanded")
     lists = [[part] if isinstance(part, str) else _names(part) for part in parts]

@@ -6,6 +6,10 @@ prolog/epilog hot path, where every millisecond of import time counts.
 
 from __future__ import annotations
 
+TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
 OK = "ok"
 WARN = "warn"
 FAIL = "fail"
@@ -70,7 +74,7 @@ class Result:
         self,
         status: str,
         message: str,
-        data: dict | None = None,
+        data: dict[str, object] | None = None,
         action: str = NONE,
         check: str = "",
     ) -> None:
@@ -85,7 +89,7 @@ class Result:
         self.check = check
         self.duration = 0.0
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, object]:
         return {
             "check": self.check,
             "status": self.status,
@@ -98,27 +102,27 @@ class Result:
         return f"Result({self.check!r}, {self.status!r}, {self.message!r}, action={self.action!r})"
 
 
-def ok(message: str, data: dict | None = None) -> Result:
+def ok(message: str, data: dict[str, object] | None = None) -> Result:
     return Result(OK, message, data)
 
 
-def warn(message: str, data: dict | None = None, action: str = NONE) -> Result:
+def warn(message: str, data: dict[str, object] | None = None, action: str = NONE) -> Result:
     return Result(WARN, message, data, action)
 
 
-def fail(message: str, data: dict | None = None, action: str = DRAIN) -> Result:
+def fail(message: str, data: dict[str, object] | None = None, action: str = DRAIN) -> Result:
     return Result(FAIL, message, data, action)
 
 
-def skip(message: str, data: dict | None = None) -> Result:
+def skip(message: str, data: dict[str, object] | None = None) -> Result:
     return Result(SKIP, message, data)
 
 
-def worst_action(actions: list[str]) -> str:
+def worst_action(actions: Iterable[str]) -> str:
     return max(actions, key=_ACTION_RANK.__getitem__, default=NONE)
 
 
-def verdict(results: list[Result], error_fails: bool = False) -> str:
+def verdict(results: Iterable[Result], error_fails: bool = False) -> str:
     """ok, warn or fail for a whole run. skip counts as ok; error as warn unless configured.
 
     Our own bug is not the node's fault: by default an `error` never makes the verdict fail.

@@ -13,6 +13,11 @@ import math
 
 from slurmhealth.core.constants import DAY
 
+TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from typing import Any
+
 
 def allowed_drains(recent: int, fleet_size: int, max_share: float = 0.10) -> int:
     """How many more nodes slurmhealth may drain now, given `recent` drains of its own in the
@@ -32,13 +37,13 @@ def may_drain_more(recent_drains: int, fleet_size: int, max_share: float = 0.10)
     return allowed_drains(recent_drains, fleet_size, max_share) > 0
 
 
-def on_probation(actions: list, now: float, days: float = 7) -> bool:
+def on_probation(actions: Iterable[tuple[Any, ...]], now: float, days: float = 7) -> bool:
     """True when the node's latest drain (at or before `now`) came within `days` of a resume by
     slurmhealth: the node failed again soon after we let it back, so it stays drained until an
     admin resumes it. actions: (time, action, ...) rows of the node's actions table; only
     "drain" and "resume" count."""
-    last_resume = None
-    state = None
+    last_resume: float | None = None
+    state: float | None = None
     for when, action, *_ in sorted(
         (a for a in actions if a[1] in ("drain", "resume") and a[0] <= now),
         key=lambda a: a[0],

@@ -13,6 +13,23 @@ from slurmhealth.core.constants import PREFIX
 from slurmhealth.core.hostlist import is_node_name
 from slurmhealth.core.result import clean
 
+TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from typing import TypedDict
+
+    class _Node(TypedDict):
+        name: str
+        state: str
+        flags: list[str]
+        reason: str
+
+    class NodeInfo(_Node, total=False):
+        """A node as Slurm shows it (parse_node, parse_sinfo): its state, the state's flags
+        upper-cased, the reason; `since`, when the reason was set (sinfo only, None: unknown)."""
+
+        since: float | None
+
 REASON_MAX = 160
 SEARCH = ("/usr/bin", "/usr/local/bin", "/opt/slurm/bin", "/usr/local/slurm/bin")
 # Node state flags that mean "someone took this node out of service" (scontrol spells them
@@ -50,10 +67,10 @@ def reason(message: str, ours: bool = True) -> str:
     return f"{PREFIX} {text}" if ours else text
 
 
-def parse_node(line: str) -> dict:
+def parse_node(line: str) -> NodeInfo:
     """`scontrol -o show node` -> {name, state, flags, reason}. Reason is the last field and
     may hold spaces; Slurm appends `[user@time]`, which is dropped."""
-    info: dict = {"name": "", "state": "", "flags": [], "reason": ""}
+    info: NodeInfo = {"name": "", "state": "", "flags": [], "reason": ""}
     head, _, why = line.partition(" Reason=")
     for token in head.split():
         key, _, value = token.partition("=")
@@ -69,12 +86,12 @@ def parse_node(line: str) -> dict:
     return info
 
 
-def parse_sinfo(line: str) -> dict:
+def parse_sinfo(line: str) -> NodeInfo:
     """`gpu03|drained|2026-11-29T23:59:01|slurmhealth: GPU 3 GpuIsLost` (sinfo -N -o
     %N|%T|%H|%E) -> {name, state, flags, reason, since}; Slurm prints local time."""
     name, state, when, why = (line.split("|", 3) + ["", "", ""])[:4]
     flags = [state.rstrip("*~#!%$@^-").upper()]
-    since = None
+    since: float | None = None
     if when and when not in ("Unknown", "None"):
         try:
             since = time.mktime(time.strptime(when, "%Y-%m-%dT%H:%M:%S"))
@@ -84,7 +101,7 @@ def parse_sinfo(line: str) -> dict:
     return {"name": name, "state": state, "flags": flags, "reason": reason, "since": since}
 
 
-def drained_by_us(nodes: list, since: float) -> list:
+def drained_by_us(nodes: Iterable[NodeInfo], since: float) -> list[str]:
     """Names of nodes out of service with our reason, set at or after `since`."""
     return [
         n["name"]
@@ -93,17 +110,17 @@ def drained_by_us(nodes: list, since: float) -> list:
     ]
 
 
-def is_out(info: dict, ignore: tuple = ()) -> bool:
+def is_out(info: NodeInfo, ignore: tuple[str, ...] = ()) -> bool:
     """Drained, down or otherwise out of service, by anyone (`ignore`: flags not counted)."""
     return any(f.startswith(_OUT) and not f.startswith(ignore) for f in info["flags"])
 
 
-def ours(info: dict) -> bool:
+def ours(info: NodeInfo) -> bool:
     """Out of service with a reason slurmhealth wrote."""
     return is_out(info) and info["reason"].startswith(PREFIX)
 
 
-def may_drain(info: dict, ignore: tuple = ()) -> bool:
+def may_drain(info: NodeInfo, ignore: tuple[str, ...] = ()) -> bool:
     """Drain only a node in service; never touch one someone else took out. `ignore`: flags
     that do not count as out here (our own maintenance reservation, for the diagnose job)."""
     return not is_out(info, ignore)
@@ -114,7 +131,9 @@ class Slurm:
     hooks' failure path: however many calls, slurmd is never held past the budget).
     SLURM_CONF passes through the environment."""
 
-    def __init__(self, slurm_bin: str = "", timeout: float = 2.0, budget: float | None = None):
+    def __init__(
+        self, slurm_bin: str = "", timeout: float = 2.0, budget: float | None = None
+    ) -> None:
         self.slurm_bin = slurm_bin
         self.timeout = timeout
         self.ends = None if budget is None else time.monotonic() + budget
@@ -146,19 +165,19 @@ class Slurm:
     def sinfo(self, *args: str, timeout: float | None = None) -> str:
         return self.run(*args, timeout=timeout, command="sinfo")
 
-    def nodes(self, timeout: float | None = None) -> list:
+    def nodes(self, timeout: float | None = None) -> list[NodeInfo]:
         """Every node once: {name, state, flags, reason, since} from one sinfo call (`sinfo -N`
         prints a node once per partition it is in: counted as listed, a cluster whose nodes
         are in two partitions had twice its nodes, in the report and under the breaker)."""
         out = self.sinfo("-h", "-N", "-o", "%N|%T|%H|%E", timeout=timeout)
-        seen: dict = {}
+        seen: dict[str, NodeInfo] = {}
         for line in out.splitlines():
             if line.strip():
                 info = parse_sinfo(line)
                 seen.setdefault(info["name"], info)
         return list(seen.values())
 
-    def node(self, name: str, timeout: float | None = None) -> dict:
+    def node(self, name: str, timeout: float | None = None) -> NodeInfo:
         out = self.run("-o", "show", "node", one_node(name), timeout=timeout)
         return parse_node(out.strip().splitlines()[0] if out.strip() else "")
 

@@ -10,10 +10,48 @@ prolog/epilog hot path.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sqlite3
 import time
+
+TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
+    from types import TracebackType
+    from typing import ParamSpec, TypedDict, TypeVar
+
+    _P = ParamSpec("_P")
+    _R = TypeVar("_R")
+
+    class _RunRow(TypedDict):
+        node: str
+        job_id: str | None
+        phase: str
+        started: float
+        duration: float
+        verdict: str
+        tool_version: str
+        sources: str  # JSON
+
+    class RunRow(_RunRow, total=False):
+        """A run as record_run takes it: the runs columns; `id` only when it was given one
+        already (a spooled run, replayed)."""
+
+        id: str
+
+    class _RunRecords(TypedDict):
+        run: RunRow
+        results: list[dict[str, object]]
+        events: list[dict[str, object]]
+        baselines: dict[str, object]
+
+    class RunRecords(_RunRecords, total=False):
+        """One run and what it found, as record_run writes it: results and events by their
+        columns (but run_id), baselines {area: data}, counter readings by their columns."""
+
+        counters: list[dict[str, object]]
 
 DEFAULT_DIR = "/var/lib/slurmhealth"
 BUSY_TIMEOUT_S = 30.0
@@ -49,12 +87,18 @@ class Table:
     __slots__ = ("columns", "key", "kind", "name", "row", "since")
 
     def __init__(
-        self, name: str, key: tuple, columns: tuple, kind: str | None, row: str, since: int = 1
+        self,
+        name: str,
+        key: tuple[str, ...],
+        columns: tuple[Column, ...],
+        kind: str | None,
+        row: str,
+        since: int = 1,
     ) -> None:
         self.name, self.key, self.columns = name, key, columns
         self.kind, self.row, self.since = kind, row, since
 
-    def names(self) -> tuple:
+    def names(self) -> tuple[str, ...]:
         return tuple(c.name for c in self.columns)
 
     def create(self, version: int) -> str:
@@ -357,7 +401,7 @@ INDEXES = {
 SCHEMA_VERSION = max(INDEXES)
 
 
-def migration(version: int) -> tuple:
+def migration(version: int) -> tuple[str, ...]:
     """The statements that take a store from version-1 to `version`."""
     out = [t.create(version) for t in TABLES if t.since == version]
     for table in TABLES:
@@ -368,7 +412,7 @@ def migration(version: int) -> tuple:
 
 
 def insert_sql(
-    table: str, columns: tuple | None = None, verb: str = "INSERT", tail: str = ""
+    table: str, columns: Sequence[str] | None = None, verb: str = "INSERT", tail: str = ""
 ) -> str:
     """A named insert: `VERB INTO table (columns) VALUES (?, ...) tail`; every column by
     default. Column names come from the spec, never from data."""
@@ -377,7 +421,7 @@ def insert_sql(
     return f"{verb} INTO {table} ({', '.join(names)}) VALUES ({marks}) {tail}".rstrip()
 
 
-def row(table: str, record: dict) -> tuple:
+def row(table: str, record: Mapping[str, object]) -> tuple[object, ...]:
     """A record dict as a row of every column of `table`, in order (spec defaults for missing)."""
     return tuple(
         record[c.name] if record.get(c.name) is not None else c.default
@@ -444,7 +488,12 @@ class immediate:  # noqa: N801 - used like a function: `with immediate(conn):`
         self.conn.execute("BEGIN IMMEDIATE")
         return self.conn
 
-    def __exit__(self, kind: object, exc: object, tb: object) -> bool:
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         if kind is None:
             try:
                 self.conn.execute("COMMIT")
@@ -453,7 +502,6 @@ class immediate:  # noqa: N801 - used like a function: `with immediate(conn):`
                 raise
         else:
             self._rollback()
-        return False
 
     def _rollback(self) -> None:
         if self.conn.in_transaction:
@@ -571,17 +619,16 @@ def _translate(exc: sqlite3.Error) -> StoreError:
     return StoreError(text, corrupt, bad)
 
 
-def _translated(func):  # type: ignore[no-untyped-def]  # a decorator for the functions below
+def _translated(func: Callable[_P, _R]) -> Callable[_P, _R]:
     """The store function with its sqlite3 errors as StoreError (see _translate)."""
 
-    def call(*args: object, **kwargs: object) -> object:
+    @functools.wraps(func)
+    def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         try:
             return func(*args, **kwargs)
         except sqlite3.Error as exc:
             raise _translate(exc) from None
 
-    call.__name__, call.__qualname__, call.__doc__ = func.__name__, func.__qualname__, func.__doc__
-    call.__wrapped__ = func  # type: ignore[attr-defined]
     return call
 
 
@@ -605,7 +652,7 @@ def set_meta(conn: sqlite3.Connection, key: str, value: object) -> None:
 
 
 @_translated
-def load_baselines(conn: sqlite3.Connection, node: str, job_id: str = "") -> dict:
+def load_baselines(conn: sqlite3.Connection, node: str, job_id: str = "") -> dict[str, object]:
     """{area: data} saved by the previous run on this node (or by this job's prolog)."""
     rows = conn.execute(
         "SELECT area, data FROM baselines WHERE node = ? AND job_id = ?", (node, job_id)
@@ -620,12 +667,15 @@ _INSERT_EVENT = insert_sql(
 _JOB_COLUMNS = TABLE["jobs"].names()[2:]
 
 
-def _write_job(conn: sqlite3.Connection, node: str, job_id: str, job: dict) -> None:
+def _write_job(
+    conn: sqlite3.Connection, node: str, job_id: str, job: Mapping[str, object]
+) -> None:
     conn.execute("INSERT OR IGNORE INTO jobs (node, job_id) VALUES (?, ?)", (node, job_id))
     columns = [c for c in _JOB_COLUMNS if c in job]
     if columns:
         sets = ", ".join(f"{c} = ?" for c in columns)  # column names from the spec
         values = [job[c] for c in columns]
+        since: tuple[object, ...]
         ended, since = "", ()
         if job.get("state") == "running" and isinstance(job.get("start"), (int, float)):
             # a prolog recorded after its job's epilog (a replay): the job has ended
@@ -638,8 +688,8 @@ def _write_job(conn: sqlite3.Connection, node: str, job_id: str, job: dict) -> N
 
 def record_run(
     conn: sqlite3.Connection,
-    records: dict,
-    job: dict | None = None,
+    records: RunRecords,
+    job: Mapping[str, object] | None = None,
     job_baselines: bool = False,
 ) -> str:
     """Write one run, its results, events, baselines and job row in one transaction.
@@ -653,7 +703,7 @@ def record_run(
     run_id = records["run"].get("id") or new_id()
     now = time.time()
     run = dict(records["run"], id=run_id)
-    node, job_id = run["node"], run.get("job_id")
+    node, job_id = records["run"]["node"], records["run"].get("job_id")
     results = [row("results", dict(r, run_id=run_id)) for r in records["results"]]
     events = [row("events", dict(e, run_id=run_id)) for e in records["events"]]
     counters = [
@@ -683,7 +733,9 @@ def record_run(
 
 
 @_translated
-def attribute_events(conn: sqlite3.Connection, node: str, job_id: str, gpus: list | None) -> int:
+def attribute_events(
+    conn: sqlite3.Connection, node: str, job_id: str, gpus: Sequence[int] | None
+) -> int:
     """Give the job the Xids other runs (health checks) read while it ran on its GPUs.
 
     A health check during a job reads the kernel log first and records the Xids without a job;
@@ -695,7 +747,7 @@ def attribute_events(conn: sqlite3.Connection, node: str, job_id: str, gpus: lis
     if not row or row[0] is None:
         return 0
     sql = "UPDATE events SET job_id = ? WHERE node = ? AND job_id IS NULL AND time > ?"
-    args: list = [job_id, node, row[0]]
+    args: list[object] = [job_id, node, row[0]]
     if gpus:
         sql += f" AND gpu IN ({', '.join('?' for _ in gpus)})"  # placeholders only
         args += list(gpus)
@@ -712,7 +764,7 @@ def job_state(conn: sqlite3.Connection, node: str, job_id: str) -> str | None:
 
 
 @_translated
-def open_jobs(conn: sqlite3.Connection, node: str, since: float) -> list:
+def open_jobs(conn: sqlite3.Connection, node: str, since: float) -> list[str]:
     """[job_id] of the jobs whose prolog ran on the node at or after `since` and whose epilog
     has not (state 'running'): one range of the (node, start, ...) index."""
     rows = conn.execute(
@@ -765,17 +817,20 @@ def record_action(
 
 
 @_translated
-def last_action(conn: sqlite3.Connection, node: str, action: str) -> tuple | None:
+def last_action(conn: sqlite3.Connection, node: str, action: str) -> tuple[float, str] | None:
     """(time, reason) of the node's latest successful action of this kind."""
-    return conn.execute(
+    found: tuple[float, str] | None = conn.execute(
         "SELECT time, reason FROM actions WHERE node = ? AND action = ? AND ok = 1 "
         "ORDER BY time DESC LIMIT 1",
         (node, action),
     ).fetchone()
+    return found
 
 
 @_translated
-def newest_action(conn: sqlite3.Connection, node: str) -> tuple | None:
+def newest_action(
+    conn: sqlite3.Connection, node: str
+) -> tuple[str, str, str, bool, str] | None:
     """(action, reason, actor, ok, detail) of the node's latest action by anyone, or None."""
     row = conn.execute(
         "SELECT action, reason, actor, ok, detail FROM actions WHERE node = ? "
@@ -788,7 +843,7 @@ def newest_action(conn: sqlite3.Connection, node: str) -> tuple | None:
 @_translated
 def recent_verdicts(
     conn: sqlite3.Connection, node: str, phase: str, since: float, limit: int
-) -> list:
+) -> list[str]:
     """Verdicts of the node's latest runs of a phase since a time, newest first."""
     rows = conn.execute(
         "SELECT verdict FROM runs WHERE node = ? AND phase = ? AND started >= ? "
@@ -810,7 +865,7 @@ def record_published(conn: sqlite3.Connection, job_id: str, digest: str, size: i
 
 
 @_translated
-def drain_history(conn: sqlite3.Connection, node: str) -> list:
+def drain_history(conn: sqlite3.Connection, node: str) -> list[tuple[float, str]]:
     """[(time, action)] of slurmhealth's successful drains and resumes of the node, oldest
     first (node/actions.py: probation)."""
     rows = conn.execute(
@@ -818,7 +873,7 @@ def drain_history(conn: sqlite3.Connection, node: str) -> list:
         "('drain', 'resume') ORDER BY time",
         (node,),
     )
-    return [tuple(row) for row in rows]
+    return [(when, action) for when, action in rows]
 
 
 # Children before parents; each table with the column that dates its rows.
@@ -834,16 +889,16 @@ _PRUNE = (
 
 
 @_translated
-def prune(conn: sqlite3.Connection, before: float, dry_run: bool = False) -> dict:
+def prune(conn: sqlite3.Connection, before: float, dry_run: bool = False) -> dict[str, int]:
     """Delete records older than `before` in one transaction, then VACUUM (admin side: never
     in a hook); {table: rows deleted}. dry_run: {table: rows that would go}, read in one
     statement (one snapshot), nothing deleted."""
     if dry_run:
         # table names and conditions from _PRUNE, never from data
-        counts = ", ".join(f"(SELECT count(*) FROM {t} WHERE {c})" for t, c in _PRUNE)  # noqa: S608
-        found = conn.execute(f"SELECT {counts}", (before,) * len(_PRUNE)).fetchone()
+        selects = ", ".join(f"(SELECT count(*) FROM {t} WHERE {c})" for t, c in _PRUNE)  # noqa: S608
+        found = conn.execute(f"SELECT {selects}", (before,) * len(_PRUNE)).fetchone()
         return {table: n for (table, _), n in zip(_PRUNE, found)}
-    counts = {}
+    counts: dict[str, int] = {}
     with immediate(conn):
         for table, condition in _PRUNE:
             cursor = conn.execute(f"DELETE FROM {table} WHERE {condition}", (before,))  # noqa: S608
@@ -862,10 +917,10 @@ def recent_events(
     node: str,
     since: float,
     kind: str = "xid",
-    classes: tuple | None = None,
-    codes: tuple = (),
+    classes: Sequence[str] | None = None,
+    codes: Sequence[int] = (),
     limit: int = RECENT_EVENTS_MAX,
-) -> list:
+) -> list[dict[str, object]]:
     """The node's events of a kind recorded since a time, newest first, as plain dicts (id,
     time, code, gpu, bus_id, class, action, text, job_id, pid): what the node's checks
     remember (node/checks/xid.py). With `classes`, only rows of those classes or of one of
@@ -876,7 +931,7 @@ def recent_events(
         "SELECT id, time, code, gpu, bus_id, class, action, text, job_id, pid FROM events "
         "WHERE node = ? AND time >= ? AND kind = ?"
     )
-    args: list = [node, since, kind]
+    args: list[object] = [node, since, kind]
     if classes is not None:
         marks = ", ".join("?" for _ in classes)
         code_marks = ", ".join("?" for _ in codes) or "NULL"

@@ -28,10 +28,10 @@ def parse_duration(text: str) -> float:
     seconds would delete every record (a config's bare number is in the unit its key names)."""
     value = text.strip().lower()
     if _COMPOUND.fullmatch(value):
-        seconds = sum(int(n) * _UNITS[u] for n, u in _TERM.findall(value))
-        if seconds > DURATION_MAX:
+        whole = sum(int(n) * _UNITS[u] for n, u in _TERM.findall(value))
+        if whole > DURATION_MAX:
             raise ValueError(f"not a duration: {text!r} (more than 1000 years)")
-        return float(seconds)
+        return float(whole)
     unit = _UNITS.get(value[-1:], 0)
     try:
         number = float(value[:-1] if unit else value)
