@@ -30,7 +30,7 @@ $(VENV39)/.installed: setup.cfg pyproject.toml
 	touch $@
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check slurmhealth tests bench
+	$(VENV)/bin/ruff check slurmhealth sim tests bench
 
 # Everything on 3.11 and 3.9, the fast subset on 3.12 and 3.13, the four at once: the suites
 # that start real services (Slurm, MariaDB, Chromium) spend most of their time waiting on them
