@@ -31,7 +31,7 @@ $(VENV39)/.installed: setup.cfg pyproject.toml
 
 # ruff, then mypy on the packages setup.cfg's [mypy] names (strict there).
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check slurmhealth tests bench
+	$(VENV)/bin/ruff check slurmhealth sim tests bench
 	$(VENV)/bin/mypy
 
 # Everything on 3.11 and 3.9, the fast subset on 3.12 and 3.13, the four at once: the suites

@@ -21,7 +21,9 @@ import time
 
 import bench_fleet
 
-from slurmhealth.fleet import simulate
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from sim import simulate  # noqa: E402
 
 GOAL_S, GOAL_RSS = 10.0, 2**30
 

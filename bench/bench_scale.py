@@ -1,6 +1,6 @@
 """Benchmark: a simulated month of a large fleet (issue 14, "A 10,000-node fleet").
 
-The simulator (slurmhealth/fleet/simulate.py) with a health check every 5 minutes and about 10
+The simulator (sim/simulate.py) with a health check every 5 minutes and about 10
 jobs per node-day:
 
 1. month: NODES nodes x 28 days written to a fleet store; its size, then the rollup of passing
@@ -30,8 +30,11 @@ import sys
 import tempfile
 import time
 
-from slurmhealth.core import store
-from slurmhealth.fleet import simulate, sync
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from sim import simulate  # noqa: E402
+from slurmhealth.core import store  # noqa: E402
+from slurmhealth.fleet import sync  # noqa: E402
 
 DAY = 86400
 

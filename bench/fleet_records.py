@@ -1,6 +1,6 @@
 """Fleet fault records for testing a lemon (bad node) detector on data it did not generate.
 
-The models here are written apart from slurmhealth/fleet/simulate.py on purpose. Each one
+The models here are written apart from sim/simulate.py on purpose. Each one
 makes a different assumption about how faults arrive: uneven availability, rates that vary
 from node to node, faults that bunch up in time, incidents that hit a rack or a switch, a bad
 batch of parts, bad spells that a repair ends, and lemons that get fixed. `load_lanl` reads a

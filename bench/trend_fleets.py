@@ -1,6 +1,6 @@
 """Fleet models for validating the rising-counter finder, each with its own assumptions about
 how healthy devices count errors (docs/trends.md, "Validation"). None of them is the project's
-simulator (fleet/simulate.py); each writes what a site's nodes would export: `counter` records
+simulator (sim/simulate.py); each writes what a site's nodes would export: `counter` records
 as node/counters.py makes them (one per reading that changed, `delta` its increase, None after a
 counter reset), and a daily `run` per node that names its GPU model.
 

@@ -35,7 +35,8 @@ from concurrent.futures import ProcessPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from slurmhealth.fleet import policy, simulate  # noqa: E402
+from sim import simulate  # noqa: E402
+from slurmhealth.fleet import policy  # noqa: E402
 
 KS = (5, 10, 30, 100)
 LEMONS = 5

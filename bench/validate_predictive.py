@@ -44,8 +44,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import fleet_records  # noqa: E402
 import validate_lemons  # noqa: E402
 
+from sim import simulate  # noqa: E402
 from slurmhealth.core import store  # noqa: E402
-from slurmhealth.fleet import lemons, policy, simulate  # noqa: E402
+from slurmhealth.fleet import lemons, policy  # noqa: E402
 
 DAY = 86400.0
 WINDOW = 28 * DAY

@@ -23,8 +23,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from sim import simulate  # noqa: E402
 from slurmhealth.core import store  # noqa: E402
-from slurmhealth.fleet import simulate, sync  # noqa: E402
+from slurmhealth.fleet import sync  # noqa: E402
 
 DAY = 86400
 

@@ -587,6 +587,42 @@ def test_diagnose_quick_exits_by_its_verdict_and_records_a_diag_run(
     assert found == [("diag.checks", "ok"), ("diag.dcgm", dcgm)] * 2
 
 
+def test_diagnose_without_the_cuda_extra_or_dcgm_is_inconclusive_and_says_what_to_install(
+    tmp_path,
+):
+    """The built-in GPU tests are an optional part, as DCGM is: a node with neither (torch and
+    cupy planted as absent, whatever this machine has) tested nothing, so the diagnosis is
+    inconclusive (exit 4, a warn run), never OK, and each skip names what to install."""
+    from slurmhealth.node.diag import cuda
+
+    absent = tmp_path / "absent"
+    absent.mkdir()
+    for name in ("torch", "cupy"):
+        (absent / f"{name}.py").write_text(f"raise ModuleNotFoundError(name={name!r})\n")
+    path = os.pathsep.join(p for p in (str(absent), os.environ.get("PYTHONPATH")) if p)
+    env = {
+        "PATH": str(tmp_path / "empty-path"),
+        "SLURMHEALTH_SLURM_BIN": "/nonexistent",
+        "PYTHONPATH": path,
+    }
+    db = str(tmp_path / "node.db")
+    args = ["--level", "quick", "--config", diag_config(tmp_path), "--db", db]
+    args += ["--gpu-source", snapshot_path("healthy"), *SOURCES]
+    shown = run_cli("diagnose", *args, env=env)
+    assert shown.returncode == 4, shown.stderr
+    assert shown.stdout.startswith("gpu01: diagnose quick: INCONCLUSIVE (")
+    cuda_line = next(line for line in shown.stdout.splitlines() if line.split()[:1] == ["cuda"])
+    assert cuda_line.split()[1] == "skip" and cuda_line.endswith(cuda.NO_LIBRARY)
+    assert "slurmhealth[cuda]" in cuda.NO_LIBRARY
+    doc = json.loads(run_cli("diagnose", *args, "--json", env=env).stdout)
+    assert doc["verdict"] == "inconclusive"
+    probes = {p["probe"]: p for p in doc["probes"]}
+    assert (probes["dcgm"]["status"], probes["cuda"]["status"]) == ("skip", "skip")
+    assert probes["cuda"]["outcomes"][0]["evidence"] == cuda.NO_LIBRARY
+    history = json.loads(run_cli("history", "--db", db, "--json").stdout)
+    assert [(r["phase"], r["verdict"]) for r in history["runs"]] == [("diag", "warn")] * 2
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -1,7 +1,8 @@
 """The layout's rules, read from the source: imports go one way (entry -> fleet/report -> node ->
 core), no module imports itself back through others, the node side stays on the standard
-library, every check area and source keeps its interface, and the store is the only home of SQL
-that writes its tables."""
+library, the package never imports sim/ (what only tests, benchmarks and the demo use, outside
+the package so that no install carries it), every check area and source keeps its interface,
+and the store is the only home of SQL that writes its tables."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from slurmhealth.node import sources
 from slurmhealth.node.checks import AREAS, REGISTRY
 
 PACKAGE = os.path.join(REPO, "slurmhealth")
+SIM = os.path.join(REPO, "sim")  # the simulated fleet: beside the package, never in it
 # Lower layers never import higher ones. report may read the fleet's lemon signals; the
 # fleet never renders a report.
 RANK = {"core": 0, "node": 1, "fleet": 2, "report": 3, "cli": 4, "__main__": 4, "__init__": 0}
@@ -27,10 +29,11 @@ RANK = {"core": 0, "node": 1, "fleet": 2, "report": 3, "cli": 4, "__main__": 4, 
 NODE_THIRD_PARTY = {"pynvml", "tomli", "tomllib"}  # tomllib: stdlib from 3.11, guarded
 
 
-def modules() -> dict:
-    """{dotted module name: path} of every module of the package."""
+def modules(top: str = PACKAGE) -> dict:
+    """{dotted module name: path} of every module of the package (or of another tree at the
+    checkout's root)."""
     out = {}
-    for folder, _, files in os.walk(PACKAGE):
+    for folder, _, files in os.walk(top):
         for name in files:
             if name.endswith(".py"):
                 path = os.path.join(folder, name)
@@ -58,6 +61,7 @@ def imports_of(path: str, name: str) -> set:
 
 
 MODULES = modules()
+SIM_MODULES = modules(SIM)
 
 
 @functools.cache
@@ -140,9 +144,43 @@ def test_the_node_side_imports_only_the_standard_library():
         assert foreign <= NODE_THIRD_PARTY, f"{name} imports {foreign - NODE_THIRD_PARTY}"
 
 
-def test_the_simulator_is_never_imported_by_node_code():
-    users = {m for m, deps in graph().items() if "slurmhealth.fleet.simulate" in deps}
-    assert not {m for m in users if layer(m) in ("core", "node")}
+def test_the_simulator_is_outside_the_package():
+    assert "sim.simulate" in SIM_MODULES
+    assert not [m for m in MODULES if m.rpartition(".")[2] == "simulate"]
+
+
+def sim_users(tree: dict) -> set:
+    """The modules of `tree` that import anything of sim/."""
+    return {
+        name
+        for name, path in tree.items()
+        if any(m == "sim" or m.startswith("sim.") for m in imports_of(path, name))
+    }
+
+
+def test_the_package_never_imports_the_simulator():
+    """No install carries sim/: a module of the package that imported it would fail there."""
+    assert sim_users(MODULES) == set()
+
+
+def test_a_planted_import_of_the_simulator_is_caught(tmp_path):
+    """The rule's own control: a function-level import of sim/ from the package is seen."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from sim import simulate\n")
+    assert sim_users({"slurmhealth.fleet.bad": str(bad)}) == {"slurmhealth.fleet.bad"}
+
+
+def test_the_simulator_imports_the_package_and_the_standard_library_only():
+    """sim/ may use every layer (it writes stores as the package does, scores with its policy),
+    and nothing that a checkout with the package's own requirements lacks."""
+    stdlib = stdlib_names() | {"__future__"}
+    for name, path in SIM_MODULES.items():
+        foreign = {
+            m.split(".")[0]
+            for m in imports_of(path, name)
+            if m.split(".")[0] not in ("slurmhealth", "sim") and m.split(".")[0] not in stdlib
+        }
+        assert foreign == set(), f"{name} imports {foreign}"
 
 
 # --- the check areas' interface (node/checks/__init__.py) ---------------------------------------
@@ -211,9 +249,10 @@ SQL_HOMES = {
 
 
 def modules_with_sql(pattern: re.Pattern) -> set:
-    """Modules with a string constant (SQL text) that matches `pattern`."""
+    """Modules of the package and of sim/ with a string constant (SQL text) that matches
+    `pattern`."""
     found = set()
-    for name, path in MODULES.items():
+    for name, path in {**MODULES, **SIM_MODULES}.items():
         tree = ast.parse(open(path, encoding="utf-8").read())
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
@@ -260,13 +299,12 @@ _READ = re.compile(
     re.I,
 )
 # Where SQL may read the store's tables: the store itself, the one fleet query module, the
-# lemon signals query, the bulk export/import and the simulator's bulk writer.
+# lemon signals query, the bulk export/import.
 QUERY_HOMES = {
     "slurmhealth.core.store",
     "slurmhealth.fleet.queries",
     "slurmhealth.fleet.signals",
     "slurmhealth.fleet.sync",
-    "slurmhealth.fleet.simulate",
 }
 
 

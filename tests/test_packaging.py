@@ -876,6 +876,21 @@ def _source_files(top: str) -> set:
     return found
 
 
+def _test_only(paths: set) -> set:
+    """Installed paths of what only tests, benchmarks and the demo use (sim/, the simulated
+    fleet): none may ship."""
+    return {p for p in paths if "/sim/" in p or p.startswith("sim/") or "simulate" in p}
+
+
+def test_the_test_only_filter_sees_the_simulator():
+    """The filter's own control: what a package would hold if sim/ shipped."""
+    assert _test_only({"/usr/lib/python3/dist-packages/sim/simulate.py", "sim/__init__.py"}) == {
+        "/usr/lib/python3/dist-packages/sim/simulate.py",
+        "sim/__init__.py",
+    }
+    assert _test_only({"slurmhealth/fleet/policy.py"}) == set()
+
+
 def _common_paths(sitelib: str, units: str, doc: str) -> set:
     return {
         "/usr/bin/slurmhealth",
@@ -899,6 +914,7 @@ def test_deb_carries_the_package_hooks_units_cron_and_docs(packages):
         "/usr/lib/python3/dist-packages", "/lib/systemd/system", "/usr/share/doc/slurmhealth"
     )
     assert expected - paths == set()
+    assert _test_only(paths) == set()
     modes = {line.split()[5].lstrip("."): line.split()[0] for line in listing.splitlines()}
     assert modes[f"{LIBEXEC}/slurmhealth-hook"] == "-rwxr-xr-x"
     assert modes["/usr/bin/slurmhealth"] == "-rwxr-xr-x"
@@ -1030,6 +1046,7 @@ def test_rpm_carries_the_package_hooks_units_cron_and_docs(packages):
     assert init == f"{EL9_SITELIB}/slurmhealth/__init__.py", "EL9's python3 reads only its own"
     expected = _common_paths(EL9_SITELIB, "/usr/lib/systemd/system", "/usr/share/doc/slurmhealth")
     assert expected - set(modes) == set()
+    assert _test_only(set(modes)) == set()
     assert modes["/var/lib/slurmhealth"] == "drwx------"
     assert modes[f"{LIBEXEC}/slurmhealth-hook"] == "-rwxr-xr-x"
     configs = set(_rpm_query(packages, "-c"))
@@ -1345,6 +1362,7 @@ def test_sdist_is_a_whole_source_release(sdist):
     assert {"LICENSE", "README.md", "Makefile", "setup.cfg", "pyproject.toml"} <= names
     assert {"packaging/rpm/slurmhealth.spec", "packaging/debian/control"} <= names
     assert {"tests/conftest.py", "prolog.d/50-slurmhealth", "scripts/install-deps"} <= names
+    assert "sim/simulate.py" in names  # for the tests, benchmarks and demo: never installed
     assert [n for n in names if n.startswith("slurmhealth/report/templates/")]
     missing = {
         p
@@ -1389,6 +1407,18 @@ def test_sdist_pip_installs_into_a_fresh_venv_and_runs(sdist, tmp_path):
     assert where.stdout.startswith(str(venv)), "the installed package, not the checkout"
     templates = os.path.join(os.path.dirname(where.stdout.strip()), "templates")
     assert os.listdir(templates), "the report's templates were installed"
+    # What the wheel built from the sdist installed: the package alone, no simulated fleet
+    files = "import importlib.metadata as m; print(*m.files('slurmhealth'), sep='\\n')"
+    listed = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", files],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    installed = set(listed.stdout.split())
+    assert "slurmhealth/fleet/policy.py" in installed, listed.stderr
+    assert _test_only(installed) == set()
+    assert {p.split("/")[0] for p in installed if p.endswith(".py")} == {"slurmhealth"}
 
 
 # -- scripts/install-deps: what `make demo` and `make test` install, named first ----------------

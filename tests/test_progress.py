@@ -9,8 +9,9 @@ import sys
 import pytest
 from conftest import run_on_pty
 
+from sim import simulate
 from slurmhealth.core import store
-from slurmhealth.fleet import simulate, sync
+from slurmhealth.fleet import sync
 
 pytestmark = pytest.mark.slow  # a real pty and a store large enough for a bar
 

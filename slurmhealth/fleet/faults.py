@@ -23,7 +23,8 @@ Items are (time, kind, weight, next_ok[, scopes]): kind is one of KINDS, weight 
 next_ok the time of the node's first passing run after `time` within the window (None: none
 known), scopes the causes and places the item can share with other nodes' ("check:ib.port_state",
 "xid:79", "reason:not responding", "job:1234", "rack:r12"; scope_key() builds them).
-fleet/signals.py builds them from a store, fleet/simulate.py from a simulated fleet.
+fleet/signals.py builds them from a store; the source tree's simulator (sim/simulate.py, not
+installed) from a simulated fleet.
 """
 
 from __future__ import annotations

@@ -25,8 +25,9 @@ from slurmhealth.core import timespec
 from slurmhealth.core.result import counted
 from slurmhealth.fleet import faults as faultlib
 
-# The counts per node (docs/signals.md is the contract: fleet.signals computes them in SQL,
-# simulate.signals in memory), shown as evidence; the faults and warnings items come beside.
+# The counts per node (docs/signals.md is the contract: fleet.signals computes them in SQL, the
+# source tree's simulator, sim/simulate.py, in memory), shown as evidence; the faults and
+# warnings items come beside.
 SIGNALS = (
     "jobs",
     "hw_job_failures",

@@ -11,8 +11,9 @@ import time
 import pytest
 from conftest import TESTS, run_cli
 
+from sim import simulate
 from slurmhealth.core import store
-from slurmhealth.fleet import policy, simulate
+from slurmhealth.fleet import policy
 
 FAKE_SLURM = os.path.join(TESTS, "fakeslurm")
 

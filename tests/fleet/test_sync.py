@@ -20,10 +20,11 @@ from conftest import FIXTURES, REPO, require_real, run_cli, snapshot_path, tmpfs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sim import simulate
 from slurmhealth.core import files, store
 from slurmhealth.core.result import clean
 from slurmhealth.core.slurm import SlurmError
-from slurmhealth.fleet import accounting, policy, signals, simulate, sync
+from slurmhealth.fleet import accounting, policy, signals, sync
 from slurmhealth.node import config, runner
 
 DAY = 86400.0

@@ -16,8 +16,8 @@ import pytest
 from conftest import require_real
 from test_build import HOSTILE_PROCESS, html_tables
 
+from sim import simulate
 from slurmhealth.core import store
-from slurmhealth.fleet import simulate
 from slurmhealth.report import build as report
 from slurmhealth.report import render
 

@@ -17,8 +17,9 @@ from html.parser import HTMLParser
 import pytest
 from conftest import TESTS, diag_records, outcome, record_sources, run_cli, run_on_pty
 
+from sim import simulate
 from slurmhealth.core import store, timespec
-from slurmhealth.fleet import lemons, policy, queries, simulate
+from slurmhealth.fleet import lemons, policy, queries
 from slurmhealth.report import build as report
 from slurmhealth.report import render
 

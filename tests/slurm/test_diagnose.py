@@ -12,6 +12,8 @@ import time
 import pytest
 from conftest import TESTS, run_cli
 
+from slurmhealth.node.diag import cuda
+
 from .lab import snapshot
 
 DIAG = os.path.join(TESTS, "fixtures", "diag")
@@ -146,6 +148,8 @@ def test_a_diagnosis_that_could_run_nothing_never_returns_the_node(diag, tmp_pat
     assert (done["JobState"], done["ExitCode"]) == ("FAILED", "4:0")  # diagnose's exit 4
     state = lab.wait_node(node, lambda n: "inconclusive" in n["reason"], 60, what="to be held")
     assert state["reason"].startswith("diagnose quick inconclusive (slurmhealth): dcgm: dcgmi")
+    # and what to install for the built-in GPU tests, whole (the reason fits both skips)
+    assert state["reason"].endswith(f"; cuda: {cuda.NO_LIBRARY}")
     assert "DRAIN" in state["state"]
     (run,) = diag_runs(lab, node)
     assert run["verdict"] == "warn"

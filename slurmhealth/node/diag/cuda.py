@@ -1,10 +1,12 @@
 """The built-in GPU tests: exact matrix products, a device-memory pattern test and copy
 bandwidth, copies to and from host memory, peer copies.
 
-They run through a CUDA library the node already has (PyTorch, else CuPy); slurmhealth installs
-nothing, so without one the tests are skipped, and the outcome says so. The library is reached
-only through a small adapter (`Backend`), which is also what the tests drive with a pure-Python
-stand-in (tests/node/diag/cuda_standin.py).
+They run through a CUDA library (PyTorch, else CuPy), an optional part as DCGM is: the extra
+`slurmhealth[cuda]` installs CuPy, or `diag_python` names an interpreter that has either (a
+site's ML environment). Without one the probe is skipped, and says what to install; a diagnosis
+in which nothing else ran is inconclusive, never a pass. The library is reached only through a
+small adapter (`Backend`), which is also what the tests drive with a pure-Python stand-in
+(tests/node/diag/cuda_standin.py).
 
 Parent and child: `run` starts `python -m slurmhealth.node.diag.cuda` in its own process group
 and kills the group at the timeout. A CUDA call can hang in the driver (a GPU that fell off the
@@ -43,7 +45,9 @@ PASS = "pass"  # noqa: S105 - a status, not a password
 TESTS = ("matmul", "memory", "h2d", "p2p")
 MODULE = "slurmhealth.node.diag.cuda"
 PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-NO_LIBRARY = "no CUDA library (PyTorch or CuPy) installed"
+# What setup.cfg's extra of that name installs (CuPy), and the skip that names it.
+EXTRA = "cuda"
+NO_LIBRARY = f"CuPy or PyTorch not installed (slurmhealth[{EXTRA}], or diag_python)"
 PROGRESS = "slurmhealth-cuda: "
 KILL_WAIT = 10.0  # seconds to wait for a killed child; one stuck in the driver is left behind
 

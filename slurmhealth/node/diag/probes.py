@@ -1,10 +1,11 @@
 """`slurmhealth diagnose` on a node: a level's probes, run one after the other, each bounded.
 
 A probe is today's checks, one external tool (DCGM's diagnostic, NCCL's all-reduce test,
-perftest's bandwidth and latency tests) or the built-in GPU tests (through PyTorch or CuPy when
-the node has one). Each gives outcomes per GPU, port or node: pass, fail with evidence, or skip
-with the reason (a tool that is not installed, a GPU model without a threshold). slurmhealth
-installs nothing: what is absent is skipped, and the outcome says so. docs/diagnose.md lists the
+perftest's bandwidth and latency tests) or the built-in GPU tests (through CuPy, which the extra
+slurmhealth[cuda] installs, or PyTorch). Each gives outcomes per GPU, port or node: pass, fail
+with evidence, or skip with the reason (a tool that is not installed, a GPU model without a
+threshold). slurmhealth installs nothing on its own: what is absent is skipped, and the outcome
+says so. docs/diagnose.md lists the
 probes, their levels, timeouts and thresholds with their sources.
 
 Tool output is untrusted text: it is parsed (node/diag/parsers.py), never passed to a shell,

@@ -334,6 +334,27 @@ def test_no_cuda_library_skips(monkeypatch, tmp_path, planted, evidence):
         assert "torch: OSError: libcudart.so.12" in o["evidence"]
 
 
+def test_the_skip_names_the_extra_and_the_extra_installs_a_library_the_tests_drive():
+    """setup.cfg's extra installs a library open_backend knows; the test extra does not (the
+    suite runs on machines without a GPU, through the stand-in)."""
+    import configparser
+    import re
+
+    from conftest import REPO
+
+    cfg = configparser.ConfigParser()
+    cfg.read(os.path.join(REPO, "setup.cfg"))
+    extras = cfg["options.extras_require"]
+
+    def names(extra: str) -> set:
+        return {re.match(r"[\w.-]+", line).group(0) for line in extras[extra].split() if line}
+
+    (package,) = names(cuda.EXTRA)
+    assert package.split("-")[0] in cuda.LIBRARIES  # cupy-cuda12x provides the module cupy
+    assert not {n for n in names("test") if n.split("-")[0] in cuda.LIBRARIES}
+    assert f"slurmhealth[{cuda.EXTRA}]" in cuda.NO_LIBRARY
+
+
 def test_no_gpu_visible_skips_through_the_child(standin):
     (o,) = standin("gpus=0")
     assert (o["status"], o["evidence"]) == ("skip", "no CUDA GPU visible (stand-in)")

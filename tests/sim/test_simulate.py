@@ -6,8 +6,9 @@ import json
 
 import pytest
 
+from sim import simulate
 from slurmhealth.core import store
-from slurmhealth.fleet import policy, signals, simulate
+from slurmhealth.fleet import policy, signals
 
 DAY = simulate.DAY
 
