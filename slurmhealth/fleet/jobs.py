@@ -202,7 +202,7 @@ def fault(node: dict) -> str:
     hardware = [x for x in node.get("xids", []) if x.get("class") == "fail"]
     if hardware:
         more = len(hardware) - 1 + node.get("more_xids", 0)
-        extra = f" (and {more} more hardware Xids)" if more > 0 else ""
+        extra = f" (and {counted(more, 'more hardware Xid')})" if more > 0 else ""
         return f"{_xid_words(hardware[0])} at {local_time(hardware[0].get('time'))}{extra}"
     for problem in node.get("problems", []):
         if problem.get("status") == "fail" and problem.get("phase") != "prolog":
@@ -453,7 +453,7 @@ def render_text(data: dict) -> str:
     lines = [_header(data), f"  {'NODE':<12} {'PROLOG':<7} {'EPILOG':<7} DRAINED"]
     lines += [_node_line(n) for n in nodes] + _ok_line(data)
     if data.get("omitted"):
-        lines.append(f"  ({clean(data['omitted'])} node(s) left out of the published summary)")
+        lines.append(f"  ({counted(data['omitted'], 'node')} left out of the published summary)")
     lines += _telemetry_lines(data)
     problems, xids = _problem_lines(nodes), _xid_lines(nodes)
     if problems:

@@ -286,6 +286,15 @@ def test_a_huge_job_is_bounded_and_keeps_the_faulty_nodes(conn, tmp_path):
     assert "(and 19 more hardware Xids)" in back["conclusion"]
 
 
+def test_one_more_hardware_xid_is_said_in_the_singular(conn, tmp_path):
+    one = xid79_job(conn, tmp_path)
+    busy = one["nodes"][0]
+    twice = [busy["xids"][0], dict(busy["xids"][0], time=busy["xids"][0]["time"] + 1)]
+    back = jobs.decode(jobs.encode(dict(one, nodes=[dict(busy, xids=twice)], omitted=1)))
+    assert "(and 1 more hardware Xid) during" in back["conclusion"], back["conclusion"]
+    assert "  (1 node left out of the published summary)" in jobs.render_text(back)
+
+
 @pytest.mark.parametrize(
     "comment",
     [
