@@ -529,9 +529,14 @@ def prune(older: str, dry_run: bool, node: str | None, db: str | None, now: str 
             counts = store.prune(_open(path), before, dry_run)  # type: ignore[arg-type]
         except store.StoreError as exc:
             raise click.ClickException(f"{path}: {exc}") from None
-        summary = ", ".join(f"{n} {table}" for table, n in counts.items())
+        summary = ", ".join(counted(n, _row_of(table), table, ",") for table, n in counts.items())
         verb = "would delete" if dry_run else "deleted"
         click.echo(f"{path}: {verb} {summary}" + (" (dry run: nothing deleted)" if dry_run else ""))
+
+
+def _row_of(table: str) -> str:
+    """What one row of a store table is called: `run` of runs; `published` stays."""
+    return table[:-1] if table.endswith("s") else table
 
 
 # --- the fleet store: export on nodes, import and collect on the head node (docs/fleet.md) ---
