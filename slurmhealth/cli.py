@@ -376,14 +376,25 @@ def _instant(text: str | None, hint: str = "--now") -> float:
     try:
         return timespec.parse_instant(text)
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint=hint) from None
+        raise click.BadParameter(str(exc), param_hint=_named(hint)) from None
 
 
 def _duration(text: str, hint: str = "--window") -> float:
     try:
         return timespec.parse_duration(text)
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint=hint) from None
+        raise click.BadParameter(str(exc), param_hint=_named(hint)) from None
+
+
+def _named(option: str) -> str:
+    """How the error names the option: its environment variable where the value came from
+    there (cron's periodic.env), so an admin who never typed the option knows what to fix."""
+    ctx = click.get_current_context(silent=True)
+    param = next((p for p in ctx.command.params if option in p.opts), None) if ctx else None
+    if ctx and param and param.envvar and param.name:
+        if ctx.get_parameter_source(param.name) == click.core.ParameterSource.ENVIRONMENT:
+            return f"${param.envvar} ({option})"
+    return option
 
 
 def _start(text: str, end: float, hint: str = "--since") -> float:
@@ -392,7 +403,7 @@ def _start(text: str, end: float, hint: str = "--since") -> float:
     try:
         return timespec.parse_start(text, end)
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint=hint) from None
+        raise click.BadParameter(str(exc), param_hint=_named(hint)) from None
 
 
 def _when(epoch: object) -> str:
@@ -529,9 +540,14 @@ def prune(older: str, dry_run: bool, node: str | None, db: str | None, now: str 
             counts = store.prune(_open(path), before, dry_run)  # type: ignore[arg-type]
         except store.StoreError as exc:
             raise click.ClickException(f"{path}: {exc}") from None
-        summary = ", ".join(f"{n} {table}" for table, n in counts.items())
+        summary = ", ".join(counted(n, _row_of(table), table, ",") for table, n in counts.items())
         verb = "would delete" if dry_run else "deleted"
         click.echo(f"{path}: {verb} {summary}" + (" (dry run: nothing deleted)" if dry_run else ""))
+
+
+def _row_of(table: str) -> str:
+    """What one row of a store table is called: `run` of runs; `published` stays."""
+    return table[:-1] if table.endswith("s") else table
 
 
 # --- the fleet store: export on nodes, import and collect on the head node (docs/fleet.md) ---

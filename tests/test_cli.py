@@ -462,6 +462,25 @@ def test_every_duration_option_refuses_a_bare_number_in_one_line(tmp_path, comma
     assert f"(see 'slurmhealth {command[0]} --help')" in error
 
 
+def test_a_duration_from_the_environment_is_named_by_its_variable(tmp_path):
+    """SLURMHEALTH_SILENT_AFTER set in cron's periodic.env: the error names the variable the
+    admin wrote, not only an option the cron job never passed."""
+    from slurmhealth.core import store
+
+    db = str(tmp_path / "fleet.db")
+    store.connect(db).close()
+    proc = run_cli("lemons", "--db", db, env={"SLURMHEALTH_SILENT_AFTER": "6"})
+    assert proc.returncode == 2, proc.stderr
+    (error,) = proc.stderr.strip().splitlines()
+    assert error.startswith(
+        "Error: Invalid value for $SLURMHEALTH_SILENT_AFTER (--silent-after): not a duration: "
+        "'6' has no unit"
+    ), error
+    typed = {"SLURMHEALTH_SILENT_AFTER": "6h"}  # fine: the option typed is the one at fault
+    proc = run_cli("lemons", "--db", db, "--silent-after", "6", env=typed)
+    assert "Invalid value for --silent-after: " in proc.stderr, proc.stderr
+
+
 def test_an_instant_out_of_range_is_a_one_line_error(tmp_path):
     db = str(tmp_path / "node.db")
     from slurmhealth.core import store

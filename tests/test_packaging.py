@@ -176,7 +176,7 @@ def test_the_periodic_env_file_is_read_never_run_as_shell(periodic_env, tmp_path
     root, and values still reach the jobs (`-n` prints the command a job would run)."""
     marker = tmp_path / "injected"
     (tmp_path / "periodic.env").write_text(
-        f"SLURMHEALTH_NODE='gpu 42'\r\nSLURMHEALTH_SPLAY=$(touch {marker})\n"
+        f"SLURMHEALTH_NODE='gpu 42'\r\nSLURMHEALTH_FLEET_DB=$(touch {marker})\n"
         f"SLURMHEALTH_X=1; touch {marker}\nexit 1\n"
     )
     env = {k: v for k, v in periodic_env.items() if k != "SLURMHEALTH_NODE"}
@@ -185,6 +185,58 @@ def test_the_periodic_env_file_is_read_never_run_as_shell(periodic_env, tmp_path
     assert not marker.exists()
     assert "gpu 42.ndjson" in done.stdout
     assert "periodic.env:4: not NAME=VALUE, ignored" in done.stderr
+
+
+def _aged_report(reports: str, days: int) -> str:
+    path = os.path.join(reports, f"slurmhealth-old-{days}.html")
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write("old")
+    then = time.time() - days * 86400 - 3600
+    os.utime(path, (then, then))
+    return path
+
+
+@pytest.mark.parametrize(("keep", "gone"), [("90", []), ("2w", [20]), ("1d12h", [10, 20])])
+def test_the_report_retention_takes_the_clis_durations(periodic_env, keep, gone):
+    """SLURMHEALTH_REPORT_KEEP_DAYS: a duration as the command line writes one (2w, 1d12h),
+    or a bare number of days, as the file has always said."""
+    _node_with_one_run(periodic_env)
+    env = dict(periodic_env, SLURMHEALTH_REPORT_KEEP_DAYS=keep)
+    merged = run_cli("collect", env["SLURMHEALTH_SPOOL"], "--db", env["SLURMHEALTH_FLEET_DB"])
+    assert merged.returncode == 0, merged.stderr
+    reports = os.path.join(env["SLURMHEALTH_STATE_DIR"], "reports")
+    os.makedirs(reports)
+    aged = {days: _aged_report(reports, days) for days in (10, 20)}
+    done = periodic(env, "-q", "report")
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    assert sorted(d for d, path in aged.items() if not os.path.exists(path)) == gone
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "job"),
+    [
+        ("SLURMHEALTH_REPORT_KEEP_DAYS", "90 days", "report"),
+        ("SLURMHEALTH_REPORT_KEEP_DAYS", "-1d", "report"),
+        ("SLURMHEALTH_SPLAY", "soon", "export"),
+        ("SLURMHEALTH_SPLAY", "1m30", "export"),
+    ],
+)
+def test_a_duration_the_periodic_jobs_cannot_read_is_one_line(periodic_env, name, value, job):
+    env = dict(periodic_env, **{name: value})
+    done = periodic(env, "-n", job)
+    assert done.returncode == 1 and done.stdout == "", done.stdout
+    assert done.stderr == (
+        f"slurmhealth-periodic: {name}={value} is not a duration: write e.g. 90d, 2w or 1d12h "
+        f"(whole numbers with s, m, h, d or w; a bare number is "
+        f"{'days' if 'DAYS' in name else 'seconds'})\n"
+    )
+
+
+def test_the_splay_takes_the_clis_durations(periodic_env):
+    env = dict(periodic_env, SLURMHEALTH_SPLAY="1m")
+    done = periodic(env, "-n", "export")
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    assert done.stdout.endswith("gpu07.ndjson\n")
 
 
 def test_periodic_skips_a_run_while_the_previous_one_holds_the_lock(periodic_env):

@@ -45,14 +45,14 @@ PUBLISH_BUDGET_S = 120.0  # for all the writes of one publish: well inside the 5
 
 # What a hardware Xid means to a user, in words (the rest: "a hardware fault on GPU n").
 _XID_WORDS = {
-    79: "lost GPU {gpu}",
-    48: "had an uncorrectable memory error on GPU {gpu}",
-    94: "had an uncorrectable memory error on GPU {gpu}",
-    95: "had an uncorrectable memory error on GPU {gpu}",
-    140: "had an uncorrectable memory error on GPU {gpu}",
-    74: "had an NVLink error on GPU {gpu}",
-    119: "had a GPU firmware (GSP) timeout on GPU {gpu}",
-    120: "had a GPU firmware (GSP) error on GPU {gpu}",
+    79: "lost {gpu}",
+    48: "had an uncorrectable memory error on {gpu}",
+    94: "had an uncorrectable memory error on {gpu}",
+    95: "had an uncorrectable memory error on {gpu}",
+    140: "had an uncorrectable memory error on {gpu}",
+    74: "had an NVLink error on {gpu}",
+    119: "had a GPU firmware (GSP) timeout on {gpu}",
+    120: "had a GPU firmware (GSP) error on {gpu}",
 }
 
 
@@ -190,11 +190,20 @@ def _refused(node: dict) -> bool:
     return node.get("state") == "prolog_failed" or node.get("prolog") == "fail"
 
 
+def gpu_words(xid: dict) -> str:
+    """`GPU 3 (0000:5d:00)`, as the node's checks and Reasons name it (node/checks/xid.where);
+    `GPU 0000:5d:00` for a GPU NVML did not list (off the bus); `GPU 3` or `GPU ?` in a
+    summary published before it carried the bus id."""
+    gpu, bus = xid.get("gpu"), xid.get("bus_id")
+    bus = clean(bus, 20) if bus else ""
+    if gpu is None:
+        return f"GPU {bus or '?'}"
+    return f"GPU {clean(gpu, 20)} ({bus})" if bus else f"GPU {clean(gpu, 20)}"
+
+
 def _xid_words(xid: dict) -> str:
-    gpu = xid.get("gpu")
-    words = _XID_WORDS.get(xid.get("code"), "had a hardware fault on GPU {gpu}")  # type: ignore[arg-type]
-    gpu = "?" if gpu is None else clean(gpu, 20)
-    return f"{words.format(gpu=gpu)} (Xid {clean(xid.get('code'), 20)})"
+    words = _XID_WORDS.get(xid.get("code"), "had a hardware fault on {gpu}")  # type: ignore[arg-type]
+    return f"{words.format(gpu=gpu_words(xid))} (Xid {clean(xid.get('code'), 20)})"
 
 
 def fault(node: dict) -> str:
@@ -202,7 +211,7 @@ def fault(node: dict) -> str:
     hardware = [x for x in node.get("xids", []) if x.get("class") == "fail"]
     if hardware:
         more = len(hardware) - 1 + node.get("more_xids", 0)
-        extra = f" (and {more} more hardware Xids)" if more > 0 else ""
+        extra = f" (and {counted(more, 'more hardware Xid')})" if more > 0 else ""
         return f"{_xid_words(hardware[0])} at {local_time(hardware[0].get('time'))}{extra}"
     for problem in node.get("problems", []):
         if problem.get("status") == "fail" and problem.get("phase") != "prolog":
@@ -262,7 +271,7 @@ def _app_xids(nodes: list) -> str:
         return ""
     node, xid = seen[0]
     return (
-        f"; GPU {clean(xid.get('gpu'), 20)} on {node} reported Xid {clean(xid.get('code'), 20)} at "
+        f"; {gpu_words(xid)} on {node} reported Xid {clean(xid.get('code'), 20)} at "
         f"{local_time(xid.get('time'))}, which is usually the application's own error"
     )
 
@@ -368,7 +377,7 @@ def _xid_lines(nodes: list) -> list:
             process = clean(x.get("process") or "-", 40)
             lines.append(
                 f"  {clean(node['node'], 20):<12} {local_time(x.get('time'))}  "
-                f"GPU {clean(x.get('gpu'), 20)}  Xid {clean(x.get('code'), 20)} "
+                f"{gpu_words(x)}  Xid {clean(x.get('code'), 20)} "
                 f"({clean(x.get('class'), 8)})  process {process}"
             )
         if node.get("more_xids"):
@@ -453,7 +462,7 @@ def render_text(data: dict) -> str:
     lines = [_header(data), f"  {'NODE':<12} {'PROLOG':<7} {'EPILOG':<7} DRAINED"]
     lines += [_node_line(n) for n in nodes] + _ok_line(data)
     if data.get("omitted"):
-        lines.append(f"  ({clean(data['omitted'])} node(s) left out of the published summary)")
+        lines.append(f"  ({counted(data['omitted'], 'node')} left out of the published summary)")
     lines += _telemetry_lines(data)
     problems, xids = _problem_lines(nodes), _xid_lines(nodes)
     if problems:
@@ -595,7 +604,10 @@ _NODE_FIELDS = {
 _PROBLEM_FIELDS = {
     "phase": "text", "time": "time", "check": "scalar", "status": "scalar", "message": "scalar"
 }  # fmt: skip
-_XID_FIELDS = {"time": "time", "gpu": "int", "code": "int", "class": "text", "process": "scalar"}
+_XID_FIELDS = {
+    "time": "time", "gpu": "int", "bus_id": "scalar", "code": "int", "class": "text",
+    "process": "scalar",
+}  # fmt: skip
 _DRAIN_FIELDS = {"time": "time", "reason": "scalar", "still": "scalar"}
 
 

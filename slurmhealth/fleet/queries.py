@@ -417,11 +417,12 @@ def problems(conn: sqlite3.Connection, runs: list) -> list:
 
 
 def job_xids(conn: sqlite3.Connection, node: str, job_id: str) -> list:
-    """[{time, gpu, code, class, process}] of the Xids the epilog gave the job on the node
-    (those on its GPUs, read after its prolog)."""
+    """[{time, gpu, bus_id, code, class, process}] of the Xids the epilog gave the job on the
+    node (those on its GPUs, read after its prolog)."""
     return _dicts(
         conn.execute(
-            "SELECT time, gpu, code, class, process FROM events WHERE node = ? AND job_id = ? "
+            "SELECT time, gpu, bus_id, code, class, process FROM events "
+            "WHERE node = ? AND job_id = ? "
             "AND kind = 'xid' ORDER BY time, gpu, code",
             (node, job_id),
         )

@@ -22,7 +22,7 @@ import textwrap
 from collections.abc import Callable
 from typing import NamedTuple
 
-from slurmhealth.core.result import clean, printable
+from slurmhealth.core.result import clean, counted, printable
 
 DEFAULT_CONF = "/etc/slurm/slurm.conf"
 HOOK = "/usr/libexec/slurmhealth/slurmhealth-hook"  # where the .deb and the .rpm put it
@@ -416,8 +416,8 @@ def render(advice: Advice, conf_path: str) -> str:
     out: list = []
     if advice.changes:
         out += _comment(
-            f"slurmhealth: {len(advice.changes)} line(s) of {where} to change, each merged with"
-            " what it sets now. Replace the line shown as `was` with the line under it (a new"
+            f"slurmhealth: {counted(len(advice.changes), 'line')} of {where} to change, each merged"
+            " with what it sets now. Replace the line shown as `was` with the line under it (a new"
             " one: add it); lines not shown are fine as they are."
         )
     else:

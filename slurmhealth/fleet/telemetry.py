@@ -45,7 +45,7 @@ import json
 import math
 import statistics
 
-from slurmhealth.core.result import clean
+from slurmhealth.core.result import clean, counted
 from slurmhealth.fleet.trends import LABELS
 from slurmhealth.node.counters import AER_TOTALS, GPU_COUNTERS, LINK_COUNTERS, PORT_COUNTERS
 
@@ -289,10 +289,9 @@ def clock_words(figures: dict) -> str:
         worst = f" ({clean(figures['worst_gpu'], 10)})" if figures["share"] else ""
         parts.append(f"below base clocks {percent(figures['share'])}{worst}")
     if figures.get("util") is not None:
-        count = figures["samples"]
         parts.append(
             f"SM {figures['mhz']:.0f} MHz, utilisation {figures['util']:.0f}% "
-            f"({count} sample{'' if count == 1 else 's'})"
+            f"({counted(figures['samples'], 'sample')})"
         )
     return "; ".join(parts)
 

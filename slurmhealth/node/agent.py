@@ -594,9 +594,12 @@ def _named_paths_exist(opts: dict) -> None:
         raise UsageError(f"--sysfs-root {root}: no such directory")
     if kmsg is not None and _absent(kmsg):
         raise UsageError(f"--kmsg {kmsg}: no such file")
+    named = "--db"
+    if db is None and not opts.get("--no-db") and os.environ.get("SLURMHEALTH_DB"):
+        named, db = "$SLURMHEALTH_DB", os.environ["SLURMHEALTH_DB"]  # --db's other spelling
     folder = os.path.dirname(os.path.abspath(db)) if db is not None else None
     if folder is not None and _absent(folder):
-        raise UsageError(f"--db {db}: no such directory: {folder}")
+        raise UsageError(f"{named} {db}: no such directory: {folder}")
     if kmsg is not None and os.path.isdir(kmsg):
         raise UsageError(f"--kmsg {kmsg}: a directory, not a kernel log")
     if "--only" in opts and not _areas(opts):

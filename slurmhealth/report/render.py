@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 
-from slurmhealth.core.result import printable
+from slurmhealth.core.result import counted, printable
 from slurmhealth.report.build import FORMATS, ReportError
 
 _MD_SPECIAL = str.maketrans(
@@ -51,6 +51,14 @@ def number(value: object) -> str:
     return str(value)
 
 
+def count_of(value: object, noun: str, nouns: str = "") -> str:
+    """`1 node`, `1,024 nodes`: a count and its noun, singular only for one (result.counted),
+    counts with thousands separators as `num` writes them."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return f"{number(value)} {nouns or noun + 's'}"
+    return counted(value, noun, nouns, spec="," if isinstance(value, int) else "")
+
+
 def _environment(fmt: str) -> object:
     import jinja2  # noqa: PLC0415 - the admin side only; never the hot path
 
@@ -66,6 +74,7 @@ def _environment(fmt: str) -> object:
         finalize=md_escape if fmt == "md" else html_text,
     )
     env.filters["num"] = number
+    env.filters["counted"] = count_of
     return env
 
 

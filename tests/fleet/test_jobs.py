@@ -101,8 +101,8 @@ def test_a_gpu_lost_during_the_job_on_a_drained_node_is_a_hardware_fault_and_saf
     assert got["verdict"] == "hardware" and got["exclude"] == []
     when = jobs.local_time(xid["time"])
     assert got["conclusion"] == (
-        f"node gpu07 lost GPU 3 (Xid 79) at {when} during your job: a hardware fault, not your "
-        "code; the node is drained; resubmitting is safe"
+        f"node gpu07 lost GPU 3 (0000:5d:00) (Xid 79) at {when} during your job: a hardware "
+        "fault, not your code; the node is drained; resubmitting is safe"
     )
     assert (got["user"], got["uid"], got["signal"]) == ("alice", 1000, 9)
 
@@ -284,6 +284,15 @@ def test_a_huge_job_is_bounded_and_keeps_the_faulty_nodes(conn, tmp_path):
     assert all(len(n["xids"]) == jobs.ITEMS_MAX and n["more_xids"] == 12 for n in back["nodes"])
     assert back["verdict"] == "hardware" and back["exclude"][0] == "sick000"
     assert "(and 19 more hardware Xids)" in back["conclusion"]
+
+
+def test_one_more_hardware_xid_is_said_in_the_singular(conn, tmp_path):
+    one = xid79_job(conn, tmp_path)
+    busy = one["nodes"][0]
+    twice = [busy["xids"][0], dict(busy["xids"][0], time=busy["xids"][0]["time"] + 1)]
+    back = jobs.decode(jobs.encode(dict(one, nodes=[dict(busy, xids=twice)], omitted=1)))
+    assert "(and 1 more hardware Xid) during" in back["conclusion"], back["conclusion"]
+    assert "  (1 node left out of the published summary)" in jobs.render_text(back)
 
 
 @pytest.mark.parametrize(
@@ -779,3 +788,34 @@ def test_array_tasks_and_het_job_components_are_job_ids(tmp_path, text):
     proc = run_cli("job", text, "--db", fleet)
     assert proc.returncode == 1  # looked up: not collected
     assert f"job {text} is not in the fleet store" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("bus", "gpu"), [("0000:5d:00", "GPU 3 (0000:5d:00)"), ("0000:ff:00", "GPU 0000:ff:00")]
+)
+def test_a_job_names_its_gpu_as_the_nodes_checks_do(tmp_path, bus, gpu):
+    """The real prolog and epilog of a job, then `slurmhealth job`: the Xid line and the
+    conclusion name the GPU as the failed check (and the node's Reason) do, by index and bus
+    id, or by bus id alone for a GPU NVML does not list (off the bus), never `GPU None`."""
+    log = tmp_path / "kmsg"
+    log.write_text("")
+    (tmp_path / "slurmhealth.toml").write_text(
+        f'[settings]\ngpu_source = "{snapshot_path("healthy")}"\nkmsg = "{log}"\n'
+        f'sysfs_root = "{tmp_path}"\nmonitor_only = true\n'
+    )
+    env = {
+        "SLURMD_NODENAME": "gpu07", "SLURM_JOB_ID": "5", "SLURM_JOB_USER": "alice",
+        "SLURM_JOB_UID": "1000", "SLURMHEALTH_CONFIG": str(tmp_path / "slurmhealth.toml"),
+        "SLURMHEALTH_STATE_DIR": str(tmp_path),
+    }  # fmt: skip
+    assert run_cli("prolog", env=env).returncode == 0
+    log.write_text(f"3,9,9,-;NVRM: Xid (PCI:{bus}): 79, pid=7, name=python, GPU has fallen off\n")
+    assert run_cli("epilog", env=env).returncode == 0
+    done = run_cli("job", "5", "--db", str(tmp_path / "gpu07.db"))
+    assert done.returncode == 0, done.stderr
+    check, xid = [line for line in done.stdout.splitlines() if "Xid 79" in line][:2]
+    assert f"xid.hardware fail: {gpu} Xid 79" in check
+    assert f"  {gpu}  Xid 79 (fail)" in xid
+    assert f"lost {gpu} (Xid 79)" in done.stdout
+    said = json.loads(run_cli("job", "5", "--db", str(tmp_path / "gpu07.db"), "--json").stdout)
+    assert said["nodes"][0]["xids"][0]["bus_id"] == bus

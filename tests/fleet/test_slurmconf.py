@@ -329,3 +329,13 @@ def test_a_file_that_cannot_be_read_is_one_line(tmp_path, name):
     done = run_cli("config", "slurm-conf", path)
     assert done.returncode == 2 and done.stdout == ""
     assert len(done.stderr.splitlines()) == 1 and done.stderr.startswith(f"Error: {path}: ")
+
+
+def test_one_line_to_change_is_said_in_the_singular(tmp_path):
+    with open(os.path.join(REPO, "packaging", "slurm.conf.example"), encoding="utf-8") as handle:
+        text = handle.read().replace("PrologEpilogTimeout=30\n", "")
+    (tmp_path / "slurm.conf").write_text(text)
+    done = run_cli("config", "slurm-conf", str(tmp_path / "slurm.conf"))
+    assert done.returncode == 0, done.stderr
+    said = " ".join(done.stdout.replace("#", " ").split())  # the comment as one line
+    assert said.startswith(f"slurmhealth: 1 line of {tmp_path}/slurm.conf to change,"), said

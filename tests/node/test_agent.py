@@ -1082,6 +1082,21 @@ def test_check_db_in_a_missing_directory_is_a_usage_error_that_creates_nothing(t
     assert not (tmp_path / "missing").exists()
 
 
+def test_check_db_from_the_environment_in_a_missing_directory_creates_nothing(tmp_path):
+    """$SLURMHEALTH_DB is --db's other spelling: a typo in it is the same usage error."""
+    missing = tmp_path / "missing" / "dir"
+    healthy = snapshot_path("healthy")
+    env = {"SLURMHEALTH_DB": str(missing / "x.db")}
+    proc = run_cli("check", "--gpu-source", healthy, "--record", env=env)
+    assert proc.returncode == 2
+    assert proc.stderr == (
+        f"slurmhealth: error: $SLURMHEALTH_DB {missing}/x.db: no such directory: {missing}\n"
+    )
+    assert not (tmp_path / "missing").exists()
+    proc = run_cli("check", "--gpu-source", healthy, "--no-db", env=env)  # no store: no error
+    assert proc.returncode == 0, proc.stderr
+
+
 def test_check_suggests_the_option_meant():
     for typo, said in (
         ("--jsn", "no such option: --jsn (did you mean --json?)"),

@@ -15,7 +15,7 @@ import sys
 from html.parser import HTMLParser
 
 import pytest
-from conftest import TESTS, diag_records, outcome, record_sources, run_cli, run_on_pty
+from conftest import SNAPSHOTS, TESTS, diag_records, outcome, record_sources, run_cli, run_on_pty
 
 from sim import simulate
 from slurmhealth.core import store, timespec
@@ -1201,3 +1201,34 @@ def test_a_report_file_is_private_unless_mode_says_otherwise(fleet_db, sim, tmp_
         wrong = run_cli(*args, "-o", str(tmp_path / "x.html"), "--mode", bad)
         assert wrong.returncode == 2 and "Traceback" not in wrong.stderr
         assert "--mode" in wrong.stderr and not (tmp_path / "x.html").exists()
+
+
+def test_a_fleet_one_day_old_is_counted_in_the_singular(tmp_path):
+    """An admin's first report: one node, one health check, one day of records. Every count
+    of one reads in the singular ("1 whole day", "Failures over 1 day", "1 node scored"),
+    in HTML and Markdown, through check, collect and report as the admin runs them."""
+    spool = tmp_path / "spool"
+    spool.mkdir(mode=0o700)
+    node_db = spool / "gpu01.db"
+    proc = run_cli(
+        "check", "--record", "--node", "gpu01", "--db", str(node_db),
+        "--gpu-source", os.path.join(SNAPSHOTS, "h100-hgx-healthy.json"),
+        "--sysfs-root", str(tmp_path), "--kmsg", os.devnull,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    node_db.chmod(0o600)
+    fleet = str(tmp_path / "fleet.db")
+    proc = run_cli("collect", str(spool), "--db", fleet)
+    assert proc.returncode == 0 and "1 file merged" in proc.stdout, proc.stderr
+    conn = store.connect(fleet)
+    (ran,) = conn.execute("SELECT started FROM runs").fetchone()
+    conn.close()
+    now = str(int(ran // DAY + 1) * int(DAY) + 10 * 3600)  # the next morning, 10:00 UTC
+    for fmt in ("md", "html"):
+        proc = cli(fleet, "--now", now, "--format", fmt)
+        assert proc.returncode == 0, proc.stderr
+        text = re.sub(r"<[^>]+>", "", proc.stdout)
+        assert "(1 whole day)" in text and "Failures over 1 day\n" in text, fmt
+        assert "1 node scored" in text and "1 run in the period" in text, fmt
+        plural = re.findall(r"\b1 (?:whole )?(?:days|nodes|runs|jobs)\b|node\(s\)", text)
+        assert plural == [], (fmt, plural)

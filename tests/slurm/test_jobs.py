@@ -176,7 +176,8 @@ def test_the_owner_learns_their_job_met_a_hardware_fault(lab, users, userland, h
     proc = user_job(lab, users[0], userland, history["fleet"], history["fault"])
     assert proc.returncode == 0, proc.stderr
     last = proc.stdout.strip().splitlines()[-1]
-    assert last.startswith(f"conclusion: node {SICK} lost GPU 3 (Xid 79) at "), proc.stdout
+    lost = f"conclusion: node {SICK} lost GPU 3 ({GPU3_BUS}) (Xid 79) at "
+    assert last.startswith(lost), proc.stdout
     assert last.endswith(
         "during your job: a hardware fault, not your code; the node is drained; "
         "resubmitting is safe"

@@ -233,7 +233,7 @@ def inventory(facts: dict, ctx: Context) -> Result:
             continue
         for key in ("uuid", "bus_id", "serial"):
             if before.get(key) and dev.get(key) and before[key] != dev[key]:
-                changes.append(f"GPU {dev['index']} {key} {before[key]} -> {dev[key]}")
+                changes.append(f"{label(dev)} {key} {before[key]} -> {dev[key]}")
     data = {"changes": changes}
     if not known:
         return ok("inventory recorded", data)
@@ -603,13 +603,14 @@ def memory_errors(facts: dict, ctx: Context) -> Result:
             if now is not None and then is not None and now > then:
                 deltas.setdefault(str(dev["index"]), {})[key] = now - then
             elif now is not None and then is not None and now < then:
-                resets.append(f"GPU {dev['index']} {key}")
+                resets.append(f"{label(dev)} {key}")
         delta = deltas.get(str(dev["index"]), {})
         rows = delta.get("remap_correctable", 0) + delta.get("remap_uncorrectable", 0)
         if rows:
-            grew.append(f"{label(dev)} {rows} new remapped rows")
+            grew.append(f"{label(dev)} {counted(rows, 'new remapped row')}")
         if delta.get("ecc_sbe_volatile", 0) >= ctx.expect.get("sbe_warn", 1000):
-            grew.append(f"{label(dev)} {delta['ecc_sbe_volatile']} new correctable ECC errors")
+            sbe = counted(delta["ecc_sbe_volatile"], "new correctable ECC error")
+            grew.append(f"{label(dev)} {sbe}")
     data = {"deltas": deltas, "reset": resets}
     if grew:
         return warn(summarize(grew), data)

@@ -1089,8 +1089,7 @@ def application(facts: dict, ctx: Context) -> Result:
         return ok("no application Xids")
     xids = ", ".join(str(x) for x in sorted({e["xid"] for e in found}))
     gpus = ", ".join(dict.fromkeys(where(e) for e in found))
-    plural = "s" if len(found) > 1 else ""
-    message = f"{len(found)} application Xid{plural} ({xids}) on {gpus}"
+    message = f"{counted(len(found), 'application Xid')} ({xids}) on {gpus}"
     return ok(f"{message}: the job's code, not the node", _data(found))
 
 
@@ -1102,7 +1101,8 @@ def log_continuity(facts: dict, ctx: Context) -> Result:
         return warn(f"kernel log wrapped: {lost}, Xids may be missed", data)
     if facts.get("lost"):
         return warn("kernel log wrapped while reading: records lost, Xids may be missed", data)
-    return ok(f"{facts.get('records', 0)} new kernel log records, none lost", data)
+    records = counted(facts.get("records") or 0, "new kernel log record")
+    return ok(f"{records}, none lost", data)
 
 
 def _hca_words(event: dict) -> str:

@@ -135,7 +135,8 @@ def probe_nccl(ctx: Context) -> list:
     if path is None:
         return [outcome("node", SKIP, "all_reduce_perf not installed (NVIDIA nccl-tests)")]
     if len(ctx.gpus) < 2:
-        return [outcome("node", SKIP, f"{len(ctx.gpus)} GPU(s): no all-reduce within the node")]
+        why = f"{counted(len(ctx.gpus), 'GPU')}: no all-reduce within the node"
+        return [outcome("node", SKIP, why)]
     argv = [path, "-b", "8", "-e", "8G", "-f", "2", "-g", str(len(ctx.gpus))]
     code, text = run_tool(argv, NCCL_TIMEOUT[ctx.level])
     if code is None:

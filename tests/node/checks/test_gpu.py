@@ -156,12 +156,13 @@ def test_inventory_change_is_reported_against_the_baseline():
     before = gpu.baseline(healthy)
     before["inventory"]["3"]["uuid"] = "GPU-old"
     result = gpu.inventory(healthy, Context(baseline=before))
-    assert result.status == "warn" and "GPU 3 uuid GPU-old ->" in result.message
+    assert result.status == "warn" and "GPU 3 (0000:5d:00) uuid GPU-old ->" in result.message
     assert gpu.inventory(healthy, Context(baseline=gpu.baseline(healthy))).status == "ok"
     before = gpu.baseline(healthy)
     before["inventory"]["5"]["serial"] = "1650000000000"  # the board was replaced
     result = gpu.inventory(healthy, Context(baseline=before))
-    assert result.status == "warn" and "GPU 5 serial 1650000000000 ->" in result.message
+    assert result.status == "warn"
+    assert "GPU 5 (0000:ab:00) serial 1650000000000 ->" in result.message
 
 
 def test_driver_drift_warns():
@@ -245,12 +246,15 @@ def test_memory_errors_warn_on_growth_since_the_baseline():
     assert gpu.memory_errors(healthy, ctx()).message == "baseline recorded"
     before = gpu.baseline(healthy)
     grown = facts("healthy")
-    grown["devices"][4]["fields"]["remap_correctable"] = 2
+    grown["devices"][4]["fields"]["remap_correctable"] = 1
     grown["devices"][1]["fields"]["ecc_sbe_volatile"] = 5000
     result = gpu.memory_errors(grown, Context(expect=ctx().expect, baseline=before))
     assert result.status == "warn"
     assert "GPU 1 (0000:2a:00) 5000 new correctable ECC errors" in result.message
-    assert result.data["deltas"]["4"] == {"remap_correctable": 2}
+    grown["devices"][1]["fields"] = healthy["devices"][1]["fields"]  # only the row grows now
+    result = gpu.memory_errors(grown, Context(expect=ctx().expect, baseline=before))
+    assert result.message == "GPU 4 (0000:9a:00) 1 new remapped row", result.message
+    assert result.data["deltas"]["4"] == {"remap_correctable": 1}
     assert gpu.memory_errors(healthy, Context(expect=ctx().expect, baseline=before)).status == "ok"
 
 
@@ -321,7 +325,7 @@ def test_memory_counter_that_went_down_starts_a_new_baseline():
     before["counters"]["6"]["ecc_sbe_volatile"] = 900  # the driver reloaded since
     result = gpu.memory_errors(facts("healthy"), Context(expect=ctx().expect, baseline=before))
     assert result.status == "ok"
-    assert result.message == "counter reset: new baseline (GPU 6 ecc_sbe_volatile)"
+    assert result.message == "counter reset: new baseline (GPU 6 (0000:ba:00) ecc_sbe_volatile)"
 
 
 def test_baseline_keeps_the_time_it_was_read():

@@ -784,6 +784,26 @@ def test_log_continuity():
     assert (fine.status, fine.message) == ("ok", "22 new kernel log records, none lost")
 
 
+def test_one_record_and_one_application_xid_read_in_the_singular(tmp_path):
+    """`check` on a kernel log of one record, then of one application Xid: counts of one in
+    the singular (the messages become Slurm Reasons and an admin's terminal lines)."""
+    log = tmp_path / "one.kmsg"
+    log.write_text("6,100,5000,-;NVRM: loading NVIDIA UNIX x86_64 Kernel Module\n")
+    args = ["check", "--no-db", "--node", "gpu01", "--only", "xid", "--json"]
+    args += ["--gpu-source", os.path.join(conftest.SNAPSHOTS, "h100-hgx-healthy.json")]
+    args += ["--sysfs-root", str(tmp_path), "--kmsg", str(log)]
+    proc = conftest.run_cli(*args)
+    said = {r["check"]: r["message"] for r in json.loads(proc.stdout)["results"]}
+    assert said["xid.log_continuity"] == "1 new kernel log record, none lost", proc.stderr
+    log.write_text(
+        "4,101,6000,-;NVRM: Xid (PCI:0000:18:00): 13, pid=42, name=python, "
+        "Graphics Exception: ESR 0x50df30=0x10\n"
+    )
+    proc = conftest.run_cli(*args)
+    said = {r["check"]: r["message"] for r in json.loads(proc.stdout)["results"]}
+    assert said["xid.application"].startswith("1 application Xid (13) on GPU "), said
+
+
 # --- dedup ---------------------------------------------------------------------------------
 
 
