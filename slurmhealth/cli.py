@@ -137,7 +137,8 @@ def snapshot(
     """Write everything the checks read on this node as one JSON document.
 
     Replaying it with `check --gpu-source FILE` gives the same verdicts
-    (format: docs/snapshot-format.md).
+    (format: docs/snapshot-format.md). Exit 0; 4 when a source could not be read (the kernel
+    log, not being root): the snapshot is written without it, said in one line on stderr.
 
     \b
     Example:
@@ -147,7 +148,7 @@ def snapshot(
     settings = config.defaults()["settings"]
     timeouts = {s: settings[f"timeout_{s}"] for s in runner.SOURCES}
     try:
-        doc = runner.snapshot(
+        doc, unread = runner.snapshot(
             name, _options(gpu_source, sysfs_root, kmsg), timeouts, settings["deadline"]
         )
     except (OSError, ValueError) as exc:
@@ -155,11 +156,17 @@ def snapshot(
     text = json.dumps(doc, indent=1, sort_keys=True) + "\n"
     if output == "-":
         click.echo(text, nl=False)
-        return
-    try:
-        files.write_private(output, text)  # 0600, never through a planted symlink
-    except OSError as exc:
-        raise click.ClickException(f"{output}: {exc.strerror or exc}") from None
+    else:
+        try:
+            files.write_private(output, text)  # 0600, never through a planted symlink
+        except OSError as exc:
+            raise click.ClickException(f"{output}: {exc.strerror or exc}") from None
+    for source in unread:  # its message names the path: not trusted, cleaned
+        lacks = f"the snapshot lacks it (the {', '.join(source['areas'])} checks)"
+        said = f"{source['source']}: {clean(source['message'], 300)}: {lacks}"
+        click.echo(f"slurmhealth snapshot: {said}, the answer is incomplete", err=True)
+    if unread:
+        sys.exit(agent.EXIT_INCOMPLETE)
 
 
 @cli.group(name="config")
