@@ -340,7 +340,10 @@ def _open(path: str) -> object:
     try:
         return store.connect(path, existing=True)
     except store.StoreError as exc:
-        raise click.ClickException(str(exc)) from None
+        why = store.kept_out(path)  # readable, but SQLite writes beside what it reads
+        if why is None:
+            raise click.ClickException(str(exc)) from None
+        raise click.ClickException(f"cannot open {path}: {why}: {_need()}") from None
 
 
 def _one_node(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -359,7 +362,7 @@ def _store_paths(db: str | None, node: str | None) -> list:
 
 
 def _denied(path: str) -> click.ClickException:
-    """`cannot read DIR (permission denied): history needs root, or --db FILE you can read`:
+    """`cannot read DIR (permission denied): history needs root, or --db a copy you own`:
     the first directory on the way to `path` this user may not enter, else the file."""
     blocked, parts = path, os.path.abspath(path).split(os.sep)
     for n in range(2, len(parts)):
@@ -367,9 +370,13 @@ def _denied(path: str) -> click.ClickException:
         if not os.access(folder, os.X_OK):
             blocked = folder
             break
-    command = click.get_current_context().info_name
-    need = f"{command} needs root, or --db FILE you can read"
-    return click.ClickException(f"cannot read {blocked} (permission denied): {need}")
+    return click.ClickException(f"cannot read {blocked} (permission denied): {_need()}")
+
+
+def _need() -> str:
+    """What a user who may not open a store can do: a copy of their own opens (SQLite writes
+    its -shm beside the file it reads)."""
+    return f"{click.get_current_context().info_name} needs root, or --db a copy you own"
 
 
 def _a_number(value: float) -> float:
