@@ -448,12 +448,27 @@ def unread(gathered: dict) -> list:
     return [
         {
             "source": name,
-            "message": got.message,
+            "message": got.message + _restricted(name, got.errno),
             "areas": [a for a, module in AREAS.items() if module.SOURCE == name],
         }
         for name, got in sorted(gathered.items())
         if got.errno is not None and got.errno != errno.ENOENT
     ]
+
+
+def _restricted(source: str, code: int) -> str:
+    """Why the kernel refused its log (EPERM, not a file's mode: EACCES), where it is the
+    sysctl an admin sets: ` (kernel.dmesg_restrict=1: only root may read it)`, else ""."""
+    import errno  # noqa: PLC0415 - a builtin module
+
+    if source != "kmsg" or code != errno.EPERM:
+        return ""
+    try:
+        with open("/proc/sys/kernel/dmesg_restrict", encoding="ascii") as handle:
+            restricted = handle.read().strip() == "1"
+    except (OSError, ValueError):
+        return ""
+    return " (kernel.dmesg_restrict=1: only root may read it)" if restricted else ""
 
 
 def snapshot(node: str, options: Options, timeouts: dict, deadline: float) -> tuple:
