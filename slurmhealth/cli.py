@@ -137,7 +137,8 @@ def snapshot(
     """Write everything the checks read on this node as one JSON document.
 
     Replaying it with `check --gpu-source FILE` gives the same verdicts
-    (format: docs/snapshot-format.md).
+    (format: docs/snapshot-format.md). Exit 0; 4 when a source could not be read (the kernel
+    log, not being root): the snapshot is written without it, said in one line on stderr.
 
     \b
     Example:
@@ -147,7 +148,7 @@ def snapshot(
     settings = config.defaults()["settings"]
     timeouts = {s: settings[f"timeout_{s}"] for s in runner.SOURCES}
     try:
-        doc = runner.snapshot(
+        doc, unread = runner.snapshot(
             name, _options(gpu_source, sysfs_root, kmsg), timeouts, settings["deadline"]
         )
     except (OSError, ValueError) as exc:
@@ -155,11 +156,17 @@ def snapshot(
     text = json.dumps(doc, indent=1, sort_keys=True) + "\n"
     if output == "-":
         click.echo(text, nl=False)
-        return
-    try:
-        files.write_private(output, text)  # 0600, never through a planted symlink
-    except OSError as exc:
-        raise click.ClickException(f"{output}: {exc.strerror or exc}") from None
+    else:
+        try:
+            files.write_private(output, text)  # 0600, never through a planted symlink
+        except OSError as exc:
+            raise click.ClickException(f"{output}: {exc.strerror or exc}") from None
+    for source in unread:  # its message names the path: not trusted, cleaned
+        lacks = f"the snapshot lacks it (the {', '.join(source['areas'])} checks)"
+        said = f"{source['source']}: {clean(source['message'], 300)}: {lacks}"
+        click.echo(f"slurmhealth snapshot: {said}, the answer is incomplete", err=True)
+    if unread:
+        sys.exit(agent.EXIT_INCOMPLETE)
 
 
 @cli.group(name="config")
@@ -333,7 +340,10 @@ def _open(path: str) -> object:
     try:
         return store.connect(path, existing=True)
     except store.StoreError as exc:
-        raise click.ClickException(str(exc)) from None
+        why = store.kept_out(path)  # readable, but SQLite writes beside what it reads
+        if why is None:
+            raise click.ClickException(str(exc)) from None
+        raise click.ClickException(f"cannot open {path}: {why}: {_need()}") from None
 
 
 def _one_node(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -352,7 +362,7 @@ def _store_paths(db: str | None, node: str | None) -> list:
 
 
 def _denied(path: str) -> click.ClickException:
-    """`cannot read DIR (permission denied): history needs root, or --db FILE you can read`:
+    """`cannot read DIR (permission denied): history needs root, or --db a copy you own`:
     the first directory on the way to `path` this user may not enter, else the file."""
     blocked, parts = path, os.path.abspath(path).split(os.sep)
     for n in range(2, len(parts)):
@@ -360,9 +370,13 @@ def _denied(path: str) -> click.ClickException:
         if not os.access(folder, os.X_OK):
             blocked = folder
             break
-    command = click.get_current_context().info_name
-    need = f"{command} needs root, or --db FILE you can read"
-    return click.ClickException(f"cannot read {blocked} (permission denied): {need}")
+    return click.ClickException(f"cannot read {blocked} (permission denied): {_need()}")
+
+
+def _need() -> str:
+    """What a user who may not open a store can do: a copy of their own opens (SQLite writes
+    its -shm beside the file it reads)."""
+    return f"{click.get_current_context().info_name} needs root, or --db a copy you own"
 
 
 def _a_number(value: float) -> float:

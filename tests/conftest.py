@@ -278,9 +278,11 @@ def record_sources(conn, node: str, started: float, sources: dict) -> None:
 NOBODY = 65534
 
 
-def run_as_nobody(*args: str, env: dict | None = None, timeout: float = 60):
+def run_as_nobody(*args: str, env: dict | None = None, timeout: float = 60, before: str = ""):
     """`python -m slurmhealth ARGS` as the user nobody (no groups), as a user on a node runs it.
-    Needs root to switch user: skipped otherwise, a failure in CI (require_real)."""
+    `before`: Python run in that process first (a fixed path, such as the default config's,
+    pointed into the test's directory). Needs root to switch user: skipped otherwise, a failure
+    in CI (require_real)."""
     if os.geteuid() != 0:
         require_real("running a command as another user needs root")
     setpriv = shutil.which("setpriv")
@@ -290,8 +292,10 @@ def run_as_nobody(*args: str, env: dict | None = None, timeout: float = 60):
     python, extra = _python_for_nobody(user)
     argv = [*user, python]
     full_env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", **extra, **(env or {}))
+    main = "import sys\nfrom slurmhealth.__main__ import main\nmain(sys.argv[1:])"
+    start = ["-c", f"{before}\n{main}"] if before else ["-m", "slurmhealth"]
     return subprocess.run(
-        [*argv, "-m", "slurmhealth", *args],
+        [*argv, *start, *args],
         capture_output=True,
         text=True,
         env=full_env,

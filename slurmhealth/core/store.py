@@ -566,6 +566,26 @@ def connect(
     return conn
 
 
+def kept_out(path: str) -> str | None:
+    """Why this user (not root) cannot open the store at `path` it may read: SQLite writes its
+    -shm and -wal beside a store it reads, and one of them, or the directory to make them in,
+    or the store itself, is not theirs to write. None for root or with nothing in the way.
+    Asked after connect failed, to say why in one line."""
+    if os.geteuid() == 0:
+        return None
+    sidecars = [path + "-shm", path + "-wal"]
+    present = [name for name in sidecars if os.path.exists(name)]
+    blocked = [name for name in present if not os.access(name, os.R_OK | os.W_OK)]
+    directory = os.path.dirname(os.path.abspath(path))
+    if len(present) < len(sidecars) and not os.access(directory, os.W_OK | os.X_OK):
+        blocked.append(directory)
+    if not os.access(path, os.R_OK | os.W_OK):
+        blocked.append(path)
+    if not blocked:
+        return None
+    return f"SQLite writes beside a store it reads, and {blocked[0]} is not this user's to write"
+
+
 def _to_wal(conn: sqlite3.Connection, busy_timeout: float) -> None:
     """WAL mode, once per store. Switching needs the file to itself, and SQLite answers a
     connection that waits for it while holding a read lock "database is locked" at once, busy

@@ -881,6 +881,10 @@ def _from_fleet(path: str, job_id: str) -> dict | None:
     try:
         conn = store.connect(path)
     except store.StoreError as exc:  # readable, but refused (unsafe, not a store...): say why
+        why = store.kept_out(path)  # or SQLite may not write beside it (read by its group)
+        if why is not None:
+            where = f"fleet store {clean(path, 200)} cannot be used: {clean(why, 300)}"
+            raise JobError(f"{where}: run as root, or --db a copy you own") from None
         raise JobError(f"fleet store cannot be used: {clean(exc, 300)}") from None
     try:
         return dict(summary(conn, job_id), source="fleet store")

@@ -529,21 +529,8 @@ def _replay(opts: dict) -> bool:
 
 
 def _unread(run: runner.Run) -> list:
-    """The sources this run could not read though the node has them (`/dev/kmsg` to a user
-    who is not root, where the kernel restricts it): [{source, message, areas}]; the checks of
-    those areas did not run. A source the node lacks (no such file) is not one: its checks
-    skip, as in the hooks."""
-    import errno  # noqa: PLC0415 - a builtin module
-
-    return [
-        {
-            "source": name,
-            "message": got.message,
-            "areas": [a for a, module in AREAS.items() if module.SOURCE == name],
-        }
-        for name, got in sorted(run.sources.items())
-        if got.errno is not None and got.errno != errno.ENOENT
-    ]
+    """The sources this run could not read though the node has them (runner.unread)."""
+    return runner.unread(run.sources)
 
 
 def _store_writable(path: str, named: bool) -> bool:

@@ -534,7 +534,13 @@ def chosen_path(path: str | None) -> str | None:
     chosen = path or os.environ.get("SLURMHEALTH_CONFIG")
     if chosen:
         return chosen
-    return DEFAULT_PATH if os.path.exists(DEFAULT_PATH) else None
+    try:
+        os.stat(DEFAULT_PATH)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError:  # there, in a directory this user may not enter: said where it is read
+        pass
+    return DEFAULT_PATH
 
 
 def resolve_path(path: str | None) -> str | None:
@@ -550,9 +556,26 @@ def resolve_path(path: str | None) -> str | None:
     from slurmhealth.core import files  # noqa: PLC0415
 
     why = files.trusted(chosen)
+    if why and _hidden(chosen):
+        raise ConfigError(f"{chosen}: {DENIED}")
     if why:
         raise ConfigError(f"{chosen}: not trusted: {why}")
     return chosen
+
+
+# A config this user may not read (root's, read by a user who is not root).
+DENIED = "cannot read config (permission denied): run as root"
+
+
+def _hidden(path: str) -> bool:
+    """Whether this user may not even look at `path` (a directory on its way is root's)."""
+    try:
+        os.lstat(path)
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def load(path: str | None) -> Config:
@@ -567,6 +590,8 @@ def load(path: str | None) -> Config:
     try:
         with open(path, encoding="utf-8") as handle:
             text = handle.read()
+    except PermissionError:
+        raise ConfigError(f"{path}: {DENIED}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read config: {exc}") from None
     return Config(parse(text, path), path)

@@ -438,8 +438,42 @@ def run(
     return out
 
 
-def snapshot(node: str, options: Options, timeouts: dict, deadline: float) -> dict:
-    """Everything the checks read on this node, as one JSON-able document."""
+def unread(gathered: dict) -> list:
+    """The sources that could not be read though the node has them (`/dev/kmsg` to a user who
+    is not root, where the kernel restricts it), from {source: Gathered}: [{source, message,
+    areas}], the areas whose checks they feed. A source the node lacks (no such file) is not
+    one: its checks skip, as in the hooks."""
+    import errno  # noqa: PLC0415 - a builtin module
+
+    return [
+        {
+            "source": name,
+            "message": got.message + _restricted(name, got.errno),
+            "areas": [a for a, module in AREAS.items() if module.SOURCE == name],
+        }
+        for name, got in sorted(gathered.items())
+        if got.errno is not None and got.errno != errno.ENOENT
+    ]
+
+
+def _restricted(source: str, code: int) -> str:
+    """Why the kernel refused its log (EPERM, not a file's mode: EACCES), where it is the
+    sysctl an admin sets: ` (kernel.dmesg_restrict=1: only root may read it)`, else ""."""
+    import errno  # noqa: PLC0415 - a builtin module
+
+    if source != "kmsg" or code != errno.EPERM:
+        return ""
+    try:
+        with open("/proc/sys/kernel/dmesg_restrict", encoding="ascii") as handle:
+            restricted = handle.read().strip() == "1"
+    except (OSError, ValueError):
+        return ""
+    return " (kernel.dmesg_restrict=1: only root may read it)" if restricted else ""
+
+
+def snapshot(node: str, options: Options, timeouts: dict, deadline: float) -> tuple:
+    """Everything the checks read on this node, as one JSON-able document, and the sources it
+    could not read (unread): (document, unread)."""
     gathered, _ = gather(set(SOURCES), options, timeouts, deadline)
     from slurmhealth import __version__  # noqa: PLC0415
     from slurmhealth.node import replay  # noqa: PLC0415 - the format's one home
@@ -453,4 +487,4 @@ def snapshot(node: str, options: Options, timeouts: dict, deadline: float) -> di
     }
     for source in SOURCES:
         doc[source] = gathered[source].raw
-    return doc
+    return doc, unread(gathered)

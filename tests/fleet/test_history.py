@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 
@@ -324,7 +325,7 @@ def test_history_as_a_user_says_it_cannot_read_the_state_dir_never_an_empty_tabl
     for args in (("history",), ("history", "--node", "gpu01"), ("prune", "--older-than", "1d")):
         proc = run_as_nobody(*args, env=env)
         assert proc.returncode == 1, (args, proc.stdout)
-        assert proc.stderr == f"{denied}{args[0]} needs root, or --db FILE you can read\n"
+        assert proc.stderr == f"{denied}{args[0]} needs root, or --db a copy you own\n"
         assert proc.stdout == ""
     named = run_as_nobody("history", "--db", str(state / "gpu01.db"))
     assert named.returncode == 1 and named.stderr.startswith(denied)
@@ -334,6 +335,44 @@ def test_history_as_a_user_says_it_cannot_read_the_state_dir_never_an_empty_tabl
     assert empty.returncode == 0 and empty.stdout.split() == (
         "TIME NODE PHASE JOB VERDICT PROBLEMS".split()
     )
+
+
+def test_a_store_a_user_may_read_but_not_write_beside_is_said_and_a_copy_of_theirs_reads(
+    public_dir,
+):
+    """A store readable through its group (0640 in a 0750 directory, neither the user's to
+    write): SQLite must make its -shm beside it to read it, so the hint is a copy the user owns,
+    and such a copy reads."""
+    NOBODY = 65534
+    made = public_dir / "made.db"
+    recorded(str(made), "healthy", "1", time.time() - 60)
+    shared = public_dir / "shared"
+    shared.mkdir(mode=0o750)
+    db = shared / "gpu01.db"
+    done = sqlite3.connect(made)
+    done.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # the file alone holds every record
+    done.close()
+    db.write_bytes(made.read_bytes())
+    for path, mode in ((shared, 0o750), (db, 0o640)):
+        os.chown(path, 0, NOBODY)
+        path.chmod(mode)
+    for args in (("history", "--db", str(db)), ("lemons", "--db", str(db))):
+        proc = run_as_nobody(*args)
+        assert (proc.returncode, proc.stdout) == (1, ""), proc.stdout
+        assert proc.stderr == (
+            f"Error: cannot open {db}: SQLite writes beside a store it reads, and {shared} is"
+            f" not this user's to write: {args[0]} needs root, or --db a copy you own\n"
+        )
+        assert sorted(os.listdir(shared)) == ["gpu01.db"]
+    own = public_dir / "own"
+    own.mkdir()
+    os.chown(own, NOBODY, NOBODY)
+    copy = own / "gpu01.db"
+    copy.write_bytes(db.read_bytes())
+    os.chown(copy, NOBODY, NOBODY)
+    mine = run_as_nobody("history", "--db", str(copy))
+    assert mine.returncode == 0, mine.stderr
+    assert "gpu01" in mine.stdout.splitlines()[-1]
 
 
 def test_history_and_prune_name_one_node():

@@ -14,7 +14,7 @@ import time
 import zlib
 
 import pytest
-from conftest import FIXTURES, run_cli, snapshot_path
+from conftest import FIXTURES, run_as_nobody, run_cli, snapshot_path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -535,6 +535,28 @@ def test_a_readable_fleet_store_that_is_refused_says_why_not_that_the_job_is_mis
     assert proc.returncode == 1
     assert "fleet store cannot be used" in proc.stderr and "writable by" in proc.stderr
     assert "not collected yet" not in proc.stderr
+
+
+def test_a_fleet_store_an_admin_reads_through_its_group_says_what_sqlite_may_not_write(
+    public_dir,
+):
+    """Read through its group (0640 in a 0750 directory), SQLite still must make the store's
+    -shm beside it: said, not `attempt to write a readonly database`."""
+    made = public_dir / "made.db"
+    store.connect(str(made)).close()
+    shared = public_dir / "shared"
+    shared.mkdir(mode=0o750)
+    db = shared / "fleet.db"
+    db.write_bytes(made.read_bytes())
+    for path, mode in ((shared, 0o750), (db, 0o640)):
+        os.chown(path, 0, 65534)
+        path.chmod(mode)
+    proc = run_as_nobody("job", "42", "--db", str(db))
+    assert (proc.returncode, proc.stdout) == (1, ""), proc.stdout
+    assert proc.stderr == (
+        f"Error: fleet store {db} cannot be used: SQLite writes beside a store it reads, and "
+        f"{shared} is not this user's to write: run as root, or --db a copy you own\n"
+    )
 
 
 @pytest.mark.parametrize(

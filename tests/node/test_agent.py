@@ -1058,6 +1058,53 @@ def test_a_user_check_says_incomplete_in_json_and_a_failure_still_exits_1(public
     assert root.returncode == 0 and json.loads(root.stdout)["incomplete"] == []  # root reads it
 
 
+def test_a_user_snapshot_says_what_it_could_not_read_and_exits_4(public_dir):
+    """A snapshot taken by a user lacks the kernel log: it is still written, but said on stderr
+    and exit 4, never a quiet 0 (replayed, it would judge no Xid at all)."""
+    kmsg = public_dir / "kmsg"
+    kmsg.write_text((FIXTURES_KMSG / "healthy.kmsg").read_text())
+    kmsg.chmod(0o600)
+    sysfs = public_dir / "sys"
+    sysfs.mkdir()
+    out = public_dir / "out"
+    out.mkdir()
+    out.chmod(0o777)
+    args = ("--gpu-source", snapshot_path("healthy"), "--sysfs-root", str(sysfs))
+    args = (*args, "--kmsg", str(kmsg))
+    proc = run_as_nobody("snapshot", *args, "-o", str(out / "snap.json"))
+    assert proc.returncode == 4, proc.stderr
+    assert proc.stderr == (
+        f"slurmhealth snapshot: kmsg: cannot read the kernel log (Permission denied): {kmsg}: "
+        "the snapshot lacks it (the xid checks), the answer is incomplete\n"
+    )
+    doc = json.loads((out / "snap.json").read_text())
+    assert doc["sources"]["kmsg"]["status"] == "unavailable" and doc["gpu"] is not None
+    root = run_cli("snapshot", *args, "-o", "-")
+    assert root.returncode == 0 and root.stderr == "", root.stderr  # root reads it
+    assert json.loads(root.stdout)["sources"]["kmsg"]["status"] == "ok"
+
+
+def test_a_user_check_of_the_live_kernel_log_names_dmesg_restrict_where_it_is_the_cause(
+    public_dir,
+):
+    """The live /dev/kmsg, as nobody: where the kernel restricts it (kernel.dmesg_restrict=1)
+    the line says so, the cause an admin can act on; where it does not, nobody reads it."""
+    env = {"SLURMD_NODENAME": "gpu01"}
+    proc = run_as_nobody("check", "--no-db", "--only", "xid", "-q", env=env)
+    with open("/proc/sys/kernel/dmesg_restrict") as handle:
+        restricted = handle.read().strip() == "1"
+    if restricted and os.path.exists("/dev/kmsg"):
+        assert proc.returncode == 4, proc.stderr
+        assert proc.stderr == (
+            "slurmhealth check: kmsg: cannot read the kernel log (Operation not permitted): "
+            "/dev/kmsg (kernel.dmesg_restrict=1: only root may read it): the xid checks did not "
+            "run, the answer is incomplete\n"
+        )
+    else:  # readable, or no kernel log here at all (a container): nothing is incomplete
+        assert "incomplete" not in proc.stdout + proc.stderr, proc.stderr
+        assert proc.returncode in (0, 1), proc.stderr
+
+
 def test_a_prolog_that_cannot_read_its_kernel_log_skips_the_xid_checks_and_gates_nothing(node):
     """The hooks keep their semantics: root cannot be refused the file, so the kernel log here
     is a directory (EISDIR on read): the xid checks skip and the job runs, undrained."""

@@ -381,3 +381,31 @@ def test_config_validate_and_the_hook_read_durations_alike(tmp_path):
     assert (proc.returncode, proc.stdout.strip()) == (0, f"{path}: ok"), proc.stderr
     shown = conftest.run_cli("config", "show", "--config", str(path), "--node", "gpu01")
     assert '"deadline": 60.0' in shown.stdout and '"repeat_days": 14' in shown.stdout
+
+
+def test_a_default_config_a_user_may_not_see_is_said_never_taken_for_none(public_dir):
+    """The default config in a root-only directory (0700): a user's `check` and `config
+    validate` say they cannot read it and exit 2, never judge by built-in defaults as if there
+    were no config."""
+    etc = public_dir / "etc"
+    etc.mkdir(mode=0o700)
+    (etc / "slurmhealth.toml").write_text("[gpu]\ncount = 8\n")
+    default = str(etc / "slurmhealth.toml")
+    before = f"from slurmhealth.node import config\nconfig.DEFAULT_PATH = {default!r}"
+    kmsg = public_dir / "kmsg"
+    kmsg.write_text("")
+    replay = ("--no-db", "--gpu-source", conftest.snapshot_path("healthy"), "--kmsg", str(kmsg))
+    said = f"{etc}/slurmhealth.toml: cannot read config (permission denied): run as root"
+    check = conftest.run_as_nobody("check", *replay, before=before)
+    assert (check.returncode, check.stdout) == (2, ""), check.stdout
+    assert check.stderr == f"slurmhealth: error: {said}\n"
+    validate = conftest.run_as_nobody("config", "validate", before=before)
+    assert (validate.returncode, validate.stderr) == (2, f"{said}\n"), validate.stdout
+    # a config file the user may see but not read says the same
+    (etc / "slurmhealth.toml").chmod(0o600)
+    etc.chmod(0o755)
+    named = conftest.run_as_nobody("check", *replay, "--config", str(etc / "slurmhealth.toml"))
+    assert (named.returncode, named.stderr) == (2, f"slurmhealth: error: {said}\n")
+    # root reads it and judges by it
+    root = conftest.run_cli("check", *replay, "--config", str(etc / "slurmhealth.toml"))
+    assert root.returncode == 0, root.stderr
