@@ -294,8 +294,17 @@ def genconf(
     metavar="DIR",
     help="slurm.conf's directory on the nodes: prolog.d, epilog.d, slurmhealth.env [FILE's]",
 )
+@click.option(
+    "--slurm-version",
+    default=None,
+    metavar="X.Y",
+    callback=lambda ctx, param, value: _slurm_version(value),
+    help="the nodes' Slurm (slurmd -V): from 24.05 every Prolog and Epilog line runs",
+)
 @click.option("--check", is_flag=True, help="exit 1 when a line must change")
-def slurm_conf(file: str | None, hook: str, conf_dir: str | None, check: bool) -> None:
+def slurm_conf(
+    file: str | None, hook: str, conf_dir: str | None, slurm_version: tuple | None, check: bool
+) -> None:
     """Print the slurm.conf lines slurmhealth needs, each merged with what FILE sets now
     ($SLURM_CONF, else /etc/slurm/slurm.conf; its Includes read too), the line it replaces
     and why, then the commands to run on every node. Writes nothing.
@@ -313,7 +322,7 @@ def slurm_conf(file: str | None, hook: str, conf_dir: str | None, check: bool) -
         conf = slurmconf.load(path)
     except OSError as exc:
         raise _Refused(f"{clean(path, 300)}: {exc.strerror or exc}") from None
-    advice = slurmconf.advise(conf, slurmconf.paths_for(path, hook, conf_dir))
+    advice = slurmconf.advise(conf, slurmconf.paths_for(path, hook, conf_dir, slurm_version))
     click.echo(slurmconf.render(advice, path), nl=False)
     if check and advice.changes:
         sys.exit(1)
@@ -363,6 +372,16 @@ def _denied(path: str) -> click.ClickException:
     command = click.get_current_context().info_name
     need = f"{command} needs root, or --db FILE you can read"
     return click.ClickException(f"cannot read {blocked} (permission denied): {need}")
+
+
+def _slurm_version(text: str | None) -> tuple | None:
+    """--slurm-version X.Y as (major, minor)."""
+    if text is None:
+        return None
+    version = slurmconf.slurm_version(text)
+    if version is None:
+        raise click.BadParameter(f"not a Slurm version (e.g. 24.05): {clean(repr(text), 80)}")
+    return version
 
 
 def _a_number(value: float) -> float:
