@@ -329,19 +329,33 @@ def scheduler_parameters(conf: Conf, paths: Paths) -> tuple:
 
 
 def prolog_epilog_timeout(conf: Conf, paths: Paths) -> tuple:
-    old = conf.last("PrologEpilogTimeout")
-    seconds = int(old.value) if old and old.value.isdigit() else None
-    if seconds is not None and seconds >= TIMEOUT:
-        return [], [], []
-    why = (
-        f"slurmhealth ends within its 10 s deadline; {TIMEOUT} s is the backstop for a hung"
-        " prolog (the node drained, the job requeued)"
-    )
-    if old:
-        why += f", where yours ({clean(old.value, 40)}) is shorter."
-    else:
-        why += ": Slurm's default waits forever."
-    return [Change("PrologEpilogTimeout", f"PrologEpilogTimeout={TIMEOUT}", why, old)], [], []
+    """At least TIMEOUT for the prolog and the epilog. Slurm 25.05's PrologTimeout and
+    EpilogTimeout each replace PrologEpilogTimeout for their own script (read_config.c): one
+    shorter is raised; PrologEpilogTimeout matters only while one of them is unset."""
+    own = [conf.last(key) for key in ("PrologTimeout", "EpilogTimeout")]
+    keys = [s.key for s in own if s is not None and _short(s)]
+    if None in own:
+        keys.insert(0, "PrologEpilogTimeout")
+    changes = []
+    for key in keys:
+        old = conf.last(key)
+        if old is not None and not _short(old):
+            continue
+        hung = "epilog (the node drained)" if key == "EpilogTimeout" else (
+            "prolog (the node drained, the job requeued)"
+        )
+        why = f"slurmhealth ends within its 10 s deadline; {TIMEOUT} s is the backstop for a"
+        why += f" hung {hung}"
+        if old:
+            why += f", where yours ({clean(old.value, 40)}) is shorter."
+        else:
+            why += ": Slurm's default waits forever."
+        changes.append(Change(key, f"{key}={TIMEOUT}", why, old))
+    return changes, [], []
+
+
+def _short(setting: Setting) -> bool:
+    return not (setting.value.isdigit() and int(setting.value) >= TIMEOUT)
 
 
 def health_check_program(conf: Conf, paths: Paths) -> tuple:

@@ -406,3 +406,32 @@ def test_an_include_takes_the_cluster_name_in_lower_case(tmp_path):
     conf = slurmconf.load(str(tmp_path / "slurm.conf"))
     assert conf.notes == []
     assert conf.last("PrologFlags").source == str(tmp_path / "blue.conf")
+
+
+@pytest.mark.parametrize(
+    ("text", "lines"),
+    [
+        # Slurm 25.05: PrologTimeout and EpilogTimeout each replace PrologEpilogTimeout
+        ("PrologEpilogTimeout=60\nPrologTimeout=5\n", {"PrologTimeout": "PrologTimeout=30"}),
+        ("PrologTimeout=60\nEpilogTimeout=45\n", {}),  # both set: PrologEpilogTimeout unused
+        (
+            "PrologTimeout=60\nEpilogTimeout=20\n",
+            {"EpilogTimeout": "EpilogTimeout=30"},
+        ),
+        (
+            "PrologTimeout=60\n",  # the epilog still waits forever
+            {"PrologEpilogTimeout": "PrologEpilogTimeout=30"},
+        ),
+        (
+            "EpilogTimeout=x\nPrologTimeout=9\n",
+            {"PrologTimeout": "PrologTimeout=30", "EpilogTimeout": "EpilogTimeout=30"},
+        ),
+    ],
+)
+def test_a_prolog_or_epilog_timeout_of_its_own_is_the_one_that_counts(text, lines):
+    changed = lines_of(text)
+    timeouts = {k: v for k, v in changed.items() if k.endswith("Timeout")}
+    assert timeouts == lines
+    if "PrologTimeout" in lines:
+        (change,) = [c for c in advice_for(text).changes if c.key == "PrologTimeout"]
+        assert change.old.value in change.why and "shorter" in change.why
