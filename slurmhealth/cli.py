@@ -286,12 +286,14 @@ def genconf(
     default=slurmconf.HOOK,
     show_default=True,
     metavar="PATH",
+    callback=lambda ctx, param, value: _on_the_nodes(value),
     help="the hook's path on the nodes",
 )
 @click.option(
     "--conf-dir",
     default=None,
     metavar="DIR",
+    callback=lambda ctx, param, value: _on_the_nodes(value),
     help="slurm.conf's directory on the nodes: prolog.d, epilog.d, slurmhealth.env [FILE's]",
 )
 @click.option(
@@ -372,6 +374,14 @@ def _denied(path: str) -> click.ClickException:
     command = click.get_current_context().info_name
     need = f"{command} needs root, or --db FILE you can read"
     return click.ClickException(f"cannot read {blocked} (permission denied): {need}")
+
+
+def _on_the_nodes(path: str | None) -> str | None:
+    """A path on the nodes that slurm.conf and the printed links name: absolute (a relative
+    one would be read from slurm.conf's directory by slurmd, from the shell's by `ln`)."""
+    if path is not None and not path.startswith("/"):
+        raise click.BadParameter(f"not an absolute path: {clean(repr(path), 200)}")
+    return path
 
 
 def _slurm_version(text: str | None) -> tuple | None:

@@ -435,3 +435,13 @@ def test_a_prolog_or_epilog_timeout_of_its_own_is_the_one_that_counts(text, line
     if "PrologTimeout" in lines:
         (change,) = [c for c in advice_for(text).changes if c.key == "PrologTimeout"]
         assert change.old.value in change.why and "shorter" in change.why
+
+
+@pytest.mark.parametrize("option", ["--hook", "--conf-dir"])
+def test_a_relative_path_on_the_nodes_is_one_line(site, option):
+    """A relative --hook would be linked into prolog.d as a dangling link (every prolog fails,
+    every node drains); slurmd reads a relative path from slurm.conf's directory, `ln` from
+    the shell's: only an absolute one means one place."""
+    done = run_cli("config", "slurm-conf", str(site / "slurm.conf"), option, "slurmhealth-hook")
+    assert done.returncode == 2 and done.stdout == ""
+    assert len(done.stderr.splitlines()) == 1 and "not an absolute path" in done.stderr
