@@ -287,8 +287,16 @@ def last_line(key: str, folder: str, conf: Conf, paths: Paths) -> tuple:
         return [], [_link(paths.hook, os.path.join(folder, name))], []
     steps = [f"mkdir -p {shlex.quote(folder)}"]
     why = f"every script in {folder} runs; slurmhealth's is {LINK}."
-    if value:
-        site = os.path.join(folder, SITE_PREFIX + os.path.basename(value))
+    name = os.path.basename(value)
+    if value and os.path.dirname(value) == folder and not name.startswith("."):
+        # Already matched by the glob: a link beside it would run it twice.
+        when = "before" if name > LINK else "after"
+        why += (
+            f" Yours, {name}, is in it already: slurmd runs them in reverse name order, so"
+            f" {when} slurmhealth's, and stops at the first that fails."
+        )
+    elif value:
+        site = os.path.join(folder, SITE_PREFIX + name)
         steps.append(_link(value, site))
         why += (
             f" Yours keeps running, as {os.path.basename(site)}: slurmd runs them in reverse"

@@ -445,3 +445,17 @@ def test_a_relative_path_on_the_nodes_is_one_line(site, option):
     done = run_cli("config", "slurm-conf", str(site / "slurm.conf"), option, "slurmhealth-hook")
     assert done.returncode == 2 and done.stdout == ""
     assert len(done.stderr.splitlines()) == 1 and "not an absolute path" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("script", "when"), [("site.sh", "before"), ("10-site.sh", "after")]
+)
+def test_a_sites_script_already_in_the_folder_is_not_linked_beside_itself(script, when):
+    """`Prolog=/etc/slurm/prolog.d/site.sh` made `prolog.d/*`: the glob matches site.sh
+    itself; a 90-site-site.sh link beside it would run the site's prolog twice."""
+    advice = advice_for(f"Prolog=/etc/slurm/prolog.d/{script}\n")
+    (prolog,) = [c for c in advice.changes if c.key == "Prolog"]
+    assert prolog.line == "Prolog=/etc/slurm/prolog.d/*"
+    assert f"{script}, is in it already" in prolog.why and f"{when} slurmhealth's" in prolog.why
+    links = [step for step in advice.steps if "/etc/slurm/prolog.d/" in step]
+    assert links == [f"ln -sfn {HOOK} /etc/slurm/prolog.d/50-slurmhealth"]
