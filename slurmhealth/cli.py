@@ -293,16 +293,27 @@ def genconf(
     default=slurmconf.HOOK,
     show_default=True,
     metavar="PATH",
+    callback=lambda ctx, param, value: _on_the_nodes(value),
     help="the hook's path on the nodes",
 )
 @click.option(
     "--conf-dir",
     default=None,
     metavar="DIR",
+    callback=lambda ctx, param, value: _on_the_nodes(value),
     help="slurm.conf's directory on the nodes: prolog.d, epilog.d, slurmhealth.env [FILE's]",
 )
+@click.option(
+    "--slurm-version",
+    default=None,
+    metavar="X.Y",
+    callback=lambda ctx, param, value: _slurm_version(value),
+    help="the nodes' Slurm (slurmd -V): from 24.05 every Prolog and Epilog line runs",
+)
 @click.option("--check", is_flag=True, help="exit 1 when a line must change")
-def slurm_conf(file: str | None, hook: str, conf_dir: str | None, check: bool) -> None:
+def slurm_conf(
+    file: str | None, hook: str, conf_dir: str | None, slurm_version: tuple | None, check: bool
+) -> None:
     """Print the slurm.conf lines slurmhealth needs, each merged with what FILE sets now
     ($SLURM_CONF, else /etc/slurm/slurm.conf; its Includes read too), the line it replaces
     and why, then the commands to run on every node. Writes nothing.
@@ -320,7 +331,7 @@ def slurm_conf(file: str | None, hook: str, conf_dir: str | None, check: bool) -
         conf = slurmconf.load(path)
     except OSError as exc:
         raise _Refused(f"{clean(path, 300)}: {exc.strerror or exc}") from None
-    advice = slurmconf.advise(conf, slurmconf.paths_for(path, hook, conf_dir))
+    advice = slurmconf.advise(conf, slurmconf.paths_for(path, hook, conf_dir, slurm_version))
     click.echo(slurmconf.render(advice, path), nl=False)
     if check and advice.changes:
         sys.exit(1)
@@ -377,6 +388,24 @@ def _need() -> str:
     """What a user who may not open a store can do: a copy of their own opens (SQLite writes
     its -shm beside the file it reads)."""
     return f"{click.get_current_context().info_name} needs root, or --db a copy you own"
+
+
+def _on_the_nodes(path: str | None) -> str | None:
+    """A path on the nodes that slurm.conf and the printed links name: absolute (a relative
+    one would be read from slurm.conf's directory by slurmd, from the shell's by `ln`)."""
+    if path is not None and not path.startswith("/"):
+        raise click.BadParameter(f"not an absolute path: {clean(repr(path), 200)}")
+    return path
+
+
+def _slurm_version(text: str | None) -> tuple | None:
+    """--slurm-version X.Y as (major, minor)."""
+    if text is None:
+        return None
+    version = slurmconf.slurm_version(text)
+    if version is None:
+        raise click.BadParameter(f"not a Slurm version (e.g. 24.05): {clean(repr(text), 80)}")
+    return version
 
 
 def _a_number(value: float) -> float:

@@ -717,3 +717,51 @@ def test_readers_given_a_db_in_a_missing_directory_say_no_store_and_create_nothi
         proc = run_cli(*args, "--db", str(missing))
         assert proc.returncode == 1 and proc.stderr == f"Error: no store at {missing}\n"
     assert not (tmp_path / "missing").exists()
+
+
+def _readme_commands(readme: str) -> list:
+    """(subcommand words, options) of each `slurmhealth ...` the README shows, in code blocks
+    and in inline code (which may wrap onto the next line)."""
+    texts = re.findall(r"```sh\n(.*?)```", readme, re.S)
+    texts += [m.replace("\n", " ") for m in re.findall(r"`(slurmhealth [^`]+)`", readme)]
+    found = []
+    for text in texts:
+        for line in text.splitlines():
+            for part in re.split(r"&&|\|\||;|\|", line.split(" # ", 1)[0]):
+                words = part.split()
+                starts = [i for i, w in enumerate(words) if w.endswith("slurmhealth")]
+                if starts:
+                    tail = words[starts[0] + 1 :]
+                    tail = tail[: next((i for i, w in enumerate(tail) if "$(" in w), len(tail))]
+                    found.append(tail)
+    return found
+
+
+def test_every_command_and_file_the_readme_shows_exists():
+    """A newcomer copies the README's commands: each names a real command and options it has,
+    and each file of this tree it names is there."""
+    import click
+
+    from slurmhealth.cli import cli
+
+    with open(os.path.join(REPO, "README.md")) as handle:
+        readme = handle.read()
+    checked = 0
+    for tail in _readme_commands(readme):
+        command, path = cli, []
+        while tail and isinstance(command, click.Group) and tail[0] in command.commands:
+            command = command.commands[tail[0]]
+            path.append(tail.pop(0))
+        if not path or isinstance(command, click.Group):
+            continue  # `slurmhealth` alone, or a word that is a file's name
+        shown = run_cli(*path, "--help") if path == ["check"] else None
+        known = {o for p in command.params for o in (*p.opts, *p.secondary_opts)}
+        for word in tail:
+            option = word.split("=", 1)[0]
+            if option.startswith("-") and option not in known:
+                assert shown is not None and option in shown.stdout, (path, option)
+        checked += 1
+    assert checked >= 30
+    named = re.findall(r"(?<![\w/.])((?:docs|packaging|scripts|tests|bench)/[\w./-]*\w)", readme)
+    missing = sorted({p for p in named if not os.path.exists(os.path.join(REPO, p))})
+    assert missing == []

@@ -10,7 +10,7 @@ _slurmhealth_spec() {
         "config example") subs=""; opts="-h --help"; valued=""; files=0 ;;
         "config genconf") subs=""; opts="-h --help --node -o --output --gpu-source --sysfs-root --kmsg"; valued="--node -o --output --gpu-source --sysfs-root --kmsg"; files=0 ;;
         "config show") subs=""; opts="-h --help --config --node"; valued="--config --node"; files=0 ;;
-        "config slurm-conf") subs=""; opts="--check -h --help --hook --conf-dir"; valued="--hook --conf-dir"; files=1 ;;
+        "config slurm-conf") subs=""; opts="--check -h --help --hook --conf-dir --slurm-version"; valued="--hook --conf-dir --slurm-version"; files=1 ;;
         "config validate") subs=""; opts="-h --help --config"; valued="--config"; files=1 ;;
         "diagnose") subs=""; opts="--apply --submit --json -h --help --level --node --db --config --gpu-source --sysfs-root --kmsg --time-limit --nodes"; valued="--level --node --db --config --gpu-source --sysfs-root --kmsg --time-limit --nodes"; files=0 ;;
         "export") subs=""; opts="--incremental -h --help --db --since --now -o --output"; valued="--db --since --now -o --output"; files=0 ;;

@@ -3,9 +3,10 @@
 Slurm's rules (slurm.conf(5), 22.05): keys are case-insensitive; `#` starts a comment (`\\#` is a
 `#`); a line ending in `\\` goes on on the next; one line may hold several `Key=Value` pairs;
 when a key comes twice the later line wins (slurmctld logs "specified more than once, latest
-value used"); `Include FILE` reads FILE in place, FILE relative to slurm.conf's directory, `%c`
-in it the ClusterName. `NodeName=`, `PartitionName=`... lines are records: the other pairs on
-them belong to the record, not to the cluster's settings.
+value used"), except Prolog and Epilog from Slurm 24.05 on, whose every line names scripts to
+run; `Include FILE` reads FILE in place, FILE relative to slurm.conf's directory, `%c` in it
+the ClusterName in lower case. `NodeName=`, `PartitionName=`... lines are records: the other
+pairs on them belong to the record, not to the cluster's settings.
 
 `load` reads a file and its Includes; `advise` is pure: which lines to replace (each merged with
 the site's own values) and the per-node commands that go with them; `render` says it as text.
@@ -34,9 +35,14 @@ LINK = "50-slurmhealth"  # the hook's name in prolog.d and epilog.d
 SITE_PREFIX = "90-site-"
 TIMEOUT = 30  # PrologEpilogTimeout asked for: the hook ends within its 10 s deadline
 INTERVAL = 300  # HealthCheckInterval when a site has none
+# Slurm 24.05 made Prolog and Epilog lists: every line of the key names scripts to run, in file
+# order, each line's glob in reverse name order, up to the first that fails (read_config.c's
+# _load_script, prep_script_slurmd.c). Before, the last line replaced the others.
+EVERY_LINE = (24, 5)
 RECORDS = {"nodename", "partitionname", "downnodes", "frontendname", "nodeset"}
 _PAIR = re.compile(r'\s*([A-Za-z0-9_.]+)\s*[-*+/]?=\s*("([^"]*)"|(\S*))')
 _INCLUDE = re.compile(r"include\s+(\S.*)$", re.I)
+_VERSION = re.compile(r"(?:slurm(?:-wlm)?[\s-]+)?(\d{2})\.(\d{1,2})(?:\.\d+)?(?:-\S*)?", re.I)
 
 
 class Setting(NamedTuple):
@@ -65,12 +71,14 @@ class Conf(NamedTuple):
 
 
 class Paths(NamedTuple):
-    """Where things live on the nodes: the hook, prolog.d, epilog.d, the hook's env file."""
+    """What the nodes have: the hook, prolog.d, epilog.d, the hook's env file, and Slurm's
+    version as (major, minor), None when not given."""
 
     hook: str
     prolog_dir: str
     epilog_dir: str
     env_file: str
+    slurm: tuple | None = None
 
 
 class Change(NamedTuple):
@@ -159,6 +167,7 @@ def _load_into(
             settings.append(setting)
             continue
         cluster = next((s.value for s in reversed(settings) if s.key.lower() == "clustername"), "")
+        cluster = cluster.lower()  # as Slurm puts it in (parse_config.c, _parse_for_format)
         target = os.path.join(here, setting.value.replace("%c", cluster))
         where = f"{setting.source}:{setting.line}"
         if target in (*chain, path):
@@ -172,7 +181,9 @@ def _load_into(
         _load_into(target, included, read, settings, notes, [*chain, path])
 
 
-def paths_for(conf_path: str, hook: str = HOOK, conf_dir: str | None = None) -> Paths:
+def paths_for(
+    conf_path: str, hook: str = HOOK, conf_dir: str | None = None, slurm: tuple | None = None
+) -> Paths:
     """prolog.d, epilog.d and slurmhealth.env beside slurm.conf on the nodes (`conf_dir`, or
     the directory of the file read): where the hook looks for its env file."""
     folder = conf_dir or os.path.dirname(os.path.abspath(conf_path))
@@ -181,7 +192,15 @@ def paths_for(conf_path: str, hook: str = HOOK, conf_dir: str | None = None) -> 
         os.path.join(folder, "prolog.d"),
         os.path.join(folder, "epilog.d"),
         os.path.join(folder, "slurmhealth.env"),
+        slurm,
     )
+
+
+def slurm_version(text: str) -> tuple | None:
+    """(major, minor) of a Slurm version as written (`24.05`, `24.05.3`, `slurm 24.11.1`,
+    `slurm-wlm 22.05.8`), None when it is not one."""
+    found = _VERSION.fullmatch(text.strip())
+    return (int(found.group(1)), int(found.group(2))) if found else None
 
 
 # --- what slurmhealth needs, merged with what the site has --------------------------------------
@@ -223,6 +242,38 @@ def name_in(pattern: str) -> str | None:
 def scripts(key: str, folder: str, conf: Conf, paths: Paths) -> tuple:
     """Prolog or Epilog: every script in a folder (a glob), slurmhealth's among them, and the
     site's own script, if it had one, kept running beside it."""
+    written = [s for s in conf.settings if s.key.lower() == key.lower() and s.value]
+    if len(written) > 1 and paths.slurm is not None and paths.slurm >= EVERY_LINE:
+        return every_line(key, written, paths)
+    notes = [several(key, written)] if len(written) > 1 and paths.slurm is None else []
+    changes, steps, more = last_line(key, folder, conf, paths)
+    return changes, steps, notes + more
+
+
+def several(key: str, written: list) -> str:
+    where = ", ".join(f"{s.source}:{s.line}" for s in written)
+    return (
+        f"{key} is set on {len(written)} lines ({where}). Advised as Slurm before 24.05 reads"
+        " them, the last replacing the others; Slurm 24.05 and later runs every one: there,"
+        " run this again with --slurm-version."
+    )
+
+
+def every_line(key: str, written: list, paths: Paths) -> tuple:
+    """Slurm 24.05 and later, several lines: each runs, in order; the hook as one more line,
+    after them all, runs after every script of the site's, as in a folder."""
+    if any(_ours(_absolute(s.value, paths), paths) for s in written):
+        return [], [], []
+    why = (
+        f"add it after your {len(written)} {key} lines (at the end of slurm.conf): Slurm 24.05"
+        " and later runs every line's scripts, in order, up to the first that fails, so yours"
+        " run before slurmhealth's."
+    )
+    return [Change(key, _line(key, paths.hook), why, None)], [], []
+
+
+def last_line(key: str, folder: str, conf: Conf, paths: Paths) -> tuple:
+    """The line Slurm uses (the last) made a folder's glob, its script linked in."""
     old = conf.last(key)
     value = _absolute(old.value, paths) if old and old.value else ""
     if value and _ours(value, paths):
@@ -236,8 +287,16 @@ def scripts(key: str, folder: str, conf: Conf, paths: Paths) -> tuple:
         return [], [_link(paths.hook, os.path.join(folder, name))], []
     steps = [f"mkdir -p {shlex.quote(folder)}"]
     why = f"every script in {folder} runs; slurmhealth's is {LINK}."
-    if value:
-        site = os.path.join(folder, SITE_PREFIX + os.path.basename(value))
+    name = os.path.basename(value)
+    if value and os.path.dirname(value) == folder and not name.startswith("."):
+        # Already matched by the glob: a link beside it would run it twice.
+        when = "before" if name > LINK else "after"
+        why += (
+            f" Yours, {name}, is in it already: slurmd runs them in reverse name order, so"
+            f" {when} slurmhealth's, and stops at the first that fails."
+        )
+    elif value:
+        site = os.path.join(folder, SITE_PREFIX + name)
         steps.append(_link(value, site))
         why += (
             f" Yours keeps running, as {os.path.basename(site)}: slurmd runs them in reverse"
@@ -278,19 +337,33 @@ def scheduler_parameters(conf: Conf, paths: Paths) -> tuple:
 
 
 def prolog_epilog_timeout(conf: Conf, paths: Paths) -> tuple:
-    old = conf.last("PrologEpilogTimeout")
-    seconds = int(old.value) if old and old.value.isdigit() else None
-    if seconds is not None and seconds >= TIMEOUT:
-        return [], [], []
-    why = (
-        f"slurmhealth ends within its 10 s deadline; {TIMEOUT} s is the backstop for a hung"
-        " prolog (the node drained, the job requeued)"
-    )
-    if old:
-        why += f", where yours ({clean(old.value, 40)}) is shorter."
-    else:
-        why += ": Slurm's default waits forever."
-    return [Change("PrologEpilogTimeout", f"PrologEpilogTimeout={TIMEOUT}", why, old)], [], []
+    """At least TIMEOUT for the prolog and the epilog. Slurm 25.05's PrologTimeout and
+    EpilogTimeout each replace PrologEpilogTimeout for their own script (read_config.c): one
+    shorter is raised; PrologEpilogTimeout matters only while one of them is unset."""
+    own = [conf.last(key) for key in ("PrologTimeout", "EpilogTimeout")]
+    keys = [s.key for s in own if s is not None and _short(s)]
+    if None in own:
+        keys.insert(0, "PrologEpilogTimeout")
+    changes = []
+    for key in keys:
+        old = conf.last(key)
+        if old is not None and not _short(old):
+            continue
+        hung = "epilog (the node drained)" if key == "EpilogTimeout" else (
+            "prolog (the node drained, the job requeued)"
+        )
+        why = f"slurmhealth ends within its 10 s deadline; {TIMEOUT} s is the backstop for a"
+        why += f" hung {hung}"
+        if old:
+            why += f", where yours ({clean(old.value, 40)}) is shorter."
+        else:
+            why += ": Slurm's default waits forever."
+        changes.append(Change(key, f"{key}={TIMEOUT}", why, old))
+    return changes, [], []
+
+
+def _short(setting: Setting) -> bool:
+    return not (setting.value.isdigit() and int(setting.value) >= TIMEOUT)
 
 
 def health_check_program(conf: Conf, paths: Paths) -> tuple:

@@ -339,3 +339,133 @@ def test_one_line_to_change_is_said_in_the_singular(tmp_path):
     assert done.returncode == 0, done.stderr
     said = " ".join(done.stdout.replace("#", " ").split())  # the comment as one line
     assert said.startswith(f"slurmhealth: 1 line of {tmp_path}/slurm.conf to change,"), said
+
+
+# --- several Prolog or Epilog lines: Slurm 24.05 runs them all ------------------------------------
+
+SEVERAL = "Prolog=/etc/slurm/prolog.sh\nPrologFlags=Contain\nProlog=/opt/site/prolog.d/*\n"
+
+
+def advice_on(text: str, slurm: tuple | None) -> slurmconf.Advice:
+    paths = slurmconf.paths_for("/etc/slurm/slurm.conf", slurm=slurm)
+    return slurmconf.advise(conf_of(BASE + text), paths)
+
+
+def test_before_24_05_the_last_prolog_line_is_the_one_kept():
+    advice = advice_on(SEVERAL, (22, 5))
+    assert "Prolog" not in {c.key for c in advice.changes}  # the last line is a glob: kept
+    assert f"ln -sfn {HOOK} /opt/site/prolog.d/50-slurmhealth" in advice.steps
+    assert not any("lines" in note for note in advice.notes)
+
+
+def test_from_24_05_every_prolog_line_runs_and_the_hook_comes_last():
+    for version in [(24, 5), (25, 11)]:
+        advice = advice_on(SEVERAL, version)
+        (prolog,) = [c for c in advice.changes if c.key == "Prolog"]
+        assert (prolog.line, prolog.old) == (f"Prolog={HOOK}", None)
+        assert "after your 2 Prolog lines" in prolog.why
+        assert not any("prolog.d" in step for step in advice.steps)  # nothing linked anywhere
+    done = advice_on(SEVERAL + f"Prolog={HOOK}\n", (24, 5))
+    assert "Prolog" not in {c.key for c in done.changes}
+
+
+def test_one_prolog_line_is_merged_alike_whatever_the_version():
+    text = "Prolog=/etc/slurm/prolog.sh\n"
+    assert advice_on(text, (24, 11)) == advice_on(text, (22, 5)) == advice_on(text, None)
+
+
+def test_several_lines_without_a_version_say_what_each_slurm_does():
+    advice = advice_on("Epilog=/etc/slurm/a.sh\nEpilog=/etc/slurm/b.sh\n", None)
+    (epilog,) = [c for c in advice.changes if c.key == "Epilog"]
+    assert epilog.old.value == "/etc/slurm/b.sh" and "overridden Epilog" in epilog.also
+    (note,) = [n for n in advice.notes if "Epilog is set on 2 lines" in n]
+    assert "Slurm 24.05 and later runs every one" in note and "--slurm-version" in note
+
+
+def test_the_command_takes_the_nodes_slurm_version(tmp_path):
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(BASE + SEVERAL)
+    hook = str(tmp_path / "slurmhealth-hook")
+    argv = ["config", "slurm-conf", str(conf), "--hook", hook, "--slurm-version"]
+    done = run_cli(*argv, "slurm 24.05.3")
+    assert done.returncode == 0, done.stderr
+    assert [line for line, _ in advice_text.blocks(done.stdout)][0] == f"Prolog={hook}"
+    advice_text.apply(done.stdout, str(conf))
+    prologs = [line for line in conf.read_text().splitlines() if line.startswith("Prolog=")]
+    assert prologs == [
+        "Prolog=/etc/slurm/prolog.sh",
+        "Prolog=/opt/site/prolog.d/*",
+        f"Prolog={hook}",
+    ]
+    again = run_cli(*argv, "24.05")
+    assert "\nProlog=" not in again.stdout, again.stdout
+
+
+@pytest.mark.parametrize("text", ["24", "latest", "24.05\n--check", "2405"])
+def test_a_slurm_version_that_is_not_one_is_one_line(tmp_path, text):
+    (tmp_path / "slurm.conf").write_text(BASE)
+    done = run_cli("config", "slurm-conf", str(tmp_path / "slurm.conf"), "--slurm-version", text)
+    assert done.returncode == 2 and done.stdout == ""
+    assert len(done.stderr.splitlines()) == 1 and "not a Slurm version" in done.stderr
+
+
+def test_an_include_takes_the_cluster_name_in_lower_case(tmp_path):
+    """slurmctld puts ClusterName into `%c` in lower case: ClusterName=Blue reads blue.conf."""
+    (tmp_path / "slurm.conf").write_text("ClusterName=Blue\nInclude %c.conf\n")
+    (tmp_path / "blue.conf").write_text("PrologFlags=Serial\n")
+    conf = slurmconf.load(str(tmp_path / "slurm.conf"))
+    assert conf.notes == []
+    assert conf.last("PrologFlags").source == str(tmp_path / "blue.conf")
+
+
+@pytest.mark.parametrize(
+    ("text", "lines"),
+    [
+        # Slurm 25.05: PrologTimeout and EpilogTimeout each replace PrologEpilogTimeout
+        ("PrologEpilogTimeout=60\nPrologTimeout=5\n", {"PrologTimeout": "PrologTimeout=30"}),
+        ("PrologTimeout=60\nEpilogTimeout=45\n", {}),  # both set: PrologEpilogTimeout unused
+        (
+            "PrologTimeout=60\nEpilogTimeout=20\n",
+            {"EpilogTimeout": "EpilogTimeout=30"},
+        ),
+        (
+            "PrologTimeout=60\n",  # the epilog still waits forever
+            {"PrologEpilogTimeout": "PrologEpilogTimeout=30"},
+        ),
+        (
+            "EpilogTimeout=x\nPrologTimeout=9\n",
+            {"PrologTimeout": "PrologTimeout=30", "EpilogTimeout": "EpilogTimeout=30"},
+        ),
+    ],
+)
+def test_a_prolog_or_epilog_timeout_of_its_own_is_the_one_that_counts(text, lines):
+    changed = lines_of(text)
+    timeouts = {k: v for k, v in changed.items() if k.endswith("Timeout")}
+    assert timeouts == lines
+    if "PrologTimeout" in lines:
+        (change,) = [c for c in advice_for(text).changes if c.key == "PrologTimeout"]
+        assert change.old.value in change.why and "shorter" in change.why
+
+
+@pytest.mark.parametrize("option", ["--hook", "--conf-dir"])
+def test_a_relative_path_on_the_nodes_is_one_line(site, option):
+    """A relative --hook would be linked into prolog.d as a dangling link (every prolog fails,
+    every node drains); slurmd reads a relative path from slurm.conf's directory, `ln` from
+    the shell's: only an absolute one means one place."""
+    done = run_cli("config", "slurm-conf", str(site / "slurm.conf"), option, "slurmhealth-hook")
+    assert done.returncode == 2 and done.stdout == ""
+    assert len(done.stderr.splitlines()) == 1 and "not an absolute path" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("script", "when"), [("site.sh", "before"), ("10-site.sh", "after")]
+)
+def test_a_sites_script_already_in_the_folder_is_not_linked_beside_itself(script, when):
+    """`Prolog=/etc/slurm/prolog.d/site.sh` made `prolog.d/*`: the glob matches site.sh
+    itself; a 90-site-site.sh link beside it would run the site's prolog twice."""
+    advice = advice_for(f"Prolog=/etc/slurm/prolog.d/{script}\n")
+    (prolog,) = [c for c in advice.changes if c.key == "Prolog"]
+    assert prolog.line == "Prolog=/etc/slurm/prolog.d/*"
+    assert f"{script}, is in it already" in prolog.why and f"{when} slurmhealth's" in prolog.why
+    links = [step for step in advice.steps if "/etc/slurm/prolog.d/" in step]
+    assert links == [f"ln -sfn {HOOK} /etc/slurm/prolog.d/50-slurmhealth"]

@@ -24,23 +24,33 @@ NODE = "gpu01"
 
 class SiteLab(Lab):
     """The lab as a site ran it before slurmhealth: the site's own prolog, epilog, flags,
-    scheduler options and health check in place of slurmhealth's."""
+    scheduler options (in a file included by the cluster's name, which slurmctld puts in lower
+    case) and health check in place of slurmhealth's."""
+
+    SCHED = "SchedulerParameters=batch_sched_delay=0,sched_interval=1\n"
 
     def __init__(self, site: str, **options: object) -> None:
         super().__init__(**options)
         self.site = site
 
+    def _write_files(self) -> None:
+        with open(self.path("etc", "lab-sched.conf"), "w") as handle:
+            handle.write(self.SCHED)
+        super()._write_files()
+
     def slurm_conf(self) -> str:
         site = {
+            "ClusterName": "Lab",
             "Prolog": f"{self.site}/prolog.sh",
             "Epilog": f"{self.site}/epilog.sh",
             "PrologFlags": "Serial",
-            "SchedulerParameters": "batch_sched_delay=0,sched_interval=1",
+            "SchedulerParameters": None,
             "HealthCheckProgram": f"{self.site}/nhc",
         }
         text = super().slurm_conf()
         for key, value in site.items():
-            text, found = re.subn(rf"^{key}=.*$", f"{key}={value}", text, flags=re.M)
+            line = f"{key}={value}" if value else "Include %c-sched.conf"
+            text, found = re.subn(rf"^{key}=.*$", line, text, flags=re.M)
             assert found == 1, key
         return text
 
@@ -117,6 +127,7 @@ def test_a_site_keeps_its_scripts_and_nhc_beside_slurmhealth(site_lab):
         "PrologEpilogTimeout",
         "HealthCheckProgram",
     ]
+    assert f"# was {lab.path('etc', 'lab-sched.conf')}:1: {SiteLab.SCHED}" in done.stdout
     advice.apply(done.stdout, lab.conf)
     lab.scontrol("reconfigure")
     lab._poll(lambda: show_config(lab)["PrologFlags"] == "Alloc,Serial", 20, "the new config")
