@@ -2,16 +2,23 @@
 of the same hardware class (docs/diagnose.md, "Slow nodes against their peers").
 
 Pure: the rows queries.diag_figures reads go in, findings come out. Per hardware class, probe
-and figure, each unit (GPU, port) of a node is summarised by its median over the window, the
-node by its worst unit, and that is compared with the median of the class's other nodes.
+and figure, a unit (GPU, port) has one reading a UTC day, its latest, put on the class's scale
+by that day's class-wide level (a rollout or a busy fabric moves every node alike); a unit is
+summarised by the median of its latest days, a node by its worst unit, and that is compared
+with the median of the class's other nodes. Slow only on persistent evidence: the unit slow on
+its latest days, at least three in a row (or all but one of four or more), and more of them
+than chance makes likely, chance being the class's rate of slow days, or the node's own where
+it is noisier. One or two one-off low readings, or a bad hour run again, never make a node
+slow.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 import statistics
 
-from slurmhealth.core.result import clean
+from slurmhealth.core.result import clean, counted
 
 # The figures compared, and which way is better: True for a throughput, False for a latency.
 # Everything else node/diag records is a count (wrong elements, mismatches, matmul runs, DCGM
@@ -33,15 +40,19 @@ HIGHER_IS_BETTER = {
 }
 
 # This project's defaults; each is argued in docs/diagnose.md.
-WINDOW = 7 * 86400.0  # the diagnoses compared: a week (`slurmhealth slow`, the report)
+DAY = 86400.0
+WINDOW = 7 * DAY  # the diagnoses compared: a week (`slurmhealth slow`, the report)
 MARGIN = 0.05  # the share worse than the peers that matters (as SuperBench's variance rule)
 MIN_PEERS = 5  # a median of fewer others is no baseline
-MIN_SAMPLES = 2  # the unit's diagnoses worse than the margin: repeatable, not one bad run
 Z = 4.0  # robust spreads below the peers' median
+RECENT = 5  # a unit's figure: the median of its latest days diagnosed
+MIN_SAMPLES = 3  # slow days, at least: more than a noisy neighbour's day or two
+ALPHA = 1e-4  # findings by chance, per class, figure and sweep, at most
 MAD_SCALE = 1.4826  # MAD -> standard deviation for normal data
 # The smallest spread, as a share of the median: a simulated or perfectly uniform class has a
 # MAD near 0, and then any difference would be z spreads away.
 SPREAD_FLOOR = 0.01
+LEVEL_NODES = 500  # a day's class level: of this many to twice as many nodes (_day_scale)
 
 
 def slow(
@@ -56,60 +67,200 @@ def slow(
     slow_samples, evidence}] of every node slower than its peers on a figure, worst first.
 
     rows: (node, time, gpu_model, probe, unit, figure, value) as queries.diag_figures reads
-    them; gpu_model is the hardware class. value and peer_median are in the figure's own
-    unit; deficit is the share worse than the peers' median (below it for a throughput, above
-    it for a latency); unit the node's worst GPU or port ("node" for a node-wide figure);
-    samples that unit's diagnoses in the rows, slow_samples those worse than the margin."""
+    them, in time order; gpu_model is the hardware class. value (the unit's median over its
+    latest RECENT days) and peer_median are in the figure's own unit, on the class's scale of
+    the window (_day_scale); deficit is the share
+    worse than the peers' median (below it for a throughput, above it for a latency); unit
+    the node's worst GPU or port ("node" for a node-wide figure); samples the unit's latest
+    days judged as evidence, slow_samples the slow ones among them."""
     better = HIGHER_IS_BETTER if higher_is_better is None else higher_is_better
     limits = (margin, min_peers, min_samples, z)
+    figures = {
+        key: _figure(nodes, limits)
+        for key, nodes in _scores(rows, better).items()
+        if len(nodes) - 1 >= min_peers
+    }
+    noise: dict = {}  # (class, node) -> the node's own rate of slow days (_own_rate)
     found = []
-    for key, nodes in sorted(_scores(rows, better).items()):
-        found.extend(_class_findings(key, nodes, better[key[2]], limits))
+    for key, figure in sorted(figures.items()):
+        suspects = _suspects(figure, limits)
+        units, chance = _class_rate(figure) if suspects else (0, 0.0)
+        for node, unit, mine, peer, cut, peers in suspects:
+            if (key[0], node) not in noise:
+                noise[(key[0], node)] = _own_rate(figures, key[0], node)
+            days = _scaled(figure["nodes"][node][unit], figure["scale"])
+            rate = max(chance, noise[(key[0], node)])
+            judged = _persistent(days, cut, min_samples, units, rate)
+            if judged:
+                evidence = (unit, mine, peer, peers, *judged)
+                found.append(_finding(key, node, evidence, better[key[2]]))
     return sorted(found, key=lambda f: (-f["deficit"], f["node"], f["probe"], f["figure"]))
 
 
 def _scores(rows: list, better: dict) -> dict:
-    """{(gpu_model, probe, figure): {node: {unit: {time: score}}}} of the compared figures.
+    """{(gpu_model, probe, figure): {node: {unit: {UTC day: score}}}} of the compared figures,
+    days in time order (as the rows). A day's score is the unit's latest reading that day: a
+    diagnosis run again the same day replaces the doubted one, and the evidence is of days,
+    not of runs (a bad hour diagnosed three times is one bad day).
 
     A score is the value signed so that higher is better (a latency negated): one rule for
     both directions below."""
     out: dict = {}
+    last = mine = None
     for node, when, model, probe, unit, figure, value in rows:
-        if figure in better:
+        higher = better.get(figure)
+        if higher is None:
+            continue
+        if (node, when) != last:  # a diagnosis's rows come together: its day once
+            last, day, mine = (node, when), int(when // DAY), {}
+        units = mine.get((probe, figure))
+        if units is None:  # .get first: setdefault would build dicts for every row
             units = out.setdefault((model, probe, figure), {}).setdefault(node, {})
-            units.setdefault(unit, {})[when] = value if better[figure] else -value
+            mine[(probe, figure)] = units
+        days = units.get(unit)
+        if days is None:
+            units[unit] = {day: value if higher else -value}
+        else:
+            days[day] = value if higher else -value
     return out
 
 
-def _worst_unit(units: dict) -> tuple:
-    """(median, unit) of the node's unit whose median over its diagnoses is the worst.
+def _day_scale(nodes: dict, min_peers: int) -> dict:
+    """{UTC day: factor} that puts a day's scores on the class's scale of the window: the
+    median of the day levels over that day's level, a day's level the median of the scores of
+    every unit diagnosed that day. A class-wide change (a driver or NCCL rollout, a busy
+    fabric) moves every node's scores alike: a slow node stays slow across it, and no node is
+    slow for being diagnosed on its other side. A day of fewer than min_peers + 1 nodes keeps
+    its scores as they are: its median is no class level. In a class of 2 x LEVEL_NODES
+    nodes or more, the levels are of every k-th node, LEVEL_NODES to twice that many
+    (thousands of readings a day: the median is as good, and a large class costs less)."""
+    names = list(nodes)
+    level: dict = {}
+    present: dict = {}
+    for node in names[:: max(1, len(names) // LEVEL_NODES)]:
+        seen: set = set()
+        for days in nodes[node].values():
+            for day, score in days.items():
+                level.setdefault(day, []).append(score)
+            seen.update(days)
+        for day in seen:
+            present[day] = present.get(day, 0) + 1
+    level = {d: statistics.median(s) for d, s in level.items() if present[d] > min_peers}
+    middle = statistics.median(level.values()) if level else 0.0
+    return {d: middle / got for d, got in level.items() if got and middle / got > 0}
+
+
+def _scaled(days: dict, scale: dict) -> list:
+    """A unit's scores of its days, oldest first, on the class's scale."""
+    return [s * scale.get(d, 1.0) for d, s in days.items()]
+
+
+def _figure(nodes: dict, limits: tuple) -> dict:
+    """One class, probe and figure of the window: {nodes (as _scores gives them), scale
+    (_day_scale's), worst ({node: (its figure, its worst unit)}), ordered (the nodes'
+    figures, sorted), cut (the class's median node's figure less the margin or z spreads: a
+    slow day by the class's measure)}."""
+    scale = _day_scale(nodes, limits[1])
+    worst = {node: _worst_unit(units, scale) for node, units in nodes.items()}
+    ordered = sorted(mine for mine, _unit in worst.values())
+    centre = statistics.median(ordered)
+    cut = centre - _gap(ordered, centre, limits)
+    return {"nodes": nodes, "scale": scale, "worst": worst, "ordered": ordered, "cut": cut}
+
+
+def _worst_unit(units: dict, scale: dict) -> tuple:
+    """(figure, unit) of the node's unit whose figure (_recent) is the worst.
 
     Each unit's median first, then the worst of them: the worst of 8 GPUs in each run and
     then their median would pick each run's noise, and set a healthy node's figure (and so
     the peers' median) well below its typical GPU."""
-    return min((statistics.median(runs.values()), unit) for unit, runs in units.items())
+    return min((_recent(days, scale), unit) for unit, days in units.items())
 
 
-def _class_findings(key: tuple, nodes: dict, higher: bool, limits: tuple) -> list:
-    """The slow nodes of one class, probe and figure."""
-    margin, min_peers, min_samples, z = limits
-    if len(nodes) - 1 < min_peers:
-        return []
-    worst = {node: _worst_unit(units) for node, units in nodes.items()}
-    ordered = sorted(mine for mine, _unit in worst.values())
+def _recent(days: dict, scale: dict) -> float:
+    """A unit's figure: the median of its latest RECENT days on the class's scale (sorted by
+    hand: it runs once per unit, and statistics.median costs more)."""
+    recent = sorted([s * scale.get(d, 1.0) for d, s in list(days.items())[-RECENT:]])
+    half = len(recent) // 2
+    return recent[half] if len(recent) % 2 else (recent[half - 1] + recent[half]) / 2
+
+
+def _suspects(figure: dict, limits: tuple) -> list:
+    """[(node, unit, its figure, the peers' median, cut, peers)] of the nodes whose figure is
+    worse than the median of the class's other nodes by more than the margin and more than z
+    robust spreads of theirs; cut is that median less the larger of the two."""
+    worst, ordered = figure["worst"], figure["ordered"]
     out = []
     for node, (mine, unit) in worst.items():
         peer = _median_without(ordered, mine)
-        if peer == 0 or (peer - mine) / abs(peer) <= margin:
+        if peer == 0 or (peer - mine) / abs(peer) <= limits[0]:
             continue  # most nodes stop here, before the spread is computed
-        cut = peer - margin * abs(peer)
-        runs = nodes[node][unit]
-        worse = sum(1 for s in runs.values() if s < cut)
         others = [m for n, (m, _u) in worst.items() if n != node]
-        if worse >= min_samples and peer - mine > z * _spread(others, peer):
-            found = (unit, mine, peer, len(others), len(runs), worse)
-            out.append(_finding(key, node, found, higher))
+        cut = peer - _gap(others, peer, limits)
+        if mine < cut:
+            out.append((node, unit, mine, peer, cut, len(others)))
     return out
+
+
+def _persistent(days: list, cut: float, min_samples: int, units: int, chance: float) -> tuple:
+    """(n, k): the unit's latest n days, k of them slow (below `cut`), when they are
+    persistent evidence; else (). The latest days since the last one not slow, at least
+    min_samples of them; or since the one before that, at least min_samples + 1 slow (a day
+    that was not slow is evidence against, one more slow one answers it). And more than
+    chance: k slow of n are chance when units x P(Binomial(n, chance) >= k) > ALPHA, a sign
+    test for all the class's units at once (Bonferroni)."""
+    good = [i for i, score in enumerate(days) if score >= cut]  # the days not slow
+    for misses in range(min(2, len(good) + 1)):
+        n = len(days) - (good[-1 - misses] + 1 if len(good) > misses else 0)
+        k = n - misses
+        if k >= min_samples + misses and units * _tail(n, k, chance) <= ALPHA:
+            return n, k
+    return ()
+
+
+def _class_rate(figure: dict) -> tuple:
+    """(units, rate): the class's units, and the share of slow days (below the class's cut)
+    among the nodes whose figure is not past it: how often a day of this class is that bad by
+    chance (a noisy neighbour, a thermal event, a heavy-tailed figure). The slow nodes are
+    left out, as from a baseline: their slow days are no chance. Jeffreys' estimate, (slow +
+    1/2) / (days + 1): a class with no slow day yet is not one where they never happen."""
+    cut, scale = figure["cut"], figure["scale"]
+    bad = days = units = 0
+    for node, mine in figure["nodes"].items():
+        units += len(mine)
+        if figure["worst"][node][0] >= cut:
+            for scores in mine.values():
+                days += len(scores)
+                bad += sum(1 for s in _scaled(scores, scale) if s < cut)
+    return units, (bad + 0.5) / (days + 1)
+
+
+def _own_rate(figures: dict, model: str, node: str) -> float:
+    """The node's own rate of slow days: on every figure of its class, the days of its GPUs,
+    ports and node-wide figures whose own figure is not slow, slow by that figure's class
+    cut, over all those days. A node whose parts read slow now and then, each part's median
+    as its peers', is noisy: a run of slow days is less telling there than on a quiet node. A
+    part slow throughout, or the whole node, is no noise and counts nothing."""
+    bad = days = 0
+    for (of, _probe, _name), figure in figures.items():
+        units = figure["nodes"].get(node) if of == model else None
+        for scores in (units or {}).values():
+            if _recent(scores, figure["scale"]) >= figure["cut"]:
+                days += len(scores)
+                bad += sum(1 for s in _scaled(scores, figure["scale"]) if s < figure["cut"])
+    return bad / days if days else 0.0
+
+
+def _tail(n: int, k: int, p: float) -> float:
+    """P(Binomial(n, p) >= k)."""
+    return sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k, n + 1))
+
+
+def _gap(values: list, centre: float, limits: tuple) -> float:
+    """How far below `centre` (the peers' median) is slow: more than the margin and more than
+    z robust spreads of the peers' figures."""
+    margin, _min_peers, _min_samples, z = limits
+    return max(margin * abs(centre), z * _spread(values, centre))
 
 
 def _spread(values: list, centre: float) -> float:
@@ -133,7 +284,7 @@ def _median_without(ordered: list, value: float) -> float:
 
 def _finding(key: tuple, node: str, found: tuple, higher: bool) -> dict:
     """One slow node on one figure; found: (unit, its score, the peers' median score, peers,
-    the unit's diagnoses, those past the margin)."""
+    the unit's latest days judged, the slow ones among them)."""
     model, probe, figure = key
     unit, mine, peer, peers, samples, worse = found
     sign = 1 if higher else -1
@@ -142,8 +293,9 @@ def _finding(key: tuple, node: str, found: tuple, higher: bool) -> dict:
     where = "" if unit == "node" else f" on {unit}"
     side = "below" if higher else "above"
     line = (
-        f"{node}: {probe} {figure} {_num(value)}{where} ({samples} runs), {deficit:.0%} {side} "
-        f"the median {_num(median)} of {peers} peers ({model or 'no GPU model recorded'})"
+        f"{node}: {probe} {figure} {_num(value)}{where} (slow on {worse} of its latest "
+        f"{counted(samples, 'day')}), {deficit:.0%} {side} the median {_num(median)} of "
+        f"{counted(peers, 'peer')} ({model or 'no GPU model recorded'})"
     )
     return {
         "node": node,

@@ -27,12 +27,14 @@ A100 = "8x NVIDIA A100-SXM4-80GB"
 
 
 def fleet(values: dict, model: str = H100, figure: str = "busbw_gbps", probe: str = "nccl") -> list:
-    """Rows of nodes diagnosed once a day: {node: [the figure in each diagnosis]}."""
-    return [
-        (node, NOW - (k + 1) * DAY, model, probe, "node", figure, value)
+    """Rows of nodes diagnosed once a day, in time order as queries.diag_figures reads them:
+    {node: [the figure in each diagnosis, oldest first]}, the newest a day before NOW."""
+    rows = [
+        (node, NOW - (len(runs) - k) * DAY, model, probe, "node", figure, value)
         for node, runs in values.items()
         for k, value in enumerate(runs)
     ]
+    return sorted(rows, key=lambda r: r[1])
 
 
 def peers_of(n: int, centre: float = 461.0, runs: int = 3) -> dict:
@@ -47,7 +49,7 @@ def peers_of(n: int, centre: float = 461.0, runs: int = 3) -> dict:
 
 
 def test_a_node_7_percent_below_its_peers_is_found():
-    values = {**peers_of(63), "gpu07": [428.0, 429.0, 427.0]}
+    values = {**peers_of(63), "gpu07": [427.0, 429.0, 428.0]}
     [found] = peers.slow(fleet(values))
     assert (found["node"], found["probe"], found["figure"], found["unit"]) == (
         "gpu07",
@@ -60,8 +62,8 @@ def test_a_node_7_percent_below_its_peers_is_found():
     assert found["deficit"] == round(33 / 461, 4)
     assert (found["samples"], found["slow_samples"]) == (3, 3)
     assert found["evidence"] == (
-        "gpu07: nccl busbw_gbps 428 (3 runs), 7% below the median 461 of 63 peers "
-        "(8x NVIDIA H100 80GB HBM3)"
+        "gpu07: nccl busbw_gbps 428 (slow on 3 of its latest 3 days), 7% below the median 461 "
+        "of 63 peers (8x NVIDIA H100 80GB HBM3)"
     )
 
 
@@ -73,29 +75,40 @@ def test_3_percent_below_is_within_the_margin():
     assert [f["node"] for f in peers.slow(fleet(values), margin=0.02, z=2.0)] == ["gpu07"]
 
 
-def test_one_bad_run_is_not_enough():
-    healthy = peers_of(20)
-    # the median would say 6.6% below; only one run was
-    assert peers.slow(fleet({**healthy, "gpu07": [400.0, 461.0]})) == []
-    assert peers.slow(fleet({**healthy, "gpu07": [400.0]})) == []
-    # one bad run among good ones does not move the median
-    assert peers.slow(fleet({**healthy, "gpu07": [461.0, 300.0, 461.0]})) == []
-    # two are: repeatable
-    found = peers.slow(fleet({**healthy, "gpu07": [400.0, 461.0, 401.0]}))
-    assert [(f["node"], f["samples"], f["slow_samples"]) for f in found] == [("gpu07", 3, 2)]
+def test_persistent_evidence_is_three_slow_days_or_all_but_one_of_four_or_more():
+    healthy = peers_of(20, runs=5)
+
+    def found(runs: list) -> list:
+        return [
+            (f["samples"], f["slow_samples"]) for f in peers.slow(fleet({**healthy, "x": runs}))
+        ]
+
+    assert found([400.0]) == [] and found([400.0, 401.0]) == []  # one or two slow days
+    assert found([461.0, 400.0, 461.0]) == []  # the median says 13% below: one day was
+    assert found([400.0, 461.0, 401.0]) == []  # two of three, the median one of them
+    assert found([400.0, 401.0, 402.0]) == [(3, 3)]
+    assert found([403.0, 402.0, 401.0, 461.0, 400.0]) == [(5, 4)]  # one more for the miss
+    assert found([402.0, 401.0, 461.0, 400.0]) == []  # three of four are not
+    assert found([403.0, 461.0, 401.0, 462.0, 400.0]) == []  # nor three of five
+    # a recovered part: the evidence is of the latest days, and its median is no longer slow
+    assert found([400.0, 401.0, 402.0, 461.0, 462.0, 460.0]) == []
 
 
 def test_too_few_peers_compare_nothing():
-    assert peers.slow(fleet({**peers_of(4), "gpu07": [400.0, 400.0]})) == []
-    assert [f["peers"] for f in peers.slow(fleet({**peers_of(5), "gpu07": [400.0, 400.0]}))] == [5]
-    assert peers.slow(fleet({**peers_of(9), "gpu07": [400.0, 400.0]}), min_peers=10) == []
+    slow_runs = [400.0] * 4
+    assert peers.slow(fleet({**peers_of(4, runs=4), "gpu07": slow_runs})) == []
+    few = fleet({**peers_of(5, runs=4), "gpu07": slow_runs})
+    assert [f["peers"] for f in peers.slow(few)] == [5]
+    assert peers.slow(fleet({**peers_of(9, runs=4), "gpu07": slow_runs}), min_peers=10) == []
+    # 15 healthy days say little of how often a bad one happens: 3 of 3 could be chance
+    assert peers.slow(fleet({**peers_of(5), "gpu07": slow_runs[:3]})) == []
 
 
 def test_two_models_are_never_compared_with_each_other():
-    h100 = fleet({**peers_of(10), "gpu07": [420.0, 421.0]})
-    a100 = fleet({f"a{i}": [230.0, 231.0] for i in range(10)}, model=A100)
-    a100 += fleet({"a99": [210.0, 211.0]}, model=A100)
-    found = peers.slow(h100 + a100)
+    h100 = fleet({**peers_of(10), "gpu07": [420.0, 421.0, 420.0]})
+    a100 = fleet({f"a{i}": [230.0, 231.0, 230.0] for i in range(10)}, model=A100)
+    a100 += fleet({"a99": [210.0, 211.0, 210.0]}, model=A100)
+    found = peers.slow(sorted(h100 + a100, key=lambda r: r[1]))
     # the A100s are half the H100s' figure, yet only the slow node of each class is named
     assert [(f["node"], f["gpu_model"], f["peers"]) for f in found] == [
         ("gpu07", H100, 10),
@@ -104,35 +117,47 @@ def test_two_models_are_never_compared_with_each_other():
 
 
 def test_a_latency_is_slow_above_its_peers():
-    values = {f"gpu{i}": [2.0, 2.01] for i in range(10)}
-    fast = {**values, "gpu07": [1.7, 1.7]}
+    values = {f"gpu{i}": [2.0, 2.01, 2.0] for i in range(10)}
+    fast = {**values, "gpu07": [1.7, 1.7, 1.7]}
     assert peers.slow(fleet(fast, figure="typical_usec", probe="ib_read_lat")) == []
     slow_port = {**values, "gpu07": [2.2, 2.21, 2.2]}
     [found] = peers.slow(fleet(slow_port, figure="typical_usec", probe="ib_read_lat"))
-    assert (found["node"], found["value"], found["peer_median"]) == ("gpu07", 2.2, 2.005)
-    assert found["deficit"] == pytest.approx(0.195 / 2.005, abs=1e-4)
+    assert (found["node"], found["value"], found["peer_median"]) == ("gpu07", 2.2, 2.0)
+    assert found["deficit"] == pytest.approx(0.1)
     assert "10% above the median 2.00 of 10 peers" in found["evidence"]
 
 
 def test_counts_and_unknown_figures_are_never_compared():
     for figure in ("wrong", "matmul_mismatches", "matmul_runs", "bytes", "p99_usec", "novel"):
-        values = {**{f"gpu{i}": [0.0, 0.0] for i in range(10)}, "gpu07": [5.0, 5.0]}
+        values = {**{f"gpu{i}": [0.0] * 3 for i in range(10)}, "gpu07": [5.0] * 3}
         assert peers.slow(fleet(values, figure=figure)) == [], figure
     # a caller's own directions replace the defaults
-    values = {**{f"gpu{i}": [9.0, 9.0] for i in range(10)}, "gpu07": [5.0, 5.0]}
+    values = {**{f"gpu{i}": [9.0] * 3 for i in range(10)}, "gpu07": [5.0] * 3}
     assert len(peers.slow(fleet(values, figure="novel"), higher_is_better={"novel": True})) == 1
 
 
+def gpu_rows(tflops, nodes: int = 12, days: int = 3) -> list:
+    """Rows of `nodes` nodes' matmul per GPU, diagnosed daily, in time order; tflops(node
+    index, gpu, day) gives each figure; node 0 is gpu07."""
+    rows = [
+        (
+            "gpu07" if i == 0 else f"gpu{i + 10}",
+            NOW - (days - day) * DAY,
+            H100,
+            "cuda",
+            f"gpu{gpu}",
+            "matmul_tflops",
+            tflops(i, gpu, day),
+        )
+        for i in range(nodes)
+        for day in range(days)
+        for gpu in range(8)
+    ]
+    return sorted(rows, key=lambda r: r[1])
+
+
 def test_the_worst_unit_stands_for_the_node_and_is_named():
-    rows = []
-    for i in range(12):
-        node = "gpu07" if i == 0 else f"gpu{i + 10}"
-        for day in range(3):
-            for gpu in range(8):
-                tflops = 600.0 if (node, gpu) == ("gpu07", 3) else 690.0 + gpu * 0.5
-                rows.append(
-                    (node, NOW - day * DAY, H100, "cuda", f"gpu{gpu}", "matmul_tflops", tflops)
-                )
+    rows = gpu_rows(lambda i, gpu, _day: 600.0 if (i, gpu) == (0, 3) else 690.0 + gpu * 0.5)
     [found] = peers.slow(rows)
     assert (found["node"], found["unit"], found["value"], found["peer_median"]) == (
         "gpu07",
@@ -141,44 +166,216 @@ def test_the_worst_unit_stands_for_the_node_and_is_named():
         690.0,
     )
     assert (
-        "matmul_tflops 600 on gpu3 (3 runs), 13% below the median 690 of 11 peers"
-        in (found["evidence"])
+        "matmul_tflops 600 on gpu3 (slow on 3 of its latest 3 days), 13% below the median 690 "
+        "of 11 peers" in found["evidence"]
     )
 
 
 def test_a_spread_out_class_needs_more_than_the_margin():
     # peers spread +-10%: a node 7% below the median is within 4 robust spreads
-    values = {f"gpu{i}": [461.0 * (0.9 + 0.02 * (i % 11))] * 2 for i in range(30)}
-    assert peers.slow(fleet({**values, "gpu07": [428.0, 428.0]})) == []
-    assert [f["node"] for f in peers.slow(fleet({**values, "gpu07": [250.0, 250.0]}))] == ["gpu07"]
+    values = {f"gpu{i}": [461.0 * (0.9 + 0.02 * (i % 11))] * 3 for i in range(30)}
+    assert peers.slow(fleet({**values, "gpu07": [428.0] * 3})) == []
+    assert [f["node"] for f in peers.slow(fleet({**values, "gpu07": [250.0] * 3}))] == ["gpu07"]
 
 
 def test_a_uniform_class_still_needs_the_floor():
     """Identical peers have no spread: without the floor, any difference would count."""
-    values = {f"gpu{i}": [461.0, 461.0] for i in range(10)}
-    near = {**values, "gpu07": [451.0, 451.0]}  # 2.2% below
+    values = {f"gpu{i}": [461.0] * 3 for i in range(10)}
+    near = {**values, "gpu07": [451.0] * 3}  # 2.2% below
     assert peers.slow(fleet(near), margin=0.01) == []  # not 4 x 1% of the median below
-    assert len(peers.slow(fleet({**values, "gpu07": [440.0, 440.0]}), margin=0.01)) == 1
+    assert len(peers.slow(fleet({**values, "gpu07": [440.0] * 3}), margin=0.01)) == 1
 
 
 def test_hostile_names_are_cleaned_in_the_evidence():
     node = "gpu07\n<b>|`rm -rf /`"
     model = "8x H100\x1b[31m\r\nfake line"
-    values = {f"gpu{i}": [461.0, 461.0] for i in range(10)}
+    values = {f"gpu{i}": [461.0] * 3 for i in range(10)}
     rows = fleet(values, model=model) + [
-        (node, NOW - k * DAY, model, "nccl", "node\x00x", "busbw_gbps", 400.0) for k in range(2)
+        (node, NOW - (k + 1) * DAY, model, "nccl", "node\x00x", "busbw_gbps", 400.0)
+        for k in range(3)
     ]
-    [found] = peers.slow(rows)
+    [found] = peers.slow(sorted(rows, key=lambda r: r[1]))
     assert found["node"] == node  # as stored: JSON escapes it, the report and the CLI clean it
     line = found["evidence"]
     assert line == clean(line, 300) and "\n" not in line and "\x1b" not in line
-    assert line.startswith("gpu07 <b>|`rm -rf /`: nccl busbw_gbps 400 on node?x (2 runs)")
+    assert line.startswith("gpu07 <b>|`rm -rf /`: nccl busbw_gbps 400 on node?x (slow on 3")
     assert line.endswith("(8x H100?[31m fake line)")
 
 
 def test_findings_come_worst_first():
-    values = {**peers_of(20), "gpu07": [420.0, 420.0], "gpu08": [400.0, 400.0]}
+    values = {**peers_of(20), "gpu07": [420.0] * 3, "gpu08": [400.0] * 3}
     assert [f["node"] for f in peers.slow(fleet(values))] == ["gpu08", "gpu07"]
+
+
+# --- persistent evidence, over time --------------------------------------------------------------
+
+
+def daily(
+    values: dict, figure: str = "busbw_gbps", probe: str = "nccl", unit: str = "node"
+) -> list:
+    """Rows of nodes diagnosed at 03:00 each day from NOW on: {node: [the figure on day 0, 1,
+    ...]}, None where the node was not diagnosed that day."""
+    return [
+        (node, NOW + day * DAY + 3 * 3600, H100, probe, unit, figure, value)
+        for node, runs in values.items()
+        for day, value in enumerate(runs)
+        if value is not None
+    ]
+
+
+def sweeps(rows: list, days: int) -> list:
+    """The nodes peers.slow names at the end of each day over the week before it, as a daily
+    `slurmhealth slow --now` would."""
+    rows = sorted(rows, key=lambda r: r[1])
+    out = []
+    for day in range(days):
+        end = NOW + (day + 1) * DAY
+        found = peers.slow([r for r in rows if end - 7 * DAY <= r[1] < end])
+        out.append(sorted({f["node"] for f in found}))
+    return out
+
+
+def healthy(n: int, days: int, centre: float = 461.0) -> dict:
+    """n healthy nodes, each day's figure within +-1% of `centre`."""
+    return {
+        f"gpu{i + 20:02d}": [centre * (1 + ((i * 7 + d * 3) % 11 - 5) * 0.002) for d in range(days)]
+        for i in range(n)
+    }
+
+
+def test_one_off_lows_early_never_make_a_node_slow():
+    """Two noisy-neighbour runs among a node's first three diagnoses (the median of the three
+    is one of them: the case the week's median named), a bad hour diagnosed three times, a low
+    run every third day: none is a slow part, at any sweep."""
+    values = healthy(30, 10)
+    values["gpu07"] = [323.0, 461.0, 330.0] + [461.0] * 7
+    values["gpu09"] = [300.0 if d % 3 == 1 else 460.0 for d in range(10)]
+    rows = daily(values)
+    rows += [
+        ("gpu08", NOW + 2 * DAY + 3 * 3600 + k * 1200, H100, "nccl", "node", "busbw_gbps", 320.0)
+        for k in range(3)
+    ]
+    assert sweeps(rows, 10) == [[]] * 10
+
+
+def test_a_run_again_the_same_day_is_one_days_evidence():
+    """A diagnosis run again within the day replaces the one before: a bad hour diagnosed
+    three times is one slow day, and a good rerun answers a bad run."""
+    values = healthy(30, 4)
+    values["gpu07"] = [461.0, 400.0, 400.0, 400.0]
+    rows = daily(values)
+    # day 0: a bad run at 01:00, then the 03:00 one (good); day 1 three times bad, within hours
+    rows.append(("gpu07", NOW + 3600, H100, "nccl", "node", "busbw_gbps", 320.0))
+    rows += [
+        ("gpu07", NOW + DAY + (4 + k) * 3600, H100, "nccl", "node", "busbw_gbps", 401.0)
+        for k in range(2)
+    ]
+    assert sweeps(rows, 4) == [[], [], [], ["gpu07"]]
+    [found] = peers.slow(sorted(rows, key=lambda r: r[1]))
+    assert (found["samples"], found["slow_samples"]) == (3, 3)
+
+
+def test_a_gpu_8_percent_slow_from_the_middle_of_the_window_is_found_and_stays_found():
+    """One GPU of 20 nodes 8% slow from day 3: named at the end of day 5, its third slow day,
+    and at every sweep after; a GPU slow from the first diagnosis at the end of day 2."""
+
+    def rows_with(onset: int) -> list:
+        runs = list(healthy(20, 10, 690.0).values())
+        return gpu_rows(
+            lambda i, gpu, day: (
+                runs[i][day]
+                * (1 + (gpu % 3 - 1) * 0.003)
+                * (0.92 if (i, gpu) == (0, 3) and day >= onset else 1.0)
+            ),
+            nodes=20,
+            days=10,
+        )
+
+    def from_now(rows: list) -> list:  # gpu_rows ends a day before NOW: sweeps start at NOW
+        return [(r[0], r[1] + 10 * DAY, *r[2:]) for r in rows]
+
+    assert sweeps(from_now(rows_with(3)), 10) == [[]] * 5 + [["gpu07"]] * 5
+    assert sweeps(from_now(rows_with(0)), 10) == [[]] * 2 + [["gpu07"]] * 8
+    [found] = peers.slow(rows_with(3))
+    # the 7 slow days of the window, the day before them not slow
+    assert (found["unit"], found["samples"], found["slow_samples"]) == ("gpu3", 7, 7)
+    assert found["deficit"] == pytest.approx(0.08, abs=0.01)
+
+
+def test_a_class_wide_shift_makes_no_node_slow():
+    """A new NCCL 12% slower rolled out over three days; one node away until the rollout (its
+    every diagnosis after it), another away after it, a third diagnosed every other day: each
+    node's latest days against the other nodes' latest days, nobody is slow. Nor on a day when
+    the whole fabric is busy and every reading is 15% low."""
+    values = healthy(20, 12)
+    for i, (node, runs) in enumerate(values.items()):
+        values[node] = [v * (0.88 if d >= 4 + i % 3 else 1.0) for d, v in enumerate(runs)]
+    values["gpu39"] = [None] * 4 + values["gpu39"][4:]
+    values["gpu38"] = values["gpu38"][:4] + [None] * 8
+    values["gpu37"] = [v if d % 2 else None for d, v in enumerate(values["gpu37"])]
+    assert sweeps(daily(values), 12) == [[]] * 12
+    busy = {
+        node: [v * (0.85 if d == 5 else 1.0) for d, v in enumerate(runs)]
+        for node, runs in healthy(20, 8).items()
+    }
+    assert sweeps(daily(busy), 8) == [[]] * 8
+
+
+def test_a_class_full_of_bad_days_needs_more_evidence():
+    """Persistent evidence is judged against the class's own rate of slow days: where a noisy
+    neighbour hits one day in ten of every node, three slow of three could be chance among 41
+    nodes; six of six are not. A quiet class names the node at its third."""
+    quiet = healthy(40, 10)
+    noisy = {
+        node: [v * (0.7 if d == i % 10 else 1.0) for d, v in enumerate(runs)]
+        for i, (node, runs) in enumerate(quiet.items())
+    }
+    slow_node = {"gpu07": [461.0] + [415.0] * 9}
+    assert sweeps(daily({**quiet, **slow_node}), 10) == [[]] * 3 + [["gpu07"]] * 7
+    assert sweeps(daily({**noisy, **slow_node}), 10) == [[]] * 6 + [["gpu07"]] * 4
+
+
+def ports(node: str, days: int, slow_from: int, noisy: bool) -> list:
+    """A node's RDMA bandwidth on 8 ports, diagnosed daily from NOW on: port 3 10% slow from
+    day `slow_from`; noisy: each of the other ports 20% low on one day in ten, a different
+    day for each (every port's median as its peers')."""
+    rows = []
+    for day in range(days):
+        for p in range(8):
+            value = 392.0 * (1 + (p % 3 - 1) * 0.002)
+            if p == 3 and day >= slow_from:
+                value *= 0.9
+            elif noisy and (day + p) % 10 == 0:
+                value *= 0.8
+            rows.append(
+                (
+                    node,
+                    NOW + day * DAY + 3 * 3600,
+                    H100,
+                    "ib_write_bw",
+                    f"mlx5_{p}:1",
+                    "bw_avg_gbps",
+                    value,
+                )
+            )
+    return rows
+
+
+def test_a_noisy_node_needs_more_evidence_than_a_quiet_one():
+    """A node whose ports read low now and then, each port's median as its peers', is noisy:
+    three slow days of one port are less telling there than on a quiet node, which is named
+    at its third slow day; the noisy one only once the run is long enough for its own rate
+    (a week of them). A node slow on every port is slow, not noisy: named at its third."""
+    class_rows = [r for i in range(30) for r in ports(f"gpu{i + 20}", 12, 99, False)]
+    quiet = sweeps(class_rows + ports("gpu07", 12, 3, noisy=False), 12)
+    noisy = sweeps(class_rows + ports("gpu07", 12, 3, noisy=True), 12)
+    assert quiet == [[]] * 5 + [["gpu07"]] * 7
+    assert noisy == [[]] * 11 + [["gpu07"]]
+    everywhere = [
+        (*r[:6], r[6] * 0.9 if r[1] >= NOW + 3 * DAY else r[6])
+        for r in ports("gpu07", 12, 99, False)
+    ]
+    assert sweeps(class_rows + everywhere, 12) == [[]] * 5 + [["gpu07"]] * 7
 
 
 @given(st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=2, max_size=40), st.data())
@@ -349,7 +546,10 @@ def test_slow_lists_the_slow_node_with_its_evidence(fleet_db):
         "1 slow node among 20 diagnosed over 7 days (margin 5%)",
         f"  {found['evidence']}",
     ]
-    assert "gpu07: nccl busbw_gbps 424 (3 runs), 8% below the median 462 of 11 peers" in text.stdout
+    assert (
+        "gpu07: nccl busbw_gbps 424 (slow on 3 of its latest 3 days), 8% below the median 462"
+        in (text.stdout)
+    )
 
 
 def test_slow_follows_its_margin_and_window(fleet_db):
@@ -366,6 +566,47 @@ def test_a_bad_margin_is_a_one_line_usage_error(fleet_db, margin):
     proc = run_cli("slow", "--db", fleet_db, "--margin", margin)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert len([line for line in proc.stderr.splitlines() if line.startswith("Error")]) == 1
+
+
+def write_export(path: str, diagnoses: list) -> None:
+    """Diagnoses (as diag_records gives them) as an export file (docs/fleet.md): a header,
+    then each run and its results."""
+    lines = [{"type": "header", "format": 1, "schema": store.SCHEMA_VERSION, "exported": NOW}]
+    for k, records in enumerate(diagnoses):
+        run_id = f"diag{k:06d}"
+        lines.append({"type": "run", "id": run_id, **records["run"]})
+        lines += [{"type": "result", "run_id": run_id, **r} for r in records["results"]]
+    with open(path, "w", encoding="utf-8") as out:
+        out.writelines(json.dumps(line) + "\n" for line in lines)
+
+
+def test_slow_names_the_persistent_node_only_in_an_imported_fleet(tmp_path):
+    """Through `slurmhealth import` and `slurmhealth slow --json`, as a site's timer reads it:
+    16 H100 nodes diagnosed daily; gpu07's all-reduce 8% slow throughout; gpu03 twice hit by a
+    noisy neighbour among its first three diagnoses (the median of the three is a low one); a
+    new NCCL 12% slower on every node from day 3, gpu11 away until then. Only gpu07 is slow,
+    at the end of day 2 and of day 5."""
+    diagnoses = []
+    for day in range(6):
+        for i in range(16):
+            node = f"gpu{i + 1:02d}"
+            if node == "gpu11" and day < 3:
+                continue
+            busbw = 461.0 * (1 + (i % 5 - 2) * 0.003) * (0.88 if day >= 3 else 1.0)
+            busbw *= 0.92 if node == "gpu07" else 0.7 if node == "gpu03" and day in (0, 2) else 1
+            found = {"nccl": [outcome("node", {"busbw_gbps": round(busbw, 2), "wrong": 0})]}
+            diagnoses.append(diag_records(node, NOW + day * DAY + 7200 + i * 60, found))
+    export, db = str(tmp_path / "fleet.ndjson"), str(tmp_path / "fleet.db")
+    write_export(export, diagnoses)
+    imported = run_cli("import", "--db", db, export)
+    assert imported.returncode == 0 and imported.stderr == "", imported.stderr
+    for day in (2, 5):
+        proc = run_cli("slow", "--db", db, "--now", str(NOW + (day + 1) * DAY), "--json")
+        assert proc.returncode == 0, proc.stderr
+        doc = json.loads(proc.stdout)
+        assert doc["nodes"] == 16 if day == 5 else 15
+        assert [(f["node"], f["slow_samples"]) for f in doc["slow"]] == [("gpu07", day + 1)]
+        assert doc["slow"][0]["deficit"] == pytest.approx(0.08, abs=0.005)
 
 
 def test_slow_without_a_store_says_so_and_help_never_acts(tmp_path):
@@ -405,11 +646,14 @@ def test_a_node_10_percent_slower_from_host_to_gpu_is_found_on_that_gpu():
                 when = NOW - (day + 1) * DAY
                 rows.append((node, when, H100, "cuda", f"gpu{gpu}", "h2d_gbps", gbps))
                 rows.append((node, when, H100, "cuda", f"gpu{gpu}", "h2d_mismatches", 0.0))
-    [found] = peers.slow(rows)
+    [found] = peers.slow(sorted(rows, key=lambda r: r[1]))
     assert (found["node"], found["figure"], found["unit"]) == ("gpu07", "h2d_gbps", "gpu5")
     assert found["value"] == 49.5 and found["peer_median"] == pytest.approx(54.725)
     assert found["deficit"] == pytest.approx(1 - 49.5 / 54.725, abs=1e-4)
-    assert "cuda h2d_gbps 49.5 on gpu5 (3 runs), 10% below the median" in found["evidence"]
+    assert (
+        "cuda h2d_gbps 49.5 on gpu5 (slow on 3 of its latest 3 days), 10% below"
+        in (found["evidence"])
+    )
 
 
 def test_the_gpu_tests_throughputs_are_compared_and_their_counts_are_not():

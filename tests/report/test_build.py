@@ -817,6 +817,14 @@ def test_slow_nodes_are_shown_alike_in_every_format(tmp_path):
     assert "No node slower than its peers." in render.render(
         report.build(conn, now + 30 * DAY, DAY), "md"
     )
+    # `slurmhealth slow` at the same moment names the same node with the same figures
+    proc = run_cli("slow", "--db", str(tmp_path / "fleet.db"), "--now", str(now), "--json")
+    assert proc.returncode == 0, proc.stderr
+    [f] = json.loads(proc.stdout)["slow"]
+    assert {k: f[k] for k in s if k not in ("node", "evidence")} == {
+        k: v for k, v in s.items() if k not in ("node", "evidence")
+    }
+    assert f["node"] == HOSTILE_NODE
 
 
 def test_rising_counters_are_shown_alike_in_every_format(tmp_path):
