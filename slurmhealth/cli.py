@@ -475,9 +475,13 @@ def _history_text(runs: list, actions: list) -> str:
         )
         rising = [c for c in run.get("counters") or () if isinstance(c.get("delta"), (int, float))]
         if rising:
-            problems += ("; " if problems else "") + "counters: " + ", ".join(
-                f"{clean(c['device'], 40)} {clean(c['counter'], 40)} +{c['delta']:g}"
-                for c in rising[:HISTORY_COUNTERS]
+            problems += (
+                ("; " if problems else "")
+                + "counters: "
+                + ", ".join(
+                    f"{clean(c['device'], 40)} {clean(c['counter'], 40)} +{c['delta']:g}"
+                    for c in rising[:HISTORY_COUNTERS]
+                )
             )
             if len(rising) > HISTORY_COUNTERS:
                 problems += f" (+{len(rising) - HISTORY_COUNTERS} more)"
@@ -1048,7 +1052,9 @@ def diagnose_cmd(
     """Diagnose this node deeply: today's checks, then DCGM's diagnostic, NCCL's all-reduce,
     perftest and the built-in GPU tests, as far as they are installed (the rest is skipped and
     says so). Records a `diag` run; exit 0 on pass, 1 on fail, 4 when inconclusive (no probe
-    of the level could run: the checks alone never pass a diagnosis).
+    of the level could run: the checks alone never pass a diagnosis; or a source the checks
+    need, such as the kernel log to a user who is not root, could not be read). A replay
+    (--gpu-source FILE, --sysfs-root, --kmsg) records nothing unless --db names a store.
 
     With --submit (head node, cron): every node slurmhealth drained, and those named with
     --nodes, is diagnosed by one exclusive Slurm job in the maintenance reservation
@@ -1070,6 +1076,7 @@ def diagnose_cmd(
     if do_submit:
         _diagnose_submit(level, db, path, named, time_limit, as_json)
         return
+    from slurmhealth.node.diag import probes as diag_probes  # noqa: PLC0415
     from slurmhealth.node.diag import run as diag_run  # noqa: PLC0415
 
     name = agent.node_name(node)
@@ -1081,13 +1088,20 @@ def diagnose_cmd(
         kmsg or settings["kmsg"],
     )
     _diag_sources(options, sysfs_root, kmsg)
+    replay = gpu_source not in (None, "nvml") or sysfs_root is not None or kmsg is not None
+    if replay and do_apply:
+        raise click.UsageError(
+            "--apply acts on this node's own facts: not with --gpu-source FILE, --sysfs-root "
+            "or --kmsg (a replay)"
+        )
     store_path = db or store.default_path(name)
-    try:
-        conn = agent.open_store(store_path, "diagnose", named=db is not None)
-    except agent.UsageError as exc:
-        raise click.UsageError(str(exc)) from None
+    conn, stored = _diag_store(store_path, db is not None, replay)
     diagnosis = diag_run.diagnose(name, level, expect, options)
-    conn = agent.record(conn, diagnosis, "diagnose", path=store_path)
+    for source in diagnosis.unread:  # its message names the path: not trusted, cleaned
+        said = clean(diag_probes.not_read(source), 500)
+        click.echo(f"slurmhealth diagnose: {said}: the answer is incomplete", err=True)
+    if stored:
+        conn = agent.record(conn, diagnosis, "diagnose", path=store_path)
     agent.write_metrics(agent.metrics_path(settings) or None, diagnosis, None, "diagnose")
     applied = None
     if do_apply:
@@ -1107,6 +1121,28 @@ def diagnose_cmd(
         sys.exit(DIAG_FAILED)
     if diagnosis.inconclusive:
         sys.exit(DIAG_INCONCLUSIVE)
+
+
+def _diag_store(path: str, named: bool, replay: bool) -> tuple:
+    """(connection or None, whether to record) for a diagnosis: a replay keeps none unless a
+    store is named (as for `check`: never the node's history or evidence); a user who may not
+    write the node's store is told once and the run goes on unrecorded."""
+    if replay and not named:
+        click.echo(
+            "slurmhealth diagnose: a replay: nothing written to the node's store (--db FILE "
+            "records it there)",
+            err=True,
+        )
+        return None, False
+    try:
+        if not agent.store_writable(path, named, "diagnose"):
+            return None, False
+    except agent.UsageError as exc:
+        raise _Refused(str(exc)) from None  # a permission, not a usage: no "see --help"
+    try:
+        return agent.open_store(path, "diagnose", named=named), True
+    except agent.UsageError as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 class _Refused(click.ClickException):

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import FAKE_NVML, FIXTURES, run_cli, snapshot_path
+from conftest import FAKE_NVML, FIXTURES, run_as_nobody, run_cli, snapshot_path
 
 from slurmhealth.node.checks import REGISTRY
 
@@ -665,6 +665,87 @@ def test_diagnose_usage_errors_exit_2_in_one_line(tmp_path, args, message):
     (error,) = proc.stderr.strip().splitlines()
     assert error.startswith("Error: ") and message in error
     assert not db.exists()  # refused before any store is opened
+
+
+def test_a_replayed_diagnosis_is_a_dry_run_and_never_returns_a_node(tmp_path):
+    """As for `check`: a diagnosis of files (a snapshot, a sysfs tree, a kernel log) named on
+    the command line never becomes the node's history or evidence unless a store is named, and
+    --apply, which returns or drains this node, refuses one before anything runs."""
+    state = tmp_path / "state"
+    env = {"SLURMHEALTH_STATE_DIR": str(state), "SLURMHEALTH_DB": ""}
+    cfg = diag_config(tmp_path, "dcgmi-4.x-r3-pass.json")
+    args = ("--level", "quick", "--config", cfg, "--gpu-source", snapshot_path("gpu-lost"))
+    env_path = {"PATH": str(tmp_path / "empty-path"), "SLURMHEALTH_SLURM_BIN": "/nonexistent"}
+    proc = run_cli("diagnose", *args, *SOURCES, env=dict(env, **env_path))
+    assert proc.returncode == 1, proc.stderr  # what the replay shows: the lost GPU fails it
+    assert proc.stderr.splitlines() == [
+        "slurmhealth diagnose: a replay: nothing written to the node's store (--db FILE records "
+        "it there)"
+    ]
+    assert not state.exists() or not list(state.iterdir())
+    applied = run_cli("diagnose", *args, "--apply", env=dict(env, **env_path))
+    assert applied.returncode == 2, applied.stderr
+    (error,) = applied.stderr.strip().splitlines()
+    assert error == (
+        "Error: --apply acts on this node's own facts: not with --gpu-source FILE, --sysfs-root "
+        "or --kmsg (a replay) (see 'slurmhealth diagnose --help')"
+    )
+    assert not state.exists() or not list(state.iterdir())
+
+
+def test_a_user_diagnosis_says_what_it_could_not_read_and_is_inconclusive(public_dir):
+    """Not root, the kernel log unread: DCGM's pass does not make the diagnosis ok (the Xid
+    checks did not run), it is inconclusive (exit 4) and says which source and why, in words;
+    the node's store, root's, is said once and left untouched; a store named in a directory
+    this user may not write is a usage error."""
+    import shutil
+
+    kmsg = public_dir / "kmsg"
+    shutil.copy(os.path.join(FIXTURES, "kmsg", "healthy.kmsg"), kmsg)
+    kmsg.chmod(0o600)
+    tools = public_dir / "tools"
+    tools.mkdir()
+    shutil.copy(os.path.join(DIAG, "dcgmi-4.x-r3-pass.json"), public_dir / "dcgmi.json")
+    (public_dir / "dcgmi.json").chmod(0o644)
+    dcgmi = tools / "dcgmi"
+    dcgmi.write_text(f"#!/bin/sh\nexec {shutil.which('cat')} {public_dir}/dcgmi.json\n")
+    dcgmi.chmod(0o755)
+    cfg = public_dir / "slurmhealth.toml"
+    cfg.write_text(f'[settings]\ndiag_tools = "{tools}"\n')
+    cfg.chmod(0o644)
+    state = public_dir / "state"
+    state.mkdir(mode=0o700)
+    env = {"SLURMHEALTH_STATE_DIR": str(state), "SLURMD_NODENAME": "gpu01"}
+    args = ("--level", "quick", "--config", str(cfg), "--gpu-source", snapshot_path("healthy"))
+    shown = run_as_nobody("diagnose", *args, "--kmsg", str(kmsg), "--json", env=env)
+    assert shown.returncode == 4, shown.stderr
+    doc = json.loads(shown.stdout)
+    assert doc["verdict"] == "inconclusive"
+    assert {p["probe"]: p["status"] for p in doc["probes"]}["dcgm"] == "pass"
+    assert [(u["source"], u["areas"]) for u in doc["incomplete"]] == [("kmsg", ["xid"])]
+    checks = doc["probes"][0]["outcomes"][0]["evidence"]
+    assert checks.endswith(
+        f"none failed; kmsg not read, the xid checks did not run: cannot read the kernel log "
+        f"(Permission denied): {kmsg}"
+    )
+    assert "slurmhealth diagnose: kmsg not read, the xid checks did not run: " in shown.stderr
+    assert "[Errno" not in shown.stdout + shown.stderr and "Traceback" not in shown.stderr
+    assert os.listdir(state) == []
+    table = run_as_nobody("diagnose", *args, "--kmsg", str(kmsg), env=env)
+    assert table.returncode == 4
+    assert "inconclusive: kmsg not read, some of today's checks did not run" in table.stdout
+    # the node's own store, root's: said once in words, the run is not recorded
+    own = run_as_nobody("diagnose", "--level", "quick", "--config", str(cfg), env=env)
+    assert (
+        f"slurmhealth diagnose: cannot write {state} (permission denied): this run is not "
+        "recorded (the node's store is root's)" in own.stderr.splitlines()
+    ), own.stderr
+    assert "[Errno" not in own.stdout + own.stderr and "Traceback" not in own.stderr
+    assert os.listdir(state) == []
+    named = run_as_nobody("diagnose", *args, "--db", str(state / "x.db"), env=env)
+    assert named.returncode == 2, named.stderr
+    (error,) = named.stderr.strip().splitlines()
+    assert error == f"Error: --db {state}/x.db: cannot write {state} (permission denied)"
 
 
 @pytest.mark.parametrize("args", [["--level", "quick", *SOURCES], ["--submit"]])

@@ -472,13 +472,16 @@ def check(argv: list) -> int:
     stored = not opts.get("--no-db") and (not replay or opts.get("--record"))
     if replay and not stored and not opts.get("--no-db"):
         # a dry run: its verdict must never become the node's history, evidence or versions
-        print("slurmhealth check: a replay: nothing read from or written to the node's store "
-              "(--record records it)", file=sys.stderr)
+        print(
+            "slurmhealth check: a replay: nothing read from or written to the node's store "
+            "(--record records it)",
+            file=sys.stderr,
+        )
     if stored:
         from slurmhealth.core import store  # noqa: PLC0415
 
         path = _one(opts, "--db") or store.default_path(node)
-        stored = _store_writable(path, named=_one(opts, "--db") is not None)
+        stored = store_writable(path, named=_one(opts, "--db") is not None)
     if stored:
         conn = open_store(path, "check", named=_one(opts, "--db") is not None)
         replay_spool(conn, spool_for(path), "check")
@@ -533,18 +536,18 @@ def _unread(run: runner.Run) -> list:
     return runner.unread(run.sources)
 
 
-def _store_writable(path: str, named: bool) -> bool:
-    """Whether `check` may keep its run in the store at `path`. A user who may not write it
-    (not root: the state directory is root's) is told once and the run goes on unrecorded, its
-    verdict whole; a store named with --db is then a usage error."""
+def store_writable(path: str, named: bool, mode: str = "check") -> bool:
+    """Whether `check` (or `diagnose`: `mode`) may keep its run in the store at `path`. A user
+    who may not write it (not root: the state directory is root's) is told once and the run
+    goes on unrecorded, its verdict whole; a store named with --db is then a usage error."""
     denied = _unwritable(path)
     if denied is None:
         return True
     said = f"cannot write {clean(denied, 200)} (permission denied)"
     if named:
         raise UsageError(f"--db {clean(path, 200)}: {said}")
-    why = "the node's store is root's; --no-db keeps none"
-    print(f"slurmhealth check: {said}: this run is not recorded ({why})", file=sys.stderr)
+    why = "the node's store is root's" + ("; --no-db keeps none" if mode == "check" else "")
+    print(f"slurmhealth {mode}: {said}: this run is not recorded ({why})", file=sys.stderr)
     return False
 
 

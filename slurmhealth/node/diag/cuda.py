@@ -755,7 +755,7 @@ def run(
                 start_new_session=True,
             )
         except OSError as exc:
-            return [_outcome("node", SKIP, {}, f"cannot run {python}: {exc}")]
+            return [_outcome("node", SKIP, {}, f"cannot run {python} ({exc.strerror or exc})")]
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -82,7 +82,7 @@ def run_tool(argv: list, timeout: float) -> tuple:
             start_new_session=True,
         )
     except OSError as exc:
-        return None, f"cannot run {os.path.basename(argv[0])}: {exc}"
+        return None, f"cannot run {os.path.basename(argv[0])} ({exc.strerror or exc})"
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -219,12 +219,23 @@ def probes_of(level: str) -> list:
     return [name for name, (levels, _fn) in PROBES.items() if level in levels]
 
 
-def checks_outcomes(results: list) -> list:
-    """Today's checks as outcomes: each that failed, or one pass."""
+def checks_outcomes(results: list, unread: list | None = None) -> list:
+    """Today's checks as outcomes: each that failed, or one pass. `unread`: the sources they
+    could not read (runner.unread: the kernel log, to a user who is not root), said with the
+    pass, whose checks did not run: "none failed" alone would claim them."""
     failed = [r for r in results if r.status == FAIL]
-    if not failed:
-        return [outcome("node", PASS, f"{counted(len(results), 'check')}, none failed")]
-    return [outcome("node", FAIL, f"{r.check}: {r.message}") for r in failed]
+    if failed:
+        return [outcome("node", FAIL, f"{r.check}: {r.message}") for r in failed]
+    said = f"{counted(len(results), 'check')}, none failed"
+    if unread:
+        said += "; " + "; ".join(not_read(u) for u in unread)
+    return [outcome("node", PASS, said)]
+
+
+def not_read(source: dict) -> str:
+    """One source the checks could not read, and its checks that did not run (runner.unread)."""
+    areas = ", ".join(source["areas"]) or "its"
+    return f"{source['source']} not read, the {areas} checks did not run: {source['message']}"
 
 
 def run_probe(name: str, ctx: Context) -> dict:
@@ -243,21 +254,27 @@ def summary(name: str, found: list, seconds: float) -> dict:
     return {"probe": name, "status": status, "seconds": round(seconds, 3), "outcomes": found}
 
 
-def verdict(probes: list) -> str:
+def verdict(probes: list, unread: list | None = None) -> str:
     """fail if any probe failed; ok if a probe of the level ran and passed; else warn: the
     diagnosis is inconclusive (every probe of the level skipped: its tool is missing or the
     node has no GPU it can test). Today's checks passing alone never pass a diagnosis: they
-    are what the hooks already ran."""
+    are what the hooks already ran. `unread`: sources today's checks could not read
+    (runner.unread): some checks did not run, so a diagnosis that found nothing wrong is
+    inconclusive too, never ok."""
     if any(p["status"] == FAIL for p in probes):
         return FAIL
+    if unread:
+        return WARN
     if any(p["status"] == PASS and p["probe"] != "checks" for p in probes):
         return OK
     return WARN
 
 
-def skipped(probes: list) -> str:
-    """Why each probe of the level skipped, in one line: what an inconclusive diagnosis says."""
-    parts = [
+def skipped(probes: list, unread: list | None = None) -> str:
+    """Why each probe of the level skipped, and what today's checks could not read, in one
+    line: what an inconclusive diagnosis says."""
+    parts = [f"checks: {not_read(u)}" for u in unread or ()]
+    parts += [
         f"{p['probe']}: {o['evidence']}"
         for p in probes
         if p["probe"] != "checks" and p["status"] == SKIP

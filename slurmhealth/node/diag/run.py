@@ -24,7 +24,8 @@ class Diagnosis:
 
     def __init__(self, node: str, level: str, check: runner.Run, found: list, seconds: float):
         self.node, self.level, self.check, self.probes = node, level, check, found
-        self.verdict = probes.verdict(found)
+        self.unread = runner.unread(check.sources)  # what today's checks could not read
+        self.verdict = probes.verdict(found, self.unread)
         self.started = check.started
         self.duration = seconds
         # What node/metrics.py reads of a run: the probes as checks, the sources the quick
@@ -50,7 +51,7 @@ class Diagnosis:
 
     def evidence(self) -> str:
         if self.inconclusive:
-            return probes.skipped(self.probes)
+            return probes.skipped(self.probes, self.unread)
         return probes.evidence(self.probes)
 
     def records(self, job_id: str | None = None) -> dict:
@@ -93,6 +94,7 @@ class Diagnosis:
             "verdict": self.outcome,
             "duration": round(self.duration, 3),
             "probes": self.probes,
+            "incomplete": self.unread,  # as `check --json` says it
         }
 
 
@@ -118,7 +120,9 @@ def diagnose(
     names = probes.probes_of(level)  # ValueError for an unknown level, before anything runs
     started = time.monotonic()
     check = runner.run(node, expect, options, None, PHASE, baselines)
-    found = [probes.summary("checks", probes.checks_outcomes(check.results), check.duration)]
+    unread = runner.unread(check.sources)
+    checks = probes.checks_outcomes(check.results, unread)
+    found = [probes.summary("checks", checks, check.duration)]
     settings = expect["settings"]
     ctx = probes.Context(level, settings, check.facts, probes.tool_path(settings))
     found.extend(probes.run_probe(name, ctx) for name in names)
@@ -130,6 +134,9 @@ def table(diag: Diagnosis) -> str:
     lines = [f"{diag.node}: diagnose {diag.level}: {diag.outcome.upper()} ({diag.duration:.1f} s)"]
     for p in diag.probes:
         lines.append(f"  {p['probe']:<12} {p['status']:<5} {p['seconds']:7.1f} s  {_line(p)}")
-    if diag.inconclusive:
+    if diag.unread and diag.verdict != FAIL:
+        said = " and ".join(u["source"] for u in diag.unread)
+        lines.append(f"  inconclusive: {said} not read, some of today's checks did not run")
+    elif diag.inconclusive:
         lines.append("  inconclusive: no probe of the level ran (install one: docs/diagnose.md)")
     return "\n".join(lines)
