@@ -8,6 +8,7 @@ cannot hold the run past its deadline. The caller must end the process with os._
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 
@@ -90,7 +91,9 @@ def _worker(func: object, box: list) -> None:
     try:
         box.append(Gathered("ok", func(), seconds=time.perf_counter() - started))  # type: ignore[operator]
     except SourceUnavailable as exc:
-        box.append(Gathered("unavailable", exc.found, str(exc), time.perf_counter() - started))
+        gone = Gathered("unavailable", exc.found, str(exc), time.perf_counter() - started)
+        gone.errno = exc.errno  # set where the source is there but not this user's to read
+        box.append(gone)
     except OSError as exc:
         message = f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc)
         unread = Gathered("unavailable", None, message, time.perf_counter() - started)
@@ -232,6 +235,8 @@ def _source_results(area: str, got: Gathered, expect: dict) -> list:
         first = fail(f"{AREAS[area].SOURCE} {got.message}", got.to_dict(), "drain")
     elif got.status == "error":
         first = Result(ERROR, what, got.to_dict())
+    elif _denied(got):  # not this user's to read: unread (runner.unread), not the node's fault
+        first = skip(f"not read: {what}", got.to_dict())
     elif AREAS[area].expected(expect, got.raw):
         first = fail(what, got.to_dict(), "drain")
     else:
@@ -240,6 +245,14 @@ def _source_results(area: str, got: Gathered, expect: dict) -> list:
     for name, result in zip(names, [first, *rest]):
         result.check = f"{area}.{name}"
     return [first, *rest]
+
+
+def _denied(got: Gathered) -> bool:
+    """The source refused this user (EACCES, EPERM) who is not root: its checks cannot judge
+    the node, and the run says it is incomplete. Root refused is a broken source: judged."""
+    import errno  # noqa: PLC0415 - a builtin module
+
+    return got.errno in (errno.EACCES, errno.EPERM) and os.geteuid() != 0
 
 
 def _apply_override(result: Result, override: dict) -> Result:

@@ -30,11 +30,14 @@ class SourceUnavailable(Exception):
     Distinct from a broken source: where nothing is expected from it, its checks skip.
     `found`: raw facts that say the source should have been there all the same (NVIDIA GPUs
     on the PCI bus that NVML cannot see); the area's `expected(expect, found)` judges them.
+    `errno`: EACCES where the source is there but this user may not read it (NVML's
+    NoPermission: /dev/nvidia* not open to a user who is not root), as an OSError carries it.
     """
 
-    def __init__(self, message: str, found: object = None) -> None:
+    def __init__(self, message: str, found: object = None, errno: int | None = None) -> None:
         super().__init__(message)
         self.found = found
+        self.errno = errno
 
 
 class Options:

@@ -63,8 +63,9 @@ _VALUE_MEMBER = {
     6: "usVal",
 }
 
-# Unavailable: the node has no usable NVML at all (no library, no driver).
-_UNAVAILABLE = {"LibraryNotFound", "DriverNotLoaded", "NoPermission", "LibRmVersionMismatch"}
+# Unavailable: the node has no usable NVML at all (no library, no driver). NoPermission is
+# unread instead: the GPUs are there but not open to this user (sweep).
+_UNAVAILABLE = {"LibraryNotFound", "DriverNotLoaded", "LibRmVersionMismatch"}
 
 
 def error_name(exc: BaseException) -> str:
@@ -307,7 +308,7 @@ def gather(options: Options) -> dict:
             raise
         held = counted(len(gpus), "NVIDIA GPU is", "NVIDIA GPUs are")
         why = f"{exc} while {held} on the PCI bus ({gpus[0]}...)"
-        raise SourceUnavailable(why, {"pci_gpus": gpus}) from exc
+        raise SourceUnavailable(why, {"pci_gpus": gpus}, exc.errno) from exc
     add_aer(raw, options.sysfs_root or "/sys")
     raw["pci_gpus"] = bound_gpus(options.sysfs_root or "/sys", raw.get("devices") or [])
     return raw
@@ -401,6 +402,13 @@ def sweep(shutdown: bool = True, costly: bool = True) -> dict:
         nvml.nvmlInit()  # type: ignore[attr-defined]
     except Exception as exc:
         name = error_name(exc)
+        if name == "NoPermission" and os.geteuid() != 0:  # the GPUs are there, not this user's
+            import errno  # noqa: PLC0415 - a builtin module, only on this path
+
+            why = "NVML unavailable: NoPermission (the GPU device files are not open to this user)"
+            raise SourceUnavailable(why, errno=errno.EACCES) from exc
+        if name == "NoPermission":  # root refused: a broken driver or device, judged as one
+            raise SourceUnavailable(f"NVML unavailable: {name}") from exc
         if name in _UNAVAILABLE:
             raise SourceUnavailable(f"NVML unavailable: {name}") from exc
         raise

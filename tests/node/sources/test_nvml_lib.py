@@ -361,3 +361,43 @@ def test_application_clocks_are_left_to_the_health_check_and_carried_forward(lib
     assert runs[1][1]["app_clocks"] == ["1755/3201 MHz", "1980/3201 MHz"]
     # the second prolog's versions equal the health check's (carried), so none are recorded
     assert runs[2][1] is None
+
+
+def test_no_permission_is_unread_for_a_user_and_a_failure_for_root(public_dir):
+    """NVML's NoPermission (the GPU device files not open to this user): for a user who is not
+    root the GPU checks did not run, so `check` says the source was not read and exits 4
+    (incomplete), never `ok` nor a failed node; for root, as in the hooks, it is a broken
+    source and the node expected to have GPUs fails."""
+    from conftest import run_as_nobody, run_cli  # noqa: PLC0415
+
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if not compiler:
+        require_real("no C compiler to build the stand-in libnvidia-ml.so.1 (scripts/install-deps)")
+    subprocess.run(
+        [compiler, "-shared", "-fPIC", "-O1", "-o", str(public_dir / "libnvidia-ml.so.1"), SOURCE],
+        check=True,
+    )
+    cfg = public_dir / "slurmhealth.toml"
+    cfg.write_text("[gpu]\ncount = 8\n")
+    cfg.chmod(0o644)
+    kmsg = public_dir / "kmsg"
+    kmsg.write_text("")
+    kmsg.chmod(0o644)
+    env = {
+        "LD_LIBRARY_PATH": str(public_dir),
+        "SLURMHEALTH_NVML_BINDING": "builtin",
+        "FAKE_NVML_LIB_FAULT": "init:4",  # NVML_ERROR_NO_PERMISSION (nvml.h)
+        "SLURMD_NODENAME": "gpu01",
+    }
+    args = ("check", "--no-db", "--json", "--config", str(cfg), "--only", "gpu,xid")
+    args += ("--kmsg", str(kmsg))
+    user = run_as_nobody(*args, env=env)
+    assert user.returncode == 4, user.stderr
+    doc = json.loads(user.stdout)
+    assert [u["source"] for u in doc["incomplete"]] == ["gpu"]
+    assert "NoPermission (the GPU device files are not open to this user)" in user.stderr
+    assert {r["status"] for r in doc["results"] if r["check"].startswith("gpu.")} == {"skip"}
+    root = run_cli(*args, env=env)
+    assert root.returncode == 1, root.stderr
+    doc = json.loads(root.stdout)
+    assert doc["incomplete"] == [] and doc["results"][0]["status"] == "fail"
