@@ -35,6 +35,11 @@ from slurmhealth.core.constants import (
 from slurmhealth.core.hostlist import PatternError, expand, split_terms
 from slurmhealth.core.result import clean
 from slurmhealth.node import actions
+from slurmhealth.node.journal import Journal
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from slurmhealth.node.journal import Say
 
 JOB_NAME = "slurmhealth-diagnose"
 ACT_DIAGNOSE = "diagnose"  # a node put in the reservation with its diagnose job (detail: job id)
@@ -321,7 +326,7 @@ def _note(conn: object, node: str, action: str, reason: str, detail: str) -> Non
         pass
 
 
-def finish(client: slurm.Slurm, diagnosis: object, settings: dict, conn: object, log: object):
+def finish(client: slurm.Slurm, diagnosis: object, settings: dict, conn: object, log: Say):
     """Inside the diagnose job, after the `diag` run is recorded: pass -> the node drains itself
     with PASSED (the next --submit pass resumes it and takes it out of the reservation; it
     cannot leave while its own job runs there); fail -> drained for service (breaker and all).
@@ -331,9 +336,8 @@ def finish(client: slurm.Slurm, diagnosis: object, settings: dict, conn: object,
         message = f"{SERVICE} diagnose {level}: {diagnosis.evidence()}"  # type: ignore[attr-defined]
         # The node is in our maintenance reservation while its job runs (Slurm shows MAINT once
         # the reservation is active): that does not make it someone else's to keep out.
-        outcome = actions.drain(
-            client, node, message, settings, conn, ACTOR, log, ignore=("MAINT",)
-        )
+        journal = Journal(conn, ACTOR, log)
+        outcome = actions.drain(client, node, message, settings, journal, ignore=("MAINT",))
         if outcome in (DRAINED, WOULD_DRAIN):
             return f"{outcome} for service"
         return f"{outcome}: stays in the reservation, drained for service by the next pass"

@@ -3,7 +3,7 @@
 `slurmhealth lemons` lists; `--apply` drains through actions.drain, so the sweep obeys the same
 etiquette, circuit breaker and probation as the hooks, and records every drain or refusal in
 the fleet store. A lemon already out is recorded as skipped once, not by every hourly sweep
-(actions.note(once=True)): the nightly report lists what happened, not the sweep's heartbeat.
+(Journal.note(once=True)): the nightly report lists what happened, not the sweep's heartbeat.
 
 A lemon the sweep drained starts afresh: its evidence is what happened after that drain
 (fleet/signals.py resets), so an admin who returned it, or a passing diagnosis that did, is
@@ -19,6 +19,11 @@ from slurmhealth.core import slurm
 from slurmhealth.core.constants import BREAKER, FAILED, HELD, LEMON
 from slurmhealth.fleet import policy, signals
 from slurmhealth.node import actions
+from slurmhealth.node.journal import Journal
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from slurmhealth.node.journal import Say
 
 ACTOR = "slurmhealth lemons"
 
@@ -47,16 +52,15 @@ def freshness(heard: dict, now: float, silent_after: float = SILENT_AFTER_S) -> 
     return {"newest": newest, "stale": stale, "silent": silent, "after": silent_after}
 
 
-def apply(scored: list, client: slurm.Slurm, settings: dict, conn: object, log: object) -> list:
+def apply(scored: list, client: slurm.Slurm, settings: dict, conn: object, log: Say) -> list:
     """Drain each lemon, strongest first; stop at the first the breaker refuses, and at the
     first drain Slurm did not take (a controller that times out on one would make each lemon
     after it wait as long: the next sweep tries again)."""
     applied = []
+    journal = Journal(conn, ACTOR, log)
     for entry in (e for e in scored if e["lemon"]):
         why = f"{LEMON} {entry['reason']}"
-        outcome = actions.drain(
-            client, entry["node"], why, settings, conn, ACTOR, log, repeat_skip=False
-        )
+        outcome = actions.drain(client, entry["node"], why, settings, journal, repeat_skip=False)
         applied.append({"node": entry["node"], "outcome": outcome})
         if outcome in (BREAKER, HELD, FAILED):  # past the cap, uncounted, not taken: stop
             break

@@ -27,97 +27,45 @@ from slurmhealth.core.constants import (
 )
 from slurmhealth.core.result import FAIL, counted
 
+TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
+if TYPE_CHECKING:
+    from typing import Any
+
+    from slurmhealth.core.slurm import NodeInfo
+    from slurmhealth.node.journal import Journal, Say
+
 # Health checks start on every node at once: hooks that counted the fleet's drains before the
 # others drained all think they are first. After draining, wait for the burst to land,
 # recount, and yield (undo our drain) unless we are among the first up to the cap.
 SETTLE_S = 0.3
 
 
-def note(
-    conn: object,
-    node: str,
-    action: str,
-    why: str,
-    actor: str,
-    ok: bool,
-    detail: str,
-    log: object,
-    keep: object = None,
-    once: bool = False,
-) -> None:
-    """Record an action in the store; if the store cannot take it, hand it to `keep` (the
-    agent spools it beside the store, to be recorded by a later run): nothing is lost. `once`:
-    not when the node's latest action is this very one (a sweep saying again, each hour, what
-    it already said: the first says it, and anything that happens between makes it new)."""
-    when = time.time()
-    if once and conn is not None:
-        try:
-            if store.newest_action(conn, node) == (action, why, actor, ok, detail):  # type: ignore[arg-type]
-                return
-        except store.StoreError:
-            pass  # unknown: record it
-    if conn is not None:
-        try:
-            store.record_action(conn, node, action, why, actor, ok, detail, when)  # type: ignore[arg-type]
-            return
-        except store.StoreError as exc:
-            log(f"could not record the {action}: {exc}")  # type: ignore[operator]
-    if keep is not None:
-        # its own id: a replay that is cut short and replayed again writes it once
-        entry = {"action": [node, action, why, actor, ok, detail, when], "id": store.new_id()}
-        keep(entry)  # type: ignore[operator]
-
-
-def _history(conn: object, node: str, log: object) -> list:
-    """Our drains and resumes of the node, for probation; [] when the store cannot say (the
-    drain itself never depends on whether the store could be read)."""
-    if conn is None:
-        return []
-    try:
-        return store.drain_history(conn, node)  # type: ignore[arg-type]
-    except Exception as exc:
-        log(f"could not read the node's drain history, probation unknown: {exc}")  # type: ignore[operator]
-        return []
-
-
 def _reason(
-    message: str, conn: object, node: str, settings: dict, now: float, log: object
+    message: str, journal: Journal, node: str, settings: dict[str, Any], now: float
 ) -> str:
     """Our reason; on probation it says an admin must resume (we never will)."""
     days = settings["probation_days"]
-    if safety.on_probation([*_history(conn, node, log), (now, ACT_DRAIN)], now, days):
+    if safety.on_probation([*journal.drains(node), (now, ACT_DRAIN)], now, days):
         return slurm.reason(
             f"{PROBATION} an admin must resume (failed within {days:g} d of our resume): {message}"
         )
     return slurm.reason(message)
 
 
-def _skipped(
-    conn: object,
-    node: str,
-    message: str,
-    actor: str,
-    out: dict,
-    log: object,
-    keep: object,
-    once: bool,
-) -> None:
+def _skipped(journal: Journal, node: str, message: str, out: NodeInfo, once: bool) -> None:
     """Record that the node was already out (`out`: its Slurm record), so not drained."""
     detail = f"already out: {out['reason'] or out['state']}"
-    note(conn, node, ACT_DRAIN_SKIPPED, slurm.reason(message), actor, True, detail, log, keep, once)
+    journal.note(node, ACT_DRAIN_SKIPPED, slurm.reason(message), True, detail, once)
 
 
 def drain(
     client: slurm.Slurm,
     node: str,
     message: str,
-    settings: dict,
-    conn: object,
-    actor: str,
-    log: object,
+    settings: dict[str, Any],
+    journal: Journal,
     record_skip: bool = True,
-    keep: object = None,
-    ignore: tuple = (),
+    ignore: tuple[str, ...] = (),
     repeat_skip: bool = True,
 ) -> str:
     """Drain `node` unless someone else took it out, or the breaker is open. Returns the outcome.
@@ -133,7 +81,7 @@ def drain(
         info = client.node(node)
         if not slurm.may_drain(info, ignore):
             if record_skip:
-                _skipped(conn, node, message, actor, info, log, keep, not repeat_skip)
+                _skipped(journal, node, message, info, not repeat_skip)
             return SKIPPED
         fleet = client.nodes()
         if not fleet:  # an answer that lists no node counts nothing either
@@ -143,23 +91,23 @@ def drain(
             # out since `show node` (another hook of this node drained it a moment ago): out,
             # not a drain of another node that could trip the breaker
             if record_skip:
-                _skipped(conn, node, message, actor, listed, log, keep, not repeat_skip)
+                _skipped(journal, node, message, listed, not repeat_skip)
             return SKIPPED
     except slurm.SlurmError as exc:
         # Without a fresh count of the fleet the breaker cannot hold, and a fleet-wide fault
         # (a slow or restarting controller among its signs) is exactly when every node would
         # drain itself: drain nothing now. The agent keeps the fault pending and acts on it at
         # the next run that can count.
-        why = _reason(message, conn, node, settings, now, log)
+        why = _reason(message, journal, node, settings, now)
         detail = (
             f"Slurm did not answer ({exc}): the fleet's drains cannot be counted, so {node} is "
             "not drained now; the fault stays pending"
         )
-        log(f"SLURM UNREACHABLE, NOTHING DRAINED: {detail}")  # type: ignore[operator]
+        journal.say(f"SLURM UNREACHABLE, NOTHING DRAINED: {detail}")
         # recorded with the breaker's refusals (a drain not made), its detail naming the cause
-        note(conn, node, ACT_BREAKER, why, actor, False, f"Slurm unreachable: {detail}", log, keep)
+        journal.note(node, ACT_BREAKER, why, False, f"Slurm unreachable: {detail}")
         return HELD
-    why = _reason(message, conn, node, settings, now, log)
+    why = _reason(message, journal, node, settings, now)
     recent = [n for n in slurm.drained_by_us(fleet, now - settings["breaker_window"]) if n != node]
     if not safety.may_drain_more(len(recent), len(fleet), settings["breaker_share"]):
         detail = (
@@ -167,24 +115,24 @@ def drain(
             f"slurmhealth in {settings['breaker_window'] / 60:g} min (max "
             f"{settings['breaker_share']:.0%}); not draining {node}"
         )
-        log(f"CIRCUIT BREAKER OPEN: {detail}")  # type: ignore[operator]
-        note(conn, node, ACT_BREAKER, why, actor, False, f"circuit breaker: {detail}", log, keep)
+        journal.say(f"CIRCUIT BREAKER OPEN: {detail}")
+        journal.note(node, ACT_BREAKER, why, False, f"circuit breaker: {detail}")
         return BREAKER
     try:
         client.drain(node, why)
     except slurm.SlurmError as exc:
         if not _landed(client, node, why):
-            log(f"could not drain {node} ({why}): {exc}")  # type: ignore[operator]
-            note(conn, node, ACT_DRAIN, why, actor, False, str(exc), log, keep)
+            journal.say(f"could not drain {node} ({why}): {exc}")
+            journal.note(node, ACT_DRAIN, why, False, str(exc))
             return FAILED
         # the update timed out but the controller applied it (it was stopped, then went on):
         # a drain like any other, counted against the burst below
-    if _yield_to_earlier(client, node, settings, now, log, why):
+    if _yield_to_earlier(client, node, settings, now, journal.say, why):
         detail = f"others drained first in the same burst: {node} resumed"
-        log(f"CIRCUIT BREAKER OPEN: {detail}")  # type: ignore[operator]
-        note(conn, node, ACT_BREAKER, why, actor, False, f"circuit breaker: {detail}", log, keep)
+        journal.say(f"CIRCUIT BREAKER OPEN: {detail}")
+        journal.note(node, ACT_BREAKER, why, False, f"circuit breaker: {detail}")
         return BREAKER
-    note(conn, node, ACT_DRAIN, why, actor, True, "", log, keep)
+    journal.note(node, ACT_DRAIN, why, True)
     return DRAINED
 
 
@@ -198,7 +146,7 @@ def _landed(client: slurm.Slurm, node: str, why: str) -> bool:
 
 
 def _yield_to_earlier(
-    client: slurm.Slurm, node: str, settings: dict, now: float, log: object, why: str
+    client: slurm.Slurm, node: str, settings: dict[str, Any], now: float, log: Say, why: str
 ) -> bool:
     """Recount after a burst; undo our own drain unless among the first up to the cap.
 
@@ -225,12 +173,12 @@ def _yield_to_earlier(
             return False  # someone drained it since (an admin, in the settle): never lifted
         client.resume(node)
     except slurm.SlurmError as exc:
-        log(f"could not recount the fleet's drains, keeping {node} drained: {exc}")  # type: ignore[operator]
+        log(f"could not recount the fleet's drains, keeping {node} drained: {exc}")
         return False
     return True
 
 
-def may_resume(info: dict) -> bool:
+def may_resume(info: NodeInfo) -> bool:
     """Only our own drains, and never one on probation, for a lemon or for service: a lemon
     passes its health checks (that is what makes it a lemon), and hardware that needs service
     may pass them between failures, so only an admin lifts those."""
@@ -240,14 +188,14 @@ def may_resume(info: dict) -> bool:
     return not info["reason"].startswith(tuple(f"{PREFIX} {k}" for k in kept))
 
 
-def resume_due(verdicts: list, needed: int) -> bool:
+def resume_due(verdicts: list[str], needed: int) -> bool:
     """`needed` (at least 1) health checks since our drain, newest first, and none failed."""
     needed = max(1, needed)
     return len(verdicts) >= needed and FAIL not in verdicts[:needed]
 
 
 def resume_if_due(
-    client: slurm.Slurm, node: str, settings: dict, conn: object, log: object, keep: object = None
+    client: slurm.Slurm, node: str, settings: dict[str, Any], journal: Journal
 ) -> bool:
     """Resume our own drain of `node` once settings.resume_after consecutive health checks
     passed since it; never an admin's drain, a lemon's or one on probation (may_resume).
@@ -256,17 +204,18 @@ def resume_if_due(
         return False  # only a passed diagnosis returns the node (docs/diagnose.md)
     try:
         info = client.node(node)
+        conn = journal.conn
         if not may_resume(info) or conn is None:
             return False
-        since = (store.last_action(conn, node, ACT_DRAIN) or (0.0,))[0]  # type: ignore[arg-type]
+        since = (store.last_action(conn, node, ACT_DRAIN) or (0.0,))[0]
         needed = max(1, settings["resume_after"])
-        verdicts = store.recent_verdicts(conn, node, HEALTHCHECK, since, needed)  # type: ignore[arg-type]
+        verdicts = store.recent_verdicts(conn, node, HEALTHCHECK, since, needed)
         if not resume_due(verdicts, needed):
             return False
         client.resume(node)
         why = f"{needed} passing health checks after: {info['reason']}"
-        note(conn, node, ACT_RESUME, why, f"slurmhealth {HEALTHCHECK}", True, "", log, keep)
+        journal.note(node, ACT_RESUME, why, True)
     except (slurm.SlurmError, store.StoreError) as exc:
-        log(f"could not resume {node}: {exc}")  # type: ignore[operator]
+        journal.say(f"could not resume {node}: {exc}")
         return False
     return True

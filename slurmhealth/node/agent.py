@@ -30,6 +30,11 @@ from slurmhealth.core.result import DRAIN, FAIL, OK, RESET_GPU, clean, counted
 from slurmhealth.core.result import SERVICE as SERVICE_ACTION
 from slurmhealth.node import config, counters, learned, runner, state
 from slurmhealth.node.checks import AREAS
+from slurmhealth.node.journal import Journal
+
+TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
+if TYPE_CHECKING:
+    from slurmhealth.core import slurm  # the failure path imports it
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 EXIT_INCOMPLETE = 4  # `check`: a source could not be read (4: inconclusive, as for diagnose)
@@ -649,82 +654,6 @@ def _needs_service(run: runner.Run) -> bool:
     return any(r.status == FAIL and r.action == SERVICE_ACTION for r in run.results)
 
 
-def slurm_client(settings: dict, clock: Deadline) -> object:
-    """Slurm for the failure path: each call bounded by settings.drain_timeout (a slow
-    controller answers each in time), all of them together by what is left of the run's
-    deadline (slurmd is never held past it)."""
-    from slurmhealth.core import slurm  # noqa: PLC0415
-
-    return slurm.Slurm(settings["slurm_bin"], settings["drain_timeout"], clock.left(RESERVE_S))
-
-
-def drain(
-    node: str, message: str, settings: dict, conn: object, mode: str, clock: Deadline, spool: str
-) -> str:
-    """Drain through actions.drain (owned reasons, breaker, probation, recorded). Failure path
-    only."""
-    from slurmhealth.node import actions  # noqa: PLC0415
-
-    client = slurm_client(settings, clock)
-    return actions.drain(
-        client,
-        node,
-        message,
-        settings,
-        conn,
-        f"slurmhealth {mode}",
-        lambda text: log(text, mode),
-        record_skip=mode != "healthcheck",
-        keep=_keeper(spool, mode),
-    )
-
-
-def maybe_resume(node: str, settings: dict, conn: object, clock: Deadline, spool: str) -> None:
-    """Resume our own drain after `resume_after` consecutive passing health checks."""
-    from slurmhealth.node import actions  # noqa: PLC0415
-
-    client = slurm_client(settings, clock)
-    say = lambda text: log(text, HEALTHCHECK)  # noqa: E731
-    actions.resume_if_due(client, node, settings, conn, say, _keeper(spool, HEALTHCHECK))
-
-
-def _keeper(spool: str, mode: str) -> object:
-    """Where an action the store could not take goes: the spool, replayed by a later run."""
-
-    def keep(entry: dict) -> None:
-        try:
-            state.spool(spool, entry)
-        except OSError as exc:
-            log(f"could not spool the action either: {exc}", mode)
-
-    return keep
-
-
-def reset_gpus(
-    node: str, indexes: list, settings: dict, conn: object, clock: Deadline, spool: str
-) -> list:
-    """Reset each GPU with nvidia-smi (epilog, GPU idle); returns those whose reset failed."""
-    import subprocess  # noqa: PLC0415 - rare path
-
-    from slurmhealth.node import actions  # noqa: PLC0415
-
-    keep = _keeper(spool, EPILOG)
-    failed = []
-    for index in indexes:
-        argv = [settings["nvidia_smi"], "-r", "-i", str(index)]
-        try:
-            limit = max(0.1, min(60.0, clock.left(RESERVE_S)))
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=limit, check=False)
-            ok, detail = proc.returncode == 0, (proc.stdout + proc.stderr).strip()[:200]
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            ok, detail = False, str(exc)
-        if not ok:
-            failed.append(index)
-        actor, say = "slurmhealth epilog", lambda text: log(text, EPILOG)
-        actions.note(conn, node, ACT_RESET_GPU, f"GPU {index}", actor, ok, detail, say, keep)
-    return failed
-
-
 def metrics_path(settings: dict) -> str:
     """$SLURMHEALTH_METRICS_FILE (slurmhealth.env beside slurm.conf), else the config's."""
     return os.environ.get("SLURMHEALTH_METRICS_FILE") or settings["metrics_file"]
@@ -927,91 +856,249 @@ def _job_state(conn: object, node: str, job_id: str) -> str | None:
         return None
 
 
+class HookJournal(Journal):
+    """What a hook's run owns besides its facts: the node's store (`conn`, None when it cannot
+    be used) and the spool beside it, the side state (node/state.py: the kernel-log position
+    and a fault pending until a drain lands), the deadline, the log and who acts. Everything
+    the run writes and every action it takes goes through here, so `hook()` reads top to
+    bottom: gather and check, record, act."""
+
+    def __init__(self, mode: str, node: str, clock: Deadline) -> None:
+        from slurmhealth.core import store  # noqa: PLC0415
+
+        self.mode, self.node, self.clock = mode, node, clock
+        self.db_path = store.default_path(node)
+        self.spool = spool_for(self.db_path)
+        self.side_path = state.path_for(store.state_dir(), node)
+        self.side = state.load(self.side_path)
+        conn = open_store(self.db_path, mode, HOOK_BUSY_S)
+        super().__init__(conn, f"slurmhealth {mode}", self._say, self._keep)
+
+    def _say(self, text: str) -> None:
+        log(text, self.mode)
+
+    def _keep(self, entry: dict) -> None:
+        """An action the store could not take: to the spool, replayed by a later run."""
+        try:
+            state.spool(self.spool, entry)
+        except OSError as exc:
+            self.say(f"could not spool the action either: {exc}")
+
+    def replay(self) -> None:
+        """Record what earlier runs could not (replay_spool)."""
+        replay_spool(self.conn, self.spool, self.mode)
+
+    def record(self, run: runner.Run, **kw: object) -> None:
+        """The run into the store, else the spool (record: nothing recorded is lost)."""
+        self.conn = record(self.conn, run, self.mode, path=self.db_path, clock=self.clock, **kw)
+
+    def save_side(
+        self, run: runner.Run, message: str, pending: dict | None, service: bool = False
+    ) -> None:
+        """The kernel-log position this run read up to, and the fault to act on (or none)."""
+        side = self.side
+        doc = dict(side)
+        position = run.baselines.get("xid")
+        if isinstance(position, dict) and isinstance(position.get("seq"), int):
+            doc["kmsg"] = {"seq": position["seq"], "boot_id": position.get("boot_id")}
+        if message:
+            if pending:
+                doc["pending"] = pending
+            else:
+                doc["pending"] = {"message": message, "since": run.started, "phase": self.mode}
+                if service:
+                    doc["pending"]["service"] = True
+        else:
+            doc.pop("pending", None)
+        if doc == side:
+            return
+        try:
+            saved = state.update(self.side_path, side, doc)  # merged with a concurrent hook's
+            side.clear()
+            side.update(saved)
+        except OSError as exc:
+            self.say(f"could not save the node's side state {self.side_path}: {exc}")
+
+    def slurm_client(self, settings: dict) -> slurm.Slurm:
+        """Slurm for the failure path: each call bounded by settings.drain_timeout (a slow
+        controller answers each in time), all of them together by what is left of the run's
+        deadline (slurmd is never held past it)."""
+        from slurmhealth.core import slurm  # noqa: PLC0415
+
+        left = self.clock.left(RESERVE_S)
+        return slurm.Slurm(settings["slurm_bin"], settings["drain_timeout"], left)
+
+    def drain(self, reason: str, settings: dict) -> str:
+        """Drain this node through actions.drain (owned reasons, breaker, probation, recorded):
+        its outcome. A health check does not record a skip (a drained node's every check)."""
+        from slurmhealth.node import actions  # noqa: PLC0415 - failure path only
+
+        client = self.slurm_client(settings)
+        return actions.drain(client, self.node, reason, settings, self, self.mode != HEALTHCHECK)
+
+    def would(self, reason: str) -> None:
+        """Monitor-only: say and record what enforcing would have done."""
+        if not reason:
+            return
+        from slurmhealth.core import slurm  # noqa: PLC0415
+
+        why = slurm.reason(reason)
+        self.say(f"monitor-only: would drain {self.node}: {why}")
+        self.note(self.node, ACT_WOULD_DRAIN, why, True)
+
+    def resume(self, settings: dict) -> None:
+        """Resume our own drain after `resume_after` consecutive passing health checks."""
+        from slurmhealth.node import actions  # noqa: PLC0415
+
+        actions.resume_if_due(self.slurm_client(settings), self.node, settings, self)
+
+    def reset_gpus(self, indexes: list, settings: dict) -> list:
+        """Reset each GPU with nvidia-smi (epilog, GPU idle); returns those whose reset failed."""
+        import subprocess  # noqa: PLC0415 - rare path
+
+        failed = []
+        for index in indexes:
+            argv = [settings["nvidia_smi"], "-r", "-i", str(index)]
+            try:
+                limit = max(0.1, min(60.0, self.clock.left(RESERVE_S)))
+                proc = subprocess.run(
+                    argv, capture_output=True, text=True, timeout=limit, check=False
+                )
+                ok, detail = proc.returncode == 0, (proc.stdout + proc.stderr).strip()[:200]
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                ok, detail = False, str(exc)
+            if not ok:
+                failed.append(index)
+            self.note(self.node, ACT_RESET_GPU, f"GPU {index}", ok, detail)
+        return failed
+
+
+def refusal(verdict: str, outcome: str | None) -> int:
+    """The hook's exit code, the one place a job is refused: only a failing check whose node
+    is out of service now (our drain landed, or it was out already). Until then the fault is
+    pending and the next run drains: slurmd drains a node whose prolog or epilog fails,
+    whatever the circuit breaker says, so an exit 1 on every node of a fleet-wide fault (the
+    controller not taking updates, a bug of ours in the drain path) would empty the cluster
+    past it. BREAKER, HELD, FAILED: fail open, loudly (actions.drain logged and recorded it)."""
+    return EXIT_FAIL if verdict == FAIL and outcome in (DRAINED, SKIPPED) else EXIT_OK
+
+
 def hook(mode: str, clock: Deadline) -> int:
-    """Prolog, epilog or health check: gate, record, drain on fail. Exit 1 only on a failing
-    check (slurmd then requeues the job / drains the node).
+    """Prolog, epilog or health check: gather and check, record, act (drain on a failing
+    check). Exit 1 only on a failing check whose node is out of service (refusal): slurmd then
+    requeues the job / drains the node.
 
     Order matters: the kernel-log position and a fault to act on are saved in the side state
     (node/state.py) before the store is written or Slurm is called, so neither a locked or lost
     store nor a failed drain can lose them; a pending fault is acted on again by every run
     until a drain lands."""
-    from slurmhealth.core import store  # noqa: PLC0415
-
     node = node_name()
     job = job_env(dict(os.environ)) if mode != HEALTHCHECK else {"id": "", "gpus": None}
-    side_path = state.path_for(store.state_dir(), node)
-    side = state.load(side_path)
-    db_path = store.default_path(node)
-    conn = open_store(db_path, mode, HOOK_BUSY_S)
-    expect = _hook_config(conn, node, mode)
+    journal = HookJournal(mode, node, clock)
+    expect = _hook_config(journal.conn, node, mode)
     settings = expect["settings"]
     clock.limit(settings["deadline"])
     monitor = bool(settings.get("monitor_only"))
+    # gather and check
+    run, pending = _gather_and_check(journal, job, expect, monitor)
+    # record: the side state first, then the store
+    clock.code = EXIT_OK  # nothing is refused until our drain lands (refusal)
+    message, service = _failure_message(run), _needs_service(run)
+    clock.summary = f"verdict {run.verdict}" + (f": {message}" if message else "")
+    journal.save_side(run, "" if monitor else message, pending, service)
+    journal.record(
+        run,
+        job_id=job["id"] or None,
+        job=_job_columns(mode, job, run, journal.conn),
+        job_baselines=mode == "prolog",
+    )
+    if mode == EPILOG:
+        message = _epilog(journal, run, job, settings, monitor, message, pending)
+    # act
+    return _act(journal, run, settings, monitor, message, service, pending)
+
+
+def _gather_and_check(journal: HookJournal, job: dict, expect: dict, monitor: bool) -> tuple:
+    """The run, with a fault still pending from an earlier run carried into it (unless
+    monitor-only): (run, the pending fault or None)."""
+    conn, node, mode = journal.conn, journal.node, journal.mode
+    settings = expect["settings"]
     baselines = _baselines(conn, node, job["id"], mode)
     options = runner.Options(
         gpu_source=settings["gpu_source"],
         sysfs_root=settings["sysfs_root"],
         kmsg=settings["kmsg"],
-        kmsg_after=_kmsg_after(side, baselines),
+        kmsg_after=_kmsg_after(journal.side, baselines),
         exiting=True,  # the hook ends right after: NVML's teardown is left to the exit
         costly=mode == HEALTHCHECK,  # the job hooks leave the dear settings to the health check
     )
-    spool = spool_for(db_path)
-    replay_spool(conn, spool, mode)
+    journal.replay()
     baselines, own = _with_memory(conn, node, job["id"], baselines, expect, mode)
-    run = runner.run(node, expect, options, None, mode, baselines, job["gpus"], clock.left())
+    left = journal.clock.left()
+    run = runner.run(node, expect, options, None, mode, baselines, job["gpus"], left)
     _learn(run, baselines, own)
-    pending = None if monitor else state.pending(side)
+    pending = None if monitor else state.pending(journal.side)
     if pending and not any(r.message == pending["message"] for r in run.results):
         run.carry(_pending_result(pending))
-    # Nothing is refused until our drain lands: slurmd drains a node whose prolog or epilog
-    # fails, whatever the circuit breaker says, so an exit 1 on every node of a fleet-wide
-    # fault (the controller not taking updates, a bug of ours in the drain path) would empty
-    # the cluster past it. Until then the fault is pending: the next run drains.
-    clock.code = EXIT_OK
-    message, service = _failure_message(run), _needs_service(run)
-    clock.summary = f"verdict {run.verdict}" + (f": {message}" if message else "")
-    _save_side(side_path, side, run, "" if monitor else message, pending, mode, service)
-    conn = record(
-        conn,
-        run,
-        mode,
-        job_id=job["id"] or None,
-        path=db_path,
-        clock=clock,
-        job=_job_columns(mode, job, run, conn),
-        job_baselines=mode == "prolog",
-    )
-    if mode == "epilog":
-        if conn is not None and job["id"]:
-            try:
-                store.attribute_events(conn, node, job["id"], job["gpus"])  # type: ignore[arg-type]
-                store.forget_job_baselines(conn, node, job["id"])  # type: ignore[arg-type]
-            except Exception as exc:
-                log(f"could not attribute the job's Xids: {exc}", mode)
-        if not message:
-            message = _epilog_reset(node, run, settings, conn, monitor, clock, spool)
-            if message and not monitor:
-                _save_side(side_path, side, run, message, pending, mode)
+    return run, pending
+
+
+def _epilog(
+    journal: HookJournal,
+    run: runner.Run,
+    job: dict,
+    settings: dict,
+    monitor: bool,
+    message: str,
+    pending: dict | None,
+) -> str:
+    """After the job: its Xids attributed to it, its baselines dropped; idle GPUs that need a
+    reset reset where allowed. The drain reason, if any is left."""
+    conn = journal.conn
+    if conn is not None and job["id"]:
+        from slurmhealth.core import store  # noqa: PLC0415
+
+        try:
+            store.attribute_events(conn, run.node, job["id"], job["gpus"])  # type: ignore[arg-type]
+            store.forget_job_baselines(conn, run.node, job["id"])  # type: ignore[arg-type]
+        except Exception as exc:
+            journal.say(f"could not attribute the job's Xids: {exc}")
+    if message:
+        return message
+    message = _epilog_reset(journal, run, settings, monitor)
+    if message and not monitor:
+        journal.save_side(run, message, pending)
+    return message
+
+
+def _act(
+    journal: HookJournal,
+    run: runner.Run,
+    settings: dict,
+    monitor: bool,
+    message: str,
+    service: bool,
+    pending: dict | None,
+) -> int:
+    """Drain on a failing check (monitor-only: say and record that it would), resume our own
+    drain after enough passing health checks; the exit code (refusal)."""
     reason = (f"{SERVICE} " if service else "") + message if message else ""
+    path = metrics_path(settings)
     if monitor:
-        _would(node, reason, conn, mode, spool)
-        write_metrics(metrics_path(settings), run, WOULD_DRAIN if message else None, mode)
+        journal.would(reason)
+        write_metrics(path, run, WOULD_DRAIN if message else None, journal.mode)
         return EXIT_OK  # monitor-only: everything recorded, nothing enforced
-    outcome = drain(node, reason, settings, conn, mode, clock, spool) if message else None
-    refuse = run.verdict == FAIL and outcome in (DRAINED, SKIPPED)  # out of service now
-    clock.code = EXIT_FAIL if refuse else EXIT_OK
+    outcome = journal.drain(reason, settings) if message else None
+    code = journal.clock.code = refusal(run.verdict, outcome)
     if outcome in (DRAINED, SKIPPED, BREAKER) and (pending or message):
         # Acted on: drained, already out, or judged by the breaker (a fleet-wide fault: the
         # refusal is recorded, and the node must not be drained later for it). A drain that
         # failed, or one held because the fleet could not be counted, stays pending.
-        _save_side(side_path, side, run, "", None, mode)
-    write_metrics(metrics_path(settings), run, outcome, mode)
-    # not refused: passed, or BREAKER, HELD, FAILED: fail open, loudly (drain() logged and
-    # recorded it), the last two with the fault kept pending for the next run
-    if not refuse and not message and mode == HEALTHCHECK:
-        maybe_resume(node, settings, conn, clock, spool)
-    return EXIT_FAIL if refuse else EXIT_OK
+        journal.save_side(run, "", None)
+    write_metrics(path, run, outcome, journal.mode)
+    if code == EXIT_OK and not message and journal.mode == HEALTHCHECK:
+        journal.resume(settings)
+    return code
 
 
 def _kmsg_after(side: dict, baselines: dict) -> dict | None:
@@ -1039,69 +1126,14 @@ def _pending_result(pending: dict) -> object:
     return result
 
 
-def _save_side(
-    path: str,
-    side: dict,
-    run: runner.Run,
-    message: str,
-    pending: dict | None,
-    mode: str,
-    service: bool = False,
-) -> None:
-    """The kernel-log position this run read up to, and the fault to act on (or none)."""
-    doc = dict(side)
-    position = run.baselines.get("xid")
-    if isinstance(position, dict) and isinstance(position.get("seq"), int):
-        doc["kmsg"] = {"seq": position["seq"], "boot_id": position.get("boot_id")}
-    if message:
-        if pending:
-            doc["pending"] = pending
-        else:
-            doc["pending"] = {"message": message, "since": run.started, "phase": mode}
-            if service:
-                doc["pending"]["service"] = True
-    else:
-        doc.pop("pending", None)
-    if doc == side:
-        return
-    try:
-        saved = state.update(path, side, doc)  # merged with a concurrent hook's saves
-        side.clear()
-        side.update(saved)
-    except OSError as exc:
-        log(f"could not save the node's side state {path}: {exc}", mode)
-
-
-def _would(node: str, message: str, conn: object, mode: str, spool: str) -> None:
-    """Monitor-only: say and record what enforcing would have done."""
-    if not message:
-        return
-    from slurmhealth.core import slurm  # noqa: PLC0415
-    from slurmhealth.node import actions  # noqa: PLC0415
-
-    why = slurm.reason(message)
-    log(f"monitor-only: would drain {node}: {why}", mode)
-    say = lambda text: log(text, mode)  # noqa: E731
-    actor = f"slurmhealth {mode}"
-    actions.note(conn, node, ACT_WOULD_DRAIN, why, actor, True, "", say, _keeper(spool, mode))
-
-
-def _epilog_reset(
-    node: str,
-    run: runner.Run,
-    settings: dict,
-    conn: object,
-    monitor: bool,
-    clock: Deadline,
-    spool: str,
-) -> str:
+def _epilog_reset(journal: HookJournal, run: runner.Run, settings: dict, monitor: bool) -> str:
     """Reset idle GPUs that need it when allowed; otherwise (or if that fails) a drain reason.
     Monitor-only resets nothing: the reason is reported as a would-be drain."""
     indexes = run.resets
     if not indexes:
         return ""
     if settings["reset_gpus"] and not monitor:
-        indexes = reset_gpus(node, indexes, settings, conn, clock, spool)
+        indexes = journal.reset_gpus(indexes, settings)
         if not indexes:
             return ""
     needing = [r.message for r in run.results if r.action == RESET_GPU and r.status != OK]

@@ -12,6 +12,7 @@ from slurmhealth.core import slurm, store
 from slurmhealth.core.constants import BREAKER, DRAINED, FAILED, HELD, SKIPPED
 from slurmhealth.node import actions, config
 from slurmhealth.node.checks import gpu
+from slurmhealth.node.journal import Journal
 
 SETTINGS = config.defaults()["settings"]
 
@@ -63,9 +64,8 @@ def conn(tmp_path):
 
 def drain(client, conn, node="gpu01", message="GPU 3 GpuIsLost", **settings):
     logged: list = []
-    outcome = actions.drain(
-        client, node, message, dict(SETTINGS, **settings), conn, "test", logged.append
-    )
+    journal = Journal(conn, "test", logged.append)
+    outcome = actions.drain(client, node, message, dict(SETTINGS, **settings), journal)
     return outcome, logged
 
 
@@ -96,9 +96,8 @@ def test_a_skip_said_once_is_not_repeated_until_something_changes(conn):
     client = Client(fleet(gpu01=("IDLE+DRAIN", "admin: fan", 1.0)))
 
     def sweep(message="lemon: 4 faults"):
-        return actions.drain(
-            client, "gpu01", message, SETTINGS, conn, "sweep", print, repeat_skip=False
-        )
+        journal = Journal(conn, "sweep", print)
+        return actions.drain(client, "gpu01", message, SETTINGS, journal, repeat_skip=False)
 
     assert [sweep(), sweep(), sweep()] == [SKIPPED] * 3
     assert [r[0] for r in recorded(conn)] == ["drain-skipped"]
@@ -109,28 +108,14 @@ def test_a_skip_said_once_is_not_repeated_until_something_changes(conn):
     store.record_action(conn, "gpu01", "resume", "back", "admin", True, "", time.time() + 1)
     store.record_action(conn, "gpu01", "drain", "x", "hc", True, "", time.time() + 2)
     client.states["gpu01"]["reason"] = "admin: fan and PSU"
+    journal = Journal(conn, "sweep", print)
     assert actions.drain(
-        client, "gpu01", "lemon: 5 faults", SETTINGS, conn, "sweep", print, repeat_skip=False
+        client, "gpu01", "lemon: 5 faults", SETTINGS, journal, repeat_skip=False
     ) == SKIPPED
     assert len(recorded(conn)) == 6, "after other actions, the skip is said again"
     drain(client, conn)
     drain(client, conn)
     assert len(recorded(conn)) == 8, "a hook's skips are each recorded"
-
-
-def test_a_skip_said_once_is_kept_when_the_store_cannot_say_what_it_holds(tmp_path):
-    """once=True over a store that fails (here closed under the sweep): not knowing whether the
-    skip was said, it records it, and what the store cannot take goes to `keep`: never lost."""
-    broken = store.connect(str(tmp_path / "gone.db"))
-    broken.close()
-    kept: list = []
-    logged: list = []
-    actions.note(broken, "gpu01", "drain-skipped", "r", "sweep", True, "d", logged.append,
-                 kept.append, once=True)
-    assert [entry["action"][:6] for entry in kept] == [
-        ["gpu01", "drain-skipped", "r", "sweep", True, "d"]
-    ]
-    assert logged and "could not record the drain-skipped" in logged[0]
 
 
 def test_the_breaker_refuses_past_its_share_and_says_so(conn):
@@ -194,26 +179,27 @@ def test_resume_is_due_after_enough_consecutive_passes(verdicts, needed, due):
 def test_resume_lifts_our_drain_after_the_passes_and_records_it(conn):
     client = Client(fleet())
     drain(client, conn)
-    assert not actions.resume_if_due(client, "gpu01", SETTINGS, conn, print)  # no passes yet
+    journal = Journal(conn, "slurmhealth healthcheck", print)
+    assert not actions.resume_if_due(client, "gpu01", SETTINGS, journal)  # no passes yet
     for _ in range(SETTINGS["resume_after"]):
         run = {"node": "gpu01", "phase": "healthcheck", "started": time.time(), "duration": 0.1}
         run.update(verdict="ok", tool_version="t", sources="{}", job_id=None)
         store.record_run(conn, {"run": run, "results": [], "events": [], "baselines": {}})
-    assert actions.resume_if_due(client, "gpu01", SETTINGS, conn, print)
+    assert actions.resume_if_due(client, "gpu01", SETTINGS, journal)
     assert client.states["gpu01"]["reason"] == ""
     assert recorded(conn)[-1][0] == "resume"
 
 
 def test_resume_never_touches_an_admins_drain(conn):
     client = Client(fleet(gpu01=("IDLE+DRAIN", "admin: fan", 1.0)))
-    assert not actions.resume_if_due(client, "gpu01", SETTINGS, conn, print)
+    assert not actions.resume_if_due(client, "gpu01", SETTINGS, Journal(conn, "hc", print))
     assert "resume" not in client.calls
 
 
 def test_a_slurm_failure_while_resuming_is_one_log_line(conn):
     logged: list = []
     client = Client(fleet(), fail="node")
-    assert not actions.resume_if_due(client, "gpu01", SETTINGS, conn, logged.append)
+    assert not actions.resume_if_due(client, "gpu01", SETTINGS, Journal(conn, "hc", logged.append))
     assert len(logged) == 1 and "could not resume gpu01" in logged[0]
 
 
