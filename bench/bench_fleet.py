@@ -24,7 +24,7 @@ import tempfile
 import time
 
 from slurmhealth.core import store
-from slurmhealth.fleet import sync
+from slurmhealth.fleet import records
 
 NODES = 2000
 END = 1_780_000_000.0  # 2026-05-28: a fixed "now", so every run measures the same data
@@ -54,7 +54,7 @@ class Builder:
 
     def __init__(self, seed: int) -> None:
         self.rng = random.Random(seed)  # noqa: S311 - data, not secrets
-        self.rows: dict = {kind: [] for kind in sync.KINDS}
+        self.rows: dict = {kind: [] for kind in records.KINDS}
         self.runs = 0
         self.job_id = 1000
 
@@ -132,7 +132,7 @@ def build_store(path: str, runs: int, seed: int = 1) -> dict:
     conn.execute("PRAGMA synchronous = OFF")
     conn.execute("PRAGMA cache_size = -262144")
     conn.execute("BEGIN")
-    for kind, spec in sync.KINDS.items():
+    for kind, spec in records.KINDS.items():
         marks = ", ".join("?" * len(spec.columns))
         width = len(spec.columns)  # columns added since (jobs.gpu_energy, below_base): NULL
         padded = (row + (None,) * (width - len(row)) for row in rows[kind])
@@ -144,7 +144,7 @@ def build_store(path: str, runs: int, seed: int = 1) -> dict:
 
 MEASURE = """
 import json, resource, sys, time
-from slurmhealth.fleet import signals, sync
+from slurmhealth.fleet import records, signals
 from slurmhealth.core import store
 conn = store.connect(sys.argv[1])
 end = float(sys.argv[2]); start = end - float(sys.argv[3])
@@ -183,7 +183,7 @@ def measure(path: str) -> dict:
 def timed_import(path: str, spool: str) -> tuple:
     conn = store.connect(path)
     started = time.perf_counter()
-    report = sync.import_ndjson(conn, spool)
+    report = records.import_ndjson(conn, spool)
     seconds = time.perf_counter() - started
     conn.close()
     return seconds, report
@@ -223,14 +223,14 @@ def main() -> None:
         conn = store.connect(biggest)
         started = time.perf_counter()
         with open(spool, "w") as out:
-            counts = sync.export(conn, out)
+            counts = records.export(conn, out)
         exported = time.perf_counter() - started
         conn.close()
-        records = sum(counts.values())
+        written = sum(counts.values())
         size_mb = os.path.getsize(spool) / 2**20
         print(
-            f"export: {records:,} records ({size_mb:.0f} MiB) in {exported:.1f} s "
-            f"= {records / exported:,.0f} records/s"
+            f"export: {written:,} records ({size_mb:.0f} MiB) in {exported:.1f} s "
+            f"= {written / exported:,.0f} records/s"
         )
         target = os.path.join(tmp, "imported.db")
         for label in ("import", "again"):

@@ -1,7 +1,7 @@
 """Benchmark: random record ids against time-ordered ones (core/store.py new_id), at fleet size.
 
 A fleet store's runs table gains every node's health checks in time order, and the hourly
-rollup deletes one hour of them (fleet/sync.py). With random ids, each record's entry in the
+rollup deletes one hour of them (fleet/rollup.py). With random ids, each record's entry in the
 id index lands on its own page; with time-ordered ids, the records written together sit
 together. This builds the same day of 5-minute checks from N nodes twice, in time order, into a
 table with the runs table's id, node and time keys, once per kind of id, then deletes one hour

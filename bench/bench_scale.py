@@ -11,7 +11,7 @@ jobs per node-day:
    5 minutes plus the 2-minute overlap, one file per node) collected with --consume into a
    store holding 2 days of the same fleet: head-node CPU seconds; then a cycle with nothing
    new, the same files left in place (unchanged: not read), and the hourly rollup as collect
-   runs it, at most `--rollup-max` node-hours a cycle (sync.ROLLUP_MAX): the most CPU one
+   runs it, at most `--rollup-max` node-hours a cycle (rollup.ROLLUP_MAX): the most CPU one
    cycle spends on it.
 
 Run: `make bench` (200 nodes) or `.venv-bench/bin/python bench/bench_scale.py --nodes 1000`;
@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from sim import simulate  # noqa: E402
 from slurmhealth.core import store  # noqa: E402
-from slurmhealth.fleet import sync  # noqa: E402
+from slurmhealth.fleet import collect, records, rollup  # noqa: E402
 
 DAY = 86400
 
@@ -92,7 +92,7 @@ def month(nodes: int, tmp: str) -> dict:
     out = {"runs": counts["runs"], "jobs": counts["jobs"], "write_s": time.perf_counter() - t}
     out["raw_mib"] = size_mib(path)
     t, c = time.perf_counter(), cpu()
-    done = sync.rollup(conn, f.end - 2 * DAY)
+    done = rollup.rollup(conn, f.end - 2 * DAY)
     out.update(rollup_s=time.perf_counter() - t, rollup_cpu_s=cpu() - c, folded=done["runs"])
     conn.execute("VACUUM")
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -108,9 +108,9 @@ def month(nodes: int, tmp: str) -> dict:
     return out
 
 
-def write_spool(spool: str, records: dict) -> None:
-    header = {"type": "header", "format": sync.FORMAT, "schema": store.SCHEMA_VERSION}
-    for node, rows in records.items():
+def write_spool(spool: str, by_node: dict) -> None:
+    header = {"type": "header", "format": records.FORMAT, "schema": store.SCHEMA_VERSION}
+    for node, rows in by_node.items():
         with open(os.path.join(spool, f"{node}.ndjson"), "w") as out:
             out.write(json.dumps(header) + "\n")
             for row in rows:
@@ -125,24 +125,24 @@ def cycle(nodes: int, tmp: str) -> dict:
     conn = store.connect(path)
     end = f.end - 300  # the last cycle: its records are the spool, the rest already merged
     simulate.write_store(history, conn)
-    conn.execute("DELETE FROM runs WHERE started >= ?", (end - 300 - sync.OVERLAP,))
+    conn.execute("DELETE FROM runs WHERE started >= ?", (end - 300 - records.OVERLAP,))
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     spool = os.path.join(tmp, "spool")
     os.makedirs(spool, exist_ok=True)
-    records = simulate.spool_records(history, end - 300 - sync.OVERLAP, end)
-    write_spool(spool, records)
-    out = {"files": len(records), "records": sum(len(r) for r in records.values())}
+    by_node = simulate.spool_records(history, end - 300 - records.OVERLAP, end)
+    write_spool(spool, by_node)
+    out = {"files": len(by_node), "records": sum(len(r) for r in by_node.values())}
     t, c = time.perf_counter(), cpu()
-    report = sync.collect(conn, spool, end - 2 * DAY, consume=True)
+    report = collect.collect(conn, spool, end - 2 * DAY, consume=True)
     out.update(cycle_s=time.perf_counter() - t, cycle_cpu_s=cpu() - c)
     out["added"] = sum(report["added"].values())
     t, c = time.perf_counter(), cpu()
-    sync.collect(conn, spool, end - 2 * DAY, consume=True)
+    collect.collect(conn, spool, end - 2 * DAY, consume=True)
     out.update(empty_s=time.perf_counter() - t, empty_cpu_s=cpu() - c)
-    write_spool(spool, records)
-    sync.collect(conn, spool, end - 2 * DAY)  # in place: their identities recorded
+    write_spool(spool, by_node)
+    collect.collect(conn, spool, end - 2 * DAY)  # in place: their identities recorded
     t, c = time.perf_counter(), cpu()
-    again = sync.collect(conn, spool, end - 2 * DAY)
+    again = collect.collect(conn, spool, end - 2 * DAY)
     out.update(unchanged_s=time.perf_counter() - t, unchanged_cpu_s=cpu() - c)
     out["unchanged"] = len(again["unchanged"])
     # A real node's passing runs carry skip results (no fabric state, no NVLink on a PCIe
@@ -160,7 +160,7 @@ def cycle(nodes: int, tmp: str) -> dict:
     steps, folded = [], 0
     while True:
         c = cpu()
-        done = sync.rollup(conn, f.start + 3600, sync.ROLLUP_MAX)
+        done = rollup.rollup(conn, f.start + 3600, rollup.ROLLUP_MAX)
         steps.append(cpu() - c)
         folded += done["runs"]
         if not done["behind"]:
@@ -206,7 +206,7 @@ def main() -> None:
             print(
                 f"  hourly rollup: {c['rollup_hour_runs']:,} runs folded in {len(steps)} "
                 f"cycle{'s' if len(steps) > 1 else ''} "
-                f"of at most {sync.ROLLUP_MAX:,} node-hours: {max(steps):.2f} s CPU at most, "
+                f"of at most {rollup.ROLLUP_MAX:,} node-hours: {max(steps):.2f} s CPU at most, "
                 f"{sum(steps):.2f} s in all"
             )
             print(

@@ -1,7 +1,7 @@
 """What one sweep of the rising-counter finder costs on a 10,000-node month of counter readings.
 
 Writes ten 1,000-node fleets of a model of bench/trend_fleets.py (node prefixes ga, gb, ...;
-seeds 0..) into one fleet store through sync.import_ndjson, as `collect` and `import` do: 28
+seeds 0..) into one fleet store through records.import_ndjson, as `collect` and `import` do: 28
 days of counter readings at the packaged health-check cadence (5 minutes) and a daily run per
 node that names its GPU model. Then times what `slurmhealth trends` does, in this process:
 reading the rows of the longest window and the baseline before it (queries.counter_rows), the
@@ -30,18 +30,18 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from trend_fleets import DAY, START, Fleet  # noqa: E402
 
 from slurmhealth.core import store  # noqa: E402
-from slurmhealth.fleet import queries, sync, trends  # noqa: E402
+from slurmhealth.fleet import queries, records, trends  # noqa: E402
 
 
 def write(path: str, parts: int, model: str, step: float, days: int) -> None:
     conn = store.connect(path)
-    header = json.dumps({"type": "header", "format": sync.FORMAT})
+    header = json.dumps({"type": "header", "format": records.FORMAT})
     for part in range(parts):
         started = time.perf_counter()
         fleet = Fleet(model, part, 1000, days, step * 60.0, 8)
         prefix = f'"node": "g{chr(97 + part)}'
         lines = [line.replace('"node": "gpu', prefix) for line in fleet.records()]
-        sync.import_ndjson(conn, io.StringIO("\n".join([header, *lines]) + "\n"))
+        records.import_ndjson(conn, io.StringIO("\n".join([header, *lines]) + "\n"))
         print(
             f"part {part + 1}: {len(lines)} records, {time.perf_counter() - started:.0f} s",
             flush=True,

@@ -3,7 +3,7 @@
 
 Each fleet: 96-160 nodes of two hardware classes (8 H100 with 8 NDR ports; 8 A100 with 4 HDR
 ports), 14-18 days of `diag` runs written in the export format (docs/fleet.md: a run record and
-one result record per probe) and merged with sync.import_ndjson, as `slurmhealth import` and
+one result record per probe) and merged with records.import_ndjson, as `slurmhealth import` and
 `collect` do, then read back with queries.diag_figures. Per fleet, --slow nodes are planted
 8-15% slow (uniform) on one figure of one unit: a GPU, an HCA port or the node's all-reduce (a
 latency that much higher), from an onset drawn uniformly between day 4 and 6 days before the
@@ -69,7 +69,7 @@ sys.path.insert(0, ROOT)
 
 from slurmhealth import __version__  # noqa: E402
 from slurmhealth.core import store  # noqa: E402
-from slurmhealth.fleet import peers, queries, sync  # noqa: E402
+from slurmhealth.fleet import peers, queries, records  # noqa: E402
 
 HOUR = 3600.0
 DAY = 86400.0
@@ -297,7 +297,7 @@ def fleet_rows(fleet: Fleet, keep: str = "") -> list:
         folder = keep or temporary
         path = os.path.join(folder, "export.ndjson")
         with open(path, "w", encoding="utf-8") as out:
-            header = {"type": "header", "format": sync.FORMAT, "schema": store.SCHEMA_VERSION}
+            header = {"type": "header", "format": records.FORMAT, "schema": store.SCHEMA_VERSION}
             out.write(json.dumps({**header, "tool_version": __version__, "exported": 0}) + "\n")
             for node in sorted(fleet.cls):
                 times = fleet.diagnoses(node)
@@ -308,7 +308,7 @@ def fleet_rows(fleet: Fleet, keep: str = "") -> list:
                     if failed and fleet.rng.random() < fleet.m.get("rerun", 0.0):
                         times.insert(0, when + fleet.rng.uniform(0.2, 2.0) * HOUR)
         conn = store.connect(os.path.join(folder, "fleet.db"))
-        report = sync.import_ndjson(conn, path)
+        report = records.import_ndjson(conn, path)
         assert report["bad_count"] == 0, report["bad"]
         rows = queries.diag_figures(conn, START, START + (fleet.days + 1) * DAY)
         conn.close()

@@ -2,7 +2,7 @@
 (bench/trend_fleets.py; docs/trends.md, "Validation").
 
 For each model, health-check cadence and seed: a planted fleet's records go into a fleet store
-through sync.import_ndjson (the path `collect` and `import` take); its counter rows and GPU
+through records.import_ndjson (the path `collect` and `import` take); its counter rows and GPU
 models are read back once, then the finder runs every --every hours over the last --sweep days
 as `slurmhealth trends --now <that hour>` would. Beside it, a plain per-device rate test at the
 same alpha: the errors of the last 24 h against the device's own 7 days before, Poisson, at
@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from trend_fleets import DAY, HOUR, START, Fleet  # noqa: E402
 
 from slurmhealth.core import store  # noqa: E402
-from slurmhealth.fleet import queries, sync, trends  # noqa: E402
+from slurmhealth.fleet import queries, records, trends  # noqa: E402
 from slurmhealth.fleet.policy import ln_poisson_sf  # noqa: E402
 
 BUSY = 5.0  # episodes a day: a base from which a tenfold rise can pass ALPHA within a day
@@ -72,8 +72,8 @@ def one(args: tuple) -> dict:
     lines = fleet.records()
     with tempfile.TemporaryDirectory() as tmp:
         conn = store.connect(os.path.join(tmp, "fleet.db"))
-        header = json.dumps({"type": "header", "format": sync.FORMAT})
-        sync.import_ndjson(conn, io.StringIO("\n".join([header, *lines]) + "\n"))
+        header = json.dumps({"type": "header", "format": records.FORMAT})
+        records.import_ndjson(conn, io.StringIO("\n".join([header, *lines]) + "\n"))
         end = START + days * DAY
         rows = queries.counter_rows(conn, START, end)
         models = queries.node_models(conn, fleet.names, end, days * DAY)

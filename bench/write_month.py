@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from sim import simulate  # noqa: E402
 from slurmhealth.core import store  # noqa: E402
-from slurmhealth.fleet import sync  # noqa: E402
+from slurmhealth.fleet import rollup  # noqa: E402
 
 DAY = 86400
 
@@ -64,7 +64,7 @@ def main() -> None:
             simulate.write_store(part, conn, between=(day, day + DAY))
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # the day's pages into the file
         largest = max(largest, _sizes(conn)[0])
-        sync.rollup(conn, day + DAY - 2 * DAY)
+        rollup.rollup(conn, day + DAY - 2 * DAY)
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         print(
             f"day {(day - first) // DAY + 1}: {time.perf_counter() - started:.0f} s, "

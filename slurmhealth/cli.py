@@ -21,7 +21,18 @@ from slurmhealth.core import files, slurm, store, timespec
 from slurmhealth.core.constants import BREAKER, FAILED, HELD
 from slurmhealth.core.hostlist import is_node_name
 from slurmhealth.core.result import clean, counted
-from slurmhealth.fleet import accounting, history, lemons, peers, policy, queries, slurmconf, sync
+from slurmhealth.fleet import (
+    accounting,
+    collect,
+    history,
+    lemons,
+    peers,
+    policy,
+    queries,
+    records,
+    rollup,
+    slurmconf,
+)
 from slurmhealth.node import agent, config, runner
 from slurmhealth.node.checks import AREAS
 
@@ -668,16 +679,16 @@ def export_cmd(
     if incremental and output == "-":
         raise click.UsageError("--incremental needs -o FILE")
     if output == "-":
-        sync.export(conn, click.get_text_stream("stdout"), start)  # type: ignore[arg-type]
+        records.export(conn, click.get_text_stream("stdout"), start)  # type: ignore[arg-type]
         return
     mark = time.time()  # before the snapshot: what commits later is in the next export
     try:
         if incremental:
-            start = sync.incremental_since(conn, output, start)  # type: ignore[arg-type]
+            start = records.incremental_since(conn, output, start)  # type: ignore[arg-type]
         with files.open_private(output) as out:
-            total = sync.count_records(conn, start)  # type: ignore[arg-type]
+            total = records.count_records(conn, start)  # type: ignore[arg-type]
             with _progress(total, "export") as tick:
-                counts = sync.export(conn, out, start, tick)  # type: ignore[arg-type]
+                counts = records.export(conn, out, start, tick)  # type: ignore[arg-type]
     except OSError as exc:
         raise click.ClickException(f"{output}: {exc.strerror or exc}") from None
     except store.StoreError as exc:
@@ -685,7 +696,7 @@ def export_cmd(
     done = f"{output}: {counted(sum(counts.values()), 'record', spec=',')} ({_added(counts)})"
     if incremental:
         try:
-            sync.exported(conn, output, start, mark)  # type: ignore[arg-type]
+            records.exported(conn, output, start, mark)  # type: ignore[arg-type]
         except (store.StoreError, OSError) as exc:
             # the file is whole and in place; without its mark the next export starts where
             # this one did (records exported twice are merged once)
@@ -714,8 +725,8 @@ def import_cmd(files: tuple, db: str | None) -> None:
         try:
             size = 0 if name == "-" else os.path.getsize(name)
             with _progress(size, f"import {clean(name, 80)}") as tick:  # any node's name
-                report = sync.import_ndjson(conn, source, tick)  # type: ignore[arg-type]
-        except (sync.FleetError, OSError) as exc:
+                report = records.import_ndjson(conn, source, tick)  # type: ignore[arg-type]
+        except (records.FleetError, OSError) as exc:
             raise click.ClickException(f"{clean(name, 300)}: {clean(exc, 300)}") from None
         click.echo(
             f"{clean(name, 300)}: {counted(report['records'], 'record', spec=',')}: "
@@ -779,11 +790,11 @@ def _report_bad(name: str, report: dict) -> None:
 @click.option(
     "--rollup-max",
     type=click.IntRange(min=0),
-    default=sync.ROLLUP_MAX,
+    default=rollup.ROLLUP_MAX,
     envvar="SLURMHEALTH_ROLLUP_MAX",
     metavar="NODE_HOURS",
     help="roll up at most this many node-hours per collect, the rest next time; 0: all due "
-    f"[$SLURMHEALTH_ROLLUP_MAX; default: {sync.ROLLUP_MAX:,}]",
+    f"[$SLURMHEALTH_ROLLUP_MAX; default: {rollup.ROLLUP_MAX:,}]",
 )
 def collect_cmd(
     directory: str,
@@ -832,15 +843,15 @@ def collect_cmd(
     except store.StoreError as exc:
         raise click.ClickException(f"{_fleet_path(db)}: cannot be written: {exc}") from None
     try:
-        paths = sync.collect_paths(directory)
+        paths = collect.collect_paths(directory)
         with _progress(len(paths), "collect") as tick:
-            report = sync.collect(conn, directory, start, tick, owners, consume, full)  # type: ignore[arg-type]
-    except sync.StoreFault as exc:
+            report = collect.collect(conn, directory, start, tick, owners, consume, full)  # type: ignore[arg-type]
+    except records.StoreFault as exc:
         raise click.ClickException(
             f"{_fleet_path(db)}: stopped taking writes ({exc}): collect stopped; what it had"
             " merged is committed, the files not merged stay for the next collect"
         ) from None
-    except sync.FleetError as exc:
+    except records.FleetError as exc:
         raise click.ClickException(str(exc)) from None
     for path, why in report["skipped"]:
         click.echo(f"{clean(path, 300)}: skipped: {clean(why)}", err=True)
@@ -857,22 +868,22 @@ def collect_cmd(
     if rollup_after is not None:
         _rollup(conn, _start(rollup_after, end, "--rollup-after"), rollup_max or None)
     if use_sacct:
-        _collect_sacct(conn, sync.accounting_start(conn, "sacct", start, full), end, slurm_bin)
+        _collect_sacct(conn, collect.accounting_start(conn, "sacct", start, full), end, slurm_bin)
         # After the jobs are committed: a sacctmgr that fails then loses none of them.
-        events_start = sync.accounting_start(conn, "sacctmgr", start, full)
+        events_start = collect.accounting_start(conn, "sacctmgr", start, full)
         _collect_events(conn, events_start, end, slurm_bin)
         _collect_places(conn, end, slurm_bin)
 
 
 def _rollup(conn: object, before: float, limit: int | None) -> None:
     try:
-        done = sync.rollup(conn, before, limit)  # type: ignore[arg-type]
+        done = rollup.rollup(conn, before, limit)  # type: ignore[arg-type]
     except store.StoreError as exc:
         raise click.ClickException(f"rollup: {exc}") from None
     if done["runs"]:
         runs = counted(done["runs"], "passing run", spec=",")
         click.echo(f"rollup: {runs} counted in {counted(done['hours'], 'node-hour', spec=',')}")
-    if done["behind"] > sync.ROLLUP_BEHIND:
+    if done["behind"] > rollup.ROLLUP_BEHIND:
         click.echo(
             f"rollup: {counted(done['behind'], 'hour', spec=',')} behind --rollup-after, rolled "
             "up over the next "
@@ -902,12 +913,12 @@ def _collect_places(conn: object, now: float, slurm_bin: str) -> None:
         raise click.ClickException(f"{exc} (places of nodes not merged)") from None
     try:
         result = accounting.ingest_places(conn, rows, now)  # type: ignore[arg-type]
-    except sync.FleetError as exc:
+    except records.FleetError as exc:
         raise click.ClickException(str(exc)) from None
     kinds = sorted({kind for _, kind, _ in rows})
     places = counted(result["places"], "node place", spec=",")
     click.echo(f"places: {places} ({', '.join(kinds) or 'none'})")
-    for line in bad[: sync.BAD_SHOWN]:
+    for line in bad[: records.BAD_SHOWN]:
         click.echo(f"places: skipped: {line}", err=True)
 
 
@@ -930,11 +941,11 @@ def _merge_accounting(tool: str, fetch: object, ingest: object, conn: object, sp
         raise click.ClickException(f"{exc} ({what} from accounting not merged)") from None
     try:
         result = ingest(conn, text, utc=True)  # type: ignore[operator]
-        sync.accounted(conn, tool, span[1])  # type: ignore[arg-type]
-    except sync.FleetError as exc:
+        collect.accounted(conn, tool, span[1])  # type: ignore[arg-type]
+    except records.FleetError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"{tool}: {result[key]:,} {unit} added or updated")
-    for line in result["bad"][: sync.BAD_SHOWN]:
+    for line in result["bad"][: records.BAD_SHOWN]:
         click.echo(f"{tool}: skipped: {line}", err=True)
 
 

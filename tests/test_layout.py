@@ -241,10 +241,13 @@ _WRITE = re.compile(
     re.I,
 )
 # Where SQL may change the store's tables: the store itself, and the fleet's bulk merge,
-# whose statements are built from the same spec (store.insert_sql, sync.KINDS).
+# whose statements are built from the same spec (store.insert_sql, records.KINDS): the record
+# format's merges, collect's watermarks, the rollup.
 SQL_HOMES = {
     "slurmhealth.core.store",
-    "slurmhealth.fleet.sync",
+    "slurmhealth.fleet.records",
+    "slurmhealth.fleet.collect",
+    "slurmhealth.fleet.rollup",
 }
 
 
@@ -304,7 +307,9 @@ QUERY_HOMES = {
     "slurmhealth.core.store",
     "slurmhealth.fleet.queries",
     "slurmhealth.fleet.signals",
-    "slurmhealth.fleet.sync",
+    "slurmhealth.fleet.records",
+    "slurmhealth.fleet.collect",
+    "slurmhealth.fleet.rollup",
 }
 
 

@@ -11,7 +11,7 @@ from conftest import run_on_pty
 
 from sim import simulate
 from slurmhealth.core import store
-from slurmhealth.fleet import sync
+from slurmhealth.fleet import records
 
 pytestmark = pytest.mark.slow  # a real pty and a store large enough for a bar
 
@@ -24,7 +24,7 @@ def spool(tmp_path_factory):
     simulate.write_store(simulate.Fleet(nodes=32, days=14, seed=5, incident_day=None), conn)
     path = tmp / "fleet.ndjson"
     with open(path, "w", encoding="utf-8") as out:
-        sync.export(conn, out)
+        records.export(conn, out)
     conn.close()
     return path
 

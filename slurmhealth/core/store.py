@@ -111,7 +111,7 @@ def _literal(value: object) -> str:
 
 
 C = Column
-# The one table spec: migrations, named inserts, export/import (fleet/sync.py) and the table in
+# The one table spec: migrations, named inserts, export/import (fleet/records.py) and the table in
 # docs/store.md (tests/core/test_store.py compares it) all come from here. Adding a column is one
 # line here, with `since` the next version, plus that version's entry in INDEXES (even if empty).
 TABLES = (
@@ -347,7 +347,7 @@ INDEXES = {
     # 6: cumulative error counters over time (node/counters.py, fleet/trends.py): a reading is
     # stored only when it changed, so a healthy node adds no rows; the trends read by time.
     6: ("CREATE INDEX counters_time ON counters (time)",),
-    # 7: a 10,000-node month (fleet/sync.py: collect, rollup): what each collected file held
+    # 7: a 10,000-node month (fleet/collect.py, fleet/rollup.py): what each collected file held
     # last time, so a cycle reads only what is new; passing runs older than a set age counted
     # per node-hour (the hour's first passing run stays a row), read by time.
     7: ("CREATE INDEX run_hours_hour ON run_hours (hour)",),

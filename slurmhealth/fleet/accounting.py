@@ -13,11 +13,11 @@ import time
 from slurmhealth.core import store
 from slurmhealth.core.hostlist import PatternError, expand, split_terms
 from slurmhealth.core.result import clean
-from slurmhealth.fleet.sync import (
+from slurmhealth.fleet.records import (
     _VALUES,
     KINDS,
     FleetError,
-    _changes,
+    changes,
     merge_node_events,
     merge_places,
 )
@@ -99,7 +99,7 @@ def ingest_sacct(conn: sqlite3.Connection, text: str, utc: bool = False) -> dict
     values = [tuple(row.get(c) for c in columns) for row in rows]
     try:
         with store.immediate(conn):
-            changed = _changes(conn, _VALUES["job"], values, many=True)
+            changed = changes(conn, _VALUES["job"], values, many=True)
     except sqlite3.Error as exc:
         raise FleetError(f"accounting records not merged: {clean(exc, 120)}") from None
     return {"jobs": changed, "bad": bad}
@@ -176,7 +176,7 @@ def ingest_events(conn: sqlite3.Connection, text: str, utc: bool = False) -> dic
     """Merge sacctmgr's node events into node_events: {"events": rows changed, "bad": [lines]}.
 
     Idempotent: an event is keyed by (node, start, state); one seen open gets its end once it
-    closes, a known end or reason is never replaced (sync.merge_node_events).
+    closes, a known end or reason is never replaced (records.merge_node_events).
     """
     rows, bad = parse_events(text, utc)
     values = [store.row("node_events", r) for r in rows]

@@ -1,7 +1,8 @@
 """Every read of the fleet and node store tables that the head-node side makes (the nightly
 report, job summaries, `slurmhealth history`), as named functions: a schema change is one
-place to look. The lemon signals (fleet/signals.py) and the bulk export/import (fleet/sync.py)
-keep their own spec-driven statements; every write lives in core/store.py.
+place to look. The lemon signals (fleet/signals.py), the bulk export and import, collect and
+the rollup (fleet/records.py, collect.py, rollup.py) keep their own spec-driven statements;
+every write of a node's run lives in core/store.py.
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ def not_ok_runs(conn: sqlite3.Connection, start: float, end: float) -> sqlite3.C
 
 def verdict_counts(conn: sqlite3.Connection, start: float, end: float) -> list:
     """[(verdict, runs)]: runs started in [start, end) per verdict, with the passing runs
-    rolled up in the hours that start in it (sync.rollup). The passing runs are counted, never
+    rolled up in the hours that start in it (rollup.rollup). The passing runs are counted, never
     read one by one: all runs from the time index, less those that did not pass
     (not_ok_runs)."""
     total = conn.execute(
@@ -462,7 +463,7 @@ _COUNTER_KEYS = ("device", "counter", "delta", "value")
 
 def rolled_up(conn: sqlite3.Connection, node: str | None, since: float) -> int:
     """Passing health checks from `since` on (of the node) that a rollup counts per hour
-    (sync.rollup) instead of keeping as rows: an hour is counted when it ends after `since`."""
+    (rollup.rollup) instead of keeping as rows: an hour is counted when it ends after `since`."""
     sql = "SELECT coalesce(sum(runs), 0) FROM run_hours WHERE hour > ?"
     args: list = [since - 3600]
     if node:

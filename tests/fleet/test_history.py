@@ -289,7 +289,7 @@ def test_history_without_db_reads_slurmhealth_db(tmp_path):
 def test_history_of_a_rolled_up_fleet_store_says_how_many_runs_it_counts(tmp_path):
     """A fleet store whose old passing health checks a rollup folded into hourly counts: the
     hour's first run is listed, the others are counted, and history says so."""
-    from slurmhealth.fleet import sync
+    from slurmhealth.fleet import rollup
 
     db = str(tmp_path / "fleet.db")
     conn = store.connect(db)
@@ -300,7 +300,7 @@ def test_history_of_a_rolled_up_fleet_store_says_how_many_runs_it_counts(tmp_pat
             (f"r{i}", "gpu01", None, "healthcheck", hour + 300 * i, 0.05, "ok", "t", "{}"),
         )
     conn.commit()
-    assert sync.rollup(conn, hour + 7200)["runs"] == 11
+    assert rollup.rollup(conn, hour + 7200)["runs"] == 11
     now = str(hour + 7200)
     proc = run_cli("history", "--db", db, "--since", "1d", "--now", now)
     assert proc.returncode == 0, proc.stderr

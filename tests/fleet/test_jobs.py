@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slurmhealth.core import slurm, store
-from slurmhealth.fleet import accounting, jobs, sync
+from slurmhealth.fleet import accounting, jobs, records
 from slurmhealth.node import config, runner
 
 HEALTHY_KMSG = os.path.join(FIXTURES, "kmsg", "healthy.kmsg")
@@ -232,7 +232,7 @@ def raw_event(conn, node: str, job: str, process: str) -> None:
     record = {"type": "event", "id": f"xid:{node}:raw", "run_id": "r", "node": node,
               "job_id": job, "time": time.time(), "kind": "xid", "code": 13, "gpu": 1,
               "process": process, "class": "app"}  # fmt: skip
-    report = sync.import_ndjson(conn, io.StringIO(json.dumps(record) + "\n"))
+    report = records.import_ndjson(conn, io.StringIO(json.dumps(record) + "\n"))
     assert report["added"]["event"] == 1
 
 

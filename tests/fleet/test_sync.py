@@ -24,7 +24,7 @@ from sim import simulate
 from slurmhealth.core import files, store
 from slurmhealth.core.result import clean
 from slurmhealth.core.slurm import SlurmError
-from slurmhealth.fleet import accounting, policy, signals, sync
+from slurmhealth.fleet import accounting, collect, policy, records, rollup, signals
 from slurmhealth.node import config, runner
 
 DAY = 86400.0
@@ -84,7 +84,7 @@ def node_store(path: str, node: str) -> sqlite3.Connection:
 
 def export_text(conn: sqlite3.Connection, since: float | None = None) -> str:
     out = io.StringIO()
-    sync.export(conn, out, since)
+    records.export(conn, out, since)
     return out.getvalue()
 
 
@@ -95,11 +95,11 @@ def test_export_import_round_trip_equals_the_source(tmp_path):
     source = node_store(str(tmp_path / "gpu01.db"), "gpu01")
     text = export_text(source)
     header = json.loads(text.splitlines()[0])
-    assert header["type"] == "header" and header["format"] == sync.FORMAT
+    assert header["type"] == "header" and header["format"] == records.FORMAT
     kinds = {json.loads(line)["type"] for line in text.splitlines()[1:]}
-    assert kinds == set(sync.KINDS)  # every kind is exercised
+    assert kinds == set(records.KINDS)  # every kind is exercised
     target = store.connect(str(tmp_path / "fleet.db"))
-    report = sync.import_ndjson(target, io.StringIO(text))
+    report = records.import_ndjson(target, io.StringIO(text))
     assert report["bad_count"] == 0 and report["truncated"] is None
     assert dump(target) == dump(source)
     assert target.execute("SELECT count(*) FROM baselines").fetchone()[0] == 0  # node-local
@@ -111,9 +111,9 @@ def test_importing_twice_changes_nothing(tmp_path):
     spool = tmp_path / "gpu01.ndjson"
     spool.write_text(text)
     target = store.connect(str(tmp_path / "fleet.db"))
-    first = sync.import_ndjson(target, str(spool))
+    first = records.import_ndjson(target, str(spool))
     before = dump(target)
-    second = sync.import_ndjson(target, str(spool))
+    second = records.import_ndjson(target, str(spool))
     assert sum(first["added"].values()) == first["records"] > 0
     assert sum(second["added"].values()) == 0 and second["unchanged"] == second["records"]
     assert dump(target) == before
@@ -122,10 +122,10 @@ def test_importing_twice_changes_nothing(tmp_path):
 def test_small_chunks_give_the_same_store(tmp_path, monkeypatch):
     text = export_text(node_store(str(tmp_path / "gpu01.db"), "gpu01"))
     whole = store.connect(str(tmp_path / "a.db"))
-    sync.import_ndjson(whole, io.StringIO(text))
-    monkeypatch.setattr(sync, "CHUNK", 2)
+    records.import_ndjson(whole, io.StringIO(text))
+    monkeypatch.setattr(records, "CHUNK", 2)
     chunked = store.connect(str(tmp_path / "b.db"))
-    sync.import_ndjson(chunked, io.StringIO(text))
+    records.import_ndjson(chunked, io.StringIO(text))
     assert dump(chunked) == dump(whole)
 
 
@@ -136,11 +136,11 @@ def test_a_truncated_last_line_is_reported_and_skipped(tmp_path):
     spool = tmp_path / "cut.ndjson"
     spool.write_bytes(cut.encode())
     target = store.connect(str(tmp_path / "fleet.db"))
-    report = sync.import_ndjson(target, str(spool))
+    report = records.import_ndjson(target, str(spool))
     assert report["truncated"] == len(lines) and report["bad_count"] == 0
     assert report["records"] == len(lines) - 2  # all but the header and the cut line
     last = json.loads(lines[-1])
-    table = sync.KINDS[last["type"]].table
+    table = records.KINDS[last["type"]].table
     assert table == "counters"  # the last kind of an export (store.KINDS order)
     whole = sum(json.loads(line)["type"] == last["type"] for line in lines[1:])
     assert target.execute("SELECT count(*) FROM counters").fetchone()[0] == whole - 1
@@ -161,7 +161,7 @@ def test_malformed_lines_are_reported_and_the_rest_imported(tmp_path):
         json.dumps({**good, "id": "a5"}),
     ]
     target = store.connect(str(tmp_path / "fleet.db"))
-    report = sync.import_ndjson(target, [line + "\n" for line in lines])
+    report = records.import_ndjson(target, [line + "\n" for line in lines])
     assert [n for n, _ in report["bad"]] == [2, 3, 4, 5, 6, 7, 8]
     assert report["truncated"] is None and report["records"] == 2
     assert "run without node" in report["bad"][1][1]
@@ -171,8 +171,8 @@ def test_malformed_lines_are_reported_and_the_rest_imported(tmp_path):
 
 def test_a_newer_format_is_refused(tmp_path):
     target = store.connect(str(tmp_path / "fleet.db"))
-    with pytest.raises(sync.FleetError, match="newer"):
-        sync.import_ndjson(target, ['{"type": "header", "format": 99}\n'])
+    with pytest.raises(records.FleetError, match="newer"):
+        records.import_ndjson(target, ['{"type": "header", "format": 99}\n'])
 
 
 def test_export_since_keeps_only_newer_records(tmp_path):
@@ -203,12 +203,12 @@ def test_job_rows_fill_in_and_never_go_back(tmp_path):
     epilog = job_record(uid=1000, user="alice", start=T0, end=T0 + 5, exit_code=3, state="ended")
     accounting = job_record(slurm_state="FAILED", exit_code=0, start=T0 - 1)
     for lines in ([prolog], [epilog], [accounting], [prolog], [prolog, epilog, accounting]):
-        sync.import_ndjson(conn, lines)
+        records.import_ndjson(conn, lines)
     row = conn.execute(
         "SELECT uid, user, start, end, exit_code, state, num_nodes, slurm_state FROM jobs"
     ).fetchone()
     assert row == (1000, "alice", T0, T0 + 5, 3, "ended", 2, "FAILED")
-    again = sync.import_ndjson(conn, [prolog, epilog, accounting])
+    again = records.import_ndjson(conn, [prolog, epilog, accounting])
     assert again["unchanged"] == 3
 
 
@@ -218,7 +218,7 @@ def test_an_event_keeps_the_job_the_epilog_gave_it(tmp_path):
     base.update(time=T0, kind="xid", code=79, **{"class": "fail"})
     seen_by_healthcheck = json.dumps({**base, "job_id": None}) + "\n"
     seen_by_epilog = json.dumps({**base, "job_id": "41"}) + "\n"
-    sync.import_ndjson(conn, [seen_by_healthcheck, seen_by_epilog, seen_by_healthcheck])
+    records.import_ndjson(conn, [seen_by_healthcheck, seen_by_epilog, seen_by_healthcheck])
     assert conn.execute("SELECT job_id FROM events").fetchall() == [("41",)]
 
 
@@ -250,7 +250,7 @@ def test_a_merged_store_brings_no_row_an_import_would_refuse(tmp_path):
             " sources) VALUES ('x2', 'gpu01', NULL, 'check', 'yesterday', 1, 'ok', '0', '{}')"
         )
     conn = store.connect(str(tmp_path / "fleet.db"))
-    sync.collect(conn, str(spool))
+    collect.collect(conn, str(spool))
     for table in ("actions", "events"):
         assert {r[0] for r in conn.execute(f"SELECT node FROM {table}")} == {"gpu01"}  # noqa: S608
     assert conn.execute("SELECT count(*) FROM events").fetchone()[0] > 0
@@ -269,7 +269,7 @@ def test_collect_merges_node_stores_and_spools_and_skips_garbage(tmp_path):
     (spool / "gpu04.ndjson.part").write_text("{")  # an export still being written: not read
     fleet_path = str(spool / "fleet.db")  # the fleet store in the same folder is not a source
     conn = store.connect(fleet_path)
-    report = sync.collect(conn, str(spool))
+    report = collect.collect(conn, str(spool))
     assert [os.path.basename(p) for p, _ in report["merged"]] == [
         "gpu01.db",
         "gpu02.db",
@@ -280,7 +280,7 @@ def test_collect_merges_node_stores_and_spools_and_skips_garbage(tmp_path):
     ]
     expected = {t: sorted(dump(a)[t] + dump(b)[t] + dump(c)[t]) for t in KEYS}
     assert {t: sorted(rows) for t, rows in dump(conn).items()} == expected
-    again = sync.collect(conn, str(spool))
+    again = collect.collect(conn, str(spool))
     assert sum(again["added"].values()) == 0 and len(again["skipped"]) == 1
 
 
@@ -297,7 +297,7 @@ def test_a_store_still_being_copied_is_skipped(tmp_path):
     for share in (0.3, 0.6, 0.99):  # an scp or rsync --inplace not finished yet
         (spool / f"copy{share}.db").write_bytes(data[: int(len(data) * share)])
     fleet_conn = store.connect(str(tmp_path / "fleet.db"))
-    report = sync.collect(fleet_conn, str(spool))
+    report = collect.collect(fleet_conn, str(spool))
     assert report["merged"] == [] and len(report["skipped"]) == 3
     assert all("malformed" in why or "damaged" in why for _, why in report["skipped"])
     assert fleet_conn.execute("SELECT count(*) FROM runs").fetchone()[0] == 0
@@ -316,7 +316,7 @@ def test_collect_reads_an_older_schema_and_refuses_a_newer_one(tmp_path):
     new.execute("PRAGMA user_version = 99")
     new.close()
     conn = store.connect(str(tmp_path / "fleet.db"))
-    report = sync.collect(conn, str(spool))
+    report = collect.collect(conn, str(spool))
     assert conn.execute("SELECT node, job_id, num_nodes FROM jobs").fetchall() == [
         ("gpu09", "5", None)
     ]
@@ -354,14 +354,14 @@ def test_collect_while_a_node_store_is_written_is_consistent(tmp_path):
     conn = store.connect(str(tmp_path / "fleet.db"))
     during = []
     while writer.poll() is None:
-        report = sync.collect(conn, str(spool))
+        report = collect.collect(conn, str(spool))
         assert report["skipped"] == []
         counts = [conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in KEYS]
         runs, results, events, jobs, actions, _counters = counts
         assert runs == results == jobs and events == actions == 0  # whole transactions only
         during.append(runs)
     assert writer.wait() == 0
-    sync.collect(conn, str(spool))
+    collect.collect(conn, str(spool))
     assert conn.execute("SELECT count(*) FROM runs").fetchone()[0] == total
     assert dump(conn) == dump(store.connect(node_db))
     assert any(0 < n < total for n in during), during  # some collects ran mid-write
@@ -934,19 +934,19 @@ def test_a_store_in_a_shared_spool_is_read_from_a_private_copy(shared, monkeypat
     store.record_action(live, "gpu04", "drain", "only in the wal", "test")
     assert os.path.getsize(spool / "gpu04.db-wal") > 0
     opened = []
-    real = sync._checked_copy
+    real = collect._checked_copy
     monkeypatch.setattr(
-        sync, "_checked_copy", lambda src, copy: (opened.append(src), real(src, copy))
+        collect, "_checked_copy", lambda src, copy: (opened.append(src), real(src, copy))
     )
     conn = store.connect(str(shared / "fleet.db"))
-    report = sync.collect(conn, str(spool))
+    report = collect.collect(conn, str(spool))
     assert [os.path.basename(p) for p, _ in report["merged"]] == ["gpu03.db", "gpu04.db"]
     assert len(opened) == 2 and not [p for p in opened if p.startswith(str(spool))], opened
     reasons = conn.execute("SELECT reason FROM actions WHERE node = 'gpu04'").fetchall()
     assert ("only in the wal",) in reasons, "the -wal was copied too"
     spool.chmod(0o755)  # root's alone: the store is read in place, under SQLite's locking
     opened.clear()
-    sync.collect(conn, str(spool))
+    collect.collect(conn, str(spool))
     assert opened == [str(spool / "gpu03.db"), str(spool / "gpu04.db")]
     live.close()
 
@@ -1082,7 +1082,7 @@ def test_a_node_event_that_cannot_be_stored_is_one_line(tmp_path):
     path = str(tmp_path / "fleet.db")
     store.connect(path).close()
     readonly = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
-    with pytest.raises(sync.FleetError, match="^node events not merged: .*readonly"):
+    with pytest.raises(records.FleetError, match="^node events not merged: .*readonly"):
         accounting.ingest_events(readonly, EVENTS, utc=True)
 
 
@@ -1256,19 +1256,19 @@ def test_collect_reads_a_store_from_its_watermark_less_the_overlap(tmp_path):
     add_run(node, "first", T0)
     add_run(node, "newest", T0 + 300)
     fleet = store.connect(str(tmp_path / "fleet.db"))
-    sync.collect(fleet, str(spool))
+    collect.collect(fleet, str(spool))
     assert fleet.execute("SELECT source, mark FROM watermarks").fetchall() == [
         (str(spool / "gpu01.db"), T0 + 300)
     ]
     # Committed after that collect: one dated within the overlap (a run still running then),
     # one older than it (the watermark says it was read), one new.
-    add_run(node, "late", T0 + 300 - sync.OVERLAP + 1)
-    add_run(node, "before-the-overlap", T0 + 300 - sync.OVERLAP - 1)
+    add_run(node, "late", T0 + 300 - records.OVERLAP + 1)
+    add_run(node, "before-the-overlap", T0 + 300 - records.OVERLAP - 1)
     add_run(node, "new", T0 + 600)
-    report = sync.collect(fleet, str(spool))
+    report = collect.collect(fleet, str(spool))
     assert report["added"]["run"] == 2
     assert run_ids(fleet) == {"first", "newest", "late", "new"}
-    sync.collect(fleet, str(spool), full=True)  # --full: all of --since again
+    collect.collect(fleet, str(spool), full=True)  # --full: all of --since again
     assert run_ids(fleet) == run_ids(node)
 
 
@@ -1281,20 +1281,20 @@ def test_an_xid_the_epilog_attributes_after_the_watermark_still_travels(tmp_path
     node.execute(store.insert_sql("events"), store.row("events", {**event, "kind": "xid"}))
     node.execute("INSERT INTO jobs (node, job_id, start) VALUES ('gpu01', '41', ?)", (T0 - 60,))
     fleet = store.connect(str(tmp_path / "fleet.db"))
-    sync.collect(fleet, str(spool))
+    collect.collect(fleet, str(spool))
     add_run(node, "epilog", T0 + DAY)  # the job ends a day later: its epilog claims the Xid
     node.execute("UPDATE jobs SET end = ? WHERE job_id = '41'", (T0 + DAY,))
     assert store.attribute_events(node, "gpu01", "41", None) == 1
-    sync.collect(fleet, str(spool))
+    collect.collect(fleet, str(spool))
     assert fleet.execute("SELECT job_id FROM events").fetchall() == [("41",)]
 
 
 def export_cycle(conn: sqlite3.Connection, path: str, now: float) -> dict:
     """One node's incremental export, as `export --incremental -o PATH` makes it."""
-    since = sync.incremental_since(conn, path, None)
+    since = records.incremental_since(conn, path, None)
     with files.open_private(path) as out:
-        counts = sync.export(conn, out, since)
-    sync.exported(conn, path, since, now)
+        counts = records.export(conn, out, since)
+    records.exported(conn, path, since, now)
     return counts
 
 
@@ -1311,7 +1311,7 @@ def test_an_export_carries_what_is_new_and_a_lost_collect_loses_nothing(tmp_path
     fleet = store.connect(str(tmp_path / "fleet.db"))
     add_run(node, "a", T0 - 1000)
     assert export_cycle(node, target, T0)["run"] == 1
-    sync.collect(fleet, str(spool), consume=True)
+    collect.collect(fleet, str(spool), consume=True)
     assert os.listdir(spool) == []  # merged, then removed
     add_run(node, "b", T0 + 1000)
     export_cycle(node, target, T0 + 1001)
@@ -1320,7 +1320,7 @@ def test_an_export_carries_what_is_new_and_a_lost_collect_loses_nothing(tmp_path
     add_run(node, "c", T0 + 1500)
     export_cycle(node, target, T0 + 2001)
     assert spool_ids(target) == {"b", "c"}  # ...so it starts where the unread one did
-    report = sync.collect(fleet, str(spool), consume=True)
+    report = collect.collect(fleet, str(spool), consume=True)
     assert report["added"]["run"] == 2 and report["skipped"] == []
     assert run_ids(fleet) == {"a", "b", "c"} and os.listdir(spool) == []
     add_run(node, "d", T0 + 3000)
@@ -1344,11 +1344,11 @@ def test_a_spool_still_being_copied_in_place_is_kept_until_it_is_whole(tmp_path)
         writer.write(text[:cut])
         writer.flush()
         fleet = store.connect(str(tmp_path / "fleet.db"))
-        report = sync.collect(fleet, str(spool), consume=True)
+        report = collect.collect(fleet, str(spool), consume=True)
         assert report["imports"][0][1]["truncated"] and len(report["kept"]) == 1
         writer.write(text[cut:])  # the copy goes on into the claimed file
     assert run_ids(fleet) < {f"r{n}" for n in range(6)}
-    report = sync.collect(fleet, str(spool), consume=True)
+    report = collect.collect(fleet, str(spool), consume=True)
     assert run_ids(fleet) == {f"r{n}" for n in range(6)} and os.listdir(spool) == []
 
 
@@ -1370,13 +1370,13 @@ def test_a_fleet_store_that_stops_taking_writes_stops_collect_and_loses_nothing(
     try:
         assert holder.stdout.readline() == "locked\n"
         fleet = store.connect(path, busy_timeout=0.2)
-        with pytest.raises(sync.StoreFault, match="database is locked"):
-            sync.collect(fleet, str(spool), consume=True)
+        with pytest.raises(records.StoreFault, match="database is locked"):
+            collect.collect(fleet, str(spool), consume=True)
     finally:
         holder.kill()
         holder.wait()
     assert len(os.listdir(spool)) == 3
-    report = sync.collect(fleet, str(spool), consume=True)
+    report = collect.collect(fleet, str(spool), consume=True)
     assert run_ids(fleet) == {"r0", "r1", "r2"} and os.listdir(spool) == []
     assert report["skipped"] == []
 
@@ -1396,7 +1396,7 @@ def test_a_record_committed_late_is_in_the_next_export(tmp_path):
     add_run(node, "a", T0 - 1000)
     export_cycle(node, target, T0)
     os.unlink(target)  # collected
-    add_run(node, "prolog-that-started-first", T0 - sync.OVERLAP / 2)
+    add_run(node, "prolog-that-started-first", T0 - records.OVERLAP / 2)
     export_cycle(node, target, T0 + 300)
     assert spool_ids(target) == {"prolog-that-started-first"}
 
@@ -1416,7 +1416,7 @@ def test_the_export_cli_refuses_incremental_to_stdout_and_writes_a_spool_file(tm
     begun = time.time()
     assert run_cli(*args).returncode == 0
     since = json.loads(pathlib.Path(target).read_text().splitlines()[0])["since"]
-    assert begun - sync.OVERLAP - 60 < since < begun - sync.OVERLAP
+    assert begun - records.OVERLAP - 60 < since < begun - records.OVERLAP
 
 
 def test_an_unchanged_spool_is_not_read_again_and_collecting_again_adds_nothing(tmp_path):
@@ -1424,12 +1424,12 @@ def test_an_unchanged_spool_is_not_read_again_and_collecting_again_adds_nothing(
     spool.mkdir()
     (spool / "gpu03.ndjson").write_text(export_text(node_store(str(tmp_path / "n.db"), "gpu03")))
     fleet = store.connect(str(tmp_path / "fleet.db"))
-    first = sync.collect(fleet, str(spool))
+    first = collect.collect(fleet, str(spool))
     before = dump(fleet)
     assert first["added"]["run"] == 3
-    second = sync.collect(fleet, str(spool))
+    second = collect.collect(fleet, str(spool))
     assert second["unchanged"] == [str(spool / "gpu03.ndjson")] and second["merged"] == []
-    third = sync.collect(fleet, str(spool), full=True)  # read again: idempotent
+    third = collect.collect(fleet, str(spool), full=True)  # read again: idempotent
     assert sum(third["added"].values()) == 0 and dump(fleet) == before
 
 
@@ -1445,7 +1445,7 @@ def test_partial_files_are_never_read_and_stale_ones_are_cleaned(tmp_path):
     leftover = spool / "gpu05.ndjson.dead.collecting"  # claimed by a collect that stopped
     leftover.write_text(text)
     fleet = store.connect(str(tmp_path / "fleet.db"))
-    report = sync.collect(fleet, str(spool), consume=True)
+    report = collect.collect(fleet, str(spool), consume=True)
     assert [os.path.basename(p) for p, _ in report["merged"]] == [leftover.name]
     assert report["skipped"] == [] and report["cleaned"] == 1
     assert sorted(os.listdir(spool)) == [partial.name]
@@ -1460,9 +1460,9 @@ def test_a_spool_collect_cannot_remove_is_read_in_place_and_said(tmp_path, monke
     def read_only(src: str, dst: str) -> None:
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(sync.os, "rename", read_only)
+    monkeypatch.setattr(collect.os, "rename", read_only)
     fleet = store.connect(str(tmp_path / "fleet.db"))
-    report = sync.collect(fleet, str(spool), consume=True)
+    report = collect.collect(fleet, str(spool), consume=True)
     assert report["kept"] == [(str(spool / "gpu07.ndjson"), "Permission denied")]
     assert report["added"]["run"] == 3 and os.path.exists(spool / "gpu07.ndjson")
 
@@ -1470,7 +1470,7 @@ def test_a_spool_collect_cannot_remove_is_read_in_place_and_said(tmp_path, monke
 SPOOL_WRITER = """
 import os, random, sys, time
 from slurmhealth.core import files, store
-from slurmhealth.fleet import sync
+from slurmhealth.fleet import collect, records, rollup
 spool, node, cycles = sys.argv[1], sys.argv[2], int(sys.argv[3])
 conn = store.connect(os.path.join(sys.argv[4], node + ".db"))
 target = os.path.join(spool, node + ".ndjson")
@@ -1481,10 +1481,10 @@ for cycle in range(cycles):
                      "healthcheck", time.time(), 0.05, "ok", "v", '{"pad": "' + "x" * 3000 + '"}'))
     time.sleep(rng.random() * 0.02)  # the splay: each node at its own moment of the cycle
     mark = time.time()
-    since = sync.incremental_since(conn, target, None)
+    since = records.incremental_since(conn, target, None)
     with files.open_private(target) as out:
-        sync.export(conn, out, since)
-    sync.exported(conn, target, since, mark)
+        records.export(conn, out, since)
+    records.exported(conn, target, since, mark)
 """
 
 
@@ -1502,13 +1502,13 @@ def test_many_nodes_exporting_while_collect_consumes_lose_and_tear_nothing(tmp_p
     fleet = store.connect(str(tmp_path / "fleet.db"))
     collects = 0
     while any(w.poll() is None for w in writers) or collects == 0:
-        report = sync.collect(fleet, str(spool), consume=True)
+        report = collect.collect(fleet, str(spool), consume=True)
         assert report["skipped"] == [] and report["kept"] == []
         for _path, result in report["imports"]:
             assert result["bad_count"] == 0 and result["truncated"] is None
         collects += 1
     assert [w.wait() for w in writers] == [0] * len(nodes)
-    sync.collect(fleet, str(spool), consume=True)
+    collect.collect(fleet, str(spool), consume=True)
     expected = set()
     for n in nodes:
         expected |= run_ids(store.connect(str(stores / f"{n}.db")))
@@ -1538,7 +1538,7 @@ def test_a_rollup_keeps_every_failure_job_run_and_count_and_the_lemon_signals(tm
         "kept": conn.execute(kept).fetchall(),
         "days": [dict(queries.verdict_counts(conn, t, t + DAY)) for t in range(start, end, 86400)],
     }
-    done = sync.rollup(conn, end - DAY)
+    done = rollup.rollup(conn, end - DAY)
     assert done["runs"] > 0.8 * 3 * 24 * 288  # most of three days' passing health checks
     assert conn.execute(kept).fetchall() == before["kept"]
     assert signals.signals(conn, start, end) == before["signals"]
@@ -1549,7 +1549,7 @@ def test_a_rollup_keeps_every_failure_job_run_and_count_and_the_lemon_signals(tm
         "AND h.hour = CAST(u.started / 3600 AS INTEGER) * 3600 WHERE u.verdict != 'ok'"
     ).fetchone()[0]
     assert not_ok == 0  # an hour with anything but passes is never rolled up
-    assert sync.rollup(conn, end - DAY) == {"runs": 0, "hours": 0, "late": 0, "behind": 0}
+    assert rollup.rollup(conn, end - DAY) == {"runs": 0, "hours": 0, "late": 0, "behind": 0}
 
 
 def test_runs_imported_again_into_rolled_up_hours_are_not_counted_twice(tmp_path):
@@ -1559,10 +1559,10 @@ def test_runs_imported_again_into_rolled_up_hours_are_not_counted_twice(tmp_path
     start, end = history.fleet.start, history.fleet.end
     old = export_text(conn)
     totals = dict(queries.verdict_counts(conn, start, end))
-    sync.rollup(conn, end - DAY)
-    sync.import_ndjson(conn, old.splitlines(keepends=True))  # an old export, merged again
+    rollup.rollup(conn, end - DAY)
+    records.import_ndjson(conn, old.splitlines(keepends=True))  # an old export, merged again
     assert dict(queries.verdict_counts(conn, start, end))["ok"] > totals["ok"]
-    assert sync.rollup(conn, end - DAY)["late"] > 0
+    assert rollup.rollup(conn, end - DAY)["late"] > 0
     assert dict(queries.verdict_counts(conn, start, end)) == totals
 
 
@@ -1590,12 +1590,12 @@ def test_a_bounded_rollup_does_the_same_in_steps_of_at_most_its_node_hours(tmp_p
     old = export_text(conn)
     totals = dict(queries.verdict_counts(conn, start, end))
     due = (int((end - DAY) // 3600) - int(start // 3600)) * 24  # node-hours: 24 nodes
-    sync.rollup(whole, end - DAY)
+    rollup.rollup(whole, end - DAY)
 
     limit, calls, seen = 10, 0, set()
     while True:
         before_hours = set(conn.execute("SELECT node, hour FROM run_hours").fetchall())
-        done = sync.rollup(conn, end - DAY, limit)
+        done = rollup.rollup(conn, end - DAY, limit)
         calls += 1
         hours = set(conn.execute("SELECT node, hour FROM run_hours").fetchall()) - before_hours
         assert done["hours"] == len(hours) <= limit
@@ -1604,7 +1604,7 @@ def test_a_bounded_rollup_does_the_same_in_steps_of_at_most_its_node_hours(tmp_p
         if calls == 7:  # mid-hour: an old export merged again, folded late or in its turn
             mark = store.get_meta(conn, "rollup")
             assert mark["after"]  # stopped inside an hour
-            sync.import_ndjson(conn, old.splitlines(keepends=True))
+            records.import_ndjson(conn, old.splitlines(keepends=True))
             with_skips(conn)
         if not done["behind"]:
             break
@@ -1613,16 +1613,16 @@ def test_a_bounded_rollup_does_the_same_in_steps_of_at_most_its_node_hours(tmp_p
     assert seen == set(whole.execute("SELECT node, hour FROM run_hours").fetchall())
     assert rolled_state(conn) == rolled_state(whole)
     assert dict(queries.verdict_counts(conn, start, end)) == totals
-    assert sync.rollup(conn, end - DAY, limit) == {"runs": 0, "hours": 0, "late": 0, "behind": 0}
+    assert rollup.rollup(conn, end - DAY, limit) == {"runs": 0, "hours": 0, "late": 0, "behind": 0}
 
 
 ROLLER = """
 import sys
 from slurmhealth.core import store
-from slurmhealth.fleet import sync
+from slurmhealth.fleet import collect, records, rollup
 conn = store.connect(sys.argv[1])
 before, steps = float(sys.argv[2]), 0
-while sync.rollup(conn, before, 5)["behind"]:
+while rollup.rollup(conn, before, 5)["behind"]:
     steps += 1
 print(steps)
 """
@@ -1638,7 +1638,7 @@ def test_two_collects_rolling_up_at_once_leave_what_one_leaves(tmp_path):
     simulate.write_store(history, whole)
     with_skips(conn)
     with_skips(whole)
-    sync.rollup(whole, end - DAY)
+    rollup.rollup(whole, end - DAY)
     conn.close()
     args = [sys.executable, "-c", ROLLER, str(tmp_path / "fleet.db"), str(end - DAY)]
     rollers = [subprocess.Popen(args, stdout=subprocess.PIPE, text=True) for _ in range(2)]
@@ -1687,7 +1687,7 @@ def test_skip_results_do_not_keep_an_hour_whole_and_go_with_the_runs_folded(tmp_
     in_hour = "SELECT count(*) FROM runs WHERE node = ? AND started >= ? AND started < ?"
     whole = conn.execute(in_hour, (node, hour, hour + 3600)).fetchone()[0]
     totals = dict(queries.verdict_counts(conn, start, end))
-    done = sync.rollup(conn, end - DAY)
+    done = rollup.rollup(conn, end - DAY)
     assert done["runs"] > 0.8 * 3 * 24 * 288  # as many as without the skips
     assert dict(queries.verdict_counts(conn, start, end)) == totals
     orphans = "SELECT count(*) FROM results WHERE run_id NOT IN (SELECT id FROM runs)"
@@ -1703,11 +1703,11 @@ def test_skip_results_do_not_keep_an_hour_whole_and_go_with_the_runs_folded(tmp_
     ).fetchone()[0]
     assert kept == 2 * conn.execute("SELECT count(*) FROM run_hours").fetchone()[0]
     # an old export merged again, then its runs' skips: folded late, results and all
-    sync.import_ndjson(conn, old.splitlines(keepends=True))
+    records.import_ndjson(conn, old.splitlines(keepends=True))
     assert dict(queries.verdict_counts(conn, start, end))["ok"] > totals["ok"]
     # the export held no results (the simulator's runs have none): the skips, as a node's have
     with_skips(conn)
-    assert sync.rollup(conn, end - DAY)["late"] > 0
+    assert rollup.rollup(conn, end - DAY)["late"] > 0
     assert dict(queries.verdict_counts(conn, start, end)) == totals
     assert conn.execute(orphans).fetchone()[0] == 0
 
@@ -1740,7 +1740,7 @@ def test_a_rollup_keeps_every_run_that_recorded_versions_and_counts_the_others_o
     old = export_text(conn)
     durations = dict(conn.execute("SELECT id, duration FROM runs"))
 
-    done = sync.rollup(conn, T0 - 2 * DAY)
+    done = rollup.rollup(conn, T0 - 2 * DAY)
     # The first hour keeps its first run and its two version records; the second's first run
     # is its version record: all eleven others are folded.
     assert done == {"runs": 9 + 11, "hours": 2, "late": 0, "behind": 0}
@@ -1758,10 +1758,10 @@ def test_a_rollup_keeps_every_run_that_recorded_versions_and_counts_the_others_o
 
     # Late: the old export merged again (its folded runs come back) and a version record that
     # reached the fleet store only now (its node's file was late), mid-hour in a rolled hour.
-    sync.import_ndjson(conn, old.splitlines(keepends=True))
+    records.import_ndjson(conn, old.splitlines(keepends=True))
     late = versions_text("550.127.08")
     add_sourced_run(conn, "hc7-late", hour + 7 * 300 + 30, late)
-    assert sync.rollup(conn, T0 - 2 * DAY) == {"runs": 0, "hours": 0, "late": 20, "behind": 0}
+    assert rollup.rollup(conn, T0 - 2 * DAY) == {"runs": 0, "hours": 0, "late": 20, "behind": 0}
     assert run_ids(conn) == {*kept, "hc7-late"}
     row = conn.execute("SELECT sources FROM runs WHERE id = 'hc7-late'").fetchone()
     assert row == (late,)
@@ -1842,7 +1842,7 @@ def test_a_collect_stopped_with_sigterm_leaves_no_copy_of_a_node_store(tmp_path)
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(
-        "import os, signal, time\nimport slurmhealth.fleet.sync as s\nreal = s._checked_copy\n"
+        "import os, signal, time\nimport slurmhealth.fleet.collect as s\nreal = s._checked_copy\n"
         "def copy(*a, **k):\n    real(*a, **k)\n    os.kill(os.getpid(), signal.SIGTERM)\n"
         "    time.sleep(30)\n"
         "s._checked_copy = copy\n"
@@ -1861,12 +1861,12 @@ def test_a_collect_stopped_with_sigterm_leaves_no_copy_of_a_node_store(tmp_path)
 
 def test_copies_a_killed_collect_left_are_removed_by_the_next(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    old, fresh = tmp_path / f"{sync.COPY_PREFIX}old", tmp_path / f"{sync.COPY_PREFIX}now"
+    old, fresh = tmp_path / f"{collect.COPY_PREFIX}old", tmp_path / f"{collect.COPY_PREFIX}now"
     for folder in (old, fresh):
         folder.mkdir()
         (folder / "node.db").write_bytes(b"x" * 100)
     os.utime(old, (1, 1))
-    sync._clean_copies()
+    collect._clean_copies()
     assert not old.exists() and fresh.exists()
 
 
