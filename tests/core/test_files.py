@@ -3,7 +3,7 @@ a planted symlink; files root reads (spools, env and config files) are checked o
 descriptor. Real files, a permissive umask, real owners (root only: chown), real FIFOs.
 
 The end-to-end versions, with a real unprivileged user planting the symlinks and forging the
-files, are in tests/fleet/test_sync.py (export, collect), tests/node/test_metrics.py and
+files, are in tests/fleet/test_collect.py (export, collect), tests/node/test_metrics.py and
 tests/test_packaging.py (the hook's env file).
 """
 
