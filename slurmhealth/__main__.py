@@ -18,7 +18,8 @@ def main(argv: list | None = None) -> None:
     if argv and argv[0] in NODE_COMMANDS:
         if len(argv) == 1 and argv[0] in HOOK_COMMANDS:
             # A hook as slurmd runs it (no arguments: --help never acts): start the GPU sweep
-            # now, so NVML's ~30 ms overlap the imports and store reads before the run.
+            # now, so NVML's start (docs/benchmarks.md) overlaps the imports and store reads
+            # before the run.
             from slurmhealth.node.sources import start_early  # noqa: PLC0415
 
             start_early("gpu", costly=argv[0] == "healthcheck")

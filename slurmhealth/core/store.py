@@ -329,9 +329,8 @@ INDEXES = {
     # lemon evidence.
     2: ("CREATE INDEX jobs_start ON jobs (start)", "CREATE INDEX runs_started ON runs (started)"),
     # 3: the lemon signals (fleet/signals.py) read each node's runs and jobs in a window from
-    # covering indexes, and a job's hardware Xids by job: 1M runs from 2,000 nodes in 0.5 s
-    # instead of 3.7 s (docs/fleet.md). The (node, started) index is widened, not doubled, so a
-    # prolog's write costs the same.
+    # covering indexes, and a job's hardware Xids by job (figures: docs/benchmarks.md). The
+    # (node, started) index is widened, not doubled, so a prolog's write costs the same.
     3: (
         "DROP INDEX runs_node_started",
         "CREATE INDEX runs_node_started_verdict ON runs (node, started, verdict)",
@@ -366,13 +365,13 @@ INDEXES = {
     9: (),
     # 10: the report and the lemon sweep over a 10,000-node month read indexes alone, where
     # they read a table row per record in time order: 10x the nodes had cost 14-20x the time
-    # (docs/benchmarks.md). The rolled-up hours with their count (6.8M node-hours: 3.4 s ->
-    # 0.36 s); the runs that did not pass with their verdict (0.84 -> 0.13 s); the jobs that
-    # ended NODE_FAIL, and those whose prolog failed, by start (few: 0.6 s -> 3 ms each); the
-    # jobs by end with what the held-back finding reads of them (the week's 375k node-jobs: 0.8
-    # -> 0.45 s). A passing run's write never touches the partial indexes. And runs by job
-    # only for the runs of a job: a health check (most runs) no longer writes that index, nor
-    # does the hourly rollup's delete of 10,000 nodes' checks (3.5 -> 3.3 s).
+    # (each index's effect: CHANGELOG.md). The rolled-up hours with their count (6.8M
+    # node-hours); the runs that did not pass with their verdict; the jobs that ended
+    # NODE_FAIL, and those whose prolog failed, by start (few); the jobs by end with what the
+    # held-back finding reads of them (the week's 375k node-jobs). A passing run's write never
+    # touches the partial indexes. And runs by job only for the runs of a job: a health check
+    # (most runs) no longer writes that index, nor does the hourly rollup's delete of 10,000
+    # nodes' checks.
     10: (
         "DROP INDEX runs_job",
         "CREATE INDEX runs_job ON runs (job_id) WHERE job_id IS NOT NULL",
@@ -388,7 +387,7 @@ INDEXES = {
     # 11: each job's worst GPU's share of the job below base clocks on the node (jobs.below_base,
     # node/counters.py below_share; the figures themselves are in gpu_energy), so the held-back
     # sweep reads the jobs by end from the index alone again: parsing each job row's figures
-    # cost ~38 us a row, ~14 s for the 377k node-jobs of a 10,000-node week.
+    # cost seconds over the 377k node-jobs of a 10,000-node week (CHANGELOG.md).
     11: (
         "DROP INDEX jobs_end",
         "CREATE INDEX jobs_end ON jobs (end, num_nodes, start, state, node, job_id, below_base)",
@@ -470,8 +469,8 @@ def new_id(at: float | None = None) -> str:
     year 2112) then 44 random bits. `at`: the time, default now (bench/bench_ids.py gives
     simulated ones). Ids written together sit together in the id index, as rows do in the
     table: an import appends, and the hourly rollup deletes one range, where random ids touched
-    a page per record (a 10,000-node day: written in 108-129 -> 68-70 s, an hour of it deleted
-    in 2.4 -> 1.0 s; bench/bench_ids.py, docs/benchmarks.md). Unique: 2^44 draws per
+    a page per record (a 10,000-node day written and an hour of it deleted, both ways:
+    bench/bench_ids.py, docs/benchmarks.md). Unique: 2^44 draws per
     microsecond."""
     micros = time.time_ns() // 1000 if at is None else int(at * 1e6)
     return f"{micros:013x}{int.from_bytes(os.urandom(6), 'big') >> 4:011x}"
@@ -927,7 +926,7 @@ def prune(conn: sqlite3.Connection, before: float, dry_run: bool = False) -> dic
     return counts
 
 
-# Rows recent_events returns at most: a flood of events costs a run no more (~3 us a row).
+# Rows recent_events returns at most: a flood of events costs a run no more (a cost per row).
 RECENT_EVENTS_MAX = 200
 
 

@@ -218,7 +218,7 @@ def _bursts(starts: list, window: float, need: int):
     """(node, start), nodes within `window` either side, of the starts (time order) with at
     least `need` distinct nodes that close: a window sliding over the starts with the count of
     each node's starts in it, linear in the starts (a 10,000-node month has tens of thousands;
-    a set per start was quadratic, 70 s)."""
+    a set per start was quadratic: CHANGELOG.md)."""
     inside: dict = {}
     lo = hi = 0
     for t, node in starts:

@@ -784,12 +784,13 @@ def publish(
             ours_now.append((job_id, comment, sign))
             if existing != comment:
                 writes.append((job_id, comment))
-    # Each sacctmgr waits ~0.27 s on slurmdbd for 5-6 ms of its own CPU (bench/bench_publish.py):
-    # one at a time, 200 jobs took 54 s. A few at once keep a busy fleet's publish well inside
-    # the 5-minute cycle. The store is written on this thread once they are done.
+    # Each sacctmgr waits on slurmdbd far longer than it spends on its own CPU (measured by
+    # bench/bench_publish.py: docs/benchmarks.md), so one at a time a busy fleet's publish
+    # crowds the 5-minute cycle. A few at once keep it well inside. The store is written on
+    # this thread once they are done.
     # All the writes together get PUBLISH_BUDGET_S: a slurmdbd that hangs on writes (reads
-    # answering) made each batch wait out its timeout, 58 jobs 240 s, past the collect timer's
-    # cycle; the jobs not written are reported and written by the next publish.
+    # answering) made each batch wait out its timeout, past the collect timer's cycle; the jobs
+    # not written are reported and written by the next publish.
     failed = {}
     if writes:
         from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415 - admin side only

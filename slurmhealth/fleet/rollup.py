@@ -29,8 +29,8 @@ from slurmhealth.fleet import records
 HOUR = 3600
 DAY = 86400
 # Node-hours one collect rolls up (`collect --rollup-max`): a 10,000-node fleet adds 834 per
-# 5-minute cycle, so this keeps up with 30,000 nodes; 2,500 cost 0.5-0.9 s of CPU
-# (docs/benchmarks.md), where a whole 10,000-node hour in one cycle cost ~3.7 s.
+# 5-minute cycle, so this keeps up with 30,000 nodes; a cycle of 2,500 costs a fraction of a
+# whole 10,000-node hour's rollup in one cycle (docs/benchmarks.md).
 ROLLUP_MAX = 2500
 # Whole hours a bounded rollup may be behind before collect says so: one hour is due each
 # hour, and a large fleet's takes a few cycles.
@@ -69,8 +69,8 @@ _KEPT_RUN = """ALTER TABLE temp.roll ADD COLUMN keep TEXT"""
 # The hour's first health check stays a row; `runs` and `duration` become what the hour's
 # run_hours gains: the runs that may be folded less that one (unless it recorded versions, so
 # was never among them). By (node, started), named: the planner took (started, phase), which
-# reads every node's health check of that second where a fleet's checks start together (1.4 s
-# instead of 0.06 s for 10,000 nodes' hour, docs/benchmarks.md).
+# reads every node's health check of that second where a fleet's checks start together (for
+# 10,000 nodes' hour: CHANGELOG.md).
 _PICK = """UPDATE temp.roll SET (keep, runs, duration) = (
     SELECT runs.id, roll.runs - (NOT instr(runs.sources, '"versions"')), roll.duration
            - (CASE WHEN instr(runs.sources, '"versions"') THEN 0 ELSE runs.duration END)

@@ -306,7 +306,7 @@ def signals(conn: sqlite3.Connection, start: float, end: float, held: list | Non
         _items(conn, out, start, end, held)
         # each node's hardware class, which the lemon policy pools apart where classes differ:
         # the model its runs of the last 2 days recorded (versions come every 6 h; reading the
-        # whole window for a node that recorded none read every run it had: 1M runs, +2.3 s)
+        # whole window for a node that recorded none read every run it had: CHANGELOG.md)
         lookback = min(end - start, queries.MODEL_LOOKBACK)
         for node, model in queries.node_models(conn, sorted(out), end, lookback).items():
             out[node]["gpu_class"] = model

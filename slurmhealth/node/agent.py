@@ -39,11 +39,11 @@ if TYPE_CHECKING:
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 EXIT_INCOMPLETE = 4  # `check`: a source could not be read (4: inconclusive, as for diagnose)
 DEFAULT_DEADLINE_S = config.SETTINGS["deadline"][0]
-# The first wait for the store's lock on the hook path. A concurrent prolog holds it ~1-5 ms
-# (64 prologs starting at once on a loaded 2-core node queue for up to a second or two); an
-# admin's sqlite3 shell or a long prune, minutes. Past it the write is given up (the run is
-# spooled, its verdict logged) and the rest of the run waits 0.1 s per write (_wait_less), so a
-# locked store costs a hook about this much, well inside the deadline.
+# The first wait for the store's lock on the hook path. A concurrent prolog holds it for its
+# writes (64 prologs starting at once on a loaded 2-core node queue for up to a second or two:
+# docs/benchmarks.md); an admin's sqlite3 shell or a long prune, minutes. Past it the write is
+# given up (the run is spooled, its verdict logged) and the rest of the run waits 0.1 s per
+# write (_wait_less), so a locked store costs a hook about this much, well inside the deadline.
 HOOK_BUSY_S = 3.0
 # Kept back from the deadline for what follows the last bounded wait: logging, exiting.
 RESERVE_S = 0.3
@@ -295,8 +295,8 @@ def _refuse_other_file(path: str, busy: float) -> None:
 def load_config(path: str | None, conn: object, mode: str = "check") -> config.Config:
     """The config, parsed from the store's cache while the file is unchanged.
 
-    Parsing TOML costs ~11 ms per run (tomllib import and parse), a quarter of the hot path's
-    budget; the cache is keyed on the file's identity and this slurmhealth's version.
+    Parsing TOML (tomllib's import and the parse) is a large share of the hot path's budget
+    (docs/benchmarks.md); the cache is keyed on the file's identity and this slurmhealth's version.
     """
     resolved = config.resolve_path(path)
     if resolved is None or conn is None:

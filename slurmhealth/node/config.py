@@ -447,7 +447,7 @@ def validate(data: dict, where: str, text: str) -> list[str]:
 
 def _toml_loads(text: str) -> dict:
     try:
-        import tomllib  # noqa: PLC0415 - ~15 ms, only when a file is read
+        import tomllib  # noqa: PLC0415 - costly (docs/benchmarks.md), only when a file is read
     except ImportError:  # Python < 3.11
         import tomli as tomllib  # noqa: PLC0415
     return tomllib.loads(text)

@@ -1,8 +1,9 @@
 """The node's state for node_exporter's textfile collector, after every run (docs/metrics.md).
 
-Written by hand in the text exposition format: prometheus_client costs ~80 ms of imports and
-this runs in the prolog. Metric and label names are fixed here, never built from data; label
-values (node names, check names) are escaped as the format says.
+Written by hand in the text exposition format: prometheus_client is a heavy import and this
+runs in the prolog (the hook's costs: docs/benchmarks.md). Metric and label names are fixed
+here, never built from data; label values (node names, check names) are escaped as the format
+says.
 
 One file holds a node's state. Check and source series describe the latest run, whatever its
 phase; per-phase series (verdict, time, duration) and counters are carried forward from the
@@ -97,7 +98,7 @@ _CLOSED = {
 
 _INF = float("inf")
 READ_MAX = 1 << 20  # our own file is a few KiB; a bigger one is not ours to carry forward
-LOCK_WAIT_S = 0.5  # each writer holds the lock ~1 ms; past this, write unlocked (still whole)
+LOCK_WAIT_S = 0.5  # a writer holds it for one write; past this, write unlocked (still whole)
 _LABEL = r'([a-z_]+)="((?:[^"\\]|\\.)*)"(,|$)'
 _KMSG_STATE = "# slurmhealth kmsg boot_id="
 

@@ -8,9 +8,9 @@ corrupt, replaced or refused as too new. Two facts must never go with it:
   could not count the fleet): lost, the sick node would take the next job.
 
 One JSON file per node, `<state dir>/<node>.state.json`, replaced atomically, mode 0600 from its
-first byte, never written through a symlink. It is read and written once per run (~0.1 ms).
-Reading never raises: a missing or damaged file is an empty state (the store's baseline is then
-the fallback for the kernel-log position).
+first byte, never written through a symlink. It is read and written once per run (its cost:
+docs/benchmarks.md). Reading never raises: a missing or damaged file is an empty state (the
+store's baseline is then the fallback for the kernel-log position).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def save(path: str, doc: dict) -> None:
     files.write_private(path, body, 0o600)
 
 
-LOCK_WAIT_S = 1.0  # a holder takes ~1 ms; one stuck longer (stopped) is not waited on further
+LOCK_WAIT_S = 1.0  # a holder takes one small save; one stuck longer (stopped) is not waited on
 
 
 def update(path: str, known: dict, wanted: dict) -> dict:
@@ -110,7 +110,7 @@ def update(path: str, known: dict, wanted: dict) -> dict:
             os.close(lock)
 
 
-STALE_TEMP_S = 60.0  # a save takes ~1 ms; a temporary file older than this lost its writer
+STALE_TEMP_S = 60.0  # a save is short; a temporary file older than this lost its writer
 
 
 def _sweep_temps(path: str) -> None:
@@ -225,7 +225,7 @@ def take_spool(path: str) -> tuple:
     import time  # noqa: PLC0415
 
     directory, base = os.path.split(os.path.abspath(path))
-    try:  # every hook asks; nearly always there is nothing (a look, no write: ~10 us)
+    try:  # every hook asks; nearly always there is nothing (a look, no write: docs/benchmarks.md)
         if not any(n == base or n.startswith(base + ".") for n in os.listdir(directory)):
             return [], []
     except OSError:

@@ -258,7 +258,7 @@ _BUS = r"(?:PCI:)?([0-9A-Fa-f]{1,8}(?::[0-9A-Fa-f]{1,4}){1,2}(?:\.[0-7])?)"
 # Anchored at the message start: a user-controlled string elsewhere in another subsystem's line
 # (a file name, a device name) cannot pass for an Xid. MIG adds ` GPU-I:05` inside the parens.
 # Patterns stay strings for re's own cache: a prolog whose new records hold no NVRM line never
-# compiles them (~1 ms).
+# compiles them.
 _XID_LINE = (
     r"\s*NVRM: Xid \(" + _BUS + r"(?: GPU-I:([0-9]{1,4}))?[^)]{0,64}\): ([0-9]{1,6})\b,? ?(.*)"
 )

@@ -2,8 +2,8 @@
 
 Each source is one module with `gather(options) -> raw facts` (plain JSON-able data, so a snapshot
 of them replays exactly) and one line in REGISTRY. Modules load only when their source is
-gathered live: the NVML binding and ctypes cost ~3 ms of imports on an H200 node, and a
-replayed snapshot never needs them.
+gathered live: the NVML binding and ctypes cost imports (docs/benchmarks.md), and a replayed
+snapshot never needs them.
 """
 
 from __future__ import annotations
@@ -60,11 +60,11 @@ class Options:
         self.kmsg = kmsg
         self.kmsg_after = kmsg_after or {}
         # The process ends right after this run (a hook): a source may leave its teardown to
-        # the exit (nvmlShutdown costs ~3.5 ms on an H200 node; the driver frees a process's
-        # NVML resources when it ends, as after a crash).
+        # the exit (nvmlShutdown costs driver time, docs/benchmarks.md; the driver frees a
+        # process's NVML resources when it ends, as after a crash).
         self.exiting = exiting
         # Read the settings that cost more on first use and change only at maintenance
-        # (application clocks: ~7 ms per process on an H200). The job hooks leave them to the
+        # (application clocks, docs/benchmarks.md). The job hooks leave them to the
         # health check, and the run carries the last reading forward (runner.CARRIED).
         self.costly = costly
 
@@ -86,9 +86,9 @@ EARLY_IF = {"gpu": "/dev/nvidiactl"}
 def start_early(source: str, costly: bool = False) -> None:
     """Begin gathering `source` live with the default options now, in a daemon thread.
 
-    The hooks start the GPU sweep as the process starts: NVML's init and first sweep take
-    ~30 ms on an H200 node, nearly all inside the driver with the GIL released, so they
-    overlap the imports, the config and the store reads that come before the run
+    The hooks start the GPU sweep as the process starts: NVML's init and first sweep are a
+    large part of a prolog on a GPU node, nearly all inside the driver with the GIL released,
+    so they overlap the imports, the config and the store reads that come before the run
     (docs/benchmarks.md). `take_early` hands the result to the run if its options turn out to
     be the defaults; otherwise it is never used (a read of NVML, which changes nothing).
     """

@@ -71,7 +71,7 @@ HEAD_MAX = 128
 # journalctl's short-precise `Nov 17 10:22:33.123456 host kernel: msg`, short-iso(-precise)
 # `2025-11-17T10:22:33.123456+0000 host kernel: msg`, short-monotonic
 # `[  123.456789] host kernel: msg`. Only files need them: kept as strings for re's own cache,
-# so the /dev/kmsg path never pays their compile time (~0.5 ms). Only the `kernel:` tag is
+# so the /dev/kmsg path never pays their compile time. Only the `kernel:` tag is
 # stripped: another program's syslog line keeps its prefix and so never starts with `NVRM:`.
 # journalctl prints the month in the reader's locale (strftime's %b): `kwi 15 07:56:59 host
 # kernel:` from a Polish node (captured in NVIDIA/open-gpu-kernel-modules#1045), so the month

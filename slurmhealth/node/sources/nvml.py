@@ -192,9 +192,9 @@ def _mig(sweep: _Sweep) -> None:
 
 
 def _settings(sweep: _Sweep) -> None:
-    """Settings that are dear on first use (the SM application clock took 6.1 ms, the memory
-    one 1.0 ms, in a fresh process on an H200; docs/benchmarks.md): application clocks in MHz,
-    which the odd-node comparison reads. nvmlClockType_t NVML_CLOCK_SM 1, NVML_CLOCK_MEM 2."""
+    """Settings that are dear on first use in a fresh process (docs/benchmarks.md): application
+    clocks in MHz, which the odd-node comparison reads. nvmlClockType_t NVML_CLOCK_SM 1,
+    NVML_CLOCK_MEM 2."""
     get = sweep.get
     sweep.record["app_clock_sm"] = get("app_clock_sm", "nvmlDeviceGetApplicationsClock", 1)
     sweep.record["app_clock_mem"] = get("app_clock_mem", "nvmlDeviceGetApplicationsClock", 2)
@@ -278,8 +278,8 @@ def sweep_devices(nvml: object, count: int, costly: bool = True) -> list:
 
 
 def _load() -> object:
-    """The binding: our own (the default; ~3 ms to import on an H200 node) or nvidia-ml-py's
-    (~16 ms there, docs/benchmarks.md), chosen by $SLURMHEALTH_NVML_BINDING."""
+    """The binding: our own (the default, the cheaper import: docs/benchmarks.md) or
+    nvidia-ml-py's, chosen by $SLURMHEALTH_NVML_BINDING."""
     which = os.environ.get("SLURMHEALTH_NVML_BINDING") or "builtin"
     if which not in BINDINGS:
         raise SourceUnavailable(

@@ -1,8 +1,8 @@
 """A small ctypes binding over libnvidia-ml.so.1: only the calls the GPU sweep makes.
 
-Why not nvidia-ml-py: importing it costs ~17 ms on an H200 node (it defines every struct and
-constant of NVML at import), a fifth of the whole prolog there, and the sweep needs about twenty
-calls. This module imports in ~3 ms there and keeps nvidia-ml-py's names and shapes for
+Why not nvidia-ml-py: importing it costs several times this module's import (it defines every
+struct and constant of NVML at import; figures: docs/benchmarks.md), on the prolog's path,
+and the sweep needs about twenty calls. This module keeps nvidia-ml-py's names and shapes for
 those calls (function names, `NVMLError_<Name>` exceptions, structs with the same fields), so
 sources/nvml.py runs unchanged over either binding and tests can stand in for both. Set
 SLURMHEALTH_NVML_BINDING=pynvml to use nvidia-ml-py instead (docs/packaging.md).
