@@ -4,8 +4,9 @@ Writes ten 1,000-node fleets of a model of bench/trend_fleets.py (node prefixes 
 seeds 0..) into one fleet store through records.import_ndjson, as `collect` and `import` do: 28
 days of counter readings at the packaged health-check cadence (5 minutes) and a daily run per
 node that names its GPU model. Then times what `slurmhealth trends` does, in this process:
-reading the rows of the longest window and the baseline before it (queries.counter_rows), the
-nodes' GPU models, and trends.rising, each the median of --repeat runs, with the peak memory.
+summing each series' rows of the longest window and the baseline before it per hour in SQL
+(queries.counter_series; "rows" counts the rows it sums), the nodes' GPU models, and the finder
+on those sums (trends.judged), each the median of --repeat runs, with the peak memory.
 
 Run: `.venv/bin/python bench/bench_trends.py STORE [--parts 10] [--model workload] [--step 5]`
 (about 4 minutes to write at 10 parts on 2 cores; an existing STORE is swept as it is), then
@@ -51,18 +52,24 @@ def write(path: str, parts: int, model: str, step: float, days: int) -> None:
 
 def sweep(path: str, end: float) -> dict:
     conn = store.connect(path)
-    reach = max(trends.WINDOWS) + trends.BASELINE
+    hours = trends.hours_of(trends.WINDOWS, trends.BASELINE)
     started = time.perf_counter()
-    rows = queries.counter_rows(conn, end - reach, end, trends.NOT_TRENDS)
+    series = queries.counter_series(conn, end, hours, trends.NOT_TRENDS)
     read = time.perf_counter()
     nodes = [n for (n,) in conn.execute("SELECT DISTINCT node FROM counters")]
     models = queries.node_models(conn, nodes, end, queries.MODEL_LOOKBACK)
     named = time.perf_counter()
-    found = trends.rising(rows, models, end)
+    limits = (trends.FACTOR, trends.MIN_EPISODES, trends.ALPHA)
+    found = trends.judged(series, models, trends.WINDOWS, limits, trends.BASELINE)
     done = time.perf_counter()
+    (rows,) = conn.execute(
+        "SELECT count(*) FROM counters WHERE time > ? AND time <= ? AND delta > 0",
+        (end - hours[2] * trends.HOUR, end),
+    ).fetchone()
     conn.close()
     return {
-        "rows": len(rows),
+        "rows": rows,
+        "series": len(series),
         "nodes": len(nodes),
         "found": len(found),
         "read": read - started,
@@ -88,7 +95,8 @@ def main() -> None:
     runs = [sweep(opts.store, end) for _ in range(opts.repeat)]
     first = runs[0]
     print(
-        f"END {end:.0f}: {first['rows']} rows in the window, {first['nodes']} nodes, "
+        f"END {end:.0f}: {first['rows']} rows in the window ({first['series']} series), "
+        f"{first['nodes']} nodes, "
         f"{first['found']} rising"
     )
     for key in ("read", "models", "rising"):

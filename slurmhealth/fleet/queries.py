@@ -563,6 +563,60 @@ def counter_rows(conn: sqlite3.Connection, start: float, end: float, skip: tuple
     ).fetchall()
 
 
+# Each series' hourly summary (trends.summaries, which documents the columns), read in one
+# pass: the window's rows by time, summed per series and hour, then per series. The hour is
+# the floor of (now - time) / 3600 as Python's // takes it: a quotient rounded up to a whole
+# hour is taken back. A series' last label is its newest row's, read by its key.
+_SERIES = """WITH rows AS (
+        SELECT node, device, counter, time, delta,
+            CAST((:now - time) / 3600 AS INTEGER) AS q FROM counters
+        WHERE time > :start AND time <= :now AND delta > 0 AND counter NOT IN ({skip})),
+    hours AS (
+        SELECT node, device, counter, q - (:now - time < q * 3600.0) AS hour,
+            sum(delta) AS e, count(*) AS r, max(time) AS last
+        FROM rows GROUP BY node, device, counter, hour),
+    series AS (
+        SELECT node, device, counter, max(last) AS last, {windows},
+            total(e) FILTER (WHERE hour >= :first AND hour < :end),
+            coalesce(sum(r) FILTER (WHERE hour >= :first AND hour < :end), 0),
+            total(e) FILTER (WHERE hour >= :newer AND hour < :end),
+            coalesce(sum(r) FILTER (WHERE hour >= :newer AND hour < :end), 0),
+            total(e * e) FILTER (WHERE hour >= :first AND hour < :end),
+            coalesce(sum(r * r) FILTER (WHERE hour >= :first AND hour < :end), 0), {days}
+        FROM hours GROUP BY node, device, counter)
+    SELECT series.*, (SELECT label FROM counters AS c WHERE c.node = series.node
+        AND c.device = series.device AND c.counter = series.counter AND c.time = series.last)
+    FROM series"""
+_WINDOW = """coalesce(sum(r) FILTER (WHERE hour < :w{0}), 0), total(e) FILTER (WHERE hour < :w{0}),
+    coalesce(max(e) FILTER (WHERE hour < :w{0}), 0.0)"""
+_DAY = "total(e) FILTER (WHERE hour >= :d{0} AND hour < :d{1})"
+
+
+def counter_series(conn: sqlite3.Connection, now: float, hours: tuple, skip: tuple = ()) -> list:
+    """[(node, device, counter, last time, last label, recent, past)]: trends.summaries of
+    the counter rows in (now - the baseline's end, now] with an increase, but those of the
+    counters in `skip`, summed in SQL (hours: trends.hours_of): a series is one row here, where
+    the rows it sums are a million at 10,000 nodes (docs/benchmarks.md)."""
+    ends, first, end, newer, days = hours
+    params: dict = {"now": now, "start": now - end * 3600.0, "first": first, "end": end}
+    params.update({"newer": newer, **{f"s{i}": name for i, name in enumerate(skip)}})
+    params.update({f"w{i}": h for i, h in enumerate(ends)})
+    params.update({f"d{i}": h for i, h in enumerate(days)})
+    sql = _SERIES.format(  # placeholders only: the names and hours are parameters
+        skip=", ".join(f":s{i}" for i in range(len(skip))),
+        windows=", ".join(_WINDOW.format(i) for i in range(len(ends))),
+        days=", ".join(_DAY.format(i, i + 1) for i in range(len(days) - 1)),
+    )
+    out = []
+    width = 3 * len(ends)
+    for row in conn.execute(sql, params):
+        got = row[4 : 4 + width]
+        recent = tuple(tuple(got[i : i + 3]) for i in range(0, width, 3))
+        past = row[4 + width : 10 + width] + (tuple(row[10 + width : -1]),)
+        out.append(row[:4] + (row[-1], recent, past))
+    return out
+
+
 def recorded_versions(
     conn: sqlite3.Connection, node: str, end: float, lookback: float, oldest: bool = False
 ) -> dict | None:
@@ -611,20 +665,23 @@ MODEL_LOOKBACK = 2 * DAY  # versions are recorded at least every 6 h (node/runne
 
 
 def rising_counters(
-    conn: sqlite3.Connection, now: float, models: dict | None = None, **limits: object
+    conn: sqlite3.Connection,
+    now: float,
+    models: dict | None = None,
+    factor: float | None = None,
 ) -> tuple:
-    """(findings of trends.rising as of `now`, nodes compared): the rows of the longest window
-    and the 7 days before it, and the GPU model of every node that ran in the last two days
-    (models: {node: model} already known, not read again)."""
+    """(findings of trends.rising as of `now`, nodes compared): the series' hourly summaries of
+    the longest window and the 7 days before it, and the GPU model of every node that ran in
+    the last two days (models: {node: model} already known, not read again); factor: the
+    finder's, its default when None."""
     from slurmhealth.fleet import trends  # noqa: PLC0415
 
-    windows = limits.get("windows") or trends.WINDOWS
-    baseline = float(limits.get("baseline") or trends.BASELINE)  # type: ignore[arg-type]
-    start = now - max(windows) - baseline  # type: ignore[arg-type]
-    rows = counter_rows(conn, start, now, trends.NOT_TRENDS)
-    nodes = set(nodes_with_runs(conn, now - MODEL_LOOKBACK, now)) | {r[0] for r in rows}
+    hours = trends.hours_of(trends.WINDOWS, trends.BASELINE)
+    series = counter_series(conn, now, hours, trends.NOT_TRENDS)
+    nodes = set(nodes_with_runs(conn, now - MODEL_LOOKBACK, now)) | {s[0] for s in series}
     found = node_models(conn, sorted(nodes), now, MODEL_LOOKBACK, models)
-    return trends.rising(rows, found, now, **limits), len(nodes)  # type: ignore[arg-type]
+    limits = (factor or trends.FACTOR, trends.MIN_EPISODES, trends.ALPHA)
+    return trends.judged(series, found, trends.WINDOWS, limits, trends.BASELINE), len(nodes)
 
 
 # --- per-job GPU telemetry (fleet/telemetry.py) --------------------------------------------------

@@ -105,20 +105,45 @@ def rising(
     rows: (node, device, counter, time, delta, label) with time in (now - longest window -
     baseline, now]; a row whose delta is None (a first reading, a reset) counts nowhere. models:
     {node: GPU model} of every node of the fleet, those without a row included (the fleet's
-    median counts them as 0)."""
-    longest = max(windows)
-    with _no_gc():  # a million small objects at 10,000 nodes, none of them cyclic
-        series = _series(rows, now, now - longest - baseline)
-        past = {key: _past(entry[0], longest, baseline) for key, entry in series.items()}
+    median counts them as 0). Windows and baseline are whole hours."""
+    found = summaries(rows, now, hours_of(windows, baseline))
+    return judged(found, models, windows, (factor, min_episodes, alpha), baseline)
+
+
+def judged(series: list, models: dict, windows: tuple, limits: tuple, baseline: float) -> list:
+    """rising's findings from the series' hourly summaries (summaries, or the same read in SQL:
+    queries.counter_series); limits: (factor, min_episodes, alpha)."""
+    factor, min_episodes, alpha = limits
+    width = int(round(baseline / HOUR))
+    with _no_gc():  # many small objects at 10,000 nodes, none of them cyclic
+        past = {s[:3]: _past(s[6], width, baseline) for s in series}
         classes = _classes(past, models, baseline)
-        limits = (factor, min_episodes, math.log(alpha))
+        bounds = (factor, min_episodes, math.log(alpha))
         found = []
-        for key, entry in series.items():
+        for s in series:
+            key = s[:3]
             group = classes.get((models.get(key[0], ""), kind_of(key[1]), key[2]), _NO_CLASS)
-            best = _best(key[2], entry, past[key], windows, limits + (group,), now)
+            best = _best(key[2], s[5], past[key], windows, bounds + (group,))
             if best is not None:
-                found.append(_finding(key, entry, best, group["errors"], past[key]["rate"]))
+                found.append(_finding(s, best, group["errors"], past[key]["rate"]))
     return sorted(found, key=lambda f: (f["lnp"], f["node"], f["device"], f["counter"]))
+
+
+def hours_of(windows: tuple, baseline: float) -> tuple:
+    """The hours (counted back from now, the last hour 0) a series is summed over: (each
+    window's end, the baseline's first hour, its end, its older half's first hour, each of its
+    days' first hour and the baseline's end). The baseline starts where the longest window
+    ends."""
+    first = int(round(max(windows) / HOUR))
+    width = int(round(baseline / HOUR))
+    days = max(1, width // 24)
+    return (
+        tuple(int(round(w / HOUR)) for w in windows),
+        first,
+        first + width,
+        first + width // 2,
+        tuple(first + 24 * d for d in range(days)) + (first + width,),
+    )
 
 
 @contextlib.contextmanager
@@ -134,10 +159,25 @@ def _no_gc():
             gc.enable()
 
 
+def summaries(rows: list, now: float, hours: tuple) -> list:
+    """[(node, device, counter, last time, last label, recent, past)]: each series' hourly
+    summary (hours: hours_of) from its rows, in Python; queries.counter_series reads the same in
+    SQL. An hour is int((now - time) // HOUR); a row counts when its delta is above 0 and its
+    time in (now - the baseline's end in hours, now].
+    - recent: (readings with errors, errors, the most errors in one hour) of each window;
+    - past: (errors, readings with errors, both in the older half, the sums of the squares
+      of the hourly errors and readings, (errors of each day)) over the baseline."""
+    with _no_gc():
+        series = _series(rows, now, now - hours[2] * HOUR)
+        return [
+            key + (entry[1], entry[2], _recent(entry[0], hours[0]), _sums(entry[0], hours))
+            for key, entry in series.items()
+        ]
+
+
 def _series(rows: list, now: float, start: float) -> dict:
-    """{(node, device, counter): [hours, last time, last label, readings]} of the rows that
-    count: hours {hours before now (0: the last hour): [errors, readings with errors]};
-    readings [(time, errors)] only for a counter with a published limit (None otherwise)."""
+    """{(node, device, counter): [hours, last time, last label]} of the rows that count:
+    hours {hours before now (0: the last hour): [errors, readings with errors]}."""
     series: dict = {}
     for node, device, counter, t, delta, label in rows:
         if counter in NOT_TRENDS or delta is None or delta <= 0 or not start < t <= now:
@@ -145,85 +185,99 @@ def _series(rows: list, now: float, start: float) -> dict:
         key = (node, device, counter)
         entry = series.get(key)
         if entry is None:
-            entry = series[key] = [{}, t, label, [] if counter in PUBLISHED else None]
+            entry = series[key] = [{}, t, label]
         got = entry[0].setdefault(int((now - t) // HOUR), [0.0, 0])
         got[0] += delta
         got[1] += 1
         entry[1], entry[2] = t, label
-        if entry[3] is not None:
-            entry[3].append((t, float(delta)))
     return series
 
 
-def _best(counter: str, entry: list, past: dict, windows: tuple, limits: tuple, now: float):
-    """The series' most significant window (a trend, or a published limit reached), or None."""
+def _recent(hours: dict, ends: tuple) -> tuple:
+    """((readings with errors, errors, the most errors in one hour) of the hours before each
+    end)."""
+    out = []
+    for end in ends:
+        last = [v for h, v in hours.items() if h < end]
+        worst = max((v[0] for v in last), default=0.0)
+        out.append((sum(v[1] for v in last), sum((v[0] for v in last), 0.0), worst))
+    return tuple(out)
+
+
+def _sums(hours: dict, spans: tuple) -> tuple:
+    """A series' baseline sums (summaries: past) over the hours [first, end)."""
+    _, first, end, newer, days = spans
+    errors = older = squares = 0.0
+    readings = older_readings = readings_squares = 0
+    per_day = [0.0] * (len(days) - 1)
+    for h, (e, r) in hours.items():
+        if not first <= h < end:
+            continue
+        errors += e
+        readings += r
+        squares += e * e
+        readings_squares += r * r
+        if h >= newer:
+            older += e
+            older_readings += r
+        per_day[min(len(per_day) - 1, (h - first) // 24)] += e
+    return (errors, readings, older, older_readings, squares, readings_squares, tuple(per_day))
+
+
+def _best(counter: str, recent: tuple, past: dict, windows: tuple, limits: tuple):
+    """The series' most significant window (a trend, or a published limit reached), or None:
+    recent holds each window's (readings with errors, errors, worst hour), the longest's
+    readings decide whether any window holds enough."""
     least, group = limits[1], limits[3]
-    recent = [(h, v) for h, v in entry[0].items() if h < round(max(windows) / HOUR)]
     best = None
-    if sum(v[1] for _, v in recent) >= least:  # else no window holds enough readings
+    if max(got[0] for got in recent) >= least:  # else no window holds enough readings
         own = dict(past, phi=_phi(past, group, "phi"), phi_r=_phi(past, group, "phi_r"))
-        for window in windows:
-            best = _better(best, _judge(_window(recent, window), window, own, limits))
-    for window in windows if entry[3] is not None else ():
-        best = _better(best, _published(counter, _errors(entry[3], now - window), window))
+        for window, got in zip(windows, recent):
+            best = _better(best, _judge(got, window, own, limits))
+    for window, got in zip(windows, recent) if counter in PUBLISHED else ():
+        best = _better(best, _published(counter, got[:2], window))
     return best
 
 
 _NO_CLASS = {"errors": 0.0, "readings": 0.0, "phi": 1.0, "phi_r": 1.0, "c": 0.0}
 
 
-def _past(hours: dict, before: float, baseline: float) -> dict:
-    """A series' baseline, the `baseline` of hours ending `before` (seconds before now, the
-    longest window): {errors, readings (with errors), span (the seconds they are over), rate
-    (errors per s), phi and phi_r (the variance-to-mean ratio of its hourly errors and
-    readings, at least 1; None from fewer than MIN_SIZES readings), c (day-to-day variation
-    beyond phi, None from fewer than MIN_SPREAD readings), seen (readings in the whole
-    baseline)}. The counts are the older half's when the newer half holds more than FACTOR
-    times as many errors: a rise that began inside the baseline does not raise the bar it is
-    judged by."""
-    first, width = int(round(before / HOUR)), int(round(baseline / HOUR))
-    newer = first + width // 2  # the older half's first hour (hours count back from now)
-    days = [0.0] * max(1, width // 24)
-    errors = older = 0.0
-    readings = older_readings = 0
-    counts, seen_in = [], []
-    for h, (e, r) in hours.items():
-        if not first <= h < first + width:
-            continue
-        errors += e
-        readings += r
-        if h >= newer:
-            older += e
-            older_readings += r
-        days[min(len(days) - 1, (h - first) // 24)] += e
-        counts.append(e)
-        seen_in.append(r)
+def _past(sums: tuple, width: int, baseline: float) -> dict:
+    """A series' baseline from its sums (summaries: past), the `baseline` of `width` hours
+    ending where the longest window starts: {errors, readings (with errors), span (the seconds
+    they are over), rate (errors per s), phi and phi_r (the variance-to-mean ratio of its
+    hourly errors and readings, at least 1; None from fewer than MIN_SIZES readings), c
+    (day-to-day variation beyond phi, None from fewer than MIN_SPREAD readings), seen (readings
+    in the whole baseline)}. The counts are the older half's when the newer half holds more
+    than FACTOR times as many errors: a rise that began inside the baseline does not raise the
+    bar it is judged by."""
+    errors, readings, older, older_readings, squares, readings_squares, days = sums
     span, kept, kept_readings = baseline, errors, readings
     if errors - older > FACTOR * max(older, 1.0):
         span, kept, kept_readings = baseline / 2, older, older_readings
     seen = readings
     enough = seen >= MIN_SIZES
-    phi = _dispersion(counts, width) if enough else None
+    phi = _dispersion(errors, squares, width) if enough else None
     return {
         "errors": kept,
         "readings": kept_readings,
         "span": span,
         "rate": kept / span,
         "phi": phi,
-        "phi_r": _dispersion(seen_in, width) if enough else None,
-        "c": _day_variation(days, phi) if seen >= MIN_SPREAD and phi else None,
+        "phi_r": _dispersion(readings, readings_squares, width) if enough else None,
+        "c": _day_variation(list(days), phi) if seen >= MIN_SPREAD and phi else None,
         "seen": seen,
     }
 
 
-def _dispersion(counts: list, hours: int) -> float:
-    """Variance over mean of hourly counts (the hours not listed are 0), at least 1: a sum of
-    bursts varies by about its bursts' sum(x^2) / sum(x)."""
-    total = sum(counts)
+def _dispersion(total: float, squares: float, hours: int) -> float:
+    """Variance over mean of hourly counts (their sum and the sum of their squares; the hours
+    without a reading are 0), at least 1: a sum of bursts varies by about its bursts' sum(x^2)
+    / sum(x)."""
     if total <= 0:
         return 1.0
     mean = total / hours
-    return max(1.0, (sum(x * x for x in counts) / hours - mean * mean) / mean)
+    return max(1.0, (squares / hours - mean * mean) / mean)
 
 
 def _day_variation(days: list, phi: float) -> float:
@@ -292,20 +346,6 @@ def _day_spread(values: list, fleet: float) -> float:
 def _median(values: list, none: float) -> float:
     known = [v for v in values if v is not None]
     return statistics.median(known) if known else none
-
-
-def _window(recent: list, window: float) -> tuple:
-    """(readings with errors, errors, the most errors in one hour) of a series in the last
-    `window` seconds; recent: [(hours before now, [errors, readings])] of the longest window."""
-    limit = round(window / HOUR)
-    last = [v for h, v in recent if h < limit]
-    return sum(v[1] for v in last), sum(v[0] for v in last), max((v[0] for v in last), default=0.0)
-
-
-def _errors(items: list, after: float) -> tuple:
-    """(readings with errors, errors) after `after`, for the published limits."""
-    new = [d for t, d in items if t > after]
-    return len(new), sum(new)
 
 
 def _judge(got: tuple, window: float, own: dict, limits: tuple) -> dict | None:
@@ -460,9 +500,9 @@ def _per_h(value: float) -> float:
     return round(value * HOUR, 3)
 
 
-def _finding(key: tuple, entry: list, best: dict, fleet_errors: float, own_errors: float):
-    node, device, counter = key
-    label = entry[2] or device
+def _finding(series: tuple, best: dict, fleet_errors: float, own_errors: float):
+    node, device, counter, last, label = series[:5]
+    label = label or device
     window = best["window"]
     rate = best["errors"] / window
     ratio = rate / own_errors if own_errors > 0 else None
@@ -491,7 +531,7 @@ def _finding(key: tuple, entry: list, best: dict, fleet_errors: float, own_error
         "lnp": best["lnp"],
         "p": math.exp(best["lnp"]),
         "basis": best["basis"],
-        "last": entry[1],
+        "last": last,
         "evidence": f"{clean(node)}: {text}",
     }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import random
@@ -287,3 +288,69 @@ def test_a_nodes_class_comes_from_the_run_before_one_whose_gpu_source_failed(tmp
     assert models == {"gpu01": "NVIDIA H100 80GB HBM3", "gpu02": ""}
     known = queries.node_models(conn, ["gpu01"], 300.0, 1000.0, {"gpu01": "NVIDIA H200"})
     assert known == {"gpu01": "NVIDIA H200"}
+
+
+def _imported(tmp_path, lines):
+    """A fleet store holding `lines` (counter records), imported as `collect` and `import` do."""
+    from slurmhealth.fleet import records
+
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    header = json.dumps({"type": "header", "format": records.FORMAT})
+    records.import_ndjson(conn, io.StringIO("\n".join([header, *lines]) + "\n"))
+    return conn
+
+
+def _readings(node, device, counter, rng, per_hour, label, start=NOW - 12 * 86400, size=1):
+    """Counter records of a device read every 5 min from `start`, recorded when it grew: a reset
+    (a reboot: delta None) on day 3, no readings at all on days 5 and 6, a label that changed
+    on day 8, and a reading at each midnight (on an hour's edge); `size` times the increases."""
+    out, value, t = [], 0, start
+    while t <= NOW:
+        day = (t - start) // 86400
+        grown = rng.random() < per_hour / 12 or t % 86400 == 0
+        if grown and day not in (5, 6):
+            step = size * (1 + int(rng.paretovariate(1.5)))
+            reset = day == 3 and not any(r["delta"] is None for r in out)
+            value = step if reset else value + step
+            fields = {"node": node, "device": device, "counter": counter, "time": t}
+            fields.update(value=value, delta=None if reset else step, type="counter")
+            out.append(dict(fields, label=label if day < 8 else f"{label} (renamed)"))
+        t += 300.0
+    return [json.dumps(r) for r in out]
+
+
+def test_the_series_summed_in_sql_are_the_rows_summed_in_python(tmp_path):
+    """queries.counter_series sums in SQL what trends.summaries sums from the rows
+    queries.counter_rows reads, figure for figure and type for type (an int is not a float in
+    the JSON), and the findings from either are the same: several nodes, devices and counters,
+    a published limit reached, a rise, resets, a gap, gauges and policy time that count
+    nowhere, as of a whole and a fractional hour."""
+    from slurmhealth.fleet import queries
+
+    rng = random.Random(5)
+    lines = []
+    for i in range(12):
+        node = f"gpu{i:02d}"
+        for g in range(2):
+            device = f"gpu:0000:{18 + g:02x}:00.0"
+            lines += _readings(node, device, "ecc_sbe_volatile", rng, 0.3, f"GPU {g}")
+            size = 1000 if i == 0 else 1  # 8 replays a minute and more: DCGM's limit
+            lines += _readings(node, device, "pcie_replay", rng, 2.0, f"GPU {g}", size=size)
+            lines += _readings(node, device, "thermal_margin", rng, 1.0, f"GPU {g}")
+        for per_hour, since in ((0.2, NOW - 12 * 86400), (6.0 if i == 4 else 0.2, NOW - 86400)):
+            lines += _readings(node, "ib:mlx5_0:1", "symbol_error", rng, per_hour, "port 1", since)
+    conn = _imported(tmp_path, lines)
+    hours = trends.hours_of(trends.WINDOWS, trends.BASELINE)
+    for now in (NOW, NOW - 5.5 * H - 0.25):
+        rows = queries.counter_rows(conn, now - hours[2] * H, now, trends.NOT_TRENDS)
+        expected = sorted(trends.summaries(rows, now, hours))
+        got = sorted(queries.counter_series(conn, now, hours, trends.NOT_TRENDS))
+        assert repr(got) == repr(expected)
+        limits = (trends.FACTOR, trends.MIN_EPISODES, trends.ALPHA)
+        found = trends.judged(got, fleet(12), trends.WINDOWS, limits, trends.BASELINE)
+        assert found == trends.rising(rows, fleet(12), now)
+    assert {s[2] for s in got} == {"ecc_sbe_volatile", "pcie_replay", "symbol_error"}
+    assert {(f["node"], f["counter"], f["basis"]) for f in found} >= {
+        ("gpu00", "pcie_replay", "published"),
+        ("gpu04", "symbol_error", "trend"),
+    }
