@@ -14,6 +14,7 @@ import os
 TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
 if TYPE_CHECKING:
     import threading
+    from collections.abc import Mapping
     from typing import Any, Callable
 
     # What an early gather left: (True, its facts) or (False, what it raised).
@@ -59,7 +60,7 @@ class Options:
         gpu_source: str = "nvml",
         sysfs_root: str | None = None,
         kmsg: str | None = None,
-        kmsg_after: dict[str, Any] | None = None,
+        kmsg_after: Mapping[str, object] | None = None,
         exiting: bool = False,
         costly: bool = True,
     ) -> None:
