@@ -25,9 +25,17 @@ from slurmhealth.core import hostlist
 from slurmhealth.core.result import clean
 from slurmhealth.node.checks import AREAS, REGISTRY
 
+TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
+if TYPE_CHECKING:
+    from typing import Any, Callable
+
+    Schema = dict[str, tuple[object, type[object], str]]  # key -> (default, type, why)
+    Bound = tuple[Callable[[Any], bool], str]  # (test of a value of the key's type, why)
+    Data = dict[str, Any]  # a parsed file, a [[node]] block, or effective expectations
+
 DEFAULT_PATH = "/etc/slurmhealth/slurmhealth.toml"
 
-SETTINGS = {
+SETTINGS: Schema = {
     "deadline": (10.0, float, "hard deadline of a whole run, seconds"),
     "timeout_gpu": (5.0, float, "deadline of the NVML sweep (a sick GSP stalls calls ~6 s)"),
     "timeout_ib": (2.0, float, "deadline of the InfiniBand sysfs read"),
@@ -105,7 +113,7 @@ _XID_CLASSES = AREAS["xid"].CLASSES  # app, warn, fail, ignore
 # key's type; a value failing it is unusable: `config validate` and `check` reject it (FILE:LINE:
 # key: why), and a hook runs with the key's default instead (ConfigError.usable). Every numeric
 # key has one (tests/node/test_config.py): counts >= 0, seconds > 0 and finite, shares in [0, 1].
-BOUNDS: dict = {
+BOUNDS: dict[str, Bound] = {
     **{f"settings.{k}": _SECONDS for k in ("deadline", "timeout_gpu", "timeout_ib")},
     **{f"settings.{k}": _SECONDS for k in ("timeout_kmsg", "drain_timeout")},
     "settings.resume_after": _AT_LEAST_0,  # 0 acts as 1 (node/actions.py)
@@ -198,11 +206,12 @@ def _in_unit(section: str, key: str, text: str) -> object:
     return value
 
 
-def _read_durations(data: dict) -> None:
+def _read_durations(data: Data) -> None:
     """Duration strings of time keys -> numbers in the keys' units, in place (top level and
     [[node]] blocks); a string that is no duration stays for value_problem to name."""
-    blocks = data.get("node") if isinstance(data.get("node"), list) else []
-    for layer in [data, *(b for b in blocks if isinstance(b, dict))]:
+    blocks = data.get("node")
+    tables = [b for b in blocks if isinstance(b, dict)] if isinstance(blocks, list) else []
+    for layer in [data, *tables]:
         for section, table in layer.items():
             if not isinstance(table, dict):
                 continue
@@ -238,7 +247,7 @@ class ConfigError(Exception):
     otherwise None (the file cannot be read, or a section, key, check or pattern is wrong).
     """
 
-    def __init__(self, message: str | list, usable: Config | None = None) -> None:
+    def __init__(self, message: str | list[str], usable: Config | None = None) -> None:
         # one printable line per problem (a list: several): keys, sections and values are the
         # file's own text, which TOML's escapes let hold newlines and terminal controls
         problems = message if isinstance(message, list) else [message]
@@ -246,9 +255,9 @@ class ConfigError(Exception):
         self.usable = usable
 
 
-def defaults() -> dict:
+def defaults() -> Data:
     """Built-in expectations: every area's DEFAULTS plus settings."""
-    out: dict = {"settings": {k: v[0] for k, v in SETTINGS.items()}, "checks": {}}
+    out: Data = {"settings": {k: v[0] for k, v in SETTINGS.items()}, "checks": {}}
     for name, module in AREAS.items():
         out[name] = {k: _copy(v[0]) for k, v in module.DEFAULTS.items()}
     return out
@@ -264,11 +273,11 @@ def _copy(value: object) -> object:
     )
 
 
-def _schema(section: str) -> dict:
+def _schema(section: str) -> Schema:
     return SETTINGS if section == "settings" else AREAS[section].DEFAULTS
 
 
-def _type_ok(value: object, kind: type) -> bool:
+def _type_ok(value: object, kind: type[object]) -> bool:
     if kind is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if kind is int:
@@ -314,11 +323,11 @@ def _value_line(text: str, key: str, value: object) -> int:
 class Config:
     """A parsed, validated config file (or the built-in defaults when path is None)."""
 
-    def __init__(self, data: dict | None = None, path: str | None = None) -> None:
+    def __init__(self, data: Data | None = None, path: str | None = None) -> None:
         self.data = data or {}
         self.path = path
 
-    def for_node(self, node: str) -> dict:
+    def for_node(self, node: str) -> Data:
         """Effective expectations: defaults <- top-level tables <- matching [[node]] blocks."""
         out = defaults()
         _merge(out, self.data)
@@ -328,7 +337,7 @@ class Config:
         return out
 
 
-def _merge(out: dict, layer: dict) -> None:
+def _merge(out: Data, layer: Data) -> None:
     for section, values in layer.items():
         if section in ("node", "match") or not isinstance(values, dict):
             continue
@@ -367,10 +376,10 @@ def _check_section(section: str, values: object, where: str, text: str) -> list[
     return errors
 
 
-def _drop_unusable(data: dict) -> dict:
+def _drop_unusable(data: Data) -> Data:
     """The parsed file without the values value_problem rejects, in [[node]] blocks too."""
 
-    def layer(values: dict) -> dict:
+    def layer(values: Data) -> Data:
         out = dict(values)
         for section, table in values.items():
             if (section in AREAS or section == "settings") and isinstance(table, dict):
@@ -434,7 +443,7 @@ def _check_nodes(blocks: object, where: str, text: str) -> list[str]:
     return errors
 
 
-def validate(data: dict, where: str, text: str) -> list[str]:
+def validate(data: Data, where: str, text: str) -> list[str]:
     """Every problem of a parsed file, each `file:line: message`."""
     errors = []
     for section, values in data.items():
@@ -445,15 +454,16 @@ def validate(data: dict, where: str, text: str) -> list[str]:
     return errors
 
 
-def _toml_loads(text: str) -> dict:
+def _toml_loads(text: str) -> Data:
     try:
         import tomllib  # noqa: PLC0415 - costly (docs/benchmarks.md), only when a file is read
     except ImportError:  # Python < 3.11
         import tomli as tomllib  # noqa: PLC0415
-    return tomllib.loads(text)
+    data: Data = tomllib.loads(text)
+    return data
 
 
-def parse(text: str, where: str = "<config>") -> dict:
+def parse(text: str, where: str = "<config>") -> Data:
     """TOML text -> validated data; ConfigError with `file:line: message` lines (and, when
     only values were unusable, `usable`: the config with their defaults, see ConfigError)."""
     try:
@@ -489,7 +499,7 @@ def toml_value(value: object) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-def _example_section(name: str, schema: dict) -> list[str]:
+def _example_section(name: str, schema: Schema) -> list[str]:
     lines = [f"[{name}]"]
     for key, (default, kind, why) in schema.items():
         lines.append(f"# {why} ({kind.__name__})")

@@ -21,6 +21,20 @@ zeros to compare with, so its first readings are first readings.
 
 from __future__ import annotations
 
+TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
+if TYPE_CHECKING:
+    from typing import Any, TypedDict
+
+    class CounterRow(TypedDict):
+        """One counter reading to record (changes()): delta None for a first reading."""
+
+        device: str
+        counter: str
+        time: float
+        value: int
+        delta: float | None
+        label: str
+
 # NVML field values per GPU (sources/nvml.py FIELDS) that are cumulative counters.
 GPU_COUNTERS = (
     "pcie_replay",
@@ -90,9 +104,9 @@ class _Read:
     __slots__ = ("missing", "seen", "values")
 
     def __init__(self) -> None:
-        self.values: dict = {}
-        self.missing: set = set()
-        self.seen: list = []
+        self.values: dict[str, tuple[int, str]] = {}  # key -> (value, label)
+        self.missing: set[str] = set()
+        self.seen: list[str] = []
 
     def add(self, device: str, name: str, raw: object, label: str) -> None:
         if raw in (0, "0"):  # the common case, and the cheapest: nothing to keep
@@ -107,7 +121,7 @@ class _Read:
 _PCI_ADDRESS = "0123456789abcdefABCDEF:."  # what a bus id is made of; a snapshot's may lie
 
 
-def _gpu(dev: dict, out: _Read) -> None:
+def _gpu(dev: dict[str, Any], out: _Read) -> None:
     bus_id = dev.get("bus_id")
     if dev.get("error") or not isinstance(bus_id, str) or not bus_id:
         return
@@ -146,7 +160,7 @@ def _gpu(dev: dict, out: _Read) -> None:
     out.seen.append(device)
 
 
-def _hca(name: str, hca: dict, out: _Read) -> None:
+def _hca(name: str, hca: dict[str, Any], out: _Read) -> None:
     if "|" in name:  # sysfs names hold none; a snapshot's could forge keys
         return
     aer = hca.get("aer")
@@ -188,7 +202,9 @@ def _parent(device: str) -> str:
     return device
 
 
-def changes(before: object, now: _Read, when: float) -> tuple:
+def changes(
+    before: object, now: _Read, when: float
+) -> tuple[list[CounterRow], dict[str, Any]]:
     """(rows to record, the baseline to keep) for the readings `now` (readings()) at `when`.
     Rows: {"device", "counter", "time", "value", "delta", "label"}."""
     base = before if isinstance(before, dict) else {}
@@ -201,7 +217,7 @@ def changes(before: object, now: _Read, when: float) -> tuple:
         if key not in values and key not in now.missing and _parent(device) in seen:
             if key.partition("|")[2] not in GAUGES and prev:
                 values[key] = (0, "")
-    rows = []
+    rows: list[CounterRow] = []
     for key, (value, label) in values.items():
         device, _, counter = key.partition("|")
         prev = kept.get(key)
@@ -238,7 +254,7 @@ def _label(device: str) -> str:
     return device
 
 
-def add_samples(before: object, facts: object) -> dict:
+def add_samples(before: object, facts: object) -> dict[str, list[int]]:
     """The SM clock and utilisation samples summed so far, with this run's added.
 
     NVML keeps no job-long figure for either, so each run that found a GPU running processes
@@ -248,12 +264,13 @@ def add_samples(before: object, facts: object) -> dict:
     the epilog's sums minus those are the job's (job_telemetry). A GPU not sampled keeps its
     sums. before: the previous sums (anything else: none); facts: this run's parsed GPU facts.
     """
-    kept = {}
+    kept: dict[str, list[int]] = {}
     if isinstance(before, dict):
         for index, sums in before.items():
             read = [_int(v) for v in sums] if isinstance(sums, list) else []
-            if len(read) == 3 and None not in read:
-                kept[str(index)] = read
+            sane = [v for v in read if v is not None]
+            if len(read) == 3 and len(sane) == 3:
+                kept[str(index)] = sane
     devices = facts.get("devices") if isinstance(facts, dict) else None
     for dev in devices or ():
         if not isinstance(dev, dict) or dev.get("error"):
@@ -266,7 +283,7 @@ def add_samples(before: object, facts: object) -> dict:
     return kept
 
 
-def _job_gpu(dev: object, wanted: set | None, inventory: object) -> str | None:
+def _job_gpu(dev: object, wanted: set[str] | None, inventory: object) -> str | None:
     """The GPU's index when it is one of the job's and the same GPU as at the prolog."""
     if not isinstance(dev, dict) or dev.get("error"):
         return None
@@ -282,13 +299,14 @@ def _job_gpu(dev: object, wanted: set | None, inventory: object) -> str | None:
 def _grew(first: object, last: object) -> int | None:
     """last - first of a counter read at the prolog and at the epilog; None when either is
     missing or it fell (the driver reloaded during the job: the job's share is unknown)."""
-    ok = isinstance(first, int) and isinstance(last, int) and last >= first
-    return last - first if ok else None  # type: ignore[operator]
+    if isinstance(first, int) and isinstance(last, int) and last >= first:
+        return last - first
+    return None
 
 
 def job_telemetry(
-    start: object, facts: object, now: float, job_gpus: list | None, samples: object = None
-) -> dict | None:
+    start: object, facts: object, now: float, job_gpus: list[int] | None, samples: object = None
+) -> dict[str, Any] | None:
     """What each of the job's GPUs did between its prolog and its epilog.
 
     start: the prolog's GPU baseline (checks/gpu.py baseline: `taken_at`, `energy` in mJ,
@@ -307,12 +325,11 @@ def job_telemetry(
     taken = start.get("taken_at")
     if not isinstance(taken, (int, float)) or now <= taken:
         return None
-    energy = start.get("energy") if isinstance(start.get("energy"), dict) else {}
-    below = start.get("below_base") if isinstance(start.get("below_base"), dict) else {}
+    energy, below = _table(start.get("energy")), _table(start.get("below_base"))
     # no sums kept by the prolog (an older version's): the node's sums include time before it
     first_sums = start.get("samples") if isinstance(start.get("samples"), dict) else None
     wanted = None if job_gpus is None else {str(g) for g in job_gpus}
-    out: dict = {"s": round(now - taken, 3), "j": {}}
+    out: dict[str, Any] = {"s": round(now - taken, 3), "j": {}}
     for dev in facts.get("devices") or ():
         index = _job_gpu(dev, wanted, start.get("inventory"))
         if index is None:
@@ -330,7 +347,12 @@ def job_telemetry(
     return out if out["j"] or "b" in out or "u" in out else None
 
 
-def _sampled(first: object, last: object, index: str) -> list | None:
+def _table(value: object) -> dict[str, Any]:
+    """A stored figure by GPU index, or {} when what is stored is not one."""
+    return value if isinstance(value, dict) else {}
+
+
+def _sampled(first: object, last: object, index: str) -> list[float] | None:
     """[samples, mean SM MHz, mean utilisation %] between two sums of one GPU, or None."""
     before = first.get(index, [0, 0, 0]) if isinstance(first, dict) else None
     after = last.get(index) if isinstance(last, dict) else None
@@ -353,4 +375,5 @@ def below_share(figures: object) -> float | None:
     below = [v for v in figures["b"].values() if _int(v) is not None and not isinstance(v, str)]
     if not isinstance(span, (int, float)) or span <= 0 or not below:
         return None
-    return min(1.0, max(below) / span)
+    worst: float = max(below) / span
+    return min(1.0, worst)

@@ -21,10 +21,23 @@ import time
 from slurmhealth.core.result import ERROR, FAIL
 from slurmhealth.node.checks import AREAS
 
+TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
+if TYPE_CHECKING:
+    from typing import Any, TypedDict
+
+    from slurmhealth.core.result import Result
+
+    class Applied(TypedDict):
+        """What apply() put into one area's expectations: the keys, and since when (epoch
+        seconds; None when the stored document lacks it)."""
+
+        keys: list[str]
+        since: float | None
+
 BASELINE = "expect"
 
 # area -> key learned -> the checks that judge it (their failures say where it came from)
-LEARNED = {
+LEARNED: dict[str, dict[str, tuple[str, ...]]] = {
     "gpu": {
         "count": ("count",),
         "model": ("model",),
@@ -45,7 +58,7 @@ LEARNED = {
 HINT = "no config: slurmhealth config genconf writes one"
 
 
-def _values(area: str, facts: dict) -> dict:
+def _values(area: str, facts: object) -> dict[str, Any]:
     """The learned keys of an area's genconf expectations, without the empty ones (no GPUs,
     no ports: nothing to expect)."""
     found = AREAS[area].expectations(facts)
@@ -55,30 +68,32 @@ def _values(area: str, facts: dict) -> dict:
     return out
 
 
-def learn(facts: dict, results: list, before: object, now: float) -> dict | None:
+def learn(
+    facts: dict[str, Any], results: list[Result], before: object, now: float
+) -> dict[str, Any] | None:
     """The `expect` baseline after a run: each area that passed gives its values anew (with
     the time they were first shown), the others keep theirs. None when nothing changed."""
-    known = before.get("areas") if isinstance(before, dict) else None
-    known = dict(known) if isinstance(known, dict) else {}
+    areas = before.get("areas") if isinstance(before, dict) else None
+    known: dict[str, Any] = dict(areas) if isinstance(areas, dict) else {}
     broken = {r.check.split(".")[0] for r in results if r.status in (FAIL, ERROR)}
     changed = False
     for area in LEARNED:
         if area not in facts or area in broken:
             continue
         values = _values(area, facts[area])
-        old = known.get(area) if isinstance(known.get(area), dict) else {}
-        if not values or values == old.get("values"):
+        entry = known.get(area)
+        if not values or values == (entry.get("values") if isinstance(entry, dict) else None):
             continue
         known[area] = {"values": values, "since": now}
         changed = True
     return {"areas": known} if changed else None
 
 
-def apply(expect: dict, doc: object) -> dict:
+def apply(expect: dict[str, dict[str, Any]], doc: object) -> dict[str, Applied]:
     """The learned values over the built-in defaults (no config: nothing else sets them), and
     {area: {"keys": [...], "since": epoch}} of what was applied."""
     known = doc.get("areas") if isinstance(doc, dict) else None
-    applied: dict = {}
+    applied: dict[str, Applied] = {}
     if not isinstance(known, dict):
         return applied
     for area, entry in known.items():
@@ -91,7 +106,7 @@ def apply(expect: dict, doc: object) -> dict:
     return applied
 
 
-def annotate(results: list, applied: dict) -> None:
+def annotate(results: list[Result], applied: dict[str, Applied]) -> None:
     """A failing check that judged a learned value says so: `(as this node showed since
     DATE; no config: slurmhealth config genconf writes one)`."""
     for result in results:

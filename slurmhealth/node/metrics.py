@@ -22,6 +22,13 @@ from slurmhealth.core.constants import DRAIN_OUTCOMES, PHASES
 from slurmhealth.core.result import FAIL, OK, STATUSES, WARN
 from slurmhealth.node import counters, runner
 
+TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
+if TYPE_CHECKING:
+    Labels = tuple[tuple[str, str], ...]  # (name, value) pairs, `node` first
+    Samples = dict[tuple[str, Labels], float]  # (metric name, labels) -> value
+    KmsgState = tuple[str, int]  # (boot id, last sequence number read)
+    XidEvent = tuple[object, int, str]  # (seq as recorded, Xid, class)
+
 VERDICTS = (OK, WARN, FAIL)
 XID_CLASSES = ("app", WARN, FAIL)
 # runner's source keys -> the module that reads them (slurmhealth/sources/)
@@ -140,7 +147,7 @@ def path_for(template: str, node: str) -> str:
     return template.replace("{node}", safe)
 
 
-def render(samples: dict, kmsg_state: tuple | None = None) -> str:
+def render(samples: Samples, kmsg_state: KmsgState | None = None) -> str:
     """{(name, labels): value} -> the file's text, families in FAMILIES order with HELP/TYPE.
 
     `labels` is a tuple of (name, value) pairs, `node` first.
@@ -148,7 +155,7 @@ def render(samples: dict, kmsg_state: tuple | None = None) -> str:
     lines = []
     if kmsg_state is not None:
         lines.append(f"# slurmhealth kmsg boot_id={kmsg_state[0]} seq={kmsg_state[1]}")
-    grouped: dict = {name: [] for name in FAMILIES}
+    grouped: dict[str, list[tuple[Labels, float]]] = {name: [] for name in FAMILIES}
     for (name, labels), value in samples.items():
         grouped[name].append((labels, value))
     for name, rows in grouped.items():
@@ -162,9 +169,10 @@ def render(samples: dict, kmsg_state: tuple | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _labels(body: str) -> tuple | None:
+def _labels(body: str) -> Labels | None:
     """`a="x",b="y"` -> (("a", "x"), ("b", "y")); None when it is not exactly that."""
-    out, pos = [], 0
+    out: list[tuple[str, str]] = []
+    pos = 0
     while pos < len(body):
         found = re.compile(_LABEL).match(body, pos)
         if found is None or (found.group(3) == "," and found.end() == len(body)):
@@ -174,7 +182,7 @@ def _labels(body: str) -> tuple | None:
     return tuple(out)
 
 
-def _acceptable(name: str, labels: tuple, value: float, node: str) -> bool:
+def _acceptable(name: str, labels: Labels, value: float, node: str) -> bool:
     """A carried-forward sample must be one this module would write, for this node."""
     if name not in CARRIED or not abs(value) < _INF:  # NaN compares false
         return False
@@ -192,14 +200,14 @@ def _boot_id(text: str) -> str:
     return "".join(c for c in text.lower() if c in "0123456789abcdef-")[:64]
 
 
-def _kmsg_state(line: str) -> tuple | None:
+def _kmsg_state(line: str) -> KmsgState | None:
     """`# slurmhealth kmsg boot_id=B seq=N` -> (B, N)."""
     boot, _, seq = line[len(_KMSG_STATE) :].partition(" seq=")
     ok = seq.isdigit() and seq.isascii() and _boot_id(boot) == boot
     return (boot, int(seq)) if ok else None
 
 
-def _sample(line: str) -> tuple | None:
+def _sample(line: str) -> tuple[str, Labels, float] | None:
     """`name{labels} value` of a carried family -> (name, labels, value); None otherwise.
 
     Most lines are the latest run's own series, replaced anyway: they cost one partition.
@@ -216,10 +224,10 @@ def _sample(line: str) -> tuple | None:
     return (name, labels, value) if labels is not None else None
 
 
-def parse_previous(text: str, node: str) -> tuple:
+def parse_previous(text: str, node: str) -> tuple[Samples, KmsgState | None]:
     """(carried samples, kmsg state) of the previous file; lines that are not ours are dropped."""
-    samples: dict = {}
-    kmsg_state = None
+    samples: Samples = {}
+    kmsg_state: KmsgState | None = None
     for line in text.splitlines():
         if line.startswith(_KMSG_STATE):
             kmsg_state = _kmsg_state(line) or kmsg_state
@@ -230,7 +238,9 @@ def parse_previous(text: str, node: str) -> tuple:
     return samples, kmsg_state
 
 
-def _state_set(name: str, labels: tuple, key: str, states: tuple, now: str) -> dict:
+def _state_set(
+    name: str, labels: Labels, key: str, states: tuple[str, ...], now: str
+) -> Samples:
     """One sample per state, 1 for `now` and 0 for the others (OpenMetrics' StateSet)."""
     return {(name, (*labels, (key, s))): float(s == now) for s in states}
 
@@ -241,12 +251,12 @@ def _device(text: str) -> str:
     return "".join(c for c in text.lower() if c.isascii() and (c.isalnum() or c in ":._-"))[:64]
 
 
-def run_samples(run: runner.Run, node: str) -> dict:
+def run_samples(run: runner.Run, node: str) -> Samples:
     """The latest run's own series: build info, checks, sources, its phase's verdict and times."""
     me = (("node", node),)
-    out = {("slurmhealth_build_info", (*me, ("version", __version__))): 1.0}
+    out: Samples = {("slurmhealth_build_info", (*me, ("version", __version__))): 1.0}
     for r in run.results:
-        labels = (*me, ("check", r.check))
+        labels: Labels = (*me, ("check", r.check))
         out.update(_state_set("slurmhealth_check_status", labels, "status", STATUSES, r.status))
     for source, got in run.sources.items():
         labels = (*me, ("source", SOURCE_NAMES.get(source, source)))
@@ -264,7 +274,7 @@ def run_samples(run: runner.Run, node: str) -> dict:
     return out
 
 
-def xid_events(run: runner.Run) -> list:
+def xid_events(run: runner.Run) -> list[XidEvent]:
     """(seq, xid, class) of every Xid event the run recorded (config applied; `ignore`-class
     Xids are not reported)."""
     return [
@@ -274,7 +284,7 @@ def xid_events(run: runner.Run) -> list:
     ]
 
 
-def kmsg_position(run: runner.Run, events: list) -> tuple | None:
+def kmsg_position(run: runner.Run, events: list[XidEvent]) -> KmsgState | None:
     """(boot id, last sequence number) this run read up to; None when it read no kernel log."""
     base = run.baselines.get("xid")
     if not isinstance(base, dict):
@@ -284,18 +294,26 @@ def kmsg_position(run: runner.Run, events: list) -> tuple | None:
     return (boot, max(seqs)) if seqs else None
 
 
-def uncounted(events: list, before: tuple | None, after: tuple | None) -> list:
+def uncounted(
+    events: list[XidEvent], before: KmsgState | None, after: KmsgState | None
+) -> list[XidEvent]:
     """Events no earlier writer counted: concurrent runs of one boot read the same records."""
     if before is None or after is None or before[0] != after[0]:
         return events
     return [e for e in events if isinstance(e[0], int) and e[0] > before[1]]
 
 
-def _add(samples: dict, name: str, labels: tuple, amount: float) -> None:
+def _add(samples: Samples, name: str, labels: Labels, amount: float) -> None:
     samples[(name, labels)] = samples.get((name, labels), 0.0) + amount
 
 
-def merge(previous: dict, current: dict, run: runner.Run, node: str, counts: tuple) -> dict:
+def merge(
+    previous: Samples,
+    current: Samples,
+    run: runner.Run,
+    node: str,
+    counts: tuple[str | None, list[XidEvent]],
+) -> Samples:
     """The new file's samples: this run's series, other phases' carried over, counters added.
 
     `counts` is (drain outcome or None, Xid events to count). Counters start at 0 for every

@@ -14,6 +14,10 @@ import math
 import os
 import stat
 
+TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
+if TYPE_CHECKING:
+    from typing import Any
+
 FORMAT = "slurmhealth-snapshot/1"
 MAX_DEPTH = 64  # the deepest real snapshot path is 7 levels; JSON nesting past this is refused
 
@@ -25,7 +29,7 @@ class Shape:
 
     __slots__ = ("item", "keys", "kinds", "values")
 
-    def __init__(self, *kinds: str, keys: dict | None = None, item: Shape | None = None,
+    def __init__(self, *kinds: str, keys: dict[str, Shape] | None = None, item: Shape | None = None,
                  values: Shape | None = None) -> None:
         self.kinds, self.keys, self.item, self.values = kinds, keys, item, values
 
@@ -34,7 +38,7 @@ def _s(*kinds: str) -> Shape:
     return Shape(*kinds)
 
 
-def _obj(keys: dict, *kinds: str) -> Shape:
+def _obj(keys: dict[str, Shape], *kinds: str) -> Shape:
     return Shape("obj", *kinds, keys=keys)
 
 
@@ -165,19 +169,20 @@ def problem(value: object, shape: Shape, path: str = "", depth: int = 0) -> str:
     if not fits:
         want = " or ".join(_WORDS.get(k, k) for k in shape.kinds if k != "null")
         return f"{path or 'the document'}: {_WORDS.get(kind, kind)}, not {want}"
-    if kind == "obj" and shape.keys is not None:
+    # isinstance here says what `kind` already said ("obj", "list"), to the type checker too
+    if isinstance(value, dict) and shape.keys is not None:
         for key, inner in shape.keys.items():
-            if key in value:  # type: ignore[operator]
-                found = problem(value[key], inner, _join(path, key), depth + 1)  # type: ignore[index]
+            if key in value:
+                found = problem(value[key], inner, _join(path, key), depth + 1)
                 if found:
                     return found
-    elif kind == "obj" and shape.values is not None:
-        for key, item in value.items():  # type: ignore[attr-defined]
+    elif isinstance(value, dict) and shape.values is not None:
+        for key, item in value.items():
             found = problem(item, shape.values, _join(path, key), depth + 1)
             if found:
                 return found
-    elif kind == "list" and shape.item is not None:
-        for i, item in enumerate(value):  # type: ignore[arg-type]
+    elif isinstance(value, list) and shape.item is not None:
+        for i, item in enumerate(value):
             found = problem(item, shape.item, _join(path, str(i)), depth + 1)
             if found:
                 return found
@@ -226,7 +231,7 @@ def _read(path: str) -> str:
         raise ValueError(f"{path}: not a JSON snapshot: {exc.reason}") from None
 
 
-def load(path: str) -> dict:
+def load(path: str) -> dict[str, Any]:
     """A snapshot document; ValueError with a one-line reason when it is not one."""
     text = _read(path)
     try:

@@ -20,6 +20,20 @@ import os
 
 from slurmhealth.core import files
 
+TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
+if TYPE_CHECKING:
+    from typing import Any, TypedDict
+
+    class KmsgPosition(TypedDict):
+        """Where the kernel log was read up to: its last sequence number, and the boot it
+        belongs to as saved (not checked here: kmsg.read counts one of the wrong type as
+        none)."""
+
+        seq: int
+        boot_id: object
+
+    Doc = dict[str, Any]  # the state document, or one spooled entry (a run, an action)
+
 FORMAT = 1
 READ_MAX = 1 << 16  # our file is a few hundred bytes; anything bigger is not ours
 
@@ -28,7 +42,7 @@ def path_for(state_dir: str, node: str) -> str:
     return os.path.join(state_dir, f"{node}.state.json")
 
 
-def load(path: str) -> dict:
+def load(path: str) -> Doc:
     """The saved state, or {} when there is none or it cannot be trusted (a symlink, a FIFO,
     a file someone else made or may write: files.open_trusted)."""
     try:
@@ -50,7 +64,7 @@ def load(path: str) -> dict:
     return doc
 
 
-def kmsg_position(doc: dict) -> dict | None:
+def kmsg_position(doc: Doc) -> KmsgPosition | None:
     """{"seq", "boot_id"} of the last kernel-log record read, if the state has a sane one."""
     pos = doc.get("kmsg")
     if isinstance(pos, dict) and isinstance(pos.get("seq"), int) and not isinstance(
@@ -60,7 +74,7 @@ def kmsg_position(doc: dict) -> dict | None:
     return None
 
 
-def pending(doc: dict) -> dict | None:
+def pending(doc: Doc) -> Doc | None:
     """The fault seen and not yet acted on: {"message", "since", "phase"}, or None."""
     item = doc.get("pending")
     if isinstance(item, dict) and isinstance(item.get("message"), str) and item["message"]:
@@ -68,7 +82,7 @@ def pending(doc: dict) -> dict | None:
     return None
 
 
-def save(path: str, doc: dict) -> None:
+def save(path: str, doc: Doc) -> None:
     """Replace the state file: a private temp file created exclusively beside it, then renamed
     (files.write_private; its directory made 0700 where missing). Raises OSError (the caller
     logs it: the verdict never depends on this file)."""
@@ -80,7 +94,7 @@ def save(path: str, doc: dict) -> None:
 LOCK_WAIT_S = 1.0  # a holder takes one small save; one stuck longer (stopped) is not waited on
 
 
-def update(path: str, known: dict, wanted: dict) -> dict:
+def update(path: str, known: Doc, wanted: Doc) -> Doc:
     """Save `wanted`, this run's state, merged under a lock with what is on disk now: another
     hook of the node may have saved since this one loaded `known` (a slow health check beside a
     prolog), and its fault or its later kernel-log position must not be undone. Returns what was
@@ -161,10 +175,10 @@ SPOOL_MAX = 16 << 20  # a store locked for days at a run a minute is ~10 MiB of 
 WRITE_WAIT_S = 0.2  # writers hold the spool's lock for one append
 TAKE_WAIT_S = 0.5  # ...so a taker waits this long at most for one to finish
 _READ_TAKEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-_HELD: dict = {}  # taken path -> the descriptor whose lock makes this process its owner
+_HELD: dict[str, int] = {}  # taken path -> the descriptor whose lock makes this process its owner
 
 
-def spool(path: str, entry: dict) -> None:
+def spool(path: str, entry: Doc) -> None:
     """Append one run the store could not take (locked, full for a moment) to `path`, a private
     file beside the store; the next run that can write the store replays it. Raises OSError."""
     line = (json.dumps(entry, separators=(",", ":"), default=str) + "\n").encode()
@@ -216,7 +230,7 @@ def _is_named(fd: int, base: str, folder: int) -> bool:
     return st.st_nlink > 0 and (named.st_dev, named.st_ino) == (st.st_dev, st.st_ino)
 
 
-def take_spool(path: str) -> tuple:
+def take_spool(path: str) -> tuple[list[Doc], list[str]]:
     """(entries, taken paths) of the spooled runs, oldest first: the spools earlier runs took
     and left (killed at their deadline mid-replay, or given back), then the spool itself, moved
     aside first so that a concurrent run spools anew; ([], []) when there are none. This process
@@ -230,8 +244,8 @@ def take_spool(path: str) -> tuple:
             return [], []
     except OSError:
         return [], []
-    entries: list = []
-    taken = []
+    entries: list[Doc] = []
+    taken: list[str] = []
     try:
         folder = files.open_dir(directory)
     except OSError:
@@ -256,7 +270,7 @@ def take_spool(path: str) -> tuple:
     return entries, taken
 
 
-def _left(folder: int, base: str) -> list:
+def _left(folder: int, base: str) -> list[str]:
     """The names of taken spools (`<spool>.<time ns>.<random>.taking`, or an older release's
     `<spool>.<pid>.<n>.taking`), oldest first."""
     try:
@@ -268,7 +282,7 @@ def _left(folder: int, base: str) -> list:
     return sorted(found, key=lambda n: (len(n[len(base) + 1 :].split(".", 1)[0]) == 20, n))
 
 
-def _own(folder: int, name: str, directory: str, block: bool) -> list | None:
+def _own(folder: int, name: str, directory: str, block: bool) -> list[Doc] | None:
     """The entries of the taken spool `name` once this process holds its lock (kept in
     _HELD); None when another process holds it, it is gone, or it cannot be trusted (someone
     else's file is never replayed into the store). `block`: wait for a writer's append."""
@@ -292,7 +306,7 @@ def _own(folder: int, name: str, directory: str, block: bool) -> list | None:
     return got
 
 
-def finish(taken: list) -> None:
+def finish(taken: list[str]) -> None:
     """The taken spools' entries are recorded: remove them (and let go of their locks)."""
     for path in taken:
         try:
@@ -302,7 +316,7 @@ def finish(taken: list) -> None:
         _let_go(path)
 
 
-def release(taken: list, rest: list) -> None:
+def release(taken: list[str], rest: list[Doc]) -> None:
     """The store stopped taking the replay: the taken spools become one file of the entries
     not yet recorded (`rest`, in order), under the oldest one's name, so the next run replays
     them first; then let go of them. Raises nothing: a file that cannot be rewritten stays as
@@ -331,7 +345,7 @@ def _let_go(path: str) -> None:
         os.close(fd)
 
 
-def _entry(line: bytes) -> dict | None:
+def _entry(line: bytes) -> Doc | None:
     try:
         entry = json.loads(line)
     except (ValueError, RecursionError):

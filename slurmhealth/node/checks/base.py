@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from slurmhealth.core.result import counted
 
+TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
+if TYPE_CHECKING:
+    from typing import Any
+
 
 class Context:
     """Read-only inputs of a check other than its facts.
@@ -28,10 +32,10 @@ class Context:
         self,
         node: str = "localhost",
         phase: str = "check",
-        expect: dict | None = None,
-        baseline: dict | None = None,
-        gpus: dict | None = None,
-        job_gpus: list | None = None,
+        expect: dict[str, Any] | None = None,
+        baseline: dict[str, Any] | None = None,
+        gpus: dict[str, int] | None = None,
+        job_gpus: list[int] | None = None,
         now: float = 0.0,
     ) -> None:
         self.node = node

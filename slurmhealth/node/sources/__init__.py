@@ -11,6 +11,15 @@ from __future__ import annotations
 import importlib
 import os
 
+TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
+if TYPE_CHECKING:
+    import threading
+    from collections.abc import Mapping
+    from typing import Any, Callable
+
+    # What an early gather left: (True, its facts) or (False, what it raised).
+    Outcome = tuple[bool, Any]
+
 # source name -> the module that gathers it (areas name their source: checks/*.SOURCE)
 REGISTRY = {
     "gpu": "slurmhealth.node.sources.nvml",  # NVML: every GPU, one sweep
@@ -51,7 +60,7 @@ class Options:
         gpu_source: str = "nvml",
         sysfs_root: str | None = None,
         kmsg: str | None = None,
-        kmsg_after: dict | None = None,
+        kmsg_after: Mapping[str, object] | None = None,
         exiting: bool = False,
         costly: bool = True,
     ) -> None:
@@ -76,7 +85,7 @@ def gather(source: str, options: Options) -> object:
 
 # Sources started before the run knows its options (start_early), by name:
 # (thread, box, costly).
-_EARLY: dict = {}
+_EARLY: dict[str, tuple[threading.Thread, list[Outcome], bool]] = {}
 # A source is started early only where this file exists: the NVIDIA driver's control device,
 # which a node with a loaded driver has. Elsewhere (CPU-only nodes, this project's CI) the early
 # start would only cost its imports; the run's own gather then says why NVML is unavailable.
@@ -96,7 +105,7 @@ def start_early(source: str, costly: bool = False) -> None:
         return
     import threading  # noqa: PLC0415
 
-    box: list = []
+    box: list[Outcome] = []
 
     def work() -> None:
         try:
@@ -117,7 +126,7 @@ def _defaults(source: str, options: Options) -> bool:
     return False
 
 
-def take_early(source: str, options: Options) -> object:
+def take_early(source: str, options: Options) -> Callable[[], object] | None:
     """A zero-argument function that waits for the early gather of `source` and returns its
     facts (or raises what it raised), or None when none was started or its options differ.
     The caller waits under its own deadline, as for any gather."""

@@ -50,6 +50,42 @@ import re
 
 from slurmhealth.node.sources import Options
 
+TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from typing import Callable, TypedDict
+
+    # (seq, PRI, usec, message bytes) of one record before decoding; PRI and usec None when
+    # the line does not say them (dmesg lines, before dmesg_fields reads their prefixes)
+    Entry = tuple[int, int | None, int | None, bytes]
+
+    class _Record(TypedDict):
+        seq: int
+        usec: int | None
+        pri: int | None
+        msg: str
+
+    class Record(_Record, total=False):
+        """One raw record (the module docstring): `facility` only when known and not 0."""
+
+        facility: int
+
+    class _Facts(TypedDict):
+        path: str
+        boot_id: str | None
+        records: list[Record]
+        first_seq: int | None
+        lost: bool
+        missed: int
+        after_seq: int | None
+
+    class KmsgFacts(_Facts, total=False):
+        """The raw facts (the module docstring); read() adds the running kernel's release and
+        the host's NCCL version (None for a file)."""
+
+        kernel: str | None
+        nccl: str | None
+
 KMSG = "/dev/kmsg"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
@@ -98,17 +134,17 @@ def boot_id(path: str = BOOT_ID) -> str | None:
 _this_boot = boot_id  # gather's parameter of the same name shadows the function
 
 
-def read_records(read: object) -> tuple:
+def read_records(read: Callable[[], bytes]) -> tuple[list[bytes], bool]:
     """Call `read()` (one os.read of /dev/kmsg) until EAGAIN: returns (chunks, epipe_seen).
 
     EPIPE means the ring wrapped past our position: records were overwritten; the next read
     returns the oldest record still there, so note it and keep reading (dev-kmsg ABI).
     """
-    chunks = []
+    chunks: list[bytes] = []
     epipe = False
     for _ in range(MAX_READS):
         try:
-            chunk = read()  # type: ignore[operator]
+            chunk = read()
         except OSError as exc:
             if exc.errno == errno.EPIPE:
                 epipe = True
@@ -122,7 +158,7 @@ def read_records(read: object) -> tuple:
     return chunks, epipe
 
 
-def kmsg_entry(data: bytes) -> tuple | None:
+def kmsg_entry(data: bytes) -> Entry | None:
     """(seq, PRI, usec, message bytes) of one kmsg record, or None when it is not one. PRI is
     the whole field, facility * 8 + level (`record` splits it).
 
@@ -141,7 +177,7 @@ def kmsg_entry(data: bytes) -> tuple | None:
     return int(seq), int(pri), int(usec), body
 
 
-def device_entries(chunks: list, after_seq: int | None = None) -> list:
+def device_entries(chunks: list[bytes], after_seq: int | None = None) -> list[Entry]:
     """Entries of the records read from /dev/kmsg (malformed ones skipped).
 
     The device hands records out in sequence order, so with `after_seq` only the new tail is
@@ -149,13 +185,14 @@ def device_entries(chunks: list, after_seq: int | None = None) -> list:
     record (the loss check needs its seq): a full ring holds thousands of records and this runs
     before every job. A saved seq beyond the newest record cannot be trusted: parse them all.
     """
-    tail: list = []
+    tail: list[Entry] = []
     if after_seq is not None:
         for entry in filter(None, map(kmsg_entry, reversed(chunks))):
             tail.append(entry)
             if entry[0] <= after_seq:
                 break
-    if not tail or tail[0][0] < after_seq:  # type: ignore[operator]
+    # (a tail is read only with an after_seq: the second test says so to the type checker)
+    if not tail or after_seq is None or tail[0][0] < after_seq:
         return [e for e in map(kmsg_entry, chunks) if e is not None]
     oldest = next(filter(None, map(kmsg_entry, chunks)))
     if oldest[0] < tail[-1][0]:
@@ -164,7 +201,7 @@ def device_entries(chunks: list, after_seq: int | None = None) -> list:
     return tail
 
 
-def file_entries(lines: object) -> list:
+def file_entries(lines: Iterable[bytes]) -> list[Entry]:
     """Entries of a file's lines: kmsg records where a line is one, else dmesg lines.
 
     A dmesg line has no sequence number: its 1-based line number stands in. Blank lines and
@@ -172,9 +209,9 @@ def file_entries(lines: object) -> list:
     dmesg/journal line above it (dmesg and journalctl indent a multi-line record's further
     lines); after a kmsg record it is dictionary data (` SUBSYSTEM=pci`) and is skipped.
     """
-    out: list = []
+    out: list[Entry] = []
     joins = False  # the last entry is a dmesg line that an indented line may continue
-    for number, line in enumerate(lines, 1):  # type: ignore[call-overload]
+    for number, line in enumerate(lines, 1):
         first = line[:1]
         if first in (b"", b"\n", b"\r") or b"\0" in line:
             joins = False
@@ -194,13 +231,12 @@ def file_entries(lines: object) -> list:
     return out
 
 
-def dmesg_fields(text: str) -> tuple:
+def dmesg_fields(text: str) -> tuple[int | None, int | None, str]:
     """(PRI, usec, message) of one dmesg/syslog/journal line; prefixes that are not there are
     None. PRI is as printed by `dmesg -r` (facility * 8 + level)."""
     journal = re.match(_JOURNAL_MONO, text, re.A)
     if journal:  # journalctl -o short-monotonic: the boot-relative time, then `host kernel:`
-        usec = int(journal.group(1)) * 1000000 + int(journal.group(2)[:6].ljust(6, "0"))
-        return None, usec, text[journal.end() :]
+        return None, _usec(journal), text[journal.end() :]
     prefix = re.match(_SYSLOG, text, re.A)
     if prefix:
         text = text[prefix.end() :]
@@ -211,7 +247,7 @@ def dmesg_fields(text: str) -> tuple:
     usec = None
     mono = re.match(_MONO, text, re.A)
     if mono:
-        usec = int(mono.group(1)) * 1000000 + int(mono.group(2)[:6].ljust(6, "0"))
+        usec = _usec(mono)
         text = text[mono.end() :]
     else:
         wall = re.match(_WALL, text, re.A)
@@ -219,7 +255,12 @@ def dmesg_fields(text: str) -> tuple:
     return pri, usec, text
 
 
-def record(entry: tuple) -> dict:
+def _usec(found: re.Match[str]) -> int:
+    """Microseconds of a `[seconds.fraction]` time matched by _MONO or _JOURNAL_MONO."""
+    return int(found.group(1)) * 1000000 + int(found.group(2)[:6].ljust(6, "0"))
+
+
+def record(entry: Entry) -> Record:
     """The raw record of one entry: decoding (errors replaced) happens only for kept records."""
     seq, pri, usec, body = entry
     text = body[:MSG_MAX].decode("utf-8", "replace")
@@ -227,7 +268,7 @@ def record(entry: tuple) -> dict:
         pri, usec, text = dmesg_fields(text)
     if pri is None:
         return {"seq": seq, "usec": usec, "pri": None, "msg": text}
-    out = {"seq": seq, "usec": usec, "pri": pri & 7, "msg": text}
+    out: Record = {"seq": seq, "usec": usec, "pri": pri & 7, "msg": text}
     if pri >> 3:
         out["facility"] = pri >> 3
     return out
@@ -239,7 +280,7 @@ def rebooted(saved_boot: str | None, boot: str | None) -> bool:
 
 
 def since(
-    entries: list, after_seq: int | None, saved_boot: str | None, boot: str | None
+    entries: list[Entry], after_seq: int | None, saved_boot: str | None, boot: str | None
 ) -> int | None:
     """The sequence number to read after: None = keep everything and detect no loss.
 
@@ -256,7 +297,7 @@ def since(
     return after_seq
 
 
-def first_seq(entries: list) -> int | None:
+def first_seq(entries: list[Entry]) -> int | None:
     """The oldest sequence number the buffer still holds: a file of dmesg lines starts at 1."""
     if not entries:
         return None
@@ -265,14 +306,14 @@ def first_seq(entries: list) -> int | None:
 
 
 def select(
-    entries: list,
+    entries: list[Entry],
     path: str,
     after_seq: int | None,
     *,
     saved_boot: str | None = None,
     boot: str | None = None,
     epipe: bool = False,
-) -> dict:
+) -> KmsgFacts:
     """The raw dict: records newer than the saved position, and whether records were lost."""
     start = since(entries, after_seq, saved_boot, boot)
     first = first_seq(entries)
@@ -295,7 +336,9 @@ def _is_char_device(mode: int) -> bool:
     return (mode & 0o170000) == 0o020000  # S_IFMT / S_IFCHR, without importing stat
 
 
-def _read(fd: int, after_seq: int | None, saved_boot: str | None) -> tuple:
+def _read(
+    fd: int, after_seq: int | None, saved_boot: str | None
+) -> tuple[list[Entry], bool, str | None]:
     """(entries, epipe, boot id) of an open kernel log: the device, or a file."""
     if _is_char_device(os.fstat(fd).st_mode):
         chunks, epipe = read_records(lambda: os.read(fd, READ_SIZE))
@@ -306,7 +349,7 @@ def _read(fd: int, after_seq: int | None, saved_boot: str | None) -> tuple:
         return file_entries(handle), False, None
 
 
-def gather(options: Options) -> dict:
+def gather(options: Options) -> KmsgFacts:
     """The registry's entry: the configured log, after the saved position."""
     after = options.kmsg_after
     return read(options.kmsg or KMSG, after.get("seq"), after.get("boot_id"), options.costly)
@@ -314,10 +357,10 @@ def gather(options: Options) -> dict:
 
 def read(
     path: str = KMSG,
-    after_seq: int | None = None,
-    boot_id: str | None = None,
+    after_seq: object = None,
+    boot_id: object = None,
     costly: bool = True,
-) -> dict:
+) -> KmsgFacts:
     """Read the kernel log at `path`: records after `after_seq` (see the module docstring).
 
     `boot_id` is the id saved with `after_seq`; a saved position of the wrong type (a damaged
@@ -363,7 +406,7 @@ NCCL_DIRS = (
 _NCCL_FILE = r"libnccl\.so\.([0-9]{1,4}\.[0-9]{1,4}\.[0-9]{1,4})"
 
 
-def host_nccl(dirs: tuple = NCCL_DIRS) -> str | None:
+def host_nccl(dirs: tuple[str, ...] = NCCL_DIRS) -> str | None:
     """The version of the NCCL installed on the host (the file `libnccl.so.2` resolves to), or
     None: none installed, or a file without its version in its name. No library is loaded; a
     few stat and readlink calls. Applications that bring their own NCCL (wheels, containers)

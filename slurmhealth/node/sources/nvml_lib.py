@@ -17,6 +17,13 @@ from __future__ import annotations
 import ctypes
 import threading
 
+TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
+if TYPE_CHECKING:
+    from typing import Callable, NoReturn
+
+    # A symbol of the library: ctypes' default return type, c_int, carries nvmlReturn_t.
+    Function = Callable[..., int]
+
 # nvmlReturn_t (nvml.h) -> the name nvidia-ml-py gives its exception class, NVMLError_<name>.
 RETURN_NAMES = {
     1: "Uninitialized",
@@ -77,7 +84,7 @@ _CLASSES = {
 globals().update({cls.__name__: cls for cls in _CLASSES.values()})
 
 
-def _raise(code: int) -> None:
+def _raise(code: int) -> NoReturn:
     raise _CLASSES.get(code, _CLASSES[999])()
 
 
@@ -168,12 +175,12 @@ class Process:
 
 
 byref = ctypes.byref
-_loaded: list = []  # the CDLL, once loaded
+_loaded: list[ctypes.CDLL] = []  # the CDLL, once loaded
 _lock = threading.Lock()
-_functions: dict = {}
+_functions: dict[str, Function] = {}
 
 
-def _function(name: str, *fallbacks: str) -> object:
+def _function(name: str, *fallbacks: str) -> Function:
     """The library's symbol (or the first fallback it has); NVMLError_FunctionNotFound if none."""
     found = _functions.get(name)
     if found is None:
@@ -191,8 +198,8 @@ def _function(name: str, *fallbacks: str) -> object:
     return found
 
 
-def _call(name: str, *args: object, fallbacks: tuple = ()) -> None:
-    code = _function(name, *fallbacks)(*args)  # type: ignore[operator]
+def _call(name: str, *args: object, fallbacks: tuple[str, ...] = ()) -> None:
+    code = _function(name, *fallbacks)(*args)
     if code != 0:
         _raise(code)
 
@@ -283,7 +290,9 @@ def nvmlDeviceGetPersistenceMode(handle: object) -> int:
     return _uint("nvmlDeviceGetPersistenceMode", handle)
 
 
-def nvmlDeviceGetFieldValues(handle: object, ids: list) -> ctypes.Array:
+def nvmlDeviceGetFieldValues(
+    handle: object, ids: list[int | tuple[int, int]]
+) -> ctypes.Array[c_nvmlFieldValue_t]:
     """One batched call; each entry is a field id or a (field id, scope id) pair."""
     values = (c_nvmlFieldValue_t * len(ids))()
     for slot, wanted in zip(values, ids):
@@ -342,18 +351,18 @@ def nvmlDeviceGetUtilizationRates(handle: object) -> c_nvmlUtilization_t:
     return out
 
 
-def nvmlDeviceGetMigMode(handle: object) -> list:
+def nvmlDeviceGetMigMode(handle: object) -> list[int]:
     current, pending = ctypes.c_uint(), ctypes.c_uint()
     _call("nvmlDeviceGetMigMode", handle, ctypes.byref(current), ctypes.byref(pending))
     return [current.value, pending.value]
 
 
-def nvmlDeviceGetComputeRunningProcesses(handle: object) -> list:
+def nvmlDeviceGetComputeRunningProcesses(handle: object) -> list[Process]:
     """Compute processes on the GPU: asked once with no room (success means none), then with
     room for twice the count the library gave, plus a margin, in case more start meanwhile."""
     count = ctypes.c_uint(0)
     name = "nvmlDeviceGetComputeRunningProcesses_v3"
-    code = _function(name)(handle, ctypes.byref(count), None)  # type: ignore[operator]
+    code = _function(name)(handle, ctypes.byref(count), None)
     if code == 0:
         return []
     if code != INSUFFICIENT_SIZE:

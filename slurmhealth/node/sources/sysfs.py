@@ -29,6 +29,13 @@ import os
 
 from slurmhealth.node.sources import Options
 
+TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
+if TYPE_CHECKING:
+    # What is read, by name: a file's text (None: unreadable) or a nested tree, the shape in
+    # the module docstring; checks/ib.py parse() judges it as raw facts.
+    Tree = dict[str, object]
+    Errors = dict[str, str]  # the file's key -> why it could not be read
+
 DEVICE_FILES = ("fw_ver", "hca_type", "board_id", "node_guid")
 # The HCA's PCIe link, in its PCI device (`<dev>/device` links to it): the kernel's
 # Documentation/ABI/testing/sysfs-bus-pci; speed as "32.0 GT/s PCIe" ("32 GT/s" before 5.x
@@ -63,7 +70,7 @@ def _reason(exc: OSError) -> str:
     return errno.errorcode.get(exc.errno or 0, type(exc).__name__)
 
 
-def _read(path: str, key: str, errors: dict) -> str | None:
+def _read(path: str, key: str, errors: Errors) -> str | None:
     """One sysfs file as text without its trailing newline; None plus a reason on failure."""
     try:
         with open(path, "rb", buffering=0) as f:
@@ -79,7 +86,7 @@ def _read(path: str, key: str, errors: dict) -> str | None:
     return text.rstrip("\n")
 
 
-def aer(path: str, key: str, errors: dict) -> dict | None:
+def aer(path: str, key: str, errors: Errors) -> dict[str, str | None] | None:
     """The AER counter files of the PCI function at `path`, as read; None when the function has
     none (no AER capability or an older kernel: not an error)."""
     if not os.path.exists(f"{path}/{AER_FILES['correctable']}"):
@@ -87,7 +94,7 @@ def aer(path: str, key: str, errors: dict) -> dict | None:
     return {k: _read(f"{path}/{name}", f"{key}/{name}", errors) for k, name in AER_FILES.items()}
 
 
-def _listdir(path: str, key: str, errors: dict) -> list:
+def _listdir(path: str, key: str, errors: Errors) -> list[str]:
     """Sorted entries of a directory, or [] plus a reason when it cannot be listed."""
     try:
         return sorted(os.listdir(path))
@@ -96,9 +103,9 @@ def _listdir(path: str, key: str, errors: dict) -> list:
         return []
 
 
-def _port(path: str, key: str, errors: dict) -> dict:
+def _port(path: str, key: str, errors: Errors) -> Tree:
     """state, phys_state, rate, link_layer and the judged counters of one port."""
-    port = {name: _read(f"{path}/{name}", f"{key}/{name}", errors) for name in PORT_FILES}
+    port: Tree = {name: _read(f"{path}/{name}", f"{key}/{name}", errors) for name in PORT_FILES}
     port["counters"] = {
         name: _read(f"{path}/counters/{name}", f"{key}/counters/{name}", errors)
         for name in COUNTERS
@@ -106,9 +113,9 @@ def _port(path: str, key: str, errors: dict) -> dict:
     return port
 
 
-def _device(path: str, name: str, errors: dict) -> dict:
+def _device(path: str, name: str, errors: Errors) -> Tree:
     """Identity files of one HCA, its PCIe link when it has a PCI device, its ports ("1", ...)."""
-    device = {f: _read(f"{path}/{f}", f"{name}/{f}", errors) for f in DEVICE_FILES}
+    device: Tree = {f: _read(f"{path}/{f}", f"{name}/{f}", errors) for f in DEVICE_FILES}
     if os.path.isdir(f"{path}/device"):  # no PCI parent (a software RDMA device): no link
         for f in LINK_FILES:
             device[f] = _read(f"{path}/device/{f}", f"{name}/device/{f}", errors)
@@ -120,20 +127,20 @@ def _device(path: str, name: str, errors: dict) -> dict:
     return device
 
 
-def gather(options: Options) -> dict:
+def gather(options: Options) -> Tree:
     """The registry's entry: InfiniBand under the configured root."""
     return read(options.sysfs_root or "/sys")
 
 
-def read(root: str = "/sys") -> dict:
+def read(root: str = "/sys") -> Tree:
     """Read every HCA under `root/class/infiniband`; never raises on a broken tree."""
     base = os.path.join(root, "class", "infiniband")
     if not os.path.isdir(base):
         return {"devices": {}}
-    errors: dict = {}
+    errors: Errors = {}
     names = _listdir(base, "class/infiniband", errors)
     devices = {name: _device(f"{base}/{name}", name, errors) for name in names}
-    out: dict = {"devices": devices}
+    out: Tree = {"devices": devices}
     if errors:
         out["errors"] = errors
     return out
