@@ -422,16 +422,23 @@ SLURMDBD_DOWN = (
 )
 
 
-def test_collect_keeps_the_jobs_it_merged_when_sacctmgr_fails(tmp_path):
-    line = "12|NODE_FAIL|0:0|gpu04|2026-05-01T10:00:00|2026-05-01T10:30:00|alice"
-    bin_dir = fake_sacct(tmp_path, f'echo "{line}"\n')
-    fake_sacct(tmp_path, f"printf '%s' '{SLURMDBD_DOWN}' >&2\nexit 1\n", "sacctmgr")
+def _collect_sacct(tmp_path, bin_dir: str) -> tuple:
+    """`collect --sacct` of an empty spool with the stand-ins in `bin_dir`, which fails (exit
+    1, one line, no traceback): (process, the fleet store's path)."""
     spool = tmp_path / "spool"
     spool.mkdir()
     fleet_db = str(tmp_path / "fleet.db")
     args = ["collect", str(spool), "--db", fleet_db, "--sacct", "--slurm-bin", bin_dir]
     proc = run_cli(*args, "--now", "2026-05-02", "--since", "2d")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    return proc, fleet_db
+
+
+def test_collect_keeps_the_jobs_it_merged_when_sacctmgr_fails(tmp_path):
+    line = "12|NODE_FAIL|0:0|gpu04|2026-05-01T10:00:00|2026-05-01T10:30:00|alice"
+    bin_dir = fake_sacct(tmp_path, f'echo "{line}"\n')
+    fake_sacct(tmp_path, f"printf '%s' '{SLURMDBD_DOWN}' >&2\nexit 1\n", "sacctmgr")
+    proc, fleet_db = _collect_sacct(tmp_path, bin_dir)
     assert "sacct: 1 job rows added or updated" in proc.stdout
     (error,) = proc.stderr.strip().splitlines()
     assert error.startswith("Error: sacctmgr: error: slurm_persist_conn_open_without_init: ")
@@ -446,12 +453,7 @@ def test_collect_keeps_what_it_merged_when_the_places_cannot_be_read(tmp_path):
     fake_sacct(tmp_path, "echo 'gpu04|2026-05-01T10:30:00|Unknown|DOWN*|x'\n", "sacctmgr")
     down = "slurm_load_topo error: Unable to contact slurm controller (connect failure)"
     fake_sacct(tmp_path, f"echo '{down}' >&2\nexit 1\n", "scontrol")
-    spool = tmp_path / "spool"
-    spool.mkdir()
-    fleet_db = str(tmp_path / "fleet.db")
-    args = ["collect", str(spool), "--db", fleet_db, "--sacct", "--slurm-bin", bin_dir]
-    proc = run_cli(*args, "--now", "2026-05-02", "--since", "2d")
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    proc, fleet_db = _collect_sacct(tmp_path, bin_dir)
     assert proc.stderr.strip().splitlines() == [
         f"Error: scontrol: {down} (places of nodes not merged)"
     ]
