@@ -42,7 +42,9 @@ Run: `.venv/bin/python bench/validate_slow.py [--seeds 20] [--models all] [--slo
 [--cadences 60] [--window 7] [--margin 0.05]`; `--cadences 5,15,60` sweeps every 5 minutes
 and reads the 15- and 60-minute cadences off the same sweeps (2 cores: about 3 minutes a
 fleet). `--cost NODES` only times the finders on one window of NODES nodes diagnosed daily
-(rows built in memory); `--store DIR` only builds the largest fleet the validation draws (160
+(rows built in memory); `--groups DRAWS` only counts how often peers._groups splits a class
+of one level (node levels Gaussian, 12 to 160 nodes), DRAWS classes of each size, and how far
+a split moves a side's median; `--store DIR` only builds the largest fleet the validation draws (160
 nodes, 18 days, of the last of --models) and leaves its fleet store in DIR.
 """
 
@@ -457,6 +459,27 @@ def cost(nodes: int, days: float) -> str:
     return "\n".join([*lines, f"  peak RSS {peak:.0f} MiB (the rows included)"])
 
 
+def false_groups(draws: int) -> str:
+    """How often peers._groups splits a class whose node levels are one Gaussian (sd 5 about
+    100: the gap's 1% floor a fifth of an sd, hardly a help), and by how many sds the larger
+    side's median then moves from the class's."""
+    rng = random.Random(0)  # noqa: S311 - a simulation
+    lines = ["nodes | classes split | median shift of a split, sd: median, max"]
+    for nodes in (12, 16, 24, 40, 100, 160):
+        shifts = []
+        for _ in range(draws):
+            levels = {f"n{i}": rng.gauss(100.0, 5.0) for i in range(nodes)}
+            groups = peers._groups(levels, peers.MIN_PEERS)
+            if len(groups) > 1:
+                centre = statistics.median(levels.values())
+                side = max(groups, key=len)
+                shifts.append(abs(statistics.median(levels[n] for n in side) - centre) / 5.0)
+        shifts.sort()
+        middle = f"{shifts[len(shifts) // 2]:.2f}, {shifts[-1]:.2f}" if shifts else "-"
+        lines.append(f"{nodes} | {len(shifts)} of {draws} | {middle}")
+    return "\n".join(lines)
+
+
 def largest_store(path: str, model: str) -> str:
     """Build the largest fleet the validation draws (160 nodes, 18 days) of `model` and leave
     its fleet store in the folder `path`: the store to time `slurmhealth slow` on."""
@@ -479,9 +502,13 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--cost", type=int, default=0, help="only time the finders: NODES")
     parser.add_argument("--store", default="", help="only build the largest fleet's store here")
+    parser.add_argument("--groups", type=int, default=0, help="only count false splits: DRAWS")
     args = parser.parse_args()
     if args.cost:
         print(cost(args.cost, args.window))
+        return 0
+    if args.groups:
+        print(false_groups(args.groups))
         return 0
     names = list(MODELS) if args.models == "all" else args.models.split(",")
     if args.store:

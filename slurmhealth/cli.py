@@ -1335,11 +1335,12 @@ def slow_cmd(db: str | None, window: str, now: str | None, margin: float, as_jso
 
     From the figures `slurmhealth diagnose` recorded in the window (all-reduce and RDMA
     bandwidth, RDMA latency, the GPU tests): each node's worst GPU or port against the median
-    of the other nodes with the same GPU model and count, each day's readings on that day's
-    class level, slow when worse by more than the margin and by more than 4 robust spreads on
-    its latest days: three in a row at least (or all but one of four or more), more than the
-    class's or the node's own one-off lows make likely (docs/diagnose.md). Changes nothing;
-    exits 0.
+    of the other nodes with the same GPU model and count (of its peer group, where the
+    class's nodes fall into well-separated groups: a slower variant under the same name),
+    each day's readings on that day's class level, slow when worse by more than the margin
+    and by more than 4 robust spreads on its latest days: three in a row at least (or all
+    but one of four or more), more than the class's or the node's own one-off lows make
+    likely (docs/diagnose.md). Changes nothing; exits 0.
 
     \b
     Example:

@@ -5,7 +5,9 @@ Pure: the rows queries.diag_figures reads go in, findings come out. Per hardware
 and figure, a unit (GPU, port) has one reading a UTC day, its latest, put on the class's scale
 by that day's class-wide level (a rollout or a busy fabric moves every node alike); a unit is
 summarised by the median of its latest days, a node by its worst unit, and that is compared
-with the median of the class's other nodes. Slow only on persistent evidence: the unit slow on
+with the median of the class's other nodes; of the other nodes of its peer group where the
+class's nodes fall into well-separated groups (a slower variant recorded under the same GPU
+model: _groups). Slow only on persistent evidence: the unit slow on
 its latest days, at least three in a row (or all but one of four or more), and more of them
 than chance makes likely, chance being the class's rate of slow days, or the node's own where
 it is noisier. One or two one-off low readings, or a bad hour run again, never make a node
@@ -53,6 +55,12 @@ MAD_SCALE = 1.4826  # MAD -> standard deviation for normal data
 # MAD near 0, and then any difference would be z spreads away.
 SPREAD_FLOOR = 0.01
 LEVEL_NODES = 500  # a day's class level: of this many to twice as many nodes (_day_scale)
+# Peer groups (_groups): a class splits where its nodes' typical levels leave a gap this many
+# robust spreads of either side wide, each side this share of the class at least (and
+# min_peers + 1 nodes): a few slow nodes, or the share one bad change slowed, never make a
+# group of their own.
+GROUP_GAP = 2.0
+GROUP_SHARE = 0.2
 
 
 def slow(
@@ -63,16 +71,18 @@ def slow(
     z: float = Z,
     higher_is_better: dict | None = None,
 ) -> list:
-    """[{node, gpu_model, probe, figure, unit, value, peer_median, peers, deficit, samples,
-    slow_samples, evidence}] of every node slower than its peers on a figure, worst first.
+    """[{node, gpu_model, probe, figure, unit, value, peer_median, peers, deficit, peer_group,
+    peer_groups, samples, slow_samples, evidence}] of every node slower than its peers on a
+    figure, worst first.
 
     rows: (node, time, gpu_model, probe, unit, figure, value) as queries.diag_figures reads
     them, in time order; gpu_model is the hardware class. value (the unit's median over its
     latest RECENT days) and peer_median are in the figure's own unit, on the class's scale of
-    the window (_day_scale); deficit is the share
-    worse than the peers' median (below it for a throughput, above it for a latency); unit
-    the node's worst GPU or port ("node" for a node-wide figure); samples the unit's latest
-    days judged as evidence, slow_samples the slow ones among them."""
+    the window (_day_scale); deficit is the share worse than the peers' median (below it for
+    a throughput, above it for a latency); peers the other nodes of its peer group, that
+    group peer_group of peer_groups, slowest first (1 of 1 where the class does not split:
+    _groups); unit the node's worst GPU or port ("node" for a node-wide figure); samples the
+    unit's latest days judged as evidence, slow_samples the slow ones among them."""
     better = HIGHER_IS_BETTER if higher_is_better is None else higher_is_better
     limits = (margin, min_peers, min_samples, z)
     figures = {
@@ -92,7 +102,8 @@ def slow(
             rate = max(chance, noise[(key[0], node)])
             judged = _persistent(days, cut, min_samples, units, rate)
             if judged:
-                evidence = (unit, mine, peer, peers, *judged)
+                group = (figure["group"][node], len(figure["groups"]))
+                evidence = (unit, mine, peer, peers, group, *judged)
                 found.append(_finding(key, node, evidence, better[key[2]]))
     return sorted(found, key=lambda f: (-f["deficit"], f["node"], f["probe"], f["figure"]))
 
@@ -157,24 +168,59 @@ def _scaled(days: dict, scale: dict) -> list:
 
 def _figure(nodes: dict, limits: tuple) -> dict:
     """One class, probe and figure of the window: {nodes (as _scores gives them), scale
-    (_day_scale's), worst ({node: (its figure, its worst unit)}), ordered (the nodes'
-    figures, sorted), cut (the class's median node's figure less the margin or z spreads: a
-    slow day by the class's measure)}."""
+    (_day_scale's), worst ({node: (its figure, its worst unit)}), group ({node: its peer
+    group's index, slowest first}), groups ([{members, ordered (their figures, sorted), cut
+    (the group's median node's figure less the margin or z spreads: a slow day by the group's
+    measure)}])}; one group where the class does not split (_groups)."""
     scale = _day_scale(nodes, limits[1])
-    worst = {node: _worst_unit(units, scale) for node, units in nodes.items()}
-    ordered = sorted(mine for mine, _unit in worst.values())
-    centre = statistics.median(ordered)
-    cut = centre - _gap(ordered, centre, limits)
-    return {"nodes": nodes, "scale": scale, "worst": worst, "ordered": ordered, "cut": cut}
+    recent = {n: {u: _recent(d, scale) for u, d in units.items()} for n, units in nodes.items()}
+    # Each unit's median first, then the worst of them: the worst of 8 GPUs in each run and
+    # then their median would pick each run's noise, and set a healthy node's figure (and so
+    # the peers' median) well below its typical GPU.
+    worst = {node: min((mine, u) for u, mine in units.items()) for node, units in recent.items()}
+    levels = {node: statistics.median(units.values()) for node, units in recent.items()}
+    groups = []
+    for members in _groups(levels, limits[1]):
+        ordered = sorted(worst[node][0] for node in members)
+        centre = statistics.median(ordered)
+        cut = centre - _gap(ordered, centre, limits)
+        groups.append({"members": members, "ordered": ordered, "cut": cut})
+    group = {node: i for i, g in enumerate(groups) for node in g["members"]}
+    return {"nodes": nodes, "scale": scale, "worst": worst, "group": group, "groups": groups}
 
 
-def _worst_unit(units: dict, scale: dict) -> tuple:
-    """(figure, unit) of the node's unit whose figure (_recent) is the worst.
+def _groups(levels: dict, min_peers: int) -> list:
+    """[the nodes of each peer group], slowest first: the class split where its nodes' levels
+    (a node's level: the median of its units' figures, which one slow part hardly moves) fall
+    into well-separated groups, as a slower variant of the GPU recorded under the same model
+    name does (a power cap, a lower clock). The split is at the widest gap between neighbours
+    in level order that leaves each side max(min_peers + 1, GROUP_SHARE of the class) nodes,
+    when that gap is more than GROUP_GAP robust spreads of each side and more than
+    SPREAD_FLOOR of the level (levels nearer than the part-to-part spread are no two
+    variants, and a figure read in coarse steps is no set of groups); each side is split
+    again by the same rule. The sizes keep a few slow nodes, or a small share slowed by one bad
+    change, from being a group: they stay judged against the class."""
+    ordered = sorted(levels, key=levels.__getitem__)
+    least = max(min_peers + 1, math.ceil(GROUP_SHARE * len(ordered)))
+    return _split(ordered, [levels[node] for node in ordered], least)
 
-    Each unit's median first, then the worst of them: the worst of 8 GPUs in each run and
-    then their median would pick each run's noise, and set a healthy node's figure (and so
-    the peers' median) well below its typical GPU."""
-    return min((_recent(days, scale), unit) for unit, days in units.items())
+
+def _split(names: list, values: list, least: int) -> list:
+    """_groups of the nodes `names`, their levels `values` (sorted)."""
+    if len(values) < 2 * least:
+        return [names]
+    at = max(range(least, len(values) - least + 1), key=lambda i: values[i] - values[i - 1])
+    wide = max(GROUP_GAP * _mad(values[:at]), GROUP_GAP * _mad(values[at:]))
+    if values[at] - values[at - 1] <= max(wide, SPREAD_FLOOR * abs(values[at])):
+        return [names]
+    return _split(names[:at], values[:at], least) + _split(names[at:], values[at:], least)
+
+
+def _mad(values: list) -> float:
+    """The values' robust spread: their scaled MAD about their median (no floor: a group of
+    near-identical levels is as much a group)."""
+    centre = statistics.median(values)
+    return MAD_SCALE * statistics.median(abs(v - centre) for v in values)
 
 
 def _recent(days: dict, scale: dict) -> float:
@@ -187,15 +233,16 @@ def _recent(days: dict, scale: dict) -> float:
 
 def _suspects(figure: dict, limits: tuple) -> list:
     """[(node, unit, its figure, the peers' median, cut, peers)] of the nodes whose figure is
-    worse than the median of the class's other nodes by more than the margin and more than z
-    robust spreads of theirs; cut is that median less the larger of the two."""
-    worst, ordered = figure["worst"], figure["ordered"]
+    worse than the median of the other nodes of its peer group by more than the margin and
+    more than z robust spreads of theirs; cut is that median less the larger of the two."""
+    worst, groups = figure["worst"], figure["groups"]
     out = []
     for node, (mine, unit) in worst.items():
-        peer = _median_without(ordered, mine)
+        group = groups[figure["group"][node]]
+        peer = _median_without(group["ordered"], mine)
         if peer == 0 or (peer - mine) / abs(peer) <= limits[0]:
             continue  # most nodes stop here, before the spread is computed
-        others = [m for n, (m, _u) in worst.items() if n != node]
+        others = [worst[n][0] for n in group["members"] if n != node]
         cut = peer - _gap(others, peer, limits)
         if mine < cut:
             out.append((node, unit, mine, peer, cut, len(others)))
@@ -219,15 +266,17 @@ def _persistent(days: list, cut: float, min_samples: int, units: int, chance: fl
 
 
 def _class_rate(figure: dict) -> tuple:
-    """(units, rate): the class's units, and the share of slow days (below the class's cut)
-    among the nodes whose figure is not past it: how often a day of this class is that bad by
-    chance (a noisy neighbour, a thermal event, a heavy-tailed figure). The slow nodes are
-    left out, as from a baseline: their slow days are no chance. Jeffreys' estimate, (slow +
-    1/2) / (days + 1): a class with no slow day yet is not one where they never happen."""
-    cut, scale = figure["cut"], figure["scale"]
+    """(units, rate): the class's units, and the share of slow days (below the cut of the
+    node's peer group) among the nodes whose figure is not past it: how often a day of this
+    class is that bad by chance (a noisy neighbour, a thermal event, a heavy-tailed figure).
+    The slow nodes are left out, as from a baseline: their slow days are no chance. Jeffreys'
+    estimate, (slow + 1/2) / (days + 1): a class with no slow day yet is not one where they
+    never happen."""
+    scale = figure["scale"]
     bad = days = units = 0
     for node, mine in figure["nodes"].items():
         units += len(mine)
+        cut = _cut(figure, node)
         if figure["worst"][node][0] >= cut:
             for scores in mine.values():
                 days += len(scores)
@@ -237,18 +286,25 @@ def _class_rate(figure: dict) -> tuple:
 
 def _own_rate(figures: dict, model: str, node: str) -> float:
     """The node's own rate of slow days: on every figure of its class, the days of its GPUs,
-    ports and node-wide figures whose own figure is not slow, slow by that figure's class
-    cut, over all those days. A node whose parts read slow now and then, each part's median
-    as its peers', is noisy: a run of slow days is less telling there than on a quiet node. A
-    part slow throughout, or the whole node, is no noise and counts nothing."""
+    ports and node-wide figures whose own figure is not slow, slow by the cut of its peer
+    group on that figure, over all those days. A node whose parts read slow now and then,
+    each part's median as its peers', is noisy: a run of slow days is less telling there than
+    on a quiet node. A part slow throughout, or the whole node, is no noise and counts
+    nothing."""
     bad = days = 0
     for (of, _probe, _name), figure in figures.items():
         units = figure["nodes"].get(node) if of == model else None
+        cut = _cut(figure, node) if units else 0.0
         for scores in (units or {}).values():
-            if _recent(scores, figure["scale"]) >= figure["cut"]:
+            if _recent(scores, figure["scale"]) >= cut:
                 days += len(scores)
-                bad += sum(1 for s in _scaled(scores, figure["scale"]) if s < figure["cut"])
+                bad += sum(1 for s in _scaled(scores, figure["scale"]) if s < cut)
     return bad / days if days else 0.0
+
+
+def _cut(figure: dict, node: str) -> float:
+    """A slow day of the node by its peer group's measure (_figure)."""
+    return figure["groups"][figure["group"][node]]["cut"]
 
 
 def _tail(n: int, k: int, p: float) -> float:
@@ -284,9 +340,10 @@ def _median_without(ordered: list, value: float) -> float:
 
 def _finding(key: tuple, node: str, found: tuple, higher: bool) -> dict:
     """One slow node on one figure; found: (unit, its score, the peers' median score, peers,
-    the unit's latest days judged, the slow ones among them)."""
+    (its peer group's index, slowest first, and how many), the unit's latest days judged, the
+    slow ones among them)."""
     model, probe, figure = key
-    unit, mine, peer, peers, samples, worse = found
+    unit, mine, peer, peers, (group, groups), samples, worse = found
     sign = 1 if higher else -1
     value, median = sign * mine, sign * peer
     deficit = (peer - mine) / abs(peer)
@@ -295,7 +352,8 @@ def _finding(key: tuple, node: str, found: tuple, higher: bool) -> dict:
     line = (
         f"{node}: {probe} {figure} {_num(value)}{where} (slow on {worse} of its latest "
         f"{counted(samples, 'day')}), {deficit:.0%} {side} the median {_num(median)} of "
-        f"{counted(peers, 'peer')} ({model or 'no GPU model recorded'})"
+        f"{counted(peers, 'peer')} ({model or 'no GPU model recorded'}"
+        f"{_group_words(group, groups)})"
     )
     return {
         "node": node,
@@ -307,10 +365,21 @@ def _finding(key: tuple, node: str, found: tuple, higher: bool) -> dict:
         "peer_median": round(median, 3),
         "peers": peers,
         "deficit": round(deficit, 4),
+        "peer_group": group + 1,
+        "peer_groups": groups,
         "samples": samples,
         "slow_samples": worse,
         "evidence": clean(line, 300),
     }
+
+
+def _group_words(group: int, groups: int) -> str:
+    """Which peer group of its class the node was judged in, where the class split."""
+    if groups == 1:
+        return ""
+    if groups == 2:
+        return f", the {('slower', 'faster')[group]} group of 2"
+    return f", group {group + 1} of {groups}, slowest first"
 
 
 def _num(value: float) -> str:

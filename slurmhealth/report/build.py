@@ -663,7 +663,8 @@ def diagnosed(conn: sqlite3.Connection, start: float, end: float) -> list:
 
 
 SLOW_DAYS = 7  # as `slurmhealth slow`: a week of diagnoses
-_SLOW_NUMBERS = ("value", "peer_median", "peers", "deficit", "samples", "slow_samples")
+_SLOW_NUMBERS = ("value", "peer_median", "peers", "deficit", "peer_group", "peer_groups")
+_SLOW_NUMBERS += ("samples", "slow_samples")
 
 
 def slow_nodes(conn: sqlite3.Connection, now: float) -> dict:

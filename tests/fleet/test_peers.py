@@ -207,6 +207,75 @@ def test_findings_come_worst_first():
     assert [f["node"] for f in peers.slow(fleet(values))] == ["gpu08", "gpu07"]
 
 
+# --- peer groups within a class ------------------------------------------------------------------
+
+
+def variant_rows(slow_units: dict, variant: int = 12, nodes: int = 40, days: int = 3) -> list:
+    """gpu_rows of a class whose first `variant` nodes (gpu07 the first) are a variant 4%
+    slower on every GPU, as a power-capped SKU recorded under the same model name; each GPU a
+    little apart from the others (+-0.6%); slow_units: {(node index, gpu): its own further
+    share slower}."""
+
+    def tflops(i: int, gpu: int, _day: int) -> float:
+        level = 690.0 * (0.96 if i < variant else 1.0) * (1 + ((i * 3 + gpu) % 7 - 3) * 0.002)
+        return level * (1 - slow_units.get((i, gpu), 0.0))
+
+    return gpu_rows(tflops, nodes=nodes, days=days)
+
+
+def test_a_slower_variant_is_its_own_peer_group():
+    """30% of the class 4% slower: a GPU of that variant 2.5% below its own nodes is more than
+    5% below the whole class, and named when judged against it; against its group it is not.
+    A GPU 10% below its group is named there, and the line says which group it was judged
+    in."""
+    within = variant_rows({(0, 3): 0.025})
+    assert peers.slow(within) == []
+    real = variant_rows({(0, 3): 0.10})
+    [found] = peers.slow(real)
+    assert (found["node"], found["unit"], found["peers"]) == ("gpu07", "gpu3", 11)
+    assert (found["peer_group"], found["peer_groups"]) == (1, 2)
+    assert found["deficit"] == pytest.approx(0.10, abs=0.01)
+    assert found["evidence"].endswith(f"of 11 peers ({H100}, the slower group of 2)")
+
+
+def test_without_the_groups_the_variant_would_be_named(monkeypatch):
+    """The same class judged as one (no split): the variant's GPU 2.5% below its own nodes is
+    named against the whole class, as the finder did before peer groups."""
+    monkeypatch.setattr(peers, "GROUP_GAP", math.inf)
+    [found] = peers.slow(variant_rows({(0, 3): 0.025}))
+    assert (found["node"], found["unit"], found["peer_groups"], found["peers"]) == (
+        "gpu07",
+        "gpu3",
+        1,
+        39,
+    )
+
+
+def test_a_few_slow_nodes_never_form_a_group():
+    """Nodes slow on every GPU (one bad change, a hot row) move their level, not only a
+    unit's: below GROUP_SHARE of the class (7 of 40) or below min_peers + 1 (5 of 12) they
+    are no group, and each is judged against the class and named."""
+    slowed = {(i, gpu): 0.08 for i in range(7) for gpu in range(8)}
+    found = peers.slow(variant_rows(slowed, variant=0))
+    assert len({f["node"] for f in found}) == 7
+    assert {(f["peer_groups"], f["peers"]) for f in found} == {(1, 39)}
+    small = {(i, gpu): 0.08 for i in range(5) for gpu in range(8)}
+    found = peers.slow(variant_rows(small, variant=0, nodes=12))
+    assert len({f["node"] for f in found}) == 5
+    assert {(f["peer_groups"], f["peers"]) for f in found} == {(1, 11)}
+
+
+def test_a_class_of_one_level_is_never_split():
+    """A class whose levels vary evenly (no gap) or in steps finer than the part-to-part
+    spread is one group: every node's peers are all the others."""
+    even = variant_rows({(0, 3): 0.10}, variant=0)
+    [found] = peers.slow(even)
+    assert (found["peer_groups"], found["peers"]) == (1, 39)
+    steps = {**{f"gpu{i}": [461.0 + (i % 2) * 2.0] * 3 for i in range(30)}, "gpu07": [420.0] * 3}
+    [found] = peers.slow(fleet(steps))
+    assert (found["peer_groups"], found["peers"]) == (1, 30)
+
+
 # --- persistent evidence, over time --------------------------------------------------------------
 
 
