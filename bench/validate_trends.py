@@ -2,9 +2,10 @@
 (bench/trend_fleets.py; docs/trends.md, "Validation").
 
 For each model, health-check cadence and seed: a planted fleet's records go into a fleet store
-through records.import_ndjson (the path `collect` and `import` take); its counter rows and GPU
-models are read back once, then the finder runs every --every hours over the last --sweep days
-as `slurmhealth trends --now <that hour>` would. Beside it, a plain per-device rate test at the
+through records.import_ndjson (the path `collect` and `import` take); its GPU models are read
+back once, then the finder runs every --every hours over the last --sweep days as `slurmhealth
+trends --now <that hour>` runs it: the series summed in SQL (queries.counter_series), then
+judged (trends.judged). Beside it, a plain per-device rate test at the
 same alpha: the errors of the last 24 h against the device's own 7 days before, Poisson, at
 least twice the rate.
 
@@ -77,22 +78,26 @@ def one(args: tuple) -> dict:
         end = START + days * DAY
         rows = queries.counter_rows(conn, START, end)
         models = queries.node_models(conn, fleet.names, end, days * DAY)
+        times = [r[3] for r in rows]
+        reach = max(trends.WINDOWS) + trends.BASELINE
+        plants = {n: (p.device[0], p.counter, p.onset, p.base) for n, p in fleet.plants.items()}
+        tally = {name: {"flagged": {}, "first": {}, "held": {}} for name in ("finder", "plain")}
+        # the finder as `slurmhealth trends` runs it: the series summed in SQL, then judged
+        hours = trends.hours_of(trends.WINDOWS, trends.BASELINE)
+        limits = (trends.FACTOR, trends.MIN_EPISODES, alpha)
+        t = end - sweep_days * DAY
+        while t <= end:
+            lo, hi = bisect.bisect_right(times, t - reach), bisect.bisect_right(times, t)
+            series = queries.counter_series(conn, t, hours, trends.NOT_TRENDS)
+            judged = trends.judged(series, models, trends.WINDOWS, limits, trends.BASELINE)
+            found = {
+                "finder": {(f["node"], f["device"], f["counter"]) for f in judged},
+                "plain": plain(rows[lo:hi], t, alpha),
+            }
+            for name, keys in found.items():
+                _count(tally[name], keys, plants, t)
+            t += every * HOUR
         conn.close()
-    times = [r[3] for r in rows]
-    reach = max(trends.WINDOWS) + trends.BASELINE
-    plants = {n: (p.device[0], p.counter, p.onset, p.base) for n, p in fleet.plants.items()}
-    tally = {name: {"flagged": {}, "first": {}, "held": {}} for name in ("finder", "plain")}
-    t = end - sweep_days * DAY
-    while t <= end:
-        lo, hi = bisect.bisect_right(times, t - reach), bisect.bisect_right(times, t)
-        found = {
-            "finder": {(f["node"], f["device"], f["counter"]) for f in trends.rising(
-                rows[lo:hi], models, t, alpha=alpha)},
-            "plain": plain(rows[lo:hi], t, alpha),
-        }
-        for name, keys in found.items():
-            _count(tally[name], keys, plants, t)
-        t += every * HOUR
     return {name: _summary(tally[name], plants, end, every) for name in tally} | {
         "rows": len(lines), "node_days": nodes * sweep_days,
     }
