@@ -61,6 +61,12 @@ LEVEL_NODES = 500  # a day's class level: of this many to twice as many nodes (_
 # group of their own.
 GROUP_GAP = 2.0
 GROUP_SHARE = 0.2
+# The figures measured on each GPU, which a slower variant of the GPU moves together (its
+# power cap or clock): a class's variant groups are taken from the one of them where the
+# variant stands clearest (_variants) and apply to all of them.
+PER_GPU = frozenset(
+    ("matmul_tflops", "memory_write_gbps", "hbm_gbps", "h2d_gbps", "d2h_gbps", "p2p_gbps")
+)
 
 
 def slow(
@@ -85,10 +91,15 @@ def slow(
     unit's latest days judged as evidence, slow_samples the slow ones among them."""
     better = HIGHER_IS_BETTER if higher_is_better is None else higher_is_better
     limits = (margin, min_peers, min_samples, z)
-    figures = {
-        key: _figure(nodes, limits)
+    prepared = {
+        key: _prepare(nodes, min_peers)
         for key, nodes in _scores(rows, better).items()
         if len(nodes) - 1 >= min_peers
+    }
+    variants = _variants(prepared, min_peers)
+    figures = {
+        key: _figure(ready, limits, variants.get(key[0]) if key[2] in PER_GPU else None)
+        for key, ready in prepared.items()
     }
     noise: dict = {}  # (class, node) -> the node's own rate of slow days (_own_rate)
     found = []
@@ -166,27 +177,70 @@ def _scaled(days: dict, scale: dict) -> list:
     return [s * scale.get(d, 1.0) for d, s in days.items()]
 
 
-def _figure(nodes: dict, limits: tuple) -> dict:
-    """One class, probe and figure of the window: {nodes (as _scores gives them), scale
-    (_day_scale's), worst ({node: (its figure, its worst unit)}), group ({node: its peer
-    group's index, slowest first}), groups ([{members, ordered (their figures, sorted), cut
-    (the group's median node's figure less the margin or z spreads: a slow day by the group's
-    measure)}])}; one group where the class does not split (_groups)."""
-    scale = _day_scale(nodes, limits[1])
+def _prepare(nodes: dict, min_peers: int) -> dict:
+    """One class, probe and figure of the window before its peer groups: {nodes (as _scores
+    gives them), scale (_day_scale's), worst ({node: (its figure, its worst unit)}), levels
+    ({node: the median of its units' figures})}."""
+    scale = _day_scale(nodes, min_peers)
     recent = {n: {u: _recent(d, scale) for u, d in units.items()} for n, units in nodes.items()}
     # Each unit's median first, then the worst of them: the worst of 8 GPUs in each run and
     # then their median would pick each run's noise, and set a healthy node's figure (and so
     # the peers' median) well below its typical GPU.
     worst = {node: min((mine, u) for u, mine in units.items()) for node, units in recent.items()}
     levels = {node: statistics.median(units.values()) for node, units in recent.items()}
+    return {"nodes": nodes, "scale": scale, "worst": worst, "levels": levels}
+
+
+def _figure(ready: dict, limits: tuple, variants: list | None = None) -> dict:
+    """_prepare's figure with its peer groups: adds group ({node: its peer group's index,
+    slowest first}) and groups ([{members, ordered (their figures, sorted), cut (the group's
+    median node's figure less the margin or z spreads: a slow day by the group's measure)}]);
+    one group where the class does not split. The groups are the class's variants where
+    given (a GPU figure: _variants), else this figure's own (_groups)."""
+    levels, worst = ready["levels"], ready["worst"]
+    members = _as_variants(levels, variants, limits[1]) if variants else None
     groups = []
-    for members in _groups(levels, limits[1]):
-        ordered = sorted(worst[node][0] for node in members)
+    for group in members or _groups(levels, limits[1]):
+        ordered = sorted(worst[node][0] for node in group)
         centre = statistics.median(ordered)
         cut = centre - _gap(ordered, centre, limits)
-        groups.append({"members": members, "ordered": ordered, "cut": cut})
+        groups.append({"members": group, "ordered": ordered, "cut": cut})
     group = {node: i for i, g in enumerate(groups) for node in g["members"]}
-    return {"nodes": nodes, "scale": scale, "worst": worst, "group": group, "groups": groups}
+    return {**ready, "group": group, "groups": groups}
+
+
+def _variants(prepared: dict, min_peers: int) -> dict:
+    """{gpu_model: [set of nodes of each variant]} of the classes whose nodes split into
+    groups (_groups) on one of their GPU figures (PER_GPU): the split of the figure where it
+    is clearest (the widest gap in robust spreads). A variant is a property of the node, not
+    of a figure: a power-capped part is 10% slower on its matmul and 3% on its copies, where
+    the part-to-part spread alone would not split the class, so a variant node's slowest GPU
+    would be named against the whole class."""
+    best: dict = {}
+    for (model, _probe, name), ready in prepared.items():
+        if name not in PER_GPU:
+            continue
+        groups, clarity = _grouped(ready["levels"], min_peers)
+        if len(groups) > 1 and clarity > best.get(model, (0.0, None))[0]:
+            best[model] = (clarity, groups)
+    return {model: [set(g) for g in groups] for model, (_, groups) in best.items()}
+
+
+def _as_variants(levels: dict, variants: list, min_peers: int) -> list | None:
+    """The nodes of `levels` in the class's variant groups, slowest first by this figure's
+    group medians; a node the variants do not know joins the group whose median level is
+    nearest its own. None where a group would have fewer than min_peers + 1 nodes here (a
+    figure few nodes measured): then the figure's own groups."""
+    known = [[n for n in levels if n in variant] for variant in variants]
+    if any(len(g) < min_peers + 1 for g in known):
+        return None
+    middles = [statistics.median(levels[n] for n in g) for g in known]
+    for node, level in levels.items():
+        if not any(node in variant for variant in variants):
+            nearest = min(range(len(known)), key=lambda i: abs(middles[i] - level))
+            known[nearest].append(node)
+    order = sorted(range(len(known)), key=middles.__getitem__)
+    return [known[i] for i in order]
 
 
 def _groups(levels: dict, min_peers: int) -> list:
@@ -200,20 +254,29 @@ def _groups(levels: dict, min_peers: int) -> list:
     variants, and a figure read in coarse steps is no set of groups); each side is split
     again by the same rule. The sizes keep a few slow nodes, or a small share slowed by one bad
     change, from being a group: they stay judged against the class."""
+    return _grouped(levels, min_peers)[0]
+
+
+def _grouped(levels: dict, min_peers: int) -> tuple:
+    """(_groups, how clear the first split is: its gap over the least gap that splits; 0.0
+    where the class does not split)."""
     ordered = sorted(levels, key=levels.__getitem__)
     least = max(min_peers + 1, math.ceil(GROUP_SHARE * len(ordered)))
     return _split(ordered, [levels[node] for node in ordered], least)
 
 
-def _split(names: list, values: list, least: int) -> list:
-    """_groups of the nodes `names`, their levels `values` (sorted)."""
+def _split(names: list, values: list, least: int) -> tuple:
+    """_grouped of the nodes `names`, their levels `values` (sorted)."""
     if len(values) < 2 * least:
-        return [names]
+        return [names], 0.0
     at = max(range(least, len(values) - least + 1), key=lambda i: values[i] - values[i - 1])
     wide = max(GROUP_GAP * _mad(values[:at]), GROUP_GAP * _mad(values[at:]))
-    if values[at] - values[at - 1] <= max(wide, SPREAD_FLOOR * abs(values[at])):
-        return [names]
-    return _split(names[:at], values[:at], least) + _split(names[at:], values[at:], least)
+    needed = max(wide, SPREAD_FLOOR * abs(values[at]))
+    gap = values[at] - values[at - 1]
+    if gap <= needed:
+        return [names], 0.0
+    low, high = _split(names[:at], values[:at], least), _split(names[at:], values[at:], least)
+    return low[0] + high[0], gap / needed if needed else math.inf
 
 
 def _mad(values: list) -> float:

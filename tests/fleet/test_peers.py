@@ -251,6 +251,59 @@ def test_without_the_groups_the_variant_would_be_named(monkeypatch):
     )
 
 
+def two_figure_rows(slow_units: dict, p2p_spread: float = 0.015) -> list:
+    """variant_rows' class on two GPU figures: its matmul, where the variant (the first 12 of
+    40 nodes) is 10% slower and the nodes lie within +-0.2%, and its peer copies, where the
+    variant is 4% slower but the nodes spread +-`p2p_spread`, so that the variant's gap there
+    is under GROUP_GAP spreads; slow_units: {(node index, gpu): a further share slower on p2p}."""
+
+    def level(i: int, gpu: int, half: float, variant: float) -> float:
+        node = (variant if i < 12 else 1.0) * (1 + ((i * 7) % 11 - 5) / 5 * half)
+        return 100.0 * node * (1 + ((i * 3 + gpu) % 7 - 3) * 0.001)
+
+    matmul = gpu_rows(lambda i, gpu, _d: level(i, gpu, 0.002, 0.90), nodes=40)
+    p2p = gpu_rows(
+        lambda i, gpu, _d: level(i, gpu, p2p_spread, 0.96) * (1 - slow_units.get((i, gpu), 0.0)),
+        nodes=40,
+    )
+    copies = [(n, t, m, p, u, "p2p_gbps", v) for n, t, m, p, u, _f, v in p2p]
+    return sorted(matmul + copies, key=lambda r: r[1])
+
+
+def test_a_variant_seen_on_one_gpu_figure_groups_them_all():
+    """A variant is a property of the node: the class splits on its clearest GPU figure
+    (matmul here) and every GPU figure is judged within those groups. On the peer copies
+    alone the variant does not stand apart, and a variant node's GPU 3% below its own level
+    would be named against the whole class; with the matmul's groups it is not, while a GPU
+    12% below its group still is, judged in the slower group of 2."""
+    rows = two_figure_rows({(0, 3): 0.03})
+    copies = [r for r in rows if r[5] == "p2p_gbps"]
+    [alone] = peers.slow(copies)
+    assert (alone["node"], alone["figure"], alone["peer_groups"]) == ("gpu07", "p2p_gbps", 1)
+    assert peers.slow(rows) == []
+    [found] = peers.slow(two_figure_rows({(0, 3): 0.12}))
+    assert (found["node"], found["unit"], found["figure"]) == ("gpu07", "gpu3", "p2p_gbps")
+    assert (found["peer_group"], found["peer_groups"], found["peers"]) == (1, 2, 11)
+
+
+def test_a_node_not_in_the_clearest_figure_joins_the_nearest_variant():
+    """A node diagnosed on the peer copies but not on the matmul is judged in the variant
+    group whose median level on the copies is nearest its own."""
+    rows = two_figure_rows({})
+    extra = [
+        ("gpu99", NOW - 2 * DAY, H100, "cuda", f"gpu{g}", "p2p_gbps", 96.0 * 0.88)
+        for g in range(8)
+    ] + [("gpu98", NOW - 2 * DAY, H100, "cuda", f"gpu{g}", "p2p_gbps", 99.9) for g in range(8)]
+    days = sorted(rows + [r[:1] + (r[1] + d * DAY,) + r[2:] for r in extra for d in range(3)],
+                  key=lambda r: r[1])
+    matmul = [r for r in days if r[5] == "matmul_tflops"]
+    assert {r[0] for r in matmul}.isdisjoint({"gpu98", "gpu99"})
+    found = peers.slow(days)
+    assert [(f["node"], f["peer_group"], f["peer_groups"], f["peers"]) for f in found] == [
+        ("gpu99", 1, 2, 12)
+    ]
+
+
 def test_a_few_slow_nodes_never_form_a_group():
     """Nodes slow on every GPU (one bad change, a hot row) move their level, not only a
     unit's: below GROUP_SHARE of the class (7 of 40) or below min_peers + 1 (5 of 12) they
