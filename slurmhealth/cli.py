@@ -297,6 +297,49 @@ def genconf(
         raise click.ClickException(f"{output}: {exc.strerror or exc}") from None
 
 
+@config_group.command(name="from-nhc")
+@click.argument("file", type=click.Path(dir_okay=False))
+@output_option
+@click.option("--check", is_flag=True, help="exit 1 when a line is not translated in full")
+def from_nhc(file: str, output: str, check: bool) -> None:
+    """Translate an LBNL NHC configuration (FILE, e.g. /etc/nhc/nhc.conf) into slurmhealth's
+    expectations, and list, line by line, what it cannot translate and why (on stderr, and as
+    comments at the top of what it writes). Runs nothing the file names. docs/nhc.md says
+    which NHC checks map to what. Exit 0; with --check 1 when a line is not translated in
+    full; 2 when FILE cannot be read.
+
+    \b
+    Example:
+        slurmhealth config from-nhc /etc/nhc/nhc.conf -o /etc/slurmhealth/slurmhealth.toml
+    """
+    from slurmhealth.node import nhc  # noqa: PLC0415 - only this command needs it
+
+    try:
+        with open(file, encoding="utf-8", errors="replace") as handle:
+            text = handle.read(4 << 20)
+    except OSError as exc:
+        raise _Refused(f"{clean(file, 300)}: {exc.strerror or exc}") from None
+    done = nhc.translate(text)
+    out = nhc.render(done, file)
+    try:
+        config.parse(out, "<from-nhc>")  # what we write must validate
+    except config.ConfigError as exc:
+        raise click.ClickException(f"the translation does not validate: {exc}") from None
+    for number, line, why in done.untranslated():
+        click.echo(f"{clean(file, 200)}:{number}: {clean(line, 160)}: {clean(why, 200)}", err=True)
+    for said in nhc.overlaps(done):
+        click.echo(f"{clean(file, 200)}: {clean(said, 300)}", err=True)
+    if output == "-":
+        click.echo(out, nl=False)
+    else:
+        try:  # 0644 as admins install configs; never through a planted symlink
+            files.write_private(output, out, 0o644)
+        except OSError as exc:
+            raise click.ClickException(f"{output}: {exc.strerror or exc}") from None
+    if check and done.untranslated():
+        sys.exit(1)
+
+
 @config_group.command(name="slurm-conf")
 @click.argument("file", required=False)
 @click.option(
