@@ -40,7 +40,7 @@ class Context:
         phase: str = "check",
         expect: dict[str, Any] | None = None,
         baseline: dict[str, Any] | None = None,
-        gpus: dict[str, int] | None = None,
+        gpus: dict[str, int | None] | None = None,
         job_gpus: list[int] | None = None,
         now: float = 0.0,
     ) -> None:

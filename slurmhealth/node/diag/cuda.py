@@ -41,6 +41,10 @@ import time
 
 from slurmhealth.core.result import FAIL, SKIP, clean, counted
 
+TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
+if TYPE_CHECKING:
+    from typing import Any
+
 PASS = "pass"  # noqa: S105 - a status, not a password
 TESTS = ("matmul", "memory", "h2d", "p2p")
 MODULE = "slurmhealth.node.diag.cuda"
@@ -83,7 +87,7 @@ PATTERNS = (
 )
 
 
-def _outcome(unit: str, status: str, figures: dict, evidence: str) -> dict:
+def _outcome(unit: str, status: str, figures: dict[str, Any], evidence: str) -> dict[str, Any]:
     return {"unit": unit, "status": status, "figures": figures, "evidence": clean(evidence)}
 
 
@@ -300,7 +304,7 @@ class CupyBackend(Backend):
 LIBRARIES = {"torch": TorchBackend, "cupy": CupyBackend}
 
 
-def open_backend(name: str = "auto") -> tuple:
+def open_backend(name: str = "auto") -> tuple[Any, ...]:
     """(a Backend, "") or (None, why not). `name`: auto (torch, then cupy), torch, cupy, or a
     module whose Backend class implements the adapter (the tests' stand-in)."""
     problems = []
@@ -319,7 +323,7 @@ def open_backend(name: str = "auto") -> tuple:
 # --- the tests ----------------------------------------------------------------------------------
 
 
-def matmul(backend: Backend, gpu: int, seconds: float, n: int = MATMUL_N) -> dict:
+def matmul(backend: Backend, gpu: int, seconds: float, n: int = MATMUL_N) -> dict[str, Any]:
     """Products of two fixed matrices of integers in [-2, 2], for about `seconds`, each compared
     with the exact product: any difference fails (silent data corruption).
 
@@ -358,7 +362,7 @@ def _salt(chunk: int, mask: int) -> int:
     return ((chunk * 0x9E3779B1) & 0x7FFFFFFF) ^ mask
 
 
-def _layout(total: int, chunk_bytes: int) -> tuple:
+def _layout(total: int, chunk_bytes: int) -> tuple[Any, ...]:
     """(words per chunk, chunks tested) for `total` bytes, one chunk kept as scratch."""
     words = max(1, min(chunk_bytes, total // 2) // 4)
     return words, max(1, total // (words * 4) - 1)
@@ -370,7 +374,7 @@ def memory(
     seconds: float,
     share: float = MEMORY_SHARE,
     chunk_bytes: int = CHUNK_BYTES,
-) -> dict:
+) -> dict[str, Any]:
     """Every pattern written over `share` of free memory and read back, pass after pass for
     about `seconds`; any word read back wrong fails."""
     backend.release(gpu)
@@ -379,7 +383,7 @@ def memory(
     scratch = backend.words(gpu, words)  # the expected address words, one chunk at a time
     passes = wrong = 0
     busy = 0.0
-    bad: list = []
+    bad: list[Any] = []
     started = backend.clock()
     while passes == 0 or backend.clock() - started < seconds:
         for pattern in PATTERNS:
@@ -409,7 +413,7 @@ def memory(
     return _outcome(f"gpu{gpu}", PASS, figures, f"memory on gpu{gpu}: {line}")
 
 
-def _hbm(backend: Backend, gpu: int, target: object, source: object, words: int) -> tuple:
+def _hbm(backend: Backend, gpu: int, target: object, source: object, words: int) -> tuple[Any, ...]:
     """Plain copies of one chunk into another on the GPU: (GB/s of memory traffic, words
     copied wrong).
 
@@ -431,8 +435,8 @@ def _hbm(backend: Backend, gpu: int, target: object, source: object, words: int)
 
 
 def _write_and_check(
-    backend: Backend, gpu: int, chunks: list, scratch: object, pattern: tuple
-) -> tuple:
+    backend: Backend, gpu: int, chunks: list[Any], scratch: object, pattern: tuple[Any, ...]
+) -> tuple[Any, ...]:
     """One pattern written over every chunk, then read back: (seconds writing, mismatches)."""
     _name, value, address = pattern
     backend.sync(gpu)
@@ -456,7 +460,7 @@ def _write_and_check(
 
 def host_copies(
     backend: Backend, count: int, nbytes: int = H2D_BYTES, repeats: int = H2D_REPEATS
-) -> list:
+) -> list[Any]:
     """Each GPU's copies to and from host memory, one GPU at a time: GPUs can share a PCIe
     switch's uplink to the CPU (two per switch on common HGX boards), and at the same time each
     would measure its share of it, which changes with the other's timing.
@@ -467,9 +471,9 @@ def host_copies(
     held until every GPU is done: a freed one is cached by the library and would be handed to
     the next GPU, on the wrong node."""
     allowed = _affinity()
-    held: list = []
+    held: list[Any] = []
 
-    def near_and_copy(gpu: int) -> dict:
+    def near_and_copy(gpu: int) -> dict[str, Any]:
         _near(backend.bus_id(gpu), allowed, SYSFS)
         return h2d(backend, gpu, nbytes, repeats, held)
 
@@ -484,8 +488,8 @@ def h2d(
     gpu: int,
     nbytes: int = H2D_BYTES,
     repeats: int = H2D_REPEATS,
-    held: list | None = None,
-) -> dict:
+    held: list[Any] | None = None,
+) -> dict[str, Any]:
     """Round trips through a pinned host buffer: device -> host, then host -> device, each
     timed, and the words back on the device compared with those sent. Any difference fails
     (data corrupted on the PCIe path: the link, a switch, the root port, host memory). Each
@@ -518,7 +522,7 @@ def h2d(
 
 def _round_trip(
     backend: Backend, gpu: int, host: object, want: object, got: object, salt: int
-) -> tuple:
+) -> tuple[Any, ...]:
     """(seconds device -> host, seconds host -> device, words wrong) of one round trip."""
     backend.address(want, salt)
     backend.sync(gpu)
@@ -542,9 +546,9 @@ def _sysfs_address(bus_id: str) -> str:
         return ""
 
 
-def _cpulist(text: str) -> set:
+def _cpulist(text: str) -> set[Any]:
     """sysfs's "0-3,8,10-11" as a set of CPUs; an unreadable list is the empty set."""
-    cpus: set = set()
+    cpus: set[Any] = set()
     for part in text.strip().split(","):
         first, _, last = part.partition("-")
         if not first.isdigit() or not (last or first).isdigit():
@@ -553,10 +557,10 @@ def _cpulist(text: str) -> set:
     return cpus
 
 
-def _near(bus_id: str, allowed: set, root: str = SYSFS) -> None:
+def _near(bus_id: str, allowed: set[Any], root: str = SYSFS) -> None:
     """This thread onto the CPUs of `allowed` next to the PCI device; onto all of `allowed`
     where the library or the kernel cannot tell, or none of them is next to it."""
-    cpus: set = set()
+    cpus: set[Any] = set()
     if bus_id:
         path = os.path.join(root, "bus", "pci", "devices", bus_id, "local_cpulist")
         try:
@@ -567,12 +571,12 @@ def _near(bus_id: str, allowed: set, root: str = SYSFS) -> None:
     _set_affinity(cpus or allowed)
 
 
-def _affinity() -> set:
+def _affinity() -> set[Any]:
     getter = getattr(os, "sched_getaffinity", None)  # Linux only
     return set(getter(0)) if getter else set()
 
 
-def _set_affinity(cpus: set) -> None:
+def _set_affinity(cpus: set[Any]) -> None:
     """The calling thread's CPUs (pid 0 is the calling thread on Linux)."""
     if cpus and hasattr(os, "sched_setaffinity"):
         try:
@@ -581,7 +585,7 @@ def _set_affinity(cpus: set) -> None:
             pass
 
 
-def p2p(backend: Backend, count: int, nbytes: int = P2P_BYTES, repeats: int = P2P_REPEATS) -> list:
+def p2p(backend: Backend, count: int, nbytes: int = P2P_BYTES, repeats: int = P2P_REPEATS) -> list[Any]:
     """Each GPU copies to its neighbour (gpu i -> gpu i+1, the last to gpu 0): bandwidth, and
     the copy checked word for word. One pair at a time, so each figure is one path's."""
     if count < 2:
@@ -593,7 +597,7 @@ def p2p(backend: Backend, count: int, nbytes: int = P2P_BYTES, repeats: int = P2
     return out
 
 
-def _copy(backend: Backend, src: int, dst: int, nbytes: int, repeats: int) -> dict:
+def _copy(backend: Backend, src: int, dst: int, nbytes: int, repeats: int) -> dict[str, Any]:
     where = f"p2p gpu{src} -> gpu{dst}"
     if not backend.peer(src, dst):
         return _outcome(f"gpu{src}", SKIP, {}, f"{where}: no peer access (the library says)")
@@ -618,12 +622,12 @@ def _copy(backend: Backend, src: int, dst: int, nbytes: int, repeats: int) -> di
     return _outcome(f"gpu{src}", PASS, figures, f"{where}: {gbps:.0f} GB/s")
 
 
-def judge(outcomes: list, floors: dict) -> list:
+def judge(outcomes: list[Any], floors: dict[str, Any]) -> list[Any]:
     """Outcomes with each passing one whose figure is below its floor made a fail."""
     return [_floored(o, floors) if o["status"] == PASS else o for o in outcomes]
 
 
-def _floored(o: dict, floors: dict) -> dict:
+def _floored(o: dict[str, Any], floors: dict[str, Any]) -> dict[str, Any]:
     low = [
         f"{name} {value:g} below the floor {floors[name]:g}"
         for name, value in o["figures"].items()
@@ -642,7 +646,7 @@ def _say(what: str, gpu: int, test: str) -> None:
     os.write(2, f"{PROGRESS}{what} gpu{gpu} {test}\n".encode())
 
 
-def _guarded(test: str, gpu: int, func: object) -> dict:
+def _guarded(test: str, gpu: int, func: object) -> dict[str, Any]:
     """One test; an exception (a CUDA error: Xid, uncorrectable ECC, illegal address) fails it."""
     _say("start", gpu, test)
     try:
@@ -653,7 +657,7 @@ def _guarded(test: str, gpu: int, func: object) -> dict:
         _say("end", gpu, test)
 
 
-def _one_gpu(backend: Backend, gpu: int, tests: list, seconds: float, n: int, box: list) -> None:
+def _one_gpu(backend: Backend, gpu: int, tests: list[Any], seconds: float, n: int, box: list[Any]) -> None:
     calls = {
         "matmul": lambda: matmul(backend, gpu, seconds, n),
         "memory": lambda: memory(backend, gpu, seconds),
@@ -666,7 +670,7 @@ def _one_gpu(backend: Backend, gpu: int, tests: list, seconds: float, n: int, bo
             pass
 
 
-def run_tests(backend: Backend, tests: list, seconds: float, n: int = MATMUL_N) -> list:
+def run_tests(backend: Backend, tests: list[Any], seconds: float, n: int = MATMUL_N) -> list[Any]:
     """Every test asked for, on every GPU the backend sees: outcomes in GPU order."""
     try:
         count = backend.count()
@@ -675,7 +679,7 @@ def run_tests(backend: Backend, tests: list, seconds: float, n: int = MATMUL_N) 
     if count == 0:
         return [_outcome("node", SKIP, {}, f"no CUDA GPU visible ({backend.name})")]
     each = [t for t in ("matmul", "memory") if t in tests]
-    boxes: list = [[] for _ in range(count)]
+    boxes: list[Any] = [[] for _ in range(count)]
     threads = [
         threading.Thread(target=_one_gpu, args=(backend, gpu, each, seconds, n, boxes[gpu]))
         for gpu in range(count)
@@ -689,7 +693,7 @@ def run_tests(backend: Backend, tests: list, seconds: float, n: int = MATMUL_N) 
     return outcomes + (p2p(backend, count) if "p2p" in tests else [])
 
 
-def _arguments(argv: list | None) -> argparse.Namespace:
+def _arguments(argv: list[Any] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.split("\n")[0])
     parser.add_argument(
         "--tests", default=",".join(TESTS), help="comma-separated: " + ", ".join(TESTS)
@@ -707,7 +711,7 @@ def _arguments(argv: list | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list | None = None) -> int:
+def main(argv: list[Any] | None = None) -> int:
     """The child: one JSON document on stdout, {"backend": name, "outcomes": [...]}."""
     args = _arguments(argv)
     out = os.fdopen(os.dup(1), "w")
@@ -728,15 +732,15 @@ def main(argv: list | None = None) -> int:
 
 
 def run(
-    tests: list,
+    tests: list[Any],
     seconds: float,
     timeout: float,
     python: str = sys.executable,
     *,
-    floors: dict | None = None,
+    floors: dict[str, Any] | None = None,
     backend: str = "auto",
     matmul_n: int = MATMUL_N,
-) -> list:
+) -> list[Any]:
     """The tests in a child process under `python`, killed with its process group at `timeout`
     seconds: the child's outcomes, or one node outcome saying why there are none."""
     if set(tests) - set(TESTS):
@@ -763,7 +767,7 @@ def run(
     return _read(out, err, proc.returncode)
 
 
-def _child_env(folder: str) -> dict:
+def _child_env(folder: str) -> dict[str, Any]:
     """The interpreter may be another one (a conda env with PyTorch): it finds slurmhealth in a
     folder that holds only a link to this package, not the rest of our site-packages."""
     os.symlink(PACKAGE, os.path.join(folder, "slurmhealth"))
@@ -787,7 +791,7 @@ def _kill(proc: subprocess.Popen) -> bytes:
         return b""
 
 
-def _timed_out(proc: subprocess.Popen, timeout: float) -> dict:
+def _timed_out(proc: subprocess.Popen, timeout: float) -> dict[str, Any]:
     what = f"GPU tests did not finish within {timeout:g} s"
     running = _running(_kill(proc))
     return _outcome("node", FAIL, {}, f"{what} (still running: {running})" if running else what)
@@ -795,7 +799,7 @@ def _timed_out(proc: subprocess.Popen, timeout: float) -> dict:
 
 def _running(err: bytes) -> str:
     """The tests the child's progress lines show started and not ended: 'gpu3 matmul', or ''."""
-    running: list = []
+    running: list[Any] = []
     for line in err.decode("utf-8", "replace").splitlines():
         if line.startswith(PROGRESS):
             what, _, test = line[len(PROGRESS) :].partition(" ")
@@ -806,7 +810,7 @@ def _running(err: bytes) -> str:
     return ", ".join(running)
 
 
-def _read(out: bytes, err: bytes, code: int) -> list:
+def _read(out: bytes, err: bytes, code: int) -> list[Any]:
     """The child's outcomes, or one fail naming how it ended and its last line of stderr."""
     try:
         outcomes = json.loads(out.decode("utf-8", "replace"))["outcomes"]
