@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import importlib
 import json
 import os
@@ -43,7 +44,11 @@ from slurmhealth.core.result import FAIL, SKIP, clean, counted
 
 TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, Callable
+
+    # An array or buffer of the backend's library (torch.Tensor, cupy.ndarray; a pinned host
+    # buffer), neither of which ships types here: what a Backend makes and takes back.
+    Array = Any
 
 PASS = "pass"  # noqa: S105 - a status, not a password
 TESTS = ("matmul", "memory", "h2d", "p2p")
@@ -115,6 +120,25 @@ class Backend:
 
     name = ""
 
+    if TYPE_CHECKING:  # the adapter each library implements; declared for the type checker only
+
+        def count(self) -> int: ...
+        def free_bytes(self, gpu: int) -> int: ...
+        def ints(self, gpu: int, n: int, seed: int) -> Array: ...
+        def matrix(self, gpu: int, n: int) -> Array: ...
+        def matmul(self, a: Array, b: Array, out: Array) -> None: ...
+        def exact_matmul(self, a: Array, b: Array) -> Array: ...
+        def words(self, gpu: int, n: int) -> Array: ...
+        def fill(self, buf: Array, value: int) -> None: ...
+        def address(self, buf: Array, salt: int) -> None: ...
+        def differ(self, x: Array, y: Array) -> int: ...
+        def peer(self, src: int, dst: int) -> bool: ...
+        def copy(self, dst: Array, src: Array) -> None: ...
+        def pinned(self, gpu: int, n: int) -> Array: ...
+        def upload(self, dst: Array, host: Array) -> None: ...
+        def download(self, host: Array, src: Array) -> None: ...
+        def sync(self, gpu: int) -> None: ...
+
     def clock(self) -> float:
         return time.perf_counter()
 
@@ -134,65 +158,69 @@ class TorchBackend(Backend):
         # within fp16's exact range, but fp32 reductions are the path the products are meant for.
         self.torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
 
-    def _device(self, gpu: int) -> object:
+    def _device(self, gpu: int) -> Any:
         return self.torch.device("cuda", gpu)
 
     def count(self) -> int:
-        return self.torch.cuda.device_count()
+        count: int = self.torch.cuda.device_count()
+        return count
 
     def free_bytes(self, gpu: int) -> int:
-        return self.torch.cuda.mem_get_info(gpu)[0]
+        free: int = self.torch.cuda.mem_get_info(gpu)[0]
+        return free
 
-    def ints(self, gpu: int, n: int, seed: int) -> object:
+    def ints(self, gpu: int, n: int, seed: int) -> Array:
         gen = self.torch.Generator(device=self._device(gpu))
         gen.manual_seed(seed)
         shape, device = (n, n), self._device(gpu)
         values = self.torch.randint(-2, 3, shape, generator=gen, device=device)
         return values.to(self.torch.float16)
 
-    def matrix(self, gpu: int, n: int) -> object:
+    def matrix(self, gpu: int, n: int) -> Array:
         return self.torch.empty((n, n), dtype=self.torch.float16, device=self._device(gpu))
 
-    def matmul(self, a: object, b: object, out: object) -> None:
+    def matmul(self, a: Array, b: Array, out: Array) -> None:
         self.torch.matmul(a, b, out=out)
 
-    def exact_matmul(self, a: object, b: object) -> object:
-        return (a.double() @ b.double()).half()  # type: ignore[attr-defined]
+    def exact_matmul(self, a: Array, b: Array) -> Array:
+        return (a.double() @ b.double()).half()
 
-    def words(self, gpu: int, n: int) -> object:
+    def words(self, gpu: int, n: int) -> Array:
         return self.torch.empty(n, dtype=self.torch.int32, device=self._device(gpu))
 
-    def fill(self, buf: object, value: int) -> None:
-        buf.fill_(value)  # type: ignore[attr-defined]
+    def fill(self, buf: Array, value: int) -> None:
+        buf.fill_(value)
 
-    def address(self, buf: object, salt: int) -> None:
-        self.torch.arange(buf.numel(), out=buf)  # type: ignore[attr-defined]
-        buf.bitwise_xor_(salt)  # type: ignore[attr-defined]
+    def address(self, buf: Array, salt: int) -> None:
+        self.torch.arange(buf.numel(), out=buf)
+        buf.bitwise_xor_(salt)
 
-    def differ(self, x: object, y: object) -> int:
-        return int((x != y).sum())  # type: ignore[attr-defined]
+    def differ(self, x: Array, y: Array) -> int:
+        return int((x != y).sum())
 
     def peer(self, src: int, dst: int) -> bool:
         # PyTorch enables peer access itself on the first copy between two devices that can.
         return bool(self.torch.cuda.can_device_access_peer(dst, src))
 
-    def copy(self, dst: object, src: object) -> None:
-        dst.copy_(src)  # type: ignore[attr-defined]
+    def copy(self, dst: Array, src: Array) -> None:
+        dst.copy_(src)
 
-    def pinned(self, gpu: int, n: int) -> object:
+    def pinned(self, gpu: int, n: int) -> Array:
         return self.torch.empty(n, dtype=self.torch.int32, pin_memory=True)
 
-    def upload(self, dst: object, host: object) -> None:
-        dst.copy_(host, non_blocking=True)  # type: ignore[attr-defined]
+    def upload(self, dst: Array, host: Array) -> None:
+        dst.copy_(host, non_blocking=True)
 
-    def download(self, host: object, src: object) -> None:
-        host.copy_(src, non_blocking=True)  # type: ignore[attr-defined]
+    def download(self, host: Array, src: Array) -> None:
+        host.copy_(src, non_blocking=True)
 
     def bus_id(self, gpu: int) -> str:
         # pci_domain_id and friends are in the device properties of recent PyTorch releases
         # only; without them the host buffer goes where the kernel puts it.
         props = self.torch.cuda.get_device_properties(gpu)
-        ids = [getattr(props, f"pci_{part}_id", None) for part in ("domain", "bus", "device")]
+        ids: list[Any] = [
+            getattr(props, f"pci_{part}_id", None) for part in ("domain", "bus", "device")
+        ]
         if not all(isinstance(i, int) for i in ids):
             return ""
         return "{:04x}:{:02x}:{:02x}.0".format(*ids)
@@ -209,52 +237,54 @@ class CupyBackend(Backend):
         self.cp = importlib.import_module("cupy")
         self.name = f"CuPy {self.cp.__version__}"
 
-    def _on(self, gpu: int) -> object:
+    def _on(self, gpu: int) -> Any:
         return self.cp.cuda.Device(gpu)  # CuPy works on the thread's current device
 
-    def _of(self, array: object) -> object:
-        return self.cp.cuda.Device(array.device.id)  # type: ignore[attr-defined]
+    def _of(self, array: Array) -> Any:
+        return self.cp.cuda.Device(array.device.id)
 
     def count(self) -> int:
-        return self.cp.cuda.runtime.getDeviceCount()
+        count: int = self.cp.cuda.runtime.getDeviceCount()
+        return count
 
     def free_bytes(self, gpu: int) -> int:
         with self._on(gpu):
-            return self.cp.cuda.runtime.memGetInfo()[0]
+            free: int = self.cp.cuda.runtime.memGetInfo()[0]
+            return free
 
-    def ints(self, gpu: int, n: int, seed: int) -> object:
+    def ints(self, gpu: int, n: int, seed: int) -> Array:
         with self._on(gpu):
             values = self.cp.random.RandomState(seed).randint(-2, 3, size=(n, n))
             return values.astype(self.cp.float16)
 
-    def matrix(self, gpu: int, n: int) -> object:
+    def matrix(self, gpu: int, n: int) -> Array:
         with self._on(gpu):
             return self.cp.empty((n, n), dtype=self.cp.float16)
 
-    def matmul(self, a: object, b: object, out: object) -> None:
+    def matmul(self, a: Array, b: Array, out: Array) -> None:
         with self._of(a):
             self.cp.matmul(a, b, out=out)
 
-    def exact_matmul(self, a: object, b: object) -> object:
+    def exact_matmul(self, a: Array, b: Array) -> Array:
         f64 = self.cp.float64
         with self._of(a):
-            exact = self.cp.matmul(a.astype(f64), b.astype(f64))  # type: ignore[attr-defined]
+            exact = self.cp.matmul(a.astype(f64), b.astype(f64))
             return exact.astype(self.cp.float16)
 
-    def words(self, gpu: int, n: int) -> object:
+    def words(self, gpu: int, n: int) -> Array:
         with self._on(gpu):
             return self.cp.empty(n, dtype=self.cp.int32)
 
-    def fill(self, buf: object, value: int) -> None:
+    def fill(self, buf: Array, value: int) -> None:
         with self._of(buf):
-            buf.fill(value)  # type: ignore[attr-defined]
+            buf.fill(value)
 
-    def address(self, buf: object, salt: int) -> None:
+    def address(self, buf: Array, salt: int) -> None:
         with self._of(buf):
-            index = self.cp.arange(buf.size, dtype=self.cp.int32)  # type: ignore[attr-defined]
+            index = self.cp.arange(buf.size, dtype=self.cp.int32)
             self.cp.bitwise_xor(index, salt, out=buf)
 
-    def differ(self, x: object, y: object) -> int:
+    def differ(self, x: Array, y: Array) -> int:
         with self._of(x):
             return int(self.cp.count_nonzero(x != y))
 
@@ -269,26 +299,26 @@ class CupyBackend(Backend):
                 pass
         return True
 
-    def copy(self, dst: object, src: object) -> None:
+    def copy(self, dst: Array, src: Array) -> None:
         with self._of(dst):
-            dst.data.copy_from_device_async(src.data, dst.nbytes)  # type: ignore[attr-defined]
+            dst.data.copy_from_device_async(src.data, dst.nbytes)
 
-    def pinned(self, gpu: int, n: int) -> object:
+    def pinned(self, gpu: int, n: int) -> Array:
         return self.cp.cuda.alloc_pinned_memory(4 * n)  # a PinnedMemoryPointer; .ptr its address
 
     # Older CuPy releases read the host address as a ctypes.c_void_p (its .value), and their
     # host copies have no default stream.
-    def upload(self, dst: object, host: object) -> None:
-        where = ctypes.c_void_p(host.ptr)  # type: ignore[attr-defined]
+    def upload(self, dst: Array, host: Array) -> None:
+        where = ctypes.c_void_p(host.ptr)
         with self._of(dst):
             stream = self.cp.cuda.get_current_stream()
-            dst.data.copy_from_host_async(where, dst.nbytes, stream)  # type: ignore[attr-defined]
+            dst.data.copy_from_host_async(where, dst.nbytes, stream)
 
-    def download(self, host: object, src: object) -> None:
-        where = ctypes.c_void_p(host.ptr)  # type: ignore[attr-defined]
+    def download(self, host: Array, src: Array) -> None:
+        where = ctypes.c_void_p(host.ptr)
         with self._of(src):
             stream = self.cp.cuda.get_current_stream()
-            src.data.copy_to_host_async(where, src.nbytes, stream)  # type: ignore[attr-defined]
+            src.data.copy_to_host_async(where, src.nbytes, stream)
 
     def bus_id(self, gpu: int) -> str:
         return _sysfs_address(self.cp.cuda.runtime.deviceGetPCIBusId(gpu))
@@ -478,7 +508,7 @@ def host_copies(
         return h2d(backend, gpu, nbytes, repeats, held)
 
     try:
-        return [_guarded("h2d", g, lambda g=g: near_and_copy(g)) for g in range(count)]
+        return [_guarded("h2d", g, functools.partial(near_and_copy, g)) for g in range(count)]
     finally:
         _set_affinity(allowed)
 
@@ -585,15 +615,18 @@ def _set_affinity(cpus: set[Any]) -> None:
             pass
 
 
-def p2p(backend: Backend, count: int, nbytes: int = P2P_BYTES, repeats: int = P2P_REPEATS) -> list[Any]:
+def p2p(
+    backend: Backend, count: int, nbytes: int = P2P_BYTES, repeats: int = P2P_REPEATS
+) -> list[dict[str, Any]]:
     """Each GPU copies to its neighbour (gpu i -> gpu i+1, the last to gpu 0): bandwidth, and
     the copy checked word for word. One pair at a time, so each figure is one path's."""
     if count < 2:
         return [_outcome("node", SKIP, {}, f"p2p: {count} GPU, no peer to copy to")]
-    out = []
+    out: list[dict[str, Any]] = []
     for src in range(count):
         dst = (src + 1) % count
-        out.append(_guarded("p2p", src, lambda s=src, d=dst: _copy(backend, s, d, nbytes, repeats)))
+        copy = functools.partial(_copy, backend, src, dst, nbytes, repeats)
+        out.append(_guarded("p2p", src, copy))
     return out
 
 
@@ -646,18 +679,20 @@ def _say(what: str, gpu: int, test: str) -> None:
     os.write(2, f"{PROGRESS}{what} gpu{gpu} {test}\n".encode())
 
 
-def _guarded(test: str, gpu: int, func: object) -> dict[str, Any]:
+def _guarded(test: str, gpu: int, func: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """One test; an exception (a CUDA error: Xid, uncorrectable ECC, illegal address) fails it."""
     _say("start", gpu, test)
     try:
-        return func()  # type: ignore[operator]
+        return func()
     except Exception as exc:
         return _outcome(f"gpu{gpu}", FAIL, {}, f"{test} on gpu{gpu}: {type(exc).__name__}: {exc}")
     finally:
         _say("end", gpu, test)
 
 
-def _one_gpu(backend: Backend, gpu: int, tests: list[Any], seconds: float, n: int, box: list[Any]) -> None:
+def _one_gpu(
+    backend: Backend, gpu: int, tests: list[str], seconds: float, n: int, box: list[Any]
+) -> None:
     calls = {
         "matmul": lambda: matmul(backend, gpu, seconds, n),
         "memory": lambda: memory(backend, gpu, seconds),
@@ -776,7 +811,7 @@ def _child_env(folder: str) -> dict[str, Any]:
     return env
 
 
-def _kill(proc: subprocess.Popen) -> bytes:
+def _kill(proc: subprocess.Popen[bytes]) -> bytes:
     """Kill the child's process group; its stderr, unless it is stuck in the driver (a process
     in uninterruptible sleep dies only when the call returns): then it is left behind."""
     try:
@@ -791,7 +826,7 @@ def _kill(proc: subprocess.Popen) -> bytes:
         return b""
 
 
-def _timed_out(proc: subprocess.Popen, timeout: float) -> dict[str, Any]:
+def _timed_out(proc: subprocess.Popen[bytes], timeout: float) -> dict[str, Any]:
     what = f"GPU tests did not finish within {timeout:g} s"
     running = _running(_kill(proc))
     return _outcome("node", FAIL, {}, f"{what} (still running: {running})" if running else what)
