@@ -8,7 +8,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Mapping
 
 OK = "ok"
 WARN = "warn"
@@ -74,7 +74,7 @@ class Result:
         self,
         status: str,
         message: str,
-        data: dict[str, object] | None = None,
+        data: Mapping[str, object] | None = None,
         action: str = NONE,
         check: str = "",
     ) -> None:
@@ -84,7 +84,7 @@ class Result:
             raise ValueError(f"unknown action {action!r}")
         self.status = status
         self.message = clean(message)
-        self.data = data if data is not None else {}
+        self.data: Mapping[str, object] = data if data is not None else {}
         self.action = action
         self.check = check
         self.duration = 0.0
@@ -102,19 +102,19 @@ class Result:
         return f"Result({self.check!r}, {self.status!r}, {self.message!r}, action={self.action!r})"
 
 
-def ok(message: str, data: dict[str, object] | None = None) -> Result:
+def ok(message: str, data: Mapping[str, object] | None = None) -> Result:
     return Result(OK, message, data)
 
 
-def warn(message: str, data: dict[str, object] | None = None, action: str = NONE) -> Result:
+def warn(message: str, data: Mapping[str, object] | None = None, action: str = NONE) -> Result:
     return Result(WARN, message, data, action)
 
 
-def fail(message: str, data: dict[str, object] | None = None, action: str = DRAIN) -> Result:
+def fail(message: str, data: Mapping[str, object] | None = None, action: str = DRAIN) -> Result:
     return Result(FAIL, message, data, action)
 
 
-def skip(message: str, data: dict[str, object] | None = None) -> Result:
+def skip(message: str, data: Mapping[str, object] | None = None) -> Result:
     return Result(SKIP, message, data)
 
 

@@ -39,6 +39,9 @@ from slurmhealth.node.journal import Journal
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import sqlite3
+
+    from slurmhealth.node.diag.run import Diagnosis
     from slurmhealth.node.journal import Say
 
 JOB_NAME = "slurmhealth-diagnose"
@@ -211,11 +214,11 @@ def sweep(
     client: slurm.Slurm,
     level: str,
     settings: dict,
-    conn: object,
+    conn: sqlite3.Connection | None,
     named: list,
     command: str,
     minutes: int,
-    log: object,
+    log: Say,
 ) -> list:
     """One cron pass: plan, then put nodes in the reservation with their jobs, and drain for
     service those that lost theirs. [{node, what, detail}]. One pass at a time (Busy): a
@@ -310,30 +313,38 @@ def _start(
             try:
                 client.drain(node, info["reason"])
             except slurm.SlurmError as again:
-                log(f"{node}: could not put its drain back: {again}")  # type: ignore[operator]
+                log(f"{node}: could not put its drain back: {again}")
         return {"node": node, "what": "failed", "detail": f"not submitted: {exc}"}
     detail = f"job {job_id} ({level}, {minutes} min; was: {why})"
     _note(conn, node, ACT_DIAGNOSE, slurm.reason(f"diagnose {level}"), detail)
     return {"node": node, "what": ACT_DIAGNOSE, "detail": detail}
 
 
-def _note(conn: object, node: str, action: str, reason: str, detail: str) -> None:
+def _note(
+    conn: sqlite3.Connection | None, node: str, action: str, reason: str, detail: str
+) -> None:
     if conn is None:
         return
     try:
-        store.record_action(conn, node, action, reason, ACTOR, True, detail)  # type: ignore[arg-type]
+        store.record_action(conn, node, action, reason, ACTOR, True, detail)
     except store.StoreError:
         pass
 
 
-def finish(client: slurm.Slurm, diagnosis: object, settings: dict, conn: object, log: Say):
+def finish(
+    client: slurm.Slurm,
+    diagnosis: Diagnosis,
+    settings: dict,
+    conn: sqlite3.Connection | None,
+    log: Say,
+):
     """Inside the diagnose job, after the `diag` run is recorded: pass -> the node drains itself
     with PASSED (the next --submit pass resumes it and takes it out of the reservation; it
     cannot leave while its own job runs there); fail -> drained for service (breaker and all).
     The outcome, one line."""
-    node, level = diagnosis.node, diagnosis.level  # type: ignore[attr-defined]
-    if diagnosis.verdict == "fail":  # type: ignore[attr-defined]
-        message = f"{SERVICE} diagnose {level}: {diagnosis.evidence()}"  # type: ignore[attr-defined]
+    node, level = diagnosis.node, diagnosis.level
+    if diagnosis.verdict == "fail":
+        message = f"{SERVICE} diagnose {level}: {diagnosis.evidence()}"
         # The node is in our maintenance reservation while its job runs (Slurm shows MAINT once
         # the reservation is active): that does not make it someone else's to keep out.
         journal = Journal(conn, ACTOR, log)
@@ -341,8 +352,8 @@ def finish(client: slurm.Slurm, diagnosis: object, settings: dict, conn: object,
         if outcome in (DRAINED, WOULD_DRAIN):
             return f"{outcome} for service"
         return f"{outcome}: stays in the reservation, drained for service by the next pass"
-    if diagnosis.inconclusive:  # type: ignore[attr-defined]
-        return _hold(client, node, level, diagnosis.evidence(), conn, log)  # type: ignore[attr-defined]
+    if diagnosis.inconclusive:
+        return _hold(client, node, level, diagnosis.evidence(), conn, log)
     try:
         info = client.node(node)
         if not slurm.may_drain(info, ignore=("MAINT",)):
@@ -351,7 +362,7 @@ def finish(client: slurm.Slurm, diagnosis: object, settings: dict, conn: object,
             return f"passed; taken out meanwhile ({clean(info['reason'] or info['state'], 80)})"
         client.drain(node, PASSED)
     except slurm.SlurmError as exc:
-        log(f"{node}: could not mark its diagnosis passed: {exc}")  # type: ignore[operator]
+        log(f"{node}: could not mark its diagnosis passed: {exc}")
         return "passed; not marked (the next pass drains it for service: run it again)"
     # Recorded as a resume in the node's own store: a fault within probation_days of it keeps
     # the node out for an admin (probation), as after any resume of ours.
@@ -359,7 +370,9 @@ def finish(client: slurm.Slurm, diagnosis: object, settings: dict, conn: object,
     return "passed: returned by the next diagnose --submit"
 
 
-def _hold(client: slurm.Slurm, node: str, level: str, why: str, conn: object, log: object) -> str:
+def _hold(
+    client: slurm.Slurm, node: str, level: str, why: str, conn: sqlite3.Connection | None, log: Say
+) -> str:
     """An inconclusive diagnosis (no probe of the level could run): the node stays out for an
     admin with a reason that says so. Not one of our fault drains (no `slurmhealth:` prefix: no
     lemon evidence, not counted by the breaker, never diagnosed again on its own); the next
@@ -372,7 +385,7 @@ def _hold(client: slurm.Slurm, node: str, level: str, why: str, conn: object, lo
             return f"inconclusive; taken out meanwhile ({was})"
         client.drain(node, reason)
     except slurm.SlurmError as exc:
-        log(f"{node}: could not mark its diagnosis inconclusive: {exc}")  # type: ignore[operator]
+        log(f"{node}: could not mark its diagnosis inconclusive: {exc}")
         return "inconclusive; not marked (the next pass drains it for service: run it again)"
     _note(conn, node, HOLD, reason, why)
     return "inconclusive: stays out for an admin (no probe of the level could run)"

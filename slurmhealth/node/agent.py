@@ -28,13 +28,26 @@ from slurmhealth.core.constants import (
 from slurmhealth.core.hostlist import is_node_name
 from slurmhealth.core.result import DRAIN, FAIL, OK, RESET_GPU, clean, counted
 from slurmhealth.core.result import SERVICE as SERVICE_ACTION
-from slurmhealth.node import config, counters, learned, runner, state
+from slurmhealth.node import config, counters, learned, runner, sources, state
 from slurmhealth.node.checks import AREAS
 from slurmhealth.node.journal import Journal
 
 TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
 if TYPE_CHECKING:
+    import sqlite3
+    import threading
+    from collections.abc import Mapping
+    from typing import Any
+
     from slurmhealth.core import slurm  # the failure path imports it
+    from slurmhealth.core.result import Result
+    from slurmhealth.node.config import Data
+    from slurmhealth.node.learned import Applied
+
+    Baselines = dict[str, Any]  # {area: what its baseline(facts) kept}, from the store
+
+    # The node's store, or None where it cannot be used (the verdict never depends on it).
+    Store = sqlite3.Connection | None
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 EXIT_INCOMPLETE = 4  # `check`: a source could not be read (4: inconclusive, as for diagnose)
@@ -65,9 +78,9 @@ class Deadline:
         self.started = time.monotonic()
         self.code = EXIT_OK
         self.summary = "no verdict yet"
-        self.timer: object = None
+        self.timer: threading.Timer | None = None
         # (spool, entry) of a store write under way: spooled if the deadline cuts it short
-        self.unsaved: tuple | None = None
+        self.unsaved: tuple[str, dict[str, Any]] | None = None
         self.limit(seconds)
 
     def limit(self, seconds: float) -> None:
@@ -78,8 +91,8 @@ class Deadline:
         self.ends = self.started + seconds
         self.seconds = seconds
         self.timer = threading.Timer(max(0.0, self.ends - time.monotonic()), self._fire)
-        self.timer.daemon = True  # type: ignore[attr-defined]
-        self.timer.start()  # type: ignore[attr-defined]
+        self.timer.daemon = True
+        self.timer.start()
 
     def left(self, reserve: float = 0.0) -> float:
         """Seconds left before the deadline, less `reserve`; never below zero."""
@@ -87,7 +100,7 @@ class Deadline:
 
     def stop(self) -> None:
         if self.timer is not None:
-            self.timer.cancel()  # type: ignore[attr-defined]
+            self.timer.cancel()
 
     def _fire(self) -> None:
         log(
@@ -98,7 +111,7 @@ class Deadline:
             self._spool_unsaved(*self.unsaved)
         _finish(hook_status(self.code))
 
-    def _spool_unsaved(self, spool: str, entry: dict) -> None:
+    def _spool_unsaved(self, spool: str, entry: dict[str, Any]) -> None:
         """The store write the deadline cut short goes to the spool, for the next run to record
         (the run carries its id: a write that landed after all is not recorded twice). Bounded
         too: the disk that hung the store may hang this write, and the hook must end."""
@@ -180,9 +193,11 @@ def log(message: str, mode: str = "check") -> None:
     syslog.syslog(syslog.LOG_WARNING, f"{mode}: {line}")
 
 
-def parse_args(argv: list, valued: tuple = _VALUED, flags: tuple = _FLAGS) -> dict:
+def parse_args(
+    argv: list[str], valued: tuple[str, ...] = _VALUED, flags: tuple[str, ...] = _FLAGS
+) -> dict[str, Any]:
     """`--opt value`, `--opt=value` and flags; repeated options collect into lists."""
-    opts: dict = {}
+    opts: dict[str, Any] = {}
     args = list(argv)
     while args:
         arg = args.pop(0)
@@ -200,7 +215,7 @@ def parse_args(argv: list, valued: tuple = _VALUED, flags: tuple = _FLAGS) -> di
     return opts
 
 
-def _closest(name: str, known: tuple) -> str:
+def _closest(name: str, known: tuple[str, ...]) -> str:
     """` (did you mean --json?)` for a mistyped option, as the click commands suggest one; ''
     when none is close. difflib loads only on this error path, never on a hook's."""
     if not name.startswith("-"):
@@ -213,7 +228,7 @@ def _closest(name: str, known: tuple) -> str:
     return f" (did you mean {close[0]}?)" if close else ""
 
 
-def _one(opts: dict, name: str, default: str | None = None) -> str | None:
+def _one(opts: dict[str, Any], name: str, default: str | None = None) -> str | None:
     values = opts.get(name)
     return values[-1] if values else default
 
@@ -227,7 +242,7 @@ def node_name(explicit: str | None = None) -> str:
     return name
 
 
-def _areas(opts: dict) -> list | None:
+def _areas(opts: dict[str, Any]) -> list[str] | None:
     if "--only" not in opts:
         return None
     areas = [a.strip() for v in opts["--only"] for a in v.split(",") if a.strip()]
@@ -239,7 +254,7 @@ def _areas(opts: dict) -> list | None:
 
 def open_store(
     path: str, mode: str, busy_timeout: float | None = None, named: bool = False
-) -> object:
+) -> Store:
     """The node store, or None (logged) when it cannot be used: the verdict never depends on it.
 
     A corrupt file is moved aside and a new store started, so history resumes at once.
@@ -292,7 +307,7 @@ def _refuse_other_file(path: str, busy: float) -> None:
         # anything else (locked, damaged, unsafe) is met and handled by open_store's connect
 
 
-def load_config(path: str | None, conn: object, mode: str = "check") -> config.Config:
+def load_config(path: str | None, conn: Store, mode: str = "check") -> config.Config:
     """The config, parsed from the store's cache while the file is unchanged.
 
     Parsing TOML (tomllib's import and the parse) is a large share of the hot path's budget
@@ -311,14 +326,14 @@ def load_config(path: str | None, conn: object, mode: str = "check") -> config.C
     stamp = [st.st_mtime_ns, st.st_size, st.st_ino, __version__]
     key = _config_key(resolved)
     try:
-        cached = store.get_meta(conn, key)  # type: ignore[arg-type]
+        cached = store.get_meta(conn, key)
     except Exception:  # a store that reads badly must not cost the config
         cached = None
     if isinstance(cached, dict) and cached.get("stamp") == stamp:
         return config.Config(cached["data"], resolved)
     loaded = config.load(resolved)
     try:
-        store.set_meta(conn, key, {"stamp": stamp, "data": loaded.data})  # type: ignore[arg-type]
+        store.set_meta(conn, key, {"stamp": stamp, "data": loaded.data})
     except Exception as exc:
         log(f"could not cache the config: {exc}", mode)
         _wait_less(conn)
@@ -331,14 +346,14 @@ def _config_key(path: str) -> str:
 
 
 def record(
-    conn: object,
+    conn: Store,
     run: runner.Run,
     mode: str,
     job_id: str | None = None,
     path: str = "",
     clock: Deadline | None = None,
-    **kw: object,
-) -> object:
+    **kw: Any,  # record_run's: job, job_baselines
+) -> Store:
     """Record a run; returns the connection to go on with. If the store cannot take it (locked
     past the busy timeout, unusable), the run goes to the spool beside it, replayed by the next
     run that can write the store, and its verdict goes to syslog at once: nothing recorded is
@@ -354,13 +369,13 @@ def record(
         if clock is not None and path:
             clock.unsaved = (spool_for(path), {"records": records, "kw": kw})
         try:
-            store.record_run(conn, records, **kw)  # type: ignore[arg-type]
+            store.record_run(conn, records, **kw)
             return _saved(conn, clock)
         except store.StoreError as exc:
             conn = _reopen_if_corrupt(conn, exc, path, mode)
             if conn is not None:
                 try:
-                    store.record_run(conn, records, **kw)  # type: ignore[arg-type]
+                    store.record_run(conn, records, **kw)
                     return _saved(conn, clock)
                 except store.StoreError as again:
                     exc = again
@@ -376,19 +391,19 @@ def record(
     return _saved(conn, clock)
 
 
-def _saved(conn: object, clock: Deadline | None) -> object:
+def _saved(conn: Store, clock: Deadline | None) -> Store:
     """The run is in the store or the spool: nothing left for the watchdog to spool."""
     if clock is not None:
         clock.unsaved = None
     return conn
 
 
-def _wait_less(conn: object) -> None:
+def _wait_less(conn: Store) -> None:
     """The store kept us waiting once: the rest of this run waits 0.1 s per write, then spools
     (a lock held that long is an admin's shell or a prune, not a concurrent prolog)."""
     if conn is not None:
         try:
-            conn.execute("PRAGMA busy_timeout = 100")  # type: ignore[attr-defined]
+            conn.execute("PRAGMA busy_timeout = 100")
         except Exception:  # noqa: S110 - the connection is unusable: its writes will spool
             pass
 
@@ -398,7 +413,7 @@ def spool_for(path: str) -> str:
     return path + SPOOL_SUFFIX
 
 
-def _reopen_if_corrupt(conn: object, exc: Exception, path: str, mode: str) -> object:
+def _reopen_if_corrupt(conn: sqlite3.Connection, exc: Exception, path: str, mode: str) -> Store:
     """The store's file is damaged (not merely locked or full): move it aside, start a new one
     (None when that fails too; the caller spools). Otherwise the same connection."""
     from slurmhealth.core import store  # noqa: PLC0415
@@ -406,7 +421,7 @@ def _reopen_if_corrupt(conn: object, exc: Exception, path: str, mode: str) -> ob
     if not getattr(exc, "corrupt", False) or not path:
         return conn
     try:
-        conn.close()  # type: ignore[attr-defined]
+        conn.close()
     except Exception:  # noqa: S110 - closing a damaged store may fail too; it is moved aside
         pass
     aside = store.move_aside(path)
@@ -414,7 +429,7 @@ def _reopen_if_corrupt(conn: object, exc: Exception, path: str, mode: str) -> ob
     return open_store(path, mode, HOOK_BUSY_S)
 
 
-def replay_spool(conn: object, spool: str, mode: str) -> None:
+def replay_spool(conn: Store, spool: str, mode: str) -> None:
     """Record the runs earlier runs could not, oldest first; on a failure, give the rest back
     in place, still first in line (the store is busy again: the next run tries). An entry that
     can never be recorded (damaged: not the shape a run of ours writes) is dropped, loudly:
@@ -427,13 +442,14 @@ def replay_spool(conn: object, spool: str, mode: str) -> None:
     from slurmhealth.core import store  # noqa: PLC0415
 
     for n, entry in enumerate(entries):
-        kw = entry.get("kw") if isinstance(entry.get("kw"), dict) else {}
+        kw = entry["kw"] if isinstance(entry.get("kw"), dict) else {}
         try:
             if "action" in entry:
                 given = entry.get("id") if isinstance(entry.get("id"), str) else None
-                store.record_action(conn, *entry["action"], action_id=given)  # type: ignore[arg-type]
+                # mypy takes a spread of unknown length to reach action_id as well
+                store.record_action(conn, *entry["action"], action_id=given)  # type: ignore[misc]
             else:
-                store.record_run(conn, entry["records"], **kw)  # type: ignore[arg-type]
+                store.record_run(conn, entry["records"], **kw)
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             log(f"dropped a damaged spooled entry: {type(exc).__name__}: {exc}", mode)
         except store.StoreError as exc:
@@ -449,7 +465,9 @@ def replay_spool(conn: object, spool: str, mode: str) -> None:
     state.finish(taken)
 
 
-def format_table(run: runner.Run, quiet: bool = False, unread: tuple = ()) -> str:
+def format_table(
+    run: runner.Run, quiet: bool = False, unread: tuple[dict[str, Any], ...] = ()
+) -> str:
     """The verdict per check; quiet: only those that did not pass (no header when none).
     unread: the sources that could not be read (_unread): the verdict says it is incomplete."""
     results = [r for r in run.results if not quiet or r.status not in _PASSED]
@@ -462,7 +480,7 @@ def format_table(run: runner.Run, quiet: bool = False, unread: tuple = ()) -> st
     return "\n".join(lines)
 
 
-def check(argv: list) -> int:
+def check(argv: list[str]) -> int:
     opts = parse_args(argv)
     if opts.get("-h") or opts.get("--help"):
         print(CHECK_HELP, end="")
@@ -493,7 +511,7 @@ def check(argv: list) -> int:
     expect = load_config(_one(opts, "--config"), conn).for_node(node)
     baselines = _baselines(conn, node, "", "check")
     own = None if replay else _own_expectations(_one(opts, "--config"), conn, expect, baselines)
-    options = runner.Options(
+    options = sources.Options(
         gpu_source=_one(opts, "--gpu-source", "nvml") or "nvml",
         sysfs_root=_one(opts, "--sysfs-root"),
         kmsg=_one(opts, "--kmsg"),
@@ -528,7 +546,7 @@ def check(argv: list) -> int:
     return code
 
 
-def _replay(opts: dict) -> bool:
+def _replay(opts: dict[str, Any]) -> bool:
     """True when facts come from files (a snapshot, a sysfs tree, a kernel log)."""
     return any(
         _one(opts, name) not in (None, "nvml") if name == "--gpu-source" else name in opts
@@ -536,7 +554,7 @@ def _replay(opts: dict) -> bool:
     )
 
 
-def _unread(run: runner.Run) -> list:
+def _unread(run: runner.Run) -> list[dict[str, Any]]:
     """The sources this run could not read though the node has them (runner.unread)."""
     return runner.unread(run.sources)
 
@@ -581,7 +599,7 @@ def _absent(path: str) -> bool:
     return False
 
 
-def _named_paths_exist(opts: dict) -> None:
+def _named_paths_exist(opts: dict[str, Any]) -> None:
     """A path the admin names must exist: a typo must not read as "no InfiniBand, no Xids"; a
     store's directory too (the store is made, never its directory)."""
     root, kmsg, db = _one(opts, "--sysfs-root"), _one(opts, "--kmsg"), _one(opts, "--db")
@@ -619,13 +637,13 @@ def _int_or_none(text: str | None) -> int | None:
     return int(text)
 
 
-def job_env(env: dict) -> dict:
+def job_env(env: Mapping[str, str]) -> dict[str, Any]:
     """What slurmd tells a prolog/epilog about the job (Slurm's Prolog and Epilog Guide).
 
     SLURM_JOB_EXIT_CODE is a raw wait status: 768 is `exit 3`, 9 is SIGKILL.
     """
     gpus = env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES") or ""
-    job: dict = {
+    job: dict[str, Any] = {
         "id": env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or "",
         "uid": _int_or_none(env.get("SLURM_JOB_UID")),
         "user": env.get("SLURM_JOB_USER"),
@@ -654,7 +672,7 @@ def _needs_service(run: runner.Run) -> bool:
     return any(r.status == FAIL and r.action == SERVICE_ACTION for r in run.results)
 
 
-def metrics_path(settings: dict) -> str:
+def metrics_path(settings: Data) -> str:
     """$SLURMHEALTH_METRICS_FILE (slurmhealth.env beside slurm.conf), else the config's."""
     return os.environ.get("SLURMHEALTH_METRICS_FILE") or settings["metrics_file"]
 
@@ -673,7 +691,7 @@ def write_metrics(path: str | None, run: runner.Run, drain_outcome: str | None, 
         log(f"could not write metrics to {path}, verdict stands: {exc}", mode)
 
 
-def _hook_config(conn: object, node: str, mode: str) -> dict:
+def _hook_config(conn: Store, node: str, mode: str) -> Data:
     """The node's expectations. A config that cannot be read (not TOML, an unknown key or
     section, refused as untrusted) must neither gate jobs on expectations nobody wrote nor drop
     the ones the admin did (monitor-only, checks switched off): the hook runs with the last
@@ -695,7 +713,9 @@ def _hook_config(conn: object, node: str, mode: str) -> dict:
         return out
 
 
-def _own_expectations(path: str | None, conn: object, expect: dict, baselines: dict) -> dict | None:
+def _own_expectations(
+    path: str | None, conn: Store, expect: Data, baselines: Baselines
+) -> dict[str, Applied] | None:
     """With no config file and a store to remember in, the node's own known-good values are
     its expectations (node/learned.py): what was applied; None when not learning (a config
     file exists, even a broken one: the admin's word, not the node's, sets them)."""
@@ -704,7 +724,7 @@ def _own_expectations(path: str | None, conn: object, expect: dict, baselines: d
     return learned.apply(expect, baselines.get(learned.BASELINE))
 
 
-def _learn(run: runner.Run, baselines: dict, applied: dict | None) -> None:
+def _learn(run: runner.Run, baselines: Baselines, applied: dict[str, Applied] | None) -> None:
     """Failures of learned values say so; an area that passed updates what is learned (None:
     not learning)."""
     if applied is None:
@@ -715,7 +735,7 @@ def _learn(run: runner.Run, baselines: dict, applied: dict | None) -> None:
         run.baselines[learned.BASELINE] = doc
 
 
-def _last_good_config(conn: object) -> config.Config | None:
+def _last_good_config(conn: Store) -> config.Config | None:
     """The config load_config last cached for the hooks' config file (by this version)."""
     if conn is None:
         return None
@@ -724,7 +744,7 @@ def _last_good_config(conn: object) -> config.Config | None:
 
     chosen = os.environ.get("SLURMHEALTH_CONFIG") or config.DEFAULT_PATH
     try:
-        cached = store.get_meta(conn, _config_key(chosen))  # type: ignore[arg-type]
+        cached = store.get_meta(conn, _config_key(chosen))
     except Exception:  # a store that reads badly: no last config, like a new node
         return None
     if not isinstance(cached, dict) or not isinstance(cached.get("data"), dict):
@@ -739,7 +759,7 @@ def _last_good_config(conn: object) -> config.Config | None:
 _JOB_START = ("taken_at", "energy", "below_base", "samples", "inventory")
 
 
-def _baselines(conn: object, node: str, job_id: str, mode: str) -> dict:
+def _baselines(conn: Store, node: str, job_id: str, mode: str) -> Baselines:
     """Node baselines; the epilog takes counters (GPU, NVLink, IB) from its job's prolog, and
     the prolog's GPU readings for the job's figures (`job_start`: energy, time below base
     clocks, SM clock and utilisation sums; node/counters.py job_telemetry)."""
@@ -748,10 +768,10 @@ def _baselines(conn: object, node: str, job_id: str, mode: str) -> dict:
     from slurmhealth.core import store  # noqa: PLC0415
 
     try:
-        node_level = store.load_baselines(conn, node)  # type: ignore[arg-type]
+        node_level: dict[str, Any] = store.load_baselines(conn, node)
         if mode != "epilog" or not job_id:
             return node_level
-        job_level = store.load_baselines(conn, node, job_id)  # type: ignore[arg-type]
+        job_level: dict[str, Any] = store.load_baselines(conn, node, job_id)
     except Exception as exc:
         log(f"could not read baselines: {exc}", mode)
         return {}
@@ -769,7 +789,9 @@ def _baselines(conn: object, node: str, job_id: str, mode: str) -> dict:
     return merged
 
 
-def _with_history(conn: object, node: str, baselines: dict, expect: dict, mode: str) -> dict:
+def _with_history(
+    conn: Store, node: str, baselines: Baselines, expect: Data, mode: str
+) -> Baselines:
     """The baselines with the node's recent Xid events as the xid area's "recent": one
     indexed read of the fatal ones and Xid 13, all that checks/xid.py's repeat rules use. No
     store, or a read that fails: none, and those rules do not fire."""
@@ -780,7 +802,7 @@ def _with_history(conn: object, node: str, baselines: dict, expect: dict, mode: 
 
     try:
         since = time.time() - window
-        rows = store.recent_events(conn, node, since, "xid", ("fail",), (13,))  # type: ignore
+        rows = store.recent_events(conn, node, since, "xid", ("fail",), (13,))
     except Exception as exc:
         log(f"could not read recent events: {exc}", mode)
         return baselines
@@ -788,8 +810,8 @@ def _with_history(conn: object, node: str, baselines: dict, expect: dict, mode: 
 
 
 def _with_memory(
-    conn: object, node: str, job_id: str, baselines: dict, expect: dict, mode: str
-) -> tuple:
+    conn: Store, node: str, job_id: str, baselines: Baselines, expect: Data, mode: str
+) -> tuple[Baselines, dict[str, Applied] | None]:
     """What the store remembers for a hook's checks: the baselines with the recent Xid events
     (_with_history) and the jobs still open on the node (_with_open_jobs); and, with no config
     file, the node's own expectations applied to `expect` (what was applied, else None)."""
@@ -807,7 +829,9 @@ def _booted_at() -> float:
         return 0.0
 
 
-def _with_open_jobs(conn: object, node: str, job_id: str, baselines: dict, mode: str) -> dict:
+def _with_open_jobs(
+    conn: Store, node: str, job_id: str, baselines: Baselines, mode: str
+) -> Baselines:
     """The baselines with the other jobs running on the node as the gpu area's `open_jobs`:
     those whose prolog ran here since the node booted and whose epilog has not. A GPU running
     processes is one of theirs, not a fault (checks/gpu.py processes): slurmd runs the health
@@ -818,14 +842,16 @@ def _with_open_jobs(conn: object, node: str, job_id: str, baselines: dict, mode:
         from slurmhealth.core import store  # noqa: PLC0415
 
         try:
-            found = store.open_jobs(conn, node, _booted_at())  # type: ignore[arg-type]
+            found = store.open_jobs(conn, node, _booted_at())
             jobs = [j for j in found if j != job_id]
         except Exception as exc:
             log(f"could not read the running jobs: {exc}", mode)
     return dict(baselines, gpu=dict(baselines.get("gpu") or {}, open_jobs=jobs))
 
 
-def _job_columns(mode: str, job: dict, run: runner.Run, conn: object) -> dict | None:
+def _job_columns(
+    mode: str, job: dict[str, Any], run: runner.Run, conn: Store
+) -> dict[str, Any] | None:
     """The jobs row: the prolog opens it, the epilog closes it. A job whose prolog failed here
     never ran here: its epilog records the end but no exit status (the job ran elsewhere)."""
     if not job["id"] or mode not in ("prolog", "epilog"):
@@ -845,13 +871,13 @@ def _job_columns(mode: str, job: dict, run: runner.Run, conn: object) -> dict | 
     return out
 
 
-def _job_state(conn: object, node: str, job_id: str) -> str | None:
+def _job_state(conn: Store, node: str, job_id: str) -> str | None:
     if conn is None:
         return None
     from slurmhealth.core import store  # noqa: PLC0415
 
     try:
-        return store.job_state(conn, node, job_id)  # type: ignore[arg-type]
+        return store.job_state(conn, node, job_id)
     except Exception:
         return None
 
@@ -877,7 +903,7 @@ class HookJournal(Journal):
     def _say(self, text: str) -> None:
         log(text, self.mode)
 
-    def _keep(self, entry: dict) -> None:
+    def _keep(self, entry: dict[str, Any]) -> None:
         """An action the store could not take: to the spool, replayed by a later run."""
         try:
             state.spool(self.spool, entry)
@@ -888,12 +914,12 @@ class HookJournal(Journal):
         """Record what earlier runs could not (replay_spool)."""
         replay_spool(self.conn, self.spool, self.mode)
 
-    def record(self, run: runner.Run, **kw: object) -> None:
+    def record(self, run: runner.Run, **kw: Any) -> None:
         """The run into the store, else the spool (record: nothing recorded is lost)."""
         self.conn = record(self.conn, run, self.mode, path=self.db_path, clock=self.clock, **kw)
 
     def save_side(
-        self, run: runner.Run, message: str, pending: dict | None, service: bool = False
+        self, run: runner.Run, message: str, pending: dict[str, Any] | None, service: bool = False
     ) -> None:
         """The kernel-log position this run read up to, and the fault to act on (or none)."""
         side = self.side
@@ -919,7 +945,7 @@ class HookJournal(Journal):
         except OSError as exc:
             self.say(f"could not save the node's side state {self.side_path}: {exc}")
 
-    def slurm_client(self, settings: dict) -> slurm.Slurm:
+    def slurm_client(self, settings: Data) -> slurm.Slurm:
         """Slurm for the failure path: each call bounded by settings.drain_timeout (a slow
         controller answers each in time), all of them together by what is left of the run's
         deadline (slurmd is never held past it)."""
@@ -928,7 +954,7 @@ class HookJournal(Journal):
         left = self.clock.left(RESERVE_S)
         return slurm.Slurm(settings["slurm_bin"], settings["drain_timeout"], left)
 
-    def drain(self, reason: str, settings: dict) -> str:
+    def drain(self, reason: str, settings: Data) -> str:
         """Drain this node through actions.drain (owned reasons, breaker, probation, recorded):
         its outcome. A health check does not record a skip (a drained node's every check)."""
         from slurmhealth.node import actions  # noqa: PLC0415 - failure path only
@@ -946,13 +972,13 @@ class HookJournal(Journal):
         self.say(f"monitor-only: would drain {self.node}: {why}")
         self.note(self.node, ACT_WOULD_DRAIN, why, True)
 
-    def resume(self, settings: dict) -> None:
+    def resume(self, settings: Data) -> None:
         """Resume our own drain after `resume_after` consecutive passing health checks."""
         from slurmhealth.node import actions  # noqa: PLC0415
 
         actions.resume_if_due(self.slurm_client(settings), self.node, settings, self)
 
-    def reset_gpus(self, indexes: list, settings: dict) -> list:
+    def reset_gpus(self, indexes: list[int], settings: Data) -> list[int]:
         """Reset each GPU with nvidia-smi (epilog, GPU idle); returns those whose reset failed."""
         import subprocess  # noqa: PLC0415 - rare path
 
@@ -1018,13 +1044,15 @@ def hook(mode: str, clock: Deadline) -> int:
     return _act(journal, run, settings, monitor, message, service, pending)
 
 
-def _gather_and_check(journal: HookJournal, job: dict, expect: dict, monitor: bool) -> tuple:
+def _gather_and_check(
+    journal: HookJournal, job: dict[str, Any], expect: Data, monitor: bool
+) -> tuple[runner.Run, dict[str, Any] | None]:
     """The run, with a fault still pending from an earlier run carried into it (unless
     monitor-only): (run, the pending fault or None)."""
     conn, node, mode = journal.conn, journal.node, journal.mode
     settings = expect["settings"]
     baselines = _baselines(conn, node, job["id"], mode)
-    options = runner.Options(
+    options = sources.Options(
         gpu_source=settings["gpu_source"],
         sysfs_root=settings["sysfs_root"],
         kmsg=settings["kmsg"],
@@ -1046,11 +1074,11 @@ def _gather_and_check(journal: HookJournal, job: dict, expect: dict, monitor: bo
 def _epilog(
     journal: HookJournal,
     run: runner.Run,
-    job: dict,
-    settings: dict,
+    job: dict[str, Any],
+    settings: Data,
     monitor: bool,
     message: str,
-    pending: dict | None,
+    pending: dict[str, Any] | None,
 ) -> str:
     """After the job: its Xids attributed to it, its baselines dropped; idle GPUs that need a
     reset reset where allowed. The drain reason, if any is left."""
@@ -1059,8 +1087,8 @@ def _epilog(
         from slurmhealth.core import store  # noqa: PLC0415
 
         try:
-            store.attribute_events(conn, run.node, job["id"], job["gpus"])  # type: ignore[arg-type]
-            store.forget_job_baselines(conn, run.node, job["id"])  # type: ignore[arg-type]
+            store.attribute_events(conn, run.node, job["id"], job["gpus"])
+            store.forget_job_baselines(conn, run.node, job["id"])
         except Exception as exc:
             journal.say(f"could not attribute the job's Xids: {exc}")
     if message:
@@ -1074,11 +1102,11 @@ def _epilog(
 def _act(
     journal: HookJournal,
     run: runner.Run,
-    settings: dict,
+    settings: Data,
     monitor: bool,
     message: str,
     service: bool,
-    pending: dict | None,
+    pending: dict[str, Any] | None,
 ) -> int:
     """Drain on a failing check (monitor-only: say and record that it would), resume our own
     drain after enough passing health checks; the exit code (refusal)."""
@@ -1101,7 +1129,7 @@ def _act(
     return code
 
 
-def _kmsg_after(side: dict, baselines: dict) -> dict | None:
+def _kmsg_after(side: dict[str, Any], baselines: Baselines) -> Mapping[str, object] | None:
     """Where to resume reading the kernel log: the later of the side state's position and the
     store's baseline on the same boot (either may lag: a store lost or locked, a run killed
     between its two writes)."""
@@ -1113,7 +1141,7 @@ def _kmsg_after(side: dict, baselines: dict) -> dict | None:
     return saved if saved["seq"] >= stored["seq"] else stored
 
 
-def _pending_result(pending: dict) -> object:
+def _pending_result(pending: dict[str, Any]) -> Result:
     from slurmhealth.core.result import fail  # noqa: PLC0415
 
     since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(pending.get("since") or 0))
@@ -1126,7 +1154,9 @@ def _pending_result(pending: dict) -> object:
     return result
 
 
-def _epilog_reset(journal: HookJournal, run: runner.Run, settings: dict, monitor: bool) -> str:
+def _epilog_reset(
+    journal: HookJournal, run: runner.Run, settings: Data, monitor: bool
+) -> str:
     """Reset idle GPUs that need it when allowed; otherwise (or if that fails) a drain reason.
     Monitor-only resets nothing: the reason is reported as a would-be drain."""
     indexes = run.resets
@@ -1166,7 +1196,7 @@ _HOOK_WHAT = {
 }
 
 
-def run_check(argv: list) -> int:
+def run_check(argv: list[str]) -> int:
     """`slurmhealth check ARGS` -> exit code; a user's error is one line on stderr, exit 2."""
     try:
         return check(argv)
@@ -1177,7 +1207,7 @@ def run_check(argv: list) -> int:
         return EXIT_USAGE
 
 
-def run_hook(mode: str, argv: list) -> int:
+def run_hook(mode: str, argv: list[str]) -> int:
     """A hook as slurmd runs it (no arguments). Help never acts; any other argument is a usage
     error, so a typo in slurm.conf never gates jobs by accident."""
     if argv:
@@ -1204,7 +1234,7 @@ def run_hook(mode: str, argv: list) -> int:
         clock.stop()
 
 
-def main(argv: list) -> None:
+def main(argv: list[str]) -> None:
     """`check` or a hook, then exit at once (see _finish). The entry point sends only these
     here; every other command goes to the click CLI."""
     mode, rest = argv[0], argv[1:]

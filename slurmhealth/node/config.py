@@ -29,7 +29,7 @@ TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads th
 if TYPE_CHECKING:
     from typing import Any, Callable
 
-    Schema = dict[str, tuple[object, type[object], str]]  # key -> (default, type, why)
+    from slurmhealth.node.checks.base import Schema
     Bound = tuple[Callable[[Any], bool], str]  # (test of a value of the key's type, why)
     Data = dict[str, Any]  # a parsed file, a [[node]] block, or effective expectations
 

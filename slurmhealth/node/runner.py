@@ -7,6 +7,7 @@ cannot hold the run past its deadline. The caller must end the process with os._
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
@@ -17,6 +18,18 @@ from slurmhealth.node import counters, sources
 from slurmhealth.node.checks import AREAS
 from slurmhealth.node.checks.base import Context, norm_bus_id
 from slurmhealth.node.sources import Options, SourceUnavailable
+
+TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
+if TYPE_CHECKING:
+    from typing import Any, Callable
+
+    from slurmhealth.core.store import RunRecords, RunRow
+    from slurmhealth.node.checks.base import Facts
+    from slurmhealth.node.config import Data
+    from slurmhealth.node.counters import CounterRow
+
+    # A source's gather: a zero-argument function that returns its raw facts, or raises.
+    Gather = Callable[[], object]
 
 SOURCES = ("gpu", "ib", "kmsg")
 
@@ -33,24 +46,24 @@ class Gathered:
         self.raw = raw
         self.message = message
         self.seconds = seconds
-        self.versions: dict = {}
+        self.versions: dict[str, Any] = {}
         self.errno: int | None = None
 
-    def to_dict(self, versions: bool = True) -> dict:
+    def to_dict(self, versions: bool = True) -> dict[str, Any]:
         out = {"status": self.status, "message": self.message, "seconds": round(self.seconds, 6)}
         if versions and self.versions:
             out["versions"] = self.versions
         return out
 
 
-def load_snapshot(path: str) -> dict:
+def load_snapshot(path: str) -> dict[str, Any]:
     """A snapshot document, its shape checked (node/replay.py); ValueError with one line."""
     from slurmhealth.node import replay  # noqa: PLC0415 - only when a snapshot is replayed
 
     return replay.load(path)
 
 
-def _replayed(doc: dict, source: str) -> Gathered:
+def _replayed(doc: dict[str, Any], source: str) -> Gathered:
     """A source as the snapshot recorded it, failures included."""
     state = (doc.get("sources") or {}).get(source) or {}
     status = state.get("status", "ok")
@@ -61,7 +74,7 @@ def _replayed(doc: dict, source: str) -> Gathered:
     return Gathered("ok", doc[source])
 
 
-def _plan(wanted: set, options: Options, strict: bool = True) -> dict:
+def _plan(wanted: set[str], options: Options, strict: bool = True) -> dict[str, Gathered | Gather]:
     """source -> a zero-argument gather function, or a Gathered already known (replay). A
     snapshot that cannot be replayed raises ValueError when `strict` (`check`: the user's
     argument, exit 2); otherwise (a hook's settings.gpu_source) the sources it was to give are
@@ -74,7 +87,7 @@ def _plan(wanted: set, options: Options, strict: bool = True) -> dict:
             if strict:
                 raise
             doc = {"sources": {s: {"status": "error", "message": str(exc)} for s in wanted}}
-    plan: dict = {}
+    plan: dict[str, Gathered | Gather] = {}
     for source in wanted:
         path = {"ib": options.sysfs_root, "kmsg": options.kmsg}.get(source)
         explicit = path not in (None, "", sources.DEFAULT_PATHS.get(source))
@@ -82,14 +95,14 @@ def _plan(wanted: set, options: Options, strict: bool = True) -> dict:
             plan[source] = _replayed(doc, source)
         else:
             early = sources.take_early(source, options)  # the hooks' early GPU sweep
-            plan[source] = early or (lambda s=source: sources.gather(s, options))
+            plan[source] = early or functools.partial(sources.gather, source, options)
     return plan
 
 
-def _worker(func: object, box: list) -> None:
+def _worker(func: Gather, box: list[Gathered]) -> None:
     started = time.perf_counter()
     try:
-        box.append(Gathered("ok", func(), seconds=time.perf_counter() - started))  # type: ignore[operator]
+        box.append(Gathered("ok", func(), seconds=time.perf_counter() - started))
     except SourceUnavailable as exc:
         gone = Gathered("unavailable", exc.found, str(exc), time.perf_counter() - started)
         gone.errno = exc.errno  # set where the source is there but not this user's to read
@@ -104,18 +117,22 @@ def _worker(func: object, box: list) -> None:
 
 
 def gather(
-    wanted: set, options: Options, timeouts: dict, deadline: float, strict: bool = True
-) -> tuple:
+    wanted: set[str],
+    options: Options,
+    timeouts: dict[str, float],
+    deadline: float,
+    strict: bool = True,
+) -> tuple[dict[str, Gathered], bool]:
     """Gather sources concurrently; returns ({source: Gathered}, hung). `strict`: see _plan."""
     started = time.monotonic()
     plan = _plan(wanted, options, strict)
     running = {}
-    out: dict = {}
+    out: dict[str, Gathered] = {}
     for source, job in plan.items():
         if isinstance(job, Gathered):
             out[source] = job
             continue
-        box: list = []
+        box: list[Gathered] = []
         thread = threading.Thread(target=_worker, args=(job, box), daemon=True)
         thread.start()
         running[source] = (thread, box)
@@ -137,15 +154,15 @@ class Run:
     def __init__(self, node: str, phase: str) -> None:
         self.node = node
         self.phase = phase
-        self.results: list = []
-        self.sources: dict = {}
-        self.baselines: dict = {}
-        self.facts: dict = {}
-        self.events: list = []  # what the areas' events_of() reported, to record
-        self.resets: list = []  # GPU indexes a reset would mend (areas' resets_of())
-        self.counters: list = []  # counter readings that changed (node/counters.py)
-        self.readings: dict = {}  # every counter read: {"<device>|<counter>": value}
-        self.job_telemetry: dict | None = None  # the epilog's: counters.job_telemetry
+        self.results: list[Result] = []
+        self.sources: dict[str, Gathered] = {}
+        self.baselines: dict[str, Any] = {}
+        self.facts: dict[str, Facts] = {}
+        self.events: list[dict[str, Any]] = []  # what the areas' events_of() reported, to record
+        self.resets: list[int] = []  # GPU indexes a reset would mend (areas' resets_of())
+        self.counters: list[CounterRow] = []  # counter readings that changed (node/counters.py)
+        self.readings: dict[str, Any] = {}  # every counter read: {"<device>|<counter>": value}
+        self.job_telemetry: dict[str, Any] | None = None  # the epilog's: counters.job_telemetry
         self.verdict = OK
         self.record_versions = True  # False: unchanged since recorded (VERSIONS_EVERY)
         self.hung = False
@@ -159,7 +176,7 @@ class Run:
         self.results.append(result)
         self.verdict = verdict(self.results, self._error_fails)
 
-    def records(self, job_id: str | None = None) -> dict:
+    def records(self, job_id: str | None = None) -> RunRecords:
         """The run as the store records it (core/store.py record_run). Only what is not ok is
         kept per check (an ok check says nothing the verdict doesn't): a node's history stays
         small with a health check every few minutes. Only the epilog gives events to the job,
@@ -198,7 +215,7 @@ class Run:
             }
             for e in self.events
         ]
-        run = {
+        run: RunRow = {
             "node": self.node,
             "job_id": job_id,
             "phase": self.phase,
@@ -216,7 +233,7 @@ class Run:
             "counters": [dict(c, time=self.started) for c in self.counters],
         }
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "node": self.node,
             "phase": self.phase,
@@ -227,7 +244,7 @@ class Run:
         }
 
 
-def _source_results(area: str, got: Gathered, expect: dict) -> list:
+def _source_results(area: str, got: Gathered, expect: Data) -> list[Result]:
     """Results of an area whose source gave no facts: the first check carries the reason."""
     names = [fn.__name__ for fn in AREAS[area].CHECKS]
     what = f"{AREAS[area].SOURCE} source {got.status}: {got.message}"
@@ -255,7 +272,7 @@ def _denied(got: Gathered) -> bool:
     return got.errno in (errno.EACCES, errno.EPERM) and os.geteuid() != 0
 
 
-def _apply_override(result: Result, override: dict) -> Result:
+def _apply_override(result: Result, override: dict[str, Any]) -> Result:
     severity = override.get("severity")
     if severity == WARN and result.status == FAIL:
         result.status = WARN
@@ -264,10 +281,12 @@ def _apply_override(result: Result, override: dict) -> Result:
     return result
 
 
-def _run_check(name: str, fn: object, facts: object, ctx: Context) -> Result:
+def _run_check(
+    name: str, fn: Callable[[Facts, Context], Result], facts: Facts, ctx: Context
+) -> Result:
     started = time.perf_counter()
     try:
-        result = fn(facts, ctx)  # type: ignore[operator]
+        result = fn(facts, ctx)
     except Exception as exc:  # our bug is not the node's fault
         result = Result(ERROR, f"check crashed: {type(exc).__name__}: {exc}")
     result.check = name
@@ -275,7 +294,9 @@ def _run_check(name: str, fn: object, facts: object, ctx: Context) -> Result:
     return result
 
 
-def _area_results(area: str, raw: object, expect: dict, ctx: Context) -> tuple:
+def _area_results(
+    area: str, raw: object, expect: Data, ctx: Context
+) -> tuple[list[Result], Facts | None]:
     module = AREAS[area]
     try:
         facts = module.parse(raw)
@@ -295,11 +316,13 @@ def _area_results(area: str, raw: object, expect: dict, ctx: Context) -> tuple:
     return results, facts
 
 
-def _bus_map(gathered: dict, baselines: dict) -> dict:
+def _bus_map(gathered: dict[str, Gathered], baselines: dict[str, Any]) -> dict[str, int | None]:
     """Bus id -> GPU index, from this sweep and the last known inventory: a GPU that fell off
     the bus has no bus id now, but its Xid lines still name it."""
     known = ((baselines.get("gpu") or {}).get("inventory") or {}).items()
-    out = {norm_bus_id(v["bus_id"]): int(k) for k, v in known if v.get("bus_id")}
+    out: dict[str, int | None] = {
+        norm_bus_id(v["bus_id"]): int(k) for k, v in known if v.get("bus_id")
+    }
     got = gathered.get("gpu")
     if not got or got.status != "ok" or not isinstance(got.raw, dict):
         return out
@@ -309,7 +332,7 @@ def _bus_map(gathered: dict, baselines: dict) -> dict:
     return out
 
 
-def _contributed(area: str, name: str, *args: object) -> object:
+def _contributed(area: str, name: str, *args: object) -> Any:
     """What an area contributes besides its results, if it has the function (checks/__init__):
     versions_of (recorded with the run's sources; the report compares them across the fleet),
     events_of (recorded events), resets_of (GPUs a reset would mend). A crash here is our bug
@@ -332,7 +355,7 @@ VERSIONS_EVERY = 6 * 3600.0
 CARRIED = {"gpu": ("app_clocks",), "kmsg": ("nccl",)}
 
 
-def _carry(sources: dict, before: dict) -> None:
+def _carry(sources: dict[str, Gathered], before: dict[str, Any]) -> None:
     for name, keys in CARRIED.items():
         got, last = sources.get(name), (before.get("seen") or {}).get(name) or {}
         if got is None or not got.versions or not isinstance(last, dict):
@@ -342,7 +365,9 @@ def _carry(sources: dict, before: dict) -> None:
                 got.versions[key] = last[key]
 
 
-def _versions_due(sources: dict, before: dict, now: float) -> tuple:
+def _versions_due(
+    sources: dict[str, Gathered], before: dict[str, Any], now: float
+) -> tuple[bool, dict[str, Any]]:
     """(record the versions with this run?, the versions baseline to keep)."""
     _carry(sources, before)
     seen = {name: got.versions for name, got in sorted(sources.items()) if got.versions}
@@ -385,7 +410,9 @@ def _samples(out: Run, before: object) -> None:
         gpu.pop("samples", None)
 
 
-def _job_telemetry(out: Run, before: object, job_gpus: list | None) -> dict | None:
+def _job_telemetry(
+    out: Run, before: object, job_gpus: list[int] | None
+) -> dict[str, Any] | None:
     """The job's figures per GPU, from its prolog's readings (`job_start` of the GPU baseline);
     a crash here is our bug and costs the figures, never the run."""
     start = before.get("job_start") if isinstance(before, dict) else None
@@ -398,12 +425,12 @@ def _job_telemetry(out: Run, before: object, job_gpus: list | None) -> dict | No
 
 def run(
     node: str,
-    expect: dict,
+    expect: Data,
     options: Options,
-    areas: list | None = None,
+    areas: list[str] | None = None,
     phase: str = "check",
-    baselines: dict | None = None,
-    job_gpus: list | None = None,
+    baselines: dict[str, Any] | None = None,
+    job_gpus: list[int] | None = None,
     deadline: float | None = None,
 ) -> Run:
     """One full run: gather, check, verdict. Never raises for a node's state. `deadline`: the
@@ -451,7 +478,7 @@ def run(
     return out
 
 
-def unread(gathered: dict) -> list:
+def unread(gathered: dict[str, Gathered]) -> list[dict[str, Any]]:
     """The sources that could not be read though the node has them (`/dev/kmsg` to a user who
     is not root, where the kernel restricts it), from {source: Gathered}: [{source, message,
     areas}], the areas whose checks they feed. A source the node lacks (no such file) is not
@@ -484,14 +511,16 @@ def _restricted(source: str, code: int) -> str:
     return " (kernel.dmesg_restrict=1: only root may read it)" if restricted else ""
 
 
-def snapshot(node: str, options: Options, timeouts: dict, deadline: float) -> tuple:
+def snapshot(
+    node: str, options: Options, timeouts: dict[str, float], deadline: float
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Everything the checks read on this node, as one JSON-able document, and the sources it
     could not read (unread): (document, unread)."""
     gathered, _ = gather(set(SOURCES), options, timeouts, deadline)
     from slurmhealth import __version__  # noqa: PLC0415
     from slurmhealth.node import replay  # noqa: PLC0415 - the format's one home
 
-    doc: dict = {
+    doc: dict[str, Any] = {
         "format": replay.FORMAT,
         "node": node,
         "taken_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

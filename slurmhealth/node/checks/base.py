@@ -12,6 +12,12 @@ TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads th
 if TYPE_CHECKING:
     from typing import Any
 
+    # An area's facts as its parse(raw) returns them: JSON-able, keyed as that parse writes.
+    Facts = dict[str, Any]
+    # An area's DEFAULTS (and config.SETTINGS): key -> (default, type, one line of why). The
+    # default is Any: its type is the second item, which config checks each value against.
+    Schema = dict[str, tuple[Any, type[Any], str]]
+
 
 class Context:
     """Read-only inputs of a check other than its facts.
@@ -34,7 +40,7 @@ class Context:
         phase: str = "check",
         expect: dict[str, Any] | None = None,
         baseline: dict[str, Any] | None = None,
-        gpus: dict[str, int] | None = None,
+        gpus: dict[str, int | None] | None = None,
         job_gpus: list[int] | None = None,
         now: float = 0.0,
     ) -> None:

@@ -47,10 +47,18 @@ from slurmhealth.core.result import (
 )
 from slurmhealth.node.checks.base import Context, norm_bus_id, summarize
 
+TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
+if TYPE_CHECKING:
+    from typing import Any, TypeVar
+
+    from slurmhealth.node.checks.base import Facts, Schema
+
+    T = TypeVar("T")
+
 AREA = "gpu"
 SOURCE = "gpu"
 
-DEFAULTS = {
+DEFAULTS: Schema = {
     "count": (None, int, "GPUs expected on the node; unset: as many as NVML reports"),
     "persistence": (True, bool, "persistence mode on: else each job pays 1-3 s per GPU init"),
     "ecc": (True, bool, "ECC enabled on every GPU"),
@@ -138,10 +146,10 @@ _INT_KEYS = (
 )
 
 
-def _device(raw: object, position: int) -> dict:
+def _device(raw: object, position: int) -> dict[str, Any]:
     """One GPU record with every key present and typed; garbage becomes None."""
     d = raw if isinstance(raw, dict) else {}
-    fields = d.get("fields") if isinstance(d.get("fields"), dict) else {}
+    fields = d["fields"] if isinstance(d.get("fields"), dict) else {}
     procs = d.get("processes")
     links = d.get("nvlink")
     fabric = d.get("fabric") if isinstance(d.get("fabric"), dict) else None
@@ -159,10 +167,10 @@ def _device(raw: object, position: int) -> dict:
     return out
 
 
-def parse(raw: object) -> dict:
+def parse(raw: object) -> dict[str, Any]:
     """Normalise the gathered (or replayed) NVML facts; never raises."""
     r = raw if isinstance(raw, dict) else {}
-    devices = r.get("devices") if isinstance(r.get("devices"), list) else []
+    devices = r["devices"] if isinstance(r.get("devices"), list) else []
     parsed = [_device(d, i) for i, d in enumerate(devices)]
     count = _int(r.get("count"))
     cuda = _int(r.get("cuda_driver_version"))
@@ -181,24 +189,24 @@ def parse(raw: object) -> dict:
     }
 
 
-def label(dev: dict) -> str:
+def label(dev: dict[str, Any]) -> str:
     """`GPU 3 (0000:9b:00)`: how every message names a GPU, its bus id in the kernel log's form
     (norm_bus_id), so the Xid lines' messages (xid.where) name the same GPU the same way."""
     bus = dev["bus_id"]
     return f"GPU {dev['index']} ({norm_bus_id(bus)})" if bus else f"GPU {dev['index']}"
 
 
-def _alive(facts: dict) -> list:
+def _alive(facts: Facts) -> list[Any]:
     return [d for d in facts["devices"] if not d["error"]]
 
 
-def _unlisted(facts: dict) -> list:
+def _unlisted(facts: Facts) -> list[Any]:
     """PCI addresses of GPUs the nvidia driver holds that NVML does not list (fell off)."""
     listed = {norm_bus_id(d["bus_id"]) for d in facts["devices"] if d["bus_id"]}
     return [a for a in facts.get("pci_gpus") or [] if norm_bus_id(a) not in listed]
 
 
-def count(facts: dict, ctx: Context) -> Result:
+def count(facts: Facts, ctx: Context) -> Result:
     """GPU count as expected, every GPU answers NVML and NVML lists every GPU the driver holds.
 
     The last holds with no config: a GPU bound to the nvidia driver on the PCI bus that NVML
@@ -220,7 +228,7 @@ def count(facts: dict, ctx: Context) -> Result:
     return ok(counted(facts["count"], "GPU answers", "GPUs answer"), data)
 
 
-def inventory(facts: dict, ctx: Context) -> Result:
+def inventory(facts: Facts, ctx: Context) -> Result:
     """A GPU whose UUID, bus id or serial changed since the last known inventory is reported.
 
     A new serial is a board replaced: the fleet's lemon sweep starts the node's evidence afresh
@@ -242,7 +250,7 @@ def inventory(facts: dict, ctx: Context) -> Result:
     return ok("inventory unchanged", data)
 
 
-def ecc(facts: dict, ctx: Context) -> Result:
+def ecc(facts: Facts, ctx: Context) -> Result:
     """No uncorrectable volatile ECC errors; ECC enabled where expected."""
     errors, disabled, going = [], [], []
     wanted = ctx.expect.get("ecc", True)
@@ -268,7 +276,7 @@ def ecc(facts: dict, ctx: Context) -> Result:
     return ok("no uncorrectable ECC errors", data)
 
 
-def _majority(values: list) -> object:
+def _majority(values: list[T]) -> T:
     """Most common value; a tie goes to the value of the first GPU."""
     return max(values, key=lambda v: (values.count(v), -values.index(v)))
 
@@ -284,7 +292,7 @@ def _mib(value: int) -> str:
 _MEMORY_SLACK = 0.10
 
 
-def _odd_memory(devices: list, name: object) -> list:
+def _odd_memory(devices: list[Any], name: object) -> list[Any]:
     """Messages for GPUs of `name` whose total memory is off the majority of that name's."""
     sizes = [d["memory_total"] for d in devices if d["name"] == name and d["memory_total"]]
     if not sizes:
@@ -301,7 +309,7 @@ def _odd_memory(devices: list, name: object) -> list:
     return [f"{label(d)} {name} {_mib(size)}, {others} {_mib(ref)}" for d, size in odd]
 
 
-def model(facts: dict, ctx: Context) -> Result:
+def model(facts: Facts, ctx: Context) -> Result:
     """Every GPU the same part: name as `model` (unset: the majority's), memory as its peers'.
 
     A wrong part swapped in (another model, another memory size) fails (service)."""
@@ -331,7 +339,7 @@ def _mig_name(value: int) -> str:
     return _MIG_MODES.get(value, str(value))
 
 
-def mig(facts: dict, ctx: Context) -> Result:
+def mig(facts: Facts, ctx: Context) -> Result:
     """MIG mode as `mig` expects (off or on; unset: either); a pending mode change warns.
 
     A GPU in the wrong mode serves the wrong jobs (drain)."""
@@ -361,10 +369,11 @@ def mig(facts: dict, ctx: Context) -> Result:
 
 def _limit(ctx: Context, key: str) -> int:
     value = ctx.expect.get(key)
-    return DEFAULTS[key][0] if value is None else value
+    limit: int = DEFAULTS[key][0] if value is None else value
+    return limit
 
 
-def _spares_gone(dev: dict, ctx: Context) -> str | None:
+def _spares_gone(dev: dict[str, Any], ctx: Context) -> str | None:
     """The GPU's spare memory is used up: uncorrectable remaps at the spare-row limit (Ampere+),
     or the retired-page table at its limit (pre-Ampere); None otherwise or when not reported."""
     fields = dev["fields"]
@@ -382,7 +391,7 @@ def _spares_gone(dev: dict, ctx: Context) -> str | None:
     return None
 
 
-def row_remap(facts: dict, ctx: Context) -> Result:
+def row_remap(facts: Facts, ctx: Context) -> Result:
     """Row-remap failure or spare rows used up fail (service); pending remap warns (reset_gpu).
 
     Spare rows used up: uncorrectable remaps at `remap_rows_max`; pre-Ampere, retired pages at
@@ -410,7 +419,7 @@ def row_remap(facts: dict, ctx: Context) -> Result:
     return ok("no row remap pending or failed", data)
 
 
-def recovery_action(facts: dict, ctx: Context) -> Result:
+def recovery_action(facts: Facts, ctx: Context) -> Result:
     """The driver's required recovery action (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION) is none."""
     needed = []
     for dev in _alive(facts):
@@ -427,7 +436,7 @@ def recovery_action(facts: dict, ctx: Context) -> Result:
     return ok("no recovery action required", data)
 
 
-def persistence(facts: dict, ctx: Context) -> Result:
+def persistence(facts: Facts, ctx: Context) -> Result:
     """Persistence mode is on (else each job pays 1-3 s per GPU and volatile counters reset)."""
     if not ctx.expect.get("persistence", True):
         return skip("persistence not required by config")
@@ -437,7 +446,7 @@ def persistence(facts: dict, ctx: Context) -> Result:
     return ok("persistence mode on", {"off": off})
 
 
-def processes(facts: dict, ctx: Context) -> Result:
+def processes(facts: Facts, ctx: Context) -> Result:
     """No compute processes left on the GPUs before or after a job; running jobs' not judged.
 
     A GPU another job holds is not judged. The job hooks judge the job's own GPUs when slurmd
@@ -468,7 +477,7 @@ def processes(facts: dict, ctx: Context) -> Result:
     return ok("no compute processes left", data)
 
 
-def thermal(facts: dict, ctx: Context) -> Result:
+def thermal(facts: Facts, ctx: Context) -> Result:
     """Temperature below the slowdown threshold; no HW slowdown, thermal or power-brake events."""
     mask = ctx.expect.get("clock_event_mask", 0xE8)
     hot = []
@@ -485,7 +494,7 @@ def thermal(facts: dict, ctx: Context) -> Result:
     return ok("no thermal or power slowdown", {"problems": hot})
 
 
-def _below_or_odd(devices: list, key: str, expected: int | None, what: str) -> list:
+def _below_or_odd(devices: list[Any], key: str, expected: int | None, what: str) -> list[Any]:
     values = [d[key] for d in devices if d[key] is not None]
     if expected is None:
         if not values:
@@ -498,7 +507,7 @@ def _below_or_odd(devices: list, key: str, expected: int | None, what: str) -> l
     ]
 
 
-def pcie(facts: dict, ctx: Context) -> Result:
+def pcie(facts: Facts, ctx: Context) -> Result:
     """PCIe max link generation and width at least the expected (current values drop at idle)."""
     devices = _alive(facts)
     low = _below_or_odd(devices, "pcie_max_gen", ctx.expect.get("pcie_gen"), "gen")
@@ -515,7 +524,7 @@ def _link(gen: int | None, width: int | None) -> str:
     return f"Gen{gen if gen is not None else '?'} x{width if width is not None else '?'}"
 
 
-def pcie_link(facts: dict, ctx: Context) -> Result:
+def pcie_link(facts: Facts, ctx: Context) -> Result:
     """Under load, the current PCIe link at full generation and width; downtrained warns.
 
     Full: `pcie_gen`/`pcie_width` when set, else the GPU's own max link. An idle GPU lowers its
@@ -549,7 +558,7 @@ def pcie_link(facts: dict, ctx: Context) -> Result:
     return ok(f"{judged_words} PCIe link", data)
 
 
-def fabric(facts: dict, ctx: Context) -> Result:
+def fabric(facts: Facts, ctx: Context) -> Result:
     """NVSwitch fabric (Hopper+): state COMPLETED with status success."""
     bad, seen = [], 0
     for dev in _alive(facts):
@@ -559,7 +568,7 @@ def fabric(facts: dict, ctx: Context) -> Result:
         seen += 1
         state, status = info.get("state"), info.get("status")
         if state != _FABRIC_COMPLETED or status != 0:
-            name = _FABRIC_STATES.get(state, str(state))  # type: ignore[arg-type]
+            name = _FABRIC_STATES.get(state, str(state))
             bad.append(f"{label(dev)} fabric {name}, status {status}")
     data = {"problems": bad}
     if bad:
@@ -569,7 +578,7 @@ def fabric(facts: dict, ctx: Context) -> Result:
     return ok("fabric registration completed", data)
 
 
-def versions(facts: dict, ctx: Context) -> Result:
+def versions(facts: Facts, ctx: Context) -> Result:
     """Driver and VBIOS versions against the golden values (all GPUs alike when unset)."""
     drift = []
     driver, want = facts["driver_version"], ctx.expect.get("driver_version")
@@ -588,13 +597,14 @@ def versions(facts: dict, ctx: Context) -> Result:
     return ok(f"driver {driver}" if driver else "versions as expected", data)
 
 
-def memory_errors(facts: dict, ctx: Context) -> Result:
+def memory_errors(facts: Facts, ctx: Context) -> Result:
     """Correctable ECC errors and remapped rows that grew since the last run (memory wearing).
 
     A counter lower than its baseline (driver reload, GPU reset) starts a new baseline."""
     before = ctx.baseline.get("counters") or {}
     if not before:
         return ok("baseline recorded")
+    deltas: dict[str, dict[str, int]]
     grew, deltas, resets = [], {}, []
     for dev in _alive(facts):
         old = before.get(str(dev["index"])) or {}
@@ -619,7 +629,7 @@ def memory_errors(facts: dict, ctx: Context) -> Result:
     return ok("memory error counters steady", data)
 
 
-def corrected_ecc(facts: dict, ctx: Context) -> Result:
+def corrected_ecc(facts: Facts, ctx: Context) -> Result:
     """Corrected ECC errors in all below `sbe_total_warn` (10 million), first run included.
 
     The aggregate count when the source reads it, else the volatile one; tens of millions is a
@@ -665,7 +675,7 @@ CHECKS = (
 )
 
 
-def baseline(facts: dict, now: float | None = None) -> dict:
+def baseline(facts: Facts, now: float | None = None) -> dict[str, Any]:
     """The inventory and memory counters to compare the next run against, keyed by index, the
     energy and below-base-clock counters (the prolog's, for the job's figures at its epilog)
     and the time they were read (`now`, else the clock: the run's time). The runner adds the
@@ -696,13 +706,13 @@ def baseline(facts: dict, now: float | None = None) -> dict:
     }
 
 
-def _clocks(device: dict) -> str | None:
+def _clocks(device: dict[str, Any]) -> str | None:
     """ "SM/memory MHz" of the application clocks, or None where NVML does not give both."""
     sm, mem = device.get("app_clock_sm"), device.get("app_clock_mem")
     return f"{sm}/{mem} MHz" if sm is not None and mem is not None else None
 
 
-def versions_of(facts: dict) -> dict:
+def versions_of(facts: Facts) -> dict[str, Any]:
     """The versions and settings each run records (the nightly report's odd node out): the
     driver, and of the GPUs that answer the sets of VBIOS versions, models, persistence modes,
     current ECC modes, current MIG modes and application clocks (a set of two is a node that
@@ -725,10 +735,10 @@ def versions_of(facts: dict) -> dict:
     return out
 
 
-def expectations(facts: dict) -> dict:
+def expectations(facts: Facts) -> dict[str, Any]:
     """What a known-good node implies: its count, model, PCIe links, MIG mode, versions."""
     devices = _alive(facts)
-    out: dict = {"count": facts["count"]}
+    out: dict[str, Any] = {"count": facts["count"]}
     gens = [d["pcie_max_gen"] for d in devices if d["pcie_max_gen"]]
     widths = [d["pcie_max_width"] for d in devices if d["pcie_max_width"]]
     names = {d["name"] for d in devices if d["name"]}
@@ -740,7 +750,7 @@ def expectations(facts: dict) -> dict:
         out["pcie_width"] = min(widths)
     modes = {d["mig_current"] for d in devices}
     if len(modes) == 1 and None not in modes:
-        out["mig"] = _mig_name(modes.pop())  # type: ignore[arg-type]
+        out["mig"] = _mig_name(modes.pop())
     if facts["driver_version"]:
         out["driver_version"] = facts["driver_version"]
     vbioses = {d["vbios"] for d in devices if d["vbios"]}
@@ -749,7 +759,7 @@ def expectations(facts: dict) -> dict:
     return out
 
 
-def expected(expect: dict, found: object = None) -> bool:
+def expected(expect: dict[str, Any], found: object = None) -> bool:
     """GPUs are expected when the config names a count, or when NVIDIA GPUs sit on the PCI bus
     while NVML cannot see them (`found`, from the source): then no NVML is a fail, not a skip,
     so a node with no config still catches a dead driver or a GPU that fell off."""
@@ -762,7 +772,7 @@ def expected(expect: dict, found: object = None) -> bool:
 RESET_ACTIONS = (1, 4)
 
 
-def resets_of(facts: dict) -> list:
+def resets_of(facts: Facts) -> list[Any]:
     """Idle GPUs whose pending row remap or recovery action a GPU reset would clear: the epilog
     resets them (settings.reset_gpus) or drains the node until someone does."""
     out = []

@@ -71,6 +71,12 @@ import time
 from slurmhealth.core.result import DRAIN, SERVICE, Result, counted, fail, ok, skip, warn
 from slurmhealth.node.checks.base import Context, summarize
 
+TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
+if TYPE_CHECKING:
+    from typing import Any
+
+    from slurmhealth.node.checks.base import Facts, Schema
+
 AREA = "ib"
 SOURCE = "ib"
 
@@ -86,7 +92,7 @@ _COUNTERS = {
 }
 
 
-def _threshold_defaults() -> dict:
+def _threshold_defaults() -> dict[str, Any]:
     """`<counter>_warn` and `<counter>_fail`: flat int keys, one line each in the sample config."""
     out = {}
     for name, (_width, warn_at, fail_at, why) in _COUNTERS.items():
@@ -103,7 +109,7 @@ _RATES = {
 }
 
 
-def _rate_defaults() -> dict:
+def _rate_defaults() -> dict[str, Any]:
     out = {}
     for name, (warn_at, fail_at, why) in _RATES.items():
         out[f"{name}_warn_per_h"] = (warn_at, float, f"{name} per hour that warns: {why}")
@@ -111,7 +117,7 @@ def _rate_defaults() -> dict:
     return out
 
 
-DEFAULTS = {
+DEFAULTS: Schema = {
     "devices": (None, list, "HCAs expected present (mlx5_0, ...); unset: whatever is present"),
     "ports": (None, list, "ports expected up, as mlx5_0:1; unset: every InfiniBand port present"),
     "rate": (None, int, "minimum Gb/s per port (400 for NDR); unset: all ports alike"),
@@ -152,7 +158,7 @@ def _str(value: object) -> str | None:
     return value[:_NAME_MAX].strip() if isinstance(value, str) else None
 
 
-def _dict(value: object) -> dict:
+def _dict(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
@@ -166,7 +172,7 @@ def _uint(text: object) -> int | None:
     return int(text)
 
 
-def parse_state(text: object, names: dict) -> tuple:
+def parse_state(text: object, names: dict[int, str]) -> tuple[int | None, str | None]:
     """State text "4: ACTIVE" -> (4, "ACTIVE"): the number decides, the name is for messages.
 
     A bare known name ("ACTIVE") gives its number; anything else gives (None, name or None).
@@ -181,7 +187,7 @@ def parse_state(text: object, names: dict) -> tuple:
     return (number, names.get(number, name) if number is not None else (name or None))
 
 
-def parse_rate(text: object) -> tuple:
+def parse_rate(text: object) -> tuple[float | None, str | None, str | None]:
     """Rate text -> (Gb/s, width, speed): "400 Gb/sec (4X NDR)" -> (400.0, "4X", "NDR").
 
     The kernel prints "%d%s Gb/sec (%dX%s)" (rate_show in sysfs.c); old kernels leave the
@@ -215,10 +221,10 @@ def parse_link_speed(text: object) -> int | None:
         return None
     number, sep, _ = text.strip().partition(" GT/s")
     speed = _float(number) if sep else None
-    return _PCIE_GENS.get(speed) if speed is not None else None  # type: ignore[call-overload]
+    return _PCIE_GENS.get(speed) if speed is not None else None
 
 
-def _parse_link(device: dict) -> dict:
+def _parse_link(device: dict[str, Any]) -> dict[str, Any]:
     """The HCA's PCIe link now and at most; a width of 0 (link not trained) is unknown. `pci`:
     whether the source read the link at all (an HCA without a PCI device has none)."""
     widths = [_uint(device.get(f"{k}_link_width")) for k in ("current", "max")]
@@ -232,7 +238,7 @@ def _parse_link(device: dict) -> dict:
     }
 
 
-def _parse_port(device: str, port: str, raw: dict) -> dict:
+def _parse_port(device: str, port: str, raw: dict[str, Any]) -> dict[str, Any]:
     state, state_name = parse_state(raw.get("state"), _STATES)
     phys, phys_name = parse_state(raw.get("phys_state"), _PHYS_STATES)
     gbps, width, speed = parse_rate(raw.get("rate"))
@@ -252,12 +258,12 @@ def _parse_port(device: str, port: str, raw: dict) -> dict:
     }
 
 
-def parse(raw: object) -> dict:
+def parse(raw: object) -> dict[str, Any]:
     """Raw sysfs strings -> {"devices": {dev: identity}, "ports": {"dev:port": facts}, "errors"}.
 
     Pure and total: any input gives facts; what cannot be parsed is None.
     """
-    facts: dict = {"devices": {}, "ports": {}, "errors": {}}
+    facts: Facts = {"devices": {}, "ports": {}, "errors": {}}
     raw = _dict(raw)
     for name, device_raw in _dict(raw.get("devices")).items():
         device = _dict(device_raw)
@@ -275,12 +281,12 @@ def parse(raw: object) -> dict:
 # ---------------------------------------------------------------- expectations and scope
 
 
-def _expect(ctx: Context, key: str) -> object:
+def _expect(ctx: Context, key: str) -> Any:
     value = ctx.expect.get(key)
     return DEFAULTS[key][0] if value is None else value
 
 
-def expected_ports(facts: dict, ctx: Context) -> list:
+def expected_ports(facts: Facts, ctx: Context) -> list[Any]:
     """The listed ports; else every present port whose link layer is the expected one."""
     listed = _expect(ctx, "ports")
     if listed is not None:
@@ -289,12 +295,14 @@ def expected_ports(facts: dict, ctx: Context) -> list:
     return sorted(k for k, p in facts["ports"].items() if p["link_layer"] == layer)
 
 
-def _plural(problems: list, noun: str) -> str:
+def _plural(problems: list[Any], noun: str) -> str:
     """First problem plus "(+N more <noun>s)": one line for a Slurm Reason."""
     return summarize(problems, f" {noun}" if noun else "")
 
 
-def _verdict(fails: list, warns: list, data: dict, action: str, noun: str) -> Result | None:
+def _verdict(
+    fails: list[str], warns: list[str], data: dict[str, Any], action: str, noun: str
+) -> Result | None:
     """fail when any fail, else warn when any warn, else None (the caller says ok)."""
     if fails:
         return fail(_plural(fails + warns, noun), data, action)
@@ -306,7 +314,7 @@ def _verdict(fails: list, warns: list, data: dict, action: str, noun: str) -> Re
 # ---------------------------------------------------------------- checks
 
 
-def devices_present(facts: dict, ctx: Context) -> Result:
+def devices_present(facts: Facts, ctx: Context) -> Result:
     """Expected HCAs present: a missing HCA fell off the bus or lost its driver (service)."""
     present = sorted(facts["devices"])
     wanted = _expect(ctx, "devices")
@@ -324,7 +332,7 @@ def devices_present(facts: dict, ctx: Context) -> Result:
     return ok(f"{counted(len(wanted), 'expected HCA')} present", data)
 
 
-def _state_problem(key: str, port: dict | None) -> tuple:
+def _state_problem(key: str, port: dict[str, Any] | None) -> tuple[Any, ...]:
     """(severity, text) for one port's state; severity None when ACTIVE and LinkUp."""
     if port is None:
         return ("fail", f"{key} absent")
@@ -335,7 +343,7 @@ def _state_problem(key: str, port: dict | None) -> tuple:
     return ("fail", f"{key} state {port['state_name']}, phys {port['phys_name']}")
 
 
-def port_state(facts: dict, ctx: Context) -> Result:
+def port_state(facts: Facts, ctx: Context) -> Result:
     """Every expected port ACTIVE and LinkUp (Polling: no peer/cable; Disabled: port off)."""
     keys = expected_ports(facts, ctx)
     if not keys:
@@ -353,7 +361,7 @@ def port_state(facts: dict, ctx: Context) -> Result:
     return bad or ok(f"{counted(len(keys), 'port')} ACTIVE/LinkUp", data)
 
 
-def _active_rates(facts: dict, keys: list) -> dict:
+def _active_rates(facts: Facts, keys: list[Any]) -> dict[str, Any]:
     """Rate of each expected port that is ACTIVE and reports a rate: a down port's rate is
     meaningless (port_state reports the port)."""
     out = {}
@@ -364,12 +372,12 @@ def _active_rates(facts: dict, keys: list) -> dict:
     return out
 
 
-def _rate_text(key: str, port: dict) -> str:
+def _rate_text(key: str, port: dict[str, Any]) -> str:
     lanes = " ".join(x for x in (port["width"], port["speed"]) if x)
     return f"{key} at {port['rate']:g} Gb/s" + (f" ({lanes})" if lanes else "")
 
 
-def port_rate(facts: dict, ctx: Context) -> Result:
+def port_rate(facts: Facts, ctx: Context) -> Result:
     """Active ports at least at the expected Gb/s; unset: all ports at the same rate, else warn.
 
     A port that trained down (NDR -> HDR, 4X -> 2X) slows every collective of the job to its pace.
@@ -388,7 +396,7 @@ def port_rate(facts: dict, ctx: Context) -> Result:
     return bad or ok(f"{counted(len(ports), 'port')} at >= {floor:g} Gb/s", data)
 
 
-def link_layer(facts: dict, ctx: Context) -> Result:
+def link_layer(facts: Facts, ctx: Context) -> Result:
     """Expected ports on the expected link layer (a VPI port left in Ethernet mode is not IB)."""
     keys = [k for k in expected_ports(facts, ctx) if k in facts["ports"]]
     if not keys:
@@ -401,24 +409,24 @@ def link_layer(facts: dict, ctx: Context) -> Result:
     return bad or ok(f"{counted(len(keys), 'port')} {wanted}", data)
 
 
-def _scope(facts: dict, ctx: Context) -> list:
+def _scope(facts: Facts, ctx: Context) -> list[Any]:
     """The present HCAs carrying expected ports or listed in `devices`, sorted."""
     names = {facts["ports"][k]["device"] for k in expected_ports(facts, ctx) if k in facts["ports"]}
     names.update(str(d) for d in (_expect(ctx, "devices") or []))
     return sorted(n for n in names if n in facts["devices"])
 
 
-def _fw_scope(facts: dict, ctx: Context) -> dict:
+def _fw_scope(facts: Facts, ctx: Context) -> dict[str, Any]:
     """HCA -> firmware for the HCAs carrying expected ports or listed in `devices`."""
     return {n: facts["devices"][n]["fw_ver"] for n in _scope(facts, ctx)}
 
 
-def _majority(versions: list) -> str:
+def _majority(versions: list[str]) -> str:
     """Most common version; a tie goes to the version of the first HCA."""
     return max(versions, key=lambda v: (versions.count(v), -versions.index(v)))
 
 
-def firmware(facts: dict, ctx: Context) -> Result:
+def firmware(facts: Facts, ctx: Context) -> Result:
     """HCA firmware equal to `fw_ver`, or uniform when unset: drift warns, naming the odd HCA."""
     fws = _fw_scope(facts, ctx)
     known = {n: v for n, v in fws.items() if v}
@@ -441,7 +449,7 @@ def _short(value: int | None, wanted: int | None) -> bool:
     return value is not None and wanted is not None and value < wanted
 
 
-def pcie_link(facts: dict, ctx: Context) -> Result:
+def pcie_link(facts: Facts, ctx: Context) -> Result:
     """HCA PCIe links at full generation and width now; a downtrained link (lanes, speed) warns.
 
     Full: `pcie_gen`/`pcie_width` when set, else the best current link of the peers, capped by
@@ -470,7 +478,7 @@ def pcie_link(facts: dict, ctx: Context) -> Result:
             ref_gen = min(x for x in (max(gens), link["max_gen"]) if x is not None)
         if ref_width is None and widths:
             ref_width = min(x for x in (max(widths), link["max_width"]) if x is not None)
-        if _short(link["gen"], ref_gen) or _short(link["width"], ref_width):  # type: ignore[arg-type]
+        if _short(link["gen"], ref_gen) or _short(link["width"], ref_width):
             now = _gen_width(link["gen"], link["width"])
             slow.append(f"{name} PCIe link {now}, expected {_gen_width(ref_gen, ref_width)}")
     data = {n: _gen_width(x["gen"], x["width"]) for n, x in links.items()}
@@ -478,7 +486,7 @@ def pcie_link(facts: dict, ctx: Context) -> Result:
     return bad or ok(f"{counted(len(links), 'HCA')} at full PCIe link", data)
 
 
-def _limits(ctx: Context, name: str) -> tuple:
+def _limits(ctx: Context, name: str) -> tuple[Any, Any]:
     return (_expect(ctx, f"{name}_warn"), _expect(ctx, f"{name}_fail"))
 
 
@@ -492,7 +500,7 @@ def interval(ctx: Context) -> float | None:
     return seconds if seconds > 0 else None
 
 
-def _level(name: str, delta: int, seconds: float | None, ctx: Context) -> tuple:
+def _level(name: str, delta: int, seconds: float | None, ctx: Context) -> tuple[str | None, str]:
     """("fail"/"warn"/None, text) for one counter's increase over `seconds` (None: unknown)."""
     warn_at, fail_at = _limits(ctx, name)
     if name in _RATES and seconds is not None:
@@ -512,7 +520,9 @@ def _level(name: str, delta: int, seconds: float | None, ctx: Context) -> tuple:
     return None, ""
 
 
-def _port_counters(key: str, now: dict, before: dict, ctx: Context) -> tuple:
+def _port_counters(
+    key: str, now: dict[str, Any], before: dict[str, Any], ctx: Context
+) -> tuple[list[str], list[str], dict[str, Any]]:
     """(fails, warns, data) of one port's counters against its baseline (may be {})."""
     fails, warns, deltas, saturated, reset = [], [], {}, [], []
     seconds = interval(ctx)
@@ -539,7 +549,7 @@ def _port_counters(key: str, now: dict, before: dict, ctx: Context) -> tuple:
     return fails, warns, data
 
 
-def counters(facts: dict, ctx: Context) -> Result:
+def counters(facts: Facts, ctx: Context) -> Result:
     """Error-counter deltas since the last run (symbol errors, flaps also per hour); saturation.
 
     A counter that went down (HCA reset) starts a new baseline, never a fail."""
@@ -576,7 +586,7 @@ CHECKS = (devices_present, port_state, port_rate, link_layer, firmware, pcie_lin
 # ---------------------------------------------------------------- memory and genconf
 
 
-def baseline(facts: dict, now: float | None = None) -> dict:
+def baseline(facts: Facts, now: float | None = None) -> dict[str, Any]:
     """Readable counters of every port and the time they were read (`now`, else the clock: the
     run's time), for the next run's deltas and rates."""
     out = {}
@@ -585,10 +595,10 @@ def baseline(facts: dict, now: float | None = None) -> dict:
     return {"counters": out, "taken_at": time.time() if now is None else now}
 
 
-def versions_of(facts: dict) -> dict:
+def versions_of(facts: Facts) -> dict[str, Any]:
     """The versions and settings each run records (the nightly report's odd node out):
     firmware per HCA, and the set of rates of the active ports (Gb/s)."""
-    out: dict = {
+    out: dict[str, Any] = {
         "fw_ver": {n: d["fw_ver"] for n, d in sorted(facts["devices"].items()) if d["fw_ver"]}
     }
     rates = {p["rate"] for p in facts["ports"].values() if p["state"] == _ACTIVE and p["rate"]}
@@ -597,7 +607,7 @@ def versions_of(facts: dict) -> dict:
     return out
 
 
-def expectations(facts: dict) -> dict:
+def expectations(facts: Facts) -> dict[str, Any]:
     """What this (known-good) node implies: its HCAs, its active ports, their lowest rate, the
     link layer, the firmware when uniform and the HCAs' lowest current PCIe link."""
     active = {k: p for k, p in facts["ports"].items() if p["state"] == _ACTIVE}
@@ -605,7 +615,9 @@ def expectations(facts: dict) -> dict:
     # A RoCE-only node expects Ethernet; any InfiniBand port makes it an InfiniBand node.
     layer = "InfiniBand" if "InfiniBand" in layers or not layers else layers[0]
     ports = {k: p for k, p in active.items() if p["link_layer"] == layer}
-    out: dict = {"devices": sorted(facts["devices"]), "ports": sorted(ports), "link_layer": layer}
+    out: dict[str, Any] = {
+        "devices": sorted(facts["devices"]), "ports": sorted(ports), "link_layer": layer
+    }
     rates = [p["rate"] for p in ports.values() if p["rate"] is not None]
     if rates:
         out["rate"] = int(min(rates))
@@ -620,6 +632,6 @@ def expectations(facts: dict) -> dict:
     return out
 
 
-def expected(expect: dict, found: object = None) -> bool:
+def expected(expect: dict[str, Any], found: object = None) -> bool:
     """InfiniBand is expected when the config names HCAs or ports."""
     return bool(expect.get("devices") or expect.get("ports"))

@@ -34,6 +34,12 @@ from slurmhealth.core.result import DRAIN, RESET_GPU, Result, counted, fail, ok,
 from slurmhealth.node.checks import gpu
 from slurmhealth.node.checks.base import Context, summarize
 
+TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
+if TYPE_CHECKING:
+    from typing import Any
+
+    from slurmhealth.node.checks.base import Facts, Schema
+
 AREA = "nvlink"
 SOURCE = "gpu"
 
@@ -43,7 +49,7 @@ COUNTERS = ("replay", "recovery", "crc")
 # validator type-checks each). A recovery is a link retrain: rare on a healthy link.
 _THRESHOLDS = {"replay": (100, 10000), "recovery": (1, 10), "crc": (100, 10000)}
 
-DEFAULTS = {
+DEFAULTS: Schema = {
     "links_per_gpu": (None, int, "active NVLinks expected per GPU (H100 SXM: 18); unset: all seen"),
 }
 for _name, (_warn, _fail) in _THRESHOLDS.items():
@@ -66,7 +72,7 @@ DEFAULTS["crc_min_interval_s"] = (
 )
 
 
-def parse(raw: object) -> dict:
+def parse(raw: object) -> dict[str, Any]:
     """The GPU facts (shared source); links normalised to {link, active, counters...}."""
     facts = gpu.parse(raw)
     for dev in facts["devices"]:
@@ -75,20 +81,22 @@ def parse(raw: object) -> dict:
     return facts
 
 
-def _link(entry: dict) -> dict:
+def _link(entry: dict[str, Any]) -> dict[str, Any]:
     link = entry.get("link")
-    out = {"link": link if isinstance(link, int) else -1, "active": entry.get("active") is True}
+    out: dict[str, int | None] = {
+        "link": link if isinstance(link, int) else -1, "active": entry.get("active") is True
+    }
     for name in COUNTERS:
         value = entry.get(name)
         out[name] = value if isinstance(value, int) and not isinstance(value, bool) else None
     return out
 
 
-def _linked(facts: dict) -> list:
+def _linked(facts: Facts) -> list[Any]:
     return [d for d in facts["devices"] if not d["error"] and d["nvlink"] is not None]
 
 
-def link_state(facts: dict, ctx: Context) -> Result:
+def link_state(facts: Facts, ctx: Context) -> Result:
     """Every NVLink expected active is active; no NVLink and none expected: skip."""
     expected = ctx.expect.get("links_per_gpu")
     devices = [d for d in facts["devices"] if not d["error"]]
@@ -112,7 +120,7 @@ def link_state(facts: dict, ctx: Context) -> Result:
     return ok(f"all NVLinks active on {counted(len(devices), 'GPU')}", data)
 
 
-def _counters(facts: dict) -> dict:
+def _counters(facts: Facts) -> dict[str, Any]:
     out = {}
     for dev in _linked(facts):
         for x in dev["nvlink"]:
@@ -122,9 +130,10 @@ def _counters(facts: dict) -> dict:
     return out
 
 
-def _deltas(now: dict, before: dict) -> tuple:
+def _deltas(now: dict[str, int], before: dict[str, Any]) -> tuple[dict[str, int], list[str]]:
     """(increase per counter, counters lower than their baseline): a lower value means the
     counter was reset (GPU reset, driver reload), so it starts a new baseline and has no delta."""
+    deltas: dict[str, int]
     deltas, reset = {}, []
     for name, value in now.items():
         then = before.get(name)
@@ -149,10 +158,11 @@ def interval(ctx: Context) -> float | None:
 
 def _limit(ctx: Context, key: str) -> float:
     value = ctx.expect.get(key)
-    return DEFAULTS[key][0] if value is None else value
+    limit: float = DEFAULTS[key][0] if value is None else value
+    return limit
 
 
-def _level(name: str, delta: int, seconds: float | None, ctx: Context) -> tuple:
+def _level(name: str, delta: int, seconds: float | None, ctx: Context) -> tuple[Any, ...]:
     """(fail/warn/None, text) for one counter's increase over `seconds` (None: unknown)."""
     text = f"+{delta}"
     if name == "crc" and seconds is not None:
@@ -165,7 +175,7 @@ def _level(name: str, delta: int, seconds: float | None, ctx: Context) -> tuple:
     return ("warn" if delta >= _limit(ctx, f"{name}_warn") else None), text
 
 
-def error_counters(facts: dict, ctx: Context) -> Result:
+def error_counters(facts: Facts, ctx: Context) -> Result:
     """NVLink CRC errors per second (DCGM: fail at 100/s), replays and recoveries per interval.
 
     Replays and recoveries are counted during the interval (a job); a counter that went down
@@ -177,6 +187,7 @@ def error_counters(facts: dict, ctx: Context) -> Result:
     if not before:
         return ok("baseline recorded", {"links": len(current)})
     seconds = interval(ctx)
+    deltas: dict[str, dict[str, int]]
     fails, warns, deltas, resets = [], [], {}, []
     for key, values in current.items():
         grew, reset = _deltas(values, before.get(key, {}))
@@ -204,17 +215,17 @@ def error_counters(facts: dict, ctx: Context) -> Result:
 CHECKS = (link_state, error_counters)
 
 
-def baseline(facts: dict, now: float | None = None) -> dict:
+def baseline(facts: Facts, now: float | None = None) -> dict[str, Any]:
     """The link counters and the time they were read (`now`, else the clock: the run's time),
     so the next run knows the interval its deltas span."""
     return {"counters": _counters(facts), "taken_at": time.time() if now is None else now}
 
 
-def expectations(facts: dict) -> dict:
+def expectations(facts: Facts) -> dict[str, Any]:
     active = [sum(x["active"] for x in d["nvlink"]) for d in _linked(facts)]
     return {"links_per_gpu": min(active)} if active else {}
 
 
-def expected(expect: dict, found: object = None) -> bool:
+def expected(expect: dict[str, Any], found: object = None) -> bool:
     """NVLinks are expected when the config names links per GPU (never on a PCIe card)."""
     return bool(expect.get("links_per_gpu"))

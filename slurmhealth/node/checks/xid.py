@@ -51,6 +51,12 @@ from slurmhealth.core.result import (
 )
 from slurmhealth.node.checks.base import Context, norm_bus_id, summarize
 
+TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
+if TYPE_CHECKING:
+    from typing import Any
+
+    from slurmhealth.node.checks.base import Facts, Schema
+
 AREA = "xid"
 SOURCE = "kmsg"
 
@@ -59,7 +65,7 @@ IGNORE = "ignore"
 NVLINK5 = "nvlink5"  # table marker: decided per line (Fatal / Nonfatal), see _nvlink5
 CLASSES = (APP, WARN, FAIL, IGNORE)
 
-DEFAULTS = {
+DEFAULTS: Schema = {
     "app": (
         [13, 31, 43, 45, 68, 109],
         list,
@@ -309,7 +315,7 @@ def _name(token: str) -> str | None:
     return clean(token, NAME_MAX) or None
 
 
-def _field(rest: str, key: str) -> tuple:
+def _field(rest: str, key: str) -> tuple[Any, ...]:
     """(value, rest after it) when `rest` starts with `key=`; (None, rest) otherwise."""
     if not rest.startswith(key):
         return None, rest
@@ -317,7 +323,7 @@ def _field(rest: str, key: str) -> tuple:
     return value.strip(), after.lstrip()
 
 
-def _event(xid: int, bus: str | None, instance: str | None, rest: str) -> dict:
+def _event(xid: int, bus: str | None, instance: str | None, rest: str) -> dict[str, Any]:
     pid, rest = _field(rest, "pid=")
     name, rest = _field(rest, "name=")
     return {
@@ -331,11 +337,11 @@ def _event(xid: int, bus: str | None, instance: str | None, rest: str) -> dict:
     }
 
 
-def _yes(found: re.Match | None) -> bool | None:
+def _yes(found: re.Match[str] | None) -> bool | None:
     return None if found is None else found.group(1) == "Yes"
 
 
-def _recovery(text: str) -> dict | None:
+def _recovery(text: str) -> dict[str, Any] | None:
     found = re.search(_RECOVERY_TO, text, re.A)
     if found is None:
         return None
@@ -344,7 +350,7 @@ def _recovery(text: str) -> dict | None:
     return {"recovery": code} if code is not None else None
 
 
-def line_detail(xid: int, text: str) -> dict | None:
+def line_detail(xid: int, text: str) -> dict[str, Any] | None:
     """What the driver's line says about its own severity, as plain data, or None:
     Xid 154 {"recovery": n} (nvmlDeviceGpuRecoveryAction_t); Xid 94/95 {"contained",
     "rst", "d_rst"} (True/False, None when the line has no such field); Xid 74 {"link",
@@ -352,7 +358,7 @@ def line_detail(xid: int, text: str) -> dict | None:
     where one bit alone is set and NVLINK_BITS names it; Xid 13 {"gpc", "tpc"} where
     the exception names its unit; any Xid whose text reports a row-remap failure
     {"remap_failure": True}. Cheap: only these Xids run a regex."""
-    detail: dict = {}
+    detail: dict[str, Any] = {}
     if xid == 13:
         found = re.search(_GPC_TPC, text, re.A)
         detail = {"gpc": int(found.group(1)), "tpc": int(found.group(2))} if found else {}
@@ -380,7 +386,7 @@ def line_detail(xid: int, text: str) -> dict | None:
     return detail or None
 
 
-def _nvlink_bit(words: list) -> dict:
+def _nvlink_bit(words: list[Any]) -> dict[str, Any]:
     """{"register", "bit", "kind", "when"} of Xid 74's seven registers when exactly one bit of
     them is set and NVLINK_BITS names it; else {}."""
     if len(words) != NVLINK_REGISTERS:
@@ -397,7 +403,7 @@ def _nvlink_bit(words: list) -> dict:
     return {"register": register, "bit": bit, "kind": kind, "when": when}
 
 
-def parse_line(msg: str) -> dict | None:
+def parse_line(msg: str) -> dict[str, Any] | None:
     """The Xid event of one `NVRM: Xid (...)` message, or None when it is not one."""
     if "Xid (" not in msg:  # most NVRM lines are not Xids: skip the regex
         return None
@@ -408,7 +414,7 @@ def parse_line(msg: str) -> dict | None:
     return _event(int(xid), bus, instance, rest)
 
 
-def fallen_off(msg: str, seq: int, pending: tuple | None) -> tuple:
+def fallen_off(msg: str, seq: int, pending: tuple[Any, ...] | None) -> tuple[Any, ...]:
     """(bus id of an Xid-less fallen-off-the-bus report or None, pending) for one message.
 
     `pending` is (bus, seq) of a recent `The NVIDIA GPU <bus>` record whose `fallen off the
@@ -427,18 +433,18 @@ def fallen_off(msg: str, seq: int, pending: tuple | None) -> tuple:
     return None, pending
 
 
-def _foreign(rec: dict) -> bool:
+def _foreign(rec: dict[str, Any]) -> bool:
     """A record from user space: its facility (PRI >> 3) is known and not LOG_KERN (0)."""
     facility = rec.get("facility")
     return isinstance(facility, int) and not isinstance(facility, bool) and facility != 0
 
 
-def _scan(records: list) -> tuple:
+def _scan(records: list[Any]) -> tuple[Any, ...]:
     """(events, record count, last seq, foreign NVRM lines, HCA events) of raw records;
     malformed records are skipped, and so are NVRM and mlx5 lines that user space wrote
     (`_foreign`)."""
-    events: list = []
-    hca: dict = {}
+    events: list[Any] = []
+    hca: dict[tuple[Any, ...], dict[str, Any]] = {}
     count, last, pending, foreign = 0, None, None, 0
     for rec in records:
         seq = _int(rec.get("seq")) if isinstance(rec, dict) else None
@@ -491,14 +497,16 @@ _PCIE_LIMITED = (
 )
 
 
-def _hca_event(msg: str, seq: int, usec: int | None, found: dict) -> None:
+def _hca_event(
+    msg: str, seq: int, usec: int | None, found: dict[tuple[Any, ...], dict[str, Any]]
+) -> None:
     """Add the HCA event of one mlx5_core line to `found` ({(kind, bus, module): event}; a
     repeat, such as the rate-limited module event, counts in `repeats`)."""
     line = re.match(_MLX5_LINE, msg, re.A)
     if line is None:
         return
     bus, rest = line.group(1).lower(), line.group(2)[: 4 * TEXT_MAX]
-    event: dict = {}
+    event: dict[str, Any] = {}
     hot = re.search(_MODULE_HOT, rest, re.A) if "High Temperature" in rest else None
     if hot:
         event = {"kind": MODULE_HOT, "module": int(hot.group(1))}
@@ -524,7 +532,7 @@ def _hca_event(msg: str, seq: int, usec: int | None, found: dict) -> None:
     found[key] = dict(event, bus_id=bus, text=clean(rest, TEXT_MAX), seq=seq, usec=usec, repeats=1)
 
 
-def _key(event: dict) -> tuple:
+def _key(event: dict[str, Any]) -> tuple[Any, ...]:
     """Same fault: same Xid, GPU, instance and text once numbers (pid, addresses) are blanked,
     and the same decoded severity (a 154 to reset and a 154 back to none are two events)."""
     shape = re.sub(_NUMBERS, "#", event["text"], flags=re.A)
@@ -533,13 +541,14 @@ def _key(event: dict) -> tuple:
     return event["xid"], event["bus_id"], event["gpu_instance"], shape, said
 
 
-def _near(kept: dict, event: dict, window_s: float) -> bool:
+def _near(kept: dict[str, Any], event: dict[str, Any], window_s: float) -> bool:
     if kept["usec"] is None or event["usec"] is None:
         return True  # no timestamps (plain dmesg lines): identical lines in one read are repeats
-    return abs(event["usec"] - kept["usec"]) <= window_s * 1e6
+    apart: int = abs(event["usec"] - kept["usec"])
+    return apart <= window_s * 1e6
 
 
-def _spread(kept: dict, event: dict) -> None:
+def _spread(kept: dict[str, Any], event: dict[str, Any]) -> None:
     """Xid 13 lines merged into one event but naming different GPC/TPC units: the exception
     is not local to one unit (an application's bad address hits every SM that ran it), so the
     event names none (`spread`), and the TPC rule (_escalate) never counts it."""
@@ -550,11 +559,11 @@ def _spread(kept: dict, event: dict) -> None:
         kept["detail"] = dict(mine, gpc=None, tpc=None, spread=True)
 
 
-def dedup(events: list, window_s: float) -> list:
+def dedup(events: list[Any], window_s: float) -> list[Any]:
     """Merge repeats of the same fault within `window_s` of the first one (the driver repeats
     Xids, e.g. 119 every 6 s); each kept event counts its lines in `repeats`."""
-    out: list = []
-    latest: dict = {}
+    out: list[Any] = []
+    latest: dict[tuple[Any, ...], dict[str, Any]] = {}
     for event in events:
         key = _key(event)
         kept = latest.get(key)
@@ -568,7 +577,7 @@ def dedup(events: list, window_s: float) -> list:
     return out
 
 
-def parse(raw: object, window_s: float = DEFAULTS["dedup_s"][0]) -> dict:
+def parse(raw: object, window_s: float = DEFAULTS["dedup_s"][0]) -> dict[str, Any]:
     """Raw kmsg facts -> Xid events (deduplicated) and log continuity. Never raises."""
     raw = raw if isinstance(raw, dict) else {}
     records = raw.get("records")
@@ -595,7 +604,7 @@ def parse(raw: object, window_s: float = DEFAULTS["dedup_s"][0]) -> dict:
     }
 
 
-def versions_of(facts: dict) -> dict:
+def versions_of(facts: Facts) -> dict[str, Any]:
     """The versions each run records of the kernel log's source (the nightly report's odd node
     out): the running kernel's release and the host's NCCL, when the log read was the live
     one."""
@@ -609,14 +618,14 @@ def _xid(value: object) -> int | None:
     return _int(value)
 
 
-def _overrides(severity: object) -> dict:
+def _overrides(severity: object) -> dict[int | None, Any]:
     """{xid: class} from `severity = { 94 = "warn" }` (TOML keys are strings)."""
     if not isinstance(severity, dict):
         return {}
     return {_xid(k): v for k, v in severity.items() if v in CLASSES}
 
 
-def policy(expect: dict) -> dict:
+def policy(expect: dict[str, Any]) -> dict[str, Any]:
     """The classification policy of an area's expectations; bad entries are ignored."""
     app = expect.get("app", DEFAULTS["app"][0])
     severity = expect.get("severity")
@@ -631,7 +640,7 @@ def policy(expect: dict) -> dict:
 DEFAULT_POLICY = policy({})
 
 
-def _nvlink5(text: str) -> tuple:
+def _nvlink5(text: str) -> tuple[Any, ...]:
     """Xid 144-150 carry their severity in the line: `NETIR_LINK_EVT Fatal ...` / `Nonfatal`.
 
     The catalog's decode sheet refines this per unit and status word (NVIDIA's Xid catalogue); the
@@ -643,7 +652,7 @@ def _nvlink5(text: str) -> tuple:
     return WARN, NONE
 
 
-def _containment(xid: int, detail: dict) -> tuple | None:
+def _containment(xid: int, detail: dict[str, Any]) -> tuple[Any, ...] | None:
     """Xid 94/95 by the line's own `RST` (GPU reset required) and `D-RST` (drain P2P, then
     reset) fields, read as Xid 154's GPU Reset and Drain and Reset (NVIDIA's GPU memory error
     management guide). A reset asked for: fail, reset_gpu. A contained error (94) whose GPU
@@ -662,7 +671,7 @@ def _containment(xid: int, detail: dict) -> tuple | None:
     return None
 
 
-def _said(xid: int, detail: object) -> tuple | None:
+def _said(xid: int, detail: object) -> tuple[Any, ...] | None:
     """(class, action) the line itself states, or None to use the table."""
     if not isinstance(detail, dict):
         return None
@@ -681,7 +690,7 @@ def _said(xid: int, detail: object) -> tuple | None:
     return None
 
 
-def _secondary(events: list, rules: dict | None) -> None:
+def _secondary(events: list[Any], rules: dict[str, Any] | None) -> None:
     """An Xid 74 whose register bit asks for service at once (NVLINK_BITS "now") is read as
     the consequence of another fault when the same GPU printed another fatal Xid in the same
     read (the catalogue: a GPU that fails takes its links down with it): its detail gains
@@ -699,7 +708,7 @@ def _secondary(events: list, rules: dict | None) -> None:
             event["class"], event["action"] = classify(74, event["text"], rules, event)
 
 
-def _table_class(xid: int, text: str, unknown: str, detail: object = None) -> tuple:
+def _table_class(xid: int, text: str, unknown: str, detail: object = None) -> tuple[Any, ...]:
     said = _said(xid, detail)
     if said is not None:
         return said
@@ -712,8 +721,11 @@ def _table_class(xid: int, text: str, unknown: str, detail: object = None) -> tu
 
 
 def classify(
-    xid: int, text: str = "", rules: dict | None = None, event: dict | None = None
-) -> tuple:
+    xid: int,
+    text: str = "",
+    rules: dict[str, Any] | None = None,
+    event: dict[str, Any] | None = None,
+) -> tuple[str, str]:
     """(class, action) of one Xid: config override, then the app list, then what the line says
     (`event["detail"]`, else decoded from `text`), then the table."""
     rules = rules or DEFAULT_POLICY
@@ -731,22 +743,23 @@ def classify(
     return override, NONE
 
 
-def _gpu_map(gpus: object) -> dict:
+def _gpu_map(gpus: object) -> dict[str, Any]:
     if not isinstance(gpus, dict):
         return {}
     return {norm_bus_id(k): v for k, v in gpus.items() if isinstance(k, str)}
 
 
-def _window(ctx: Context, facts: dict) -> float | None:
+def _window(ctx: Context, facts: Facts) -> float | None:
     """A configured dedup window wider than parse's: merge again (parse sees no config)."""
     value = ctx.expect.get("dedup_s")
-    used = facts.get("window_s", DEFAULTS["dedup_s"][0])
+    default: float = DEFAULTS["dedup_s"][0]
+    used: float = facts.get("window_s", default)
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value > used:
         return value
     return None
 
 
-def events_for(facts: dict, ctx: Context) -> list:
+def events_for(facts: Facts, ctx: Context) -> list[Any]:
     """The facts' events classified under the node's config and named by GPU index."""
     rules = policy(ctx.expect)
     window = _window(ctx, facts)
@@ -778,7 +791,7 @@ def events_for(facts: dict, ctx: Context) -> list:
 # record and recorded it first: rows with this run's event ids are left out.
 
 
-def _setting(expect: dict, key: str) -> float:
+def _setting(expect: dict[str, Any], key: str) -> float:
     """A rule's number from config; 0 (off) when unusable."""
     value = expect.get(key, DEFAULTS[key][0])
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
@@ -786,7 +799,7 @@ def _setting(expect: dict, key: str) -> float:
     return value
 
 
-def history_s(expect: dict) -> float:
+def history_s(expect: dict[str, Any]) -> float:
     """How far back the rules look (the agent's one read of the store): the longest window of
     a rule that is on; 0 when all are off."""
     days = _setting(expect, "repeat_days") * 86400.0
@@ -794,7 +807,7 @@ def history_s(expect: dict) -> float:
     return max(days, burst)
 
 
-def _gpu_key(bus: object, gpu: object) -> tuple | None:
+def _gpu_key(bus: object, gpu: object) -> tuple[Any, ...] | None:
     """A GPU by its PCI address (stable across boots), else its index."""
     if isinstance(bus, str) and bus:
         return ("bus", bus)
@@ -809,7 +822,7 @@ def _row_ok(row: object) -> bool:
     )
 
 
-def _same_link(event: dict, row: dict) -> bool:
+def _same_link(event: dict[str, Any], row: dict[str, Any]) -> bool:
     """Xid 74 repeats on the same NVLink; a line naming no link matches any, and so does any
     link of the GPU where the register bit is one NVIDIA reads per GPU (NVLINK_BITS "gpu")."""
     if event["xid"] != 74:
@@ -822,7 +835,7 @@ def _same_link(event: dict, row: dict) -> bool:
     return then is None or then == link
 
 
-def _unit(xid: int, detail: object) -> tuple | None:
+def _unit(xid: int, detail: object) -> tuple[Any, ...] | None:
     """(GPC, TPC) an Xid 13 event names, None when it names none or several (spread)."""
     if xid != 13 or not isinstance(detail, dict) or detail.get("spread"):
         return None
@@ -830,14 +843,14 @@ def _unit(xid: int, detail: object) -> tuple | None:
     return None if gpc is None or tpc is None else (gpc, tpc)
 
 
-def _owner(pid: object, job: object, other: object) -> tuple:
+def _owner(pid: object, job: object, other: object) -> tuple[Any, ...]:
     """Whose Xid 13 it was: the process (one per job and rank), else the job, else the read."""
     if _int(pid) is not None:
         return ("pid", pid)
     return ("job", job) if job else ("read", other)
 
 
-def _escalate(events: list, facts: dict, ctx: Context) -> None:
+def _escalate(events: list[Any], facts: Facts, ctx: Context) -> None:
     """What the node's memory changes, in place (each sets event["again"]):
     - repeat: a fatal Xid (class fail) that this GPU (Xid 74: this link) already had within
       repeat_days, read by an earlier run: the reset or reboot that followed did not mend it.
@@ -886,7 +899,9 @@ def _escalate(events: list, facts: dict, ctx: Context) -> None:
                 event["again"].update(gpc=unit[0], tpc=unit[1])
 
 
-def _repeat(event: dict, mine: list, now: float, days: float) -> dict | None:
+def _repeat(
+    event: dict[str, Any], mine: list[dict[str, Any]], now: float, days: float
+) -> dict[str, Any] | None:
     if not days:
         return None
     runs = {
@@ -900,7 +915,7 @@ def _repeat(event: dict, mine: list, now: float, days: float) -> dict | None:
     return {"rule": "repeat", "count": len(runs) + 1, "days": days} if runs else None
 
 
-def _burst(mine: list, now: float, most: float, hours: float) -> dict | None:
+def _burst(mine: list[Any], now: float, most: float, hours: float) -> dict[str, Any] | None:
     if not most or not hours:
         return None
     runs = {r["time"] for r in mine if r.get("class") == FAIL and now - r["time"] <= hours * 3600}
@@ -915,7 +930,7 @@ def _nth(n: int) -> str:
     return f"{n}{suffix}"
 
 
-def _again_words(event: dict, what: str) -> str:
+def _again_words(event: dict[str, Any], what: str) -> str:
     """The Reason of an event the node's memory escalated (see _escalate)."""
     again, xid = event["again"], event["xid"]
     if again["rule"] == "burst":
@@ -937,7 +952,7 @@ def _again_words(event: dict, what: str) -> str:
     )
 
 
-def _ordered(events: list) -> list:
+def _ordered(events: list[Any]) -> list[Any]:
     """Worst first: fail before warn, escalated by the node's memory, the worst action, the
     job's GPUs, then log order."""
     rank = {FAIL: 0, WARN: 1, APP: 2, IGNORE: 3}
@@ -954,7 +969,7 @@ def _ordered(events: list) -> list:
     )
 
 
-def where(event: dict) -> str:
+def where(event: dict[str, Any]) -> str:
     """`GPU 3 (0000:9b:00)`, `GPU 0000:9b:00` when the index is unknown; MIG adds `GI 5`."""
     bus = event["bus_id"] or "?"
     name = f"GPU {event['gpu']} ({bus})" if event.get("gpu") is not None else f"GPU {bus}"
@@ -998,7 +1013,7 @@ def title(xid: int) -> str:
     return _mnemonic_words(entry[0]) if entry else "not in the Xid table"
 
 
-def _said_words(event: dict) -> str:
+def _said_words(event: dict[str, Any]) -> str:
     """What the line itself said, in the project's words (never the log's: a log line is data)."""
     detail = event.get("detail")
     if not isinstance(detail, dict):
@@ -1026,7 +1041,7 @@ def _said_words(event: dict) -> str:
     return ""
 
 
-def describe(event: dict) -> str:
+def describe(event: dict[str, Any]) -> str:
     """One event in a Slurm Reason: `GPU 3 (0000:9b:00) Xid 79 GPU has fallen off the bus x4`;
     what the line said of itself follows a comma (`Xid 154 ..., GPU reset required`)."""
     entry = XIDS.get(event["xid"])
@@ -1042,7 +1057,7 @@ def describe(event: dict) -> str:
     return f"{line}: {note}" if note else line
 
 
-def _data(events: list) -> dict:
+def _data(events: list[Any]) -> dict[str, Any]:
     keys = (
         "xid",
         "gpu",
@@ -1064,7 +1079,7 @@ def _data(events: list) -> dict:
     return {"count": len(events), "events": listed}
 
 
-def hardware(facts: dict, ctx: Context) -> Result:
+def hardware(facts: Facts, ctx: Context) -> Result:
     """Hardware Xids since the last run: fail with the worst action; warn-class Xids warn.
 
     What a line says of itself decides over the table: Xid 154's recovery action, Xid 94/95's
@@ -1082,7 +1097,7 @@ def hardware(facts: dict, ctx: Context) -> Result:
     return warn(message, _data(found), worst_action([e["action"] for e in found]))
 
 
-def application(facts: dict, ctx: Context) -> Result:
+def application(facts: Facts, ctx: Context) -> Result:
     """Application Xids (13, 31, 43, 45, 68, 109 by default): recorded, never drain."""
     found = _ordered([e for e in events_for(facts, ctx) if e["class"] == APP])
     if not found:
@@ -1093,7 +1108,7 @@ def application(facts: dict, ctx: Context) -> Result:
     return ok(f"{message}: the job's code, not the node", _data(found))
 
 
-def log_continuity(facts: dict, ctx: Context) -> Result:
+def log_continuity(facts: Facts, ctx: Context) -> Result:
     """Kernel log read without a gap since the last run (a wrapped ring hides Xids)."""
     data = {k: facts.get(k) for k in ("records", "first_seq", "after_seq", "last_seq", "missed")}
     if facts.get("lost") and facts.get("missed"):
@@ -1105,7 +1120,7 @@ def log_continuity(facts: dict, ctx: Context) -> Result:
     return ok(f"{records}, none lost", data)
 
 
-def _hca_words(event: dict) -> str:
+def _hca_words(event: dict[str, Any]) -> str:
     times = f" x{event['repeats']}" if event.get("repeats", 1) > 1 else ""
     if event["kind"] == MODULE_HOT:
         return f"HCA {event['bus_id']} module {event['module']} over temperature{times}"
@@ -1116,7 +1131,7 @@ def _hca_words(event: dict) -> str:
     )
 
 
-def hca_events(facts: dict, ctx: Context) -> Result:
+def hca_events(facts: Facts, ctx: Context) -> Result:
     """HCA events in the kernel log since the last run: a hot module fails, a slow link warns.
     mlx5_core lines, not Xids, reported here only (see the HCA section above).
     Module over temperature: fail, service. The module passed its high-temperature alarm and
@@ -1141,7 +1156,7 @@ def hca_events(facts: dict, ctx: Context) -> Result:
 CHECKS = (hardware, application, log_continuity, hca_events)
 
 
-def baseline(facts: dict, now: float | None = None) -> dict:
+def baseline(facts: Facts, now: float | None = None) -> dict[str, Any]:
     """Where the next run starts: the last sequence number read (or the saved one) and boot.
     (`now` is not kept: the kernel log's sequence numbers order its records.)"""
     seq = facts.get("last_seq")
@@ -1151,12 +1166,12 @@ def baseline(facts: dict, now: float | None = None) -> dict:
     }
 
 
-def expectations(facts: dict) -> dict:
+def expectations(facts: Facts) -> dict[str, Any]:
     """Nothing node-specific to learn from a healthy node's kernel log."""
     return {}
 
 
-def expected(expect: dict, found: object = None) -> bool:
+def expected(expect: dict[str, Any], found: object = None) -> bool:
     """A node without a readable kernel log skips the Xid checks: nothing to expect."""
     return False
 
@@ -1164,7 +1179,7 @@ def expected(expect: dict, found: object = None) -> bool:
 EVENT_KEYS = ("xid", "gpu", "bus_id", "pid", "name", "class", "action", "text", "repeats", "seq")
 
 
-def events_of(facts: dict, ctx: Context) -> list:
+def events_of(facts: Facts, ctx: Context) -> list[Any]:
     """Every Xid event to record, classified under the node's config: {"key": a stable id
     part from the kernel-log record, "job": on the job's GPUs, and EVENT_KEYS}. What the
     config ignores, or what a disabled check would have reported, is not recorded."""

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import importlib
 import json
 import os
@@ -40,6 +41,14 @@ import threading
 import time
 
 from slurmhealth.core.result import FAIL, SKIP, clean, counted
+
+TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
+if TYPE_CHECKING:
+    from typing import Any, Callable
+
+    # An array or buffer of the backend's library (torch.Tensor, cupy.ndarray; a pinned host
+    # buffer), neither of which ships types here: what a Backend makes and takes back.
+    Array = Any
 
 PASS = "pass"  # noqa: S105 - a status, not a password
 TESTS = ("matmul", "memory", "h2d", "p2p")
@@ -83,7 +92,7 @@ PATTERNS = (
 )
 
 
-def _outcome(unit: str, status: str, figures: dict, evidence: str) -> dict:
+def _outcome(unit: str, status: str, figures: dict[str, Any], evidence: str) -> dict[str, Any]:
     return {"unit": unit, "status": status, "figures": figures, "evidence": clean(evidence)}
 
 
@@ -111,6 +120,25 @@ class Backend:
 
     name = ""
 
+    if TYPE_CHECKING:  # the adapter each library implements; declared for the type checker only
+
+        def count(self) -> int: ...
+        def free_bytes(self, gpu: int) -> int: ...
+        def ints(self, gpu: int, n: int, seed: int) -> Array: ...
+        def matrix(self, gpu: int, n: int) -> Array: ...
+        def matmul(self, a: Array, b: Array, out: Array) -> None: ...
+        def exact_matmul(self, a: Array, b: Array) -> Array: ...
+        def words(self, gpu: int, n: int) -> Array: ...
+        def fill(self, buf: Array, value: int) -> None: ...
+        def address(self, buf: Array, salt: int) -> None: ...
+        def differ(self, x: Array, y: Array) -> int: ...
+        def peer(self, src: int, dst: int) -> bool: ...
+        def copy(self, dst: Array, src: Array) -> None: ...
+        def pinned(self, gpu: int, n: int) -> Array: ...
+        def upload(self, dst: Array, host: Array) -> None: ...
+        def download(self, host: Array, src: Array) -> None: ...
+        def sync(self, gpu: int) -> None: ...
+
     def clock(self) -> float:
         return time.perf_counter()
 
@@ -130,65 +158,69 @@ class TorchBackend(Backend):
         # within fp16's exact range, but fp32 reductions are the path the products are meant for.
         self.torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
 
-    def _device(self, gpu: int) -> object:
+    def _device(self, gpu: int) -> Any:
         return self.torch.device("cuda", gpu)
 
     def count(self) -> int:
-        return self.torch.cuda.device_count()
+        count: int = self.torch.cuda.device_count()
+        return count
 
     def free_bytes(self, gpu: int) -> int:
-        return self.torch.cuda.mem_get_info(gpu)[0]
+        free: int = self.torch.cuda.mem_get_info(gpu)[0]
+        return free
 
-    def ints(self, gpu: int, n: int, seed: int) -> object:
+    def ints(self, gpu: int, n: int, seed: int) -> Array:
         gen = self.torch.Generator(device=self._device(gpu))
         gen.manual_seed(seed)
         shape, device = (n, n), self._device(gpu)
         values = self.torch.randint(-2, 3, shape, generator=gen, device=device)
         return values.to(self.torch.float16)
 
-    def matrix(self, gpu: int, n: int) -> object:
+    def matrix(self, gpu: int, n: int) -> Array:
         return self.torch.empty((n, n), dtype=self.torch.float16, device=self._device(gpu))
 
-    def matmul(self, a: object, b: object, out: object) -> None:
+    def matmul(self, a: Array, b: Array, out: Array) -> None:
         self.torch.matmul(a, b, out=out)
 
-    def exact_matmul(self, a: object, b: object) -> object:
-        return (a.double() @ b.double()).half()  # type: ignore[attr-defined]
+    def exact_matmul(self, a: Array, b: Array) -> Array:
+        return (a.double() @ b.double()).half()
 
-    def words(self, gpu: int, n: int) -> object:
+    def words(self, gpu: int, n: int) -> Array:
         return self.torch.empty(n, dtype=self.torch.int32, device=self._device(gpu))
 
-    def fill(self, buf: object, value: int) -> None:
-        buf.fill_(value)  # type: ignore[attr-defined]
+    def fill(self, buf: Array, value: int) -> None:
+        buf.fill_(value)
 
-    def address(self, buf: object, salt: int) -> None:
-        self.torch.arange(buf.numel(), out=buf)  # type: ignore[attr-defined]
-        buf.bitwise_xor_(salt)  # type: ignore[attr-defined]
+    def address(self, buf: Array, salt: int) -> None:
+        self.torch.arange(buf.numel(), out=buf)
+        buf.bitwise_xor_(salt)
 
-    def differ(self, x: object, y: object) -> int:
-        return int((x != y).sum())  # type: ignore[attr-defined]
+    def differ(self, x: Array, y: Array) -> int:
+        return int((x != y).sum())
 
     def peer(self, src: int, dst: int) -> bool:
         # PyTorch enables peer access itself on the first copy between two devices that can.
         return bool(self.torch.cuda.can_device_access_peer(dst, src))
 
-    def copy(self, dst: object, src: object) -> None:
-        dst.copy_(src)  # type: ignore[attr-defined]
+    def copy(self, dst: Array, src: Array) -> None:
+        dst.copy_(src)
 
-    def pinned(self, gpu: int, n: int) -> object:
+    def pinned(self, gpu: int, n: int) -> Array:
         return self.torch.empty(n, dtype=self.torch.int32, pin_memory=True)
 
-    def upload(self, dst: object, host: object) -> None:
-        dst.copy_(host, non_blocking=True)  # type: ignore[attr-defined]
+    def upload(self, dst: Array, host: Array) -> None:
+        dst.copy_(host, non_blocking=True)
 
-    def download(self, host: object, src: object) -> None:
-        host.copy_(src, non_blocking=True)  # type: ignore[attr-defined]
+    def download(self, host: Array, src: Array) -> None:
+        host.copy_(src, non_blocking=True)
 
     def bus_id(self, gpu: int) -> str:
         # pci_domain_id and friends are in the device properties of recent PyTorch releases
         # only; without them the host buffer goes where the kernel puts it.
         props = self.torch.cuda.get_device_properties(gpu)
-        ids = [getattr(props, f"pci_{part}_id", None) for part in ("domain", "bus", "device")]
+        ids: list[Any] = [
+            getattr(props, f"pci_{part}_id", None) for part in ("domain", "bus", "device")
+        ]
         if not all(isinstance(i, int) for i in ids):
             return ""
         return "{:04x}:{:02x}:{:02x}.0".format(*ids)
@@ -205,52 +237,54 @@ class CupyBackend(Backend):
         self.cp = importlib.import_module("cupy")
         self.name = f"CuPy {self.cp.__version__}"
 
-    def _on(self, gpu: int) -> object:
+    def _on(self, gpu: int) -> Any:
         return self.cp.cuda.Device(gpu)  # CuPy works on the thread's current device
 
-    def _of(self, array: object) -> object:
-        return self.cp.cuda.Device(array.device.id)  # type: ignore[attr-defined]
+    def _of(self, array: Array) -> Any:
+        return self.cp.cuda.Device(array.device.id)
 
     def count(self) -> int:
-        return self.cp.cuda.runtime.getDeviceCount()
+        count: int = self.cp.cuda.runtime.getDeviceCount()
+        return count
 
     def free_bytes(self, gpu: int) -> int:
         with self._on(gpu):
-            return self.cp.cuda.runtime.memGetInfo()[0]
+            free: int = self.cp.cuda.runtime.memGetInfo()[0]
+            return free
 
-    def ints(self, gpu: int, n: int, seed: int) -> object:
+    def ints(self, gpu: int, n: int, seed: int) -> Array:
         with self._on(gpu):
             values = self.cp.random.RandomState(seed).randint(-2, 3, size=(n, n))
             return values.astype(self.cp.float16)
 
-    def matrix(self, gpu: int, n: int) -> object:
+    def matrix(self, gpu: int, n: int) -> Array:
         with self._on(gpu):
             return self.cp.empty((n, n), dtype=self.cp.float16)
 
-    def matmul(self, a: object, b: object, out: object) -> None:
+    def matmul(self, a: Array, b: Array, out: Array) -> None:
         with self._of(a):
             self.cp.matmul(a, b, out=out)
 
-    def exact_matmul(self, a: object, b: object) -> object:
+    def exact_matmul(self, a: Array, b: Array) -> Array:
         f64 = self.cp.float64
         with self._of(a):
-            exact = self.cp.matmul(a.astype(f64), b.astype(f64))  # type: ignore[attr-defined]
+            exact = self.cp.matmul(a.astype(f64), b.astype(f64))
             return exact.astype(self.cp.float16)
 
-    def words(self, gpu: int, n: int) -> object:
+    def words(self, gpu: int, n: int) -> Array:
         with self._on(gpu):
             return self.cp.empty(n, dtype=self.cp.int32)
 
-    def fill(self, buf: object, value: int) -> None:
+    def fill(self, buf: Array, value: int) -> None:
         with self._of(buf):
-            buf.fill(value)  # type: ignore[attr-defined]
+            buf.fill(value)
 
-    def address(self, buf: object, salt: int) -> None:
+    def address(self, buf: Array, salt: int) -> None:
         with self._of(buf):
-            index = self.cp.arange(buf.size, dtype=self.cp.int32)  # type: ignore[attr-defined]
+            index = self.cp.arange(buf.size, dtype=self.cp.int32)
             self.cp.bitwise_xor(index, salt, out=buf)
 
-    def differ(self, x: object, y: object) -> int:
+    def differ(self, x: Array, y: Array) -> int:
         with self._of(x):
             return int(self.cp.count_nonzero(x != y))
 
@@ -265,26 +299,26 @@ class CupyBackend(Backend):
                 pass
         return True
 
-    def copy(self, dst: object, src: object) -> None:
+    def copy(self, dst: Array, src: Array) -> None:
         with self._of(dst):
-            dst.data.copy_from_device_async(src.data, dst.nbytes)  # type: ignore[attr-defined]
+            dst.data.copy_from_device_async(src.data, dst.nbytes)
 
-    def pinned(self, gpu: int, n: int) -> object:
+    def pinned(self, gpu: int, n: int) -> Array:
         return self.cp.cuda.alloc_pinned_memory(4 * n)  # a PinnedMemoryPointer; .ptr its address
 
     # Older CuPy releases read the host address as a ctypes.c_void_p (its .value), and their
     # host copies have no default stream.
-    def upload(self, dst: object, host: object) -> None:
-        where = ctypes.c_void_p(host.ptr)  # type: ignore[attr-defined]
+    def upload(self, dst: Array, host: Array) -> None:
+        where = ctypes.c_void_p(host.ptr)
         with self._of(dst):
             stream = self.cp.cuda.get_current_stream()
-            dst.data.copy_from_host_async(where, dst.nbytes, stream)  # type: ignore[attr-defined]
+            dst.data.copy_from_host_async(where, dst.nbytes, stream)
 
-    def download(self, host: object, src: object) -> None:
-        where = ctypes.c_void_p(host.ptr)  # type: ignore[attr-defined]
+    def download(self, host: Array, src: Array) -> None:
+        where = ctypes.c_void_p(host.ptr)
         with self._of(src):
             stream = self.cp.cuda.get_current_stream()
-            src.data.copy_to_host_async(where, src.nbytes, stream)  # type: ignore[attr-defined]
+            src.data.copy_to_host_async(where, src.nbytes, stream)
 
     def bus_id(self, gpu: int) -> str:
         return _sysfs_address(self.cp.cuda.runtime.deviceGetPCIBusId(gpu))
@@ -300,7 +334,7 @@ class CupyBackend(Backend):
 LIBRARIES = {"torch": TorchBackend, "cupy": CupyBackend}
 
 
-def open_backend(name: str = "auto") -> tuple:
+def open_backend(name: str = "auto") -> tuple[Any, ...]:
     """(a Backend, "") or (None, why not). `name`: auto (torch, then cupy), torch, cupy, or a
     module whose Backend class implements the adapter (the tests' stand-in)."""
     problems = []
@@ -319,7 +353,7 @@ def open_backend(name: str = "auto") -> tuple:
 # --- the tests ----------------------------------------------------------------------------------
 
 
-def matmul(backend: Backend, gpu: int, seconds: float, n: int = MATMUL_N) -> dict:
+def matmul(backend: Backend, gpu: int, seconds: float, n: int = MATMUL_N) -> dict[str, Any]:
     """Products of two fixed matrices of integers in [-2, 2], for about `seconds`, each compared
     with the exact product: any difference fails (silent data corruption).
 
@@ -358,7 +392,7 @@ def _salt(chunk: int, mask: int) -> int:
     return ((chunk * 0x9E3779B1) & 0x7FFFFFFF) ^ mask
 
 
-def _layout(total: int, chunk_bytes: int) -> tuple:
+def _layout(total: int, chunk_bytes: int) -> tuple[Any, ...]:
     """(words per chunk, chunks tested) for `total` bytes, one chunk kept as scratch."""
     words = max(1, min(chunk_bytes, total // 2) // 4)
     return words, max(1, total // (words * 4) - 1)
@@ -370,7 +404,7 @@ def memory(
     seconds: float,
     share: float = MEMORY_SHARE,
     chunk_bytes: int = CHUNK_BYTES,
-) -> dict:
+) -> dict[str, Any]:
     """Every pattern written over `share` of free memory and read back, pass after pass for
     about `seconds`; any word read back wrong fails."""
     backend.release(gpu)
@@ -379,7 +413,7 @@ def memory(
     scratch = backend.words(gpu, words)  # the expected address words, one chunk at a time
     passes = wrong = 0
     busy = 0.0
-    bad: list = []
+    bad: list[Any] = []
     started = backend.clock()
     while passes == 0 or backend.clock() - started < seconds:
         for pattern in PATTERNS:
@@ -409,7 +443,7 @@ def memory(
     return _outcome(f"gpu{gpu}", PASS, figures, f"memory on gpu{gpu}: {line}")
 
 
-def _hbm(backend: Backend, gpu: int, target: object, source: object, words: int) -> tuple:
+def _hbm(backend: Backend, gpu: int, target: object, source: object, words: int) -> tuple[Any, ...]:
     """Plain copies of one chunk into another on the GPU: (GB/s of memory traffic, words
     copied wrong).
 
@@ -431,8 +465,8 @@ def _hbm(backend: Backend, gpu: int, target: object, source: object, words: int)
 
 
 def _write_and_check(
-    backend: Backend, gpu: int, chunks: list, scratch: object, pattern: tuple
-) -> tuple:
+    backend: Backend, gpu: int, chunks: list[Any], scratch: object, pattern: tuple[Any, ...]
+) -> tuple[Any, ...]:
     """One pattern written over every chunk, then read back: (seconds writing, mismatches)."""
     _name, value, address = pattern
     backend.sync(gpu)
@@ -456,7 +490,7 @@ def _write_and_check(
 
 def host_copies(
     backend: Backend, count: int, nbytes: int = H2D_BYTES, repeats: int = H2D_REPEATS
-) -> list:
+) -> list[Any]:
     """Each GPU's copies to and from host memory, one GPU at a time: GPUs can share a PCIe
     switch's uplink to the CPU (two per switch on common HGX boards), and at the same time each
     would measure its share of it, which changes with the other's timing.
@@ -467,14 +501,14 @@ def host_copies(
     held until every GPU is done: a freed one is cached by the library and would be handed to
     the next GPU, on the wrong node."""
     allowed = _affinity()
-    held: list = []
+    held: list[Any] = []
 
-    def near_and_copy(gpu: int) -> dict:
+    def near_and_copy(gpu: int) -> dict[str, Any]:
         _near(backend.bus_id(gpu), allowed, SYSFS)
         return h2d(backend, gpu, nbytes, repeats, held)
 
     try:
-        return [_guarded("h2d", g, lambda g=g: near_and_copy(g)) for g in range(count)]
+        return [_guarded("h2d", g, functools.partial(near_and_copy, g)) for g in range(count)]
     finally:
         _set_affinity(allowed)
 
@@ -484,8 +518,8 @@ def h2d(
     gpu: int,
     nbytes: int = H2D_BYTES,
     repeats: int = H2D_REPEATS,
-    held: list | None = None,
-) -> dict:
+    held: list[Any] | None = None,
+) -> dict[str, Any]:
     """Round trips through a pinned host buffer: device -> host, then host -> device, each
     timed, and the words back on the device compared with those sent. Any difference fails
     (data corrupted on the PCIe path: the link, a switch, the root port, host memory). Each
@@ -518,7 +552,7 @@ def h2d(
 
 def _round_trip(
     backend: Backend, gpu: int, host: object, want: object, got: object, salt: int
-) -> tuple:
+) -> tuple[Any, ...]:
     """(seconds device -> host, seconds host -> device, words wrong) of one round trip."""
     backend.address(want, salt)
     backend.sync(gpu)
@@ -542,9 +576,9 @@ def _sysfs_address(bus_id: str) -> str:
         return ""
 
 
-def _cpulist(text: str) -> set:
+def _cpulist(text: str) -> set[Any]:
     """sysfs's "0-3,8,10-11" as a set of CPUs; an unreadable list is the empty set."""
-    cpus: set = set()
+    cpus: set[Any] = set()
     for part in text.strip().split(","):
         first, _, last = part.partition("-")
         if not first.isdigit() or not (last or first).isdigit():
@@ -553,10 +587,10 @@ def _cpulist(text: str) -> set:
     return cpus
 
 
-def _near(bus_id: str, allowed: set, root: str = SYSFS) -> None:
+def _near(bus_id: str, allowed: set[Any], root: str = SYSFS) -> None:
     """This thread onto the CPUs of `allowed` next to the PCI device; onto all of `allowed`
     where the library or the kernel cannot tell, or none of them is next to it."""
-    cpus: set = set()
+    cpus: set[Any] = set()
     if bus_id:
         path = os.path.join(root, "bus", "pci", "devices", bus_id, "local_cpulist")
         try:
@@ -567,12 +601,12 @@ def _near(bus_id: str, allowed: set, root: str = SYSFS) -> None:
     _set_affinity(cpus or allowed)
 
 
-def _affinity() -> set:
+def _affinity() -> set[Any]:
     getter = getattr(os, "sched_getaffinity", None)  # Linux only
     return set(getter(0)) if getter else set()
 
 
-def _set_affinity(cpus: set) -> None:
+def _set_affinity(cpus: set[Any]) -> None:
     """The calling thread's CPUs (pid 0 is the calling thread on Linux)."""
     if cpus and hasattr(os, "sched_setaffinity"):
         try:
@@ -581,19 +615,22 @@ def _set_affinity(cpus: set) -> None:
             pass
 
 
-def p2p(backend: Backend, count: int, nbytes: int = P2P_BYTES, repeats: int = P2P_REPEATS) -> list:
+def p2p(
+    backend: Backend, count: int, nbytes: int = P2P_BYTES, repeats: int = P2P_REPEATS
+) -> list[dict[str, Any]]:
     """Each GPU copies to its neighbour (gpu i -> gpu i+1, the last to gpu 0): bandwidth, and
     the copy checked word for word. One pair at a time, so each figure is one path's."""
     if count < 2:
         return [_outcome("node", SKIP, {}, f"p2p: {count} GPU, no peer to copy to")]
-    out = []
+    out: list[dict[str, Any]] = []
     for src in range(count):
         dst = (src + 1) % count
-        out.append(_guarded("p2p", src, lambda s=src, d=dst: _copy(backend, s, d, nbytes, repeats)))
+        copy = functools.partial(_copy, backend, src, dst, nbytes, repeats)
+        out.append(_guarded("p2p", src, copy))
     return out
 
 
-def _copy(backend: Backend, src: int, dst: int, nbytes: int, repeats: int) -> dict:
+def _copy(backend: Backend, src: int, dst: int, nbytes: int, repeats: int) -> dict[str, Any]:
     where = f"p2p gpu{src} -> gpu{dst}"
     if not backend.peer(src, dst):
         return _outcome(f"gpu{src}", SKIP, {}, f"{where}: no peer access (the library says)")
@@ -618,12 +655,12 @@ def _copy(backend: Backend, src: int, dst: int, nbytes: int, repeats: int) -> di
     return _outcome(f"gpu{src}", PASS, figures, f"{where}: {gbps:.0f} GB/s")
 
 
-def judge(outcomes: list, floors: dict) -> list:
+def judge(outcomes: list[Any], floors: dict[str, Any]) -> list[Any]:
     """Outcomes with each passing one whose figure is below its floor made a fail."""
     return [_floored(o, floors) if o["status"] == PASS else o for o in outcomes]
 
 
-def _floored(o: dict, floors: dict) -> dict:
+def _floored(o: dict[str, Any], floors: dict[str, Any]) -> dict[str, Any]:
     low = [
         f"{name} {value:g} below the floor {floors[name]:g}"
         for name, value in o["figures"].items()
@@ -642,18 +679,20 @@ def _say(what: str, gpu: int, test: str) -> None:
     os.write(2, f"{PROGRESS}{what} gpu{gpu} {test}\n".encode())
 
 
-def _guarded(test: str, gpu: int, func: object) -> dict:
+def _guarded(test: str, gpu: int, func: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """One test; an exception (a CUDA error: Xid, uncorrectable ECC, illegal address) fails it."""
     _say("start", gpu, test)
     try:
-        return func()  # type: ignore[operator]
+        return func()
     except Exception as exc:
         return _outcome(f"gpu{gpu}", FAIL, {}, f"{test} on gpu{gpu}: {type(exc).__name__}: {exc}")
     finally:
         _say("end", gpu, test)
 
 
-def _one_gpu(backend: Backend, gpu: int, tests: list, seconds: float, n: int, box: list) -> None:
+def _one_gpu(
+    backend: Backend, gpu: int, tests: list[str], seconds: float, n: int, box: list[Any]
+) -> None:
     calls = {
         "matmul": lambda: matmul(backend, gpu, seconds, n),
         "memory": lambda: memory(backend, gpu, seconds),
@@ -666,7 +705,7 @@ def _one_gpu(backend: Backend, gpu: int, tests: list, seconds: float, n: int, bo
             pass
 
 
-def run_tests(backend: Backend, tests: list, seconds: float, n: int = MATMUL_N) -> list:
+def run_tests(backend: Backend, tests: list[Any], seconds: float, n: int = MATMUL_N) -> list[Any]:
     """Every test asked for, on every GPU the backend sees: outcomes in GPU order."""
     try:
         count = backend.count()
@@ -675,7 +714,7 @@ def run_tests(backend: Backend, tests: list, seconds: float, n: int = MATMUL_N) 
     if count == 0:
         return [_outcome("node", SKIP, {}, f"no CUDA GPU visible ({backend.name})")]
     each = [t for t in ("matmul", "memory") if t in tests]
-    boxes: list = [[] for _ in range(count)]
+    boxes: list[Any] = [[] for _ in range(count)]
     threads = [
         threading.Thread(target=_one_gpu, args=(backend, gpu, each, seconds, n, boxes[gpu]))
         for gpu in range(count)
@@ -689,7 +728,7 @@ def run_tests(backend: Backend, tests: list, seconds: float, n: int = MATMUL_N) 
     return outcomes + (p2p(backend, count) if "p2p" in tests else [])
 
 
-def _arguments(argv: list | None) -> argparse.Namespace:
+def _arguments(argv: list[Any] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.split("\n")[0])
     parser.add_argument(
         "--tests", default=",".join(TESTS), help="comma-separated: " + ", ".join(TESTS)
@@ -707,7 +746,7 @@ def _arguments(argv: list | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list | None = None) -> int:
+def main(argv: list[Any] | None = None) -> int:
     """The child: one JSON document on stdout, {"backend": name, "outcomes": [...]}."""
     args = _arguments(argv)
     out = os.fdopen(os.dup(1), "w")
@@ -728,15 +767,15 @@ def main(argv: list | None = None) -> int:
 
 
 def run(
-    tests: list,
+    tests: list[Any],
     seconds: float,
     timeout: float,
     python: str = sys.executable,
     *,
-    floors: dict | None = None,
+    floors: dict[str, Any] | None = None,
     backend: str = "auto",
     matmul_n: int = MATMUL_N,
-) -> list:
+) -> list[Any]:
     """The tests in a child process under `python`, killed with its process group at `timeout`
     seconds: the child's outcomes, or one node outcome saying why there are none."""
     if set(tests) - set(TESTS):
@@ -763,7 +802,7 @@ def run(
     return _read(out, err, proc.returncode)
 
 
-def _child_env(folder: str) -> dict:
+def _child_env(folder: str) -> dict[str, Any]:
     """The interpreter may be another one (a conda env with PyTorch): it finds slurmhealth in a
     folder that holds only a link to this package, not the rest of our site-packages."""
     os.symlink(PACKAGE, os.path.join(folder, "slurmhealth"))
@@ -772,7 +811,7 @@ def _child_env(folder: str) -> dict:
     return env
 
 
-def _kill(proc: subprocess.Popen) -> bytes:
+def _kill(proc: subprocess.Popen[bytes]) -> bytes:
     """Kill the child's process group; its stderr, unless it is stuck in the driver (a process
     in uninterruptible sleep dies only when the call returns): then it is left behind."""
     try:
@@ -787,7 +826,7 @@ def _kill(proc: subprocess.Popen) -> bytes:
         return b""
 
 
-def _timed_out(proc: subprocess.Popen, timeout: float) -> dict:
+def _timed_out(proc: subprocess.Popen[bytes], timeout: float) -> dict[str, Any]:
     what = f"GPU tests did not finish within {timeout:g} s"
     running = _running(_kill(proc))
     return _outcome("node", FAIL, {}, f"{what} (still running: {running})" if running else what)
@@ -795,7 +834,7 @@ def _timed_out(proc: subprocess.Popen, timeout: float) -> dict:
 
 def _running(err: bytes) -> str:
     """The tests the child's progress lines show started and not ended: 'gpu3 matmul', or ''."""
-    running: list = []
+    running: list[Any] = []
     for line in err.decode("utf-8", "replace").splitlines():
         if line.startswith(PROGRESS):
             what, _, test = line[len(PROGRESS) :].partition(" ")
@@ -806,7 +845,7 @@ def _running(err: bytes) -> str:
     return ", ".join(running)
 
 
-def _read(out: bytes, err: bytes, code: int) -> list:
+def _read(out: bytes, err: bytes, code: int) -> list[Any]:
     """The child's outcomes, or one fail naming how it ended and its last line of stderr."""
     try:
         outcomes = json.loads(out.decode("utf-8", "replace"))["outcomes"]

@@ -16,6 +16,10 @@ import re
 
 from slurmhealth.core.result import clean, counted
 
+TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
+if TYPE_CHECKING:
+    from typing import Any
+
 PASS = "pass"  # noqa: S105 - an outcome, not a password
 FAIL = "fail"
 SKIP = "skip"
@@ -50,7 +54,9 @@ _NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 _ASCII_INT = re.compile(r"[0-9]{1,20}")
 
 
-def outcome(unit: str, status: str, evidence: str, figures: dict | None = None) -> dict:
+def outcome(
+    unit: str, status: str, evidence: str, figures: dict[str, Any] | None = None
+) -> dict[str, Any]:
     return {"unit": unit, "status": status, "figures": figures or {}, "evidence": _line(evidence)}
 
 
@@ -59,7 +65,7 @@ def _line(text: object) -> str:
     return clean(str(text)[: EVIDENCE_MAX * 4], EVIDENCE_MAX)
 
 
-def unreadable(tool: str, why: str, text: str = "") -> list:
+def unreadable(tool: str, why: str, text: str = "") -> list[dict[str, Any]]:
     last = _last_line(text)
     tail = f" (last line: {last})" if last else ""
     return [outcome("node", FAIL, f"unreadable {tool} output: {why}{tail}")]
@@ -111,12 +117,12 @@ def _size(nbytes: float) -> str:
 # {"DCGM Diagnostic": {"runtime_error": "Error: ..."}}; -i N wraps runs in {"iterations": [...]}.
 
 
-def dcgm_diag(text: str) -> list:
+def dcgm_diag(text: str) -> list[dict[str, Any]]:
     """Outcomes of `dcgmi diag -r 1|2|3 -j`: one per GPU, plus "node" for what names no GPU."""
     doc = _json_document(text)
     if doc is None:
         return unreadable("dcgmi diag", "no JSON document", text)
-    runs = doc.get("iterations") if isinstance(doc.get("iterations"), list) else [doc]
+    runs = doc["iterations"] if isinstance(doc.get("iterations"), list) else [doc]
     found = [r for run in runs if isinstance(run, dict) for r in _dcgm_run(run)]
     if isinstance(doc.get("iterations"), list) and _dcgm_status(doc.get("Overall Result")) == FAIL:
         found.append(("node", "iterations", FAIL, _messages(doc.get("warning"))))
@@ -125,7 +131,7 @@ def dcgm_diag(text: str) -> list:
     return _dcgm_outcomes(found)
 
 
-def _json_document(text: str) -> dict | None:
+def _json_document(text: str) -> dict[str, Any] | None:
     """The first JSON object in the text (dcgmi's stderr may come first)."""
     decoder = json.JSONDecoder()
     start = text.find("{")
@@ -141,11 +147,11 @@ def _json_document(text: str) -> dict | None:
     return None
 
 
-def _dicts(value: object) -> list:
+def _dicts(value: object) -> list[dict[str, Any]]:
     return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
 
 
-def _messages(value: object) -> list:
+def _messages(value: object) -> list[str]:
     """Warning or info texts: a string, a list of strings, or a list of warning objects."""
     items = value if isinstance(value, list) else [value]
     out = []
@@ -175,7 +181,7 @@ def _gpu_index(value: object) -> int | None:
     return None
 
 
-def _dcgm_unit(result: dict) -> tuple:
+def _dcgm_unit(result: dict[str, Any]) -> tuple[Any, ...]:
     """(unit, label) of one result: a GPU, or the node with the entity it named (CPU0...)."""
     if "entity_id" in result:
         group = result.get("entity_group", "GPU")
@@ -190,7 +196,7 @@ def _dcgm_unit(result: dict) -> tuple:
     return "node", ""
 
 
-def _dcgm_run(run: dict) -> list:
+def _dcgm_run(run: dict[str, Any]) -> list[Any]:
     """(unit, test, status, messages) of every result of one run."""
     body = run.get("DCGM Diagnostic", run.get("DCGM GPU Diagnostic"))
     if not isinstance(body, dict):
@@ -204,7 +210,7 @@ def _dcgm_run(run: dict) -> list:
     return found
 
 
-def _dcgm_test(test: dict) -> list:
+def _dcgm_test(test: dict[str, Any]) -> list[Any]:
     name = test.get("name") if isinstance(test.get("name"), str) else "unnamed test"
     found = []
     for result in _dicts(test.get("results")):
@@ -223,8 +229,8 @@ def _dcgm_test(test: dict) -> list:
     return found
 
 
-def _dcgm_outcomes(found: list) -> list:
-    units: dict = {}
+def _dcgm_outcomes(found: list[Any]) -> list[dict[str, Any]]:
+    units: dict[str, Any] = {}
     for unit, name, status, messages in found:
         units.setdefault(unit, []).append((name, status, messages))
     order = sorted((u for u in units if u != "node"), key=lambda u: int(u[3:]))
@@ -232,7 +238,7 @@ def _dcgm_outcomes(found: list) -> list:
     return [_dcgm_unit_outcome(unit, units[unit]) for unit in order]
 
 
-def _dcgm_unit_outcome(unit: str, tests: list) -> dict:
+def _dcgm_unit_outcome(unit: str, tests: list[Any]) -> dict[str, Any]:
     failed = [(n, m) for n, s, m in tests if s == FAIL]
     passed = [n for n, s, _m in tests if s == PASS]
     skipped = [(n, m) for n, s, m in tests if s == SKIP]
@@ -264,7 +270,7 @@ _AVG_BUSBW = re.compile(r"Avg bus bandwidth\s*:\s*(\S+)")
 _OUT_OF_BOUNDS = re.compile(r"Out of bounds values\s*:\s*([0-9]{1,12})\b")
 
 
-def all_reduce(text: str, floor_gbps: float | None) -> list:
+def all_reduce(text: str, floor_gbps: float | None) -> list[dict[str, Any]]:
     """The node's all-reduce: fail on any wrong element (data corruption) or a bus bandwidth at
     the largest size under the floor; skip without a floor."""
     rows, avg, out_of_bounds = _nccl_table(text)
@@ -294,7 +300,7 @@ def all_reduce(text: str, floor_gbps: float | None) -> list:
     return [outcome("node", PASS, f"{at} >= floor {floor:g} GB/s ({note}{check})", figures)]
 
 
-def _nccl_table(text: str) -> tuple:
+def _nccl_table(text: str) -> tuple[Any, ...]:
     """([(size, out-of-place busbw, [#wrong or None per column])], avg busbw, out of bounds)."""
     columns = _NCCL_COLUMNS.split()
     rows, avg, out_of_bounds = [], None, None
@@ -316,7 +322,7 @@ def _nccl_table(text: str) -> tuple:
     return rows, avg, out_of_bounds
 
 
-def _nccl_row(tokens: list, columns: list) -> tuple | None:
+def _nccl_row(tokens: list[Any], columns: list[Any]) -> tuple[Any, ...] | None:
     at = columns.index("busbw")
     if at >= len(tokens):
         return None
@@ -362,7 +368,9 @@ def _ib_unit(text: str, port: int) -> str:
     return f"{device}:{port}" if _NAME.fullmatch(device) else "node"
 
 
-def ib_write_bw(text: str, port_rate_gbps: float, min_share: float = 0.9, port: int = 1) -> list:
+def ib_write_bw(
+    text: str, port_rate_gbps: float, min_share: float = 0.9, port: int = 1
+) -> list[dict[str, Any]]:
     """RDMA write bandwidth at the largest message size: fail under min_share of the port
     rate."""
     unit = _ib_unit(text, port)
@@ -382,7 +390,7 @@ def ib_write_bw(text: str, port_rate_gbps: float, min_share: float = 0.9, port: 
     return [outcome(unit, PASS, f"{at}, {bw / rate:.0%} of the {rate:g} Gb/s port rate", figures)]
 
 
-def _bw_rows(text: str) -> list:
+def _bw_rows(text: str) -> list[Any]:
     """[(bytes, BW average in Gb/s)] of the rows after a bandwidth header."""
     rows, scale, offset = [], None, 0
     for line in text.splitlines():
@@ -400,7 +408,7 @@ def _bw_rows(text: str) -> list:
     return rows
 
 
-def ib_read_lat(text: str, max_usec: float, port: int = 1) -> list:
+def ib_read_lat(text: str, max_usec: float, port: int = 1) -> list[dict[str, Any]]:
     """RDMA read latency at the smallest message size: fail when t_typical (the median) is over
     max_usec. A duration run (-D) reports only t_avg, which is judged instead."""
     unit = _ib_unit(text, port)
@@ -425,7 +433,7 @@ def ib_read_lat(text: str, max_usec: float, port: int = 1) -> list:
     return [outcome(unit, PASS, f"{at} <= {bound:g} us{p99}", figures)]
 
 
-def _lat_rows(text: str) -> list:
+def _lat_rows(text: str) -> list[Any]:
     """[{column: number}] of the rows after a latency header."""
     rows, names = [], []
     for line in text.splitlines():

@@ -23,6 +23,18 @@ import time
 from slurmhealth.core.result import FAIL, OK, SKIP, WARN, clean, counted
 from slurmhealth.node.diag import cuda, parsers
 
+TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
+if TYPE_CHECKING:
+    from typing import Any, Callable
+
+    from slurmhealth.core.result import Result
+    from slurmhealth.node.checks.base import Facts
+    from slurmhealth.node.config import Data
+
+    Outcome = dict[str, Any]  # one unit's finding: unit, status, evidence, figures (outcome())
+    Summary = dict[str, Any]  # one probe's: probe, status, seconds, outcomes (summary())
+    Unread = dict[str, Any]  # a source the checks could not read (runner.unread)
+
 LEVELS = ("quick", "medium", "long")
 PASS = "pass"  # noqa: S105 - an outcome, not a password
 
@@ -43,34 +55,36 @@ class Context:
     """What the probes of one diagnosis share: the level, settings, what the quick checks
     found (GPU model and count, IB ports and rates), where tools are looked for."""
 
-    def __init__(self, level: str, settings: dict, facts: dict, path: str) -> None:
+    def __init__(self, level: str, settings: Data, facts: dict[str, Facts], path: str) -> None:
         self.level, self.settings, self.facts, self.path = level, settings, facts, path
 
     def tool(self, name: str) -> str | None:
         return shutil.which(name, path=self.path)
 
     @property
-    def gpus(self) -> list:
+    def gpus(self) -> list[dict[str, Any]]:
         return list((self.facts.get("gpu") or {}).get("devices") or [])
 
     @property
-    def ports(self) -> dict:
+    def ports(self) -> dict[str, Any]:
         ports = (self.facts.get("ib") or {}).get("ports") or {}
         return {k: v for k, v in ports.items() if v.get("state_name") == "ACTIVE"}
 
 
-def tool_path(settings: dict) -> str:
+def tool_path(settings: Data) -> str:
     """settings.diag_tools (a directory) first, then $PATH."""
     first = settings.get("diag_tools") or ""
     rest = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
     return f"{first}{os.pathsep}{rest}" if first else rest
 
 
-def outcome(unit: str, status: str, evidence: str, figures: dict | None = None) -> dict:
+def outcome(
+    unit: str, status: str, evidence: str, figures: dict[str, Any] | None = None
+) -> Outcome:
     return {"unit": unit, "status": status, "figures": figures or {}, "evidence": clean(evidence)}
 
 
-def run_tool(argv: list, timeout: float) -> tuple:
+def run_tool(argv: list[str], timeout: float) -> tuple[int | None, str]:
     """(exit code, stdout) of a tool, or (None, why) when it did not finish. Its own process
     group, killed whole at the timeout; no shell, no stdin."""
     try:
@@ -91,7 +105,7 @@ def run_tool(argv: list, timeout: float) -> tuple:
     return proc.returncode, out[:OUTPUT_MAX].decode("utf-8", "replace")
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except OSError:
@@ -102,7 +116,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
 # --- the probes -------------------------------------------------------------------------------
 
 
-def probe_dcgm(ctx: Context) -> list:
+def probe_dcgm(ctx: Context) -> list[Outcome]:
     path = ctx.tool("dcgmi")
     if path is None:
         return [outcome("node", SKIP, "dcgmi not installed (NVIDIA DCGM)")]
@@ -130,7 +144,7 @@ def allreduce_floor(ctx: Context) -> float | None:
     return parsers.allreduce_floor(model) if model else None
 
 
-def probe_nccl(ctx: Context) -> list:
+def probe_nccl(ctx: Context) -> list[Outcome]:
     path = ctx.tool("all_reduce_perf")
     if path is None:
         return [outcome("node", SKIP, "all_reduce_perf not installed (NVIDIA nccl-tests)")]
@@ -144,13 +158,15 @@ def probe_nccl(ctx: Context) -> list:
     return parsers.all_reduce(text, allreduce_floor(ctx))
 
 
-def _perftest(ctx: Context, name: str, judge: object) -> list:
+def _perftest(
+    ctx: Context, name: str, judge: Callable[[str, dict[str, Any]], list[Outcome]]
+) -> list[Outcome]:
     path = ctx.tool(name)
     if path is None:
         return [outcome("node", SKIP, f"{name} not installed (perftest)")]
     if not ctx.ports:
         return [outcome("node", SKIP, "no active InfiniBand port")]
-    out = []
+    out: list[Outcome] = []
     for key, port in sorted(ctx.ports.items()):
         args = ["-d", str(port["device"]), "-i", str(port["port"]), "-F"]
         if name == "ib_write_bw":
@@ -171,11 +187,11 @@ def _perftest(ctx: Context, name: str, judge: object) -> list:
         if code is None:
             out.append(outcome(key, FAIL, text))
             continue
-        out.extend(judge(text, port))  # type: ignore[operator]
+        out.extend(judge(text, port))
     return out
 
 
-def probe_ib_bw(ctx: Context) -> list:
+def probe_ib_bw(ctx: Context) -> list[Outcome]:
     share = ctx.settings.get("diag_ib_min_share", parsers.IB_WRITE_BW_MIN_SHARE)
     return _perftest(
         ctx,
@@ -184,19 +200,19 @@ def probe_ib_bw(ctx: Context) -> list:
     )
 
 
-def probe_ib_lat(ctx: Context) -> list:
+def probe_ib_lat(ctx: Context) -> list[Outcome]:
     most = ctx.settings.get("diag_ib_lat_max_usec", parsers.IB_READ_LAT_MAX_USEC)
     return _perftest(
         ctx, "ib_read_lat", lambda text, port: parsers.ib_read_lat(text, most, _port(port))
     )
 
 
-def _port(port: dict) -> int:
+def _port(port: dict[str, Any]) -> int:
     text = str(port.get("port", "1"))
     return int(text) if text.isdigit() else 1
 
 
-def probe_cuda(ctx: Context) -> list:
+def probe_cuda(ctx: Context) -> list[Outcome]:
     seconds = CUDA_SECONDS[ctx.level]
     python = ctx.settings.get("diag_python") or None
     kwargs = {"python": python} if python else {}
@@ -204,7 +220,7 @@ def probe_cuda(ctx: Context) -> list:
 
 
 # name -> (levels, function); "checks" (today's quick checks) is run by diagnose() itself.
-PROBES = {
+PROBES: dict[str, tuple[tuple[str, ...], Callable[[Context], list[Outcome]]]] = {
     "dcgm": (LEVELS, probe_dcgm),
     "nccl": (("medium", "long"), probe_nccl),
     "ib_write_bw": (("medium", "long"), probe_ib_bw),
@@ -213,13 +229,13 @@ PROBES = {
 }
 
 
-def probes_of(level: str) -> list:
+def probes_of(level: str) -> list[str]:
     if level not in LEVELS:
         raise ValueError(f"unknown level {level!r} (one of {', '.join(LEVELS)})")
     return [name for name, (levels, _fn) in PROBES.items() if level in levels]
 
 
-def checks_outcomes(results: list, unread: list | None = None) -> list:
+def checks_outcomes(results: list[Result], unread: list[Unread] | None = None) -> list[Outcome]:
     """Today's checks as outcomes: each that failed, or one pass. `unread`: the sources they
     could not read (runner.unread: the kernel log, to a user who is not root), said with the
     pass, whose checks did not run: "none failed" alone would claim them."""
@@ -232,29 +248,29 @@ def checks_outcomes(results: list, unread: list | None = None) -> list:
     return [outcome("node", PASS, said)]
 
 
-def not_read(source: dict) -> str:
+def not_read(source: Unread) -> str:
     """One source the checks could not read, and its checks that did not run (runner.unread)."""
     areas = ", ".join(source["areas"]) or "its"
     return f"{source['source']} not read, the {areas} checks did not run: {source['message']}"
 
 
-def run_probe(name: str, ctx: Context) -> dict:
+def run_probe(name: str, ctx: Context) -> Summary:
     """One probe: its outcomes, worst status and seconds; a probe that raises fails."""
     started = time.monotonic()
     try:
-        found = PROBES[name][1](ctx)  # type: ignore[operator]
+        found = PROBES[name][1](ctx)
     except Exception as exc:  # noqa: BLE001 - a broken probe is a failed probe, never a crash
         found = [outcome("node", FAIL, f"probe {name} failed: {type(exc).__name__}: {exc}")]
     return summary(name, found, time.monotonic() - started)
 
 
-def summary(name: str, found: list, seconds: float) -> dict:
+def summary(name: str, found: list[Outcome], seconds: float) -> Summary:
     statuses = {o["status"] for o in found}
     status = FAIL if FAIL in statuses else PASS if PASS in statuses else SKIP
     return {"probe": name, "status": status, "seconds": round(seconds, 3), "outcomes": found}
 
 
-def verdict(probes: list, unread: list | None = None) -> str:
+def verdict(probes: list[Summary], unread: list[Unread] | None = None) -> str:
     """fail if any probe failed; ok if a probe of the level ran and passed; else warn: the
     diagnosis is inconclusive (every probe of the level skipped: its tool is missing or the
     node has no GPU it can test). Today's checks passing alone never pass a diagnosis: they
@@ -270,7 +286,7 @@ def verdict(probes: list, unread: list | None = None) -> str:
     return WARN
 
 
-def skipped(probes: list, unread: list | None = None) -> str:
+def skipped(probes: list[Summary], unread: list[Unread] | None = None) -> str:
     """Why each probe of the level skipped, and what today's checks could not read, in one
     line: what an inconclusive diagnosis says."""
     parts = [f"checks: {not_read(u)}" for u in unread or ()]
@@ -283,7 +299,7 @@ def skipped(probes: list, unread: list | None = None) -> str:
     return clean("; ".join(parts) or "no probe ran", 160)
 
 
-def evidence(probes: list) -> str:
+def evidence(probes: list[Summary]) -> str:
     """The failures in one line, for a drain reason."""
     parts = []
     for p in probes:

@@ -14,6 +14,14 @@ from slurmhealth.core.result import FAIL, OK, SERVICE, SKIP, WARN, Result
 from slurmhealth.node import runner
 from slurmhealth.node.diag import probes
 
+TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
+if TYPE_CHECKING:
+    from typing import Any
+
+    from slurmhealth.node.config import Data
+    from slurmhealth.node.diag.probes import Summary
+    from slurmhealth.node.sources import Options
+
 PHASE = DIAG
 INCONCLUSIVE = "inconclusive"
 _STATUS = {probes.PASS: OK, FAIL: FAIL, SKIP: SKIP}
@@ -22,7 +30,9 @@ _STATUS = {probes.PASS: OK, FAIL: FAIL, SKIP: SKIP}
 class Diagnosis:
     """What one diagnosis found: the level, each probe's outcomes, the verdict."""
 
-    def __init__(self, node: str, level: str, check: runner.Run, found: list, seconds: float):
+    def __init__(
+        self, node: str, level: str, check: runner.Run, found: list[Summary], seconds: float
+    ) -> None:
         self.node, self.level, self.check, self.probes = node, level, check, found
         self.unread = runner.unread(check.sources)  # what today's checks could not read
         self.verdict = probes.verdict(found, self.unread)
@@ -31,8 +41,8 @@ class Diagnosis:
         # What node/metrics.py reads of a run: the probes as checks, the sources the quick
         # checks read; no Xid events or kernel-log position (the hooks count those).
         self.phase, self.sources = PHASE, check.sources
-        self.events: list = []
-        self.baselines: dict = {}
+        self.events: list[dict[str, Any]] = []
+        self.baselines: dict[str, Any] = {}
         self.readings = check.readings  # the quick checks' error counters
         self.results = [
             Result(_STATUS[p["status"]], _line(p), check=f"diag.{p['probe']}") for p in found
@@ -54,7 +64,7 @@ class Diagnosis:
             return probes.skipped(self.probes, self.unread)
         return probes.evidence(self.probes)
 
-    def records(self, job_id: str | None = None) -> dict:
+    def records(self, job_id: str | None = None) -> dict[str, Any]:
         """The run as core/store.record_run writes it (node/agent.py record)."""
         base = self.check.records(job_id)
         sources = json.loads(base["run"]["sources"])
@@ -87,7 +97,7 @@ class Diagnosis:
         ]
         return {"run": run, "results": results, "events": base["events"], "baselines": {}}
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "node": self.node,
             "level": self.level,
@@ -98,7 +108,7 @@ class Diagnosis:
         }
 
 
-def _line(probe: dict) -> str:
+def _line(probe: Summary) -> str:
     """A probe's one-line message: its failures, else its passes, else why it skipped."""
     for wanted in (FAIL, probes.PASS, SKIP):
         chosen = [o for o in probe["outcomes"] if o["status"] == wanted]
@@ -113,7 +123,11 @@ def _line(probe: dict) -> str:
 
 
 def diagnose(
-    node: str, level: str, expect: dict, options: runner.Options, baselines: dict | None = None
+    node: str,
+    level: str,
+    expect: Data,
+    options: Options,
+    baselines: dict[str, Any] | None = None,
 ) -> Diagnosis:
     """Run the level on this node. Never raises for the node's state: a probe that breaks
     fails, one whose tool is absent skips."""

@@ -19,6 +19,12 @@ from slurmhealth.core.result import counted
 from slurmhealth.node.counters import bus as pci_address  # one spelling of a sysfs address
 from slurmhealth.node.sources import Options, SourceUnavailable
 
+TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from types import ModuleType
+    from typing import Any
+
 # Field ids batched into one nvmlDeviceGetFieldValues call per GPU (nvml.h): fields
 # served by the same driver call are fetched once, so this is the cheapest sweep.
 FIELDS = {
@@ -80,12 +86,12 @@ def _text(value: object) -> str:
 class _Sweep:
     """Calls NVML for one device, turning each failure into None plus a recorded reason."""
 
-    def __init__(self, nvml: object, handle: object, record: dict) -> None:
+    def __init__(self, nvml: ModuleType, handle: object, record: dict[str, Any]) -> None:
         self.nvml = nvml
         self.handle = handle
         self.record = record
 
-    def get(self, key: str, func: str, *args: object) -> object:
+    def get(self, key: str, func: str, *args: object) -> Any:
         try:
             value = getattr(self.nvml, func)(self.handle, *args)
         except Exception as exc:  # NVMLError subclasses; FunctionNotFound on old drivers
@@ -94,10 +100,12 @@ class _Sweep:
         return value
 
 
-def _field_values(nvml: object, handle: object, ids: list) -> list:
+def _field_values(
+    nvml: ModuleType, handle: object, ids: Sequence[int | tuple[int, int]]
+) -> list[int | float | None]:
     """Values of one batched call; None where that entry's own nvmlReturn is not success."""
-    values = nvml.nvmlDeviceGetFieldValues(handle, ids)  # type: ignore[attr-defined]
-    out = []
+    values = nvml.nvmlDeviceGetFieldValues(handle, ids)
+    out: list[int | float | None] = []
     for value in values:
         if value.nvmlReturn != 0:
             out.append(None)
@@ -107,7 +115,7 @@ def _field_values(nvml: object, handle: object, ids: list) -> list:
     return out
 
 
-def _fields(sweep: _Sweep) -> dict:
+def _fields(sweep: _Sweep) -> dict[str, Any]:
     try:
         values = _field_values(sweep.nvml, sweep.handle, list(FIELDS.values()))
     except Exception as exc:
@@ -116,13 +124,13 @@ def _fields(sweep: _Sweep) -> dict:
     return dict(zip(FIELDS, values))
 
 
-def _nvlinks(sweep: _Sweep) -> list | None:
+def _nvlinks(sweep: _Sweep) -> list[dict[str, Any]] | None:
     """Links 0.. until NotSupported (nvml.h); None when the GPU has no NVLink."""
     nvml = sweep.nvml
-    links = []
+    links: list[dict[str, Any]] = []
     for link in range(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18)):
         try:
-            state = nvml.nvmlDeviceGetNvLinkState(sweep.handle, link)  # type: ignore[attr-defined]
+            state = nvml.nvmlDeviceGetNvLinkState(sweep.handle, link)
         except Exception as exc:
             if link == 0:
                 sweep.record["errors"]["nvlink"] = error_name(exc)
@@ -142,19 +150,19 @@ def _nvlinks(sweep: _Sweep) -> list | None:
     return links
 
 
-def _processes(sweep: _Sweep) -> list | None:
+def _processes(sweep: _Sweep) -> list[dict[str, Any]] | None:
     procs = sweep.get("processes", "nvmlDeviceGetComputeRunningProcesses")
     if procs is None:
         return None
-    return [{"pid": p.pid, "used_memory": p.usedGpuMemory} for p in procs]  # type: ignore[attr-defined]
+    return [{"pid": p.pid, "used_memory": p.usedGpuMemory} for p in procs]
 
 
-def _fabric(sweep: _Sweep) -> dict | None:
+def _fabric(sweep: _Sweep) -> dict[str, Any] | None:
     """NVSwitch fabric state (Hopper+); nvidia-ml-py's binding wants a struct argument."""
     nvml = sweep.nvml
     try:
-        info = nvml.c_nvmlGpuFabricInfo_t()  # type: ignore[attr-defined]
-        nvml.nvmlDeviceGetGpuFabricInfo(sweep.handle, nvml.byref(info))  # type: ignore[attr-defined]
+        info = nvml.c_nvmlGpuFabricInfo_t()
+        nvml.nvmlDeviceGetGpuFabricInfo(sweep.handle, nvml.byref(info))
     except Exception as exc:
         sweep.record["errors"]["fabric"] = error_name(exc)
         return None
@@ -164,7 +172,7 @@ def _fabric(sweep: _Sweep) -> dict | None:
 def _identity(sweep: _Sweep) -> None:
     record = sweep.record
     pci = sweep.get("bus_id", "nvmlDeviceGetPciInfo")
-    record["bus_id"] = _text(pci.busId) if pci is not None else None  # type: ignore[attr-defined]
+    record["bus_id"] = _text(pci.busId) if pci is not None else None
     for key, func in (
         ("uuid", "nvmlDeviceGetUUID"),
         ("name", "nvmlDeviceGetName"),
@@ -209,7 +217,7 @@ def _sample(sweep: _Sweep) -> None:
         return
     sweep.record["sm_clock"] = sweep.get("sm_clock", "nvmlDeviceGetClockInfo", 1)
     rates = sweep.get("util_gpu", "nvmlDeviceGetUtilizationRates")
-    sweep.record["util_gpu"] = int(rates.gpu) if rates is not None else None  # type: ignore[attr-defined]
+    sweep.record["util_gpu"] = int(rates.gpu) if rates is not None else None
 
 
 def _health(sweep: _Sweep) -> None:
@@ -232,11 +240,11 @@ def _health(sweep: _Sweep) -> None:
     record["nvlink"] = _nvlinks(sweep)
 
 
-def sweep_device(nvml: object, index: int, costly: bool = True) -> dict:
+def sweep_device(nvml: ModuleType, index: int, costly: bool = True) -> dict[str, Any]:
     """Everything the checks read about one GPU; a lost GPU yields its error, not an exception."""
-    record: dict = {"index": index, "error": None, "errors": {}}
+    record: dict[str, Any] = {"index": index, "error": None, "errors": {}}
     try:
-        handle = nvml.nvmlDeviceGetHandleByIndex(index)  # type: ignore[attr-defined]
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
     except Exception as exc:
         record["error"] = error_name(exc)
         return record
@@ -254,14 +262,14 @@ def sweep_device(nvml: object, index: int, costly: bool = True) -> dict:
 BINDINGS = ("builtin", "pynvml")
 
 
-def sweep_devices(nvml: object, count: int, costly: bool = True) -> list:
+def sweep_devices(nvml: ModuleType, count: int, costly: bool = True) -> list[dict[str, Any]]:
     """Every GPU's sweep, one thread per GPU: NVML is thread-safe (API reference) and both
     bindings release the GIL inside each call, so an 8-GPU node may cost little more than one
     GPU's time (not measured: the machine lent had one GPU, and the driver serialises the calls
     to one GPU). A GPU whose calls hang holds its thread; the runner's deadline ends the gather."""
     if count <= 1:
         return [sweep_device(nvml, i, costly) for i in range(count)]
-    out: list = [None] * count
+    out: list[Any] = [None] * count
 
     def one(index: int) -> None:
         try:
@@ -277,7 +285,7 @@ def sweep_devices(nvml: object, count: int, costly: bool = True) -> list:
     return out
 
 
-def _load() -> object:
+def _load() -> ModuleType:
     """The binding: our own (the default, the cheaper import: docs/benchmarks.md) or
     nvidia-ml-py's, chosen by $SLURMHEALTH_NVML_BINDING."""
     which = os.environ.get("SLURMHEALTH_NVML_BINDING") or "builtin"
@@ -296,7 +304,7 @@ def _load() -> object:
     return pynvml
 
 
-def gather(options: Options) -> dict:
+def gather(options: Options) -> dict[str, Any]:
     """The registry's entry: the live sweep (a snapshot replays without this module), with each
     GPU's PCIe AER counters from sysfs. When NVML cannot start, say which NVIDIA GPUs the PCI bus
     still shows."""
@@ -314,7 +322,7 @@ def gather(options: Options) -> dict:
     return raw
 
 
-def add_aer(raw: dict, root: str) -> None:
+def add_aer(raw: dict[str, Any], root: str) -> None:
     """Each GPU's `aer`: its PCI function's AER counter files as read (sources/sysfs.py aer),
     None where the kernel has none (no AER capability, a kernel before 4.19)."""
     from slurmhealth.node.sources import sysfs  # noqa: PLC0415 - light, and only live
@@ -334,7 +342,7 @@ NVIDIA_VENDOR = "0x10de"
 GPU_CLASSES = ("0x0300", "0x0302")
 
 
-def pci_gpus(root: str) -> list:
+def pci_gpus(root: str) -> list[str]:
     """PCI addresses of NVIDIA GPUs under root/bus/pci/devices; [] when unreadable."""
     base = os.path.join(root, "bus", "pci", "devices")
     try:
@@ -348,7 +356,7 @@ def pci_gpus(root: str) -> list:
     ]
 
 
-def bound_gpus(root: str, devices: list) -> list | None:
+def bound_gpus(root: str, devices: list[dict[str, Any]]) -> list[str] | None:
     """PCI addresses of the GPUs the nvidia driver holds (root/bus/pci/drivers/nvidia), so a
     GPU the driver has but NVML does not list is seen, with or without a config. One directory
     listing; a class file is read only for an address NVML did not list (a function bound there
@@ -382,24 +390,24 @@ def _pci_word(base: str, name: str, attribute: str) -> str:
         return ""
 
 
-def _cuda_version(nvml: object) -> int | None:
+def _cuda_version(nvml: ModuleType) -> int | None:
     """The CUDA version the driver supports (nvmlSystemGetCudaDriverVersion: 1000 x major +
     10 x minor, 12040 for 12.4); None where the binding or driver lacks the call."""
     try:
-        value = nvml.nvmlSystemGetCudaDriverVersion()  # type: ignore[attr-defined]
+        value = nvml.nvmlSystemGetCudaDriverVersion()
     except Exception:
         return None
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def sweep(shutdown: bool = True, costly: bool = True) -> dict:
+def sweep(shutdown: bool = True, costly: bool = True) -> dict[str, Any]:
     """One NVML sweep of every GPU. Raises SourceUnavailable when NVML cannot start at all.
     shutdown=False leaves NVML initialised, for a process that ends right after (a hook);
     costly=False leaves out the settings that are dear to read (sources.Options.costly)."""
     nvml = _load()
     started = time.perf_counter()
     try:
-        nvml.nvmlInit()  # type: ignore[attr-defined]
+        nvml.nvmlInit()
     except Exception as exc:
         name = error_name(exc)
         if name == "NoPermission" and os.geteuid() != 0:  # the GPUs are there, not this user's
@@ -415,14 +423,14 @@ def sweep(shutdown: bool = True, costly: bool = True) -> dict:
     init_ms = (time.perf_counter() - started) * 1000
     try:
         raw = {
-            "driver_version": _text(nvml.nvmlSystemGetDriverVersion()),  # type: ignore[attr-defined]
+            "driver_version": _text(nvml.nvmlSystemGetDriverVersion()),
             "cuda_driver_version": _cuda_version(nvml),
-            "count": nvml.nvmlDeviceGetCount(),  # type: ignore[attr-defined]
+            "count": nvml.nvmlDeviceGetCount(),
         }
         raw["devices"] = sweep_devices(nvml, raw["count"], costly)
     finally:
         if shutdown:
-            nvml.nvmlShutdown()  # type: ignore[attr-defined]
+            nvml.nvmlShutdown()
     raw["timing_ms"] = {
         "init": round(init_ms, 3),
         "total": round((time.perf_counter() - started) * 1000, 3),
