@@ -18,7 +18,7 @@ from slurmhealth.node.checks import AREAS
 from slurmhealth.node.checks.base import Context, norm_bus_id
 from slurmhealth.node.sources import Options, SourceUnavailable
 
-SOURCES = ("gpu", "ib", "kmsg")
+SOURCES = ("gpu", "ib", "kmsg", "kernel")
 
 
 class Gathered:
@@ -76,7 +76,9 @@ def _plan(wanted: set, options: Options, strict: bool = True) -> dict:
             doc = {"sources": {s: {"status": "error", "message": str(exc)} for s in wanted}}
     plan: dict = {}
     for source in wanted:
-        path = {"ib": options.sysfs_root, "kmsg": options.kmsg}.get(source)
+        path = {"ib": options.sysfs_root, "kmsg": options.kmsg, "kernel": options.host_root}.get(
+            source
+        )
         explicit = path not in (None, "", sources.DEFAULT_PATHS.get(source))
         if doc is not None and not explicit:
             plan[source] = _replayed(doc, source)
