@@ -4,7 +4,8 @@ A snapshot is a file an admin replays: one a node wrote while failing, or one ed
 wrong type anywhere the checks read, deep nesting or a number that is not finite would otherwise
 replay as "no GPUs" or "no Xids" and pass: every such file is refused with one line that names
 the first bad path. The shape below is what the sources write (sources/nvml.py, sysfs.py,
-kmsg.py, kernel.py); keys it does not name are left alone, so a newer snapshot with more facts still loads.
+kmsg.py, kernel.py); keys it does not name are left alone, so a newer snapshot with more facts
+still loads.
 """
 
 from __future__ import annotations

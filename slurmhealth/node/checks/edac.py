@@ -21,15 +21,17 @@ Corrected errors foretell uncorrected ones: in Google's fleet a DIMM with a corr
 9-400 times more likely to see an uncorrected one in the same month (Schroeder, Pinheiro and
 Weber, "DRAM Errors in the Wild", SIGMETRICS 2009). They only warn: ECC did its job.
 
-No EDAC tree (containers, most VMs, a platform without an EDAC driver): skip, never fail, unless
-`expected = true` (a node whose EDAC driver should be loaded).
+No EDAC tree (containers, most VMs, a platform without an EDAC driver): not judged (ok, saying
+so: a skip would be stored with every run of every such node), never a fail, unless
+`expected = true` (a node whose EDAC driver should be loaded). The other host areas say "not
+judged" the same way when nothing is expected of them.
 """
 
 from __future__ import annotations
 
 import time
 
-from slurmhealth.core.result import SERVICE, Result, counted, fail, ok, skip, warn
+from slurmhealth.core.result import SERVICE, Result, counted, fail, ok, warn
 from slurmhealth.node.checks.base import Context, summarize
 
 AREA = "edac"
@@ -80,9 +82,10 @@ def parse(raw: object) -> dict:
     tree = raw.get("edac")
     mcs = {}
     for name, value in _dict(tree).items():
-        value = _dict(value)
-        mc: dict = {k: _int(value.get(f)) for k, f in _FIELDS.items()}
-        mc["dimms"] = {str(d)[:_NAME_MAX]: _dimm(_dict(v)) for d, v in _dict(value.get("dimms")).items()}
+        counts = _dict(value)
+        mc: dict = {k: _int(counts.get(f)) for k, f in _FIELDS.items()}
+        dimms = _dict(counts.get("dimms")).items()
+        mc["dimms"] = {str(d)[:_NAME_MAX]: _dimm(_dict(v)) for d, v in dimms}
         mcs[str(name)[:_NAME_MAX]] = mc
     boot = raw.get("boot_id")
     return {"present": isinstance(tree, dict), "mcs": mcs,
@@ -95,7 +98,7 @@ def _absent(facts: dict, ctx: Context) -> Result | None:
         return None
     if ctx.expect.get("expected"):
         return fail("no EDAC memory controllers (EDAC driver not loaded?)", {}, SERVICE)
-    return skip("no EDAC memory controllers")
+    return ok("no EDAC memory controllers: not judged")
 
 
 def _before(facts: dict, ctx: Context) -> tuple:
@@ -162,7 +165,7 @@ def corrected(facts: dict, ctx: Context) -> Result:
     """Corrected memory errors below `ce_warn_per_day` per controller (more foretell a UE)."""
     nothing = _absent(facts, ctx)
     if nothing:
-        return nothing if nothing.status != "fail" else skip("no EDAC memory controllers")
+        return nothing if nothing.status != "fail" else ok("no EDAC memory controllers")
     counts, same_boot = _before(facts, ctx)
     if counts is None:
         return ok("baseline recorded", {})

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import re
 
-from slurmhealth.core.result import REBOOT, SERVICE, Result, counted, fail, ok, skip, warn
+from slurmhealth.core.result import REBOOT, SERVICE, Result, counted, fail, ok, warn
 from slurmhealth.node.checks.base import Context, summarize
 
 AREA = "mce"
@@ -125,7 +125,8 @@ def _mce_line(msg: str) -> dict | None:
 def _event(level: str | None, what: str, action: str = SERVICE) -> dict | None:
     if level is None:
         return None
-    return {"class": level, "text": what[:TEXT_MAX], "action": action if level != CORRECTED else "none"}
+    action = action if level != CORRECTED else "none"
+    return {"class": level, "text": what[:TEXT_MAX], "action": action}
 
 
 def _foreign(rec: dict) -> bool:
@@ -165,7 +166,7 @@ def _listed(events: list) -> list:
 def uncorrected(facts: dict, ctx: Context) -> Result:
     """No uncorrected or fatal machine check or memory failure in the new kernel-log lines."""
     if not facts["records"]:
-        return skip("no new kernel-log records")
+        return ok("no new kernel-log records")
     bad = [e for e in facts["events"] if e["class"] != CORRECTED]
     data = {"count": len(bad), "events": _listed(bad)}
     if not bad:
@@ -177,7 +178,7 @@ def uncorrected(facts: dict, ctx: Context) -> Result:
 def corrected(facts: dict, ctx: Context) -> Result:
     """Corrected machine checks in the new kernel-log lines (warn: hardware wearing)."""
     if not facts["records"]:
-        return skip("no new kernel-log records")
+        return ok("no new kernel-log records")
     seen = [e for e in facts["events"] if e["class"] == CORRECTED]
     data = {"count": len(seen), "events": _listed(seen)}
     limit = ctx.expect.get("corrected_warn", DEFAULTS["corrected_warn"][0])

@@ -15,7 +15,7 @@ it).
 
 from __future__ import annotations
 
-from slurmhealth.core.result import REBOOT, Result, counted, fail, ok, skip
+from slurmhealth.core.result import REBOOT, Result, counted, fail, ok
 from slurmhealth.node.checks.base import Context, summarize
 
 AREA = "modules"
@@ -71,7 +71,7 @@ def loaded(facts: dict, ctx: Context) -> Result:
     """Every expected module is loaded and Live (missing or stuck Loading/Unloading: reboot)."""
     wanted = _listed(ctx, "loaded")
     if not wanted:
-        return skip("no modules expected")
+        return ok("no modules expected: not judged")
     mods = facts["modules"]
     if mods is None:
         return fail("/proc/modules not readable", {}, REBOOT)
@@ -92,7 +92,7 @@ def absent(facts: dict, ctx: Context) -> Result:
     """No module that must not be loaded (`absent`, e.g. nouveau) is loaded."""
     banned = _listed(ctx, "absent")
     if not banned:
-        return skip("no modules forbidden")
+        return ok("no modules forbidden: not judged")
     mods = facts["modules"] or {}
     present = [name for name in banned if name in mods]
     data = {"forbidden": banned, "loaded": present}

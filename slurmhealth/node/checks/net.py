@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 
-from slurmhealth.core.result import DRAIN, Result, counted, fail, ok, skip, warn
+from slurmhealth.core.result import DRAIN, Result, counted, fail, ok, warn
 from slurmhealth.node.checks.base import Context, summarize
 
 AREA = "net"
@@ -131,7 +131,7 @@ def link_up(facts: dict, ctx: Context) -> Result:
     """Every expected interface is present, up and has carrier (missing or down: drain)."""
     wanted = _listed(ctx)
     if not wanted:
-        return skip("no interfaces expected up")
+        return ok("no interfaces expected up: not judged")
     problems, data = [], {}
     for name in wanted:
         link = facts["links"].get(name)
@@ -152,7 +152,7 @@ def mtu(facts: dict, ctx: Context) -> Result:
     """Interfaces at their expected MTU (a jumbo-frame or IPoIB MTU lost breaks jobs' traffic)."""
     wanted = ctx.expect.get("mtu")
     if not isinstance(wanted, dict) or not wanted:
-        return skip("no MTU expected")
+        return ok("no MTU expected: not judged")
     problems, data = [], {}
     for name, value in wanted.items():
         link = facts["links"].get(str(name))
@@ -202,9 +202,10 @@ def flaps(facts: dict, ctx: Context) -> Result:
     """Carrier changes since the last run: a link that flaps warns, 3 flaps at 0.5/h fail."""
     names = [n for n in _judged(facts, ctx) if facts["links"][n]["changes"] is not None]
     if not names:
-        return skip("no physical interfaces")
+        return ok("no physical interfaces: not judged")
     before = ctx.baseline if isinstance(ctx.baseline, dict) else {}
-    counts = before.get("carrier_changes") if isinstance(before.get("carrier_changes"), dict) else {}
+    counts = before.get("carrier_changes")
+    counts = counts if isinstance(counts, dict) else {}
     same_boot = before.get("boot_id") == facts["boot_id"]
     seconds = interval(ctx)
     fails, warns, data, fresh = [], [], {}, 0

@@ -19,7 +19,7 @@ foreground under a supervisor that is not PID 1 is seen by the health check's fu
 
 from __future__ import annotations
 
-from slurmhealth.core.result import DRAIN, Result, counted, fail, ok, skip
+from slurmhealth.core.result import DRAIN, Result, counted, fail, ok
 from slurmhealth.node.checks.base import Context, summarize
 
 AREA = "ps"
@@ -82,7 +82,7 @@ def daemons(facts: dict, ctx: Context) -> Result:
     """Every expected daemon runs (munged, nvidia-persistenced, ...): a dead one fails jobs."""
     wanted = _listed(ctx, "daemons")
     if not wanted:
-        return skip("no daemons expected")
+        return ok("no daemons expected: not judged")
     if facts["scope"] is None:
         return fail("processes not readable", {}, DRAIN)
     missing = [name for name in wanted if not running(facts, name)]
@@ -96,7 +96,7 @@ def absent(facts: dict, ctx: Context) -> Result:
     """No process the node must not run (`absent`) is running."""
     banned = _listed(ctx, "absent")
     if not banned:
-        return skip("no processes forbidden")
+        return ok("no processes forbidden: not judged")
     found = {name: running(facts, name) for name in banned}
     present = [f"{n} running ({v})" for n, v in found.items() if v]
     data = {"forbidden": banned, "running": {n: v for n, v in found.items() if v},

@@ -159,7 +159,8 @@ def interface(path: str, name: str, errors: Errors) -> Tree:
     """The link files of one interface (module docstring)."""
     key = f"net/{name}"
     link: Tree = {f: _text(f"{path}/{f}", f"{key}/{f}", errors) for f in NET_FILES}
-    link["speed"] = _text(f"{path}/speed", f"{key}/speed", errors) if link["carrier"] == "1" else None
+    up = link["carrier"] == "1"
+    link["speed"] = _text(f"{path}/speed", f"{key}/speed", errors) if up else None
     link["device"] = os.path.lexists(f"{path}/device")
     return link
 

@@ -20,10 +20,10 @@ def judge(check, now, before=None, hours=1.0, **expect):
     return check(now, Context(expect=expect, baseline=base, now=1000.0 + hours * 3600))
 
 
-def test_no_edac_tree_skips_unless_expected():
+def test_no_edac_tree_is_not_judged_unless_expected():
     none = edac.parse({"edac": None})
-    assert judge(edac.uncorrected, none).status == "skip"
-    assert judge(edac.corrected, none).status == "skip"
+    assert judge(edac.uncorrected, none).message == "no EDAC memory controllers: not judged"
+    assert judge(edac.corrected, none).status == "ok"
     result = judge(edac.uncorrected, none, expected=True)
     assert result.status == "fail" and result.action == "service"
 
