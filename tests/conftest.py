@@ -351,3 +351,79 @@ def public_dir():
     os.chmod(path, 0o755)
     yield pathlib.Path(path)
     shutil.rmtree(path, ignore_errors=True)
+
+
+def host_tree(
+    root,
+    comms: dict | None = None,
+    kthreads: tuple = (),
+    init_children: tuple | None = None,
+    modules: str | None = "",
+    net: dict | None = None,
+    edac: dict | None = None,
+    boot_id: str = "3b1f6c0e-5c1d-4f6a-9d7e-1f2e3d4c5b6a",
+) -> str:
+    """A host tree as sources/kernel.py reads it, in the kernel's formats (proc(5),
+    sysfs-class-net, sysfs-devices-edac): `comms` {pid: comm} (pid 1 "systemd", pid 2
+    "kthreadd" when `kthreads` are given); `modules` the text of /proc/modules (None: no file);
+    `net` {iface: {file: text, "device": bool}}; `edac` {mcN: {file: text, "dimms": {dimmN:
+    {file: text}}}} (None: no EDAC tree). Returns the root."""
+    root = str(root)
+    proc = os.path.join(root, "proc")
+    comms = dict(comms or {})
+    comms.setdefault(1, "systemd")
+    if kthreads:
+        comms[2] = "kthreadd"
+    for pid, comm in comms.items():
+        os.makedirs(os.path.join(proc, str(pid), "task", str(pid)), exist_ok=True)
+        pathlib.Path(proc, str(pid), "comm").write_text(comm + "\n")
+    if kthreads:
+        pathlib.Path(proc, "2", "task", "2", "children").write_text(
+            "".join(f"{p} " for p in kthreads)
+        )
+    if init_children is not None:
+        pathlib.Path(proc, "1", "task", "1", "children").write_text(
+            "".join(f"{p} " for p in init_children)
+        )
+    os.makedirs(os.path.join(proc, "sys", "kernel", "random"), exist_ok=True)
+    pathlib.Path(proc, "sys", "kernel", "random", "boot_id").write_text(boot_id + "\n")
+    if modules is not None:
+        pathlib.Path(proc, "modules").write_text(modules)
+    for name, files in (net or {}).items():
+        folder = os.path.join(root, "sys", "class", "net", name)
+        os.makedirs(folder, exist_ok=True)
+        for key, text in files.items():
+            if key == "device":
+                if text:
+                    os.makedirs(os.path.join(folder, "device"), exist_ok=True)
+                continue
+            pathlib.Path(folder, key).write_text(f"{text}\n")
+    os.makedirs(os.path.join(root, "sys", "class", "net"), exist_ok=True)
+    for mc, files in (edac or {}).items():
+        folder = os.path.join(root, "sys", "devices", "system", "edac", "mc", mc)
+        os.makedirs(folder, exist_ok=True)
+        for key, text in files.items():
+            if key != "dimms":
+                pathlib.Path(folder, key).write_text(f"{text}\n")
+        for dimm, dimm_files in files.get("dimms", {}).items():
+            os.makedirs(os.path.join(folder, dimm), exist_ok=True)
+            for key, text in dimm_files.items():
+                pathlib.Path(folder, dimm, key).write_text(f"{text}\n")
+    return root
+
+
+# /proc/modules lines as the kernel prints them (kernel/module/procfs.c m_show): name, size, use
+# count, users ("-" for none, else "a,b,"), state, load address (0 to a user without it).
+MODULES_TEXT = (
+    "nvidia_uvm 4956160 8 - Live 0x0000000000000000 (POE)\n"
+    "nvidia_peermem 16384 0 - Live 0x0000000000000000 (POE)\n"
+    "nvidia_drm 126976 0 - Live 0x0000000000000000 (POE)\n"
+    "nvidia_modeset 1343488 1 nvidia_drm, Live 0x0000000000000000 (POE)\n"
+    "nvidia 56807424 120 nvidia_uvm,nvidia_peermem,nvidia_modeset, Live 0x0000000000000000 (POE)\n"
+    "mlx5_ib 491520 0 - Live 0x0000000000000000\n"
+    "ib_uverbs 200704 2 nvidia_peermem,mlx5_ib, Live 0x0000000000000000\n"
+    "ib_core 507904 3 mlx5_ib,ib_uverbs,ib_ipoib, Live 0x0000000000000000\n"
+    "mlx5_core 2351104 1 mlx5_ib, Live 0x0000000000000000\n"
+    "ib_ipoib 143360 0 - Live 0x0000000000000000\n"
+    "ext4 1028096 2 - Live 0x0000000000000000\n"
+)

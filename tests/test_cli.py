@@ -687,8 +687,8 @@ def test_a_replayed_diagnosis_is_a_dry_run_and_never_returns_a_node(tmp_path):
     assert applied.returncode == 2, applied.stderr
     (error,) = applied.stderr.strip().splitlines()
     assert error == (
-        "Error: --apply acts on this node's own facts: not with --gpu-source FILE, --sysfs-root "
-        "or --kmsg (a replay) (see 'slurmhealth diagnose --help')"
+        "Error: --apply acts on this node's own facts: not with --gpu-source FILE, --sysfs-root, "
+        "--kmsg or --host-root (a replay) (see 'slurmhealth diagnose --help')"
     )
     assert not state.exists() or not list(state.iterdir())
 
@@ -722,13 +722,13 @@ def test_a_user_diagnosis_says_what_it_could_not_read_and_is_inconclusive(public
     doc = json.loads(shown.stdout)
     assert doc["verdict"] == "inconclusive"
     assert {p["probe"]: p["status"] for p in doc["probes"]}["dcgm"] == "pass"
-    assert [(u["source"], u["areas"]) for u in doc["incomplete"]] == [("kmsg", ["xid"])]
+    assert [(u["source"], u["areas"]) for u in doc["incomplete"]] == [("kmsg", ["xid", "mce"])]
     checks = doc["probes"][0]["outcomes"][0]["evidence"]
     assert checks.endswith(
-        f"none failed; kmsg not read, the xid checks did not run: cannot read the kernel log "
+        f"none failed; kmsg not read, the xid, mce checks did not run: cannot read the kernel log "
         f"(Permission denied): {kmsg}"
     )
-    assert "slurmhealth diagnose: kmsg not read, the xid checks did not run: " in shown.stderr
+    assert "slurmhealth diagnose: kmsg not read, the xid, mce checks did not run: " in shown.stderr
     assert "[Errno" not in shown.stdout + shown.stderr and "Traceback" not in shown.stderr
     assert os.listdir(state) == []
     table = run_as_nobody("diagnose", *args, "--kmsg", str(kmsg), env=env)

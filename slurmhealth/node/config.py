@@ -40,6 +40,7 @@ SETTINGS: Schema = {
     "timeout_gpu": (5.0, float, "deadline of the NVML sweep (a sick GSP stalls calls ~6 s)"),
     "timeout_ib": (2.0, float, "deadline of the InfiniBand sysfs read"),
     "timeout_kmsg": (2.0, float, "deadline of the kernel log read"),
+    "timeout_kernel": (1.0, float, "deadline of the /proc and /sys read (processes, modules, net)"),
     "error_fails": (False, bool, "an exception inside a check fails the node (default: warn)"),
     "gpu_source": ("nvml", str, "hooks: nvml, or a snapshot file (dry runs, fault drills)"),
     "sysfs_root": ("/sys", str, "hooks: where class/infiniband is read"),
@@ -108,6 +109,10 @@ _SECONDS = (
 _AT_LEAST_0 = (lambda v: _finite(v) and v >= 0, "must be >= 0")
 _AT_LEAST_1 = (lambda v: v >= 1, "must be >= 1 (at 0 every run would trip it)")
 _XID_CLASSES = AREAS["xid"].CLASSES  # app, warn, fail, ignore
+_NAMES = (
+    lambda v: all(isinstance(e, str) and e.strip() and e == e.strip() for e in v),
+    "must be a list of names (strings without surrounding spaces)",
+)
 
 # Value constraints beyond the type, by "section.key": (test, why). The test sees a value of the
 # key's type; a value failing it is unusable: `config validate` and `check` reject it (FILE:LINE:
@@ -116,6 +121,7 @@ _XID_CLASSES = AREAS["xid"].CLASSES  # app, warn, fail, ignore
 BOUNDS: dict[str, Bound] = {
     **{f"settings.{k}": _SECONDS for k in ("deadline", "timeout_gpu", "timeout_ib")},
     **{f"settings.{k}": _SECONDS for k in ("timeout_kmsg", "drain_timeout")},
+    "settings.timeout_kernel": _SECONDS,
     "settings.resume_after": _AT_LEAST_0,  # 0 acts as 1 (node/actions.py)
     "settings.breaker_share": (
         lambda v: _finite(v) and 0 <= v <= 1,
@@ -173,6 +179,18 @@ BOUNDS: dict[str, Bound] = {
     "xid.burst_max": _AT_LEAST_0,
     "xid.burst_h": (lambda v: 0 < v <= 24 * 366, "must be > 0 and at most 8784 hours"),
     "xid.tpc_jobs": _AT_LEAST_0,
+    # host areas on the kernel source (checks/ps.py, modules.py, net.py, edac.py) and mce
+    **{f"{k}": _NAMES for k in ("ps.daemons", "ps.absent", "modules.loaded", "modules.absent")},
+    "net.up": _NAMES,
+    "net.mtu": (
+        lambda v: all(isinstance(m, int) and not isinstance(m, bool) and 68 <= m <= 65536
+                      for m in v.values()),
+        "must map interface names to MTUs from 68 to 65536 ({ ib0 = 4092 })",
+    ),
+    **{f"net.{k}": _AT_LEAST_0 for k in ("flaps_warn", "flaps_fail")},
+    "edac.ue_fail": _AT_LEAST_1,
+    "edac.ce_warn_per_day": _AT_LEAST_0,
+    "mce.corrected_warn": _AT_LEAST_0,
 }
 
 
@@ -183,6 +201,7 @@ BOUNDS: dict[str, Bound] = {
 DURATIONS = {
     **{f"settings.{k}": 1 for k in ("deadline", "timeout_gpu", "timeout_ib", "timeout_kmsg")},
     "settings.drain_timeout": 1,
+    "settings.timeout_kernel": 1,
     "settings.breaker_window": 1,
     "settings.probation_days": 86400,
     "xid.dedup_s": 1,

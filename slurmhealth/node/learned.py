@@ -4,7 +4,9 @@ With no config the checks expect only what every GPU node needs, so a node that 
 of its 8 GPUs, an NVLink down or an HCA missing would pass as long as nothing else is wrong.
 Instead each stored run on a node without a config file keeps, per area, what the node showed
 on a run where that area passed (no fail, no error): its GPU count, model and PCIe links,
-NVLinks up per GPU, its HCAs, InfiniBand ports, their rate, link layer and PCIe links. Later
+NVLinks up per GPU, its HCAs, InfiniBand ports, their rate, link layer and PCIe links, the known
+daemons it runs (munged, nvidia-persistenced, ...), the known GPU and InfiniBand modules it has
+loaded, its physical network interfaces up with carrier, and its EDAC tree. Later
 runs expect at least that: a drop fails, and the message says that the expectation is the
 node's own and how to write a config. Versions (driver, VBIOS, firmware) and MIG mode are never
 learned: an admin changes those on purpose.
@@ -53,6 +55,10 @@ LEARNED: dict[str, dict[str, tuple[str, ...]]] = {
         "pcie_gen": ("pcie_link",),
         "pcie_width": ("pcie_link",),
     },
+    "ps": {"daemons": ("daemons",)},
+    "modules": {"loaded": ("loaded",)},
+    "net": {"up": ("link_up",)},
+    "edac": {"expected": ("uncorrected",)},
 }
 
 HINT = "no config: slurmhealth config genconf writes one"

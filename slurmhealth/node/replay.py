@@ -4,7 +4,8 @@ A snapshot is a file an admin replays: one a node wrote while failing, or one ed
 wrong type anywhere the checks read, deep nesting or a number that is not finite would otherwise
 replay as "no GPUs" or "no Xids" and pass: every such file is refused with one line that names
 the first bad path. The shape below is what the sources write (sources/nvml.py, sysfs.py,
-kmsg.py); keys it does not name are left alone, so a newer snapshot with more facts still loads.
+kmsg.py, kernel.py); keys it does not name are left alone, so a newer snapshot with more facts
+still loads.
 """
 
 from __future__ import annotations
@@ -126,6 +127,20 @@ KMSG = _obj(
     },
     "null",
 )
+LINK_FILES = {k: STR for k in ("operstate", "carrier", "carrier_changes", "type", "mtu", "speed")}
+COUNTS = {k: STR for k in ("ce_count", "ue_count", "ce_noinfo_count", "ue_noinfo_count")}
+KERNEL = _obj(
+    {
+        "boot_id": STR,
+        "processes": _obj({"scope": STR, "names": _map(_s("int"))}, "null"),
+        "modules": _map(_s("str"), "null"),
+        "net": _map(_obj({**LINK_FILES, "device": BOOL})),
+        "edac": _map(_obj({**COUNTS, "dimms": _map(_obj({"ce_count": STR, "ue_count": STR,
+                                                          "label": STR}))}), "null"),
+        "errors": _map(_s("str"), "null"),
+    },
+    "null",
+)
 SNAPSHOT = _obj(
     {
         "format": _s("str"),
@@ -136,6 +151,7 @@ SNAPSHOT = _obj(
         "gpu": GPU,
         "ib": IB,
         "kmsg": KMSG,
+        "kernel": KERNEL,
     }
 )
 

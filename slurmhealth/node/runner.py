@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     # A source's gather: a zero-argument function that returns its raw facts, or raises.
     Gather = Callable[[], object]
 
-SOURCES = ("gpu", "ib", "kmsg")
+SOURCES = ("gpu", "ib", "kmsg", "kernel")
 
 
 class Gathered:
@@ -89,7 +89,9 @@ def _plan(wanted: set[str], options: Options, strict: bool = True) -> dict[str, 
             doc = {"sources": {s: {"status": "error", "message": str(exc)} for s in wanted}}
     plan: dict[str, Gathered | Gather] = {}
     for source in wanted:
-        path = {"ib": options.sysfs_root, "kmsg": options.kmsg}.get(source)
+        path = {"ib": options.sysfs_root, "kmsg": options.kmsg, "kernel": options.host_root}.get(
+            source
+        )
         explicit = path not in (None, "", sources.DEFAULT_PATHS.get(source))
         if doc is not None and not explicit:
             plan[source] = _replayed(doc, source)

@@ -2,7 +2,8 @@
 
 Each area module is a plain module with the same small interface (no entry-point magic):
   AREA      the area name used by `--only` and in check names ("gpu", "nvlink", "ib", "xid")
-  SOURCE    which gathered source it reads ("gpu" = NVML, "ib" = sysfs, "kmsg" = kernel log)
+  SOURCE    which gathered source it reads ("gpu" = NVML, "ib" = sysfs, "kmsg" = kernel log,
+            "kernel" = the host's /proc and /sys: processes, modules, links, EDAC)
   DEFAULTS  {key: (default, type, one line of why)}: the area's expectations and thresholds
   parse(raw) -> facts          pure, never raises on bad input; runs once per run
   CHECKS    (fn, ...) each fn(facts, ctx) -> Result, small and pure
@@ -13,9 +14,9 @@ Each area module is a plain module with the same small interface (no entry-point
 
 from __future__ import annotations
 
-from slurmhealth.node.checks import gpu, ib, nvlink, xid
+from slurmhealth.node.checks import edac, gpu, ib, mce, modules, net, nvlink, ps, xid
 
-AREAS = {m.AREA: m for m in (gpu, nvlink, ib, xid)}
+AREAS = {m.AREA: m for m in (gpu, nvlink, ib, xid, mce, ps, modules, net, edac)}
 
 REGISTRY = {f"{m.AREA}.{fn.__name__}": fn for m in AREAS.values() for fn in m.CHECKS}
 

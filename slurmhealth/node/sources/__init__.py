@@ -25,12 +25,13 @@ REGISTRY = {
     "gpu": "slurmhealth.node.sources.nvml",  # NVML: every GPU, one sweep
     "ib": "slurmhealth.node.sources.sysfs",  # InfiniBand: /sys/class/infiniband
     "kmsg": "slurmhealth.node.sources.kmsg",  # kernel log: /dev/kmsg or a saved file
+    "kernel": "slurmhealth.node.sources.kernel",  # processes, modules, net links, EDAC: /proc, /sys
 }
 
 
 # The live defaults of the path options. With a snapshot, a source whose path is left at its
 # default replays the snapshot's own section: a fault drill never mixes in the live node.
-DEFAULT_PATHS = {"ib": "/sys", "kmsg": "/dev/kmsg"}
+DEFAULT_PATHS = {"ib": "/sys", "kmsg": "/dev/kmsg", "kernel": "/"}
 
 
 class SourceUnavailable(Exception):
@@ -51,9 +52,10 @@ class SourceUnavailable(Exception):
 
 class Options:
     """Where facts come from. gpu_source: "nvml" or a snapshot file; None paths: defaults or
-    the snapshot's own sections; kmsg_after: the saved kernel-log position {seq, boot_id}."""
+    the snapshot's own sections; kmsg_after: the saved kernel-log position {seq, boot_id};
+    host_root: where the host's proc and sys are read (None: "/")."""
 
-    __slots__ = ("costly", "exiting", "gpu_source", "kmsg", "kmsg_after", "sysfs_root")
+    __slots__ = ("costly", "exiting", "gpu_source", "host_root", "kmsg", "kmsg_after", "sysfs_root")
 
     def __init__(
         self,
@@ -63,8 +65,10 @@ class Options:
         kmsg_after: Mapping[str, object] | None = None,
         exiting: bool = False,
         costly: bool = True,
+        host_root: str | None = None,
     ) -> None:
         self.gpu_source = gpu_source
+        self.host_root = host_root
         self.sysfs_root = sysfs_root
         self.kmsg = kmsg
         self.kmsg_after = kmsg_after or {}

@@ -1,0 +1,126 @@
+"""Processes: the daemons a node needs run, the ones it must not run do not (the `processes`
+part of the kernel source, sources/kernel.py).
+
+Names are matched as the kernel keeps them: a process's comm is its executable's name cut to 15
+bytes (TASK_COMM_LEN 16 with its NUL; proc(5) /proc/PID/comm), so `nvidia-persistenced` runs as
+`nvidia-persiste` and `nv-fabricmanager` as `nv-fabricmanage`. A configured name is compared by
+its first 15 bytes; write the daemon's full name.
+
+Nothing is required without a config or a known-good run (learned.py): a container running no
+munge passes. `config genconf` (and a node's own known-good runs) writes the daemons of KNOWN it
+saw, so the node kind decides: nvidia-persistenced on GPU nodes, nv-fabricmanager on NVSwitch
+(HGX) nodes, nvidia-imex on multi-node NVLink nodes (NVIDIA's Fabric Manager and IMEX guides),
+sssd or nslcd where accounts come from a directory.
+
+The job hooks read only PID 1's children (sources/kernel.py, `scope` "init"): every daemon
+systemd starts, and every daemon that forked away from its parent, is one. A daemon run in the
+foreground under a supervisor that is not PID 1 is seen by the health check's full read only.
+"""
+
+from __future__ import annotations
+
+from slurmhealth.core.result import DRAIN, Result, counted, fail, ok
+from slurmhealth.node.checks.base import Context, summarize
+
+AREA = "ps"
+SOURCE = "kernel"
+
+DEFAULTS = {
+    "daemons": (
+        None,
+        list,
+        "process names that must run (munged, nvidia-persistenced, nv-fabricmanager, "
+        "nvidia-imex, sssd); unset: none, or the node's known-good runs'",
+    ),
+    "absent": (None, list, "process names that must not run; unset: none"),
+}
+
+COMM_MAX = 15  # TASK_COMM_LEN - 1: how much of a name the kernel keeps
+# Daemons genconf writes where it sees them, by their executable names: MUNGE's munged, Slurm's
+# slurmd, NVIDIA's nvidia-persistenced (driver persistence daemon), nv-fabricmanager (Fabric
+# Manager, NVSwitch systems), nvidia-imex (IMEX, multi-node NVLink), nv-hostengine (DCGM), and
+# the directory clients sssd and nslcd.
+KNOWN = (
+    "munged",
+    "slurmd",
+    "nvidia-persistenced",
+    "nv-fabricmanager",
+    "nvidia-imex",
+    "nv-hostengine",
+    "sssd",
+    "nslcd",
+)
+_NAME_MAX = 64
+
+
+def parse(raw: object) -> dict:
+    """The kernel source's raw facts -> {"names": {comm: count}, "scope": "all"|"init"|None}.
+    Pure and total: anything unreadable is no names and scope None."""
+    part = raw.get("processes") if isinstance(raw, dict) else None
+    part = part if isinstance(part, dict) else {}
+    names = part.get("names") if isinstance(part.get("names"), dict) else {}
+    counts = {
+        str(k)[:_NAME_MAX]: v
+        for k, v in names.items()
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0
+    }
+    scope = part.get("scope") if part.get("scope") in ("all", "init") else None
+    return {"names": counts, "scope": scope}
+
+
+def _listed(ctx: Context, key: str) -> list[str]:
+    value = ctx.expect.get(key)
+    return [str(v) for v in value] if isinstance(value, list) else []
+
+
+def running(facts: dict, name: str) -> int:
+    """How many processes run as `name` (compared by its first 15 bytes)."""
+    return int(facts["names"].get(name.encode()[:COMM_MAX].decode("utf-8", "ignore"), 0))
+
+
+def daemons(facts: dict, ctx: Context) -> Result:
+    """Every expected daemon runs (munged, nvidia-persistenced, ...): a dead one fails jobs."""
+    wanted = _listed(ctx, "daemons")
+    if not wanted:
+        return ok("no daemons expected: not judged")
+    if facts["scope"] is None:
+        return fail("processes not readable", {}, DRAIN)
+    missing = [name for name in wanted if not running(facts, name)]
+    data = {"expected": wanted, "missing": missing, "scope": facts["scope"]}
+    if missing:
+        return fail(summarize([f"{n} not running" for n in missing], " daemon"), data, DRAIN)
+    return ok(f"{counted(len(wanted), 'daemon')} running", data)
+
+
+def absent(facts: dict, ctx: Context) -> Result:
+    """No process the node must not run (`absent`) is running."""
+    banned = _listed(ctx, "absent")
+    if not banned:
+        return ok("no processes forbidden: not judged")
+    found = {name: running(facts, name) for name in banned}
+    present = [f"{n} running ({v})" for n, v in found.items() if v]
+    data = {"forbidden": banned, "running": {n: v for n, v in found.items() if v},
+            "scope": facts["scope"]}
+    if present:
+        return fail(summarize(present, " process"), data, DRAIN)
+    return ok(f"none of {counted(len(banned), 'forbidden process', 'forbidden processes')} "
+              "running", data)
+
+
+CHECKS = (daemons, absent)
+
+
+def baseline(facts: dict, now: float | None = None) -> dict:
+    """Nothing to remember: a daemon runs or not."""
+    return {}
+
+
+def expectations(facts: dict) -> dict:
+    """The known daemons this (known-good) node runs."""
+    seen = [name for name in KNOWN if running(facts, name)]
+    return {"daemons": seen} if seen else {}
+
+
+def expected(expect: dict, found: object = None) -> bool:
+    """The processes are expected readable when daemons are listed."""
+    return bool(expect.get("daemons"))
