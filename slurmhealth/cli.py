@@ -38,7 +38,8 @@ from slurmhealth.node.checks import AREAS
 
 
 def source_options(func: object) -> object:
-    """--gpu-source, --sysfs-root, --kmsg: where facts come from (shared by several commands)."""
+    """--gpu-source, --sysfs-root, --kmsg, --host-root: where facts come from (shared by several
+    commands)."""
     for option in reversed(
         (
             click.option(
@@ -49,6 +50,9 @@ def source_options(func: object) -> object:
             ),
             click.option("--sysfs-root", default=None, help="read DIR/class/infiniband [/sys]"),
             click.option("--kmsg", default=None, help="kernel log path [/dev/kmsg]"),
+            click.option(
+                "--host-root", default=None, help="read DIR/proc and DIR/sys for fs, hw, time [/]"
+            ),
         )
     ):
         func = option(func)  # type: ignore[operator]
@@ -65,8 +69,12 @@ output_option = click.option(
 )
 
 
-def _options(gpu_source: str, sysfs_root: str | None, kmsg: str | None) -> runner.Options:
-    return runner.Options(gpu_source=gpu_source, sysfs_root=sysfs_root, kmsg=kmsg)
+def _options(
+    gpu_source: str, sysfs_root: str | None, kmsg: str | None, host_root: str | None = None
+) -> runner.Options:
+    return runner.Options(
+        gpu_source=gpu_source, sysfs_root=sysfs_root, kmsg=kmsg, host_root=host_root
+    )
 
 
 def _load_config(path: str | None, error: type = click.ClickException) -> config.Config:
@@ -143,7 +151,12 @@ def check(ctx: click.Context) -> None:
 @output_option
 @source_options
 def snapshot(
-    node: str | None, output: str, gpu_source: str, sysfs_root: str | None, kmsg: str | None
+    node: str | None,
+    output: str,
+    gpu_source: str,
+    sysfs_root: str | None,
+    kmsg: str | None,
+    host_root: str | None,
 ) -> None:
     """Write everything the checks read on this node as one JSON document.
 
@@ -160,7 +173,10 @@ def snapshot(
     timeouts = {s: settings[f"timeout_{s}"] for s in runner.SOURCES}
     try:
         doc, unread = runner.snapshot(
-            name, _options(gpu_source, sysfs_root, kmsg), timeouts, settings["deadline"]
+            name,
+            _options(gpu_source, sysfs_root, kmsg, host_root),
+            timeouts,
+            settings["deadline"],
         )
     except (OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
@@ -267,7 +283,12 @@ def example() -> None:
 @output_option
 @source_options
 def genconf(
-    node: str | None, output: str, gpu_source: str, sysfs_root: str | None, kmsg: str | None
+    node: str | None,
+    output: str,
+    gpu_source: str,
+    sysfs_root: str | None,
+    kmsg: str | None,
+    host_root: str | None,
 ) -> None:
     """Write expectations from this node's facts (run it on a known-good node).
 
@@ -278,7 +299,8 @@ def genconf(
     name = agent.node_name(node)
     expect = config.defaults()
     try:
-        run = runner.run(name, expect, _options(gpu_source, sysfs_root, kmsg), phase="check")
+        options = _options(gpu_source, sysfs_root, kmsg, host_root)
+        run = runner.run(name, expect, options, phase="check")
     except (OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     learned = {}
@@ -1027,6 +1049,7 @@ DIAG_INCONCLUSIVE = 4  # nothing ran that could pass the node: never 0
 @click.option("--gpu-source", default=None, help="nvml or a snapshot file [settings.gpu_source]")
 @click.option("--sysfs-root", default=None, help="where class/infiniband is read [settings]")
 @click.option("--kmsg", default=None, help="the kernel log, or a file of records [settings]")
+@click.option("--host-root", default=None, help="where proc/ and sys/ are read [/]")
 @click.option(
     "--time-limit",
     default=None,
@@ -1054,6 +1077,7 @@ def diagnose_cmd(
     gpu_source: str | None,
     sysfs_root: str | None,
     kmsg: str | None,
+    host_root: str | None,
     time_limit: str | None,
     do_apply: bool,
     do_submit: bool,
@@ -1065,7 +1089,8 @@ def diagnose_cmd(
     says so). Records a `diag` run; exit 0 on pass, 1 on fail, 4 when inconclusive (no probe
     of the level could run: the checks alone never pass a diagnosis; or a source the checks
     need, such as the kernel log to a user who is not root, could not be read). A replay
-    (--gpu-source FILE, --sysfs-root, --kmsg) records nothing unless --db names a store.
+    (--gpu-source FILE, --sysfs-root, --kmsg, --host-root) records nothing unless --db names a
+    store.
 
     With --submit (head node, cron): every node slurmhealth drained, and those named with
     --nodes, is diagnosed by one exclusive Slurm job in the maintenance reservation
@@ -1097,13 +1122,15 @@ def diagnose_cmd(
         gpu_source or settings["gpu_source"],
         sysfs_root or settings["sysfs_root"],
         kmsg or settings["kmsg"],
+        host_root,
     )
     _diag_sources(options, sysfs_root, kmsg)
     replay = gpu_source not in (None, "nvml") or sysfs_root is not None or kmsg is not None
+    replay = replay or host_root is not None
     if replay and do_apply:
         raise click.UsageError(
-            "--apply acts on this node's own facts: not with --gpu-source FILE, --sysfs-root "
-            "or --kmsg (a replay)"
+            "--apply acts on this node's own facts: not with --gpu-source FILE, --sysfs-root, "
+            "--kmsg or --host-root (a replay)"
         )
     store_path = db or store.default_path(name)
     conn, stored = _diag_store(store_path, db is not None, replay)
@@ -1168,6 +1195,9 @@ def _diag_sources(options: runner.Options, sysfs_root: str | None, kmsg: str | N
     traceback."""
     if sysfs_root is not None and not os.path.isdir(sysfs_root):
         raise click.BadParameter(f"{sysfs_root}: no such directory", param_hint="--sysfs-root")
+    host_root = options.host_root
+    if host_root is not None and not os.path.isdir(host_root):
+        raise click.BadParameter(f"{host_root}: no such directory", param_hint="--host-root")
     if kmsg is not None and not os.path.exists(kmsg):
         raise click.BadParameter(f"{kmsg}: no such file", param_hint="--kmsg")
     if options.gpu_source not in ("nvml", "", None):

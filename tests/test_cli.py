@@ -687,8 +687,8 @@ def test_a_replayed_diagnosis_is_a_dry_run_and_never_returns_a_node(tmp_path):
     assert applied.returncode == 2, applied.stderr
     (error,) = applied.stderr.strip().splitlines()
     assert error == (
-        "Error: --apply acts on this node's own facts: not with --gpu-source FILE, --sysfs-root "
-        "or --kmsg (a replay) (see 'slurmhealth diagnose --help')"
+        "Error: --apply acts on this node's own facts: not with --gpu-source FILE, --sysfs-root, "
+        "--kmsg or --host-root (a replay) (see 'slurmhealth diagnose --help')"
     )
     assert not state.exists() or not list(state.iterdir())
 

@@ -118,8 +118,8 @@ class Deadline:
 
 CHECK_HELP = """Usage: slurmhealth check [OPTIONS]
 
-  Gather GPU, NVLink, InfiniBand and kernel-log facts once, run every check the node's
-  expectations call for, and print a verdict per check.
+  Gather GPU, NVLink, InfiniBand, kernel-log, filesystem, memory, CPU and clock facts once,
+  run every check the node's expectations call for, and print a verdict per check.
 
   Exit 0 when every check is ok, warn or skip; 1 when any fails; 2 for usage or config errors;
   4 when none fails but a source could not be read (the kernel log, not being root): the
@@ -127,15 +127,18 @@ CHECK_HELP = """Usage: slurmhealth check [OPTIONS]
 
 Options:
   --node NAME          node name (default: $SLURMD_NODENAME, else the host name)
-  --only AREA          only these areas: gpu, nvlink, ib, xid (repeat or comma-separate)
+  --only AREA          only these areas: gpu, nvlink, ib, xid, fs, hw, time (repeat or
+                       comma-separate)
   --json               print one JSON object instead of a table
   -q, --quiet          only the checks that did not pass (warn, fail, error) and the verdict
   --gpu-source SRC     nvml (default) or a snapshot file to replay
   --sysfs-root DIR     read DIR/class/infiniband (default /sys)
   --kmsg PATH          kernel log: /dev/kmsg (default) or a file of kmsg records/dmesg lines
+  --host-root DIR      read DIR/proc and DIR/sys for the fs, hw and time areas (default /)
   --db PATH            node store (default $SLURMHEALTH_DB or /var/lib/slurmhealth/NODE.db)
   --no-db              keep no history and no baselines
-  --record             record a replay (--gpu-source FILE, --sysfs-root, --kmsg) in the
+  --record             record a replay (--gpu-source FILE, --sysfs-root, --kmsg,
+                       --host-root) in the
                        store as the node's own run; without it a replay is a dry run that
                        reads and writes no store (its versions are never recorded)
   --config PATH        expectations (default $SLURMHEALTH_CONFIG or
@@ -155,13 +158,14 @@ _VALUED = (
     "--gpu-source",
     "--sysfs-root",
     "--kmsg",
+    "--host-root",
     "--db",
     "--config",
     "--metrics-file",
 )
 _FLAGS = ("--json", "--no-db", "--record", "-q", "--quiet", "-h", "--help")
 # What makes `check` a replay: facts from files, not from this node as it is now.
-_REPLAY = ("--gpu-source", "--sysfs-root", "--kmsg")
+_REPLAY = ("--gpu-source", "--sysfs-root", "--kmsg", "--host-root")
 _PASSED = ("ok", "skip")  # what --quiet leaves out
 
 
@@ -473,7 +477,9 @@ def check(argv: list) -> int:
     conn = None
     replay = _replay(opts)
     if opts.get("--record") and (opts.get("--no-db") or not replay):
-        raise UsageError("--record records a replay (--gpu-source FILE, --sysfs-root, --kmsg)")
+        raise UsageError(
+            "--record records a replay (--gpu-source FILE, --sysfs-root, --kmsg, --host-root)"
+        )
     stored = not opts.get("--no-db") and (not replay or opts.get("--record"))
     if replay and not stored and not opts.get("--no-db"):
         # a dry run: its verdict must never become the node's history, evidence or versions
@@ -498,6 +504,7 @@ def check(argv: list) -> int:
         sysfs_root=_one(opts, "--sysfs-root"),
         kmsg=_one(opts, "--kmsg"),
         kmsg_after=baselines.get("xid"),
+        host_root=_one(opts, "--host-root"),
     )
     if areas is None or "xid" in areas:
         baselines = _with_history(conn, node, baselines, expect, "check")
@@ -587,6 +594,9 @@ def _named_paths_exist(opts: dict) -> None:
     root, kmsg, db = _one(opts, "--sysfs-root"), _one(opts, "--kmsg"), _one(opts, "--db")
     if root is not None and not os.path.isdir(root):
         raise UsageError(f"--sysfs-root {root}: no such directory")
+    host = _one(opts, "--host-root")
+    if host is not None and not os.path.isdir(host):
+        raise UsageError(f"--host-root {host}: no such directory")
     if kmsg is not None and _absent(kmsg):
         raise UsageError(f"--kmsg {kmsg}: no such file")
     named = "--db"

@@ -1,8 +1,10 @@
 """The check registry: every check of every area, by name (`area.function`).
 
 Each area module is a plain module with the same small interface (no entry-point magic):
-  AREA      the area name used by `--only` and in check names ("gpu", "nvlink", "ib", "xid")
-  SOURCE    which gathered source it reads ("gpu" = NVML, "ib" = sysfs, "kmsg" = kernel log)
+  AREA      the area name used by `--only` and in check names ("gpu", "nvlink", "ib", "xid",
+            "fs", "hw", "time")
+  SOURCE    which gathered source it reads ("gpu" = NVML, "ib" = sysfs, "kmsg" = kernel log,
+            "fs" = mountinfo and statvfs, "host" = meminfo, CPU lists and the clock)
   DEFAULTS  {key: (default, type, one line of why)}: the area's expectations and thresholds
   parse(raw) -> facts          pure, never raises on bad input; runs once per run
   CHECKS    (fn, ...) each fn(facts, ctx) -> Result, small and pure
@@ -13,9 +15,9 @@ Each area module is a plain module with the same small interface (no entry-point
 
 from __future__ import annotations
 
-from slurmhealth.node.checks import gpu, ib, nvlink, xid
+from slurmhealth.node.checks import fs, gpu, hw, ib, nvlink, time, xid
 
-AREAS = {m.AREA: m for m in (gpu, nvlink, ib, xid)}
+AREAS = {m.AREA: m for m in (gpu, nvlink, ib, xid, fs, hw, time)}
 
 REGISTRY = {f"{m.AREA}.{fn.__name__}": fn for m in AREAS.values() for fn in m.CHECKS}
 
