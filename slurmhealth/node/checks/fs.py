@@ -65,9 +65,10 @@ _NAME_MAX = 80  # a mount point as a message names it
 _POINT_MAX = 4096  # PATH_MAX: longer is not a path
 # Errors of statvfs that mean the mount is broken, not merely out of reach (stat(2), nfs(5)).
 _BROKEN = ("ESTALE", "EIO", "ENOTCONN")
-# Networked and parallel filesystems: a genconf names them with their type (NHC's genconf
-# lists every mount; these are the ones that vanish when a server or a client breaks).
-_NO_GENCONF = ("tmpfs", "devtmpfs", "overlay", "squashfs", "ramfs")
+# What genconf leaves out of a node's lasting mounts (NHC's genconf lists every mount): memory
+# filesystems and a container's layers come and go with the boot and the runtime; the trees of
+# the kernel, the runtimes and snaps (squashfs under /snap) likewise.
+_NO_GENCONF = ("tmpfs", "devtmpfs", "overlay", "ramfs")
 _NOT_MOUNTS = ("/proc", "/sys", "/dev", "/run", "/snap", "/var/lib/docker", "/var/lib/kubelet")
 
 
@@ -287,9 +288,7 @@ def free_space(facts: dict, ctx: Context) -> Result:
         return skip("no writable mount stat'ed")
     fails = [line for p in points for line in _floors(p, facts["stats"][p], ctx)]
     data = {p: facts["stats"][p].get("free_pct") for p in points}
-    least = min(((v, p) for p, v in data.items() if v is not None), default=None)
-    said = f": least {_name(least[1])} {least[0]:.1f}%" if least else ""
-    text = f"free space above the floors on {counted(len(points), 'filesystem')}{said}"
+    text = f"free space above the floors on {counted(len(points), 'filesystem')}"
     return _verdict(fails, [], data) or ok(text, data)
 
 

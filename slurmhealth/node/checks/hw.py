@@ -146,8 +146,9 @@ def memory(facts: dict, ctx: Context) -> Result:
 def free_memory(facts: dict, ctx: Context) -> Result:
     """Memory available to a new job (MemAvailable) at least free_memory_gb, where set."""
     have, floor = facts["available_gb"], ctx.expect.get("free_memory_gb")
-    if floor is None:
-        return skip("no free memory floor") if have is None else ok(f"{_gb(have)} available")
+    if floor is None:  # what is available changes every run: said in the data only
+        data = {"available_gb": None if have is None else round(have, 3)}
+        return skip("no free memory floor set", data)
     if have is None:
         return warn("MemAvailable unreadable")
     data = {"available_gb": round(have, 3), "floor": floor}
@@ -175,7 +176,7 @@ def swap(facts: dict, ctx: Context) -> Result:
     data = {"swap_gb": round(total, 3), "swap_free_gb": round(free, 3)}
     if fails:
         return fail(summarize(fails + warns), data, DRAIN)
-    return warn(warns[0], data) if warns else ok(f"swap {_gb(total)}, {_gb(free)} free", data)
+    return warn(warns[0], data) if warns else ok(f"{_swap_text(total)} as expected", data)
 
 
 def _swap_text(total: float) -> str:
