@@ -148,7 +148,7 @@ def free_memory(facts: dict, ctx: Context) -> Result:
     have, floor = facts["available_gb"], ctx.expect.get("free_memory_gb")
     if floor is None:  # what is available changes every run: said in the data only
         data = {"available_gb": None if have is None else round(have, 3)}
-        return skip("no free memory floor set", data)
+        return ok("no free memory floor set", data)
     if have is None:
         return warn("MemAvailable unreadable")
     data = {"available_gb": round(have, 3), "floor": floor}
