@@ -4,15 +4,15 @@
 _slurmhealth_spec() {
     case "$1" in
         "") subs="check collect config diagnose export history import job lemons prune publish report slow snapshot trends prolog epilog healthcheck"; opts="-V --version -h --help"; valued=""; files=0 ;;
-        "check") subs=""; opts="--json --no-db --record -q --quiet -h --help --node --only --gpu-source --sysfs-root --kmsg --db --config --metrics-file"; valued="--node --only --gpu-source --sysfs-root --kmsg --db --config --metrics-file"; files=0 ;;
+        "check") subs=""; opts="--json --no-db --record -q --quiet -h --help --node --only --gpu-source --sysfs-root --kmsg --host-root --db --config --metrics-file"; valued="--node --only --gpu-source --sysfs-root --kmsg --host-root --db --config --metrics-file"; files=0 ;;
         "collect") subs=""; opts="--sacct --consume --full -h --help --db --since --now --slurm-bin --spool-owner --rollup-after --rollup-max"; valued="--db --since --now --slurm-bin --spool-owner --rollup-after --rollup-max"; files=1 ;;
         "config") subs="example genconf show slurm-conf validate"; opts="-h --help"; valued=""; files=0 ;;
         "config example") subs=""; opts="-h --help"; valued=""; files=0 ;;
-        "config genconf") subs=""; opts="-h --help --node -o --output --gpu-source --sysfs-root --kmsg"; valued="--node -o --output --gpu-source --sysfs-root --kmsg"; files=0 ;;
+        "config genconf") subs=""; opts="-h --help --node -o --output --gpu-source --sysfs-root --kmsg --host-root"; valued="--node -o --output --gpu-source --sysfs-root --kmsg --host-root"; files=0 ;;
         "config show") subs=""; opts="-h --help --config --node"; valued="--config --node"; files=0 ;;
         "config slurm-conf") subs=""; opts="--check -h --help --hook --conf-dir --slurm-version"; valued="--hook --conf-dir --slurm-version"; files=1 ;;
         "config validate") subs=""; opts="-h --help --config"; valued="--config"; files=1 ;;
-        "diagnose") subs=""; opts="--apply --submit --json -h --help --level --node --db --config --gpu-source --sysfs-root --kmsg --time-limit --nodes"; valued="--level --node --db --config --gpu-source --sysfs-root --kmsg --time-limit --nodes"; files=0 ;;
+        "diagnose") subs=""; opts="--apply --submit --json -h --help --level --node --db --config --gpu-source --sysfs-root --kmsg --host-root --time-limit --nodes"; valued="--level --node --db --config --gpu-source --sysfs-root --kmsg --host-root --time-limit --nodes"; files=0 ;;
         "export") subs=""; opts="--incremental -h --help --db --since --now -o --output"; valued="--db --since --now -o --output"; files=0 ;;
         "history") subs=""; opts="--json -q --quiet -h --help --node --job --since --now --limit --db"; valued="--node --job --since --now --limit --db"; files=0 ;;
         "import") subs=""; opts="-h --help --db"; valued="--db"; files=1 ;;
@@ -22,7 +22,7 @@ _slurmhealth_spec() {
         "publish") subs=""; opts="--public -h --help --db --since --now --slurm-bin"; valued="--db --since --now --slurm-bin"; files=0 ;;
         "report") subs=""; opts="--sinfo -h --help --db --since --now --format -o --output --mail-to --slurm-bin --mode"; valued="--db --since --now --format -o --output --mail-to --slurm-bin --mode"; files=0 ;;
         "slow") subs=""; opts="--json -h --help --db --window --now --margin"; valued="--db --window --now --margin"; files=0 ;;
-        "snapshot") subs=""; opts="-h --help --node -o --output --gpu-source --sysfs-root --kmsg"; valued="--node -o --output --gpu-source --sysfs-root --kmsg"; files=0 ;;
+        "snapshot") subs=""; opts="-h --help --node -o --output --gpu-source --sysfs-root --kmsg --host-root"; valued="--node -o --output --gpu-source --sysfs-root --kmsg --host-root"; files=0 ;;
         "trends") subs=""; opts="--json -h --help --db --now --factor"; valued="--db --now --factor"; files=0 ;;
         "prolog") subs=""; opts="-h --help"; valued=""; files=0 ;;
         "epilog") subs=""; opts="-h --help"; valued=""; files=0 ;;
@@ -45,7 +45,7 @@ _slurmhealth() {
         esac
     done
     case "$path:$prev" in
-        "check:--only") words="gpu nvlink ib xid" ;;
+        "check:--only") words="gpu nvlink ib xid fs hw time" ;;
         "diagnose:--level") words="quick medium long" ;;
         "report:--format") words="html md json prom" ;;
         *:--conf-dir|*:--config|*:--db|*:--gpu-source|*:--hook|*:--kmsg|*:--metrics-file|*:--output|*:--slurm-bin|*:--sysfs-root|*:-o) COMPREPLY=($(compgen -f -- "$cur")); return ;;
