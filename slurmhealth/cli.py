@@ -1241,6 +1241,9 @@ def _diag_sources(options: runner.Options, sysfs_root: str | None, kmsg: str | N
     traceback."""
     if sysfs_root is not None and not os.path.isdir(sysfs_root):
         raise click.BadParameter(f"{sysfs_root}: no such directory", param_hint="--sysfs-root")
+    host_root = options.host_root
+    if host_root is not None and not os.path.isdir(host_root):
+        raise click.BadParameter(f"{host_root}: no such directory", param_hint="--host-root")
     if kmsg is not None and not os.path.exists(kmsg):
         raise click.BadParameter(f"{kmsg}: no such file", param_hint="--kmsg")
     if options.gpu_source not in ("nvml", "", None):

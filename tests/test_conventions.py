@@ -139,6 +139,7 @@ def test_bash_completes_the_real_commands_and_options():
     assert bash_complete("conf") == ["config"]
     assert set(bash_complete("config", "")) == {
         "example",
+        "from-nhc",
         "genconf",
         "show",
         "slurm-conf",

@@ -131,8 +131,9 @@ class Deadline:
 
 CHECK_HELP = """Usage: slurmhealth check [OPTIONS]
 
-  Gather GPU, NVLink, InfiniBand, kernel-log and host facts once, run every check the node's
-  expectations call for, and print a verdict per check.
+  Gather GPU, NVLink, InfiniBand, kernel-log and host facts (filesystems, memory, CPUs, the
+  clock, processes, modules, network links, EDAC) once, run every check the node's expectations
+  call for, and print a verdict per check.
 
   Exit 0 when every check is ok, warn or skip; 1 when any fails; 2 for usage or config errors;
   4 when none fails but a source could not be read (the kernel log, not being root): the
@@ -140,18 +141,19 @@ CHECK_HELP = """Usage: slurmhealth check [OPTIONS]
 
 Options:
   --node NAME          node name (default: $SLURMD_NODENAME, else the host name)
-  --only AREA          only these areas: gpu, nvlink, ib, xid, mce, ps, modules, net, edac
-                       (repeat or comma-separate)
+  --only AREA          only these areas: gpu, nvlink, ib, xid, mce, fs, hw, time, ps, modules,
+                       net, edac (repeat or comma-separate)
   --json               print one JSON object instead of a table
   -q, --quiet          only the checks that did not pass (warn, fail, error) and the verdict
   --gpu-source SRC     nvml (default) or a snapshot file to replay
   --sysfs-root DIR     read DIR/class/infiniband (default /sys)
   --kmsg PATH          kernel log: /dev/kmsg (default) or a file of kmsg records/dmesg lines
-  --host-root DIR      read the host's processes, modules, links and EDAC under DIR/proc and
-                       DIR/sys (default /)
+  --host-root DIR      read the host's facts (mounts, memory, CPUs, processes, modules, links,
+                       EDAC) under DIR/proc and DIR/sys (default /)
   --db PATH            node store (default $SLURMHEALTH_DB or /var/lib/slurmhealth/NODE.db)
   --no-db              keep no history and no baselines
-  --record             record a replay (--gpu-source FILE, --sysfs-root, --kmsg, --host-root) in the
+  --record             record a replay (--gpu-source FILE, --sysfs-root, --kmsg,
+                       --host-root) in the
                        store as the node's own run; without it a replay is a dry run that
                        reads and writes no store (its versions are never recorded)
   --config PATH        expectations (default $SLURMHEALTH_CONFIG or

@@ -4,6 +4,7 @@ Layout (packaging/slurmhealth.toml is the annotated catalogue):
 
     [settings]                  deadlines and behaviour
     [gpu] [nvlink] [ib] [xid]   expectations for every node
+    [fs] [hw] [time]            the host: mounts, memory and CPUs, the clock
     [checks."gpu.thermal"]      per-check overrides: enabled = false, severity = "fail"|"warn"
     [[node]]                    later blocks win; `match` is a node-set pattern
     match = "gpu[01-16],!gpu05"
@@ -41,6 +42,8 @@ SETTINGS: Schema = {
     "timeout_ib": (2.0, float, "deadline of the InfiniBand sysfs read"),
     "timeout_kmsg": (2.0, float, "deadline of the kernel log read"),
     "timeout_kernel": (1.0, float, "deadline of the /proc and /sys read (processes, modules, net)"),
+    "timeout_fs": (1.0, float, "deadline of mountinfo and the mounts' statvfs (fs.stat_timeout)"),
+    "timeout_host": (1.0, float, "deadline of the meminfo, CPU list and clock reads"),
     "error_fails": (False, bool, "an exception inside a check fails the node (default: warn)"),
     "gpu_source": ("nvml", str, "hooks: nvml, or a snapshot file (dry runs, fault drills)"),
     "sysfs_root": ("/sys", str, "hooks: where class/infiniband is read"),
@@ -108,6 +111,11 @@ _SECONDS = (
 )
 _AT_LEAST_0 = (lambda v: _finite(v) and v >= 0, "must be >= 0")
 _AT_LEAST_1 = (lambda v: v >= 1, "must be >= 1 (at 0 every run would trip it)")
+_PERCENT = (lambda v: _finite(v) and 0 <= v <= 100, "must be a percentage from 0 to 100")
+_PATHS = (
+    lambda v: all(isinstance(e, str) and e.startswith("/") for e in v),
+    "must be a list of absolute paths",
+)
 _XID_CLASSES = AREAS["xid"].CLASSES  # app, warn, fail, ignore
 _NAMES = (
     lambda v: all(isinstance(e, str) and e.strip() and e == e.strip() for e in v),
@@ -122,6 +130,19 @@ BOUNDS: dict[str, Bound] = {
     **{f"settings.{k}": _SECONDS for k in ("deadline", "timeout_gpu", "timeout_ib")},
     **{f"settings.{k}": _SECONDS for k in ("timeout_kmsg", "drain_timeout")},
     "settings.timeout_kernel": _SECONDS,
+    **{f"settings.{k}": _SECONDS for k in ("timeout_fs", "timeout_host")},
+    "fs.stat_timeout": _SECONDS,
+    **{f"fs.{k}": _PERCENT for k in ("free_pct", "inodes_free_pct")},
+    "fs.free_mb": _AT_LEAST_0,
+    **{f"fs.{k}": _PATHS for k in ("mounts", "rw", "ro", "free_on")},
+    "fs.fstype": (
+        lambda v: all(k.startswith("/") and isinstance(t, str) and t for k, t in v.items()),
+        'must map mount points to filesystem types ({ "/scratch" = "lustre" })',
+    ),
+    **{f"hw.{k}": _AT_LEAST_0 for k in ("memory_gb", "free_memory_gb", "swap_gb", "swap_free_gb")},
+    **{f"hw.{k}": _AT_LEAST_0 for k in ("hugepages", "cpus", "sockets", "threads_per_core")},
+    "hw.memory_tolerance_pct": _PERCENT,
+    "time.max_error_ms": (lambda v: _finite(v) and v > 0, "must be > 0 milliseconds, finite"),
     "settings.resume_after": _AT_LEAST_0,  # 0 acts as 1 (node/actions.py)
     "settings.breaker_share": (
         lambda v: _finite(v) and 0 <= v <= 1,
@@ -200,6 +221,8 @@ BOUNDS: dict[str, Bound] = {
 # into the key's unit when the file is read: one grammar everywhere, old files unchanged.
 DURATIONS = {
     **{f"settings.{k}": 1 for k in ("deadline", "timeout_gpu", "timeout_ib", "timeout_kmsg")},
+    **{f"settings.{k}": 1 for k in ("timeout_fs", "timeout_host")},
+    "fs.stat_timeout": 1,
     "settings.drain_timeout": 1,
     "settings.timeout_kernel": 1,
     "settings.breaker_window": 1,
@@ -510,12 +533,19 @@ def toml_value(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, dict):
-        return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + " }"
+        pairs = (f"{_toml_key(k)} = {toml_value(v)}" for k, v in value.items())
+        return "{ " + ", ".join(pairs) + " }"
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
     if isinstance(value, str):
         return json.dumps(value)
     return repr(value) if isinstance(value, float) else str(value)
+
+
+def _toml_key(key: object) -> str:
+    """A table key as TOML: bare where it may be (94, gpu01), quoted otherwise ("/scratch")."""
+    text = str(key)
+    return text if re.fullmatch(r"[A-Za-z0-9_-]+", text) else json.dumps(text)
 
 
 def _example_section(name: str, schema: Schema) -> list[str]:

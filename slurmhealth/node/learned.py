@@ -4,9 +4,10 @@ With no config the checks expect only what every GPU node needs, so a node that 
 of its 8 GPUs, an NVLink down or an HCA missing would pass as long as nothing else is wrong.
 Instead each stored run on a node without a config file keeps, per area, what the node showed
 on a run where that area passed (no fail, no error): its GPU count, model and PCIe links,
-NVLinks up per GPU, its HCAs, InfiniBand ports, their rate, link layer and PCIe links, the known
-daemons it runs (munged, nvidia-persistenced, ...), the known GPU and InfiniBand modules it has
-loaded, its physical network interfaces up with carrier, and its EDAC tree. Later
+NVLinks up per GPU, its HCAs, InfiniBand ports, their rate, link layer and PCIe links, its
+memory, CPUs online and sockets, the known daemons it runs (munged, nvidia-persistenced, ...),
+the known GPU and InfiniBand modules it has loaded, its physical network interfaces up with
+carrier, and its EDAC tree. Later
 runs expect at least that: a drop fails, and the message says that the expectation is the
 node's own and how to write a config. Versions (driver, VBIOS, firmware) and MIG mode are never
 learned: an admin changes those on purpose.
@@ -55,6 +56,9 @@ LEARNED: dict[str, dict[str, tuple[str, ...]]] = {
         "pcie_gen": ("pcie_link",),
         "pcie_width": ("pcie_link",),
     },
+    # Memory lost (a DIMM) or CPUs lost (a socket, cores disabled after machine checks); not
+    # SMT, nor the mounts: an admin changes those on purpose, an automounter every hour.
+    "hw": {"memory_gb": ("memory",), "cpus": ("cpu_count",), "sockets": ("topology",)},
     "ps": {"daemons": ("daemons",)},
     "modules": {"loaded": ("loaded",)},
     "net": {"up": ("link_up",)},

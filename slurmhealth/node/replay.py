@@ -4,8 +4,8 @@ A snapshot is a file an admin replays: one a node wrote while failing, or one ed
 wrong type anywhere the checks read, deep nesting or a number that is not finite would otherwise
 replay as "no GPUs" or "no Xids" and pass: every such file is refused with one line that names
 the first bad path. The shape below is what the sources write (sources/nvml.py, sysfs.py,
-kmsg.py, kernel.py); keys it does not name are left alone, so a newer snapshot with more facts
-still loads.
+kmsg.py, kernel.py, fs.py, host.py); keys it does not name are left alone, so a newer snapshot
+with more facts still loads.
 """
 
 from __future__ import annotations
@@ -141,6 +141,36 @@ KERNEL = _obj(
     },
     "null",
 )
+STAT = _obj(
+    {
+        **{k: INT for k in ("frsize", "blocks", "bfree", "bavail", "files", "ffree", "flag")},
+        "hung": NUM,
+        "error": STR,
+    }
+)
+FS = _obj(
+    {"mountinfo": _list(_s("str")), "stats": _map(STAT), "errors": _map(_s("str"), "null")},
+    "null",
+)
+CPU = _obj(
+    {
+        **{k: STR for k in ("online", "present", "possible", "smt", "threads")},
+        "packages": _map(STR),
+    },
+    "null",
+)
+CLOCK = _obj(
+    {
+        **{k: INT for k in ("state", "status", "maxerror", "esterror", "offset")},
+        "skipped": STR,
+        "error": STR,
+    },
+    "null",
+)
+HOST = _obj(
+    {"meminfo": _map(_s("str")), "cpu": CPU, "clock": CLOCK, "errors": _map(_s("str"), "null")},
+    "null",
+)
 SNAPSHOT = _obj(
     {
         "format": _s("str"),
@@ -152,6 +182,8 @@ SNAPSHOT = _obj(
         "ib": IB,
         "kmsg": KMSG,
         "kernel": KERNEL,
+        "fs": FS,
+        "host": HOST,
     }
 )
 

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     # A source's gather: a zero-argument function that returns its raw facts, or raises.
     Gather = Callable[[], object]
 
-SOURCES = ("gpu", "ib", "kmsg", "kernel")
+SOURCES = ("gpu", "ib", "kmsg", "kernel", "fs", "host")
 
 
 class Gathered:
@@ -89,9 +89,13 @@ def _plan(wanted: set[str], options: Options, strict: bool = True) -> dict[str, 
             doc = {"sources": {s: {"status": "error", "message": str(exc)} for s in wanted}}
     plan: dict[str, Gathered | Gather] = {}
     for source in wanted:
-        path = {"ib": options.sysfs_root, "kmsg": options.kmsg, "kernel": options.host_root}.get(
-            source
-        )
+        path = {
+            "ib": options.sysfs_root,
+            "kmsg": options.kmsg,
+            "kernel": options.host_root,
+            "fs": options.host_root,
+            "host": options.host_root,
+        }.get(source)
         explicit = path not in (None, "", sources.DEFAULT_PATHS.get(source))
         if doc is not None and not explicit:
             plan[source] = _replayed(doc, source)
@@ -444,6 +448,9 @@ def run(
     settings = expect["settings"]
     timeouts = {s: settings[f"timeout_{s}"] for s in SOURCES}
     needed = {AREAS[a].SOURCE for a in areas}
+    if "fs" in areas:  # the mounts the fs checks judge, each stat'ed under its own deadline
+        options.mounts = AREAS["fs"].stat_paths(expect["fs"])
+        options.stat_timeout = expect["fs"]["stat_timeout"]
     limit = settings["deadline"] if deadline is None else min(deadline, settings["deadline"])
     out.sources, out.hung = gather(needed, options, timeouts, limit, strict=phase == "check")
     baselines = baselines or {}
@@ -460,7 +467,9 @@ def run(
         out.results.extend(results)
         if facts is not None:
             out.facts[area] = facts
-            out.baselines[area] = AREAS[area].baseline(facts, ctx.now)
+            remembered = AREAS[area].baseline(facts, ctx.now)
+            if remembered:  # an area that judges only the present keeps no store row
+                out.baselines[area] = remembered
             got.versions.update(_contributed(area, "versions_of", facts) or {})
             kind = AREAS[area].AREA
             events = _contributed(area, "events_of", facts, ctx) or []

@@ -1,8 +1,10 @@
 """The check registry: every check of every area, by name (`area.function`).
 
 Each area module is a plain module with the same small interface (no entry-point magic):
-  AREA      the area name used by `--only` and in check names ("gpu", "nvlink", "ib", "xid")
+  AREA      the area name used by `--only` and in check names ("gpu", "nvlink", "ib", "xid",
+            "fs", "hw", "time", "ps", "modules", "net", "edac", "mce")
   SOURCE    which gathered source it reads ("gpu" = NVML, "ib" = sysfs, "kmsg" = kernel log,
+            "fs" = mountinfo and statvfs, "host" = meminfo, CPU lists and the clock,
             "kernel" = the host's /proc and /sys: processes, modules, links, EDAC)
   DEFAULTS  {key: (default, type, one line of why)}: the area's expectations and thresholds
   parse(raw) -> facts          pure, never raises on bad input; runs once per run
@@ -14,9 +16,22 @@ Each area module is a plain module with the same small interface (no entry-point
 
 from __future__ import annotations
 
-from slurmhealth.node.checks import edac, gpu, ib, mce, modules, net, nvlink, ps, xid
+from slurmhealth.node.checks import (
+    edac,
+    fs,
+    gpu,
+    hw,
+    ib,
+    mce,
+    modules,
+    net,
+    nvlink,
+    ps,
+    time,
+    xid,
+)
 
-AREAS = {m.AREA: m for m in (gpu, nvlink, ib, xid, mce, ps, modules, net, edac)}
+AREAS = {m.AREA: m for m in (gpu, nvlink, ib, xid, mce, fs, hw, time, ps, modules, net, edac)}
 
 REGISTRY = {f"{m.AREA}.{fn.__name__}": fn for m in AREAS.values() for fn in m.CHECKS}
 

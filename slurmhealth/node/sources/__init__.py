@@ -26,12 +26,14 @@ REGISTRY = {
     "ib": "slurmhealth.node.sources.sysfs",  # InfiniBand: /sys/class/infiniband
     "kmsg": "slurmhealth.node.sources.kmsg",  # kernel log: /dev/kmsg or a saved file
     "kernel": "slurmhealth.node.sources.kernel",  # processes, modules, net links, EDAC: /proc, /sys
+    "fs": "slurmhealth.node.sources.fs",  # mounts: /proc/self/mountinfo, statvfs per mount
+    "host": "slurmhealth.node.sources.host",  # memory, CPUs, the clock: /proc, /sys, adjtimex
 }
 
 
 # The live defaults of the path options. With a snapshot, a source whose path is left at its
 # default replays the snapshot's own section: a fault drill never mixes in the live node.
-DEFAULT_PATHS = {"ib": "/sys", "kmsg": "/dev/kmsg", "kernel": "/"}
+DEFAULT_PATHS = {"ib": "/sys", "kmsg": "/dev/kmsg", "kernel": "/", "fs": "/", "host": "/"}
 
 
 class SourceUnavailable(Exception):
@@ -53,9 +55,19 @@ class SourceUnavailable(Exception):
 class Options:
     """Where facts come from. gpu_source: "nvml" or a snapshot file; None paths: defaults or
     the snapshot's own sections; kmsg_after: the saved kernel-log position {seq, boot_id};
-    host_root: where the host's proc and sys are read (None: "/")."""
+    host_root: where the host sources read proc/ and sys/ (None: "/")."""
 
-    __slots__ = ("costly", "exiting", "gpu_source", "host_root", "kmsg", "kmsg_after", "sysfs_root")
+    __slots__ = (
+        "costly",
+        "exiting",
+        "gpu_source",
+        "host_root",
+        "kmsg",
+        "kmsg_after",
+        "mounts",
+        "stat_timeout",
+        "sysfs_root",
+    )
 
     def __init__(
         self,
@@ -80,6 +92,12 @@ class Options:
         # (application clocks, docs/benchmarks.md). The job hooks leave them to the
         # health check, and the run carries the last reading forward (runner.CARRIED).
         self.costly = costly
+        self.host_root = host_root
+        # The fs source's statvfs: the paths the fs checks judge (None: every mount of a
+        # filesystem that stores data, as a snapshot takes) and each stat's deadline. The run
+        # sets them from the [fs] expectations (runner.run).
+        self.mounts: list[str] | None = None
+        self.stat_timeout = 0.5
 
 
 def gather(source: str, options: Options) -> object:

@@ -1,0 +1,170 @@
+"""Mounted filesystems: `HOST_ROOT/proc/self/mountinfo`, then a bounded statvfs of each mount
+the fs checks judge.
+
+`gather(options)` returns the `fs` section of a snapshot, so a replayed snapshot gives the same
+verdicts as the live node:
+
+    {"mountinfo": ["27 1 254:0 / / rw,relatime - ext4 /dev/vda rw,discard", ...],
+     "stats": {"/": {"frsize": 4096, "blocks": 65536000, "bfree": 50000000,
+                     "bavail": 46000000, "files": 16384000, "ffree": 16000000, "flag": 4096},
+               "/home": {"hung": 0.5},
+               "/gone": {"error": "ENOENT"}},
+     "errors": {"mountinfo": "EACCES"}}
+
+mountinfo lines are kept as the kernel wrote them (proc(5), "/proc/pid/mountinfo"; its
+`\\040`-style octal escapes included): checks/fs.py parses them. A mount's statvfs(3) runs in
+its own daemon thread with its own deadline (`options.stat_timeout`): a hung NFS or Lustre
+server makes statvfs block in the kernel, which no Python code can interrupt, so a mount that
+does not answer in time is recorded as {"hung": seconds} and the gather goes on. A thread stuck
+that way ends with the process (NFS waits are killable, Documentation/filesystems/nfs).
+
+Which mounts are stat'ed: `options.mounts`, paths the fs checks name (the required ones, the
+floors' defaults), each resolved to the mount that holds it; None (a snapshot) stats every
+mount of a filesystem that stores data (not proc, sysfs, cgroup and the other pseudo
+filesystems, nor autofs, whose stat would trigger a mount). `errors` is present only when
+something failed; nothing here raises on a broken tree.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from slurmhealth.node.sources import Options
+
+TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
+    Stat = dict[str, object]  # one mount's statvfs fields, {"hung": s} or {"error": "ENOENT"}
+
+# Filesystems that hold no data of their own: never stat'ed for a snapshot (autofs: a stat
+# would mount what it guards; the rest report zero blocks). proc(5), Documentation/filesystems.
+PSEUDO = frozenset(
+    (
+        "autofs", "binfmt_misc", "bpf", "cgroup", "cgroup2", "configfs", "debugfs", "devpts",
+        "efivarfs", "fusectl", "hugetlbfs", "mqueue", "nsfs", "proc", "pstore", "rpc_pipefs",
+        "securityfs", "selinuxfs", "sysfs", "tracefs",
+    )
+)
+STAT_FIELDS = ("frsize", "blocks", "bfree", "bavail", "files", "ffree", "flag")
+_READ_MAX = 4 << 20  # a mountinfo of thousands of mounts (a Kubernetes node) fits
+_MOUNTS_MAX = 4096  # lines kept: a bound on the snapshot, far above any real node
+
+# The one call that can hang; tests replace it with one that blocks.
+statvfs: Callable[[str], os.statvfs_result] = os.statvfs
+
+
+def _reason(exc: OSError) -> str:
+    import errno  # noqa: PLC0415  (only failures pay for it)
+
+    return errno.errorcode.get(exc.errno or 0, type(exc).__name__)
+
+
+def unescape(field: str) -> str:
+    r"""A mountinfo path field as the path: the kernel writes space, tab, newline and backslash
+    as octal escapes (`\040`, `\011`, `\012`, `\134`: fs/proc_namespace.c show_mountinfo's
+    mangle). Anything that is not such an escape stays as it is."""
+    if "\\" not in field:
+        return field
+    out, i = [], 0
+    while i < len(field):
+        code = field[i + 1 : i + 4]
+        if field[i] == "\\" and len(code) == 3 and all(c in "01234567" for c in code):
+            out.append(chr(int(code, 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def mount_point(line: str) -> tuple[str, str]:
+    """(mount point, fstype) of one mountinfo line; ("", "") for a line that is not one.
+    Fields: id parent major:minor root mount-point options [optional...] - fstype source super."""
+    fields = line.split(" ")
+    if len(fields) < 10 or "-" not in fields[6:]:
+        return "", ""
+    dash = fields.index("-", 6)
+    return unescape(fields[4]), fields[dash + 1] if dash + 1 < len(fields) else ""
+
+
+def holder(path: str, points: Iterable[str]) -> str | None:
+    """The mount point that holds `path`: the longest that is `path` or a parent of it."""
+    best = None
+    for point in points:
+        inside = path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and (best is None or len(point) > len(best)):
+            best = point
+    return best
+
+
+def _read_lines(path: str, errors: dict[str, str]) -> list[str]:
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(_READ_MAX)
+    except OSError as exc:
+        errors["mountinfo"] = _reason(exc)
+        return []
+    lines = data.decode("utf-8", "replace").splitlines()
+    if len(lines) > _MOUNTS_MAX:
+        errors["mountinfo"] = f"over {_MOUNTS_MAX} mounts: the first kept"
+    return lines[:_MOUNTS_MAX]
+
+
+def _stat(path: str, box: list[Stat]) -> None:
+    try:
+        got = statvfs(path)
+    except OSError as exc:
+        box.append({"error": _reason(exc)})
+        return
+    box.append({f: getattr(got, f"f_{f}") for f in STAT_FIELDS})
+
+
+def stat_all(points: list[str], root: str, timeout: float) -> dict[str, Stat]:
+    """statvfs of each mount point (under `root`), all at once, each bounded by `timeout`
+    seconds from the start: {point: fields | {"hung": timeout} | {"error": name}}."""
+    import time  # noqa: PLC0415  (a builtin module, loaded already)
+
+    started = time.monotonic()
+    running = []
+    for point in points:
+        box: list[Stat] = []
+        where = point if root == "/" else root.rstrip("/") + point
+        thread = threading.Thread(target=_stat, args=(where, box), daemon=True)
+        thread.start()
+        running.append((point, thread, box))
+    out: dict[str, Stat] = {}
+    for point, thread, box in running:
+        thread.join(max(0.0, timeout - (time.monotonic() - started)))
+        out[point] = box[0] if box else {"hung": timeout}
+    return out
+
+
+def judged(lines: list[str], paths: Iterable[str] | None) -> list[str]:
+    """The mount points to stat: those holding `paths`, or (None) every mount of a filesystem
+    that stores data. Sorted, each once (a mount point mounted over twice is stat'ed once)."""
+    mounts = {}
+    for line in lines:
+        point, fstype = mount_point(line)
+        if point:
+            mounts[point] = fstype  # a later line mounted over the same point: on top
+    if paths is None:
+        return sorted(p for p, kind in mounts.items() if kind not in PSEUDO)
+    found = {holder(p, mounts) for p in paths}
+    return sorted(p for p in found if p is not None)
+
+
+def gather(options: Options) -> dict[str, object]:
+    """The registry's entry: mounts and their space under the configured host root."""
+    root = options.host_root or "/"
+    errors: dict[str, str] = {}
+    lines = _read_lines(os.path.join(root, "proc", "self", "mountinfo"), errors)
+    points = judged(lines, options.mounts)
+    out: dict[str, object] = {
+        "mountinfo": lines,
+        "stats": stat_all(points, root, options.stat_timeout),
+    }
+    if errors:
+        out["errors"] = errors
+    return out
