@@ -40,6 +40,20 @@ SETTINGS: Schema = {
     "timeout_gpu": (5.0, float, "deadline of the NVML sweep (a sick GSP stalls calls ~6 s)"),
     "timeout_ib": (2.0, float, "deadline of the InfiniBand sysfs read"),
     "timeout_kmsg": (2.0, float, "deadline of the kernel log read"),
+    "timeout_nvme": (5.0, float, "health check: deadline of the NVMe sysfs read and smart-logs"),
+    "timeout_bmc": (8.0, float, "health check: deadline of ipmitool sel elist"),
+    "timeout_site": (
+        40.0,
+        float,
+        "health check: deadline of the site's own health check (NHC's own is 30 s; the run's "
+        "deadline becomes at least this + 2 s, within slurmd's 60 s)",
+    ),
+    "site_healthcheck": (
+        "",
+        str,
+        "the site's own health check the health check runs and records as site.program "
+        "(absolute path, e.g. /usr/sbin/nhc); empty: $SLURMHEALTH_SITE_HEALTHCHECK, else none",
+    ),
     "error_fails": (False, bool, "an exception inside a check fails the node (default: warn)"),
     "gpu_source": ("nvml", str, "hooks: nvml, or a snapshot file (dry runs, fault drills)"),
     "sysfs_root": ("/sys", str, "hooks: where class/infiniband is read"),
@@ -116,6 +130,16 @@ _XID_CLASSES = AREAS["xid"].CLASSES  # app, warn, fail, ignore
 BOUNDS: dict[str, Bound] = {
     **{f"settings.{k}": _SECONDS for k in ("deadline", "timeout_gpu", "timeout_ib")},
     **{f"settings.{k}": _SECONDS for k in ("timeout_kmsg", "drain_timeout")},
+    **{f"settings.{k}": _SECONDS for k in ("timeout_nvme", "timeout_bmc")},
+    # slurmd kills a health check after 60 s (slurm.conf(5) HealthCheckProgram)
+    "settings.timeout_site": (lambda v: _finite(v) and 0 < v <= 55, "must be > 0 and at most 55 s"),
+    "settings.site_healthcheck": (
+        lambda v: v == "" or v.startswith("/"),
+        "must be an absolute path (slurmd's health check has no PATH), or empty",
+    ),
+    "nvme.count": _AT_LEAST_0,
+    "nvme.wear_warn_pct": (lambda v: 1 <= v <= 255, "must be 1 to 255 (percentage used)"),
+    "nvme.temp_warn_c": (lambda v: 0 < v < 200, "must be degrees Celsius, 1 to 199"),
     "settings.resume_after": _AT_LEAST_0,  # 0 acts as 1 (node/actions.py)
     "settings.breaker_share": (
         lambda v: _finite(v) and 0 <= v <= 1,
@@ -182,6 +206,7 @@ BOUNDS: dict[str, Bound] = {
 # into the key's unit when the file is read: one grammar everywhere, old files unchanged.
 DURATIONS = {
     **{f"settings.{k}": 1 for k in ("deadline", "timeout_gpu", "timeout_ib", "timeout_kmsg")},
+    **{f"settings.{k}": 1 for k in ("timeout_nvme", "timeout_bmc", "timeout_site")},
     "settings.drain_timeout": 1,
     "settings.breaker_window": 1,
     "settings.probation_days": 86400,

@@ -25,12 +25,15 @@ REGISTRY = {
     "gpu": "slurmhealth.node.sources.nvml",  # NVML: every GPU, one sweep
     "ib": "slurmhealth.node.sources.sysfs",  # InfiniBand: /sys/class/infiniband
     "kmsg": "slurmhealth.node.sources.kmsg",  # kernel log: /dev/kmsg or a saved file
+    "nvme": "slurmhealth.node.sources.nvme",  # NVMe: /sys/class/nvme, nvme-cli's smart-log
+    "bmc": "slurmhealth.node.sources.bmc",  # the BMC's event log: ipmitool sel elist
+    "site": "slurmhealth.node.sources.site",  # the site's own health check (LBNL NHC)
 }
 
 
 # The live defaults of the path options. With a snapshot, a source whose path is left at its
 # default replays the snapshot's own section: a fault drill never mixes in the live node.
-DEFAULT_PATHS = {"ib": "/sys", "kmsg": "/dev/kmsg"}
+DEFAULT_PATHS = {"ib": "/sys", "kmsg": "/dev/kmsg", "nvme": "/", "bmc": "/"}
 
 
 class SourceUnavailable(Exception):
@@ -51,9 +54,23 @@ class SourceUnavailable(Exception):
 
 class Options:
     """Where facts come from. gpu_source: "nvml" or a snapshot file; None paths: defaults or
-    the snapshot's own sections; kmsg_after: the saved kernel-log position {seq, boot_id}."""
+    the snapshot's own sections; kmsg_after: the saved kernel-log position {seq, boot_id};
+    host_root: where the host's /proc, /sys and /dev are read (None: "/"); site_program: the
+    site's own health check to run (sources/site.py; None: none); timeouts: each source's
+    deadline in seconds (settings.timeout_<source>), which a source that runs a program
+    keeps that program within."""
 
-    __slots__ = ("costly", "exiting", "gpu_source", "kmsg", "kmsg_after", "sysfs_root")
+    __slots__ = (
+        "costly",
+        "exiting",
+        "gpu_source",
+        "host_root",
+        "kmsg",
+        "kmsg_after",
+        "site_program",
+        "sysfs_root",
+        "timeouts",
+    )
 
     def __init__(
         self,
@@ -63,6 +80,8 @@ class Options:
         kmsg_after: Mapping[str, object] | None = None,
         exiting: bool = False,
         costly: bool = True,
+        host_root: str | None = None,
+        site_program: str | None = None,
     ) -> None:
         self.gpu_source = gpu_source
         self.sysfs_root = sysfs_root
@@ -76,6 +95,9 @@ class Options:
         # (application clocks, docs/benchmarks.md). The job hooks leave them to the
         # health check, and the run carries the last reading forward (runner.CARRIED).
         self.costly = costly
+        self.host_root = host_root
+        self.site_program = site_program
+        self.timeouts: dict[str, float] = {}
 
 
 def gather(source: str, options: Options) -> object:
