@@ -79,7 +79,8 @@ def _plan(wanted: set, options: Options, strict: bool = True) -> dict:
             doc = {"sources": {s: {"status": "error", "message": str(exc)} for s in wanted}}
     plan: dict = {}
     for source in wanted:
-        paths = {"ib": options.sysfs_root, "kmsg": options.kmsg}
+        # the site's program, like a path, is named: it runs, even beside a snapshot
+        paths = {"ib": options.sysfs_root, "kmsg": options.kmsg, "site": options.site_program}
         path = paths.get(source, options.host_root if source in ("nvme", "bmc") else None)
         explicit = path not in (None, "", sources.DEFAULT_PATHS.get(source))
         if doc is not None and not explicit:

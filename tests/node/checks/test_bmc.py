@@ -40,7 +40,8 @@ def test_a_line_is_parsed_into_its_columns():
 def test_the_first_run_records_a_baseline_and_judges_nothing():
     result = judge(lines("sel-elist", "sel-elist-new-faults"))
     assert result.status == "ok"
-    assert result.message == "baseline recorded: 10 SEL entries, 6 of them warn or fail (not judged)"
+    said = "baseline recorded: 10 SEL entries, 6 of them warn or fail (not judged)"
+    assert result.message == said
     before = bmc.baseline(bmc.parse({"lines": lines("sel-elist")}), 1.0)
     assert before["last_id"] == 6 and before["last_text"].startswith("06/02/2025 | 03:16:20")
 
@@ -69,7 +70,8 @@ def test_each_kind_of_record_is_judged():
     for event, (sensor, want) in cases.items():
         record = {"sensor": sensor, "event": event, "asserted": True}
         assert bmc.severity(record) == want, event
-    assert bmc.severity({"sensor": "Memory", "event": "Uncorrectable ECC", "asserted": False})[0] == "ok"
+    ended = {"sensor": "Memory", "event": "Uncorrectable ECC", "asserted": False}
+    assert bmc.severity(ended)[0] == "ok"
 
 
 def test_a_cleared_sel_makes_every_record_new():
@@ -86,7 +88,8 @@ def test_a_warning_alone_warns():
     ac_lost = lines("sel-elist") + [lines("sel-elist-new-faults")[2]]
     result = judge(ac_lost, before)
     assert (result.status, result.message) == (
-        "warn", "BMC SEL: Power Supply PSU2_Status Power Supply AC lost (SEL 0x9, 06/14/2025 11:25:40)"
+        "warn",
+        "BMC SEL: Power Supply PSU2_Status Power Supply AC lost (SEL 0x9, 06/14/2025 11:25:40)",
     )
 
 
