@@ -148,7 +148,7 @@ def test_bash_completes_the_real_commands_and_options():
     # check is parsed by hand (node/agent.py): its options are the agent's own
     assert set(bash_complete("check", "-")) == set(agent._VALUED) | set(agent._FLAGS)
     assert bash_complete("check", "--only", "") == list(AREAS)
-    assert bash_complete("check", "--only", "gpu,nv") == ["gpu,nvlink"]
+    assert bash_complete("check", "--only", "gpu,nvl") == ["gpu,nvlink"]
     assert bash_complete("check", "--node", "gpu01", "--qu") == ["--quiet"]
     assert "--quiet" in bash_complete("history", "--")
     assert bash_complete("report", "--format", "") == ["html", "md", "json", "prom"]

@@ -662,12 +662,91 @@ def test_a_site_health_check_that_cannot_run_is_said_and_ours_still_runs(etc, va
     assert _ran(etc) == ["ours healthcheck 10"]
 
 
+NHC_FAILED = "ERROR:  nhc:  Health check failed:  check_fs_mount:  /scratch not mounted"
+
+
+def _real_slurmhealth_and_nhc(etc: str, nhc: str) -> None:
+    """The real slurmhealth (this checkout, by its Python) as SLURMHEALTH_BIN, on a healthy
+    snapshot, monitor-only (no Slurm to call), with a stand-in NHC that prints in NHC's format
+    and says who ran it (its parent's name) in `ran`."""
+    ran = os.path.join(etc, "ran")
+    bin_ = _program(etc, "bin", f'PYTHONPATH={ROOT} exec {sys.executable} -m slurmhealth "$@"')
+    site = _program(etc, "nhc", f'echo "nhc $(cat /proc/$PPID/comm)" >> {ran}\n{nhc}')
+    config = os.path.join(etc, "slurmhealth.toml")
+    fixtures = os.path.join(ROOT, "tests", "fixtures")
+    with open(config, "w") as handle:
+        handle.write(
+            f'[settings]\ngpu_source = "{snapshot_path("healthy")}"\n'
+            f'sysfs_root = "{fixtures}/sysfs/healthy-8x-ndr"\n'
+            f'kmsg = "{fixtures}/kmsg/healthy.kmsg"\nmonitor_only = true\n'
+        )
+    os.chmod(config, 0o600)
+    _env_lines(etc, f"SLURMHEALTH_BIN={bin_}\nSLURMHEALTH_SITE_HEALTHCHECK={site}\n"
+                    f"SLURMHEALTH_CONFIG={config}\nSLURMHEALTH_STATE_DIR={etc}/state\n"
+                    "SLURMD_NODENAME=gpu01\n")
+
+
+@pytest.mark.parametrize(
+    ("nhc", "code", "status", "message"),
+    [
+        ("exit 0", 0, "ok", "nhc passed"),
+        (f"echo '{NHC_FAILED}'\nexit 1", 1, "warn",
+         "nhc failed (exit 1): check_fs_mount: /scratch not mounted"),
+    ],
+)
+def test_slurmhealth_runs_the_sites_health_check_once_and_records_its_verdict(
+    etc, nhc, code, status, message
+):
+    """The health check runs NHC itself (its parent is slurmhealth's Python, not the hook's
+    timeout), records its verdict as site.program, and tells the hook, which does not run it
+    again; the status is non-zero when NHC failed."""
+    _real_slurmhealth_and_nhc(etc, nhc)
+    done = healthcheck(etc)
+    assert done.returncode == code, done.stderr
+    assert _ran(etc) == [f"nhc {os.path.basename(sys.executable)[:15]}"]
+    with contextlib.closing(sqlite3.connect(os.path.join(etc, "state", "gpu01.db"))) as conn:
+        phases = conn.execute("SELECT phase, verdict FROM runs").fetchall()
+        rows = conn.execute(
+            "SELECT status, message, action FROM results WHERE check_name = 'site.program'"
+        ).fetchall()
+    assert phases[-1][0] == "healthcheck"
+    # only what is not ok is kept per check (runner.Run.records)
+    assert rows == ([] if status == "ok" else [(status, message, "none")])
+
+
+def test_the_prolog_never_runs_the_sites_health_check_through_slurmhealth(etc):
+    _real_slurmhealth_and_nhc(etc, "exit 1")
+    env = {"SLURM_CONF": os.path.join(etc, "slurm", "slurm.conf"),
+           "SLURM_SCRIPT_CONTEXT": "prolog_slurmd", "SLURM_JOB_ID": "7"}
+    done = subprocess.run(["/bin/sh", HOOK], env=env, capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stderr
+    assert not os.path.exists(os.path.join(etc, "ran"))
+
+
+def test_the_hook_reads_both_verdicts_from_slurmhealths_status(etc):
+    """20 to 23: slurmhealth ran the site's check; +1 its own refusal, +2 the site's failure.
+    The hook does not run the site's check again and exits non-zero when either failed."""
+    for status, code in ((20, 0), (21, 1), (22, 1), (23, 1)):
+        ours = f'[ "$SLURMHEALTH_SITE_STATUS" = 20 ] || exit 3\nexit {status}'
+        _ours_and_nhc(etc, ours, "exit 0")
+        if os.path.exists(os.path.join(etc, "ran")):
+            os.remove(os.path.join(etc, "ran"))
+        done = healthcheck(etc)
+        assert (done.returncode, done.stderr) == (code, ""), status
+        assert _ran(etc) == ["ours healthcheck 10"], "the site's check ran twice"
+
+
 def test_the_agent_gives_the_refuse_status_the_hook_asks_for(monkeypatch):
     from slurmhealth.node import agent
 
     assert agent.hook_status(1) == 1  # run by hand: 1 as always
+    assert agent.hook_status(1, "sick") == 1  # the script did not ask
     monkeypatch.setenv("SLURMHEALTH_REFUSE_STATUS", "10")
     assert (agent.hook_status(1), agent.hook_status(0), agent.hook_status(2)) == (10, 0, 2)
+    monkeypatch.setenv("SLURMHEALTH_SITE_STATUS", "20")
+    got = [agent.hook_status(c, s) for c in (0, 1) for s in ("ok", "sick")]
+    assert got == [20, 22, 21, 23]
+    assert (agent.hook_status(1, None), agent.hook_status(2, "sick")) == (10, 2)
     monkeypatch.setenv("SLURMHEALTH_REFUSE_STATUS", "0")  # nonsense: ignored
     assert agent.hook_status(1) == 1
 

@@ -81,6 +81,8 @@ class Deadline:
         self.timer: threading.Timer | None = None
         # (spool, entry) of a store write under way: spooled if the deadline cuts it short
         self.unsaved: tuple[str, dict[str, Any]] | None = None
+        # what the site's own health check came to in this run (site_outcome), once known
+        self.site: str | None = None
         self.limit(seconds)
 
     def limit(self, seconds: float) -> None:
@@ -109,7 +111,7 @@ class Deadline:
         )
         if self.unsaved is not None:
             self._spool_unsaved(*self.unsaved)
-        _finish(hook_status(self.code))
+        _finish(hook_status(self.code, self.site))
 
     def _spool_unsaved(self, spool: str, entry: dict[str, Any]) -> None:
         """The store write the deadline cut short goes to the spool, for the next run to record
@@ -525,6 +527,7 @@ def check(argv: list[str]) -> int:
         kmsg=_one(opts, "--kmsg"),
         kmsg_after=baselines.get("xid"),
         host_root=_one(opts, "--host-root"),
+        site_program=None if replay else site_program(expect["settings"]),
     )
     if areas is None or "xid" in areas:
         baselines = _with_history(conn, node, baselines, expect, "check")
@@ -553,6 +556,25 @@ def check(argv: list[str]) -> int:
     except BrokenPipeError:  # `check --json | head -1`: the reader has all it wanted
         _silence_stdout()
     return code
+
+
+def site_program(settings: Data) -> str | None:
+    """The site's own health check to run and record (sources/site.py): settings.
+    site_healthcheck, else $SLURMHEALTH_SITE_HEALTHCHECK (the packaged hook's env file sets
+    it); None: none."""
+    chosen = settings.get("site_healthcheck") or os.environ.get("SLURMHEALTH_SITE_HEALTHCHECK")
+    return str(chosen) if chosen else None
+
+
+def site_outcome(run: runner.Run) -> str | None:
+    """What the site's own health check came to in `run`: "ok" (it passed), "sick" (it failed,
+    could not run, or timed out), or None where this run did not run it (none configured, a
+    job hook), so the packaged hook runs it itself."""
+    got = run.sources.get("site")
+    if got is None or got.status not in ("ok", "timeout"):
+        return None
+    judged = [r for r in run.results if r.check.startswith("site.")]
+    return "ok" if judged and all(r.status == OK for r in judged) else "sick"
 
 
 def _replay(opts: dict[str, Any]) -> bool:
@@ -1035,10 +1057,11 @@ def hook(mode: str, clock: Deadline) -> int:
     journal = HookJournal(mode, node, clock)
     expect = _hook_config(journal.conn, node, mode)
     settings = expect["settings"]
-    clock.limit(settings["deadline"])
+    clock.limit(runner.deadline_for(settings, mode, site_program(settings)))
     monitor = bool(settings.get("monitor_only"))
     # gather and check
     run, pending = _gather_and_check(journal, job, expect, monitor)
+    clock.site = site_outcome(run)
     # record: the side state first, then the store
     clock.code = EXIT_OK  # nothing is refused until our drain lands (refusal)
     message, service = _failure_message(run), _needs_service(run)
@@ -1071,6 +1094,7 @@ def _gather_and_check(
         kmsg_after=_kmsg_after(journal.side, baselines),
         exiting=True,  # the hook ends right after: NVML's teardown is left to the exit
         costly=mode == HEALTHCHECK,  # the job hooks leave the dear settings to the health check
+        site_program=site_program(settings) if mode == HEALTHCHECK else None,
     )
     journal.replay()
     baselines, own = _with_memory(conn, node, job["id"], baselines, expect, mode)
@@ -1230,7 +1254,7 @@ def run_hook(mode: str, argv: list[str]) -> int:
         return EXIT_USAGE
     clock = Deadline(mode)
     try:
-        return hook(mode, clock)
+        return hook_status(hook(mode, clock), clock.site)
     except UsageError as exc:  # no node name to go by: nothing checked, nothing gated
         log(f"{exc} ($SLURMD_NODENAME, else the host name): nothing checked", mode)
         return EXIT_USAGE  # the packaged hook logs a status that is no verdict and lets the job run
@@ -1241,7 +1265,7 @@ def run_hook(mode: str, argv: list[str]) -> int:
         # node take the job (clock.code is the verdict's exit code once it is known).
         what = "job refused: the checks had failed" if clock.code else "job not gated"
         log(f"internal error, {what}: {traceback.format_exc()}", mode)
-        return clock.code
+        return hook_status(clock.code, clock.site)
     finally:
         clock.stop()
 
@@ -1250,13 +1274,21 @@ def main(argv: list[str]) -> None:
     """`check` or a hook, then exit at once (see _finish). The entry point sends only these
     here; every other command goes to the click CLI."""
     mode, rest = argv[0], argv[1:]
-    _finish(hook_status(run_hook(mode, rest)) if mode in HOOKS else run_check(rest))
+    _finish(run_hook(mode, rest) if mode in HOOKS else run_check(rest))
 
 
-def hook_status(code: int) -> int:
+def hook_status(code: int, site: str | None = None) -> int:
     """A hook's exit status: a refusal (EXIT_FAIL) is $SLURMHEALTH_REFUSE_STATUS where the hook
     script asks for one (10: it gives slurmd 1), so that no other failure (a broken install's
-    traceback exits 1 too) can pass for a verdict and drain the node."""
+    traceback exits 1 too) can pass for a verdict and drain the node.
+
+    Where the run ran the site's own health check (`site`: site_outcome) and the hook script
+    asks with $SLURMHEALTH_SITE_STATUS (20), the status says both verdicts: that base, +1 for
+    our refusal, +2 when the site's check failed; the script then does not run it again."""
+    base = os.environ.get("SLURMHEALTH_SITE_STATUS", "")
+    if site is not None and code in (EXIT_OK, EXIT_FAIL) and base.isdigit():
+        if 2 < int(base) < 120:
+            return int(base) + (code == EXIT_FAIL) + 2 * (site != OK)
     wanted = os.environ.get("SLURMHEALTH_REFUSE_STATUS", "")
     if code == EXIT_FAIL and wanted.isdigit() and 2 < int(wanted) < 126:
         return int(wanted)

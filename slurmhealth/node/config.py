@@ -44,6 +44,20 @@ SETTINGS: Schema = {
     "timeout_kernel": (1.0, float, "deadline of the /proc and /sys read (processes, modules, net)"),
     "timeout_fs": (1.0, float, "deadline of mountinfo and the mounts' statvfs (fs.stat_timeout)"),
     "timeout_host": (1.0, float, "deadline of the meminfo, CPU list and clock reads"),
+    "timeout_nvme": (5.0, float, "health check: deadline of the NVMe sysfs read and smart-logs"),
+    "timeout_bmc": (8.0, float, "health check: deadline of ipmitool sel elist"),
+    "timeout_site": (
+        40.0,
+        float,
+        "health check: deadline of the site's own health check (NHC's own is 30 s; the run's "
+        "deadline becomes at least this + 2 s, within slurmd's 60 s)",
+    ),
+    "site_healthcheck": (
+        "",
+        str,
+        "the site's own health check the health check runs and records as site.program "
+        "(absolute path, e.g. /usr/sbin/nhc); empty: $SLURMHEALTH_SITE_HEALTHCHECK, else none",
+    ),
     "error_fails": (False, bool, "an exception inside a check fails the node (default: warn)"),
     "gpu_source": ("nvml", str, "hooks: nvml, or a snapshot file (dry runs, fault drills)"),
     "sysfs_root": ("/sys", str, "hooks: where class/infiniband is read"),
@@ -143,6 +157,16 @@ BOUNDS: dict[str, Bound] = {
     **{f"hw.{k}": _AT_LEAST_0 for k in ("hugepages", "cpus", "sockets", "threads_per_core")},
     "hw.memory_tolerance_pct": _PERCENT,
     "time.max_error_ms": (lambda v: _finite(v) and v > 0, "must be > 0 milliseconds, finite"),
+    **{f"settings.{k}": _SECONDS for k in ("timeout_nvme", "timeout_bmc")},
+    # slurmd kills a health check after 60 s (slurm.conf(5) HealthCheckProgram)
+    "settings.timeout_site": (lambda v: _finite(v) and 0 < v <= 55, "must be > 0 and at most 55 s"),
+    "settings.site_healthcheck": (
+        lambda v: v == "" or v.startswith("/"),
+        "must be an absolute path (slurmd's health check has no PATH), or empty",
+    ),
+    "nvme.count": _AT_LEAST_0,
+    "nvme.wear_warn_pct": (lambda v: 1 <= v <= 255, "must be 1 to 255 (percentage used)"),
+    "nvme.temp_warn_c": (lambda v: 0 < v < 200, "must be degrees Celsius, 1 to 199"),
     "settings.resume_after": _AT_LEAST_0,  # 0 acts as 1 (node/actions.py)
     "settings.breaker_share": (
         lambda v: _finite(v) and 0 <= v <= 1,
@@ -223,6 +247,7 @@ DURATIONS = {
     **{f"settings.{k}": 1 for k in ("deadline", "timeout_gpu", "timeout_ib", "timeout_kmsg")},
     **{f"settings.{k}": 1 for k in ("timeout_fs", "timeout_host")},
     "fs.stat_timeout": 1,
+    **{f"settings.{k}": 1 for k in ("timeout_nvme", "timeout_bmc", "timeout_site")},
     "settings.drain_timeout": 1,
     "settings.timeout_kernel": 1,
     "settings.breaker_window": 1,

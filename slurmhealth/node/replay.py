@@ -4,8 +4,8 @@ A snapshot is a file an admin replays: one a node wrote while failing, or one ed
 wrong type anywhere the checks read, deep nesting or a number that is not finite would otherwise
 replay as "no GPUs" or "no Xids" and pass: every such file is refused with one line that names
 the first bad path. The shape below is what the sources write (sources/nvml.py, sysfs.py,
-kmsg.py, kernel.py, fs.py, host.py); keys it does not name are left alone, so a newer snapshot
-with more facts still loads.
+kmsg.py, kernel.py, fs.py, host.py, nvme.py, bmc.py, site.py); keys it does not name are left
+alone, so a newer snapshot with more facts still loads.
 """
 
 from __future__ import annotations
@@ -141,6 +141,18 @@ KERNEL = _obj(
     },
     "null",
 )
+NVME = _obj(
+    {
+        "controllers": _map(
+            _obj({"state": STR, "model": STR, "serial": STR, "firmware_rev": STR,
+                  "hwmon": _map(STR, "null"), "smart": _map(_s("any"), "null"),
+                  "smart_error": STR})
+        ),
+        "tool": STR,
+        "errors": _map(_s("str"), "null"),
+    },
+    "null",
+)
 STAT = _obj(
     {
         **{k: INT for k in ("frsize", "blocks", "bfree", "bavail", "files", "ffree", "flag")},
@@ -171,6 +183,12 @@ HOST = _obj(
     {"meminfo": _map(_s("str")), "cpu": CPU, "clock": CLOCK, "errors": _map(_s("str"), "null")},
     "null",
 )
+BMC = _obj({"tool": STR, "device": STR, "lines": _list(_s("str"))}, "null")
+SITE = _obj(
+    {"program": STR, "status": INT, "timed_out": BOOL, "error": STR,
+     "lines": _list(_s("str")), "seconds": NUM},
+    "null",
+)
 SNAPSHOT = _obj(
     {
         "format": _s("str"),
@@ -184,6 +202,9 @@ SNAPSHOT = _obj(
         "kernel": KERNEL,
         "fs": FS,
         "host": HOST,
+        "nvme": NVME,
+        "bmc": BMC,
+        "site": SITE,
     }
 )
 

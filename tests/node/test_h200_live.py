@@ -66,15 +66,17 @@ def test_the_replay_gives_every_live_verdict(tmp_path, name, snapshot, code):
     got_code, doc = replay(tmp_path, snapshot)
     assert got_code == code
     assert doc["verdict"] == ("ok" if code == 0 else "fail")
-    # the snapshots predate the host areas (fs, hw, time, ps, modules, net, edac): their sources
-    # are not in them and replay as unavailable; nothing of this machine is read instead
+    # the snapshots predate the host areas (fs, hw, time, ps, modules, net, edac, nvme, bmc,
+    # site): their sources are not in them and replay as unavailable; nothing of this machine
+    # is read instead
     captured = {c: v for c, v in verdicts(doc).items() if c.split(".")[0] in CAPTURED}
     assert captured == live
     later = [r for r in doc["results"] if r["check"].split(".")[0] not in CAPTURED]
     assert later and all(r["status"] in ("skip", "ok") for r in later)
+    newer = ("fs", "host", "kernel", "nvme", "bmc", "site")
+    assert set(doc["sources"]) == {"gpu", "ib", "kmsg", *newer}
+    assert all(doc["sources"][s]["status"] == "unavailable" for s in newer)
     # every source came from the snapshot, none was read here: a gathered one takes time
-    assert set(doc["sources"]) == {"gpu", "ib", "kmsg", "fs", "host", "kernel"}
-    assert all(doc["sources"][s]["status"] == "unavailable" for s in ("fs", "host", "kernel"))
     old = [doc["sources"][s] for s in ("gpu", "ib", "kmsg")]
     assert all(s["status"] == "ok" and s["seconds"] == 0 for s in old)
     kernel = load(snapshot)["kmsg"]["kernel"]

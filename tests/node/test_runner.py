@@ -289,3 +289,42 @@ def test_the_hosts_nccl_is_read_by_the_health_check_and_carried_by_the_job_hooks
     due, kept = runner._versions_due({"kmsg": kmsg}, before, 100.0)
     assert kmsg.versions == {"kernel": "6.1.0-28-amd64", "nccl": "2.21.5"}
     assert (due, kept) == (False, before)  # unchanged: nothing new to record
+
+
+@pytest.mark.parametrize("phase", ["prolog", "epilog", "healthcheck", "check", "diag"])
+def test_health_check_areas_run_only_where_their_phases_say(tmp_path, monkeypatch, phase):
+    """nvme, bmc and site (PHASES) never run in a job hook: their sources are never gathered
+    there; the health check, `check` and `diagnose` run them."""
+    gathered = []
+    real = runner.sources.gather
+
+    def counted_gather(source, options):
+        gathered.append(source)
+        return real(source, options)
+
+    monkeypatch.setattr(runner.sources, "gather", counted_gather)
+    nhc = tmp_path / "nhc"
+    nhc.write_text("#!/bin/sh\nexit 0\n")
+    nhc.chmod(0o755)
+    options = runner.Options(
+        gpu_source=snapshot_path("healthy"),
+        sysfs_root=os.path.join(FIXTURES, "sysfs", "healthy-8x-ndr"),
+        kmsg=os.path.join(FIXTURES, "kmsg", "healthy.kmsg"),
+        host_root=str(tmp_path),  # no NVMe, no IPMI device there
+        site_program=str(nhc),
+    )
+    run = runner.run("gpu01", expect(), options, None, phase)
+    areas = {r.check.split(".")[0] for r in run.results}
+    hooks = phase in ("prolog", "epilog")
+    assert ({"nvme", "bmc", "site"} & areas == set()) is hooks
+    assert (set(gathered) & {"nvme", "bmc", "site"} == set()) is hooks
+    if not hooks:
+        assert by_name(run)["site.program"].message == "nhc passed"
+        assert by_name(run)["nvme.present"].status == "skip"
+
+
+def test_the_site_program_gets_its_own_deadline_within_slurmds():
+    settings = expect()["settings"]
+    assert runner.deadline_for(settings, "healthcheck", "/usr/sbin/nhc") == 42.0
+    assert runner.deadline_for(settings, "healthcheck", None) == settings["deadline"]
+    assert runner.deadline_for(settings, "prolog", "/usr/sbin/nhc") == settings["deadline"]

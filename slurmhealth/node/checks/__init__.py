@@ -12,11 +12,17 @@ Each area module is a plain module with the same small interface (no entry-point
   baseline(facts, now) -> dict what to remember for the next run (counters, sequence, inventory,
                                and when: `now`, so the next run judges rates over the interval)
   expectations(facts) -> dict  the expectations a known-good node implies (config genconf)
+  PHASES    optional: the phases the area runs in (core/constants.py PHASES names them);
+            absent: every phase. An area whose source is slow or asks a device (a SMART log,
+            the BMC, the site's own health check) leaves the job hooks out: runner.run skips
+            it there, so its source is never gathered, nor its module imported.
 """
 
 from __future__ import annotations
 
+from slurmhealth.core.constants import PHASES
 from slurmhealth.node.checks import (
+    bmc,
     edac,
     fs,
     gpu,
@@ -26,14 +32,24 @@ from slurmhealth.node.checks import (
     modules,
     net,
     nvlink,
+    nvme,
     ps,
+    site,
     time,
     xid,
 )
 
-AREAS = {m.AREA: m for m in (gpu, nvlink, ib, xid, mce, fs, hw, time, ps, modules, net, edac)}
+AREAS = {
+    m.AREA: m
+    for m in (gpu, nvlink, ib, xid, mce, fs, hw, time, ps, modules, net, edac, nvme, bmc, site)
+}
 
 REGISTRY = {f"{m.AREA}.{fn.__name__}": fn for m in AREAS.values() for fn in m.CHECKS}
+
+
+def runs_in(area: str, phase: str) -> bool:
+    """Whether `area` runs in `phase` (its PHASES; absent: every phase)."""
+    return phase in getattr(AREAS[area], "PHASES", PHASES)
 
 
 def describe(name: str) -> str:
@@ -54,12 +70,15 @@ def catalogue_markdown() -> str:
     the file equal to the code."""
     out = []
     for area, module in AREAS.items():
-        out += [f"## `{area}` (source: {module.SOURCE})", "", "| check | what it verifies |"]
+        only = getattr(module, "PHASES", None)
+        runs = f"; runs in: {', '.join(only)}" if only else ""
+        out += [f"## `{area}` (source: {module.SOURCE}{runs})", "", "| check | what it verifies |"]
         out.append("|---|---|")
         out += [f"| `{area}.{fn.__name__}` | {describe(f'{area}.{fn.__name__}')} |"
                 for fn in module.CHECKS]
-        out += ["", "| setting | default | why |", "|---|---|---|"]
-        out += [f"| `{area}.{key}` | `{_value(spec[0])}` | {spec[2]} |"
-                for key, spec in module.DEFAULTS.items()]
+        if module.DEFAULTS:
+            out += ["", "| setting | default | why |", "|---|---|---|"]
+            out += [f"| `{area}.{key}` | `{_value(spec[0])}` | {spec[2]} |"
+                    for key, spec in module.DEFAULTS.items()]
         out.append("")
     return "\n".join(out)

@@ -28,12 +28,23 @@ REGISTRY = {
     "kernel": "slurmhealth.node.sources.kernel",  # processes, modules, net links, EDAC: /proc, /sys
     "fs": "slurmhealth.node.sources.fs",  # mounts: /proc/self/mountinfo, statvfs per mount
     "host": "slurmhealth.node.sources.host",  # memory, CPUs, the clock: /proc, /sys, adjtimex
+    "nvme": "slurmhealth.node.sources.nvme",  # NVMe: /sys/class/nvme, nvme-cli's smart-log
+    "bmc": "slurmhealth.node.sources.bmc",  # the BMC's event log: ipmitool sel elist
+    "site": "slurmhealth.node.sources.site",  # the site's own health check (LBNL NHC)
 }
 
 
 # The live defaults of the path options. With a snapshot, a source whose path is left at its
 # default replays the snapshot's own section: a fault drill never mixes in the live node.
-DEFAULT_PATHS = {"ib": "/sys", "kmsg": "/dev/kmsg", "kernel": "/", "fs": "/", "host": "/"}
+DEFAULT_PATHS = {
+    "ib": "/sys",
+    "kmsg": "/dev/kmsg",
+    "kernel": "/",
+    "fs": "/",
+    "host": "/",
+    "nvme": "/",
+    "bmc": "/",
+}
 
 
 class SourceUnavailable(Exception):
@@ -55,7 +66,10 @@ class SourceUnavailable(Exception):
 class Options:
     """Where facts come from. gpu_source: "nvml" or a snapshot file; None paths: defaults or
     the snapshot's own sections; kmsg_after: the saved kernel-log position {seq, boot_id};
-    host_root: where the host sources read proc/ and sys/ (None: "/")."""
+    host_root: where the host's /proc, /sys and /dev are read (None: "/"); site_program: the
+    site's own health check to run (sources/site.py; None: none); timeouts: each source's
+    deadline in seconds (settings.timeout_<source>), which a source that runs a program
+    keeps that program within."""
 
     __slots__ = (
         "costly",
@@ -65,8 +79,10 @@ class Options:
         "kmsg",
         "kmsg_after",
         "mounts",
+        "site_program",
         "stat_timeout",
         "sysfs_root",
+        "timeouts",
     )
 
     def __init__(
@@ -78,6 +94,7 @@ class Options:
         exiting: bool = False,
         costly: bool = True,
         host_root: str | None = None,
+        site_program: str | None = None,
     ) -> None:
         self.gpu_source = gpu_source
         self.host_root = host_root
@@ -98,6 +115,8 @@ class Options:
         # sets them from the [fs] expectations (runner.run).
         self.mounts: list[str] | None = None
         self.stat_timeout = 0.5
+        self.site_program = site_program
+        self.timeouts: dict[str, float] = {}
 
 
 def gather(source: str, options: Options) -> object:
