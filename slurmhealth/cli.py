@@ -1457,7 +1457,7 @@ def report_cmd(
         slurmhealth report -o /var/www/html/slurmhealth.html --mail-to hpc-admins@example.org
         slurmhealth report --format md --since 7d --now 2026-11-29
     """
-    from slurmhealth.report import build, mail, render  # noqa: PLC0415 - jinja2 here only
+    from slurmhealth.report import build, mail, reads, render  # noqa: PLC0415 - jinja2 here only
 
     try:
         if mail_to is not None:  # `--mail-to ''` is an error, never a silent no-mail
@@ -1469,7 +1469,7 @@ def report_cmd(
     conn = _open(_fleet_path(db))
     try:
         nodes = build.live_nodes(slurm_bin) if use_sinfo else None
-        with _progress(build.STEPS if queries.large_store(conn) else 0, "report") as tick:  # type: ignore[arg-type]
+        with _progress(build.STEPS if reads.large_store(conn) else 0, "report") as tick:  # type: ignore[arg-type]
             end = _instant(now)
             doc = build.build(conn, end, end - _start(since, end), nodes, tick)  # type: ignore[arg-type]
         text = render.render(doc, fmt)

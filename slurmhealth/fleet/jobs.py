@@ -61,13 +61,116 @@ class JobError(Exception):
 
 
 # ---------------------------------------------------------------------------------------------
+# the reads of a job's records (the fleet store on the head node)
+
+
+def job_rows(conn: sqlite3.Connection, job_id: str) -> list:
+    """[{node, uid, user, start, end, exit_code, signal, state, slurm_state, gpu_energy}] of
+    the job, one per node, by node."""
+    return queries.dicts(
+        conn.execute(
+            "SELECT node, uid, user, start, end, exit_code, signal, state, slurm_state, "
+            "gpu_energy "
+            "FROM jobs WHERE job_id = ? ORDER BY node",
+            (job_id,),
+        )
+    )
+
+
+def hook_runs(conn: sqlite3.Connection, job_id: str) -> dict:
+    """{(node, phase): run} of the job's prolog and epilog runs; the latest of each wins (a
+    requeued job may start twice on one node)."""
+    rows = queries.dicts(
+        conn.execute(
+            "SELECT id, node, phase, started, verdict FROM runs WHERE job_id = ? "
+            "AND phase IN ('prolog', 'epilog') ORDER BY started",
+            (job_id,),
+        )
+    )
+    return {(r["node"], r["phase"]): r for r in rows}
+
+
+def health_checks_not_ok(conn: sqlite3.Connection, node: str, start: float, end: float) -> list:
+    """[{id, phase, started}] of the health checks on the node in [start, end] that did not
+    pass, oldest first."""
+    return queries.dicts(
+        conn.execute(
+            "SELECT id, phase, started FROM runs WHERE node = ? AND started >= ? "
+            "AND started <= ? AND verdict != 'ok' AND phase = 'healthcheck' ORDER BY started",
+            (node, start, end),
+        )
+    )
+
+
+def problems(conn: sqlite3.Connection, runs: list) -> list:
+    """[{phase, time, check, status, message}] of the failed, warning and erroring checks of
+    each run ({id, phase, started}), run by run."""
+    out = []
+    for run in runs:
+        rows = conn.execute(
+            "SELECT check_name, status, message FROM results WHERE run_id = ? "
+            "AND status IN ('fail', 'warn', 'error') ORDER BY check_name",
+            (run["id"],),
+        )
+        for check, status, message in rows:
+            out.append(
+                {
+                    "phase": run["phase"],
+                    "time": run["started"],
+                    "check": check,
+                    "status": status,
+                    "message": message,
+                }
+            )
+    return out
+
+
+def job_xids(conn: sqlite3.Connection, node: str, job_id: str) -> list:
+    """[{time, gpu, bus_id, code, class, process}] of the Xids the epilog gave the job on the
+    node (those on its GPUs, read after its prolog)."""
+    return queries.dicts(
+        conn.execute(
+            "SELECT time, gpu, bus_id, code, class, process FROM events "
+            "WHERE node = ? AND job_id = ? "
+            "AND kind = 'xid' ORDER BY time, gpu, code",
+            (node, job_id),
+        )
+    )
+
+
+def drains_and_resumes(conn: sqlite3.Connection, node: str, since: float) -> list:
+    """[(time, action, reason)] of slurmhealth's successful drains and resumes of the node
+    from `since` on, oldest first."""
+    return conn.execute(
+        "SELECT time, action, reason FROM actions WHERE node = ? AND time >= ? AND ok = 1 "
+        "AND action IN ('drain', 'resume') ORDER BY time",
+        (node, since),
+    ).fetchall()
+
+
+def finished_jobs(conn: sqlite3.Connection, start: float, end: float) -> list:
+    """Ids of the jobs with a node that ended in [start, end], in numeric order (store
+    migration 4 indexes jobs by end)."""
+    rows = conn.execute(
+        "SELECT DISTINCT job_id FROM jobs WHERE end >= ? AND end <= ?", (start, end)
+    ).fetchall()
+    return sorted((r[0] for r in rows), key=lambda j: (len(j), j))
+
+
+def published_digest(conn: sqlite3.Connection, job_id: str) -> str | None:
+    """The digest of the summary `publish` last wrote for the job, or None."""
+    row = conn.execute("SELECT digest FROM published WHERE job_id = ?", (job_id,)).fetchone()
+    return row[0] if row else None
+
+
+# ---------------------------------------------------------------------------------------------
 # building a summary from a store (the fleet store on the head node)
 
 
 def _drain(conn: sqlite3.Connection, node: str, start: float, end: float) -> dict | None:
     """slurmhealth's first drain of the node in [start, end + slack], and whether no resume of
     ours followed it (an admin's `scontrol update State=RESUME` is not recorded)."""
-    rows = queries.drains_and_resumes(conn, node, start)
+    rows = drains_and_resumes(conn, node, start)
     drains = [r for r in rows if r[1] == ACT_DRAIN and r[0] <= end + DRAIN_SLACK_S]
     if not drains:
         return None
@@ -85,7 +188,7 @@ def _node_facts(
     # A node that crashed has no end of its own: the job ended when its other nodes (or Slurm
     # accounting) say so; what the node's health checks find after that is not the job's.
     end = row["end"] if row["end"] is not None else job_end or time.time()
-    unhealthy = queries.health_checks_not_ok(conn, node, start, end)
+    unhealthy = health_checks_not_ok(conn, node, start, end)
     checked = [r for r in (prolog, epilog) if r] + unhealthy
     return {
         "node": node,
@@ -96,8 +199,8 @@ def _node_facts(
         "end": row["end"] if row["end"] is not None or row["slurm_state"] != "NODE_FAIL" else end,
         "prolog": prolog["verdict"] if prolog else None,
         "epilog": epilog["verdict"] if epilog else None,
-        "problems": queries.problems(conn, sorted(checked, key=lambda r: r["started"])),
-        "xids": queries.job_xids(conn, node, job_id),
+        "problems": problems(conn, sorted(checked, key=lambda r: r["started"])),
+        "xids": job_xids(conn, node, job_id),
         "drain": _drain(conn, node, start, end),
     }
 
@@ -128,10 +231,10 @@ def _job_facts(job_id: str, rows: list, nodes: list) -> dict:
 
 def facts(conn: sqlite3.Connection, job_id: str) -> dict:
     """What the store knows of a job, node by node (no conclusion); JobError if nothing."""
-    rows = queries.job_rows(conn, job_id)
+    rows = job_rows(conn, job_id)
     if not rows:
         raise JobError(f"job {clean(job_id, 40)}: not in the fleet store")
-    runs = queries.hook_runs(conn, job_id)
+    runs = hook_runs(conn, job_id)
     ends = [r["end"] for r in rows if r["end"] is not None]
     nodes = [_node_facts(conn, job_id, row, runs, max(ends, default=None)) for row in rows]
     data = _job_facts(job_id, rows, nodes)
@@ -679,7 +782,7 @@ def pending(conn: sqlite3.Connection, job_ids: list) -> tuple:
             continue
         comment = encode(data)
         sign = digest(comment)
-        if queries.published_digest(conn, job_id) == sign:
+        if published_digest(conn, job_id) == sign:
             unchanged += 1
         else:
             todo.append((job_id, comment, sign))
@@ -769,7 +872,7 @@ def publish(
             "slurmdbd.conf lacks PrivateData=jobs: every user could read every job's summary "
             "with sacct; set it and restart slurmdbd (or pass --public)"
         )
-    todo, unchanged, unrecorded = pending(conn, queries.finished_jobs(conn, start, end))
+    todo, unchanged, unrecorded = pending(conn, finished_jobs(conn, start, end))
     report: dict = {"published": [], "unchanged": unchanged, "foreign": [], "unknown": []}
     report.update(unrecorded=unrecorded, failed=[])
     current = read_comments(client, [job for job, _, _ in todo]) if todo else {}
