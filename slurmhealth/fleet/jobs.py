@@ -354,7 +354,7 @@ def _refused_sentence(refused: list, ran: list) -> str:
     )
 
 
-def _exit_words(data: dict) -> str:
+def exit_words(data: dict) -> str:
     if data.get("signal"):
         return f" (killed by signal {clean(data['signal'], 20)})"
     if data.get("exit_code"):
@@ -434,7 +434,7 @@ def conclude(data: dict) -> dict:
         )
         return {"verdict": "node_fail", "conclusion": lead + text, "exclude": []}
     if _failed(data) or not ran_names:
-        text = "no hardware fault seen: look at your application's output" + _exit_words(data)
+        text = "no hardware fault seen: look at your application's output" + exit_words(data)
         return {"verdict": "failed", "conclusion": lead + text + _app_xids(ran), "exclude": []}
     text = "no hardware fault seen; your job ended normally"
     return {"verdict": "ok", "conclusion": lead + text + _app_xids(ran), "exclude": []}
@@ -444,136 +444,6 @@ def with_conclusion(data: dict) -> dict:
     out = dict(data)
     out.update(conclude(data))
     return out
-
-
-# ---------------------------------------------------------------------------------------------
-# rendering for humans (every stored string is untrusted: kernel-log names, check messages)
-
-
-def _node_line(node: dict) -> str:
-    drain = node.get("drain")
-    drained = "-" if not drain else ("yes" if drain.get("still") else "resumed")
-    prolog, epilog = clean(node.get("prolog") or "-", 12), clean(node.get("epilog") or "-", 12)
-    return f"  {clean(node.get('node'), 20):<12} {prolog:<7} {epilog:<7} {drained}"
-
-
-def _problem_lines(nodes: list) -> list:
-    lines = []
-    for node in nodes:
-        problems = node.get("problems", [])
-        for p in problems[:ITEMS_MAX]:
-            lines.append(
-                f"  {clean(node['node'], 20):<12} {local_time(p.get('time'))}  "
-                f"{clean(p.get('phase'), 12):<11} {clean(p.get('check'), 40)} "
-                f"{clean(p.get('status'), 6)}: {clean(p.get('message'), 160)}"
-            )
-        more = len(problems[ITEMS_MAX:]) + int(node.get("more_problems", 0))
-        if more:
-            lines.append(f"  {clean(node['node'], 20):<12} ... {more} more")
-    return lines
-
-
-def _xid_lines(nodes: list) -> list:
-    lines = []
-    for node in nodes:
-        for x in node.get("xids", []):
-            process = clean(x.get("process") or "-", 40)
-            lines.append(
-                f"  {clean(node['node'], 20):<12} {local_time(x.get('time'))}  "
-                f"{gpu_words(x)}  Xid {clean(x.get('code'), 20)} "
-                f"({clean(x.get('class'), 8)})  process {process}"
-            )
-        if node.get("more_xids"):
-            lines.append(f"  {clean(node['node'], 20):<12} ... {clean(node['more_xids'])} more")
-    return lines
-
-
-def _telemetry_lines(data: dict) -> list:
-    """Per node: its worst GPU's slowdown share and the error counters that grew; then the node
-    that held the job back, if one did (fleet store only: published summaries carry none)."""
-    nodes = [n for n in data.get("nodes", []) if n.get("telemetry")]
-    if not nodes:
-        return []
-    if not any(n["telemetry"]["share"] or n["telemetry"]["errors"] for n in nodes):
-        lines = ["GPU slowdown (power or thermal policy) and error counters during the job: none"]
-    else:
-        lines = [
-            "GPU slowdown (power or thermal policy, worst GPU) and error counters during the job:"
-        ]
-        for node in nodes:
-            figures = node["telemetry"]
-            worst = figures.get("worst_gpu")
-            why = f" ({clean(worst, 20)} {clean(figures.get('cause'), 20)})" if worst else ""
-            lines.append(
-                f"  {clean(node['node'], 20):<12} slowdown {telemetry.percent(figures['share']):>4}"
-                f"{why}  errors: {telemetry.error_words(figures['errors'])}"
-            )
-    if data.get("held_back"):
-        lines.append(f"held back: {clean(data['held_back']['evidence'], 300)}")
-    return lines + _figure_lines(nodes)
-
-
-# The per-node figure sections after the slowdown lines: (telemetry key, title, words).
-_FIGURE_LINES = (
-    (
-        "clocks",
-        "GPU clocks during the job (worst GPU; means of the health checks' samples):",
-        telemetry.clock_words,
-    ),
-    (
-        "power",
-        "GPU power, mean over the job (NVML energy counter, prolog to epilog):",
-        telemetry.power_words,
-    ),
-)
-
-
-def _figure_lines(nodes: list) -> list:
-    """Per node, its GPUs' time below base clocks and the health checks' samples, then their
-    mean power over the job (prolog to epilog): each section only where recorded."""
-    lines = []
-    for key, title, words in _FIGURE_LINES:
-        known = [n for n in nodes if n["telemetry"].get(key)]
-        if known:
-            lines.append(title)
-            for node in known:
-                lines.append(f"  {clean(node['node'], 20):<12} {words(node['telemetry'][key])}")
-    return lines
-
-
-def _header(data: dict) -> str:
-    state = clean(data.get("state") or "", 20)
-    span = f"{local_time(data.get('start'))} to {local_time(data.get('end'))}"
-    who = clean(data.get("user") or "?", 40)
-    ended = f"{state or 'ended'}{_exit_words(data)}"
-    return f"job {clean(data.get('job'), 40)} of {who}: {ended}, {span}"
-
-
-def _ok_line(data: dict) -> list:
-    names = [clean(n, 20) for n in data.get("ok_nodes", [])]
-    count = len(names) + int(data.get("ok_count", 0))
-    if not count:
-        return []
-    shown = ", ".join(names[:20]) + (f" and {count - 20} more" if count > 20 else "")
-    more = counted(count, "more node")
-    return [f"  prolog ok, epilog ok, nothing seen on {more}: {shown or '-'}"]
-
-
-def render_text(data: dict) -> str:
-    """The summary as a user reads it: nodes, problems, Xids, and the conclusion last."""
-    nodes = data.get("nodes", [])
-    lines = [_header(data), f"  {'NODE':<12} {'PROLOG':<7} {'EPILOG':<7} DRAINED"]
-    lines += [_node_line(n) for n in nodes] + _ok_line(data)
-    if data.get("omitted"):
-        lines.append(f"  ({counted(data['omitted'], 'node')} left out of the published summary)")
-    lines += _telemetry_lines(data)
-    problems, xids = _problem_lines(nodes), _xid_lines(nodes)
-    if problems:
-        lines += ["checks that did not pass:", *problems]
-    if xids:
-        lines += ["Xids during the job:", *xids]
-    lines.append(f"conclusion: {clean(data.get('conclusion'), 2000)}")
-    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -692,10 +562,11 @@ def decode(comment: str) -> dict:
     return with_conclusion(data)
 
 
-# What conclude() and render_text() rely on, field by field: a comment is admin-written, but a
-# damaged or forged one must give a message, not a traceback. A kind: "text" (str), "int",
-# "time" (a finite number), "count" (an int >= 0, never null), "scalar" (any JSON scalar:
-# cleaned where printed); null or missing is allowed but for counts (missing: 0).
+# What conclude() and the summary's text (fleet/text.py) rely on, field by field: a comment is
+# admin-written, but a damaged or forged one must give a message, not a traceback. A kind:
+# "text" (str), "int", "time" (a finite number), "count" (an int >= 0, never null), "scalar"
+# (any JSON scalar: cleaned where printed); null or missing is allowed but for counts
+# (missing: 0).
 _SUMMARY_FIELDS = {
     "job": "scalar", "user": "scalar", "uid": "scalar", "state": "text", "exit_code": "int",
     "signal": "int", "start": "time", "end": "time", "omitted": "count", "ok_count": "count",
@@ -740,7 +611,8 @@ def _records(node: dict, key: str, spec: dict) -> bool:
 
 
 def _sane(data: dict) -> bool:
-    """Every field conclude() and render_text() read has the type they expect."""
+    """Every field conclude() and the summary's text (fleet/text.py) read has the type they
+    expect."""
     nodes, names = data.get("nodes"), data.setdefault("ok_nodes", [])
     if not isinstance(nodes, list) or not isinstance(names, list):
         return False
@@ -909,20 +781,6 @@ def publish(
         _remember(conn, job_id, sign, comment)
         report["published"].append(job_id)
     return report
-
-
-def report_text(report: dict) -> str:
-    lines = [
-        f"{counted(len(report['published']), 'summary', 'summaries')} published, "
-        f"{report['unchanged']} unchanged, "
-        f"{len(report['foreign'])} left alone, {len(report['unknown'])} not in accounting, "
-        f"{len(report['failed'])} failed"
-    ]
-    for job_id, theirs in report["foreign"]:
-        lines.append(f"job {job_id}: AdminComment set by another tool, left alone: {theirs}")
-    for job_id, why in report["failed"]:
-        lines.append(f"job {job_id}: not published: {why}")
-    return "\n".join(lines)
 
 
 def job_id_arg(text: str) -> str:
