@@ -7,12 +7,13 @@ sends it there); it is listed here so that `slurmhealth --help` shows it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import click
 
@@ -22,16 +23,16 @@ from slurmhealth.core.constants import BREAKER, FAILED, HELD
 from slurmhealth.core.hostlist import is_node_name
 from slurmhealth.core.result import clean, counted
 from slurmhealth.fleet import (
-    accounting,
     collect,
+    command,
     history,
     lemons,
     peers,
-    policy,
     queries,
     records,
     rollup,
     slurmconf,
+    text,
 )
 from slurmhealth.node import agent, config, runner
 from slurmhealth.node.checks import AREAS
@@ -526,55 +527,9 @@ def _start(text: str, end: float, hint: str = "--since") -> float:
         raise click.BadParameter(str(exc), param_hint=_named(hint)) from None
 
 
-def _when(epoch: object) -> str:
-    """A stored time as ISO 8601 UTC; a stored value that is no time, as cleaned text."""
-    try:
-        return timespec.iso(epoch)  # type: ignore[arg-type]
-    except (TypeError, ValueError, OverflowError, OSError):
-        return clean(epoch, 20)
-
-
 def _order(value: object) -> float:
     """A sort key for a stored time: the records of a forged store may hold any type."""
     return float(value) if isinstance(value, (int, float)) else float("-inf")
-
-
-HISTORY_COUNTERS = 5  # counter increases shown per run in `history` (all in --json)
-
-
-def _history_text(runs: list, actions: list) -> str:
-    """Every stored string is untrusted (imported exports, copied stores): cleaned here."""
-    lines = [f"{'TIME':<20}  {'NODE':<10}  {'PHASE':<11}  {'JOB':<8}  {'VERDICT':<7}  PROBLEMS"]
-    for run in runs:
-        problems = "; ".join(
-            f"{clean(p['check'])} {clean(p['status'])}: {clean(p['message'])}"
-            for p in run["problems"]
-        )
-        rising = [c for c in run.get("counters") or () if isinstance(c.get("delta"), (int, float))]
-        if rising:
-            problems += (
-                ("; " if problems else "")
-                + "counters: "
-                + ", ".join(
-                    f"{clean(c['device'], 40)} {clean(c['counter'], 40)} +{c['delta']:g}"
-                    for c in rising[:HISTORY_COUNTERS]
-                )
-            )
-            if len(rising) > HISTORY_COUNTERS:
-                problems += f" (+{len(rising) - HISTORY_COUNTERS} more)"
-        lines.append(
-            f"{_when(run['started']):<20}  {clean(run['node']):<10}  {clean(run['phase']):<11}  "
-            f"{clean(run['job'] or '-'):<8}  {clean(run['verdict']):<7}  {problems}"
-        )
-    if actions:
-        lines += ["", f"{'TIME':<20}  {'NODE':<10}  {'ACTION':<13}  BY / REASON"]
-        for act in actions:
-            failed = "" if act["ok"] else f" (FAILED: {clean(act['detail'])})"
-            lines.append(
-                f"{_when(act['time']):<20}  {clean(act['node']):<10}  "
-                f"{clean(act['action']):<13}  {clean(act['actor'])}: {clean(act['reason'])}{failed}"
-            )
-    return "\n".join(lines)
 
 
 @cli.command(name="history")
@@ -630,7 +585,7 @@ def history_cmd(
     else:
         shown = [] if job else actions
         if runs or shown or not quiet:  # quiet, and nothing went wrong: nothing to say
-            click.echo(_history_text(runs[:limit], shown))
+            click.echo(text.history(runs[:limit], shown))
         if rolled and not quiet:
             click.echo(
                 f"{rolled:,} more passing health checks are counted per hour, not listed "
@@ -664,14 +619,7 @@ def prune(older: str, dry_run: bool, node: str | None, db: str | None, now: str 
             counts = store.prune(_open(path), before, dry_run)  # type: ignore[arg-type]
         except store.StoreError as exc:
             raise click.ClickException(f"{path}: {exc}") from None
-        summary = ", ".join(counted(n, _row_of(table), table, ",") for table, n in counts.items())
-        verb = "would delete" if dry_run else "deleted"
-        click.echo(f"{path}: {verb} {summary}" + (" (dry run: nothing deleted)" if dry_run else ""))
-
-
-def _row_of(table: str) -> str:
-    """What one row of a store table is called: `run` of runs; `published` stays."""
-    return table[:-1] if table.endswith("s") else table
+        click.echo(text.pruned(path, counts, dry_run))
 
 
 # --- the fleet store: export on nodes, import and collect on the head node (docs/fleet.md) ---
@@ -700,12 +648,34 @@ def _progress(length: int, label: str) -> Iterator:
         yield bar.update
 
 
+def _console() -> command.Console:
+    """Where a command's orchestration writes: click's echo, a progress bar on a terminal."""
+    err, write = (lambda line: click.echo(line, err=True)), (lambda t: click.echo(t, nl=False))
+    return command.Console(click.echo, err, write, _progress)
+
+
+def _said(func: Callable[..., None]) -> Callable[..., None]:
+    """A command whose orchestration raises command.CommandError: click's own error of the
+    same words (a bad value names its option; a usage error exits 2, as click's)."""
+
+    @functools.wraps(func)
+    def said(*args: object, **kwargs: object) -> None:
+        try:
+            func(*args, **kwargs)
+        except command.CommandError as exc:
+            if exc.option:
+                raise click.BadParameter(str(exc), param_hint=exc.option) from None
+            if exc.usage:
+                raise click.UsageError(str(exc)) from None
+            error = click.ClickException(str(exc))
+            error.exit_code = exc.status
+            raise error from None
+
+    return said
+
+
 def _since(since: str | None, now: str | None) -> float | None:
     return None if since is None else _start(since, _instant(now))
-
-
-def _added(counts: dict) -> str:
-    return ", ".join(counted(n, kind, spec=",") for kind, n in counts.items() if n) or "nothing new"
 
 
 fleet_db_option = click.option(
@@ -759,7 +729,7 @@ def export_cmd(
         raise click.ClickException(f"{output}: {exc.strerror or exc}") from None
     except store.StoreError as exc:
         raise click.ClickException(f"{output}: {exc}") from None
-    done = f"{output}: {counted(sum(counts.values()), 'record', spec=',')} ({_added(counts)})"
+    done = f"{output}: {counted(sum(counts.values()), 'record', spec=',')} ({text.added(counts)})"
     if incremental:
         try:
             records.exported(conn, output, start, mark)  # type: ignore[arg-type]
@@ -794,24 +764,9 @@ def import_cmd(files: tuple, db: str | None) -> None:
                 report = records.import_ndjson(conn, source, tick)  # type: ignore[arg-type]
         except (records.FleetError, OSError) as exc:
             raise click.ClickException(f"{clean(name, 300)}: {clean(exc, 300)}") from None
-        click.echo(
-            f"{clean(name, 300)}: {counted(report['records'], 'record', spec=',')}: "
-            f"{_added(report['added'])} "
-            f"added, {report['unchanged']:,} unchanged"
-        )
-        _report_bad(name, report)
-
-
-def _report_bad(name: str, report: dict) -> None:
-    name = clean(name, 300)  # a spool's file names are any node's to choose
-    for lineno, why in report["bad"]:
-        click.echo(f"{name}:{lineno}: skipped: {clean(why)}", err=True)
-    more = report["bad_count"] - len(report["bad"])
-    if more > 0:
-        click.echo(f"{name}: {counted(more, 'more line', spec=',')} skipped", err=True)
-    if report["truncated"]:
-        line = report["truncated"]
-        click.echo(f"{name}:{line}: skipped: truncated last line (still being written?)", err=True)
+        click.echo(text.imported(name, report))
+        for line in text.skipped_lines(name, report):
+            click.echo(line, err=True)
 
 
 @cli.command(name="collect")
@@ -862,6 +817,7 @@ def _report_bad(name: str, report: dict) -> None:
     help="roll up at most this many node-hours per collect, the rest next time; 0: all due "
     f"[$SLURMHEALTH_ROLLUP_MAX; default: {rollup.ROLLUP_MAX:,}]",
 )
+@_said
 def collect_cmd(
     directory: str,
     db: str | None,
@@ -893,184 +849,14 @@ def collect_cmd(
         slurmhealth collect /shared/slurmhealth/spool --sacct --since 2d
         slurmhealth collect /shared/slurmhealth/spool --sacct --consume --rollup-after 2d
     """
-    import pwd  # noqa: PLC0415
-
-    owners = []
-    for name in spool_owners:
-        try:
-            owners.append(int(name) if name.isdigit() else pwd.getpwnam(name).pw_uid)
-        except KeyError:
-            raise click.BadParameter(f"no user {name}", param_hint="--spool-owner") from None
+    owners = collect.owner_ids(spool_owners)
     conn = _open_fleet(db)
     end = _instant(now)
-    start = _start(since, end)
-    try:
-        store.check_writable(conn)  # type: ignore[arg-type]
-    except store.StoreError as exc:
-        raise click.ClickException(f"{_fleet_path(db)}: cannot be written: {exc}") from None
-    try:
-        paths = collect.collect_paths(directory)
-        with _progress(len(paths), "collect") as tick:
-            report = collect.collect(conn, directory, start, tick, owners, consume, full)  # type: ignore[arg-type]
-    except records.StoreFault as exc:
-        raise click.ClickException(
-            f"{_fleet_path(db)}: stopped taking writes ({exc}): collect stopped; what it had"
-            " merged is committed, the files not merged stay for the next collect"
-        ) from None
-    except records.FleetError as exc:
-        raise click.ClickException(str(exc)) from None
-    for path, why in report["skipped"]:
-        click.echo(f"{clean(path, 300)}: skipped: {clean(why)}", err=True)
-    for path, why in report["kept"]:
-        click.echo(f"{clean(path, 300)}: kept: {clean(why)}", err=True)
-    for path, result in report["imports"]:
-        _report_bad(path, result)
-    merged, skipped = len(report["merged"]), len(report["skipped"])
-    unchanged = f", {len(report['unchanged'])} unchanged" if report["unchanged"] else ""
-    click.echo(
-        f"{counted(merged, 'file')} merged, {skipped} skipped{unchanged}: "
-        f"{_added(report['added'])} added"
-    )
-    if rollup_after is not None:
-        _rollup(conn, _start(rollup_after, end, "--rollup-after"), rollup_max or None)
-    if use_sacct:
-        _collect_sacct(conn, collect.accounting_start(conn, "sacct", start, full), end, slurm_bin)
-        # After the jobs are committed: a sacctmgr that fails then loses none of them.
-        events_start = collect.accounting_start(conn, "sacctmgr", start, full)
-        _collect_events(conn, events_start, end, slurm_bin)
-        _collect_places(conn, end, slurm_bin)
-
-
-def _rollup(conn: object, before: float, limit: int | None) -> None:
-    try:
-        done = rollup.rollup(conn, before, limit)  # type: ignore[arg-type]
-    except store.StoreError as exc:
-        raise click.ClickException(f"rollup: {exc}") from None
-    if done["runs"]:
-        runs = counted(done["runs"], "passing run", spec=",")
-        click.echo(f"rollup: {runs} counted in {counted(done['hours'], 'node-hour', spec=',')}")
-    if done["behind"] > rollup.ROLLUP_BEHIND:
-        click.echo(
-            f"rollup: {counted(done['behind'], 'hour', spec=',')} behind --rollup-after, rolled "
-            "up over the next "
-            "cycles (--rollup-max 0 rolls them all up at once)"
-        )
-
-
-def _collect_sacct(conn: object, start: float, end: float, slurm_bin: str) -> None:
-    _merge_accounting(
-        "sacct", accounting.fetch_sacct, accounting.ingest_sacct, conn, (start, end, slurm_bin)
-    )
-
-
-def _collect_events(conn: object, start: float, end: float, slurm_bin: str) -> None:
-    _merge_accounting(
-        "sacctmgr", accounting.fetch_events, accounting.ingest_events, conn, (start, end, slurm_bin)
-    )
-
-
-def _collect_places(conn: object, now: float, slurm_bin: str) -> None:
-    """Where Slurm puts each node now (topology, partitions): one line for a Slurm error."""
-    from slurmhealth.core.slurm import SlurmError  # noqa: PLC0415
-
-    try:
-        rows, bad = accounting.fetch_places(slurm_bin)
-    except SlurmError as exc:
-        raise click.ClickException(f"{exc} (places of nodes not merged)") from None
-    try:
-        result = accounting.ingest_places(conn, rows, now)  # type: ignore[arg-type]
-    except records.FleetError as exc:
-        raise click.ClickException(str(exc)) from None
-    kinds = sorted({kind for _, kind, _ in rows})
-    places = counted(result["places"], "node place", spec=",")
-    click.echo(f"places: {places} ({', '.join(kinds) or 'none'})")
-    for line in bad[: records.BAD_SHOWN]:
-        click.echo(f"places: skipped: {line}", err=True)
-
-
-# tool -> (what its records are, the count's key in the ingest result, what a count is of)
-_ACCOUNTING = {
-    "sacct": ("job outcomes", "jobs", "job rows"),
-    "sacctmgr": ("node events", "events", "node events"),
-}
-
-
-def _merge_accounting(tool: str, fetch: object, ingest: object, conn: object, span: tuple):
-    """Fetch one kind of accounting records and merge them: one line for a Slurm error or a
-    store that would not take them, the count, and the lines that could not be read."""
-    from slurmhealth.core.slurm import SlurmError  # noqa: PLC0415
-
-    what, key, unit = _ACCOUNTING[tool]
-    try:
-        text = fetch(*span)  # type: ignore[operator]
-    except SlurmError as exc:
-        raise click.ClickException(f"{exc} ({what} from accounting not merged)") from None
-    try:
-        result = ingest(conn, text, utc=True)  # type: ignore[operator]
-        collect.accounted(conn, tool, span[1])  # type: ignore[arg-type]
-    except records.FleetError as exc:
-        raise click.ClickException(str(exc)) from None
-    click.echo(f"{tool}: {result[key]:,} {unit} added or updated")
-    for line in result["bad"][: records.BAD_SHOWN]:
-        click.echo(f"{tool}: skipped: {line}", err=True)
-
-
-SILENT_SHOWN = 20
-
-
-def _freshness_text(fresh: dict, now: float) -> list:
-    """The store's newest record, first; a stale store loudly; the nodes not heard from."""
-    after = f"{fresh['after'] / 3600:g} h"
-    if fresh["newest"] is None:
-        return [f"STALE fleet store: no run recorded before {timespec.iso(now)}: nothing collected"]
-    age = (now - fresh["newest"]) / 3600
-    when = f"{timespec.iso(fresh['newest'])} ({age:.1f} h before {timespec.iso(now)})"
-    lines = [
-        f"STALE fleet store: its newest record is from {when}: collect is not running, and "
-        "a quiet store is no news"
-        if fresh["stale"]
-        else f"newest record {when}"
-    ]
-    silent = fresh["silent"]
-    if silent and not fresh["stale"]:
-        named = ", ".join(
-            f"{clean(e['node'], 64)} (last {timespec.iso(e['last'])})"
-            for e in silent[:SILENT_SHOWN]
-        )
-        more = f" (+{len(silent) - SILENT_SHOWN} more)" if len(silent) > SILENT_SHOWN else ""
-        lines.append(f"{counted(len(silent), 'node')} not heard from within {after}: {named}{more}")
-    return lines
-
-
-def _lemon_text(scored: list, applied: list, window: float, now: float) -> str:
-    lemons = [e for e in scored if e["lemon"]]
-    among = f"among {counted(len(scored), 'node')} over {counted(window / 86400, 'day')}"
-    lines = [f"{counted(len(lemons), 'lemon')} {among}"]
-    for bar in policy.bars(scored):  # pools name GPU models from the store: cleaned
-        day = f" or {bar['needed_day']} within {bar['hours']:g} h" if bar["needed_day"] else ""
-        lines.append(
-            f"  {clean(bar['pool'])}: a node seen throughout is a lemon at {bar['needed']} "
-            f"separate faults ({bar['expected']:.2g} expected){day}"
-        )
-        if bar["dispersion"] > 1:
-            lines.append(
-                f"    faults vary between its nodes more than chance (dispersion "
-                f"{bar['dispersion']:.2g}): nodes are still judged one by one against the pool"
-            )
-    for entry in lemons:  # node names come from the store: untrusted, cleaned
-        node, reason = clean(entry["node"]), clean(entry["reason"])
-        lines.append(f"  {node:<12} score {entry['score']:.1f}  {reason}")
-        lines.extend(f"      {clean(line)}" for line in policy.explain(entry, now))
-        for name, ev in entry["evidence"].items():
-            if ev.get("count"):
-                lines.append(f"      {name}: {ev['count']} (fleet expects {ev['expected']:.2f})")
-    for entry in scored:
-        if not entry["lemon"] and entry["evidence"]["faults"].get("reset"):
-            lines.append(f"  {clean(entry['node']):<12} not a lemon")
-            lines.extend(f"      {clean(line)}" for line in policy.explain(entry, now))
-    for item in applied:
-        lines.append(f"  {clean(item['node'])}: {clean(item['outcome'])}")
-    return "\n".join(lines)
+    request = collect.Request(
+        directory, _start(since, end), end, owners, consume, full, rollup_after, rollup_max or None,
+        use_sacct, slurm_bin,
+    )  # fmt: skip
+    collect.run(conn, _fleet_path(db), request, _console())  # type: ignore[arg-type]
 
 
 # --- validate and return (docs/diagnose.md) ---------------------------------------------------
@@ -1113,6 +899,7 @@ DIAG_INCONCLUSIVE = 4  # nothing ran that could pass the node: never 0
 )
 @click.option("--nodes", "named", default="", help="with --submit: these nodes too (hostlist)")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
+@_said
 def diagnose_cmd(
     level: str,
     node: str | None,
@@ -1256,44 +1043,15 @@ def _diag_sources(options: runner.Options, sysfs_root: str | None, kmsg: str | N
 def _diagnose_submit(
     level: str, db: str | None, path: str | None, named: str, limit: str | None, as_json: bool
 ) -> None:
-    from slurmhealth.core.hostlist import PatternError, expand, split_terms  # noqa: PLC0415
     from slurmhealth.fleet import diagnose as orchestration  # noqa: PLC0415
 
-    try:
-        wanted = [n for term in split_terms(named) for n in expand(term)] if named else []
-    except PatternError as exc:
-        raise click.BadParameter(str(exc), param_hint="--nodes") from None
-    minutes = orchestration.LEVEL_MINUTES[level]
-    if limit is not None:
-        if not limit.isdigit() or not 0 < int(limit) <= 10080:
-            raise click.BadParameter("minutes from 1 to 10080", param_hint="--time-limit")
-        minutes = int(limit)
+    wanted = orchestration.wanted_nodes(named)
+    asked = (level, wanted, orchestration.job_minutes(level, limit), path)
     settings = _load_config(path, _Refused).for_node("")["settings"]
-    client = slurm.Slurm(settings["slurm_bin"], 30.0)
     conn = _open_fleet(db)
-    command = orchestration.job_command(level, path)
-    try:
-        done = orchestration.sweep(
-            client,
-            level,
-            settings,
-            conn,
-            wanted,
-            command,
-            minutes,
-            lambda text: click.echo(clean(text, 500), err=True),
-        )
-    except (slurm.SlurmError, orchestration.Busy, OSError) as exc:
-        raise click.ClickException(str(exc)) from None
-    if as_json:
-        click.echo(json.dumps(done, indent=1))
-    else:
-        for item in done:
-            click.echo(f"{clean(item['node'])}: {item['what']}: {clean(item['detail'])}")
-        if not done:
-            click.echo("nothing to diagnose")
-    if any(item["what"] in (BREAKER, HELD) for item in done):
-        sys.exit(3)
+    status = orchestration.submit_all(conn, settings, asked, _console(), as_json)  # type: ignore[arg-type]
+    if status:
+        sys.exit(status)
 
 
 @cli.command(name="lemons")
@@ -1355,8 +1113,8 @@ def lemons_cmd(
         click.echo(json.dumps(dict(doc, freshness=fresh), indent=1))
     else:
         # a stale store first, loudly; else when the newest record is, and who went silent, last
-        said = _freshness_text(fresh, at)
-        body = _lemon_text(scored, applied, span, at)
+        said = text.freshness(fresh, at)
+        body = text.lemons(scored, applied, span, at)
         click.echo("\n".join([*said, body] if fresh["stale"] else [body, *said]))
     if fresh["stale"]:
         sys.exit(4)
@@ -1383,14 +1141,6 @@ def _share(_ctx: object, _param: object, value: float) -> float:
     if not 0 < value < 1:  # NaN too
         raise click.BadParameter(f"{value:g} is not a share between 0 and 1 (e.g. 0.05 for 5%)")
     return value
-
-
-def _slow_text(found: list, nodes: int, window: float, margin: float) -> str:
-    head = (
-        f"{counted(len({f['node'] for f in found}), 'slow node')} among {nodes} diagnosed over "
-        f"{counted(window / 86400, 'day')} (margin {margin:.0%})"
-    )
-    return "\n".join([head, *(f"  {f['evidence']}" for f in found)])  # evidence: cleaned
 
 
 @cli.command(name="slow")
@@ -1432,14 +1182,7 @@ def slow_cmd(db: str | None, window: str, now: str | None, margin: float, as_jso
         doc = {"window_days": span / 86400, "margin": margin, "nodes": nodes, "slow": found}
         click.echo(json.dumps(doc, indent=1))
     else:
-        click.echo(_slow_text(found, nodes, span, margin))
-
-
-def _trends_text(found: list, nodes: int) -> str:
-    rising = counted(len({f["node"] for f in found}), "node")
-    lines = [f"{rising} with rising error counters among {nodes}"]
-    lines.extend(f["evidence"] for f in found)
-    return "\n".join(lines)
+        click.echo(text.slow(found, nodes, span, margin))
 
 
 @cli.command(name="trends")
@@ -1475,12 +1218,10 @@ def trends_cmd(db: str | None, now: str | None, factor: float, as_json: bool) ->
         doc = {"now": end, "nodes": nodes, "factor": factor, "rising": found}
         click.echo(json.dumps(doc, indent=1))
     else:
-        click.echo(_trends_text(found, nodes))
+        click.echo(text.trends(found, nodes))
 
 
 # --- the nightly report (docs/report.md) ----------------------------------------------------
-
-MAIL_FAILED = 4  # the report was written, but not mailed
 
 
 @cli.command(name="report")
@@ -1508,6 +1249,7 @@ MAIL_FAILED = 4  # the report was written, but not mailed
     help="the -o file's mode, e.g. 0644 for a web server [0600; an existing file keeps its "
     "mode; prom: 0644]",
 )
+@_said
 def report_cmd(
     db: str | None,
     since: str,
@@ -1533,41 +1275,14 @@ def report_cmd(
         slurmhealth report -o /var/www/html/slurmhealth.html --mail-to hpc-admins@example.org
         slurmhealth report --format md --since 7d --now 2026-11-29
     """
-    from slurmhealth.report import build, mail, render  # noqa: PLC0415 - jinja2 here only
+    from slurmhealth.report import deliver  # noqa: PLC0415 - jinja2 here only
 
-    try:
-        if mail_to is not None:  # `--mail-to ''` is an error, never a silent no-mail
-            mail.check_address(mail_to)
-    except build.ReportError as exc:
-        raise click.BadParameter(str(exc), param_hint="--mail-to") from None
-    if mail_to and fmt == "prom":
-        raise click.BadParameter("mail the html, md or json report", param_hint="--mail-to")
+    deliver.check_mail(mail_to, fmt)
     conn = _open(_fleet_path(db))
-    try:
-        nodes = build.live_nodes(slurm_bin) if use_sinfo else None
-        with _progress(build.STEPS if queries.large_store(conn) else 0, "report") as tick:  # type: ignore[arg-type]
-            end = _instant(now)
-            doc = build.build(conn, end, end - _start(since, end), nodes, tick)  # type: ignore[arg-type]
-        text = render.render(doc, fmt)
-    except build.ReportError as exc:
-        raise click.ClickException(str(exc)) from None
-    try:
-        if output == "-":
-            click.echo(text, nl=False)
-        elif file_mode is not None:  # the admin's choice (a web server's to read), as asked
-            files.write_private(output, text, mode=file_mode)
-        elif fmt == "prom":  # node_exporter (its own user) reads it: 0644, whole or not at all
-            files.write_private(output, text, mode=0o644)
-        else:  # 0600 (an existing report keeps its mode), never through a planted symlink
-            files.write_private(output, text, keep_mode=True)
-    except OSError as exc:
-        raise click.ClickException(f"{output}: {exc.strerror or exc}") from None
-    if mail_to:
-        try:
-            mail.mail(doc, fmt, text, mail_to)
-        except build.ReportError as exc:
-            click.echo(f"slurmhealth report: {exc}", err=True)
-            sys.exit(MAIL_FAILED)
+    request = deliver.Request(now, since, fmt, output, mail_to, use_sinfo, slurm_bin, file_mode)
+    status = deliver.run(conn, request, _console())  # type: ignore[arg-type]
+    if status:
+        sys.exit(status)
 
 
 # --- job summaries for job owners (docs/jobs.md) ---------------------------------------------
@@ -1608,7 +1323,7 @@ def job_cmd(job_id: str, db: str | None, slurm_bin: str, as_json: bool) -> None:
     if as_json:  # json.dumps escapes control characters
         click.echo(json.dumps(found, indent=1, sort_keys=True, ensure_ascii=True, default=str))
     else:
-        click.echo(jobs.render_text(found))
+        click.echo(text.job(found))
 
 
 @cli.command(name="publish")
@@ -1637,6 +1352,6 @@ def publish_cmd(db: str | None, since: str, now: str | None, slurm_bin: str, pub
         report = jobs.publish(conn, client, start, end, check_privacy=not public)  # type: ignore[arg-type]
     except (jobs.JobError, slurm.SlurmError) as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(jobs.report_text(report))
+    click.echo(text.published(report))
     if report["failed"]:
         sys.exit(1)

@@ -301,11 +301,15 @@ _READ = re.compile(
     r"\b(SELECT\s[^;]*?\bFROM|JOIN)\s+(" + "|".join(store.TABLE) + r")\b",
     re.I,
 )
-# Where SQL may read the store's tables: the store itself, the one fleet query module, the
-# lemon signals query, the bulk export/import.
+# Where SQL may read the store's tables: the store itself, the reads several consumers share
+# (fleet/queries.py), the reads that have one consumer beside it (the report's, the job
+# summaries', history's), the lemon signals query, the bulk export/import.
 QUERY_HOMES = {
     "slurmhealth.core.store",
     "slurmhealth.fleet.queries",
+    "slurmhealth.report.reads",
+    "slurmhealth.fleet.jobs",
+    "slurmhealth.fleet.history",
     "slurmhealth.fleet.signals",
     "slurmhealth.fleet.records",
     "slurmhealth.fleet.collect",

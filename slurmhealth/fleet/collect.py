@@ -9,6 +9,7 @@ collection".
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sqlite3
@@ -21,7 +22,8 @@ from urllib.parse import quote
 from slurmhealth.core import files, store
 from slurmhealth.core.hostlist import is_node_name
 from slurmhealth.core.result import clean
-from slurmhealth.fleet import records
+from slurmhealth.fleet import command, records, text
+from slurmhealth.fleet.command import CommandError, Console
 from slurmhealth.fleet.records import FleetError, StoreFault
 
 # collect
@@ -512,3 +514,141 @@ def accounted(conn: sqlite3.Connection, tool: str, end: float) -> None:
         conn.execute(_MARK, (f"accounting:{tool}", end, "", time.time()))
     except sqlite3.Error as exc:
         raise FleetError(clean(exc, 120)) from None
+
+
+# --- `slurmhealth collect`: the files, then the rollup, then Slurm accounting -----------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """What one `slurmhealth collect` is asked: the folder, the span [start, end] (--since,
+    --now), the spool owners trusted besides root (uids), --consume, --full, --rollup-after
+    (as given: read once the files are merged) and --rollup-max (None: all due), --sacct and
+    where Slurm's commands are."""
+
+    directory: str
+    start: float
+    end: float
+    owners: tuple = ()
+    consume: bool = False
+    full: bool = False
+    rollup_after: str | None = None
+    rollup_max: int | None = None
+    sacct: bool = False
+    slurm_bin: str = ""
+
+
+def owner_ids(names: tuple) -> tuple:
+    """--spool-owner USER...: each a uid, or a user name this host knows."""
+    import pwd  # noqa: PLC0415
+
+    owners = []
+    for name in names:
+        try:
+            owners.append(int(name) if name.isdigit() else pwd.getpwnam(name).pw_uid)
+        except KeyError:
+            raise CommandError(f"no user {name}", option="--spool-owner") from None
+    return tuple(owners)
+
+
+def run(conn: sqlite3.Connection, path: str, request: Request, console: Console) -> None:
+    """`slurmhealth collect` into the fleet store at `path`: merge the folder's files, then roll
+    up, then merge Slurm accounting, each step's lines said as it ends; CommandError with one
+    line for what stops it (what was merged before stays committed)."""
+    try:
+        store.check_writable(conn)
+    except store.StoreError as exc:
+        raise CommandError(f"{path}: cannot be written: {exc}") from None
+    try:
+        paths = collect_paths(request.directory)
+        with console.progress(len(paths), "collect") as tick:
+            owners = list(request.owners)
+            report = collect(
+                conn, request.directory, request.start, tick, owners, request.consume, request.full
+            )
+    except StoreFault as exc:
+        raise CommandError(
+            f"{path}: stopped taking writes ({exc}): collect stopped; what it had"
+            " merged is committed, the files not merged stay for the next collect"
+        ) from None
+    except FleetError as exc:
+        raise CommandError(str(exc)) from None
+    for line in text.collect_skipped(report):
+        console.err(line)
+    console.out(text.collected(report))
+    if request.rollup_after is not None:
+        before = command.start(request.rollup_after, request.end, "--rollup-after")
+        _rollup(conn, before, request.rollup_max, console)
+    if request.sacct:
+        _accounting(conn, request, console)
+
+
+def _rollup(conn: sqlite3.Connection, before: float, limit: int | None, console: Console) -> None:
+    from slurmhealth.fleet import rollup  # noqa: PLC0415
+
+    try:
+        done = rollup.rollup(conn, before, limit)
+    except store.StoreError as exc:
+        raise CommandError(f"rollup: {exc}") from None
+    for line in text.rolled_up(done, rollup.ROLLUP_BEHIND):
+        console.out(line)
+
+
+def _accounting(conn: sqlite3.Connection, request: Request, console: Console) -> None:
+    """Job outcomes (sacct), then node events (sacctmgr), then where Slurm puts each node."""
+    span = (accounting_start(conn, "sacct", request.start, request.full), request.end)
+    _merge_accounting(conn, "sacct", (*span, request.slurm_bin), console)
+    # After the jobs are committed: a sacctmgr that fails then loses none of them.
+    span = (accounting_start(conn, "sacctmgr", request.start, request.full), request.end)
+    _merge_accounting(conn, "sacctmgr", (*span, request.slurm_bin), console)
+    _merge_places(conn, request.end, request.slurm_bin, console)
+
+
+# tool -> (what its records are, the count's key in the ingest result, what a count is of)
+_ACCOUNTING = {
+    "sacct": ("job outcomes", "jobs", "job rows"),
+    "sacctmgr": ("node events", "events", "node events"),
+}
+
+
+def _merge_accounting(conn: sqlite3.Connection, tool: str, span: tuple, console: Console) -> None:
+    """Fetch one kind of accounting records and merge them: one line for a Slurm error or a
+    store that would not take them, the count, and the lines that could not be read."""
+    from slurmhealth.core.slurm import SlurmError  # noqa: PLC0415
+    from slurmhealth.fleet import accounting  # noqa: PLC0415
+
+    fetch, ingest = {
+        "sacct": (accounting.fetch_sacct, accounting.ingest_sacct),
+        "sacctmgr": (accounting.fetch_events, accounting.ingest_events),
+    }[tool]
+    what, key, unit = _ACCOUNTING[tool]
+    try:
+        found = fetch(*span)
+    except SlurmError as exc:
+        raise CommandError(f"{exc} ({what} from accounting not merged)") from None
+    try:
+        result = ingest(conn, found, utc=True)
+        accounted(conn, tool, span[1])
+    except FleetError as exc:
+        raise CommandError(str(exc)) from None
+    console.out(f"{tool}: {result[key]:,} {unit} added or updated")
+    for line in result["bad"][: records.BAD_SHOWN]:
+        console.err(f"{tool}: skipped: {line}")
+
+
+def _merge_places(conn: sqlite3.Connection, now: float, slurm_bin: str, console: Console) -> None:
+    """Where Slurm puts each node now (topology, partitions): one line for a Slurm error."""
+    from slurmhealth.core.slurm import SlurmError  # noqa: PLC0415
+    from slurmhealth.fleet import accounting  # noqa: PLC0415
+
+    try:
+        rows, bad = accounting.fetch_places(slurm_bin)
+    except SlurmError as exc:
+        raise CommandError(f"{exc} (places of nodes not merged)") from None
+    try:
+        result = accounting.ingest_places(conn, rows, now)
+    except FleetError as exc:
+        raise CommandError(str(exc)) from None
+    console.out(text.places(result, rows))
+    for line in bad[: records.BAD_SHOWN]:
+        console.err(f"places: skipped: {line}")

@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import os
 import shlex
+import sqlite3
 import sys
 
 from slurmhealth.core import slurm, store
 from slurmhealth.core.constants import (
     ACT_DRAIN,
     ACT_RESUME,
+    BREAKER,
     DRAINED,
+    HELD,
     LEMON,
     PROBATION,
     SERVICE,
@@ -34,6 +37,8 @@ from slurmhealth.core.constants import (
 )
 from slurmhealth.core.hostlist import PatternError, expand, split_terms
 from slurmhealth.core.result import clean
+from slurmhealth.fleet import text
+from slurmhealth.fleet.command import CommandError, Console
 from slurmhealth.node import actions
 from slurmhealth.node.journal import Journal
 
@@ -389,3 +394,51 @@ def _hold(
         return "inconclusive; not marked (the next pass drains it for service: run it again)"
     _note(conn, node, HOLD, reason, why)
     return "inconclusive: stays out for an admin (no probe of the level could run)"
+
+
+# --- `slurmhealth diagnose --submit` (head node, cron) ------------------------------------------
+
+
+def wanted_nodes(named: str) -> list:
+    """--nodes HOSTLIST: the node names it spells, [] when none."""
+    try:
+        return [n for term in split_terms(named) for n in expand(term)] if named else []
+    except PatternError as exc:
+        raise CommandError(str(exc), option="--nodes") from None
+
+
+def job_minutes(level: str, limit: str | None) -> int:
+    """--time-limit in minutes (a week at most), else the level's (LEVEL_MINUTES)."""
+    if limit is None:
+        return LEVEL_MINUTES[level]
+    if not limit.isdigit() or not 0 < int(limit) <= 10080:
+        raise CommandError("minutes from 1 to 10080", option="--time-limit")
+    return int(limit)
+
+
+def submit_all(
+    conn: sqlite3.Connection,
+    settings: dict,
+    asked: tuple,
+    console: Console,
+    as_json: bool = False,
+) -> int:
+    """Diagnose the nodes due as Slurm jobs (sweep); asked: (level, --nodes named, the job's
+    minutes, the config file the job reads). The exit status: 3 when the breaker or a hold
+    stopped a node, else 0; CommandError with one line when Slurm or the store refuses."""
+    import json  # noqa: PLC0415
+
+    level, wanted, minutes, config_path = asked
+    client = slurm.Slurm(settings["slurm_bin"], 30.0)
+    command = job_command(level, config_path)
+    say = lambda line: console.err(clean(line, 500))  # noqa: E731
+    try:
+        done = sweep(client, level, settings, conn, wanted, command, minutes, say)
+    except (slurm.SlurmError, Busy, OSError) as exc:
+        raise CommandError(str(exc)) from None
+    if as_json:
+        console.out(json.dumps(done, indent=1))
+    else:
+        for line in text.diagnose_submitted(done):
+            console.out(line)
+    return 3 if any(item["what"] in (BREAKER, HELD) for item in done) else 0

@@ -1,5 +1,5 @@
 """Which node stores the admin commands read and prune (`slurmhealth history`, `slurmhealth
-prune`): their reads are fleet/queries.py's, the pruning is store.prune."""
+prune`), and history's reads of them; the pruning is store.prune."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import os
 import sqlite3
 
 from slurmhealth.core import store
-from slurmhealth.fleet import queries
 
 
 def store_paths(db: str | None, node: str | None) -> list:
@@ -35,15 +34,105 @@ def read(
     limit: int,
     failures: bool = False,
 ) -> tuple:
-    """(runs, actions, jobs, rolled) of one store as fleet/queries.py reads them (jobs only
+    """(runs, actions, jobs, rolled) of one store as the reads below give them (jobs only
     with a job; failures: only the runs that did not pass; rolled: the passing health checks a
     fleet store's rollup counts instead of keeping, none for a job); StoreError with one line
     when the store cannot be read (locked, damaged)."""
     try:
-        runs = queries.run_history(conn, node, job, since, limit, failures)
-        actions = queries.action_history(conn, node, since)
-        jobs = queries.job_history(conn, job) if job else []
-        rolled = 0 if job else queries.rolled_up(conn, node, since)
+        runs = run_history(conn, node, job, since, limit, failures)
+        actions = action_history(conn, node, since)
+        jobs = job_history(conn, job) if job else []
+        rolled = 0 if job else rolled_up(conn, node, since)
     except sqlite3.Error as exc:
         raise store.StoreError(str(exc)) from None
     return runs, actions, jobs, rolled
+
+
+_COUNTER_KEYS = ("device", "counter", "delta", "value")
+
+
+def rolled_up(conn: sqlite3.Connection, node: str | None, since: float) -> int:
+    """Passing health checks from `since` on (of the node) that a rollup counts per hour
+    (rollup.rollup) instead of keeping as rows: an hour is counted when it ends after `since`."""
+    sql = "SELECT coalesce(sum(runs), 0) FROM run_hours WHERE hour > ?"
+    args: list = [since - 3600]
+    if node:
+        sql += " AND node = ?"
+        args.append(node)
+    return int(conn.execute(sql, args).fetchone()[0])
+
+
+def run_history(
+    conn: sqlite3.Connection,
+    node: str | None,
+    job: str | None,
+    since: float,
+    limit: int,
+    failures: bool = False,
+) -> list:
+    """[{id, node, job, phase, started, duration, verdict, problems}] of the runs started
+    from `since` on (of the node, of the job; failures: only those that did not pass), newest
+    first, at most `limit`, each with its non-ok results."""
+    where, args = ["started >= ?"], [since]
+    if failures:
+        where.append("verdict != 'ok'")
+    if node:
+        where.append("node = ?")
+        args.append(node)
+    if job:
+        where.append("job_id = ?")
+        args.append(job)
+    # Only the fixed clauses above are joined into the text; every value is a parameter.
+    sql = f"SELECT id, node, job_id, phase, started, duration, verdict FROM runs WHERE {' AND '.join(where)} ORDER BY started DESC LIMIT ?"  # noqa: S608, E501
+    rows = conn.execute(sql, (*args, limit)).fetchall()
+    out = []
+    for run_id, run_node, job_id, phase, started, duration, verdict in rows:
+        problems = conn.execute(
+            "SELECT check_name, status, message, action FROM results "
+            "WHERE run_id = ? AND status NOT IN ('ok', 'skip') ORDER BY check_name",
+            (run_id,),
+        ).fetchall()
+        # the run's counter readings that changed (node/counters.py), by the time index
+        changed = conn.execute(
+            "SELECT label, counter, delta, value FROM counters WHERE time = ? AND run_id = ? "
+            "ORDER BY label, counter",
+            (started, run_id),
+        ).fetchall()
+        out.append(
+            {
+                "id": run_id,
+                "node": run_node,
+                "job": job_id,
+                "phase": phase,
+                "started": started,
+                "duration": duration,
+                "verdict": verdict,
+                "problems": [
+                    dict(zip(("check", "status", "message", "action"), p)) for p in problems
+                ],
+                "counters": [dict(zip(_COUNTER_KEYS, c)) for c in changed],
+            }
+        )
+    return out
+
+
+def action_history(conn: sqlite3.Connection, node: str | None, since: float) -> list:
+    """[{node, time, action, reason, actor, ok, detail}] of every action from `since` on (of
+    the node), newest first."""
+    sql = "SELECT node, time, action, reason, actor, ok, detail FROM actions WHERE time >= ?"
+    args: list = [since]
+    if node:
+        sql += " AND node = ?"
+        args.append(node)
+    keys = ("node", "time", "action", "reason", "actor", "ok", "detail")
+    return [dict(zip(keys, row)) for row in conn.execute(sql + " ORDER BY time DESC", args)]
+
+
+def job_history(conn: sqlite3.Connection, job: str) -> list:
+    """[{node, job, uid, user, start, end, exit_code, signal}] of the job, one per node."""
+    keys = ("node", "job", "uid", "user", "start", "end", "exit_code", "signal")
+    rows = conn.execute(
+        "SELECT node, job_id, uid, user, start, end, exit_code, signal FROM jobs WHERE job_id = ?",
+        (job,),
+    )
+    return [dict(zip(keys, row)) for row in rows]

@@ -61,13 +61,116 @@ class JobError(Exception):
 
 
 # ---------------------------------------------------------------------------------------------
+# the reads of a job's records (the fleet store on the head node)
+
+
+def job_rows(conn: sqlite3.Connection, job_id: str) -> list:
+    """[{node, uid, user, start, end, exit_code, signal, state, slurm_state, gpu_energy}] of
+    the job, one per node, by node."""
+    return queries.dicts(
+        conn.execute(
+            "SELECT node, uid, user, start, end, exit_code, signal, state, slurm_state, "
+            "gpu_energy "
+            "FROM jobs WHERE job_id = ? ORDER BY node",
+            (job_id,),
+        )
+    )
+
+
+def hook_runs(conn: sqlite3.Connection, job_id: str) -> dict:
+    """{(node, phase): run} of the job's prolog and epilog runs; the latest of each wins (a
+    requeued job may start twice on one node)."""
+    rows = queries.dicts(
+        conn.execute(
+            "SELECT id, node, phase, started, verdict FROM runs WHERE job_id = ? "
+            "AND phase IN ('prolog', 'epilog') ORDER BY started",
+            (job_id,),
+        )
+    )
+    return {(r["node"], r["phase"]): r for r in rows}
+
+
+def health_checks_not_ok(conn: sqlite3.Connection, node: str, start: float, end: float) -> list:
+    """[{id, phase, started}] of the health checks on the node in [start, end] that did not
+    pass, oldest first."""
+    return queries.dicts(
+        conn.execute(
+            "SELECT id, phase, started FROM runs WHERE node = ? AND started >= ? "
+            "AND started <= ? AND verdict != 'ok' AND phase = 'healthcheck' ORDER BY started",
+            (node, start, end),
+        )
+    )
+
+
+def problems(conn: sqlite3.Connection, runs: list) -> list:
+    """[{phase, time, check, status, message}] of the failed, warning and erroring checks of
+    each run ({id, phase, started}), run by run."""
+    out = []
+    for run in runs:
+        rows = conn.execute(
+            "SELECT check_name, status, message FROM results WHERE run_id = ? "
+            "AND status IN ('fail', 'warn', 'error') ORDER BY check_name",
+            (run["id"],),
+        )
+        for check, status, message in rows:
+            out.append(
+                {
+                    "phase": run["phase"],
+                    "time": run["started"],
+                    "check": check,
+                    "status": status,
+                    "message": message,
+                }
+            )
+    return out
+
+
+def job_xids(conn: sqlite3.Connection, node: str, job_id: str) -> list:
+    """[{time, gpu, bus_id, code, class, process}] of the Xids the epilog gave the job on the
+    node (those on its GPUs, read after its prolog)."""
+    return queries.dicts(
+        conn.execute(
+            "SELECT time, gpu, bus_id, code, class, process FROM events "
+            "WHERE node = ? AND job_id = ? "
+            "AND kind = 'xid' ORDER BY time, gpu, code",
+            (node, job_id),
+        )
+    )
+
+
+def drains_and_resumes(conn: sqlite3.Connection, node: str, since: float) -> list:
+    """[(time, action, reason)] of slurmhealth's successful drains and resumes of the node
+    from `since` on, oldest first."""
+    return conn.execute(
+        "SELECT time, action, reason FROM actions WHERE node = ? AND time >= ? AND ok = 1 "
+        "AND action IN ('drain', 'resume') ORDER BY time",
+        (node, since),
+    ).fetchall()
+
+
+def finished_jobs(conn: sqlite3.Connection, start: float, end: float) -> list:
+    """Ids of the jobs with a node that ended in [start, end], in numeric order (store
+    migration 4 indexes jobs by end)."""
+    rows = conn.execute(
+        "SELECT DISTINCT job_id FROM jobs WHERE end >= ? AND end <= ?", (start, end)
+    ).fetchall()
+    return sorted((r[0] for r in rows), key=lambda j: (len(j), j))
+
+
+def published_digest(conn: sqlite3.Connection, job_id: str) -> str | None:
+    """The digest of the summary `publish` last wrote for the job, or None."""
+    row = conn.execute("SELECT digest FROM published WHERE job_id = ?", (job_id,)).fetchone()
+    return row[0] if row else None
+
+
+# ---------------------------------------------------------------------------------------------
 # building a summary from a store (the fleet store on the head node)
 
 
 def _drain(conn: sqlite3.Connection, node: str, start: float, end: float) -> dict | None:
     """slurmhealth's first drain of the node in [start, end + slack], and whether no resume of
     ours followed it (an admin's `scontrol update State=RESUME` is not recorded)."""
-    rows = queries.drains_and_resumes(conn, node, start)
+    rows = drains_and_resumes(conn, node, start)
     drains = [r for r in rows if r[1] == ACT_DRAIN and r[0] <= end + DRAIN_SLACK_S]
     if not drains:
         return None
@@ -85,7 +188,7 @@ def _node_facts(
     # A node that crashed has no end of its own: the job ended when its other nodes (or Slurm
     # accounting) say so; what the node's health checks find after that is not the job's.
     end = row["end"] if row["end"] is not None else job_end or time.time()
-    unhealthy = queries.health_checks_not_ok(conn, node, start, end)
+    unhealthy = health_checks_not_ok(conn, node, start, end)
     checked = [r for r in (prolog, epilog) if r] + unhealthy
     return {
         "node": node,
@@ -96,8 +199,8 @@ def _node_facts(
         "end": row["end"] if row["end"] is not None or row["slurm_state"] != "NODE_FAIL" else end,
         "prolog": prolog["verdict"] if prolog else None,
         "epilog": epilog["verdict"] if epilog else None,
-        "problems": queries.problems(conn, sorted(checked, key=lambda r: r["started"])),
-        "xids": queries.job_xids(conn, node, job_id),
+        "problems": problems(conn, sorted(checked, key=lambda r: r["started"])),
+        "xids": job_xids(conn, node, job_id),
         "drain": _drain(conn, node, start, end),
     }
 
@@ -128,10 +231,10 @@ def _job_facts(job_id: str, rows: list, nodes: list) -> dict:
 
 def facts(conn: sqlite3.Connection, job_id: str) -> dict:
     """What the store knows of a job, node by node (no conclusion); JobError if nothing."""
-    rows = queries.job_rows(conn, job_id)
+    rows = job_rows(conn, job_id)
     if not rows:
         raise JobError(f"job {clean(job_id, 40)}: not in the fleet store")
-    runs = queries.hook_runs(conn, job_id)
+    runs = hook_runs(conn, job_id)
     ends = [r["end"] for r in rows if r["end"] is not None]
     nodes = [_node_facts(conn, job_id, row, runs, max(ends, default=None)) for row in rows]
     data = _job_facts(job_id, rows, nodes)
@@ -251,7 +354,7 @@ def _refused_sentence(refused: list, ran: list) -> str:
     )
 
 
-def _exit_words(data: dict) -> str:
+def exit_words(data: dict) -> str:
     if data.get("signal"):
         return f" (killed by signal {clean(data['signal'], 20)})"
     if data.get("exit_code"):
@@ -331,7 +434,7 @@ def conclude(data: dict) -> dict:
         )
         return {"verdict": "node_fail", "conclusion": lead + text, "exclude": []}
     if _failed(data) or not ran_names:
-        text = "no hardware fault seen: look at your application's output" + _exit_words(data)
+        text = "no hardware fault seen: look at your application's output" + exit_words(data)
         return {"verdict": "failed", "conclusion": lead + text + _app_xids(ran), "exclude": []}
     text = "no hardware fault seen; your job ended normally"
     return {"verdict": "ok", "conclusion": lead + text + _app_xids(ran), "exclude": []}
@@ -341,136 +444,6 @@ def with_conclusion(data: dict) -> dict:
     out = dict(data)
     out.update(conclude(data))
     return out
-
-
-# ---------------------------------------------------------------------------------------------
-# rendering for humans (every stored string is untrusted: kernel-log names, check messages)
-
-
-def _node_line(node: dict) -> str:
-    drain = node.get("drain")
-    drained = "-" if not drain else ("yes" if drain.get("still") else "resumed")
-    prolog, epilog = clean(node.get("prolog") or "-", 12), clean(node.get("epilog") or "-", 12)
-    return f"  {clean(node.get('node'), 20):<12} {prolog:<7} {epilog:<7} {drained}"
-
-
-def _problem_lines(nodes: list) -> list:
-    lines = []
-    for node in nodes:
-        problems = node.get("problems", [])
-        for p in problems[:ITEMS_MAX]:
-            lines.append(
-                f"  {clean(node['node'], 20):<12} {local_time(p.get('time'))}  "
-                f"{clean(p.get('phase'), 12):<11} {clean(p.get('check'), 40)} "
-                f"{clean(p.get('status'), 6)}: {clean(p.get('message'), 160)}"
-            )
-        more = len(problems[ITEMS_MAX:]) + int(node.get("more_problems", 0))
-        if more:
-            lines.append(f"  {clean(node['node'], 20):<12} ... {more} more")
-    return lines
-
-
-def _xid_lines(nodes: list) -> list:
-    lines = []
-    for node in nodes:
-        for x in node.get("xids", []):
-            process = clean(x.get("process") or "-", 40)
-            lines.append(
-                f"  {clean(node['node'], 20):<12} {local_time(x.get('time'))}  "
-                f"{gpu_words(x)}  Xid {clean(x.get('code'), 20)} "
-                f"({clean(x.get('class'), 8)})  process {process}"
-            )
-        if node.get("more_xids"):
-            lines.append(f"  {clean(node['node'], 20):<12} ... {clean(node['more_xids'])} more")
-    return lines
-
-
-def _telemetry_lines(data: dict) -> list:
-    """Per node: its worst GPU's slowdown share and the error counters that grew; then the node
-    that held the job back, if one did (fleet store only: published summaries carry none)."""
-    nodes = [n for n in data.get("nodes", []) if n.get("telemetry")]
-    if not nodes:
-        return []
-    if not any(n["telemetry"]["share"] or n["telemetry"]["errors"] for n in nodes):
-        lines = ["GPU slowdown (power or thermal policy) and error counters during the job: none"]
-    else:
-        lines = [
-            "GPU slowdown (power or thermal policy, worst GPU) and error counters during the job:"
-        ]
-        for node in nodes:
-            figures = node["telemetry"]
-            worst = figures.get("worst_gpu")
-            why = f" ({clean(worst, 20)} {clean(figures.get('cause'), 20)})" if worst else ""
-            lines.append(
-                f"  {clean(node['node'], 20):<12} slowdown {telemetry.percent(figures['share']):>4}"
-                f"{why}  errors: {telemetry.error_words(figures['errors'])}"
-            )
-    if data.get("held_back"):
-        lines.append(f"held back: {clean(data['held_back']['evidence'], 300)}")
-    return lines + _figure_lines(nodes)
-
-
-# The per-node figure sections after the slowdown lines: (telemetry key, title, words).
-_FIGURE_LINES = (
-    (
-        "clocks",
-        "GPU clocks during the job (worst GPU; means of the health checks' samples):",
-        telemetry.clock_words,
-    ),
-    (
-        "power",
-        "GPU power, mean over the job (NVML energy counter, prolog to epilog):",
-        telemetry.power_words,
-    ),
-)
-
-
-def _figure_lines(nodes: list) -> list:
-    """Per node, its GPUs' time below base clocks and the health checks' samples, then their
-    mean power over the job (prolog to epilog): each section only where recorded."""
-    lines = []
-    for key, title, words in _FIGURE_LINES:
-        known = [n for n in nodes if n["telemetry"].get(key)]
-        if known:
-            lines.append(title)
-            for node in known:
-                lines.append(f"  {clean(node['node'], 20):<12} {words(node['telemetry'][key])}")
-    return lines
-
-
-def _header(data: dict) -> str:
-    state = clean(data.get("state") or "", 20)
-    span = f"{local_time(data.get('start'))} to {local_time(data.get('end'))}"
-    who = clean(data.get("user") or "?", 40)
-    ended = f"{state or 'ended'}{_exit_words(data)}"
-    return f"job {clean(data.get('job'), 40)} of {who}: {ended}, {span}"
-
-
-def _ok_line(data: dict) -> list:
-    names = [clean(n, 20) for n in data.get("ok_nodes", [])]
-    count = len(names) + int(data.get("ok_count", 0))
-    if not count:
-        return []
-    shown = ", ".join(names[:20]) + (f" and {count - 20} more" if count > 20 else "")
-    more = counted(count, "more node")
-    return [f"  prolog ok, epilog ok, nothing seen on {more}: {shown or '-'}"]
-
-
-def render_text(data: dict) -> str:
-    """The summary as a user reads it: nodes, problems, Xids, and the conclusion last."""
-    nodes = data.get("nodes", [])
-    lines = [_header(data), f"  {'NODE':<12} {'PROLOG':<7} {'EPILOG':<7} DRAINED"]
-    lines += [_node_line(n) for n in nodes] + _ok_line(data)
-    if data.get("omitted"):
-        lines.append(f"  ({counted(data['omitted'], 'node')} left out of the published summary)")
-    lines += _telemetry_lines(data)
-    problems, xids = _problem_lines(nodes), _xid_lines(nodes)
-    if problems:
-        lines += ["checks that did not pass:", *problems]
-    if xids:
-        lines += ["Xids during the job:", *xids]
-    lines.append(f"conclusion: {clean(data.get('conclusion'), 2000)}")
-    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -589,10 +562,11 @@ def decode(comment: str) -> dict:
     return with_conclusion(data)
 
 
-# What conclude() and render_text() rely on, field by field: a comment is admin-written, but a
-# damaged or forged one must give a message, not a traceback. A kind: "text" (str), "int",
-# "time" (a finite number), "count" (an int >= 0, never null), "scalar" (any JSON scalar:
-# cleaned where printed); null or missing is allowed but for counts (missing: 0).
+# What conclude() and the summary's text (fleet/text.py) rely on, field by field: a comment is
+# admin-written, but a damaged or forged one must give a message, not a traceback. A kind:
+# "text" (str), "int", "time" (a finite number), "count" (an int >= 0, never null), "scalar"
+# (any JSON scalar: cleaned where printed); null or missing is allowed but for counts
+# (missing: 0).
 _SUMMARY_FIELDS = {
     "job": "scalar", "user": "scalar", "uid": "scalar", "state": "text", "exit_code": "int",
     "signal": "int", "start": "time", "end": "time", "omitted": "count", "ok_count": "count",
@@ -637,7 +611,8 @@ def _records(node: dict, key: str, spec: dict) -> bool:
 
 
 def _sane(data: dict) -> bool:
-    """Every field conclude() and render_text() read has the type they expect."""
+    """Every field conclude() and the summary's text (fleet/text.py) read has the type they
+    expect."""
     nodes, names = data.get("nodes"), data.setdefault("ok_nodes", [])
     if not isinstance(nodes, list) or not isinstance(names, list):
         return False
@@ -679,7 +654,7 @@ def pending(conn: sqlite3.Connection, job_ids: list) -> tuple:
             continue
         comment = encode(data)
         sign = digest(comment)
-        if queries.published_digest(conn, job_id) == sign:
+        if published_digest(conn, job_id) == sign:
             unchanged += 1
         else:
             todo.append((job_id, comment, sign))
@@ -769,7 +744,7 @@ def publish(
             "slurmdbd.conf lacks PrivateData=jobs: every user could read every job's summary "
             "with sacct; set it and restart slurmdbd (or pass --public)"
         )
-    todo, unchanged, unrecorded = pending(conn, queries.finished_jobs(conn, start, end))
+    todo, unchanged, unrecorded = pending(conn, finished_jobs(conn, start, end))
     report: dict = {"published": [], "unchanged": unchanged, "foreign": [], "unknown": []}
     report.update(unrecorded=unrecorded, failed=[])
     current = read_comments(client, [job for job, _, _ in todo]) if todo else {}
@@ -806,20 +781,6 @@ def publish(
         _remember(conn, job_id, sign, comment)
         report["published"].append(job_id)
     return report
-
-
-def report_text(report: dict) -> str:
-    lines = [
-        f"{counted(len(report['published']), 'summary', 'summaries')} published, "
-        f"{report['unchanged']} unchanged, "
-        f"{len(report['foreign'])} left alone, {len(report['unknown'])} not in accounting, "
-        f"{len(report['failed'])} failed"
-    ]
-    for job_id, theirs in report["foreign"]:
-        lines.append(f"job {job_id}: AdminComment set by another tool, left alone: {theirs}")
-    for job_id, why in report["failed"]:
-        lines.append(f"job {job_id}: not published: {why}")
-    return "\n".join(lines)
 
 
 def job_id_arg(text: str) -> str:

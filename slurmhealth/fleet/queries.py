@@ -1,8 +1,10 @@
-"""Every read of the fleet and node store tables that the head-node side makes (the nightly
-report, job summaries, `slurmhealth history`), as named functions: a schema change is one
-place to look. The lemon signals (fleet/signals.py), the bulk export and import, collect and
-the rollup (fleet/records.py, collect.py, rollup.py) keep their own spec-driven statements;
-every write of a node's run lives in core/store.py.
+"""The reads of the fleet and node store tables that more than one head-node consumer makes
+(the nightly report, the lemon sweep, `slurmhealth lemons`, `slow`, `trends`, job summaries),
+as named functions. A read with one consumer lives beside it: the report's in report/reads.py,
+the job summaries' in fleet/jobs.py, `slurmhealth history`'s in fleet/history.py. The lemon
+signals (fleet/signals.py), the bulk export and import, collect and the rollup
+(fleet/records.py, collect.py, rollup.py) keep their own spec-driven statements; every write of
+a node's run lives in core/store.py.
 """
 
 from __future__ import annotations
@@ -14,79 +16,15 @@ import sqlite3
 from slurmhealth.fleet import drift
 
 DAY = 86400
-WEEK = 7 * DAY  # the longest job: how far back a job's start is looked for
 
 
-def _dicts(cursor: sqlite3.Cursor) -> list:
+def dicts(cursor: sqlite3.Cursor) -> list:
+    """The cursor's rows as dicts keyed by its column names."""
     names = [d[0] for d in cursor.description]
     return [dict(zip(names, row)) for row in cursor]
 
 
-# --- the report: a node's state -----------------------------------------------------------------
-
-
-def last_action(conn: sqlite3.Connection, node: str, now: float) -> tuple | None:
-    """(time, action, reason, actor) of the node's latest successful drain or resume before
-    `now`, or None."""
-    return conn.execute(
-        "SELECT time, action, reason, actor FROM actions WHERE node = ? AND time < ? AND ok = 1 "
-        "AND action IN ('drain', 'resume') ORDER BY time DESC LIMIT 1",
-        (node, now),
-    ).fetchone()
-
-
-def drains_by(conn: sqlite3.Connection, actor: str, until: float) -> dict:
-    """{node: time of `actor`'s latest drain of it that Slurm took, at or before `until`}."""
-    return dict(
-        conn.execute(
-            "SELECT node, max(time) FROM actions WHERE actor = ? AND action = 'drain' "
-            "AND ok = 1 AND time <= ? GROUP BY node",
-            (actor, until),
-        )
-    )
-
-
-def last_run(conn: sqlite3.Connection, node: str, now: float) -> tuple | None:
-    """(id, verdict, started) of the node's latest run before `now`, or None."""
-    return conn.execute(
-        "SELECT id, verdict, started FROM runs WHERE node = ? AND started < ? "
-        "ORDER BY started DESC LIMIT 1",
-        (node, now),
-    ).fetchone()
-
-
-def busy(conn: sqlite3.Connection, node: str, now: float) -> bool:
-    """A job still runs on the node (a drained node with a job is draining): started within
-    a week (the longest job) and not ended by `now`, as far as the hooks and sacct know."""
-    row = conn.execute(
-        "SELECT 1 FROM jobs WHERE node = ? AND start >= ? AND start < ? AND (end > ? OR "
-        "(end IS NULL AND state = 'running' AND coalesce(slurm_state, 'RUNNING') = 'RUNNING')) "
-        "LIMIT 1",
-        (node, now - WEEK, now, now),
-    ).fetchone()
-    return row is not None
-
-
-def failing_results(conn: sqlite3.Connection, run_id: str) -> list:
-    """[(check_name, message)] of the run's first two failed checks, by check name."""
-    return conn.execute(
-        "SELECT check_name, message FROM results WHERE run_id = ? AND status = 'fail' "
-        "ORDER BY check_name LIMIT 2",
-        (run_id,),
-    ).fetchall()
-
-
-# --- the report: the period ---------------------------------------------------------------------
-
-
-def actions_between(conn: sqlite3.Connection, start: float, end: float) -> list:
-    """[(time, node, action, reason, actor, ok, detail)] of every action in [start, end),
-    newest first."""
-    return conn.execute(
-        "SELECT time, node, action, reason, actor, ok, detail FROM actions "
-        "WHERE time >= ? AND time < ? ORDER BY time DESC, node",
-        (start, end),
-    ).fetchall()
+# --- runs: who was heard from, what did not pass ------------------------------------------------
 
 
 # Every node of the runs table: a loose scan of the (node, started, verdict) index, one seek per
@@ -118,80 +56,17 @@ def not_ok_runs(conn: sqlite3.Connection, start: float, end: float) -> sqlite3.C
     )
 
 
-def verdict_counts(conn: sqlite3.Connection, start: float, end: float) -> list:
-    """[(verdict, runs)]: runs started in [start, end) per verdict, with the passing runs
-    rolled up in the hours that start in it (rollup.rollup). The passing runs are counted, never
-    read one by one: all runs from the time index, less those that did not pass
-    (not_ok_runs)."""
-    total = conn.execute(
-        "SELECT count(*) FROM runs INDEXED BY runs_started_phase "
-        "WHERE started >= ? AND started < ?",
-        (start, end),
-    ).fetchone()[0]
-    others: dict = {}
-    for _node, _started, verdict in not_ok_runs(conn, start, end):
-        others[verdict] = others.get(verdict, 0) + 1
-    rolled = conn.execute(
-        "SELECT sum(runs) FROM run_hours WHERE hour >= ? AND hour < ?", (start, end)
-    ).fetchone()[0]
-    counts = [("ok", total - sum(others.values()) + (rolled or 0)), *sorted(others.items())]
-    return [(verdict, n) for verdict, n in counts if n > 0]
-
-
-def check_counts(conn: sqlite3.Connection, start: float, end: float) -> list:
-    """[(check_name, node, fails, warns)] of the runs started in [start, end). Only runs that
-    were not ok keep results (store.record_run): a partial index holds just those (store
-    migration 8), so the window's failures are read, never its passing runs."""
-    return conn.execute(
-        "SELECT r.check_name, u.node, sum(r.status = 'fail'), sum(r.status = 'warn') "
-        "FROM runs u INDEXED BY runs_not_ok JOIN results r ON r.run_id = u.id "
-        "WHERE u.verdict != 'ok' AND u.started >= ? AND u.started < ? "
-        "AND r.status IN ('fail', 'warn') GROUP BY r.check_name, u.node",
-        (start, end),
-    ).fetchall()
-
-
-def first_record(conn: sqlite3.Connection, start: float, end: float) -> float | None:
-    """The time of the first run or job start in [start, end) (indexes runs_started_phase and
-    jobs_start), None when there is none."""
-    row = conn.execute(
-        "SELECT min(t) FROM (SELECT min(started) AS t FROM runs WHERE started >= ? AND started < ?"
-        " UNION ALL SELECT min(start) FROM jobs WHERE start >= ? AND start < ?)",
-        (start, end, start, end),
-    ).fetchone()
-    return row[0] if row else None
-
-
-def xids_between(conn: sqlite3.Connection, start: float, end: float) -> sqlite3.Cursor:
-    """(class, code, node, process) rows of every Xid event in [start, end). The process
-    names come from the kernel log: untrusted."""
-    return conn.execute(
-        "SELECT class, code, node, process FROM events "
-        "WHERE kind = 'xid' AND time >= ? AND time < ?",
+def nodes_with_runs(conn: sqlite3.Connection, start: float, end: float) -> list:
+    """[node] of every node with a run started in [start, end): two index seeks per node."""
+    rows = conn.execute(
+        f"{_NODES} SELECT node FROM n WHERE node IS NOT NULL AND EXISTS (SELECT 1 FROM runs u "  # noqa: S608 - constants
+        "WHERE u.node = n.node AND u.started >= ? AND u.started < ?)",
         (start, end),
     )
+    return [row[0] for row in rows]
 
 
-def diagnoses(conn: sqlite3.Connection, start: float, end: float) -> list:
-    """[{node, started, duration, verdict, sources, results: [{check_name, status, message,
-    data}]}] of the `diag` runs started in [start, end), by time."""
-    runs = _dicts(
-        conn.execute(
-            "SELECT id, node, started, duration, verdict, sources FROM runs "
-            "WHERE phase = 'diag' AND started >= ? AND started < ? ORDER BY started, node",
-            (start, end),
-        )
-    )
-    for run in runs:
-        run["results"] = _dicts(
-            conn.execute(
-                "SELECT check_name, status, message, data FROM results WHERE run_id = ? "
-                "ORDER BY check_name",
-                (run.pop("id"),),
-            )
-        )
-    return runs
-
+# --- the figures diagnoses measured (fleet/peers.py) ----------------------------------------
 
 # What a diagnosis's outcome measured (node/diag/probes.py PASS and FAIL): a skipped outcome
 # (no tool, no floor to judge against) says nothing about this node against its peers.
@@ -270,71 +145,7 @@ def _measured_figures(data: str) -> list:
     return out
 
 
-def durations(conn: sqlite3.Connection, start: float, end: float, phases: tuple) -> dict:
-    """{phase: [runs.duration]} of the phases' runs started in [start, end): slurmhealth's own
-    wall time. One scan of the time index for all the phases (it holds every run's phase and
-    duration): a 10,000-node month has 17M runs in it, two thirds of them health checks."""
-    out: dict = {phase: [] for phase in phases}
-    marks = ", ".join("?" for _ in phases)  # placeholders only
-    rows = conn.execute(
-        f"SELECT phase, duration FROM runs WHERE started >= ? AND started < ? "  # noqa: S608
-        f"AND phase IN ({marks})",
-        (start, end, *phases),
-    )
-    for phase, duration in rows:
-        out[phase].append(duration)
-    return out
-
-
-def nodes_with_runs(conn: sqlite3.Connection, start: float, end: float) -> list:
-    """[node] of every node with a run started in [start, end): two index seeks per node."""
-    rows = conn.execute(
-        f"{_NODES} SELECT node FROM n WHERE node IS NOT NULL AND EXISTS (SELECT 1 FROM runs u "  # noqa: S608 - constants
-        "WHERE u.node = n.node AND u.started >= ? AND u.started < ?)",
-        (start, end),
-    )
-    return [row[0] for row in rows]
-
-
-def large_store(conn: sqlite3.Connection, runs: int = 100_000) -> bool:
-    """Does the store hold `runs` runs or more (worth a progress bar)? max(rowid): no
-    count(*) over 1M rows."""
-    return (conn.execute("SELECT max(rowid) FROM runs").fetchone()[0] or 0) >= runs
-
-
-# --- the report: the window ---------------------------------------------------------------------
-
-
-def drains_between(conn: sqlite3.Connection, start: float, end: float) -> sqlite3.Cursor:
-    """(time, node, reason) rows of every successful drain in [start, end)."""
-    return conn.execute(
-        "SELECT time, node, reason FROM actions WHERE action = 'drain' AND ok = 1 "
-        "AND time >= ? AND time < ?",
-        (start, end),
-    )
-
-
-def refused_between(conn: sqlite3.Connection, start: float, end: float) -> sqlite3.Cursor:
-    """(time, node, reason) rows of every drain the circuit breaker refused in [start, end)."""
-    return conn.execute(
-        "SELECT time, node, reason FROM actions WHERE action = 'breaker' "
-        "AND time >= ? AND time < ?",
-        (start, end),
-    )
-
-
-def node_fails_between(conn: sqlite3.Connection, start: float, end: float) -> sqlite3.Cursor:
-    """(time, node, job_id) rows of the nodes that crashed under a job in [start, end).
-
-    NODE_FAIL is the job's state on all its nodes; the node that crashed is the one whose
-    epilog never ran (state not 'ended'). Dated by the job's end (sacct's End), else its
-    start; the index range on start reaches back a week, the longest job."""
-    return conn.execute(
-        "SELECT coalesce(end, start), node, job_id FROM jobs WHERE start >= ? AND start < ? "
-        "AND slurm_state = 'NODE_FAIL' AND coalesce(state, 'running') != 'ended' "
-        "AND coalesce(end, start) >= ? AND coalesce(end, start) < ?",
-        (start - WEEK, end, start, end),
-    )
+# --- the versions each node recorded (the report's drift section, the peers' classes) -----------
 
 
 def version_sources(
@@ -353,199 +164,51 @@ _VERSIONS_NEWEST = _VERSIONS + "DESC"
 _VERSIONS_OLDEST = _VERSIONS + "ASC"
 
 
-# --- job summaries (fleet/jobs.py) ---------------------------------------------------------------
+def recorded_versions(
+    conn: sqlite3.Connection, node: str, end: float, lookback: float, oldest: bool = False
+) -> dict | None:
+    """The versions the node's latest run recorded (runner.Gathered.versions, as
+    drift.versions reads them) within `lookback` before `end` (with `oldest`, its earliest run
+    there: what it ran before); None when it recorded none (no run, or no facts parsed).
+
+    A run whose GPU source failed (NVML did not answer that once) records its other sources'
+    versions alone: taken as they are, the node would fall into a class of its own, "unknown
+    GPUs", and be compared across hardware. So the newest run decides each key it has, and
+    older runs fill in the keys it lacks, until one names the GPU model or its GPU source
+    answered (at most VERSIONS_MERGE runs)."""
+    merged: dict = {}
+    for count, (text,) in enumerate(version_sources(conn, node, end - lookback, end, oldest)):
+        try:
+            sources = json.loads(text)
+            found = drift.versions(sources)
+        except (ValueError, RecursionError):
+            continue
+        for key, value in found.items():
+            merged.setdefault(key, value)
+        if merged.get("model") or drift.gpu_answered(sources) or count + 1 >= VERSIONS_MERGE:
+            break
+    return merged or None
 
 
-def job_rows(conn: sqlite3.Connection, job_id: str) -> list:
-    """[{node, uid, user, start, end, exit_code, signal, state, slurm_state, gpu_energy}] of
-    the job, one per node, by node."""
-    return _dicts(
-        conn.execute(
-            "SELECT node, uid, user, start, end, exit_code, signal, state, slurm_state, "
-            "gpu_energy "
-            "FROM jobs WHERE job_id = ? ORDER BY node",
-            (job_id,),
-        )
-    )
+VERSIONS_MERGE = 20  # runs read back for keys the newest run lacks (recorded_versions)
 
 
-def hook_runs(conn: sqlite3.Connection, job_id: str) -> dict:
-    """{(node, phase): run} of the job's prolog and epilog runs; the latest of each wins (a
-    requeued job may start twice on one node)."""
-    rows = _dicts(
-        conn.execute(
-            "SELECT id, node, phase, started, verdict FROM runs WHERE job_id = ? "
-            "AND phase IN ('prolog', 'epilog') ORDER BY started",
-            (job_id,),
-        )
-    )
-    return {(r["node"], r["phase"]): r for r in rows}
-
-
-def health_checks_not_ok(conn: sqlite3.Connection, node: str, start: float, end: float) -> list:
-    """[{id, phase, started}] of the health checks on the node in [start, end] that did not
-    pass, oldest first."""
-    return _dicts(
-        conn.execute(
-            "SELECT id, phase, started FROM runs WHERE node = ? AND started >= ? "
-            "AND started <= ? AND verdict != 'ok' AND phase = 'healthcheck' ORDER BY started",
-            (node, start, end),
-        )
-    )
-
-
-def problems(conn: sqlite3.Connection, runs: list) -> list:
-    """[{phase, time, check, status, message}] of the failed, warning and erroring checks of
-    each run ({id, phase, started}), run by run."""
-    out = []
-    for run in runs:
-        rows = conn.execute(
-            "SELECT check_name, status, message FROM results WHERE run_id = ? "
-            "AND status IN ('fail', 'warn', 'error') ORDER BY check_name",
-            (run["id"],),
-        )
-        for check, status, message in rows:
-            out.append(
-                {
-                    "phase": run["phase"],
-                    "time": run["started"],
-                    "check": check,
-                    "status": status,
-                    "message": message,
-                }
-            )
+def node_models(
+    conn: sqlite3.Connection, nodes: list, end: float, lookback: float, known: dict | None = None
+) -> dict:
+    """{node: GPU model} from each node's recorded versions in [end - lookback, end) ("" when
+    none named one): the hardware class peers are compared in. known: {node: model} already
+    read (the report's drift section), taken as they are."""
+    out = {}
+    for node in nodes:
+        if known and node in known:
+            out[node] = known[node]
+        else:
+            out[node] = str((recorded_versions(conn, node, end, lookback) or {}).get("model") or "")
     return out
 
 
-def job_xids(conn: sqlite3.Connection, node: str, job_id: str) -> list:
-    """[{time, gpu, bus_id, code, class, process}] of the Xids the epilog gave the job on the
-    node (those on its GPUs, read after its prolog)."""
-    return _dicts(
-        conn.execute(
-            "SELECT time, gpu, bus_id, code, class, process FROM events "
-            "WHERE node = ? AND job_id = ? "
-            "AND kind = 'xid' ORDER BY time, gpu, code",
-            (node, job_id),
-        )
-    )
-
-
-def drains_and_resumes(conn: sqlite3.Connection, node: str, since: float) -> list:
-    """[(time, action, reason)] of slurmhealth's successful drains and resumes of the node
-    from `since` on, oldest first."""
-    return conn.execute(
-        "SELECT time, action, reason FROM actions WHERE node = ? AND time >= ? AND ok = 1 "
-        "AND action IN ('drain', 'resume') ORDER BY time",
-        (node, since),
-    ).fetchall()
-
-
-def finished_jobs(conn: sqlite3.Connection, start: float, end: float) -> list:
-    """Ids of the jobs with a node that ended in [start, end], in numeric order (store
-    migration 4 indexes jobs by end)."""
-    rows = conn.execute(
-        "SELECT DISTINCT job_id FROM jobs WHERE end >= ? AND end <= ?", (start, end)
-    ).fetchall()
-    return sorted((r[0] for r in rows), key=lambda j: (len(j), j))
-
-
-def published_digest(conn: sqlite3.Connection, job_id: str) -> str | None:
-    """The digest of the summary `publish` last wrote for the job, or None."""
-    row = conn.execute("SELECT digest FROM published WHERE job_id = ?", (job_id,)).fetchone()
-    return row[0] if row else None
-
-
-# --- `slurmhealth history` -----------------------------------------------------------------------
-
-
-_COUNTER_KEYS = ("device", "counter", "delta", "value")
-
-
-def rolled_up(conn: sqlite3.Connection, node: str | None, since: float) -> int:
-    """Passing health checks from `since` on (of the node) that a rollup counts per hour
-    (rollup.rollup) instead of keeping as rows: an hour is counted when it ends after `since`."""
-    sql = "SELECT coalesce(sum(runs), 0) FROM run_hours WHERE hour > ?"
-    args: list = [since - 3600]
-    if node:
-        sql += " AND node = ?"
-        args.append(node)
-    return int(conn.execute(sql, args).fetchone()[0])
-
-
-def run_history(
-    conn: sqlite3.Connection,
-    node: str | None,
-    job: str | None,
-    since: float,
-    limit: int,
-    failures: bool = False,
-) -> list:
-    """[{id, node, job, phase, started, duration, verdict, problems}] of the runs started
-    from `since` on (of the node, of the job; failures: only those that did not pass), newest
-    first, at most `limit`, each with its non-ok results."""
-    where, args = ["started >= ?"], [since]
-    if failures:
-        where.append("verdict != 'ok'")
-    if node:
-        where.append("node = ?")
-        args.append(node)
-    if job:
-        where.append("job_id = ?")
-        args.append(job)
-    # Only the fixed clauses above are joined into the text; every value is a parameter.
-    sql = f"SELECT id, node, job_id, phase, started, duration, verdict FROM runs WHERE {' AND '.join(where)} ORDER BY started DESC LIMIT ?"  # noqa: S608, E501
-    rows = conn.execute(sql, (*args, limit)).fetchall()
-    out = []
-    for run_id, run_node, job_id, phase, started, duration, verdict in rows:
-        problems = conn.execute(
-            "SELECT check_name, status, message, action FROM results "
-            "WHERE run_id = ? AND status NOT IN ('ok', 'skip') ORDER BY check_name",
-            (run_id,),
-        ).fetchall()
-        # the run's counter readings that changed (node/counters.py), by the time index
-        changed = conn.execute(
-            "SELECT label, counter, delta, value FROM counters WHERE time = ? AND run_id = ? "
-            "ORDER BY label, counter",
-            (started, run_id),
-        ).fetchall()
-        out.append(
-            {
-                "id": run_id,
-                "node": run_node,
-                "job": job_id,
-                "phase": phase,
-                "started": started,
-                "duration": duration,
-                "verdict": verdict,
-                "problems": [
-                    dict(zip(("check", "status", "message", "action"), p)) for p in problems
-                ],
-                "counters": [dict(zip(_COUNTER_KEYS, c)) for c in changed],
-            }
-        )
-    return out
-
-
-def action_history(conn: sqlite3.Connection, node: str | None, since: float) -> list:
-    """[{node, time, action, reason, actor, ok, detail}] of every action from `since` on (of
-    the node), newest first."""
-    sql = "SELECT node, time, action, reason, actor, ok, detail FROM actions WHERE time >= ?"
-    args: list = [since]
-    if node:
-        sql += " AND node = ?"
-        args.append(node)
-    keys = ("node", "time", "action", "reason", "actor", "ok", "detail")
-    return [dict(zip(keys, row)) for row in conn.execute(sql + " ORDER BY time DESC", args)]
-
-
-def job_history(conn: sqlite3.Connection, job: str) -> list:
-    """[{node, job, uid, user, start, end, exit_code, signal}] of the job, one per node."""
-    keys = ("node", "job", "uid", "user", "start", "end", "exit_code", "signal")
-    rows = conn.execute(
-        "SELECT node, job_id, uid, user, start, end, exit_code, signal FROM jobs WHERE job_id = ?",
-        (job,),
-    )
-    return [dict(zip(keys, row)) for row in rows]
+MODEL_LOOKBACK = 2 * DAY  # versions are recorded at least every 6 h (node/runner.py)
 
 
 # --- error counters over time (fleet/trends.py) ------------------------------------------------
@@ -615,53 +278,6 @@ def counter_series(conn: sqlite3.Connection, now: float, hours: tuple, skip: tup
         past = row[4 + width : 10 + width] + (tuple(row[10 + width : -1]),)
         out.append(row[:4] + (row[-1], recent, past))
     return out
-
-
-def recorded_versions(
-    conn: sqlite3.Connection, node: str, end: float, lookback: float, oldest: bool = False
-) -> dict | None:
-    """The versions the node's latest run recorded (runner.Gathered.versions, as
-    drift.versions reads them) within `lookback` before `end` (with `oldest`, its earliest run
-    there: what it ran before); None when it recorded none (no run, or no facts parsed).
-
-    A run whose GPU source failed (NVML did not answer that once) records its other sources'
-    versions alone: taken as they are, the node would fall into a class of its own, "unknown
-    GPUs", and be compared across hardware. So the newest run decides each key it has, and
-    older runs fill in the keys it lacks, until one names the GPU model or its GPU source
-    answered (at most VERSIONS_MERGE runs)."""
-    merged: dict = {}
-    for count, (text,) in enumerate(version_sources(conn, node, end - lookback, end, oldest)):
-        try:
-            sources = json.loads(text)
-            found = drift.versions(sources)
-        except (ValueError, RecursionError):
-            continue
-        for key, value in found.items():
-            merged.setdefault(key, value)
-        if merged.get("model") or drift.gpu_answered(sources) or count + 1 >= VERSIONS_MERGE:
-            break
-    return merged or None
-
-
-VERSIONS_MERGE = 20  # runs read back for keys the newest run lacks (recorded_versions)
-
-
-def node_models(
-    conn: sqlite3.Connection, nodes: list, end: float, lookback: float, known: dict | None = None
-) -> dict:
-    """{node: GPU model} from each node's recorded versions in [end - lookback, end) ("" when
-    none named one): the hardware class peers are compared in. known: {node: model} already
-    read (the report's drift section), taken as they are."""
-    out = {}
-    for node in nodes:
-        if known and node in known:
-            out[node] = known[node]
-        else:
-            out[node] = str((recorded_versions(conn, node, end, lookback) or {}).get("model") or "")
-    return out
-
-
-MODEL_LOOKBACK = 2 * DAY  # versions are recorded at least every 6 h (node/runner.py)
 
 
 def rising_counters(

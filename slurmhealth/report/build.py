@@ -33,6 +33,7 @@ from slurmhealth.core.result import clean
 from slurmhealth.fleet import drift as drift_of
 from slurmhealth.fleet import faults, lemons, peers, policy, queries, signals, telemetry, trends
 from slurmhealth.node.checks import xid as xid_catalogue
+from slurmhealth.report import reads
 
 FORMAT = "slurmhealth-report/1"
 FORMATS = ("html", "md", "json")
@@ -88,7 +89,7 @@ def records_window(conn: sqlite3.Connection, start: float, end: float) -> tuple:
     younger than the window is not shown days it did not exist, and a rate per node-day is
     read over the days it counts. (start, end) unchanged when records start on its first day
     or there are none."""
-    first = queries.first_record(conn, start, end)
+    first = reads.first_record(conn, start, end)
     if first is None:
         return start, end
     return max(start, math.floor(first / DAY) * DAY), end
@@ -102,7 +103,7 @@ def _day(t: float) -> str:
 
 
 def _failing_why(conn: sqlite3.Connection, run_id: str) -> str:
-    rows = queries.failing_results(conn, run_id)
+    rows = reads.failing_results(conn, run_id)
     return "; ".join(f"{check}: {message}" for check, message in rows) or "failed its last run"
 
 
@@ -110,9 +111,9 @@ def node_state(conn: sqlite3.Connection, node: str, now: float) -> dict:
     """One node as the store sees it: ok, failing (its last run failed, yet slurmhealth has
     not drained it: the breaker held, or Slurm took it down), draining or drained (our latest
     drain stands; a job still runs), with why and since when."""
-    act, run = queries.last_action(conn, node, now), queries.last_run(conn, node, now)
+    act, run = reads.last_action(conn, node, now), reads.last_run(conn, node, now)
     if act and act[1] == ACT_DRAIN:
-        state = "draining" if queries.busy(conn, node, now) else "drained"
+        state = "draining" if reads.busy(conn, node, now) else "drained"
         return _state(node, state, act[2], act[0], act[3])
     if run and run[1] == "fail":
         return _state(node, "failing", _failing_why(conn, run[0]), run[2], "")
@@ -159,7 +160,7 @@ def fleet_summary(states: list, source: str) -> dict:
 
 def period_actions(conn: sqlite3.Connection, start: float, end: float) -> dict:
     """Drains, resumes, breaker refusals and failed actions in the period, newest first."""
-    rows = queries.actions_between(conn, start, end)
+    rows = reads.actions_between(conn, start, end)
     counts = {ACT_DRAIN: 0, ACT_RESUME: 0, ACT_BREAKER: 0, "failed": 0, ACT_WOULD_DRAIN: 0}
     for _, _, action, _, _, ok, _ in rows:
         if action == ACT_BREAKER:
@@ -186,7 +187,7 @@ def period_actions(conn: sqlite3.Connection, start: float, end: float) -> dict:
 def period_runs(conn: sqlite3.Connection, start: float, end: float) -> dict:
     """Runs in the period by verdict: the denominator of the check counts."""
     counts = {"ok": 0, "warn": 0, "fail": 0}
-    for verdict, n in queries.verdict_counts(conn, start, end):
+    for verdict, n in reads.verdict_counts(conn, start, end):
         counts[verdict] = counts.get(verdict, 0) + n
     return {"total": sum(counts.values()), **counts}
 
@@ -195,7 +196,7 @@ def check_counts(conn: sqlite3.Connection, start: float, end: float) -> list:
     """Fail and warn results per check in the period, most fails first. Only runs that were
     not ok keep results (store.record_run), so the join reads few rows."""
     per_check: dict = {}
-    for name, node, fails, warns in queries.check_counts(conn, start, end):
+    for name, node, fails, warns in reads.check_counts(conn, start, end):
         entry = per_check.setdefault(name, {"fail": 0, "warn": 0, "by_node": {}})
         entry["fail"] += fails or 0
         entry["warn"] += warns or 0
@@ -220,7 +221,7 @@ def xid_counts(conn: sqlite3.Connection, start: float, end: float) -> dict:
     and processes seen. Process names come from the kernel log: untrusted, cleaned here, escaped
     by the templates."""
     codes: dict = {}
-    for cls, code, node, process in queries.xids_between(conn, start, end):
+    for cls, code, node, process in reads.xids_between(conn, start, end):
         entry = codes.setdefault(
             (cls or "unknown", code), {"count": 0, "nodes": {}, "procs": set()}
         )
@@ -263,7 +264,7 @@ def own_cost(conn: sqlite3.Connection, start: float, end: float) -> list:
     """slurmhealth's own wall time per run of prolog and epilog in the period (runs.duration)."""
     out = []
     phases = ("prolog", "epilog")
-    for phase, durations in queries.durations(conn, start, end, phases).items():
+    for phase, durations in reads.durations(conn, start, end, phases).items():
         durations.sort()
         p50, p99 = percentile(durations, 0.50, True), percentile(durations, 0.99, True)
         out.append(
@@ -308,13 +309,13 @@ def failure_records(conn: sqlite3.Connection, start: float, end: float) -> list:
     lemon = f"{PREFIX} {LEMON}"
     rows = [
         (t, node, ACT_DRAIN, reason)
-        for t, node, reason in queries.drains_between(conn, start, end)
+        for t, node, reason in reads.drains_between(conn, start, end)
         if not reason.startswith(lemon)
     ]
-    # the node that crashed under a job (queries.node_fails_between says how it is found)
+    # the node that crashed under a job (reads.node_fails_between says how it is found)
     rows += [
         (t, node, "node_fail", f"crashed under job {job} (NODE_FAIL)")
-        for t, node, job in queries.node_fails_between(conn, start, end)
+        for t, node, job in reads.node_fails_between(conn, start, end)
     ]
     return sorted(rows)
 
@@ -541,7 +542,7 @@ def _build(
         states = fleet_summary([slurm_state(info) for info in sinfo], "sinfo")
     tick(1)
     everything = episodes(failure_records(conn, w_start, w_end))
-    refused = list(queries.refused_between(conn, w_start, w_end))
+    refused = list(reads.refused_between(conn, w_start, w_end))
     common = shared_failures(everything, w_end - w_start, refused)
     failures = [f for f in everything if (f[1], f[0]) not in common]
     shared = [f for f in everything if (f[1], f[0]) in common]
@@ -639,7 +640,7 @@ def _key_figures(results: list) -> str:
 def diagnosed(conn: sqlite3.Connection, start: float, end: float) -> list:
     """The period's diagnoses: node, level, outcome, key figures, duration, failures."""
     out = []
-    for run in queries.diagnoses(conn, start, end)[-DIAG_SHOWN:]:
+    for run in reads.diagnoses(conn, start, end)[-DIAG_SHOWN:]:
         try:
             level = json.loads(run["sources"]).get("diag", {}).get("level", "")
         except (ValueError, TypeError, AttributeError):

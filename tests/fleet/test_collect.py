@@ -33,7 +33,7 @@ from stores import (
 )
 
 from slurmhealth.core import store
-from slurmhealth.fleet import collect, records
+from slurmhealth.fleet import collect, command, records
 
 # --- collect --------------------------------------------------------------------------------
 
@@ -95,6 +95,29 @@ def test_collect_merges_node_stores_and_spools_and_skips_garbage(tmp_path):
     assert {t: sorted(rows) for t, rows in dump(conn).items()} == expected
     again = collect.collect(conn, str(spool))
     assert sum(again["added"].values()) == 0 and len(again["skipped"]) == 1
+
+
+def test_the_collect_command_runs_without_click_and_says_each_step(tmp_path):
+    """collect.run, as `slurmhealth collect` calls it, with a console of lists: the skipped
+    file on standard error, the merge line on standard output; a bad --rollup-after is said as
+    the option's error once the files are merged."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    node_store(str(spool / "gpu01.db"), "gpu01")
+    (spool / "garbage.db").write_bytes(b"this is not an SQLite file, just bytes " * 200)
+    out: list = []
+    err: list = []
+    console = command.Console(out.append, err.append, out.append)
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    now = time.time()
+    collect.run(conn, "fleet.db", collect.Request(str(spool), now - 86400 * 28, now), console)
+    assert err == [f"{spool / 'garbage.db'}: skipped: file is not a database"]
+    assert len(out) == 1 and out[0].startswith("1 file merged, 1 skipped: ")
+    late = collect.Request(str(spool), now - 86400 * 28, now, rollup_after="soon")
+    with pytest.raises(command.CommandError) as raised:
+        collect.run(conn, "fleet.db", late, console)
+    assert raised.value.option == "--rollup-after"
+    assert out[-1] == "1 file merged, 1 skipped: nothing new added"  # merged before it
 
 
 def test_a_store_still_being_copied_is_skipped(tmp_path):

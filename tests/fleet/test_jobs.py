@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from slurmhealth.core import slurm, store
 from slurmhealth.fleet import accounting, jobs, records
+from slurmhealth.fleet.text import job as job_text
 from slurmhealth.node import config, runner
 
 HEALTHY_KMSG = os.path.join(FIXTURES, "kmsg", "healthy.kmsg")
@@ -143,7 +144,7 @@ def test_application_xids_are_the_jobs_own_and_hostile_names_stay_text(conn):
     assert got["verdict"] == "failed"
     assert {x["class"] for x in got["nodes"][0]["xids"]} == {"app"}
     assert "which is usually the application's own error" in got["conclusion"]
-    text = jobs.render_text(got)
+    text = job_text(got)
     assert "\x1b" not in text and "\x0a NVRM" not in text
     assert all(line.isprintable() for line in text.splitlines())
     assert "$(rm -rf /)" in text and "<script>alert(1)</script>" in text  # as plain text
@@ -252,7 +253,7 @@ def test_encode_decode_round_trips_hostile_strings(conn, tmp_path):
     (node,) = back["nodes"]
     names = sorted(x["process"] for x in node["xids"])
     assert names == [r"a|b`c'd\x22<script>", "bad?[31m name|x?\"q'", r"py|th\x0aon"]
-    text = jobs.render_text(back)
+    text = job_text(back)
     assert "<script>" in text and "name|x" in text
     assert all(line.isprintable() for line in text.splitlines())
     assert jobs.digest(comment) == jobs.digest(jobs.encode(jobs.decode(comment)))
@@ -292,7 +293,7 @@ def test_one_more_hardware_xid_is_said_in_the_singular(conn, tmp_path):
     twice = [busy["xids"][0], dict(busy["xids"][0], time=busy["xids"][0]["time"] + 1)]
     back = jobs.decode(jobs.encode(dict(one, nodes=[dict(busy, xids=twice)], omitted=1)))
     assert "(and 1 more hardware Xid) during" in back["conclusion"], back["conclusion"]
-    assert "  (1 node left out of the published summary)" in jobs.render_text(back)
+    assert "  (1 node left out of the published summary)" in job_text(back)
 
 
 @pytest.mark.parametrize(
@@ -652,7 +653,7 @@ def assert_decodes_or_refuses(comment: str) -> None:
     except jobs.JobError as exc:
         assert "\n" not in str(exc)
         return
-    assert all(line.isprintable() for line in jobs.render_text(got).splitlines())
+    assert all(line.isprintable() for line in job_text(got).splitlines())
     json.dumps(got)
 
 

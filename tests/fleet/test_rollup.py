@@ -27,7 +27,7 @@ def rolled_fleet(tmp_path) -> tuple:
 
 
 def test_a_rollup_keeps_every_failure_job_run_and_count_and_the_lemon_signals(tmp_path):
-    from slurmhealth.fleet import queries
+    from slurmhealth.report import reads
 
     history, conn = rolled_fleet(tmp_path)
     start, end = history.fleet.start, history.fleet.end
@@ -35,13 +35,13 @@ def test_a_rollup_keeps_every_failure_job_run_and_count_and_the_lemon_signals(tm
     before = {
         "signals": signals.signals(conn, start, end),
         "kept": conn.execute(kept).fetchall(),
-        "days": [dict(queries.verdict_counts(conn, t, t + DAY)) for t in range(start, end, 86400)],
+        "days": [dict(reads.verdict_counts(conn, t, t + DAY)) for t in range(start, end, 86400)],
     }
     done = rollup.rollup(conn, end - DAY)
     assert done["runs"] > 0.8 * 3 * 24 * 288  # most of three days' passing health checks
     assert conn.execute(kept).fetchall() == before["kept"]
     assert signals.signals(conn, start, end) == before["signals"]
-    days = [dict(queries.verdict_counts(conn, t, t + DAY)) for t in range(start, end, 86400)]
+    days = [dict(reads.verdict_counts(conn, t, t + DAY)) for t in range(start, end, 86400)]
     assert days == before["days"]
     not_ok = conn.execute(
         "SELECT count(*) FROM runs u JOIN run_hours h ON h.node = u.node "
@@ -52,17 +52,17 @@ def test_a_rollup_keeps_every_failure_job_run_and_count_and_the_lemon_signals(tm
 
 
 def test_runs_imported_again_into_rolled_up_hours_are_not_counted_twice(tmp_path):
-    from slurmhealth.fleet import queries
+    from slurmhealth.report import reads
 
     history, conn = rolled_fleet(tmp_path)
     start, end = history.fleet.start, history.fleet.end
     old = export_text(conn)
-    totals = dict(queries.verdict_counts(conn, start, end))
+    totals = dict(reads.verdict_counts(conn, start, end))
     rollup.rollup(conn, end - DAY)
     records.import_ndjson(conn, old.splitlines(keepends=True))  # an old export, merged again
-    assert dict(queries.verdict_counts(conn, start, end))["ok"] > totals["ok"]
+    assert dict(reads.verdict_counts(conn, start, end))["ok"] > totals["ok"]
     assert rollup.rollup(conn, end - DAY)["late"] > 0
-    assert dict(queries.verdict_counts(conn, start, end)) == totals
+    assert dict(reads.verdict_counts(conn, start, end)) == totals
 
 
 def rolled_state(conn: sqlite3.Connection) -> tuple:
@@ -78,7 +78,7 @@ def test_a_bounded_rollup_does_the_same_in_steps_of_at_most_its_node_hours(tmp_p
     """collect --rollup-max: each call rolls up at most `limit` node-hours, oldest hour first
     and its nodes in name order, and goes on where the last one stopped; in the end the store
     is what one unbounded rollup leaves, whatever was merged again in between."""
-    from slurmhealth.fleet import queries
+    from slurmhealth.report import reads
 
     history, conn = rolled_fleet(tmp_path)
     start, end = history.fleet.start, history.fleet.end
@@ -87,7 +87,7 @@ def test_a_bounded_rollup_does_the_same_in_steps_of_at_most_its_node_hours(tmp_p
     with_skips(conn)
     with_skips(whole)
     old = export_text(conn)
-    totals = dict(queries.verdict_counts(conn, start, end))
+    totals = dict(reads.verdict_counts(conn, start, end))
     due = (int((end - DAY) // 3600) - int(start // 3600)) * 24  # node-hours: 24 nodes
     rollup.rollup(whole, end - DAY)
 
@@ -99,7 +99,7 @@ def test_a_bounded_rollup_does_the_same_in_steps_of_at_most_its_node_hours(tmp_p
         hours = set(conn.execute("SELECT node, hour FROM run_hours").fetchall()) - before_hours
         assert done["hours"] == len(hours) <= limit
         seen |= hours
-        assert dict(queries.verdict_counts(conn, start, end)) == totals  # exact at every step
+        assert dict(reads.verdict_counts(conn, start, end)) == totals  # exact at every step
         if calls == 7:  # mid-hour: an old export merged again, folded late or in its turn
             mark = store.get_meta(conn, "rollup")
             assert mark["after"]  # stopped inside an hour
@@ -111,7 +111,7 @@ def test_a_bounded_rollup_does_the_same_in_steps_of_at_most_its_node_hours(tmp_p
     assert calls >= due // limit
     assert seen == set(whole.execute("SELECT node, hour FROM run_hours").fetchall())
     assert rolled_state(conn) == rolled_state(whole)
-    assert dict(queries.verdict_counts(conn, start, end)) == totals
+    assert dict(reads.verdict_counts(conn, start, end)) == totals
     assert rollup.rollup(conn, end - DAY, limit) == {"runs": 0, "hours": 0, "late": 0, "behind": 0}
 
 
@@ -167,7 +167,7 @@ def test_skip_results_do_not_keep_an_hour_whole_and_go_with_the_runs_folded(tmp_
     """A real node's passing runs carry skips: they must not stop the rollup (they kept every
     hour whole), and a folded run's results go with it; any other result still keeps its hour
     whole, and an old export merged again is folded, skips and all."""
-    from slurmhealth.fleet import queries
+    from slurmhealth.report import reads
 
     history, conn = rolled_fleet(tmp_path)
     start, end = history.fleet.start, history.fleet.end
@@ -185,10 +185,10 @@ def test_skip_results_do_not_keep_an_hour_whole_and_go_with_the_runs_folded(tmp_
     hour = int(when // 3600) * 3600
     in_hour = "SELECT count(*) FROM runs WHERE node = ? AND started >= ? AND started < ?"
     whole = conn.execute(in_hour, (node, hour, hour + 3600)).fetchone()[0]
-    totals = dict(queries.verdict_counts(conn, start, end))
+    totals = dict(reads.verdict_counts(conn, start, end))
     done = rollup.rollup(conn, end - DAY)
     assert done["runs"] > 0.8 * 3 * 24 * 288  # as many as without the skips
-    assert dict(queries.verdict_counts(conn, start, end)) == totals
+    assert dict(reads.verdict_counts(conn, start, end)) == totals
     orphans = "SELECT count(*) FROM results WHERE run_id NOT IN (SELECT id FROM runs)"
     assert conn.execute(orphans).fetchone()[0] == 0
     assert whole >= 12 and conn.execute(in_hour, (node, hour, hour + 3600)).fetchone()[0] == whole
@@ -203,11 +203,11 @@ def test_skip_results_do_not_keep_an_hour_whole_and_go_with_the_runs_folded(tmp_
     assert kept == 2 * conn.execute("SELECT count(*) FROM run_hours").fetchone()[0]
     # an old export merged again, then its runs' skips: folded late, results and all
     records.import_ndjson(conn, old.splitlines(keepends=True))
-    assert dict(queries.verdict_counts(conn, start, end))["ok"] > totals["ok"]
+    assert dict(reads.verdict_counts(conn, start, end))["ok"] > totals["ok"]
     # the export held no results (the simulator's runs have none): the skips, as a node's have
     with_skips(conn)
     assert rollup.rollup(conn, end - DAY)["late"] > 0
-    assert dict(queries.verdict_counts(conn, start, end)) == totals
+    assert dict(reads.verdict_counts(conn, start, end)) == totals
     assert conn.execute(orphans).fetchone()[0] == 0
 
 
@@ -225,6 +225,7 @@ def add_sourced_run(conn: sqlite3.Connection, run_id: str, started: float, sourc
 
 def test_a_rollup_keeps_every_run_that_recorded_versions_and_counts_the_others_once(tmp_path):
     from slurmhealth.fleet import queries
+    from slurmhealth.report import reads
 
     conn = store.connect(str(tmp_path / "fleet.db"))
     hour = (T0 - 3 * DAY) // 3600 * 3600
@@ -253,7 +254,7 @@ def test_a_rollup_keeps_every_run_that_recorded_versions_and_counts_the_others_o
     rolled = conn.execute("SELECT sum(runs), sum(duration) FROM run_hours").fetchone()
     assert rolled[0] + len(run_ids(conn)) == 24  # every run kept whole or counted, once
     assert rolled[1] == pytest.approx(sum(d for i, d in durations.items() if i not in kept))
-    assert dict(queries.verdict_counts(conn, hour, hour + 2 * 3600)) == {"ok": 24}
+    assert dict(reads.verdict_counts(conn, hour, hour + 2 * 3600)) == {"ok": 24}
 
     # Late: the old export merged again (its folded runs come back) and a version record that
     # reached the fleet store only now (its node's file was late), mid-hour in a rolled hour.
@@ -266,7 +267,7 @@ def test_a_rollup_keeps_every_run_that_recorded_versions_and_counts_the_others_o
     assert row == (late,)
     rolled = conn.execute("SELECT sum(runs) FROM run_hours").fetchone()[0]
     assert rolled + len(run_ids(conn)) == 24 + 1
-    assert dict(queries.verdict_counts(conn, hour, hour + 2 * 3600)) == {"ok": 25}
+    assert dict(reads.verdict_counts(conn, hour, hour + 2 * 3600)) == {"ok": 25}
 
 
 def test_the_collect_cli_consumes_the_spool_and_rolls_up(tmp_path):

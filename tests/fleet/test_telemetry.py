@@ -13,6 +13,7 @@ from conftest import run_cli, snapshot_path
 
 from slurmhealth.core import store
 from slurmhealth.fleet import jobs, signals, telemetry
+from slurmhealth.fleet.text import job as job_text
 from slurmhealth.node import config, counters, runner
 
 HOUR = 3600.0
@@ -239,7 +240,7 @@ def test_the_published_summary_carries_no_telemetry(tmp_path):
     forged["nodes"] = [dict(n, telemetry="x") for n in forged["nodes"]]
     body = json.dumps(forged).encode()  # encoded as encode() does, without compact()
     comment = jobs.PREFIX + base64.b32encode(zlib.compress(body)).decode().lower()
-    shown = jobs.render_text(jobs.decode(comment))
+    shown = job_text(jobs.decode(comment))
     assert "held back" not in shown and "slowdown" not in shown
 
 
@@ -282,7 +283,7 @@ def test_a_job_without_slowdown_or_errors_says_so_in_one_line(tmp_path):
     for node in ("gpu05", "gpu06", "gpu07"):
         run_hook(conn, tmp_path, node, "60", "prolog", T0, {}, nodes=3)
         run_hook(conn, tmp_path, node, "60", "epilog", T0 + HOUR, {}, nodes=3)
-    text = jobs.render_text(jobs.summary(conn, "60"))
+    text = job_text(jobs.summary(conn, "60"))
     lines = [x for x in text.splitlines() if "slowdown" in x]
     assert lines == [
         "GPU slowdown (power or thermal policy) and error counters during the job: none"

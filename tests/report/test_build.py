@@ -19,9 +19,9 @@ from conftest import SNAPSHOTS, TESTS, diag_records, outcome, record_sources, ru
 
 from sim import simulate
 from slurmhealth.core import store, timespec
-from slurmhealth.fleet import lemons, policy, queries
+from slurmhealth.fleet import lemons, policy
 from slurmhealth.report import build as report
-from slurmhealth.report import render
+from slurmhealth.report import reads, render
 
 DAY = simulate.DAY
 HOSTILE_PROCESS = "<script>alert(1)</script>"
@@ -71,7 +71,7 @@ def doc(conn, sim) -> dict:
 
 
 def test_verdict_counts_equal_a_plain_count(conn, sim):
-    """queries.verdict_counts counts from three indexes; a plain GROUP BY over the table gives
+    """reads.verdict_counts counts from three indexes; a plain GROUP BY over the table gives
     the same, for the whole month and for one day."""
     end = after(sim)
     for start in (end - 28 * DAY, end - 5 * DAY):
@@ -83,7 +83,7 @@ def test_verdict_counts_equal_a_plain_count(conn, sim):
             ).fetchall()
         )
         assert set(plain) == {"ok", "warn", "fail"}
-        assert dict(queries.verdict_counts(conn, start, end)) == plain
+        assert dict(reads.verdict_counts(conn, start, end)) == plain
 
 
 def test_failures_match_sql_and_the_simulators_truth(conn, sim):
@@ -753,13 +753,13 @@ def test_node_states_from_sinfo(fleet_db, sim, tmp_path):
 
 @pytest.fixture(scope="module")
 def large_db(tmp_path_factory) -> str:
-    """A fleet store past queries.large_store()'s threshold (100k runs)."""
+    """A fleet store past reads.large_store()'s threshold (100k runs)."""
     path = str(tmp_path_factory.mktemp("large") / "fleet.db")
     conn = store.connect(path)
     simulate.write_store(
         simulate.Fleet(nodes=100, days=28, seed=3, healthcheck_interval=1800), conn
     )
-    assert queries.large_store(conn)
+    assert reads.large_store(conn)
     conn.close()
     return path
 

@@ -1,0 +1,201 @@
+"""The nightly report's own reads of the fleet store (report/build.py is their one consumer), as
+named functions; the reads it shares with the lemon sweep and the other commands are
+fleet/queries.py's.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from slurmhealth.fleet import queries
+
+DAY = 86400
+WEEK = 7 * DAY  # the longest job: how far back a job's start is looked for
+
+
+# --- a node's state --------------------------------------------------------------------------
+
+
+def last_action(conn: sqlite3.Connection, node: str, now: float) -> tuple | None:
+    """(time, action, reason, actor) of the node's latest successful drain or resume before
+    `now`, or None."""
+    return conn.execute(
+        "SELECT time, action, reason, actor FROM actions WHERE node = ? AND time < ? AND ok = 1 "
+        "AND action IN ('drain', 'resume') ORDER BY time DESC LIMIT 1",
+        (node, now),
+    ).fetchone()
+
+
+def last_run(conn: sqlite3.Connection, node: str, now: float) -> tuple | None:
+    """(id, verdict, started) of the node's latest run before `now`, or None."""
+    return conn.execute(
+        "SELECT id, verdict, started FROM runs WHERE node = ? AND started < ? "
+        "ORDER BY started DESC LIMIT 1",
+        (node, now),
+    ).fetchone()
+
+
+def busy(conn: sqlite3.Connection, node: str, now: float) -> bool:
+    """A job still runs on the node (a drained node with a job is draining): started within
+    a week (the longest job) and not ended by `now`, as far as the hooks and sacct know."""
+    row = conn.execute(
+        "SELECT 1 FROM jobs WHERE node = ? AND start >= ? AND start < ? AND (end > ? OR "
+        "(end IS NULL AND state = 'running' AND coalesce(slurm_state, 'RUNNING') = 'RUNNING')) "
+        "LIMIT 1",
+        (node, now - WEEK, now, now),
+    ).fetchone()
+    return row is not None
+
+
+def failing_results(conn: sqlite3.Connection, run_id: str) -> list:
+    """[(check_name, message)] of the run's first two failed checks, by check name."""
+    return conn.execute(
+        "SELECT check_name, message FROM results WHERE run_id = ? AND status = 'fail' "
+        "ORDER BY check_name LIMIT 2",
+        (run_id,),
+    ).fetchall()
+
+
+# --- the period ---------------------------------------------------------------------------------
+
+
+def actions_between(conn: sqlite3.Connection, start: float, end: float) -> list:
+    """[(time, node, action, reason, actor, ok, detail)] of every action in [start, end),
+    newest first."""
+    return conn.execute(
+        "SELECT time, node, action, reason, actor, ok, detail FROM actions "
+        "WHERE time >= ? AND time < ? ORDER BY time DESC, node",
+        (start, end),
+    ).fetchall()
+
+
+def verdict_counts(conn: sqlite3.Connection, start: float, end: float) -> list:
+    """[(verdict, runs)]: runs started in [start, end) per verdict, with the passing runs
+    rolled up in the hours that start in it (fleet/rollup.py). The passing runs are counted, never
+    read one by one: all runs from the time index, less those that did not pass
+    (queries.not_ok_runs)."""
+    total = conn.execute(
+        "SELECT count(*) FROM runs INDEXED BY runs_started_phase "
+        "WHERE started >= ? AND started < ?",
+        (start, end),
+    ).fetchone()[0]
+    others: dict = {}
+    for _node, _started, verdict in queries.not_ok_runs(conn, start, end):
+        others[verdict] = others.get(verdict, 0) + 1
+    rolled = conn.execute(
+        "SELECT sum(runs) FROM run_hours WHERE hour >= ? AND hour < ?", (start, end)
+    ).fetchone()[0]
+    counts = [("ok", total - sum(others.values()) + (rolled or 0)), *sorted(others.items())]
+    return [(verdict, n) for verdict, n in counts if n > 0]
+
+
+def check_counts(conn: sqlite3.Connection, start: float, end: float) -> list:
+    """[(check_name, node, fails, warns)] of the runs started in [start, end). Only runs that
+    were not ok keep results (store.record_run): a partial index holds just those (store
+    migration 8), so the window's failures are read, never its passing runs."""
+    return conn.execute(
+        "SELECT r.check_name, u.node, sum(r.status = 'fail'), sum(r.status = 'warn') "
+        "FROM runs u INDEXED BY runs_not_ok JOIN results r ON r.run_id = u.id "
+        "WHERE u.verdict != 'ok' AND u.started >= ? AND u.started < ? "
+        "AND r.status IN ('fail', 'warn') GROUP BY r.check_name, u.node",
+        (start, end),
+    ).fetchall()
+
+
+def first_record(conn: sqlite3.Connection, start: float, end: float) -> float | None:
+    """The time of the first run or job start in [start, end) (indexes runs_started_phase and
+    jobs_start), None when there is none."""
+    row = conn.execute(
+        "SELECT min(t) FROM (SELECT min(started) AS t FROM runs WHERE started >= ? AND started < ?"
+        " UNION ALL SELECT min(start) FROM jobs WHERE start >= ? AND start < ?)",
+        (start, end, start, end),
+    ).fetchone()
+    return row[0] if row else None
+
+
+def xids_between(conn: sqlite3.Connection, start: float, end: float) -> sqlite3.Cursor:
+    """(class, code, node, process) rows of every Xid event in [start, end). The process
+    names come from the kernel log: untrusted."""
+    return conn.execute(
+        "SELECT class, code, node, process FROM events "
+        "WHERE kind = 'xid' AND time >= ? AND time < ?",
+        (start, end),
+    )
+
+
+def diagnoses(conn: sqlite3.Connection, start: float, end: float) -> list:
+    """[{node, started, duration, verdict, sources, results: [{check_name, status, message,
+    data}]}] of the `diag` runs started in [start, end), by time."""
+    runs = queries.dicts(
+        conn.execute(
+            "SELECT id, node, started, duration, verdict, sources FROM runs "
+            "WHERE phase = 'diag' AND started >= ? AND started < ? ORDER BY started, node",
+            (start, end),
+        )
+    )
+    for run in runs:
+        run["results"] = queries.dicts(
+            conn.execute(
+                "SELECT check_name, status, message, data FROM results WHERE run_id = ? "
+                "ORDER BY check_name",
+                (run.pop("id"),),
+            )
+        )
+    return runs
+
+
+def durations(conn: sqlite3.Connection, start: float, end: float, phases: tuple) -> dict:
+    """{phase: [runs.duration]} of the phases' runs started in [start, end): slurmhealth's own
+    wall time. One scan of the time index for all the phases (it holds every run's phase and
+    duration): a 10,000-node month has 17M runs in it, two thirds of them health checks."""
+    out: dict = {phase: [] for phase in phases}
+    marks = ", ".join("?" for _ in phases)  # placeholders only
+    rows = conn.execute(
+        f"SELECT phase, duration FROM runs WHERE started >= ? AND started < ? "  # noqa: S608
+        f"AND phase IN ({marks})",
+        (start, end, *phases),
+    )
+    for phase, duration in rows:
+        out[phase].append(duration)
+    return out
+
+
+def large_store(conn: sqlite3.Connection, runs: int = 100_000) -> bool:
+    """Does the store hold `runs` runs or more (worth a progress bar)? max(rowid): no
+    count(*) over 1M rows."""
+    return (conn.execute("SELECT max(rowid) FROM runs").fetchone()[0] or 0) >= runs
+
+
+# --- the window ---------------------------------------------------------------------------------
+
+
+def drains_between(conn: sqlite3.Connection, start: float, end: float) -> sqlite3.Cursor:
+    """(time, node, reason) rows of every successful drain in [start, end)."""
+    return conn.execute(
+        "SELECT time, node, reason FROM actions WHERE action = 'drain' AND ok = 1 "
+        "AND time >= ? AND time < ?",
+        (start, end),
+    )
+
+
+def refused_between(conn: sqlite3.Connection, start: float, end: float) -> sqlite3.Cursor:
+    """(time, node, reason) rows of every drain the circuit breaker refused in [start, end)."""
+    return conn.execute(
+        "SELECT time, node, reason FROM actions WHERE action = 'breaker' "
+        "AND time >= ? AND time < ?",
+        (start, end),
+    )
+
+
+def node_fails_between(conn: sqlite3.Connection, start: float, end: float) -> sqlite3.Cursor:
+    """(time, node, job_id) rows of the nodes that crashed under a job in [start, end).
+
+    NODE_FAIL is the job's state on all its nodes; the node that crashed is the one whose
+    epilog never ran (state not 'ended'). Dated by the job's end (sacct's End), else its
+    start; the index range on start reaches back a week, the longest job."""
+    return conn.execute(
+        "SELECT coalesce(end, start), node, job_id FROM jobs WHERE start >= ? AND start < ? "
+        "AND slurm_state = 'NODE_FAIL' AND coalesce(state, 'running') != 'ended' "
+        "AND coalesce(end, start) >= ? AND coalesce(end, start) < ?",
+        (start - WEEK, end, start, end),
+    )
