@@ -47,8 +47,13 @@ def node_env(tmp: str, job: str) -> dict:
     }
 
 
-def write_config(tmp: str, snapshot: str, metrics_file: str = "") -> None:
+def write_config(tmp: str, snapshot: str, metrics_file: str = "", host_root: str = "") -> None:
+    """The node's config: GPUs, InfiniBand and kernel log replayed from `snapshot`; the host
+    areas read live where `host_root` names the host ("/." reads / as a live node's hook does:
+    "/" itself would replay the snapshot's host sections, as any default path beside one)."""
     settings = {"gpu_source": snapshot, "slurm_bin": "/nonexistent", "metrics_file": metrics_file}
+    if host_root:
+        settings["host_root"] = host_root
     with open(os.path.join(tmp, "slurmhealth.toml"), "w") as handle:
         handle.write(
             "[settings]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in settings.items())

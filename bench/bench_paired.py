@@ -9,6 +9,8 @@ Run (two non-editable installs, e.g. of the previous release and of this tree):
     python3.11 -m venv /tmp/vold && /tmp/vold/bin/pip install <old tree>
     python3.11 -m venv /tmp/vnew && /tmp/vnew/bin/pip install .
     .venv/bin/python bench/bench_paired.py --old /tmp/vold --new /tmp/vnew [--runs 80]
+A new install with host areas the old lacks: --new-host-root /. makes its prologs read them live
+from this host, as a GPU node's prolog does (beside a snapshot they would replay it).
 """
 
 from __future__ import annotations
@@ -29,6 +31,11 @@ def main() -> None:
     parser.add_argument("--new", required=True, help="a venv with the new install")
     parser.add_argument("--runs", type=int, default=80)
     parser.add_argument("--snapshot", default=SNAPSHOT)
+    parser.add_argument(
+        "--new-host-root",
+        default="",
+        help='the new install reads its host areas live under this root ("/." for this host)',
+    )
     opts = parser.parse_args()
     hooks = {
         k: [os.path.join(v, "bin", "slurmhealth"), "prolog"]
@@ -42,7 +49,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as old, tempfile.TemporaryDirectory() as new:
         dirs = {"old": old, "new": new}
         for key, tmp in dirs.items():
-            write_config(tmp, opts.snapshot)
+            write_config(tmp, opts.snapshot, host_root=opts.new_host_root if key == "new" else "")
             timed(hooks[key], node_env(tmp, "0"))  # the store created, the config cached
         for n in range(opts.runs):
             for key in ("old", "new") if n % 2 else ("new", "old"):

@@ -1091,6 +1091,7 @@ def _gather_and_check(
         gpu_source=settings["gpu_source"],
         sysfs_root=settings["sysfs_root"],
         kmsg=settings["kmsg"],
+        host_root=settings["host_root"],
         kmsg_after=_kmsg_after(journal.side, baselines),
         exiting=True,  # the hook ends right after: NVML's teardown is left to the exit
         costly=mode == HEALTHCHECK,  # the job hooks leave the dear settings to the health check
