@@ -34,11 +34,19 @@ from slurmhealth.fleet import (
     slurmconf,
     text,
 )
-from slurmhealth.node import agent, config, runner
+from slurmhealth.node import agent, config, runner, sources
 from slurmhealth.node.checks import AREAS
 
+TYPE_CHECKING = False  # mypy reads the block below; nothing of it is needed at run time
+if TYPE_CHECKING:
+    import sqlite3
+    from typing import Any, TypeVar
 
-def source_options(func: object) -> object:
+    # A command's function, which click's option decorators return as they received it.
+    F = TypeVar("F", bound=Callable[..., Any])
+
+
+def source_options(func: F) -> F:
     """--gpu-source, --sysfs-root, --kmsg, --host-root: where facts come from (shared by several
     commands)."""
     for option in reversed(
@@ -56,7 +64,7 @@ def source_options(func: object) -> object:
             ),
         )
     ):
-        func = option(func)  # type: ignore[operator]
+        func = option(func)
     return func
 
 
@@ -72,8 +80,8 @@ output_option = click.option(
 
 def _options(
     gpu_source: str, sysfs_root: str | None, kmsg: str | None, host_root: str | None = None
-) -> runner.Options:
-    return runner.Options(
+) -> sources.Options:
+    return sources.Options(
         gpu_source=gpu_source, sysfs_root=sysfs_root, kmsg=kmsg, host_root=host_root
     )
 
@@ -415,7 +423,7 @@ def slurm_conf(
         sys.exit(1)
 
 
-def _open(path: str) -> object:
+def _open(path: str) -> sqlite3.Connection:
     """A store a command reads: one line, exit 1, when it is missing or this user may not read
     it (a node store is root's, in a root-only directory)."""
     try:
@@ -569,10 +577,13 @@ def history_cmd(
         slurmhealth history --node gpu07 --since 24h
     """
     start = _start(since, _instant(now))
-    runs, actions, jobs, rolled = [], [], [], 0
+    runs: list[dict[str, Any]] = []
+    actions: list[dict[str, Any]] = []
+    jobs: list[dict[str, Any]] = []
+    rolled = 0
     for path in _store_paths(db, node):
         try:
-            found = history.read(_open(path), node, job, start, limit, quiet)  # type: ignore[arg-type]
+            found = history.read(_open(path), node, job, start, limit, quiet)
         except store.StoreError as exc:
             raise click.ClickException(f"{path}: {exc}") from None
         runs, actions, jobs = runs + found[0], actions + found[1], jobs + found[2]
@@ -616,7 +627,7 @@ def prune(older: str, dry_run: bool, node: str | None, db: str | None, now: str 
     before = _start(older, _instant(now), "--older-than")
     for path in _store_paths(db, node):
         try:
-            counts = store.prune(_open(path), before, dry_run)  # type: ignore[arg-type]
+            counts = store.prune(_open(path), before, dry_run)
         except store.StoreError as exc:
             raise click.ClickException(f"{path}: {exc}") from None
         click.echo(text.pruned(path, counts, dry_run))
@@ -631,7 +642,7 @@ def _fleet_path(db: str | None) -> str:
     )
 
 
-def _open_fleet(db: str | None) -> object:
+def _open_fleet(db: str | None) -> sqlite3.Connection:
     try:
         return store.connect(_fleet_path(db))
     except store.StoreError as exc:
@@ -715,16 +726,16 @@ def export_cmd(
     if incremental and output == "-":
         raise click.UsageError("--incremental needs -o FILE")
     if output == "-":
-        records.export(conn, click.get_text_stream("stdout"), start)  # type: ignore[arg-type]
+        records.export(conn, click.get_text_stream("stdout"), start)
         return
     mark = time.time()  # before the snapshot: what commits later is in the next export
     try:
         if incremental:
-            start = records.incremental_since(conn, output, start)  # type: ignore[arg-type]
+            start = records.incremental_since(conn, output, start)
         with files.open_private(output) as out:
-            total = records.count_records(conn, start)  # type: ignore[arg-type]
+            total = records.count_records(conn, start)
             with _progress(total, "export") as tick:
-                counts = records.export(conn, out, start, tick)  # type: ignore[arg-type]
+                counts = records.export(conn, out, start, tick)
     except OSError as exc:
         raise click.ClickException(f"{output}: {exc.strerror or exc}") from None
     except store.StoreError as exc:
@@ -732,7 +743,7 @@ def export_cmd(
     done = f"{output}: {counted(sum(counts.values()), 'record', spec=',')} ({text.added(counts)})"
     if incremental:
         try:
-            records.exported(conn, output, start, mark)  # type: ignore[arg-type]
+            records.exported(conn, output, start, mark)
         except (store.StoreError, OSError) as exc:
             # the file is whole and in place; without its mark the next export starts where
             # this one did (records exported twice are merged once)
@@ -761,7 +772,7 @@ def import_cmd(files: tuple, db: str | None) -> None:
         try:
             size = 0 if name == "-" else os.path.getsize(name)
             with _progress(size, f"import {clean(name, 80)}") as tick:  # any node's name
-                report = records.import_ndjson(conn, source, tick)  # type: ignore[arg-type]
+                report = records.import_ndjson(conn, source, tick)
         except (records.FleetError, OSError) as exc:
             raise click.ClickException(f"{clean(name, 300)}: {clean(exc, 300)}") from None
         click.echo(text.imported(name, report))
@@ -856,7 +867,7 @@ def collect_cmd(
         directory, _start(since, end), end, owners, consume, full, rollup_after, rollup_max or None,
         use_sacct, slurm_bin,
     )  # fmt: skip
-    collect.run(conn, _fleet_path(db), request, _console())  # type: ignore[arg-type]
+    collect.run(conn, _fleet_path(db), request, _console())
 
 
 # --- validate and return (docs/diagnose.md) ---------------------------------------------------
@@ -1022,7 +1033,7 @@ class _Refused(click.ClickException):
     exit_code = 2
 
 
-def _diag_sources(options: runner.Options, sysfs_root: str | None, kmsg: str | None) -> None:
+def _diag_sources(options: sources.Options, sysfs_root: str | None, kmsg: str | None) -> None:
     """Paths named on the command line must exist and a snapshot must be one, as for `check`
     (node/agent.py): a typo must not read as "no InfiniBand, no Xids" and pass, nor end in a
     traceback."""
@@ -1049,7 +1060,7 @@ def _diagnose_submit(
     asked = (level, wanted, orchestration.job_minutes(level, limit), path)
     settings = _load_config(path, _Refused).for_node("")["settings"]
     conn = _open_fleet(db)
-    status = orchestration.submit_all(conn, settings, asked, _console(), as_json)  # type: ignore[arg-type]
+    status = orchestration.submit_all(conn, settings, asked, _console(), as_json)
     if status:
         sys.exit(status)
 
@@ -1098,7 +1109,7 @@ def lemons_cmd(
     conn = _open(_fleet_path(db))
     at = _instant(now)
     scored = lemons.sweep(conn, at, span)
-    fresh = lemons.freshness(queries.heard_from(conn, at), at, quiet)  # type: ignore[arg-type]
+    fresh = lemons.freshness(queries.heard_from(conn, at), at, quiet)
     applied: list = []
     if do_apply and fresh["stale"]:
         click.echo("stale fleet store: nothing drained (collect it, then sweep again)", err=True)
@@ -1280,7 +1291,7 @@ def report_cmd(
     deliver.check_mail(mail_to, fmt)
     conn = _open(_fleet_path(db))
     request = deliver.Request(now, since, fmt, output, mail_to, use_sinfo, slurm_bin, file_mode)
-    status = deliver.run(conn, request, _console())  # type: ignore[arg-type]
+    status = deliver.run(conn, request, _console())
     if status:
         sys.exit(status)
 
@@ -1349,7 +1360,7 @@ def publish_cmd(db: str | None, since: str, now: str | None, slurm_bin: str, pub
     conn = _open(_fleet_path(db))
     client = slurm.Slurm(slurm_bin, timeout=30.0)
     try:
-        report = jobs.publish(conn, client, start, end, check_privacy=not public)  # type: ignore[arg-type]
+        report = jobs.publish(conn, client, start, end, check_privacy=not public)
     except (jobs.JobError, slurm.SlurmError) as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(text.published(report))

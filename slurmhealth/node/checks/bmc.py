@@ -35,13 +35,15 @@ from slurmhealth.core.result import DRAIN, SERVICE, Result, counted, fail, ok, w
 
 TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
 if TYPE_CHECKING:
-    from slurmhealth.node.checks.base import Context
+    from typing import Any
+
+    from slurmhealth.node.checks.base import Context, Facts, Schema
 
 AREA = "bmc"
 SOURCE = "bmc"
 PHASES = (HEALTHCHECK, CHECK, DIAG)
 
-DEFAULTS = {
+DEFAULTS: Schema = {
     "expected": (False, bool, "a BMC is expected: no IPMI device or ipmitool fails the node"),
 }
 
@@ -79,7 +81,7 @@ def _hex(text: str) -> int | None:
     return int(text, 16)
 
 
-def parse_line(line: object) -> dict | None:
+def parse_line(line: object) -> dict[str, Any] | None:
     """One `sel elist`/`sel list` line -> {id, when, sensor, event, asserted, text}; None for
     a line that is no record. Pre-Init and OEM records keep what their columns hold."""
     if not isinstance(line, str):
@@ -100,7 +102,7 @@ def parse_line(line: object) -> dict | None:
     }
 
 
-def parse(raw: object) -> dict:
+def parse(raw: object) -> Facts:
     """The source's raw lines -> {"records": [{id, when, sensor, event, asserted, text}]}."""
     lines = raw.get("lines") if isinstance(raw, dict) else None
     parsed = (parse_line(line) for line in (lines if isinstance(lines, list) else []))
@@ -110,7 +112,7 @@ def parse(raw: object) -> dict:
 # ---------------------------------------------------------------- judging one record
 
 
-def severity(record: dict) -> tuple:
+def severity(record: dict[str, Any]) -> tuple[str, str]:
     """(ok|warn|fail, action) of one record: the tables in the module docstring."""
     if not record["asserted"]:
         return "ok", ""
@@ -126,7 +128,9 @@ def severity(record: dict) -> tuple:
     return "ok", ""
 
 
-def new_records(records: list, before: dict) -> tuple:
+def new_records(
+    records: list[dict[str, Any]], before: dict[str, Any]
+) -> tuple[list[dict[str, Any]], bool]:
     """(the records since the baseline, whether the SEL was cleared since). No baseline: none
     (the first run records one)."""
     last, text = before.get("last_id"), before.get("last_text")
@@ -140,14 +144,14 @@ def new_records(records: list, before: dict) -> tuple:
     return [r for r in records if r["id"] > last], False
 
 
-def _line(record: dict) -> str:
+def _line(record: dict[str, Any]) -> str:
     return f"{record['sensor']} {record['event']} (SEL {record['id']:#x}, {record['when']})"
 
 
 # ---------------------------------------------------------------- checks
 
 
-def sel(facts: dict, ctx: Context) -> Result:
+def sel(facts: Facts, ctx: Context) -> Result:
     """New BMC event log entries: uncorrectable ECC, IERR, a failed PSU, a critical threshold."""
     records = facts["records"]
     before = ctx.baseline if isinstance(ctx.baseline, dict) else {}
@@ -180,7 +184,7 @@ CHECKS = (sel,)
 # ---------------------------------------------------------------- memory and genconf
 
 
-def baseline(facts: dict, now: float | None = None) -> dict:
+def baseline(facts: Facts, now: float | None = None) -> dict[str, Any]:
     """The last record seen (id and text), from which the next run reads new entries."""
     records = facts["records"]
     if not records:
@@ -189,11 +193,11 @@ def baseline(facts: dict, now: float | None = None) -> dict:
     return {"last_id": last["id"], "last_text": last["text"], "taken_at": now}
 
 
-def expectations(facts: dict) -> dict:
+def expectations(facts: Facts) -> dict[str, Any]:
     """A node whose BMC answered (its SEL was read) expects one."""
     return {"expected": True}
 
 
-def expected(expect: dict, found: object = None) -> bool:
+def expected(expect: dict[str, Any], found: object = None) -> bool:
     """A BMC is expected where the config says so (bmc.expected)."""
     return bool(expect.get("expected"))

@@ -34,10 +34,16 @@ import time
 from slurmhealth.core.result import SERVICE, Result, counted, fail, ok, warn
 from slurmhealth.node.checks.base import Context, summarize
 
+TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
+if TYPE_CHECKING:
+    from typing import Any
+
+    from slurmhealth.node.checks.base import Facts, Schema
+
 AREA = "edac"
 SOURCE = "kernel"
 
-DEFAULTS = {
+DEFAULTS: Schema = {
     "expected": (False, bool, "an EDAC tree is expected (its absence fails); default: skip"),
     "ue_fail": (1, int, "new uncorrected memory errors since the last run that fail (service)"),
     "ce_warn_per_day": (
@@ -63,11 +69,11 @@ def _int(text: object) -> int | None:
     return int(text)
 
 
-def _dict(value: object) -> dict:
+def _dict(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _dimm(raw: dict) -> dict:
+def _dimm(raw: dict[str, Any]) -> dict[str, Any]:
     label = raw.get("label")
     return {
         "ce": _int(raw.get("ce_count")),
@@ -76,14 +82,14 @@ def _dimm(raw: dict) -> dict:
     }
 
 
-def parse(raw: object) -> dict:
+def parse(raw: object) -> Facts:
     """The kernel source's raw facts -> {"present", "mcs": {mc: counts and dimms}, "boot_id"}."""
     raw = _dict(raw)
     tree = raw.get("edac")
-    mcs = {}
+    mcs: dict[str, Any] = {}
     for name, value in _dict(tree).items():
         counts = _dict(value)
-        mc: dict = {k: _int(counts.get(f)) for k, f in _FIELDS.items()}
+        mc: dict[str, Any] = {k: _int(counts.get(f)) for k, f in _FIELDS.items()}
         dimms = _dict(counts.get("dimms")).items()
         mc["dimms"] = {str(d)[:_NAME_MAX]: _dimm(_dict(v)) for d, v in dimms}
         mcs[str(name)[:_NAME_MAX]] = mc
@@ -92,7 +98,7 @@ def parse(raw: object) -> dict:
             "boot_id": boot if isinstance(boot, str) else None}
 
 
-def _absent(facts: dict, ctx: Context) -> Result | None:
+def _absent(facts: Facts, ctx: Context) -> Result | None:
     """The result when there is nothing to judge: no tree (fail only when expected)."""
     if facts["present"] and facts["mcs"]:
         return None
@@ -101,7 +107,7 @@ def _absent(facts: dict, ctx: Context) -> Result | None:
     return ok("no EDAC memory controllers: not judged")
 
 
-def _before(facts: dict, ctx: Context) -> tuple:
+def _before(facts: Facts, ctx: Context) -> tuple[dict[str, Any] | None, bool]:
     """(the baseline's counts per controller or None without one, same boot?)."""
     base = _dict(ctx.baseline)
     counts = base.get("mcs")
@@ -121,9 +127,9 @@ def _delta(now: int | None, then: object, same_boot: bool) -> int | None:
     return now - then
 
 
-def _dimms(mc: dict, before: dict, key: str) -> list[str]:
+def _dimms(mc: dict[str, Any], before: dict[str, Any], key: str) -> list[str]:
     """The DIMMs (labels where known) whose `key` count rose, where both readings have them."""
-    rose = []
+    rose: list[str] = []
     for name, dimm in mc["dimms"].items():
         then = _dict(_dict(before.get("dimms")).get(name)).get(key)
         if dimm[key] is not None and isinstance(then, int) and dimm[key] > then:
@@ -135,13 +141,15 @@ def _where(mc: str, dimms: list[str]) -> str:
     return f"{mc} ({summarize(dimms)})" if dimms else mc
 
 
-def uncorrected(facts: dict, ctx: Context) -> Result:
+def uncorrected(facts: Facts, ctx: Context) -> Result:
     """No new uncorrected memory error (ECC could not correct it: the DIMM needs service)."""
     nothing = _absent(facts, ctx)
     if nothing:
         return nothing
     counts, same_boot = _before(facts, ctx)
-    fails, unknown, data = [], [], {}
+    fails: list[str] = []
+    unknown: list[str] = []
+    data: dict[str, Any] = {}
     for name, mc in facts["mcs"].items():
         if counts is None:
             data[name] = {"since_boot": mc["ue"]}
@@ -161,7 +169,7 @@ def uncorrected(facts: dict, ctx: Context) -> Result:
     return ok(f"no new uncorrected errors on {counted(len(data), 'memory controller')}", data)
 
 
-def corrected(facts: dict, ctx: Context) -> Result:
+def corrected(facts: Facts, ctx: Context) -> Result:
     """Corrected memory errors below `ce_warn_per_day` per controller (more foretell a UE)."""
     nothing = _absent(facts, ctx)
     if nothing:
@@ -171,8 +179,10 @@ def corrected(facts: dict, ctx: Context) -> Result:
         return ok("baseline recorded", {})
     seconds = _interval(ctx)
     days = max(seconds / DAY, 1.0) if seconds is not None else 1.0
-    limit = float(ctx.expect.get("ce_warn_per_day", DEFAULTS["ce_warn_per_day"][0]))
-    warns, data = [], {}
+    default: float = DEFAULTS["ce_warn_per_day"][0]
+    limit = float(ctx.expect.get("ce_warn_per_day", default))
+    warns: list[str] = []
+    data: dict[str, Any] = {}
     for name, mc in facts["mcs"].items():
         before = _dict(counts.get(name))
         delta = _delta(mc["ce"], before.get("ce"), same_boot)
@@ -198,11 +208,11 @@ def _interval(ctx: Context) -> float | None:
 CHECKS = (uncorrected, corrected)
 
 
-def baseline(facts: dict, now: float | None = None) -> dict:
+def baseline(facts: Facts, now: float | None = None) -> dict[str, Any]:
     """Every controller's counts (and its DIMMs' where read), the boot, and when."""
-    mcs = {}
+    mcs: dict[str, Any] = {}
     for name, mc in facts["mcs"].items():
-        entry: dict = {k: mc[k] for k in ("ce", "ue") if mc[k] is not None}
+        entry: dict[str, Any] = {k: mc[k] for k in ("ce", "ue") if mc[k] is not None}
         dimms = {d: {k: v[k] for k in ("ce", "ue") if v[k] is not None}
                  for d, v in mc["dimms"].items()}
         if dimms:
@@ -212,11 +222,11 @@ def baseline(facts: dict, now: float | None = None) -> dict:
             "taken_at": time.time() if now is None else now}
 
 
-def expectations(facts: dict) -> dict:
+def expectations(facts: Facts) -> dict[str, Any]:
     """A node with EDAC memory controllers expects them."""
     return {"expected": True} if facts["present"] and facts["mcs"] else {}
 
 
-def expected(expect: dict, found: object = None) -> bool:
+def expected(expect: dict[str, Any], found: object = None) -> bool:
     """The EDAC tree is expected when `expected` is set."""
     return bool(expect.get("expected"))

@@ -32,10 +32,16 @@ from slurmhealth.core.result import DRAIN, SERVICE, Result, clean, counted, fail
 from slurmhealth.node.checks.base import Context, summarize
 from slurmhealth.node.sources.host import cpulist
 
+TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
+if TYPE_CHECKING:
+    from typing import Any
+
+    from slurmhealth.node.checks.base import Facts, Schema
+
 AREA = "hw"
 SOURCE = "host"
 
-DEFAULTS = {
+DEFAULTS: Schema = {
     "memory_gb": (None, float, "MemTotal expected, GiB; less than the tolerance allows fails"),
     "memory_tolerance_pct": (
         2.0,
@@ -71,7 +77,7 @@ def _kib(value: object) -> int | None:
     return int(number)
 
 
-def _dict(value: object) -> dict:
+def _dict(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
@@ -79,7 +85,7 @@ def _gib(kib: int | None) -> float | None:
     return None if kib is None else kib / _KIB_PER_GIB
 
 
-def _available(mem: dict) -> int | None:
+def _available(mem: dict[str, Any]) -> int | None:
     found = _kib(mem.get("MemAvailable"))
     if found is not None:
         return found
@@ -87,7 +93,7 @@ def _available(mem: dict) -> int | None:
     return None if None in parts else sum(p or 0 for p in parts)
 
 
-def _cpus(raw: dict) -> dict:
+def _cpus(raw: dict[str, Any]) -> dict[str, Any]:
     online, present = cpulist(raw.get("online")), cpulist(raw.get("present"))
     sets = [cpulist(v) for v in _dict(raw.get("packages")).values()]
     known = [s for s in sets if s]
@@ -102,7 +108,7 @@ def _cpus(raw: dict) -> dict:
     }
 
 
-def parse(raw: object) -> dict:
+def parse(raw: object) -> Facts:
     """Raw meminfo strings and CPU lists -> {"memory_gb", "available_gb", "swap_gb",
     "swap_free_gb", "hugepages", "cpus": {...}, "errors"}; None where unknown. Pure and total."""
     raw = _dict(raw)
@@ -130,7 +136,7 @@ def _below(have: float, want: float, tolerance: float) -> bool:
     return have < want * (1 - tolerance / 100)
 
 
-def memory(facts: dict, ctx: Context) -> Result:
+def memory(facts: Facts, ctx: Context) -> Result:
     """Physical memory (MemTotal) at least memory_gb, within the tolerance: less is a lost DIMM."""
     have, want = facts["memory_gb"], ctx.expect.get("memory_gb")
     if have is None:
@@ -143,7 +149,7 @@ def memory(facts: dict, ctx: Context) -> Result:
     return ok(f"memory {_gb(have)}", data)
 
 
-def free_memory(facts: dict, ctx: Context) -> Result:
+def free_memory(facts: Facts, ctx: Context) -> Result:
     """Memory available to a new job (MemAvailable) at least free_memory_gb, where set."""
     have, floor = facts["available_gb"], ctx.expect.get("free_memory_gb")
     if floor is None:  # what is available changes every run: said in the data only
@@ -157,7 +163,7 @@ def free_memory(facts: dict, ctx: Context) -> Result:
     return ok(f"{_gb(have)} available", data)
 
 
-def swap(facts: dict, ctx: Context) -> Result:
+def swap(facts: Facts, ctx: Context) -> Result:
     """Swap as expected: SwapTotal near swap_gb, SwapFree at least swap_free_gb, where set."""
     total, free = facts["swap_gb"], facts["swap_free_gb"]
     want, floor = ctx.expect.get("swap_gb"), ctx.expect.get("swap_free_gb")
@@ -183,7 +189,7 @@ def _swap_text(total: float) -> str:
     return f"swap {_gb(total)}" if total else "no swap"
 
 
-def hugepages(facts: dict, ctx: Context) -> Result:
+def hugepages(facts: Facts, ctx: Context) -> Result:
     """HugePages_Total equal to hugepages where set: jobs that map them fail without them."""
     have, want = facts["hugepages"], ctx.expect.get("hugepages")
     if want is None:
@@ -195,7 +201,7 @@ def hugepages(facts: dict, ctx: Context) -> Result:
     return ok(f"{have} huge pages", {"hugepages": have})
 
 
-def cpu_count(facts: dict, ctx: Context) -> Result:
+def cpu_count(facts: Facts, ctx: Context) -> Result:
     """CPUs online equal to cpus, where set: fewer is a core or a socket lost (service)."""
     online, want = facts["cpus"]["online"], ctx.expect.get("cpus")
     if online is None:
@@ -220,7 +226,7 @@ def _spans(cpus: list[int]) -> str:
     return ",".join(out)
 
 
-def cpus_online(facts: dict, ctx: Context) -> Result:
+def cpus_online(facts: Facts, ctx: Context) -> Result:
     """Every present CPU is online, unless online = false or the kernel switched SMT off."""
     cpus = facts["cpus"]
     if cpus["online"] is None or cpus["present"] is None:
@@ -236,7 +242,7 @@ def cpus_online(facts: dict, ctx: Context) -> Result:
     return warn(said, data)
 
 
-def topology(facts: dict, ctx: Context) -> Result:
+def topology(facts: Facts, ctx: Context) -> Result:
     """Sockets and online threads per core as expected, where set: a socket lost, SMT changed."""
     cpus = facts["cpus"]
     fails, action = [], DRAIN
@@ -267,15 +273,15 @@ CHECKS = (memory, free_memory, swap, hugepages, cpu_count, cpus_online, topology
 # ---------------------------------------------------------------- memory and genconf
 
 
-def baseline(facts: dict, now: float | None = None) -> dict:
+def baseline(facts: Facts, now: float | None = None) -> dict[str, Any]:
     """Nothing to remember: every hw check judges the node as it is now."""
     return {}
 
 
-def expectations(facts: dict) -> dict:
+def expectations(facts: Facts) -> dict[str, Any]:
     """What this (known-good) node implies: its memory (GiB, one decimal, rounded down), swap
     and huge pages where it has them, its CPUs online, sockets and threads per core."""
-    out: dict = {}
+    out: dict[str, Any] = {}
     if facts["memory_gb"]:
         out["memory_gb"] = int(facts["memory_gb"] * 10) / 10
     if facts["swap_gb"]:
@@ -291,7 +297,7 @@ def expectations(facts: dict) -> dict:
     return out
 
 
-def expected(expect: dict, found: object = None) -> bool:
+def expected(expect: dict[str, Any], found: object = None) -> bool:
     """The host's facts are expected when the config sets memory or CPU counts."""
     keys = ("memory_gb", "free_memory_gb", "swap_gb", "swap_free_gb", "hugepages", "cpus")
     return any(expect.get(k) is not None for k in (*keys, "sockets", "threads_per_core"))

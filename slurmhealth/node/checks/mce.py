@@ -39,10 +39,16 @@ import re
 from slurmhealth.core.result import REBOOT, SERVICE, Result, counted, fail, ok, warn
 from slurmhealth.node.checks.base import Context, summarize
 
+TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
+if TYPE_CHECKING:
+    from typing import Any
+
+    from slurmhealth.node.checks.base import Facts, Schema
+
 AREA = "mce"
 SOURCE = "kmsg"
 
-DEFAULTS = {
+DEFAULTS: Schema = {
     "corrected_warn": (
         1,
         int,
@@ -81,7 +87,7 @@ def status_class(status: int) -> str:
     return CORRECTED
 
 
-def parse_line(msg: str) -> dict | None:
+def parse_line(msg: str) -> dict[str, Any] | None:
     """One message -> {"class", "what", "action"}, or None when it is no hardware error."""
     if msg.startswith("mce: "):
         return _mce_line(msg)
@@ -105,7 +111,7 @@ def parse_line(msg: str) -> dict | None:
     return None
 
 
-def _mce_line(msg: str) -> dict | None:
+def _mce_line(msg: str) -> dict[str, Any] | None:
     found = re.match(_CPU, msg, re.A)
     if found:
         status = int(found.group(3), 16)
@@ -122,14 +128,14 @@ def _mce_line(msg: str) -> dict | None:
     return None
 
 
-def _event(level: str | None, what: str, action: str = SERVICE) -> dict | None:
+def _event(level: str | None, what: str, action: str = SERVICE) -> dict[str, Any] | None:
     if level is None:
         return None
     action = action if level != CORRECTED else "none"
     return {"class": level, "text": what[:TEXT_MAX], "action": action}
 
 
-def _foreign(rec: dict) -> bool:
+def _foreign(rec: dict[str, Any]) -> bool:
     facility = rec.get("facility")
     return isinstance(facility, int) and not isinstance(facility, bool) and facility != 0
 
@@ -138,7 +144,7 @@ def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def parse(raw: object) -> dict:
+def parse(raw: object) -> Facts:
     """Raw kmsg facts -> {"events": [{"seq", "usec", "class", "text", "action"}], "records"}.
     Pure and total."""
     records = raw.get("records") if isinstance(raw, dict) else None
@@ -159,11 +165,11 @@ def parse(raw: object) -> dict:
     return {"events": events, "records": count}
 
 
-def _listed(events: list) -> list:
+def _listed(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return events[:EVENTS_MAX]
 
 
-def uncorrected(facts: dict, ctx: Context) -> Result:
+def uncorrected(facts: Facts, ctx: Context) -> Result:
     """No uncorrected or fatal machine check or memory failure in the new kernel-log lines."""
     if not facts["records"]:
         return ok("no new kernel-log records")
@@ -175,7 +181,7 @@ def uncorrected(facts: dict, ctx: Context) -> Result:
     return fail(summarize([e["text"] for e in bad], " error"), data, action)
 
 
-def corrected(facts: dict, ctx: Context) -> Result:
+def corrected(facts: Facts, ctx: Context) -> Result:
     """Corrected machine checks in the new kernel-log lines (warn: hardware wearing)."""
     if not facts["records"]:
         return ok("no new kernel-log records")
@@ -190,16 +196,16 @@ def corrected(facts: dict, ctx: Context) -> Result:
 CHECKS = (uncorrected, corrected)
 
 
-def baseline(facts: dict, now: float | None = None) -> dict:
+def baseline(facts: Facts, now: float | None = None) -> dict[str, Any]:
     """Nothing: the log position is the xid area's (the kmsg source reads after it)."""
     return {}
 
 
-def expectations(facts: dict) -> dict:
+def expectations(facts: Facts) -> dict[str, Any]:
     """Nothing a known-good node implies: no machine check is ever expected."""
     return {}
 
 
-def expected(expect: dict, found: object = None) -> bool:
+def expected(expect: dict[str, Any], found: object = None) -> bool:
     """The kernel log is the xid area's to require; machine checks alone never do."""
     return False

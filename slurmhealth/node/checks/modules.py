@@ -18,10 +18,16 @@ from __future__ import annotations
 from slurmhealth.core.result import REBOOT, Result, counted, fail, ok
 from slurmhealth.node.checks.base import Context, summarize
 
+TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
+if TYPE_CHECKING:
+    from typing import Any
+
+    from slurmhealth.node.checks.base import Facts, Schema
+
 AREA = "modules"
 SOURCE = "kernel"
 
-DEFAULTS = {
+DEFAULTS: Schema = {
     "loaded": (
         None,
         list,
@@ -54,7 +60,7 @@ LIVE = "Live"
 _NAME_MAX = 64
 
 
-def parse(raw: object) -> dict:
+def parse(raw: object) -> Facts:
     """The kernel source's raw facts -> {"modules": {name: state} or None (unreadable)}."""
     part = raw.get("modules") if isinstance(raw, dict) else None
     if not isinstance(part, dict):
@@ -67,7 +73,7 @@ def _listed(ctx: Context, key: str) -> list[str]:
     return [str(v) for v in value] if isinstance(value, list) else []
 
 
-def loaded(facts: dict, ctx: Context) -> Result:
+def loaded(facts: Facts, ctx: Context) -> Result:
     """Every expected module is loaded and Live (missing or stuck Loading/Unloading: reboot)."""
     wanted = _listed(ctx, "loaded")
     if not wanted:
@@ -88,7 +94,7 @@ def loaded(facts: dict, ctx: Context) -> Result:
     return ok(f"{counted(len(wanted), 'module')} loaded", data)
 
 
-def absent(facts: dict, ctx: Context) -> Result:
+def absent(facts: Facts, ctx: Context) -> Result:
     """No module that must not be loaded (`absent`, e.g. nouveau) is loaded."""
     banned = _listed(ctx, "absent")
     if not banned:
@@ -104,16 +110,16 @@ def absent(facts: dict, ctx: Context) -> Result:
 CHECKS = (loaded, absent)
 
 
-def baseline(facts: dict, now: float | None = None) -> dict:
+def baseline(facts: Facts, now: float | None = None) -> dict[str, Any]:
     """Nothing to remember: a module is loaded or not."""
     return {}
 
 
-def expectations(facts: dict) -> dict:
+def expectations(facts: Facts) -> dict[str, Any]:
     """The known GPU and InfiniBand modules this (known-good) node has live; nouveau forbidden
     where the NVIDIA driver is loaded."""
     mods = facts["modules"] or {}
-    out: dict = {}
+    out: dict[str, Any] = {}
     seen = [name for name in KNOWN if mods.get(name) == LIVE]
     if seen:
         out["loaded"] = seen
@@ -122,6 +128,6 @@ def expectations(facts: dict) -> dict:
     return out
 
 
-def expected(expect: dict, found: object = None) -> bool:
+def expected(expect: dict[str, Any], found: object = None) -> bool:
     """The modules are expected readable when some are listed."""
     return bool(expect.get("loaded"))

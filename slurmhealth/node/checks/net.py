@@ -30,10 +30,16 @@ import time
 from slurmhealth.core.result import DRAIN, Result, counted, fail, ok, warn
 from slurmhealth.node.checks.base import Context, summarize
 
+TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
+if TYPE_CHECKING:
+    from typing import Any
+
+    from slurmhealth.node.checks.base import Facts, Schema
+
 AREA = "net"
 SOURCE = "kernel"
 
-DEFAULTS = {
+DEFAULTS: Schema = {
     "up": (
         None,
         list,
@@ -85,12 +91,12 @@ def _int(text: object) -> int | None:
     return int(text)
 
 
-def physical(name: str, link: dict) -> bool:
+def physical(name: str, link: dict[str, Any]) -> bool:
     """A link to judge unlisted: has a parent device, is not loopback, not a virtual name."""
     return bool(link.get("device")) and link["type"] != LOOPBACK and not name.startswith(VIRTUAL)
 
 
-def _link(name: str, raw: dict) -> dict:
+def _link(name: str, raw: dict[str, Any]) -> dict[str, Any]:
     operstate = raw.get("operstate")
     link = {
         "operstate": operstate.strip()[:_NAME_MAX] if isinstance(operstate, str) else None,
@@ -105,10 +111,11 @@ def _link(name: str, raw: dict) -> dict:
     return link
 
 
-def parse(raw: object) -> dict:
+def parse(raw: object) -> Facts:
     """The kernel source's raw facts -> {"links": {name: facts}, "boot_id"}; pure and total."""
     raw = raw if isinstance(raw, dict) else {}
-    part = raw.get("net") if isinstance(raw.get("net"), dict) else {}
+    found = raw.get("net")
+    part = found if isinstance(found, dict) else {}
     links = {
         str(name)[:_NAME_MAX]: _link(str(name)[:_NAME_MAX], value)
         for name, value in part.items()
@@ -123,16 +130,17 @@ def _listed(ctx: Context) -> list[str]:
     return [str(v) for v in value] if isinstance(value, list) else []
 
 
-def is_up(link: dict) -> bool:
+def is_up(link: dict[str, Any]) -> bool:
     return link["operstate"] in ("up", "unknown") and link["carrier"] == 1
 
 
-def link_up(facts: dict, ctx: Context) -> Result:
+def link_up(facts: Facts, ctx: Context) -> Result:
     """Every expected interface is present, up and has carrier (missing or down: drain)."""
     wanted = _listed(ctx)
     if not wanted:
         return ok("no interfaces expected up: not judged")
-    problems, data = [], {}
+    problems: list[str] = []
+    data: dict[str, Any] = {}
     for name in wanted:
         link = facts["links"].get(name)
         if link is None:
@@ -148,12 +156,13 @@ def link_up(facts: dict, ctx: Context) -> Result:
     return ok(f"{counted(len(wanted), 'interface')} up", data)
 
 
-def mtu(facts: dict, ctx: Context) -> Result:
+def mtu(facts: Facts, ctx: Context) -> Result:
     """Interfaces at their expected MTU (a jumbo-frame or IPoIB MTU lost breaks jobs' traffic)."""
     wanted = ctx.expect.get("mtu")
     if not isinstance(wanted, dict) or not wanted:
         return ok("no MTU expected: not judged")
-    problems, data = [], {}
+    problems: list[str] = []
+    data: dict[str, Any] = {}
     for name, value in wanted.items():
         link = facts["links"].get(str(name))
         data[str(name)] = link["mtu"] if link else None
@@ -175,12 +184,13 @@ def interval(ctx: Context) -> float | None:
     return seconds if seconds > 0 else None
 
 
-def _level(count: int, seconds: float | None, ctx: Context) -> tuple:
+def _level(count: int, seconds: float | None, ctx: Context) -> tuple[str | None, str]:
     """("fail"/"warn"/None, text) for `count` flaps over `seconds` (None: unknown)."""
     if count < 1:
         return None, ""
-    warn_at, fail_at = float(ctx.expect.get("flaps_warn", 0.0)), float(ctx.expect.get(
-        "flaps_fail", DEFAULTS["flaps_fail"][0]))
+    default: float = DEFAULTS["flaps_fail"][0]
+    warn_at = float(ctx.expect.get("flaps_warn", 0.0))
+    fail_at = float(ctx.expect.get("flaps_fail", default))
     if seconds is None:
         level = "fail" if count >= FAIL_MIN else "warn"
         return level, f"{counted(count, 'flap')} since the last run"
@@ -193,12 +203,12 @@ def _level(count: int, seconds: float | None, ctx: Context) -> tuple:
     return None, ""
 
 
-def _judged(facts: dict, ctx: Context) -> list[str]:
+def _judged(facts: Facts, ctx: Context) -> list[str]:
     listed = set(_listed(ctx))
     return sorted(n for n, x in facts["links"].items() if x["physical"] or n in listed)
 
 
-def flaps(facts: dict, ctx: Context) -> Result:
+def flaps(facts: Facts, ctx: Context) -> Result:
     """Carrier changes since the last run: a link that flaps warns, 3 flaps at 0.5/h fail."""
     names = [n for n in _judged(facts, ctx) if facts["links"][n]["changes"] is not None]
     if not names:
@@ -208,7 +218,10 @@ def flaps(facts: dict, ctx: Context) -> Result:
     counts = counts if isinstance(counts, dict) else {}
     same_boot = before.get("boot_id") == facts["boot_id"]
     seconds = interval(ctx)
-    fails, warns, data, fresh = [], [], {}, 0
+    fails: list[str] = []
+    warns: list[str] = []
+    data: dict[str, int] = {}
+    fresh = 0
     for name in names:
         now, then = facts["links"][name]["changes"], counts.get(name)
         if not same_boot or not isinstance(then, int) or isinstance(then, bool) or now < then:
@@ -232,7 +245,7 @@ def flaps(facts: dict, ctx: Context) -> Result:
 CHECKS = (link_up, mtu, flaps)
 
 
-def baseline(facts: dict, now: float | None = None) -> dict:
+def baseline(facts: Facts, now: float | None = None) -> dict[str, Any]:
     """Carrier changes of every interface, the boot they were read in, and when."""
     changes = {n: x["changes"] for n, x in facts["links"].items() if x["changes"] is not None}
     return {
@@ -242,7 +255,7 @@ def baseline(facts: dict, now: float | None = None) -> dict:
     }
 
 
-def expectations(facts: dict) -> dict:
+def expectations(facts: Facts) -> dict[str, Any]:
     """The physical interfaces this (known-good) node has up with carrier, and their MTUs."""
     up = sorted(n for n, x in facts["links"].items() if x["physical"] and is_up(x))
     if not up:
@@ -251,6 +264,6 @@ def expectations(facts: dict) -> dict:
     return {"up": up, "mtu": mtus} if mtus else {"up": up}
 
 
-def expected(expect: dict, found: object = None) -> bool:
+def expected(expect: dict[str, Any], found: object = None) -> bool:
     """The links are expected readable when some are listed up."""
     return bool(expect.get("up"))

@@ -35,11 +35,17 @@ from slurmhealth.core.constants import CHECK, DIAG, HEALTHCHECK
 from slurmhealth.core.result import DRAIN, SERVICE, Result, counted, fail, ok, skip, warn
 from slurmhealth.node.checks.base import Context, summarize
 
+TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
+if TYPE_CHECKING:
+    from typing import Any
+
+    from slurmhealth.node.checks.base import Facts, Schema
+
 AREA = "nvme"
 SOURCE = "nvme"
 PHASES = (HEALTHCHECK, CHECK, DIAG)
 
-DEFAULTS = {
+DEFAULTS: Schema = {
     "count": (None, int, "NVMe controllers expected; unset: whatever is present"),
     "wear_warn_pct": (80, int, "percentage used (rated endurance) that warns: order a spare"),
     "temp_warn_c": (
@@ -70,7 +76,7 @@ def _str(value: object) -> str | None:
     return " ".join(value.split())[:_NAME_MAX] or None if isinstance(value, str) else None
 
 
-def _dict(value: object) -> dict:
+def _dict(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
@@ -95,7 +101,7 @@ def _milli_c(value: object) -> float | None:
     return number / 1000.0 if number is not None else None
 
 
-def _smart(raw: object) -> dict | None:
+def _smart(raw: object) -> dict[str, Any] | None:
     """The judged fields of an nvme-cli smart-log; None without one. `critical_warning` is an
     object with its `value` under `nvme smart-log -v` (json_smart_log's verbose form)."""
     if not isinstance(raw, dict):
@@ -114,7 +120,7 @@ def _smart(raw: object) -> dict | None:
     }
 
 
-def _controller(raw: dict) -> dict:
+def _controller(raw: dict[str, Any]) -> dict[str, Any]:
     hwmon = _dict(raw.get("hwmon"))
     return {
         "state": _str(raw.get("state")),
@@ -130,7 +136,7 @@ def _controller(raw: dict) -> dict:
     }
 
 
-def parse(raw: object) -> dict:
+def parse(raw: object) -> Facts:
     """Raw sysfs strings and smart-logs -> {"controllers": {name: facts}, "tool": path|None}."""
     raw = _dict(raw)
     controllers = {
@@ -144,25 +150,26 @@ def parse(raw: object) -> dict:
 # ---------------------------------------------------------------- checks
 
 
-def _expect(ctx: Context, key: str) -> object:
+def _expect(ctx: Context, key: str) -> int | None:
     value = ctx.expect.get(key)
-    return DEFAULTS[key][0] if value is None else value
+    found: int | None = DEFAULTS[key][0] if value is None else value
+    return found
 
 
-def _none(facts: dict) -> Result | None:
+def _none(facts: Facts) -> Result | None:
     return None if facts["controllers"] else skip("no NVMe controllers")
 
 
-def present(facts: dict, ctx: Context) -> Result:
+def present(facts: Facts, ctx: Context) -> Result:
     """Expected NVMe controllers present: a missing drive fell off the bus (service)."""
     found, want = len(facts["controllers"]), _expect(ctx, "count")
     data = {"count": found, "expected": want}
-    if want is not None and found < want:  # type: ignore[operator]
+    if want is not None and found < want:
         return fail(f"{counted(found, 'NVMe controller')}, expected {want}", data, SERVICE)
     return _none(facts) or ok(f"{counted(found, 'NVMe controller')} present", data)
 
 
-def state(facts: dict, ctx: Context) -> Result:
+def state(facts: Facts, ctx: Context) -> Result:
     """Every NVMe controller live: dead or deleting fails, a reset under way warns."""
     states = {n: c["state"] for n, c in facts["controllers"].items()}
     gone = [f"{n} {s or 'unreadable'}" for n, s in states.items() if s not in ("live", *_TRANSIENT)]
@@ -174,7 +181,7 @@ def state(facts: dict, ctx: Context) -> Result:
     return _none(facts) or ok(f"{counted(len(states), 'NVMe controller')} live", states)
 
 
-def _logs(facts: dict) -> tuple:
+def _logs(facts: Facts) -> tuple[dict[str, Any], str | None]:
     """({name: smart facts} of the controllers with a SMART log, why any is missing or None)."""
     logs = {n: c["smart"] for n, c in facts["controllers"].items() if c["smart"] is not None}
     if facts["tool"] is None:
@@ -184,7 +191,7 @@ def _logs(facts: dict) -> tuple:
     return logs, f"SMART log not read: {summarize(missing)}" if missing else None
 
 
-def critical_warning(facts: dict, ctx: Context) -> Result:
+def critical_warning(facts: Facts, ctx: Context) -> Result:
     """SMART critical warning: spare, reliability, read-only or backup bits fail (service)."""
     logs, why = _logs(facts)
     if not logs:
@@ -204,7 +211,7 @@ def critical_warning(facts: dict, ctx: Context) -> Result:
     return ok(f"no critical warning on {counted(len(logs), 'NVMe controller')}{note}", data)
 
 
-def endurance(facts: dict, ctx: Context) -> Result:
+def endurance(facts: Facts, ctx: Context) -> Result:
     """Wear (percentage used) below nvme.wear_warn_pct and spare above its threshold."""
     logs, why = _logs(facts)
     if not logs:
@@ -215,7 +222,7 @@ def endurance(facts: dict, ctx: Context) -> Result:
         spare, floor, used = log["avail_spare"], log["spare_thresh"], log["percent_used"]
         if spare is not None and floor is not None and spare < floor:
             low.append(f"{name} spare {spare}% below its threshold {floor}%")
-        if used is not None and used >= limit:  # type: ignore[operator]
+        if used is not None and limit is not None and used >= limit:
             worn.append(f"{name} {used}% of its rated endurance used (warn at {limit}%)")
     data = {n: {"percent_used": g["percent_used"], "avail_spare": g["avail_spare"]}
             for n, g in logs.items()}
@@ -227,14 +234,14 @@ def endurance(facts: dict, ctx: Context) -> Result:
     return ok(f"NVMe wear at most {most}%, spare above threshold", data)
 
 
-def _temperature(ctrl: dict) -> float | None:
+def _temperature(ctrl: dict[str, Any]) -> float | None:
     if ctrl["temp_c"] is not None:
         return float(ctrl["temp_c"])
     smart = ctrl["smart"] or {}
     return float(smart["temp_c"]) if smart.get("temp_c") is not None else None
 
 
-def temperature(facts: dict, ctx: Context) -> Result:
+def temperature(facts: Facts, ctx: Context) -> Result:
     """Composite temperature below the drive's warning threshold (or nvme.temp_warn_c)."""
     want = _expect(ctx, "temp_warn_c")
     hot, crit, data = [], [], {}
@@ -246,7 +253,7 @@ def temperature(facts: dict, ctx: Context) -> Result:
         limit = want if want is not None else ctrl["temp_max_c"]
         if ctrl["temp_crit_c"] and now >= ctrl["temp_crit_c"]:
             crit.append(f"{name} {now:g} C, at its critical {ctrl['temp_crit_c']:g} C")
-        elif (limit and now >= limit) or ctrl["alarm"]:  # type: ignore[operator]
+        elif (limit and now >= limit) or ctrl["alarm"]:
             hot.append(f"{name} {now:g} C" + (f" (warn at {limit:g} C)" if limit else ""))
     if crit:
         return fail(f"NVMe {summarize(crit + hot)}", data, DRAIN)
@@ -257,12 +264,12 @@ def temperature(facts: dict, ctx: Context) -> Result:
     return ok(f"NVMe at most {max(data.values()):g} C", data)
 
 
-def _key(name: str, ctrl: dict) -> str:
+def _key(name: str, ctrl: dict[str, Any]) -> str:
     """A drive's key in the baseline: its serial (controller names can change at boot)."""
     return ctrl["serial"] or name
 
 
-def errors(facts: dict, ctx: Context) -> Result:
+def errors(facts: Facts, ctx: Context) -> Result:
     """Media errors since the last health check fail (data lost); error-log entries warn."""
     logs, why = _logs(facts)
     if not logs:
@@ -295,7 +302,7 @@ CHECKS = (present, state, critical_warning, endurance, temperature, errors)
 # ---------------------------------------------------------------- memory and genconf
 
 
-def baseline(facts: dict, now: float | None = None) -> dict:
+def baseline(facts: Facts, now: float | None = None) -> dict[str, Any]:
     """The error counters of every drive with a SMART log, by serial, for the next run."""
     counters = {
         _key(name, c): {k: c["smart"][k] for k in _COUNTERS if c["smart"][k] is not None}
@@ -305,18 +312,18 @@ def baseline(facts: dict, now: float | None = None) -> dict:
     return {"counters": counters, "taken_at": now}
 
 
-def versions_of(facts: dict) -> dict:
+def versions_of(facts: Facts) -> dict[str, Any]:
     """The firmware of each drive (the nightly report's odd node out)."""
     firmware = {n: c["firmware"] for n, c in sorted(facts["controllers"].items()) if c["firmware"]}
     return {"nvme_fw": firmware} if firmware else {}
 
 
-def expectations(facts: dict) -> dict:
+def expectations(facts: Facts) -> dict[str, Any]:
     """What this (known-good) node implies: its number of NVMe controllers."""
     count = len(facts["controllers"])
     return {"count": count} if count else {}
 
 
-def expected(expect: dict, found: object = None) -> bool:
+def expected(expect: dict[str, Any], found: object = None) -> bool:
     """NVMe is expected where the config names a count of controllers."""
     return bool(expect.get("count"))

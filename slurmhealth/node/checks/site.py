@@ -19,37 +19,39 @@ from slurmhealth.core.result import ERROR, Result, ok, warn
 
 TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
 if TYPE_CHECKING:
-    from slurmhealth.node.checks.base import Context
+    from typing import Any
+
+    from slurmhealth.node.checks.base import Context, Facts, Schema
 
 AREA = "site"
 SOURCE = "site"
 PHASES = (HEALTHCHECK, CHECK, DIAG)
 
-DEFAULTS: dict = {}
+DEFAULTS: Schema = {}
 
 _FAILED = "Health check failed:"
 _LINE_MAX = 300
 _LINES_KEPT = 20
 
 
-def parse(raw: object) -> dict:
+def parse(raw: object) -> Facts:
     """The source's record -> {program, name, status, timed_out, error, lines}."""
     raw = raw if isinstance(raw, dict) else {}
-    program = raw.get("program") if isinstance(raw.get("program"), str) else ""
-    status = raw.get("status")
-    lines = raw.get("lines") if isinstance(raw.get("lines"), list) else []
+    path, status, given = raw.get("program"), raw.get("status"), raw.get("lines")
+    program = path if isinstance(path, str) else ""
+    lines = given if isinstance(given, list) else []
     return {
-        "program": program[:_LINE_MAX],  # type: ignore[index]
-        "name": program.rstrip("/").rsplit("/", 1)[-1][:40] or "program",  # type: ignore[union-attr]
+        "program": program[:_LINE_MAX],
+        "name": program.rstrip("/").rsplit("/", 1)[-1][:40] or "program",
         "status": status if isinstance(status, int) and not isinstance(status, bool) else None,
         "timed_out": raw.get("timed_out") is True,
         "error": str(raw["error"])[:_LINE_MAX] if raw.get("error") else None,
-        "lines": [str(x)[:_LINE_MAX] for x in lines[-_LINES_KEPT:]],  # type: ignore[index]
+        "lines": [str(x)[:_LINE_MAX] for x in lines[-_LINES_KEPT:]],
         "seconds": raw.get("seconds"),
     }
 
 
-def failure_line(lines: list) -> str:
+def failure_line(lines: list[str]) -> str:
     """What the program said was wrong: the text after NHC's "Health check failed:" on its
     last such line, else its last line."""
     for line in reversed(lines):
@@ -58,7 +60,7 @@ def failure_line(lines: list) -> str:
     return lines[-1].strip() if lines else ""
 
 
-def program(facts: dict, ctx: Context) -> Result:
+def program(facts: Facts, ctx: Context) -> Result:
     """The site's health check (settings.site_healthcheck, e.g. NHC): a failure warns."""
     name, data = facts["name"], {k: facts[k] for k in ("program", "status", "lines")}
     if facts["error"]:
@@ -74,16 +76,16 @@ def program(facts: dict, ctx: Context) -> Result:
 CHECKS = (program,)
 
 
-def baseline(facts: dict, now: float | None = None) -> dict:
+def baseline(facts: Facts, now: float | None = None) -> dict[str, Any]:
     """Nothing to remember: each run asks the program afresh."""
     return {}
 
 
-def expectations(facts: dict) -> dict:
+def expectations(facts: Facts) -> dict[str, Any]:
     """Nothing: the program is configured, not learned."""
     return {}
 
 
-def expected(expect: dict, found: object = None) -> bool:
+def expected(expect: dict[str, Any], found: object = None) -> bool:
     """A program configured is run or fails (sources/site.py); none configured skips."""
     return False

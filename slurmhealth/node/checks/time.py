@@ -21,10 +21,16 @@ from __future__ import annotations
 from slurmhealth.core.result import DRAIN, Result, clean, fail, ok, skip, warn
 from slurmhealth.node.checks.base import Context
 
+TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
+if TYPE_CHECKING:
+    from typing import Any
+
+    from slurmhealth.node.checks.base import Facts, Schema
+
 AREA = "time"
 SOURCE = "host"
 
-DEFAULTS = {
+DEFAULTS: Schema = {
     "synchronised": (
         None,
         bool,
@@ -46,7 +52,7 @@ def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def parse(raw: object) -> dict:
+def parse(raw: object) -> Facts:
     """The host section's clock -> {"synchronised", "maxerror_ms", "esterror_ms", "state",
     "status", "not_read"}: None where unknown; "not_read" says why the clock was not read."""
     raw = raw if isinstance(raw, dict) else {}
@@ -66,7 +72,7 @@ def parse(raw: object) -> dict:
     }
 
 
-def synchronised(facts: dict, ctx: Context) -> Result:
+def synchronised(facts: Facts, ctx: Context) -> Result:
     """The kernel says the clock is synchronised (no STA_UNSYNC), where synchronised = true."""
     if facts["not_read"]:
         return _not_read(facts, ctx)
@@ -78,7 +84,7 @@ def synchronised(facts: dict, ctx: Context) -> Result:
     return ok("clock not synchronised (not judged: [time] synchronised = true judges it)", data)
 
 
-def max_error(facts: dict, ctx: Context) -> Result:
+def max_error(facts: Facts, ctx: Context) -> Result:
     """The kernel's bound on the clock's error (maxerror) within max_error_ms, where set."""
     bound, have = ctx.expect.get("max_error_ms"), facts["maxerror_ms"]
     if facts["not_read"] or have is None:
@@ -91,7 +97,7 @@ def max_error(facts: dict, ctx: Context) -> Result:
     return ok(f"clock maxerror within {bound:g} ms", data)
 
 
-def _not_read(facts: dict, ctx: Context) -> Result:
+def _not_read(facts: Facts, ctx: Context) -> Result:
     """A clock this run did not read: a skip where the config judges it; ok where nothing is
     judged (a skip is a row in the node's store on every job hook of a node without NVML)."""
     why = f"clock {facts['not_read'] or 'maxerror unknown'}"
@@ -101,16 +107,16 @@ def _not_read(facts: dict, ctx: Context) -> Result:
 CHECKS = (synchronised, max_error)
 
 
-def baseline(facts: dict, now: float | None = None) -> dict:
+def baseline(facts: Facts, now: float | None = None) -> dict[str, Any]:
     """Nothing to remember: the clock is judged as it is now."""
     return {}
 
 
-def expectations(facts: dict) -> dict:
+def expectations(facts: Facts) -> dict[str, Any]:
     """A known-good node whose clock is synchronised expects it to stay so."""
     return {"synchronised": True} if facts["synchronised"] else {}
 
 
-def expected(expect: dict, found: object = None) -> bool:
+def expected(expect: dict[str, Any], found: object = None) -> bool:
     """The clock is expected when the config judges it."""
     return bool(expect.get("synchronised")) or expect.get("max_error_ms") is not None
