@@ -61,7 +61,7 @@ SETTINGS: Schema = {
     "error_fails": (False, bool, "an exception inside a check fails the node (default: warn)"),
     "gpu_source": ("nvml", str, "hooks: nvml, or a snapshot file (dry runs, fault drills)"),
     "sysfs_root": ("/sys", str, "hooks: where class/infiniband is read"),
-    "host_root": ("/", str, "hooks: where the host areas read proc/ and sys/ (mounts, memory, ...)"),
+    "host_root": ("/", str, "hooks: where the host areas read proc/ and sys/ (mounts, memory)"),
     "kmsg": ("/dev/kmsg", str, "hooks: the kernel log, or a file of kmsg records/dmesg lines"),
     "slurm_bin": ("", str, "directory of scontrol and friends; empty: search the usual places"),
     "drain_timeout": (2.0, float, "bound of each scontrol call on the failure path, seconds"),
