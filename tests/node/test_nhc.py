@@ -45,7 +45,7 @@ def test_the_common_checks_become_expectations_of_every_node():
     assert every["fs"]["rw"] == ["/", "/home"]
     assert every["fs"]["ro"] == ["/opt/apps"]
     assert every["fs"]["fstype"] == {"/home": "nfs"}
-    assert every["fs"]["free_pct"] == {"/tmp": 3.0, "/var": 5.0}
+    assert every["fs"]["free_pct_at"] == {"/tmp": 3.0, "/var": 5.0}
     assert every["fs"]["files"] == {"/etc": "dr", "/var/spool/slurmd": "dr", "/dev/null": "crw"}
     assert every["ps"] == {"daemons": ["sshd", "munged", "slurmd"], "absent": ["nouveau"]}
     assert every["net"] == {"up": ["eno1"]}
@@ -60,7 +60,7 @@ def test_node_patterns_become_blocks_whose_lists_begin_with_every_nodes():
     assert gpu["fs"]["mounts"] == ["/", "/home", "/opt/apps", "/lustre/scratch"]
     assert gpu["fs"]["fstype"] == {"/home": "nfs", "/lustre/scratch": "lustre"}
     assert gpu["ps"]["daemons"] == ["sshd", "munged", "slurmd", "nvidia-persistenced"]
-    assert doc["fs"]["free_pct"] == {"/tmp": 3.0, "/var": 5.0}
+    assert doc["fs"]["free_pct_at"] == {"/tmp": 3.0, "/var": 5.0}
 
 
 def test_what_is_not_translated_says_why_line_by_line():
@@ -86,7 +86,7 @@ def test_what_is_not_translated_says_why_line_by_line():
         ("* || check_fs_mount_rw -0 -f /scratch", "partial", "-0 (non-fatal)"),
         ("* || check_fs_mount -r -e 'mount -a' -f /apps", "partial", "no remount or action"),
         ("* || check_fs_mount -t '*nfs*' -f /home", "partial", "a match string"),
-        ("* || check_fs_free /scratch 128MB", "ok", "fs.free_mb: /scratch 128.0 MiB"),
+        ("* || check_fs_free /scratch 128MB", "ok", "fs.free_mb_at: /scratch 128.0 MiB"),
         ("* || check_fs_used / 98GB", "no", "a used-space ceiling in bytes"),
         ("* || check_hw_physmem 12582912 50331648", "partial", "the ceiling 48.0 GiB"),
         ("* || check_hw_swap 0 2097152", "no", "a range of swap sizes"),
