@@ -1,13 +1,14 @@
 """Filesystem checks from mountinfo and statvfs (the `fs` section of a snapshot, sources/fs.py).
 
 What NHC's check_fs_mount, check_fs_mount_rw/_ro, check_fs_free, check_fs_ifree and
-check_fs_size and check_file_test judge, with the names a `config from-nhc` translation targets
-([fs] mounts, rw, ro, fstype, free_pct_at, free_mb_at, inodes_free_pct, files).
+check_file_test judge, with the names a `config from-nhc` translation targets ([fs] mounts, rw,
+ro, fstype, free_pct_at, free_mb_at, inodes_free_pct, files).
 
 Which mounts are judged: every mount listed in `mounts`, `rw`, `ro` or `fstype`, plus the mounts
 holding the `free_on` paths ("/", "/tmp", "/var" by default: where /tmp is on /, / is judged
-once) and the paths `free_pct_at` and `free_mb_at` name. A job writes its temporary files, its core dumps and its logs there: a full /tmp or /var
-kills jobs on the node, so a filesystem below its floor fails (drain), as NHC does.
+once) and the paths `free_pct_at` and `free_mb_at` name. A job writes its temporary files, its
+core dumps and its logs there: a full /tmp or /var kills jobs on the node, so a filesystem below
+its floor fails (drain), as NHC does.
 
 Floors, on judged mounts that can be written (a read-only mount, a squashfs image, is full by
 design):
