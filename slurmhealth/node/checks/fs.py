@@ -396,8 +396,9 @@ def _writable_stats(facts: Facts, ctx: Context) -> list[str]:
 
 
 def free_space(facts: Facts, ctx: Context) -> Result:
-    """Free space on the judged filesystems above free_pct and free_mb, or their own floors
-    (free_pct_at, free_mb_at)."""
+    """Free space on the judged filesystems above their floors (a mount's own, else free_pct).
+
+    A mount's own floors are free_pct_at and free_mb_at; free_mb applies where set."""
     points = _writable_stats(facts, ctx)
     if not points:
         return skip("no writable mount stat'ed")
@@ -455,8 +456,9 @@ def _file_problem(path: str, letters: str, found: dict[str, Any] | None) -> str 
 
 
 def files(facts: Facts, ctx: Context) -> Result:
-    """Every listed file passes its test(1) tests (NHC check_file_test): there, a directory,
-    readable, ..."""
+    """Every listed path passes its test(1) tests (NHC check_file_test): a missing one fails.
+
+    The tests: the letters of `files` (module docstring), as root runs them."""
     wanted = {path: str(letters) for path, letters in _map(ctx, "files").items()}
     if not wanted:  # ok, not skip: a skip is a row in the node's store on every run
         return ok("no files listed: not judged")
