@@ -5,10 +5,10 @@ gather as the job hooks do it (`Options(costly=False)`: PID 1's children, EDAC t
 the health check does it (every process, DIMM counts), then each area's parse and checks with
 the expectations a GPU node's genconf would write. The job hook's read is timed three ways: with
 no process names to find, with names all among PID 1's children (the usual path: the read stays
-PID 1's children) and with a name that is not (a daemon under a supervisor: every process read). With `--processes N` it first starts N
-sleeping processes (children of this script, ended by their ids at the end), so the full read
-is timed on a node running that many processes; they are not PID 1's children, as a job's
-processes are not.
+PID 1's children) and with a name that is not (a daemon under a supervisor: every process
+read). With `--processes N` it first starts N sleeping processes (children of this script,
+ended by their ids at the end), so the full read is timed on a node running that many
+processes; they are not PID 1's children, as a job's processes are not.
 
 Run: `PYTHONPATH=. .venv/bin/python bench/bench_kernel.py [--processes 2000] [--runs 300]`.
 """
