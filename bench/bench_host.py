@@ -4,6 +4,9 @@
    statvfs of the mounts holding /, /tmp and /var; `host`: meminfo, the CPU lists and topology,
    adjtimex with ctypes already loaded), then parse and every check with default expectations:
    p50 and p99 over --runs runs of each, and of the whole (both sources, all three areas).
+   The fs area again with three file tests (`[fs] files`: /etc a readable directory,
+   /etc/passwd a non-empty file, /dev/null a writable character device), each path stat'ed in
+   its own thread beside the mounts: what a translated NHC check_file_test costs a hook.
 2. The same through the runner (`runner.run(areas=["fs", "hw", "time"])`: a gather thread per
    source, each under its deadline, as a hook runs them), p50 and p99.
 3. The import of the five modules (checks/fs, hw, time; sources/fs, host), in a fresh
@@ -107,6 +110,16 @@ def main() -> None:
             f"{which:>4}: gather+parse+checks p50 {statistics.median(times):.3f} ms, "
             f"p99 {pct(times, 0.99):.3f} ms over {args.runs} runs"
         )
+    files = {"/etc": "dr", "/etc/passwd": "fs", "/dev/null": "cw"}
+    opts.files = list(files)
+    expect["fs"]["files"] = files
+    for _ in range(50):
+        one_run(opts, expect, "fs")
+    times = [one_run(opts, expect, "fs") for _ in range(args.runs)]
+    print(
+        f"fs with {len(files)} files: gather+parse+checks p50 {statistics.median(times):.3f} ms, "
+        f"p99 {pct(times, 0.99):.3f} ms over {args.runs} runs"
+    )
     runner_ms(50)
     times = runner_ms(args.runs)
     print(

@@ -3,10 +3,12 @@
 Times, in one process, what a run adds for the host areas on the live /proc and /sys: the
 gather as the job hooks do it (`Options(costly=False)`: PID 1's children, EDAC totals) and as
 the health check does it (every process, DIMM counts), then each area's parse and checks with
-the expectations a GPU node's genconf would write. With `--processes N` it first starts N
-sleeping processes (children of this script, ended by their ids at the end), so the full read
-is timed on a node running that many processes; they are not PID 1's children, as a job's
-processes are not.
+the expectations a GPU node's genconf would write. The job hook's read is timed three ways: with
+no process names to find, with names all among PID 1's children (the usual path: the read stays
+PID 1's children) and with a name that is not (a daemon under a supervisor: every process
+read). With `--processes N` it first starts N sleeping processes (children of this script,
+ended by their ids at the end), so the full read is timed on a node running that many
+processes; they are not PID 1's children, as a job's processes are not.
 
 Run: `PYTHONPATH=. .venv/bin/python bench/bench_kernel.py [--processes 2000] [--runs 300]`.
 """
@@ -42,12 +44,15 @@ def judge(raw: object) -> None:
             check(facts, ctx)
 
 
-def p50(costly: bool, runs: int) -> tuple:
-    """(p50 ms of gather, of gather + parse + checks, processes read)."""
+def p50(costly: bool, runs: int, names: list[str] | None = None) -> tuple:
+    """(p50 ms of gather, of gather + parse + checks, processes read); `names`: the process
+    names the ps checks look for (Options.processes)."""
     gathers, totals, seen = [], [], 0
     for _ in range(runs):
         start = time.perf_counter()
-        raw = kernel.gather(Options(costly=costly))
+        options = Options(costly=costly)
+        options.processes = names
+        raw = kernel.gather(options)
         gathered = time.perf_counter()
         judge(raw)
         gathers.append(gathered - start)
@@ -69,8 +74,15 @@ def main() -> None:
         time.sleep(1.0 if extra else 0.0)
         total = sum(1 for name in os.listdir("/proc") if name.isdigit())
         print(f"processes on the host: {total}")
-        for costly, what in ((False, "job hook (PID 1's children)"), (True, "health check (all)")):
-            gather, whole, seen = p50(costly, args.runs)
+        children = kernel.processes("/proc", everything=False)["names"]
+        ways = (
+            (False, None, "job hook (PID 1's children)"),
+            (False, sorted(children), "job hook, names all PID 1's children"),
+            (False, ["no-such-daemon"], "job hook, a name not PID 1's child"),
+            (True, None, "health check (all)"),
+        )
+        for costly, names, what in ways:
+            gather, whole, seen = p50(costly, args.runs, names)
             print(f"{what}: gather p50 {gather:.2f} ms, gather+parse+checks p50 {whole:.2f} ms,"
                   f" {seen} processes read")
     finally:

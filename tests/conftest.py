@@ -427,3 +427,38 @@ MODULES_TEXT = (
     "ib_ipoib 143360 0 - Live 0x0000000000000000\n"
     "ext4 1028096 2 - Live 0x0000000000000000\n"
 )
+
+
+def hw_tree(root, meminfo: str | None, online="0-7", present="0-7", smt="on", threads=2,
+            sockets=2) -> str:
+    """A host root with proc/meminfo (the text of `meminfo`; None: no file) and
+    sys/devices/system/cpu as sources/host.py reads them (sysfs-devices-system-cpu,
+    cputopology.rst): `present` CPUs, `sockets` packages of consecutive CPUs and `threads`
+    siblings per core (cpuN and cpuN+half). Returns the root."""
+    from slurmhealth.node.sources import host  # noqa: PLC0415 - only the tests that build one
+
+    root = pathlib.Path(root)
+    (root / "proc").mkdir(parents=True, exist_ok=True)
+    if meminfo is not None:
+        (root / "proc" / "meminfo").write_text(meminfo)
+    cpu = root / "sys" / "devices" / "system" / "cpu"
+    cpu.mkdir(parents=True, exist_ok=True)
+    for name, text in (("online", online), ("present", present), ("possible", present)):
+        (cpu / name).write_text(text + "\n")
+    if smt is not None:
+        (cpu / "smt").mkdir(exist_ok=True)
+        (cpu / "smt" / "control").write_text(smt + "\n")
+    count = len(host.cpulist(present) or [])
+    cores = count // threads
+    per_package = cores // sockets
+    for n in host.cpulist(online) or []:
+        core = n % cores
+        first = core // per_package * per_package
+        topo = cpu / f"cpu{n}" / "topology"
+        topo.mkdir(parents=True, exist_ok=True)
+        siblings = [core + t * cores for t in range(threads)]
+        packaged = [f"{first + t * cores}-{first + per_package - 1 + t * cores}"
+                    for t in range(threads)]
+        (topo / "thread_siblings_list").write_text(",".join(map(str, siblings)) + "\n")
+        (topo / "core_siblings_list").write_text(",".join(packaged) + "\n")
+    return str(root)

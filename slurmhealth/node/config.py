@@ -113,6 +113,12 @@ def _finite(value: object) -> bool:
     return not isinstance(value, float) or math.isfinite(value)
 
 
+def _number(value: object) -> bool:
+    """A finite int or float (not a bool): what a float key takes, in a map's values."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return ok and _finite(value)
+
+
 def _xid_number(value: object) -> bool:
     """An Xid as checks/xid.py reads it: 79, or "79" (TOML table keys are strings)."""
     if isinstance(value, str):
@@ -132,6 +138,7 @@ _PATHS = (
     "must be a list of absolute paths",
 )
 _XID_CLASSES = AREAS["xid"].CLASSES  # app, warn, fail, ignore
+_FILE_TESTS = AREAS["fs"].FILE_TESTS  # test(1)'s letters that fs.files judges
 _NAMES = (
     lambda v: all(isinstance(e, str) and e.strip() and e == e.strip() for e in v),
     "must be a list of names (strings without surrounding spaces)",
@@ -153,6 +160,22 @@ BOUNDS: dict[str, Bound] = {
     "fs.fstype": (
         lambda v: all(k.startswith("/") and isinstance(t, str) and t for k, t in v.items()),
         'must map mount points to filesystem types ({ "/scratch" = "lustre" })',
+    ),
+    "fs.free_pct_at": (
+        lambda v: all(k.startswith("/") and _number(t) and 0 <= t <= 100 for k, t in v.items()),
+        'must map mount points to percentages from 0 to 100 ({ "/scratch" = 10.0 })',
+    ),
+    "fs.free_mb_at": (
+        lambda v: all(k.startswith("/") and _number(t) and t >= 0 for k, t in v.items()),
+        'must map mount points to MiB, >= 0 ({ "/tmp" = 128.0 })',
+    ),
+    "fs.files": (
+        lambda v: all(
+            k.startswith("/") and isinstance(t, str) and t and set(t) <= set(_FILE_TESTS)
+            for k, t in v.items()
+        ),
+        "must map absolute paths to test(1) letters from "
+        f'{_FILE_TESTS} ({{ "/etc/slurm" = "dr" }})',
     ),
     **{f"hw.{k}": _AT_LEAST_0 for k in ("memory_gb", "free_memory_gb", "swap_gb", "swap_free_gb")},
     **{f"hw.{k}": _AT_LEAST_0 for k in ("hugepages", "cpus", "sockets", "threads_per_core")},

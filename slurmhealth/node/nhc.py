@@ -21,6 +21,7 @@ import shlex
 
 from slurmhealth.core import hostlist
 from slurmhealth.core.result import clean
+from slurmhealth.node.checks.fs import FILE_TESTS  # test(1)'s letters that fs.files judges
 
 TYPE_CHECKING = False  # typing stays unimported at run time, as elsewhere in node/
 if TYPE_CHECKING:
@@ -285,19 +286,19 @@ def _fs_mount(mode: str) -> Callable[[str, list[str], Translation], Done]:
 def _fs_free(pattern: str, args: list[str], out: Translation) -> Done:
     mount, floor = args[0], args[1]
     if floor.endswith("%"):
-        out.put(pattern, "fs", "free_pct", {mount: float(floor[:-1])})
-        return "ok", f"fs.free_pct: {mount} {floor[:-1]}%"
-    out.put(pattern, "fs", "free_mb", {mount: round(size_mib(floor), 1)})
-    return "ok", f"fs.free_mb: {mount} {round(size_mib(floor), 1)} MiB"
+        out.put(pattern, "fs", "free_pct_at", {mount: float(floor[:-1])})
+        return "ok", f"fs.free_pct_at: {mount} {floor[:-1]}%"
+    out.put(pattern, "fs", "free_mb_at", {mount: round(size_mib(floor), 1)})
+    return "ok", f"fs.free_mb_at: {mount} {round(size_mib(floor), 1)} MiB"
 
 
 def _fs_used(pattern: str, args: list[str], out: Translation) -> Done:
     mount, most = args[0], args[1]
     if not most.endswith("%"):
-        return "no", "a used-space ceiling in bytes: say it as a free-space floor (fs.free_mb)"
+        return "no", "a used-space ceiling in bytes: say it as a free-space floor (fs.free_mb_at)"
     free = round(100.0 - float(most[:-1]), 3)
-    out.put(pattern, "fs", "free_pct", {mount: free})
-    return "ok", f"fs.free_pct: {mount} {free}% (used at most {most})"
+    out.put(pattern, "fs", "free_pct_at", {mount: free})
+    return "ok", f"fs.free_pct_at: {mount} {free}% (used at most {most})"
 
 
 # --- memory and CPUs ------------------------------------------------------------------------
@@ -419,11 +420,6 @@ def _file_test(pattern: str, args: list[str], out: Translation) -> Done:
     out.put(pattern, "fs", "files", {path: tests or "e" for path in paths})
     return "ok", f"fs.files: {', '.join(paths)} ({tests or 'e'})"
 
-
-# The file tests fs.files judges (test(1)'s letters): exists, regular file, directory, symbolic
-# link, block and character device, named pipe, socket, non-empty, readable, writable,
-# executable (for root, as the hook runs).
-FILE_TESTS = "bcdefLprSswx"
 
 CHECKS: dict[str, Callable[[str, list[str], Translation], Done]] = {
     "check_fs_mount": _fs_mount(""),

@@ -160,8 +160,17 @@ STAT = _obj(
         "error": STR,
     }
 )
+FILE = _obj(
+    {
+        **{k: INT for k in ("lmode", "mode", "size")},
+        "access": _obj({k: BOOL for k in "rwx"}),
+        "hung": NUM,
+        "error": STR,
+    }
+)
 FS = _obj(
-    {"mountinfo": _list(_s("str")), "stats": _map(STAT), "errors": _map(_s("str"), "null")},
+    {"mountinfo": _list(_s("str")), "stats": _map(STAT), "files": _map(FILE),
+     "errors": _map(_s("str"), "null")},
     "null",
 )
 CPU = _obj(

@@ -456,9 +456,12 @@ def run(
     timeouts = {s: settings[f"timeout_{s}"] for s in SOURCES}
     options.timeouts = timeouts
     needed = {AREAS[a].SOURCE for a in areas}
-    if "fs" in areas:  # the mounts the fs checks judge, each stat'ed under its own deadline
+    if "fs" in areas:  # the mounts and files the fs checks judge, each under its own deadline
         options.mounts = AREAS["fs"].stat_paths(expect["fs"])
+        options.files = AREAS["fs"].file_paths(expect["fs"])
         options.stat_timeout = expect["fs"]["stat_timeout"]
+    if "ps" in areas:  # the names a job hook must find, among PID 1's children or elsewhere
+        options.processes = AREAS["ps"].names(expect["ps"])
     most = deadline_for(settings, phase, options.site_program)
     limit = most if deadline is None else min(deadline, most)
     out.sources, out.hung = gather(needed, options, timeouts, limit, strict=phase == "check")

@@ -12,20 +12,29 @@ saw, so the node kind decides: nvidia-persistenced on GPU nodes, nv-fabricmanage
 (HGX) nodes, nvidia-imex on multi-node NVLink nodes (NVIDIA's Fabric Manager and IMEX guides),
 sssd or nslcd where accounts come from a directory.
 
-The job hooks read only PID 1's children (sources/kernel.py, `scope` "init"): every daemon
-systemd starts, and every daemon that forked away from its parent, is one. A daemon run in the
-foreground under a supervisor that is not PID 1 is seen by the health check's full read only.
+The job hooks read PID 1's children first (sources/kernel.py, `scope` "init"): every daemon
+systemd starts, and every daemon that forked away from its parent, is one. Where a name the
+checks look for (`daemons`, `absent`) is not among them, a daemon run in the foreground under a
+supervisor that is not PID 1, or a forbidden process, the read goes on to every process (`scope`
+"all") before the checks judge: a daemon is never called missing for where it sits in the tree.
 """
 
 from __future__ import annotations
 
 from slurmhealth.core.result import DRAIN, Result, counted, fail, ok
 from slurmhealth.node.checks.base import Context, summarize
+from slurmhealth.node.sources.kernel import comm
+
+TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
+if TYPE_CHECKING:
+    from typing import Any
+
+    from slurmhealth.node.checks.base import Facts, Schema
 
 AREA = "ps"
 SOURCE = "kernel"
 
-DEFAULTS = {
+DEFAULTS: Schema = {
     "daemons": (
         None,
         list,
@@ -35,7 +44,6 @@ DEFAULTS = {
     "absent": (None, list, "process names that must not run; unset: none"),
 }
 
-COMM_MAX = 15  # TASK_COMM_LEN - 1: how much of a name the kernel keeps
 # Daemons genconf writes where it sees them, by their executable names: MUNGE's munged, Slurm's
 # slurmd, NVIDIA's nvidia-persistenced (driver persistence daemon), nv-fabricmanager (Fabric
 # Manager, NVSwitch systems), nvidia-imex (IMEX, multi-node NVLink), nv-hostengine (DCGM), and
@@ -53,12 +61,12 @@ KNOWN = (
 _NAME_MAX = 64
 
 
-def parse(raw: object) -> dict:
+def parse(raw: object) -> Facts:
     """The kernel source's raw facts -> {"names": {comm: count}, "scope": "all"|"init"|None}.
     Pure and total: anything unreadable is no names and scope None."""
-    part = raw.get("processes") if isinstance(raw, dict) else None
-    part = part if isinstance(part, dict) else {}
-    names = part.get("names") if isinstance(part.get("names"), dict) else {}
+    got = raw.get("processes") if isinstance(raw, dict) else None
+    part: dict[str, Any] = got if isinstance(got, dict) else {}
+    names = part["names"] if isinstance(part.get("names"), dict) else {}
     counts = {
         str(k)[:_NAME_MAX]: v
         for k, v in names.items()
@@ -68,19 +76,26 @@ def parse(raw: object) -> dict:
     return {"names": counts, "scope": scope}
 
 
-def _listed(ctx: Context, key: str) -> list[str]:
-    value = ctx.expect.get(key)
+def _listed(expect: dict[str, Any], key: str) -> list[str]:
+    value = expect.get(key)
     return [str(v) for v in value] if isinstance(value, list) else []
 
 
-def running(facts: dict, name: str) -> int:
-    """How many processes run as `name` (compared by its first 15 bytes)."""
-    return int(facts["names"].get(name.encode()[:COMM_MAX].decode("utf-8", "ignore"), 0))
+def names(expect: dict[str, Any]) -> list[str]:
+    """Every process name the checks look for (daemons, then absent): runner.run hands them to
+    the kernel source, whose job-hook read widens to every process when one is not among PID
+    1's children."""
+    return list(dict.fromkeys(_listed(expect, "daemons") + _listed(expect, "absent")))
 
 
-def daemons(facts: dict, ctx: Context) -> Result:
+def running(facts: Facts, name: str) -> int:
+    """How many processes run as `name` (compared by its first 15 bytes, as the kernel keeps it)."""
+    return int(facts["names"].get(comm(name), 0))
+
+
+def daemons(facts: Facts, ctx: Context) -> Result:
     """Every expected daemon runs (munged, nvidia-persistenced, ...): a dead one fails jobs."""
-    wanted = _listed(ctx, "daemons")
+    wanted = _listed(ctx.expect, "daemons")
     if not wanted:
         return ok("no daemons expected: not judged")
     if facts["scope"] is None:
@@ -92,9 +107,9 @@ def daemons(facts: dict, ctx: Context) -> Result:
     return ok(f"{counted(len(wanted), 'daemon')} running", data)
 
 
-def absent(facts: dict, ctx: Context) -> Result:
+def absent(facts: Facts, ctx: Context) -> Result:
     """No process the node must not run (`absent`) is running."""
-    banned = _listed(ctx, "absent")
+    banned = _listed(ctx.expect, "absent")
     if not banned:
         return ok("no processes forbidden: not judged")
     found = {name: running(facts, name) for name in banned}
@@ -110,17 +125,17 @@ def absent(facts: dict, ctx: Context) -> Result:
 CHECKS = (daemons, absent)
 
 
-def baseline(facts: dict, now: float | None = None) -> dict:
+def baseline(facts: Facts, now: float | None = None) -> dict[str, Any]:
     """Nothing to remember: a daemon runs or not."""
     return {}
 
 
-def expectations(facts: dict) -> dict:
+def expectations(facts: Facts) -> dict[str, Any]:
     """The known daemons this (known-good) node runs."""
     seen = [name for name in KNOWN if running(facts, name)]
     return {"daemons": seen} if seen else {}
 
 
-def expected(expect: dict, found: object = None) -> bool:
+def expected(expect: dict[str, Any], found: object = None) -> bool:
     """The processes are expected readable when daemons are listed."""
     return bool(expect.get("daemons"))

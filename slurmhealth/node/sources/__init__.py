@@ -74,11 +74,13 @@ class Options:
     __slots__ = (
         "costly",
         "exiting",
+        "files",
         "gpu_source",
         "host_root",
         "kmsg",
         "kmsg_after",
         "mounts",
+        "processes",
         "site_program",
         "stat_timeout",
         "sysfs_root",
@@ -115,6 +117,13 @@ class Options:
         # sets them from the [fs] expectations (runner.run).
         self.mounts: list[str] | None = None
         self.stat_timeout = 0.5
+        # The fs source's file tests: the paths of [fs] files, each stat'ed under stat_timeout
+        # (None: none). The run sets them (runner.run).
+        self.files: list[str] | None = None
+        # The kernel source's processes: the names the ps checks look for ([ps] daemons and
+        # absent). A job hook reads PID 1's children, and every process only when one of these
+        # is not among them (sources/kernel.py). The run sets them (runner.run).
+        self.processes: list[str] | None = None
         self.site_program = site_program
         self.timeouts: dict[str, float] = {}
 

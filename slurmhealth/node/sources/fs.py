@@ -1,5 +1,5 @@
 """Mounted filesystems: `HOST_ROOT/proc/self/mountinfo`, then a bounded statvfs of each mount
-the fs checks judge.
+the fs checks judge, and a bounded stat of each file they test.
 
 `gather(options)` returns the `fs` section of a snapshot, so a replayed snapshot gives the same
 verdicts as the live node:
@@ -9,6 +9,9 @@ verdicts as the live node:
                      "bavail": 46000000, "files": 16384000, "ffree": 16000000, "flag": 4096},
                "/home": {"hung": 0.5},
                "/gone": {"error": "ENOENT"}},
+     "files": {"/etc/slurm": {"lmode": 16877, "mode": 16877, "size": 4096,
+                              "access": {"r": true, "w": true, "x": true}},
+               "/etc/slurm/gone": {"error": "ENOENT"}},
      "errors": {"mountinfo": "EACCES"}}
 
 mountinfo lines are kept as the kernel wrote them (proc(5), "/proc/pid/mountinfo"; its
@@ -21,8 +24,17 @@ that way ends with the process (NFS waits are killable, Documentation/filesystem
 Which mounts are stat'ed: `options.mounts`, paths the fs checks name (the required ones, the
 floors' defaults), each resolved to the mount that holds it; None (a snapshot) stats every
 mount of a filesystem that stores data (not proc, sysfs, cgroup and the other pseudo
-filesystems, nor autofs, whose stat would trigger a mount). `errors` is present only when
-something failed; nothing here raises on a broken tree.
+filesystems, nor autofs, whose stat would trigger a mount).
+
+Which files are tested: `options.files`, the paths of [fs] files (None or none: no `files`
+part). Each is lstat(2)'ed, stat(2)'ed where it is a symbolic link, and tested with access(2) for
+R_OK, W_OK and X_OK, as test(1) tests them for the user the hooks run as (root): the raw facts
+(both st_mode values, st_size, the three answers, or the errno's name) go to `files`, under the
+same per-path deadline as a mount's statvfs, since a path on a hung NFS mount blocks its stat
+just as the mount's statvfs. A path is read under `host_root`; a symbolic link there with an
+absolute target resolves against this host's root, as the kernel resolves it.
+
+`errors` is present only when something failed; nothing here raises on a broken tree.
 """
 
 from __future__ import annotations
@@ -37,6 +49,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
     Stat = dict[str, object]  # one mount's statvfs fields, {"hung": s} or {"error": "ENOENT"}
+    Probe = Callable[[str], Stat]  # a path -> its facts (the call bounded by a deadline)
+    Running = tuple[str, threading.Thread, list[Stat]]  # a path, its thread, what it gave
 
 # Filesystems that hold no data of their own: never stat'ed for a snapshot (autofs: a stat
 # would mount what it guards; the rest report zero blocks). proc(5), Documentation/filesystems.
@@ -51,8 +65,11 @@ STAT_FIELDS = ("frsize", "blocks", "bfree", "bavail", "files", "ffree", "flag")
 _READ_MAX = 4 << 20  # a mountinfo of thousands of mounts (a Kubernetes node) fits
 _MOUNTS_MAX = 4096  # lines kept: a bound on the snapshot, far above any real node
 
-# The one call that can hang; tests replace it with one that blocks.
+# The calls that can hang on a dead server; tests replace them with ones that block.
 statvfs: Callable[[str], os.statvfs_result] = os.statvfs
+lstat: Callable[[str], os.stat_result] = os.lstat
+# access(2)'s modes, by test(1)'s letters
+ACCESS = (("r", os.R_OK), ("w", os.W_OK), ("x", os.X_OK))
 
 
 def _reason(exc: OSError) -> str:
@@ -112,33 +129,68 @@ def _read_lines(path: str, errors: dict[str, str]) -> list[str]:
     return lines[:_MOUNTS_MAX]
 
 
-def _stat(path: str, box: list[Stat]) -> None:
+def _statvfs(path: str) -> Stat:
+    """One mount's statvfs fields, named without their f_ prefix."""
+    got = statvfs(path)
+    return {f: getattr(got, f"f_{f}") for f in STAT_FIELDS}
+
+
+def _file(path: str) -> Stat:
+    """One path's facts for test(1)'s tests: lstat's st_mode, stat's (a link followed: its
+    target's, or why there is none), st_size and access(2)'s three answers."""
+    import stat as modes  # noqa: PLC0415  (loaded by os already)
+
+    got = lstat(path)
+    out: Stat = {"lmode": got.st_mode}
+    if modes.S_ISLNK(got.st_mode):
+        try:
+            got = os.stat(path)
+        except OSError as exc:  # a dangling link: -L passes, the rest fail
+            out["error"] = _reason(exc)
+            return out
+    out["mode"], out["size"] = got.st_mode, got.st_size
+    out["access"] = {letter: os.access(path, flag) for letter, flag in ACCESS}
+    return out
+
+
+def _probe(call: Probe, path: str, box: list[Stat]) -> None:
     try:
-        got = statvfs(path)
+        box.append(call(path))
     except OSError as exc:
         box.append({"error": _reason(exc)})
-        return
-    box.append({f: getattr(got, f"f_{f}") for f in STAT_FIELDS})
+
+
+def start(paths: list[str], root: str, call: Probe) -> list[Running]:
+    """`call` of each path (under `root`), each in its own daemon thread, started now."""
+    running = []
+    for path in paths:
+        box: list[Stat] = []
+        where = path if root == "/" else root.rstrip("/") + path
+        thread = threading.Thread(target=_probe, args=(call, where, box), daemon=True)
+        thread.start()
+        running.append((path, thread, box))
+    return running
+
+
+def collect(running: list[Running], started: float, timeout: float) -> dict[str, Stat]:
+    """What each started call gave within `timeout` seconds of `started` (time.monotonic):
+    {path: facts | {"hung": timeout} | {"error": name}}."""
+    import time  # noqa: PLC0415  (a builtin module, loaded already)
+
+    out: dict[str, Stat] = {}
+    for path, thread, box in running:
+        thread.join(max(0.0, timeout - (time.monotonic() - started)))
+        out[path] = box[0] if box else {"hung": timeout}
+    return out
 
 
 def stat_all(points: list[str], root: str, timeout: float) -> dict[str, Stat]:
     """statvfs of each mount point (under `root`), all at once, each bounded by `timeout`
-    seconds from the start: {point: fields | {"hung": timeout} | {"error": name}}."""
+    seconds from the start."""
     import time  # noqa: PLC0415  (a builtin module, loaded already)
 
     started = time.monotonic()
-    running = []
-    for point in points:
-        box: list[Stat] = []
-        where = point if root == "/" else root.rstrip("/") + point
-        thread = threading.Thread(target=_stat, args=(where, box), daemon=True)
-        thread.start()
-        running.append((point, thread, box))
-    out: dict[str, Stat] = {}
-    for point, thread, box in running:
-        thread.join(max(0.0, timeout - (time.monotonic() - started)))
-        out[point] = box[0] if box else {"hung": timeout}
-    return out
+    return collect(start(points, root, _statvfs), started, timeout)
 
 
 def judged(lines: list[str], paths: Iterable[str] | None) -> list[str]:
@@ -157,14 +209,20 @@ def judged(lines: list[str], paths: Iterable[str] | None) -> list[str]:
 
 def gather(options: Options) -> dict[str, object]:
     """The registry's entry: mounts and their space under the configured host root."""
+    import time  # noqa: PLC0415  (a builtin module, loaded already)
+
     root = options.host_root or "/"
     errors: dict[str, str] = {}
     lines = _read_lines(os.path.join(root, "proc", "self", "mountinfo"), errors)
-    points = judged(lines, options.mounts)
+    started = time.monotonic()  # the mounts and the files under one deadline, all at once
+    mounts = start(judged(lines, options.mounts), root, _statvfs)
+    files = start(options.files or [], root, _file)
     out: dict[str, object] = {
         "mountinfo": lines,
-        "stats": stat_all(points, root, options.stat_timeout),
+        "stats": collect(mounts, started, options.stat_timeout),
     }
+    if files:
+        out["files"] = collect(files, started, options.stat_timeout)
     if errors:
         out["errors"] = errors
     return out

@@ -22,8 +22,11 @@ What each part is, from the kernel's own documentation:
   `scope` "all" is every process; "init" (the job hooks, `Options.costly` False) only the
   children of PID 1 (`/proc/1/task/1/children`): the daemons systemd starts, and any daemon that
   forked away from its parent, are there, and the read costs a few dozen files instead of one
-  per process on a node running thousands (docs/benchmarks.md). Without a children file (a
-  kernel built without CONFIG_PROC_CHILDREN) every process is read.
+  per process on a node running thousands (docs/benchmarks.md). Where a name the ps checks look
+  for (`Options.processes`: a daemon run under a supervisor that is not PID 1, a forbidden
+  process) is not among PID 1's children, the hooks read every process too (`scope` "all"):
+  only that path pays for the full read. Without a children file (a kernel built without
+  CONFIG_PROC_CHILDREN) every process is read.
 - modules: `/proc/modules`, one line per module: name, size, use count, users, state (Live,
   Loading, Unloading), address (proc(5); kernel/module/procfs.c m_show). name -> state.
 - net: `/sys/class/net/IF/{operstate,carrier,carrier_changes,type,mtu,speed}`
@@ -52,6 +55,8 @@ from slurmhealth.node.sources import Options, SourceUnavailable
 
 TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     Tree = dict[str, object]
     Errors = dict[str, str]  # the file's key -> why it could not be read
 
@@ -60,6 +65,7 @@ EDAC_FILES = ("ce_count", "ue_count", "ce_noinfo_count", "ue_noinfo_count")
 DIMM_FILES = {"ce_count": "dimm_ce_count", "ue_count": "dimm_ue_count", "label": "dimm_label"}
 CSROW_FILES = {"ce_count": "ce_count", "ue_count": "ue_count"}
 KTHREADD = "2"  # the kernel's thread creator: its children are the kernel threads
+COMM_MAX = 15  # TASK_COMM_LEN - 1: how much of a process's name the kernel keeps in comm
 _READ_MAX = 4096  # a sysfs attribute is at most one page
 _COMM_MAX = 64  # comm is at most 15 bytes and a newline
 MODULES_MAX = 1 << 20  # /proc/modules of a node with a thousand modules is ~100 KiB
@@ -128,12 +134,21 @@ def _comms(proc: str, pids: list[str]) -> dict[str, int]:
     return names
 
 
-def processes(proc: str, everything: bool = True) -> Tree:
-    """{"scope", "names"}: see the module docstring. `everything` False: PID 1's children."""
+def comm(name: str) -> str:
+    """A process name as comm holds it: its first COMM_MAX bytes (`nvidia-persistenced` runs as
+    `nvidia-persiste`)."""
+    return name.encode()[:COMM_MAX].decode("utf-8", "ignore")
+
+
+def processes(proc: str, everything: bool = True, wanted: Iterable[str] = ()) -> Tree:
+    """{"scope", "names"}: see the module docstring. `everything` False: PID 1's children, or
+    every process where a `wanted` name is not among them."""
     if not everything:
         children = _children(proc, "1")
         if children is not None:
-            return {"scope": "init", "names": _comms(proc, children)}
+            names = _comms(proc, children)
+            if all(comm(name) in names for name in wanted):
+                return {"scope": "init", "names": names}
     skip = _kernel_threads(proc)
     pids = [e.name for e in os.scandir(proc) if e.name.isdigit() and e.name not in skip]
     return {"scope": "all", "names": _comms(proc, pids)}
@@ -199,11 +214,13 @@ def edac(sysfs: str, errors: Errors, per_dimm: bool) -> Tree | None:
 
 def gather(options: Options) -> Tree:
     """The registry's entry: the host under the configured root, fully for the health check."""
-    return read(options.host_root or "/", everything=options.costly)
+    root = options.host_root or "/"
+    return read(root, everything=options.costly, wanted=options.processes or ())
 
 
-def read(root: str = "/", everything: bool = True) -> Tree:
-    """Read the host under `root` (module docstring); SourceUnavailable without `root/proc`."""
+def read(root: str = "/", everything: bool = True, wanted: Iterable[str] = ()) -> Tree:
+    """Read the host under `root` (module docstring); SourceUnavailable without `root/proc`.
+    `wanted`: the process names the ps checks look for."""
     proc, sysfs = os.path.join(root, "proc"), os.path.join(root, "sys")
     if not os.path.isdir(proc):
         raise SourceUnavailable(f"no {proc}")
@@ -211,7 +228,7 @@ def read(root: str = "/", everything: bool = True) -> Tree:
     boot = _text(f"{proc}/sys/kernel/random/boot_id", "boot_id", errors)
     out: Tree = {
         "boot_id": boot,
-        "processes": processes(proc, everything),
+        "processes": processes(proc, everything, wanted),
         "modules": modules(proc, errors),
         "net": network(sysfs, errors),
         "edac": edac(sysfs, errors, everything),

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import stat as modes
 import subprocess
+import threading
 
 import conftest
 import pytest
@@ -14,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slurmhealth.core import result
-from slurmhealth.node import config, runner
+from slurmhealth.node import config, replay, runner
 from slurmhealth.node.checks import fs
 from slurmhealth.node.checks.base import Context
 from slurmhealth.node.sources import Options
@@ -108,13 +111,17 @@ json_values = st.recursive(
     raw=st.one_of(
         json_values,
         st.fixed_dictionaries({"mountinfo": st.lists(st.text(max_size=80), max_size=5),
-                               "stats": st.dictionaries(st.text(max_size=8), json_values)}),
+                               "stats": st.dictionaries(st.text(max_size=8), json_values),
+                               "files": st.dictionaries(st.sampled_from(["/x", "/y"]),
+                                                        json_values)}),
     )
 )
 def test_parse_and_checks_never_raise(raw):
     facts = fs.parse(raw)
+    over = dict(mounts=["/", "/x"], rw=["/"], ro=["/x"], files={"/x": fs.FILE_TESTS, "/z": "e"},
+                free_pct_at={"/x": 5.0}, free_mb_at={"/": 1.0})
     for check in fs.CHECKS:
-        assert check(facts, Context(expect=expect(mounts=["/", "/x"], rw=["/"], ro=["/x"])))
+        assert check(facts, Context(expect=expect(**over)))
 
 
 # ---------------------------------------------------------------- checks
@@ -123,7 +130,7 @@ def test_parse_and_checks_never_raise(raw):
 def test_a_plain_node_passes_on_defaults():
     facts = facts_of([ROOT, TMP, SOFTWARE], {"/": stat(), "/tmp": stat()})
     results = [run(check, facts) for check in fs.CHECKS]
-    assert [r.status for r in results] == ["ok"] * 5, results
+    assert [r.status for r in results] == ["ok"] * len(fs.CHECKS), results
 
 
 def test_a_required_mount_missing_fails_and_a_wrong_type_too():
@@ -181,6 +188,47 @@ def test_a_full_filesystem_below_the_floor_fails():
     assert res.message == "/ 5120 MiB free (floor 10240 MiB)"
 
 
+def test_a_mount_with_a_floor_of_its_own_is_judged_by_it_and_the_others_by_the_global():
+    facts = facts_of([ROOT, TMP, SCRATCH],
+                     {"/": stat(free_pct=5.0), "/tmp": stat(), "/scratch": stat(free_pct=8.0)})
+    res = run(fs.free_space, facts, free_pct_at={"/scratch": 10.0})
+    assert status(res) == ("fail", "drain")
+    assert res.message == "/scratch 8.0% free (floor 10%)"
+    assert list(res.data) == ["/", "/tmp", "/scratch"]  # named there: judged, though not listed
+    assert run(fs.free_space, facts, free_pct_at={"/scratch": 5.0}).status == "ok"
+    # a floor of its own replaces the global one there, lower or higher
+    assert run(fs.free_space, facts, free_pct=6.0, free_pct_at={"/": 4.0, "/scratch": 5.0}
+               ).status == "ok"
+    res = run(fs.free_space, facts, free_mb_at={"/tmp": 60000.0, "/scratch": 4096.0})
+    assert res.message == "/tmp 51200 MiB free (floor 60000 MiB)"
+
+
+def test_paths_with_floors_on_one_mount_judge_it_by_the_highest():
+    """NHC's `check_fs_free /tmp 3%` and `check_fs_used /var 95%` where both are on /."""
+    facts = facts_of([ROOT], {"/": stat(free_pct=4.0)})
+    res = run(fs.free_space, facts, free_pct_at={"/tmp": 3.0, "/var": 5.0})
+    assert res.message == "/ 4.0% free (floor 5%)"
+    assert fs.stat_paths(expect(free_on=[], free_pct_at={"/tmp": 3.0}, free_mb_at={"/x": 1})
+                         ) == ["/tmp", "/x"]
+
+
+def test_the_per_mount_floors_and_files_are_validated():
+    good = ('[fs]\nfree_pct_at = { "/tmp" = 3, "/var" = 5.5 }\nfree_mb_at = { "/tmp" = 128.0 }\n'
+            'files = { "/etc" = "dr", "/dev/null" = "crw" }\n')
+    assert config.parse(good)["fs"]["free_pct_at"] == {"/tmp": 3, "/var": 5.5}
+    for bad, why in [
+        ('free_pct_at = { "/tmp" = 101 }', "percentages from 0 to 100"),
+        ('free_pct_at = { "tmp" = 3 }', "percentages from 0 to 100"),
+        ('free_mb_at = { "/tmp" = -1 }', "MiB, >= 0"),
+        ('free_mb_at = { "/tmp" = "1G" }', "MiB, >= 0"),
+        ('files = { "/etc" = "dz" }', "test(1) letters"),
+        ('files = { "/etc" = "" }', "test(1) letters"),
+        ('files = ["/etc"]', "must be dict"),
+    ]:
+        with pytest.raises(config.ConfigError, match=re.escape(why)):
+            config.parse(f"[fs]\n{bad}\n")
+
+
 def test_tmp_on_root_is_judged_once_and_read_only_mounts_never():
     facts = facts_of([ROOT, SOFTWARE], {"/": stat(free_pct=20.0), "/opt/sw": stat(free_pct=0.0)})
     res = run(fs.free_space, facts, ro=["/opt/sw"])
@@ -218,6 +266,120 @@ def test_genconf_names_the_lasting_mounts_only():
 def test_stat_paths_are_the_listed_mounts_and_the_floors_paths():
     assert fs.stat_paths(expect(mounts=["/scratch"], fstype={"/home": "nfs"})) == [
         "/scratch", "/home", "/", "/tmp", "/var"]
+
+
+# ---------------------------------------------------------------- files (NHC check_file_test)
+
+
+def file_tree(tmp_path) -> str:
+    """A host root holding one of each kind of file test(1) tells apart, but a block device."""
+    root = tmp_path / "host"
+    (root / "proc" / "self").mkdir(parents=True)
+    (root / "proc" / "self" / "mountinfo").write_text(f"{ROOT}\n")
+    (root / "etc" / "slurm").mkdir(parents=True)
+    (root / "etc" / "slurm" / "slurm.conf").write_text("ClusterName=c\n")
+    (root / "etc" / "empty").write_text("")
+    (root / "etc" / "run.sh").write_text("#!/bin/sh\n")
+    os.chmod(root / "etc" / "run.sh", 0o755)
+    os.symlink("slurm", root / "etc" / "current")
+    os.symlink("gone", root / "etc" / "dangling")
+    os.mkfifo(root / "etc" / "fifo")
+    (root / "dev").mkdir()
+    os.symlink("/dev/null", root / "dev" / "null")  # the host's own: a character device
+    return str(root)
+
+
+def files_of(root: str, wanted: dict) -> dict:
+    options = Options(host_root=root)
+    options.files = list(wanted)
+    return fs.parse(source.gather(options))
+
+
+def test_each_test_letter_on_real_files(tmp_path):
+    root = file_tree(tmp_path)
+    wanted = {"/etc/slurm": "edrwx", "/etc/slurm/slurm.conf": "efrs", "/etc/run.sh": "fx",
+              "/etc/current": "Ld", "/etc/fifo": "p", "/dev/null": "crw"}
+    res = run(fs.files, files_of(root, wanted), files=wanted)
+    assert status(res) == ("ok", "none") and res.message == "6 files as expected", res.message
+    for path, letters, said in [
+        ("/etc/empty", "fs", "/etc/empty not non-empty (-s)"),
+        ("/etc/slurm/slurm.conf", "dx", "/etc/slurm/slurm.conf not a directory (-d), "
+                                        "executable (-x)"),
+        ("/etc/dangling", "e", "/etc/dangling not there (-e)"),
+        ("/etc/slurm", "L", "/etc/slurm not a symbolic link (-L)"),
+        ("/etc/fifo", "bS", "/etc/fifo not a block device (-b), a socket (-S)"),
+        ("/etc/missing", "e", "/etc/missing missing"),
+    ]:
+        res = run(fs.files, files_of(root, {path: letters}), files={path: letters})
+        assert (status(res), res.message) == (("fail", "drain"), said)
+    assert run(fs.files, files_of(root, {"/etc/dangling": "L"}), files={"/etc/dangling": "L"}
+               ).status == "ok"
+
+
+def test_the_recorded_file_facts_fit_the_snapshot_format(tmp_path):
+    options = Options(host_root=file_tree(tmp_path))
+    options.files = ["/etc/slurm", "/etc/dangling", "/etc/missing"]
+    raw = json.loads(json.dumps(source.gather(options)))
+    assert replay.problem(raw, replay.FS) == ""
+    assert raw["files"]["/etc/dangling"] == {"lmode": raw["files"]["/etc/dangling"]["lmode"],
+                                             "error": "ENOENT"}
+    assert raw["files"]["/etc/missing"] == {"error": "ENOENT"}
+    assert replay.problem({"files": {"/x": {"size": "big"}}}, replay.FS) != ""
+
+
+def test_the_letters_as_test_reads_the_recorded_facts():
+    def facts(kind: int, size: int = 1, access: str = "rw") -> dict:
+        return fs.parse_file({"lmode": kind | 0o644, "mode": kind | 0o644, "size": size,
+                              "access": {k: k in access for k in "rwx"}})
+
+    assert fs.passes("b", facts(modes.S_IFBLK)) and not fs.passes("c", facts(modes.S_IFBLK))
+    assert fs.passes("S", facts(modes.S_IFSOCK)) and fs.passes("e", facts(modes.S_IFSOCK))
+    assert not fs.passes("w", facts(modes.S_IFREG, access="r"))
+    assert not fs.passes("s", facts(modes.S_IFREG, size=0))
+    missing = fs.parse_file({"error": "ENOENT"})
+    assert not any(fs.passes(letter, missing) for letter in fs.FILE_TESTS)
+
+
+def test_a_file_on_a_read_only_mount_is_not_writable(tmp_path):
+    where = tmp_path / "ro"
+    with conftest.tmpfs(where, "size=1m,ro"):
+        options = Options(host_root="/")
+        options.files = [str(where)]
+        facts = fs.parse(source.gather(options))
+    res = run(fs.files, facts, files={str(where): "drw"})
+    assert res.message == f"{where} not writable (-w)"
+
+
+def test_a_hung_path_fails_and_the_gather_does_not_wait(tmp_path, monkeypatch):
+    """A path on a dead NFS server blocks its lstat in the kernel: the gather goes on."""
+    release = threading.Event()
+    real = source.lstat
+
+    def blocking(path: str):
+        if path.endswith("/hung"):
+            release.wait(5)
+        return real(path)
+
+    monkeypatch.setattr(source, "lstat", blocking)
+    options = Options(host_root=file_tree(tmp_path))
+    options.files, options.stat_timeout = ["/hung", "/etc/slurm"], 0.05
+    try:
+        raw = source.gather(options)
+    finally:
+        release.set()
+    assert raw["files"]["/hung"] == {"hung": 0.05}
+    assert raw["files"]["/etc/slurm"]["access"] == {"r": True, "w": True, "x": True}
+    res = run(fs.files, fs.parse(raw), files={"/hung": "e", "/etc/slurm": "d"})
+    assert (status(res), res.message) == (("fail", "drain"), "/hung hung (no answer in 0.05 s)")
+
+
+def test_no_files_listed_are_not_judged_and_a_path_reaches_a_reason_cleaned(tmp_path):
+    assert run(fs.files, facts_of([ROOT])).message == "no files listed: not judged"
+    evil = "/etc/\nNHC:\x1b[31m"
+    res = run(fs.files, files_of(file_tree(tmp_path), {evil: "e"}), files={evil: "e"})
+    assert res.status == "fail" and res.message.isprintable() and "\n" not in res.message
+    # a replayed snapshot taken without the path: not read, not called missing
+    assert run(fs.files, facts_of([ROOT]), files={"/etc": "d"}).status == "skip"
 
 
 # ---------------------------------------------------------------- real mounts

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sys
 
+import conftest
 import pytest
 
 from slurmhealth.node import config
@@ -27,35 +28,9 @@ Hugepagesize:       2048 kB
 """
 
 
-def write_host(root, meminfo=MEMINFO, online="0-7", present="0-7", smt="on", threads=2,
-               sockets=2) -> str:
-    """A host root with proc/meminfo and sys/devices/system/cpu for `present` CPUs, `sockets`
-    packages of consecutive CPUs and `threads` siblings per core (cpuN and cpuN+half)."""
-    (root / "proc").mkdir(parents=True, exist_ok=True)
-    if meminfo is not None:
-        (root / "proc" / "meminfo").write_text(meminfo)
-    cpu = root / "sys" / "devices" / "system" / "cpu"
-    cpu.mkdir(parents=True, exist_ok=True)
-    for name, text in (("online", online), ("present", present), ("possible", present)):
-        (cpu / name).write_text(text + "\n")
-    if smt is not None:
-        (cpu / "smt").mkdir(exist_ok=True)
-        (cpu / "smt" / "control").write_text(smt + "\n")
-    count = len(host.cpulist(present))
-    cores = count // threads
-    per_package = cores // sockets
-    for n in host.cpulist(online):
-        core = n % cores
-        package = core // per_package
-        first = package * per_package
-        topo = cpu / f"cpu{n}" / "topology"
-        topo.mkdir(parents=True, exist_ok=True)
-        siblings = [core + t * cores for t in range(threads)]
-        packaged = [f"{first + t * cores}-{first + per_package - 1 + t * cores}"
-                    for t in range(threads)]
-        (topo / "thread_siblings_list").write_text(",".join(map(str, siblings)) + "\n")
-        (topo / "core_siblings_list").write_text(",".join(packaged) + "\n")
-    return str(root)
+def write_host(root, meminfo=MEMINFO, **cpus) -> str:
+    """A host root with proc/meminfo and the CPU tree (conftest.hw_tree)."""
+    return conftest.hw_tree(root, meminfo, **cpus)
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ import os
 import conftest
 import pytest
 
+from slurmhealth.node import config, runner
 from slurmhealth.node.sources import Options, SourceUnavailable, kernel
 
 ETH = {"operstate": "up", "carrier": "1", "carrier_changes": "2", "type": "1", "mtu": "9000",
@@ -54,6 +55,37 @@ def test_job_hooks_read_init_children_and_edac_totals_only(tmp_path):
     assert raw["processes"] == {"scope": "init",
                                 "names": {"munged": 1, "nvidia-persiste": 1, "sssd": 1}}
     assert "dimms" not in raw["edac"]["mc0"]
+
+
+def test_a_job_hook_reads_every_process_only_when_a_name_looked_for_is_not_init_s_child(tmp_path):
+    options = Options(host_root=tree(tmp_path), costly=False)
+    # among PID 1's children (compared by comm's 15 bytes): the usual, short read
+    options.processes = ["munged", "nvidia-persistenced"]
+    assert kernel.gather(options)["processes"]["scope"] == "init"
+    # sssd_be: sssd's children, PID 1's grandchildren (a daemon under a supervisor)
+    options.processes = ["munged", "sssd_be"]
+    raw = kernel.gather(options)
+    assert raw["processes"]["scope"] == "all" and raw["processes"]["names"]["sssd_be"] == 2
+    assert "kworker/0:1" not in raw["processes"]["names"]  # kernel threads still left out
+
+
+def test_a_daemon_under_a_supervisor_passes_a_prolog_and_a_missing_one_still_fails(tmp_path):
+    """Through runner.run as the prolog runs it: the expected daemons reach the source."""
+    root = tree(tmp_path)
+    expect = config.defaults()
+    expect["ps"]["daemons"] = ["munged", "sssd_be"]
+    run = runner.run("n1", expect, Options(host_root=root, costly=False), ["ps"], "prolog")
+    result = {r.check: r for r in run.results}["ps.daemons"]
+    assert (result.status, result.data["scope"]) == ("ok", "all")
+    expect["ps"]["daemons"] = ["munged", "nvidia-imex"]
+    run = runner.run("n1", expect, Options(host_root=root, costly=False), ["ps"], "prolog")
+    result = {r.check: r for r in run.results}["ps.daemons"]
+    assert (result.status, result.message) == ("fail", "nvidia-imex not running")
+    # a forbidden process is looked for everywhere too
+    expect["ps"].update(daemons=None, absent=["sssd_be"])
+    run = runner.run("n1", expect, Options(host_root=root, costly=False), ["ps"], "prolog")
+    result = {r.check: r for r in run.results}["ps.absent"]
+    assert (result.status, result.message) == ("fail", "sssd_be running (2)")
 
 
 def test_without_children_files_every_process_is_read(tmp_path):
