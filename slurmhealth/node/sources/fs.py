@@ -16,7 +16,9 @@ verdicts as the live node:
 
 mountinfo lines are kept as the kernel wrote them (proc(5), "/proc/pid/mountinfo"; its
 `\\040`-style octal escapes included): checks/fs.py parses them. A mount's statvfs(3) runs in
-its own daemon thread with its own deadline (`options.stat_timeout`): a hung NFS or Lustre
+its own daemon thread with its own deadline (`options.stat_timeout`), but for the local
+filesystems whose statfs reads in-memory counters (IN_MEMORY: ext4, xfs, tmpfs, ...), which
+are stat'ed in the gather's own thread: a hung NFS or Lustre
 server makes statvfs block in the kernel, which no Python code can interrupt, so a mount that
 does not answer in time is recorded as {"hung": seconds} and the gather goes on. A thread stuck
 that way ends with the process (NFS waits are killable, Documentation/filesystems/nfs).
@@ -62,6 +64,13 @@ PSEUDO = frozenset(
     )
 )
 STAT_FIELDS = ("frsize", "blocks", "bfree", "bavail", "files", "ffree", "flag")
+# Filesystems whose statfs answers from counters the kernel keeps in memory, with no I/O and no
+# server to wait for (fs/ext4/super.c ext4_statfs: percpu counters and the in-memory superblock;
+# fs/xfs/xfs_super.c xfs_fs_statfs: in-core counters; mm/shmem.c shmem_statfs; squashfs's
+# superblock): stat'ed in the gather's own thread, where a thread per mount would cost a thread
+# start each in every prolog. Network, cluster and FUSE filesystems (a dead server blocks
+# statfs in the kernel) and the rest keep a thread and a deadline each.
+IN_MEMORY = frozenset(("ext2", "ext3", "ext4", "xfs", "tmpfs", "squashfs"))
 _READ_MAX = 4 << 20  # a mountinfo of thousands of mounts (a Kubernetes node) fits
 _MOUNTS_MAX = 4096  # lines kept: a bound on the snapshot, far above any real node
 
@@ -193,14 +202,23 @@ def stat_all(points: list[str], root: str, timeout: float) -> dict[str, Stat]:
     return collect(start(points, root, _statvfs), started, timeout)
 
 
-def judged(lines: list[str], paths: Iterable[str] | None) -> list[str]:
-    """The mount points to stat: those holding `paths`, or (None) every mount of a filesystem
-    that stores data. Sorted, each once (a mount point mounted over twice is stat'ed once)."""
-    mounts = {}
+def types(lines: list[str]) -> dict[str, str]:
+    """{mount point: its filesystem type}, the mount on top where one is mounted over another."""
+    out = {}
     for line in lines:
         point, fstype = mount_point(line)
         if point:
-            mounts[point] = fstype  # a later line mounted over the same point: on top
+            out[point] = fstype
+    return out
+
+
+def judged(lines: list[str], paths: Iterable[str] | None) -> list[str]:
+    """The mount points to stat: those holding `paths`, or (None) every mount of a filesystem
+    that stores data. Sorted, each once (a mount point mounted over twice is stat'ed once)."""
+    return _judged(types(lines), paths)
+
+
+def _judged(mounts: dict[str, str], paths: Iterable[str] | None) -> list[str]:
     if paths is None:
         return sorted(p for p, kind in mounts.items() if kind not in PSEUDO)
     found = {holder(p, mounts) for p in paths}
@@ -215,12 +233,18 @@ def gather(options: Options) -> dict[str, object]:
     errors: dict[str, str] = {}
     lines = _read_lines(os.path.join(root, "proc", "self", "mountinfo"), errors)
     started = time.monotonic()  # the mounts and the files under one deadline, all at once
-    mounts = start(judged(lines, options.mounts), root, _statvfs)
+    kinds = types(lines)
+    points = _judged(kinds, options.mounts)
+    inline = [p for p in points if kinds.get(p) in IN_MEMORY]
+    mounts = start([p for p in points if p not in inline], root, _statvfs)
     files = start(options.files or [], root, _file)
-    out: dict[str, object] = {
-        "mountinfo": lines,
-        "stats": collect(mounts, started, options.stat_timeout),
-    }
+    stats = {}
+    for point in inline:  # while the others' threads run
+        box: list[Stat] = []
+        _probe(_statvfs, point if root == "/" else root.rstrip("/") + point, box)
+        stats[point] = box[0]
+    stats.update(collect(mounts, started, options.stat_timeout))
+    out: dict[str, object] = {"mountinfo": lines, "stats": dict(sorted(stats.items()))}
     if files:
         out["files"] = collect(files, started, options.stat_timeout)
     if errors:

@@ -128,3 +128,27 @@ def test_live_gather_of_this_machine_is_sane():
     assert "/" in raw["stats"]
     stat = raw["stats"]["/"]
     assert stat["blocks"] >= stat["bfree"] >= 0 and stat["frsize"] > 0
+
+
+def test_in_memory_filesystems_are_stated_inline_and_network_ones_in_a_thread(
+    tmp_path, monkeypatch
+):
+    """ext4, xfs and tmpfs answer statfs from in-memory counters: no thread is started for
+    them; an NFS mount, which a dead server can hang, gets its thread and its deadline."""
+    root = host_tree(tmp_path)
+    for point in ("tmp", "home/alice"):
+        (tmp_path / "host" / point).mkdir(parents=True)
+    threaded: list[str] = []
+    real_start = fs.start
+
+    def start(paths, where, call):
+        threaded.extend(paths if call is fs._statvfs else [])
+        return real_start(paths, where, call)
+
+    monkeypatch.setattr(fs, "start", start)
+    options = Options(host_root=root)
+    options.mounts = ["/", "/tmp", "/home/alice/notes"]
+    raw = fs.gather(options)
+    assert threaded == ["/home/alice"]
+    assert list(raw["stats"]) == ["/", "/home/alice", "/tmp"]
+    assert all(stat["blocks"] > 0 for stat in raw["stats"].values())
