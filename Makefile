@@ -29,7 +29,7 @@ $(VENV39)/.installed: setup.cfg pyproject.toml
 	$(VENV39)/bin/pip install -q -e '.[test]'
 	touch $@
 
-# ruff, then mypy on the packages setup.cfg's [mypy] names (strict there).
+# ruff, then mypy on the package as setup.cfg's [mypy] sets it (core/ and node/ strict).
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check slurmhealth sim tests bench
 	$(VENV)/bin/mypy

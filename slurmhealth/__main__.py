@@ -13,7 +13,7 @@ NODE_COMMANDS = ("check", "prolog", "epilog", "healthcheck")
 HOOK_COMMANDS = NODE_COMMANDS[1:]
 
 
-def main(argv: list | None = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in NODE_COMMANDS:
         if len(argv) == 1 and argv[0] in HOOK_COMMANDS:

@@ -678,9 +678,10 @@ def _said(func: Callable[..., None]) -> Callable[..., None]:
                 raise click.BadParameter(str(exc), param_hint=exc.option) from None
             if exc.usage:
                 raise click.UsageError(str(exc)) from None
-            error = click.ClickException(str(exc))
-            error.exit_code = exc.status
-            raise error from None
+            # click's exit status is its exception class's: say the error as click's main
+            # would, then exit with the command's own status
+            click.ClickException(str(exc)).show()
+            raise click.exceptions.Exit(exc.status) from None
 
     return said
 
@@ -726,7 +727,7 @@ def export_cmd(
     if incremental and output == "-":
         raise click.UsageError("--incremental needs -o FILE")
     if output == "-":
-        records.export(conn, click.get_text_stream("stdout"), start)
+        records.export(conn, sys.stdout, start)
         return
     mark = time.time()  # before the snapshot: what commits later is in the next export
     try:
@@ -768,7 +769,7 @@ def import_cmd(files: tuple, db: str | None) -> None:
     """
     conn = _open_fleet(db)
     for name in files:
-        source = click.get_binary_stream("stdin") if name == "-" else name
+        source = sys.stdin.buffer if name == "-" else name
         try:
             size = 0 if name == "-" else os.path.getsize(name)
             with _progress(size, f"import {clean(name, 80)}") as tick:  # any node's name

@@ -16,7 +16,7 @@ import sqlite3
 import stat
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Collection
 from urllib.parse import quote
 
 from slurmhealth.core import files, store
@@ -80,7 +80,7 @@ def _copy_fd(fd: int, target: str) -> None:
             out.write(block)
 
 
-def _trusted_source(path: str, fd: int, tmp: str, owners: Iterable[int]) -> str:
+def _trusted_source(path: str, fd: int, tmp: str, owners: Collection[int]) -> str:
     """What SQLite may read of the store `path`, whose checked descriptor is `fd`.
 
     Its -wal (frames SQLite applies on read) and -shm pass the same checks. In a directory only
@@ -115,7 +115,7 @@ def merge_store(
     conn: sqlite3.Connection,
     path: str,
     since: float | None = None,
-    owners: Iterable[int] = (),
+    owners: Collection[int] = (),
     source: str | None = None,
 ) -> dict:
     """Merge a node store file (records newer than `since`) in one transaction: {type: added}.
@@ -268,7 +268,7 @@ def collect(
     directory: str,
     since: float | None = None,
     progress: records.Progress = None,
-    owners: Iterable[int] = (),
+    owners: Collection[int] = (),
     consume: bool = False,
     full: bool = False,
 ) -> dict:
@@ -332,7 +332,7 @@ def _merged(report: dict, path: str, added: dict) -> None:
 
 
 def _collect_store(
-    conn: sqlite3.Connection, path: str, since: float | None, report: dict, owners: Iterable[int]
+    conn: sqlite3.Connection, path: str, since: float | None, report: dict, owners: Collection[int]
 ) -> None:
     try:
         added = merge_store(conn, path, since, owners, source=_source(path))
@@ -394,7 +394,7 @@ class _Batch:
     file's records, counted per file, its watermark in the same transaction, and a claimed
     file removed only once that transaction committed."""
 
-    def __init__(self, conn: sqlite3.Connection, report: dict, owners: Iterable[int]) -> None:
+    def __init__(self, conn: sqlite3.Connection, report: dict, owners: Collection[int]) -> None:
         self.conn, self.report, self.owners = conn, report, owners
         self.files: list = []  # (path, chunk, identity or None for a claimed file)
         self.size = 0

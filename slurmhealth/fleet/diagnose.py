@@ -31,6 +31,7 @@ from slurmhealth.core.constants import (
     DRAINED,
     HELD,
     LEMON,
+    PREFIX,
     PROBATION,
     SERVICE,
     WOULD_DRAIN,
@@ -46,6 +47,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import sqlite3
 
+    from slurmhealth.core.slurm import NodeInfo
     from slurmhealth.node.diag.run import Diagnosis
     from slurmhealth.node.journal import Say
 
@@ -54,7 +56,7 @@ ACT_DIAGNOSE = "diagnose"  # a node put in the reservation with its diagnose job
 ACTOR = "slurmhealth diagnose"
 # Our drains that wait for an admin (hardware to service, a relapse on probation, a lemon):
 # diagnosed only when an admin names the node, after the repair.
-FOR_ADMIN = tuple(f"{slurm.PREFIX} {k}" for k in (SERVICE, PROBATION, LEMON))
+FOR_ADMIN = tuple(f"{PREFIX} {k}" for k in (SERVICE, PROBATION, LEMON))
 LEVEL_MINUTES = {"quick": 10, "medium": 20, "long": 60}
 # What a diagnose job that passed leaves on its node: the node cannot leave the reservation while
 # its own job runs in it, so it drains itself with this reason (no `slurmhealth:` prefix: not one
@@ -69,7 +71,7 @@ RELEASE = "release"  # drained (failed, or by someone else meanwhile): out of th
 HOLD = "diagnose-inconclusive"  # nothing ran that could pass it: kept out for an admin
 
 
-def _drained(info: dict) -> bool:
+def _drained(info: NodeInfo) -> bool:
     """Out of service with no job on it (DRAINED, not DRAINING or DOWN+DRAIN with jobs)."""
     state = info["state"].lower().rstrip("*~#!%$@^-")
     return state in ("drained", "down", "fail") or (
@@ -104,13 +106,13 @@ def plan(nodes: list, reserved: set, queued: set, named: list) -> list:
     return out
 
 
-def _held(info: dict) -> bool:
+def _held(info: NodeInfo) -> bool:
     """Drained, down or failed: in our MAINT reservation a node in service shows `maint`, which
     counts as out elsewhere (core/slurm.is_out), not here."""
     return any(f.startswith(("DRAIN", "DOWN", "FAIL")) for f in info["flags"])
 
 
-def _reserved(info: dict) -> tuple:
+def _reserved(info: NodeInfo) -> tuple:
     """What becomes of a node in the reservation whose job is gone."""
     if not _held(info):
         return LOST, "its diagnose job ended without an outcome"
@@ -119,7 +121,7 @@ def _reserved(info: dict) -> tuple:
     return RELEASE, info["reason"] or "out of service"
 
 
-def _outside(info: dict, named: bool) -> tuple | None:
+def _outside(info: NodeInfo, named: bool) -> tuple | None:
     ours = slurm.ours(info)
     if ours and info["reason"].startswith(FOR_ADMIN) and not named:
         return None

@@ -133,7 +133,7 @@ def odd_nodes(
     }
 
 
-def _memo(before: object) -> Callable[[str], dict]:
+def _memo(before: dict | Callable[[str], dict | None] | None) -> Callable[[str], dict]:
     if before is None:
         return lambda _node: {}
     if isinstance(before, dict):
@@ -142,7 +142,7 @@ def _memo(before: object) -> Callable[[str], dict]:
 
     def read(node: str) -> dict:
         if node not in seen:
-            seen[node] = before(node) or {}  # type: ignore[operator]
+            seen[node] = before(node) or {}
         return seen[node]
 
     return read

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 
 # The kinds of hardware evidence, and how a reason line names them.
 KINDS = {
@@ -108,8 +109,8 @@ def attribute(rows: list, downs: dict, drains: dict, slack: float = ATTRIBUTION_
     return dict.fromkeys(nodes, 1.0 / len(nodes))
 
 
-def _within(times: object, lo: float, hi: float) -> bool:
-    return any(lo <= t <= hi for t in times)  # type: ignore[attr-defined]
+def _within(times: Iterable[float], lo: float, hi: float) -> bool:
+    return any(lo <= t <= hi for t in times)
 
 
 def scope_key(kind: str, value: object) -> str:
@@ -243,7 +244,8 @@ def count(by_node: dict, span: float, params: dict, starts: dict | None = None) 
     common = shared(by_node, span, params)
     out = {}
     for node, eps in by_node.items():
-        total, kinds, left_out, last = 0.0, {}, [], None
+        total, left_out, last = 0.0, [], None
+        kinds: dict[str, int] = {}
         whole = []
         for start, weight, seen, *_ in eps:
             why = common.get((node, start)) if weight >= 1.0 else None

@@ -73,7 +73,8 @@ def run_history(
     """[{id, node, job, phase, started, duration, verdict, problems}] of the runs started
     from `since` on (of the node, of the job; failures: only those that did not pass), newest
     first, at most `limit`, each with its non-ok results."""
-    where, args = ["started >= ?"], [since]
+    where = ["started >= ?"]
+    args: list[object] = [since]
     if failures:
         where.append("verdict != 'ok'")
     if node:

@@ -284,7 +284,7 @@ def local_time(epoch: float | None) -> str:
     if epoch is None:
         return "an unknown time"
     try:
-        return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(epoch))  # type: ignore[arg-type]
+        return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(epoch))
     except (TypeError, ValueError, OverflowError, OSError):  # a damaged summary's time
         return "an unknown time"
 
@@ -305,8 +305,10 @@ def gpu_words(xid: dict) -> str:
 
 
 def _xid_words(xid: dict) -> str:
-    words = _XID_WORDS.get(xid.get("code"), "had a hardware fault on {gpu}")  # type: ignore[arg-type]
-    return f"{words.format(gpu=gpu_words(xid))} (Xid {clean(xid.get('code'), 20)})"
+    code, words = xid.get("code"), "had a hardware fault on {gpu}"
+    if isinstance(code, int):  # an int or None (_XID_FIELDS)
+        words = _XID_WORDS.get(code, words)
+    return f"{words.format(gpu=gpu_words(xid))} (Xid {clean(code, 20)})"
 
 
 def fault(node: dict) -> str:
@@ -552,7 +554,7 @@ def decode(comment: str) -> dict:
     except (ValueError, zlib.error, RecursionError):
         raise JobError("the published summary is damaged (cut or edited)") from None
     version = data.get("format") if isinstance(data, dict) else None
-    if type(version) is not int or version != FORMAT:  # not True, which == 1
+    if not isinstance(data, dict) or type(version) is not int or version != FORMAT:  # not True
         raise JobError("the published summary has a format this slurmhealth cannot read")
     if not _sane(data):
         raise JobError("the published summary is damaged (unexpected structure)")
@@ -748,7 +750,8 @@ def publish(
     report: dict = {"published": [], "unchanged": unchanged, "foreign": [], "unknown": []}
     report.update(unrecorded=unrecorded, failed=[])
     current = read_comments(client, [job for job, _, _ in todo]) if todo else {}
-    ours_now, writes = [], []
+    ours_now = []
+    writes: list[tuple[str, str]] = []  # (job, comment)
     for job_id, comment, sign in todo:
         existing = current.get(job_id)
         if job_id not in current:
@@ -772,7 +775,7 @@ def publish(
 
         ends = time.monotonic() + PUBLISH_BUDGET_S
         with ThreadPoolExecutor(min(PUBLISH_AT_ONCE, len(writes))) as pool:
-            outcomes = pool.map(lambda w: _write_one(client, *w, ends=ends), writes)
+            outcomes = pool.map(lambda w: _write_one(client, w[0], w[1], ends=ends), writes)
             failed = {job_id: why for (job_id, _), why in zip(writes, outcomes) if why}
     for job_id, comment, sign in ours_now:
         if job_id in failed:

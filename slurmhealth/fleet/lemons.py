@@ -52,7 +52,9 @@ def freshness(heard: dict, now: float, silent_after: float = SILENT_AFTER_S) -> 
     return {"newest": newest, "stale": stale, "silent": silent, "after": silent_after}
 
 
-def apply(scored: list, client: slurm.Slurm, settings: dict, conn: object, log: Say) -> list:
+def apply(
+    scored: list, client: slurm.Slurm, settings: dict, conn: sqlite3.Connection, log: Say
+) -> list:
     """Drain each lemon, strongest first; stop at the first the breaker refuses, and at the
     first drain Slurm did not take (a controller that times out on one would make each lemon
     after it wait as long: the next sweep tries again)."""

@@ -128,7 +128,8 @@ def _scores(rows: list, better: dict) -> dict:
     A score is the value signed so that higher is better (a latency negated): one rule for
     both directions below."""
     out: dict = {}
-    last = mine = None
+    last = None
+    mine: dict = {}  # this diagnosis's {(probe, figure): units}, set by its first row
     for node, when, model, probe, unit, figure, value in rows:
         higher = better.get(figure)
         if higher is None:

@@ -365,7 +365,8 @@ def _params(params: dict | None) -> dict:
     for key, value in (params or {}).items():
         if key not in out:
             raise ValueError(f"unknown lemon parameter {key!r}")
-        out[key] = dict(out[key], **value) if isinstance(out[key], dict) else value
+        default = out[key]
+        out[key] = dict(default, **value) if isinstance(default, dict) else value
     return out
 
 

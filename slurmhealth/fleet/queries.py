@@ -128,7 +128,7 @@ def _measured_figures(data: str) -> list:
         outcomes = json.loads(data).get("outcomes")
     except (ValueError, TypeError, AttributeError):
         return []
-    out = []
+    out: list[tuple[str, str, float]] = []
     for o in outcomes if isinstance(outcomes, list) else ():
         if not isinstance(o, dict) or o.get("status") not in _MEASURED:
             continue

@@ -79,7 +79,7 @@ def _typed(value: object, wanted: str) -> bool:
         return type(value) is str
     if wanted == "INTEGER":
         return type(value) is int
-    return type(value) in (int, float) and math.isfinite(value)  # type: ignore[arg-type]
+    return (type(value) is int or type(value) is float) and math.isfinite(value)
 
 
 KINDS = {kind: Kind(table) for kind, table in store.KINDS.items()}
@@ -273,7 +273,9 @@ def incremental_since(conn: sqlite3.Connection, path: str, floor: float | None) 
     """Where an incremental export to `path` starts: where the previous export to it started
     while that file is still there unread, else OVERLAP before its snapshot; never before
     `floor` (`--since`); everything (None) the first time without a floor."""
-    state = store.get_meta(conn, _export_key(path)) or {}
+    state = store.get_meta(conn, _export_key(path))
+    if not isinstance(state, dict):  # none yet (exported() writes only dicts)
+        state = {}
     if state.get("file") and state["file"] == _identity(path):
         since = state.get("since")
     else:
@@ -323,7 +325,7 @@ def store_fault(exc: BaseException) -> bool:
 def _row(record: dict) -> tuple:
     """(kind, row) of one parsed record; ValueError saying why it is not a record."""
     kind = record.get("type")
-    spec = KINDS.get(kind)  # type: ignore[arg-type]
+    spec = KINDS.get(kind) if kind is not None else None
     if spec is None:
         raise ValueError(f"unknown record type {kind!r}")
     row = [record.get(c) for c in spec.columns]
@@ -340,8 +342,9 @@ def _row(record: dict) -> tuple:
         if row[i] is not None and not _typed(row[i], wanted):
             raise ValueError(f"{kind} {spec.columns[i]} is not {wanted.lower()}: {row[i]!r:.40}")
     for i in spec.times:
-        if row[i] is not None and not 0 <= row[i] < TIME_MAX:
-            raise ValueError(f"{kind} {spec.columns[i]} is no time: {row[i]!r:.40}")
+        value = row[i]
+        if value is not None and not 0 <= value < TIME_MAX:
+            raise ValueError(f"{kind} {spec.columns[i]} is no time: {value!r:.40}")
     if spec.node is not None and not is_node_name(row[spec.node]):
         raise ValueError(f"{kind} node is not a node name: {row[spec.node]!r:.40}")
     for value in row:

@@ -178,7 +178,9 @@ def _rollup(conn: sqlite3.Connection, before: float, limit: int | None) -> dict:
 def _rolled(conn: sqlite3.Connection, until: float) -> tuple:
     """Where the rollup stopped: (the first hour not wholly rolled up, the last node done in it
     or "", the highest run rowid then: 0 before any rollup)."""
-    done = store.get_meta(conn, "rollup") or {}
+    done = store.get_meta(conn, "rollup")
+    if not isinstance(done, dict):  # none yet (rollup() writes only dicts)
+        done = {}
     lo = done.get("until")
     if lo is None:
         first = conn.execute("SELECT min(started) FROM runs").fetchone()[0]

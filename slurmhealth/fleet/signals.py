@@ -111,7 +111,7 @@ def _days(counts: dict, since: float | None) -> int:
     fail or the start of a job on it (a node whose history is accounting's alone still has
     days, not a floor of one; a node down, or failing its checks all day during a repair, was
     not in service), from the day of `since` (a reset) on."""
-    days = set()
+    days: set[int] = set()
     for key in ("run_days", "job_days"):
         text = counts.pop(key, None)
         if text:
@@ -255,7 +255,7 @@ def _ahead(conn: sqlite3.Connection, start: float, end: float, held: list | None
     jobs ended in the last telemetry.LOOKBACK (fleet/telemetry.py, at the newest such job's
     end). held: those jobs as queries.held_back_jobs gives them for (max(start, end -
     LOOKBACK), end), when the caller read them already (the report shows them too)."""
-    out = []
+    out: list[tuple[str, float]] = []
     rising, _ = queries.rising_counters(conn, end)
     out.extend((f["node"], f["last"]) for f in rising if start <= f["last"] < end)
     figures = queries.diag_figures(conn, end - peers.WINDOW, end)

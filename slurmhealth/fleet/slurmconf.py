@@ -232,7 +232,10 @@ def _link(target: str, name: str) -> str:
 def name_in(pattern: str) -> str | None:
     """A name for the hook that a glob's last part matches: 50-slurmhealth, or with the
     pattern's fixed prefix and suffix around it (`*.sh`: 50-slurmhealth.sh); None if none fits."""
-    prefix, suffix = re.match(r"([^*?[]*)(?:.*?)([^*?\]]*)$", pattern).groups()
+    parts = re.match(r"([^*?[]*)(?:.*?)([^*?\]]*)$", pattern)
+    if parts is None:  # a newline between wildcards: no name of ours, without one, fits
+        return None
+    prefix, suffix = parts.groups()
     for name in (LINK, prefix + LINK + suffix):
         if fnmatch.fnmatchcase(name, pattern) and not name.startswith("."):
             return name

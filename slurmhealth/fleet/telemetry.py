@@ -124,12 +124,13 @@ def node_figures(rows: list, span: float) -> dict:
     for gpu in gpus.values():
         gpu["share"] = _share(gpu["power_s"] + gpu["thermal_s"], span)
     worst = max(gpus.values(), key=lambda g: g["share"], default=None)
-    found = worst is not None and worst["share"] > 0
+    if worst is not None and not worst["share"] > 0:
+        worst = None  # no GPU lost any time: none is the worst
     return {
         "span_s": span,
-        "share": worst["share"] if found else 0.0,  # type: ignore[index]
-        "worst_gpu": worst["gpu"] if found else None,  # type: ignore[index]
-        "cause": _cause(worst) if found else None,
+        "share": worst["share"] if worst is not None else 0.0,
+        "worst_gpu": worst["gpu"] if worst is not None else None,
+        "cause": _cause(worst) if worst is not None else None,
         "gpus": sorted(gpus.values(), key=lambda g: (-g["share"], str(g["gpu"]))),
         "errors": sorted(errors, key=lambda e: (str(e["device"]), e["counter"])),
     }
@@ -199,8 +200,9 @@ def share_of(value: object) -> float | None:
 
 
 def _number(value: object) -> float | None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    return float(value) if ok and value >= 0 else None  # type: ignore[operator]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) and value >= 0 else None
 
 
 def _job_figures(raw: object) -> tuple:

@@ -20,10 +20,12 @@ from slurmhealth.fleet import jobs, policy, telemetry
 
 def when(epoch: object) -> str:
     """A stored time as ISO 8601 UTC; a stored value that is no time, as cleaned text."""
-    try:
-        return timespec.iso(epoch)  # type: ignore[arg-type]
-    except (TypeError, ValueError, OverflowError, OSError):
-        return clean(epoch, 20)
+    if isinstance(epoch, (int, float)):  # not None: time.gmtime(None) is the current time
+        try:
+            return timespec.iso(epoch)
+        except (ValueError, OverflowError, OSError):  # NaN, past what gmtime takes
+            pass
+    return clean(epoch, 20)
 
 
 HISTORY_COUNTERS = 5  # counter increases shown per run in `history` (all in --json)

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from slurmhealth.core.result import Result
     from slurmhealth.node.config import Data
     from slurmhealth.node.learned import Applied
+    from slurmhealth.node.recordable import Recordable
 
     Baselines = dict[str, Any]  # {area: what its baseline(facts) kept}, from the store
 
@@ -355,7 +356,7 @@ def _config_key(path: str) -> str:
 
 def record(
     conn: Store,
-    run: runner.Run,
+    run: Recordable,
     mode: str,
     job_id: str | None = None,
     path: str = "",
@@ -711,7 +712,7 @@ def metrics_path(settings: Data) -> str:
     return os.environ.get("SLURMHEALTH_METRICS_FILE") or settings["metrics_file"]
 
 
-def write_metrics(path: str | None, run: runner.Run, drain_outcome: str | None, mode: str) -> None:
+def write_metrics(path: str | None, run: Recordable, drain_outcome: str | None, mode: str) -> None:
     """The node's state for node_exporter, when configured. Never changes the verdict: any
     failure is one log line (our own bug included: the exit code must stay the checks')."""
     if not path:

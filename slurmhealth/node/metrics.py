@@ -20,10 +20,12 @@ import re
 from slurmhealth import __version__
 from slurmhealth.core.constants import DRAIN_OUTCOMES, PHASES
 from slurmhealth.core.result import FAIL, OK, STATUSES, WARN
-from slurmhealth.node import counters, runner
+from slurmhealth.node import counters
 
 TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
 if TYPE_CHECKING:
+    from slurmhealth.node.recordable import Recordable
+
     Labels = tuple[tuple[str, str], ...]  # (name, value) pairs, `node` first
     Samples = dict[tuple[str, Labels], float]  # (metric name, labels) -> value
     KmsgState = tuple[str, int]  # (boot id, last sequence number read)
@@ -251,7 +253,7 @@ def _device(text: str) -> str:
     return "".join(c for c in text.lower() if c.isascii() and (c.isalnum() or c in ":._-"))[:64]
 
 
-def run_samples(run: runner.Run, node: str) -> Samples:
+def run_samples(run: Recordable, node: str) -> Samples:
     """The latest run's own series: build info, checks, sources, its phase's verdict and times."""
     me = (("node", node),)
     out: Samples = {("slurmhealth_build_info", (*me, ("version", __version__))): 1.0}
@@ -274,7 +276,7 @@ def run_samples(run: runner.Run, node: str) -> Samples:
     return out
 
 
-def xid_events(run: runner.Run) -> list[XidEvent]:
+def xid_events(run: Recordable) -> list[XidEvent]:
     """(seq, xid, class) of every Xid event the run recorded (config applied; `ignore`-class
     Xids are not reported)."""
     return [
@@ -284,7 +286,7 @@ def xid_events(run: runner.Run) -> list[XidEvent]:
     ]
 
 
-def kmsg_position(run: runner.Run, events: list[XidEvent]) -> KmsgState | None:
+def kmsg_position(run: Recordable, events: list[XidEvent]) -> KmsgState | None:
     """(boot id, last sequence number) this run read up to; None when it read no kernel log."""
     base = run.baselines.get("xid")
     if not isinstance(base, dict):
@@ -310,7 +312,7 @@ def _add(samples: Samples, name: str, labels: Labels, amount: float) -> None:
 def merge(
     previous: Samples,
     current: Samples,
-    run: runner.Run,
+    run: Recordable,
     node: str,
     counts: tuple[str | None, list[XidEvent]],
 ) -> Samples:
@@ -370,7 +372,7 @@ def _lock(path: str) -> int | None:
     return files.lock(os.path.join(directory, f".{base}.lock"), LOCK_WAIT_S, 0o644, theirs=True)
 
 
-def update(path: str, run: runner.Run, node: str, drain: str | None = None) -> None:
+def update(path: str, run: Recordable, node: str, drain: str | None = None) -> None:
     """Merge one run into the node's file. Raises OSError when the file cannot be written."""
     lock = _lock(path)
     try:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Optional
 
 from slurmhealth import __version__
@@ -335,7 +335,7 @@ def episodes(records: list) -> list:
     return out
 
 
-def shared_failures(failures: list, span: float, refused: list = ()) -> set:
+def shared_failures(failures: list, span: float, refused: Sequence = ()) -> set:
     """{(node, time)} of the failures that are a fleet-wide incident's: starting on more nodes
     within an hour than the fleet's own failure rate makes likely, with one cause (the lemon
     sweep's test, fleet/faults.py, with its parameters): a drain's reason, or a crash's job.
@@ -404,7 +404,7 @@ def heatmap(failures: list, start: float, scored: list, days: int = WINDOW_DAYS)
 
 
 def trend(
-    failures: list, start: float, node_days: int, days: int = WINDOW_DAYS, shared: tuple = ()
+    failures: list, start: float, node_days: int, days: int = WINDOW_DAYS, shared: Sequence = ()
 ) -> dict:
     """Node failures and an incident's failures per UTC day over the window, the published
     range for this fleet's size (nodes: node-days over the window's days), and the whole-number
@@ -664,8 +664,10 @@ def diagnosed(conn: sqlite3.Connection, start: float, end: float) -> list:
 
 
 SLOW_DAYS = 7  # as `slurmhealth slow`: a week of diagnoses
-_SLOW_NUMBERS = ("value", "peer_median", "peers", "deficit", "peer_group", "peer_groups")
-_SLOW_NUMBERS += ("samples", "slow_samples")
+_SLOW_NUMBERS = (
+    "value", "peer_median", "peers", "deficit", "peer_group", "peer_groups", "samples",
+    "slow_samples",
+)  # fmt: skip
 
 
 def slow_nodes(conn: sqlite3.Connection, now: float) -> dict:

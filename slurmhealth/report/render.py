@@ -12,6 +12,10 @@ import os
 from slurmhealth.core.result import counted, printable
 from slurmhealth.report.build import FORMATS, ReportError
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import jinja2
+
 _MD_SPECIAL = str.maketrans(
     {
         "\\": "\\\\",
@@ -59,7 +63,7 @@ def count_of(value: object, noun: str, nouns: str = "") -> str:
     return counted(value, noun, nouns, spec="," if isinstance(value, int) else "")
 
 
-def _environment(fmt: str) -> object:
+def _environment(fmt: str) -> jinja2.Environment:
     import jinja2  # noqa: PLC0415 - the admin side only; never the hot path
 
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
@@ -87,7 +91,7 @@ def render(doc: dict, fmt: str) -> str:
         return prometheus(doc)
     if fmt not in FORMATS:
         raise ReportError(f"unknown format {fmt!r} (use {', '.join(FORMATS)})")
-    template = _environment(fmt).get_template(f"report.{fmt}")  # type: ignore[attr-defined]
+    template = _environment(fmt).get_template(f"report.{fmt}")
     return template.render(r=doc)
 
 

@@ -18,6 +18,7 @@ TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads th
 if TYPE_CHECKING:
     from typing import Any
 
+    from slurmhealth.core.store import RunRecords, RunRow
     from slurmhealth.node.config import Data
     from slurmhealth.node.diag.probes import Summary
     from slurmhealth.node.sources import Options
@@ -64,7 +65,7 @@ class Diagnosis:
             return probes.skipped(self.probes, self.unread)
         return probes.evidence(self.probes)
 
-    def records(self, job_id: str | None = None) -> dict[str, Any]:
+    def records(self, job_id: str | None = None) -> RunRecords:
         """The run as core/store.record_run writes it (node/agent.py record)."""
         base = self.check.records(job_id)
         sources = json.loads(base["run"]["sources"])
@@ -77,13 +78,13 @@ class Diagnosis:
             "gpu_model": models[0] if len(models) == 1 else " + ".join(models),
             "gpus": len(gpus),
         }
-        run = dict(
-            base["run"],
-            phase=PHASE,
-            verdict=self.verdict,
-            duration=self.duration,
-            sources=json.dumps(sources),
-        )
+        run: RunRow = {
+            **base["run"],
+            "phase": PHASE,
+            "verdict": self.verdict,
+            "duration": self.duration,
+            "sources": json.dumps(sources),
+        }
         results = [
             {
                 "check_name": f"diag.{p['probe']}",
