@@ -1,5 +1,8 @@
 """Benchmark: the prolog as slurmd runs it, on a replayed 8-GPU / 8-IB-port node.
 
+The GPUs, InfiniBand ports and kernel log are replayed; the host areas (mounts, memory, CPUs,
+processes, modules, links, EDAC) are read live from this host, as a node's prolog reads them.
+
 1. 50 sequential prologs (each a fresh process, store and config as on a node) vs
    `python -c pass` of the same interpreter: p50, p99, ratio (goal <= 4x).
 2. 64 prologs started at once on one node: all recorded? Batch wall time vs the CPU it needs,
@@ -131,6 +134,12 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--concurrent", type=int, default=64)
     parser.add_argument("--snapshot", default=SNAPSHOT)
+    parser.add_argument(
+        "--host-root",
+        default="/.",
+        help='the host areas read live under this root, as on a node ("/." is this host); '
+        '"" replays them from the snapshot (an install older than the host areas)',
+    )
     opts = parser.parse_args()
     python = sys.executable
     script = os.path.join(os.path.dirname(python), "slurmhealth")
@@ -139,7 +148,7 @@ def main() -> None:
     )
     print(f"interpreter: {python} (Python {sys.version.split()[0]}), {os.cpu_count()} cores")
     with tempfile.TemporaryDirectory() as tmp:
-        write_config(tmp, opts.snapshot)
+        write_config(tmp, opts.snapshot, host_root=opts.host_root)
         cpu_ms = sequential(prolog, python, tmp, opts.runs)
         concurrent(prolog, tmp, cpu_ms, opts.concurrent)
     metrics_cost(prolog, opts.snapshot, opts.runs)
