@@ -155,8 +155,8 @@ class _Scan:
             seen["count"] += 2 if found.group(1) else 1
 
     def _new(self, bus: str, level: str, seq: int, what: str) -> dict[str, Any]:
-        event: dict[str, Any] = {"bus_id": bus, "class": level, "what": what, "vendor": None, "device": None,
-                 "bits": [], "count": 1, "seq": seq}  # fmt: skip
+        event: dict[str, Any] = {"bus_id": bus, "class": level, "what": what, "vendor": None,
+                                 "device": None, "bits": [], "count": 1, "seq": seq}  # fmt: skip
         self.events.append(event)
         self.last[bus] = event
         return event
@@ -228,8 +228,8 @@ def _words(event: dict[str, Any]) -> str:
 
 
 def uncorrectable(facts: Facts, ctx: Context) -> Result:
-    """No uncorrectable PCIe error (AER, DPC) in the new kernel-log lines: fatal fails
-    (reboot), non-fatal warns."""
+    """No uncorrectable PCIe error (AER, DPC) in the new log lines: fatal fails, non-fatal warns.
+    Fatal: reboot; non-fatal: the service hint (the module docstring argues both)."""
     if not facts["records"]:
         return ok("no new kernel-log records")
     bad = [e for e in facts["events"] if e["class"] != CORRECTED]
