@@ -722,13 +722,15 @@ def test_a_user_diagnosis_says_what_it_could_not_read_and_is_inconclusive(public
     doc = json.loads(shown.stdout)
     assert doc["verdict"] == "inconclusive"
     assert {p["probe"]: p["status"] for p in doc["probes"]}["dcgm"] == "pass"
-    assert [(u["source"], u["areas"]) for u in doc["incomplete"]] == [("kmsg", ["xid", "mce"])]
+    incomplete = [(u["source"], u["areas"]) for u in doc["incomplete"]]
+    assert incomplete == [("kmsg", ["xid", "mce", "aer"])]
     checks = doc["probes"][0]["outcomes"][0]["evidence"]
     assert checks.endswith(
-        f"none failed; kmsg not read, the xid, mce checks did not run: cannot read the kernel log "
-        f"(Permission denied): {kmsg}"
+        f"none failed; kmsg not read, the xid, mce, aer checks did not run: cannot read the "
+        f"kernel log (Permission denied): {kmsg}"
     )
-    assert "slurmhealth diagnose: kmsg not read, the xid, mce checks did not run: " in shown.stderr
+    said = "slurmhealth diagnose: kmsg not read, the xid, mce, aer checks did not run: "
+    assert said in shown.stderr
     assert "[Errno" not in shown.stdout + shown.stderr and "Traceback" not in shown.stderr
     assert os.listdir(state) == []
     table = run_as_nobody("diagnose", *args, "--kmsg", str(kmsg), env=env)

@@ -260,6 +260,7 @@ BOUNDS: dict[str, Bound] = {
     "edac.ue_fail": _AT_LEAST_1,
     "edac.ce_warn_per_day": _AT_LEAST_0,
     "mce.corrected_warn": _AT_LEAST_0,
+    "aer.corrected_per_h": _AT_LEAST_0,
 }
 
 

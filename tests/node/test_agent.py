@@ -1032,7 +1032,7 @@ def test_a_user_check_names_the_kernel_log_it_could_not_read_and_exits_4(public_
     reads = [line for line in said if line.startswith("slurmhealth check: kmsg: ")]
     assert reads == [
         f"slurmhealth check: kmsg: cannot read the kernel log (Permission denied): "
-        f"{public_dir}/kmsg: the xid, mce checks did not run, the answer is incomplete"
+        f"{public_dir}/kmsg: the xid, mce, aer checks did not run, the answer is incomplete"
     ]
     stored = [line for line in said if "not recorded" in line]
     assert stored == [
@@ -1052,7 +1052,7 @@ def test_a_user_check_says_incomplete_in_json_and_a_failure_still_exits_1(public
         {
             "source": "kmsg",
             "message": f"cannot read the kernel log (Permission denied): {public_dir}/kmsg",
-            "areas": ["xid", "mce"],
+            "areas": ["xid", "mce", "aer"],
         }
     ]
     xid = [r for r in doc["results"] if r["check"].startswith("xid.")]
@@ -1081,7 +1081,7 @@ def test_a_user_snapshot_says_what_it_could_not_read_and_exits_4(public_dir):
     assert proc.returncode == 4, proc.stderr
     assert proc.stderr == (
         f"slurmhealth snapshot: kmsg: cannot read the kernel log (Permission denied): {kmsg}: "
-        "the snapshot lacks it (the xid, mce checks), the answer is incomplete\n"
+        "the snapshot lacks it (the xid, mce, aer checks), the answer is incomplete\n"
     )
     doc = json.loads((out / "snap.json").read_text())
     assert doc["sources"]["kmsg"]["status"] == "unavailable" and doc["gpu"] is not None
@@ -1103,8 +1103,8 @@ def test_a_user_check_of_the_live_kernel_log_names_dmesg_restrict_where_it_is_th
         assert proc.returncode == 4, proc.stderr
         assert proc.stderr == (
             "slurmhealth check: kmsg: cannot read the kernel log (Operation not permitted): "
-            "/dev/kmsg (kernel.dmesg_restrict=1: only root may read it): the xid, mce checks did "
-            "not run, the answer is incomplete\n"
+            "/dev/kmsg (kernel.dmesg_restrict=1: only root may read it): the xid, mce, aer checks "
+            "did not run, the answer is incomplete\n"
         )
     else:  # readable, or no kernel log here at all (a container): nothing is incomplete
         assert "incomplete" not in proc.stdout + proc.stderr, proc.stderr

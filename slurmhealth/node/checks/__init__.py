@@ -2,7 +2,7 @@
 
 Each area module is a plain module with the same small interface (no entry-point magic):
   AREA      the area name used by `--only` and in check names ("gpu", "nvlink", "ib", "xid",
-            "fs", "hw", "time", "ps", "modules", "net", "edac", "mce")
+            "fs", "hw", "time", "ps", "modules", "net", "edac", "mce", "aer")
   SOURCE    which gathered source it reads ("gpu" = NVML, "ib" = sysfs, "kmsg" = kernel log,
             "fs" = mountinfo and statvfs, "host" = meminfo, CPU lists and the clock,
             "kernel" = the host's /proc and /sys: processes, modules, links, EDAC)
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from slurmhealth.core.constants import PHASES
 from slurmhealth.node.checks import (
+    aer,
     bmc,
     edac,
     fs,
@@ -41,7 +42,7 @@ from slurmhealth.node.checks import (
 
 AREAS = {
     m.AREA: m
-    for m in (gpu, nvlink, ib, xid, mce, fs, hw, time, ps, modules, net, edac, nvme, bmc, site)
+    for m in (gpu, nvlink, ib, xid, mce, aer, fs, hw, time, ps, modules, net, edac, nvme, bmc, site)
 }
 
 REGISTRY = {f"{m.AREA}.{fn.__name__}": fn for m in AREAS.values() for fn in m.CHECKS}

@@ -23,16 +23,25 @@ usec the microseconds since boot (None when the line has no timestamp), pri the 
 0-7 (None when unknown), msg the text (the kernel already escapes non-printables as \\xNN).
 `facility` (PRI >> 3) is there only when it is known and not 0: the kernel's own records are
 LOG_KERN (0); a record written to /dev/kmsg from user space (`echo > /dev/kmsg` is LOG_USER,
-systemd's are LOG_DAEMON) has another, so checks can refuse it as a kernel record. journalctl
-and syslog lines carry no facility: `logger -t kernel` cannot be told from the kernel there.
+systemd's are LOG_DAEMON) has another, so checks can refuse it as a kernel record. A journal
+or syslog line whose program tag is not `kernel` (a user's `logger "NVRM: ..."`) gets its own
+PRI's facility, else LOG_USER (1), and keeps its whole line as the message; a journal JSON
+entry whose _TRANSPORT is not `kernel` likewise. A short journal or syslog line tagged `kernel`
+has no facility: `logger -t kernel` cannot be told from the kernel there (JSON can).
 
-File forms (one record a line unless noted): /dev/kmsg records; dmesg `[  123.456789] msg`,
-`dmesg -r` `<6>[  123.456789] msg`, `dmesg -T` `[Sat Nov 29 12:00:01 2025] msg`; syslog
-`Nov 29 12:00:01 host kernel: msg` (the month as the locale prints it: `kwi 15 ...`);
-journalctl -k `-o short`, `-o short-precise`
-(`Nov 29 12:00:01.123456 host kernel: msg`), `-o short-iso`/`short-iso-precise`
-(`2025-11-29T12:00:01.123456+0000 host kernel: msg`) and `-o short-monotonic`
-(`[  123.456789] host kernel: msg`). dmesg and journalctl print the further lines of a
+File forms (one record a line unless noted; dmesg_fields, the patterns' comments cite each):
+/dev/kmsg records `PRI,SEQ,USEC,FLAGS;MSG`; util-linux dmesg in every --time-format: raw
+`[  123.456789] msg` (with -d `[  123.456789 <    0.000123>] msg`), ctime `dmesg -T`
+`[Sat Nov 29 12:00:01 2025] msg`, delta `[<    0.000123>] msg`, reltime `[Nov29 12:00] msg` /
+`[  +0.000123] msg`, iso `2025-11-29T12:00:01,123456+00:00 msg`, notime `msg`; each after
+`dmesg -r`'s `<6>` or `dmesg -x`'s `kern  :warn  : `; journalctl -k `-o short` and syslog
+`Nov 29 12:00:01 host kernel: msg` (the month as the locale prints it: `kwi 15 ...`),
+`-o short-precise`, `-o short-iso`/`short-iso-precise`
+(`2025-11-29T12:00:01.123456+0000 host kernel: msg`, also rsyslog's RFC 3339 file format),
+`-o short-full`, `-o short-unix`, `-o short-monotonic`/`short-delta`
+(`[  123.456789] host kernel: msg`), `-o cat` (the message), `-o json`/`json-seq` (one entry a
+line); RFC 3164 lines with their `<PRI>`, and RFC 5424 `<PRI>1 TIME HOST kernel - - - msg`.
+dmesg and journalctl print the further lines of a
 multi-line record indented to the message column (util-linux dmesg(1), journalctl(1)): such an
 indented line joins the record above it, after a space. In a file of kmsg records an indented
 line is the record's ` KEY=VALUE` dictionary instead, and is skipped.
@@ -58,6 +67,8 @@ if TYPE_CHECKING:
     # (seq, PRI, usec, message bytes) of one record before decoding; PRI and usec None when
     # the line does not say them (dmesg lines, before dmesg_fields reads their prefixes)
     Entry = tuple[int, int | None, int | None, bytes]
+    # (facility, level, usec, message) of a line read by dmesg_fields; None where not said
+    Fields = tuple[int | None, int | None, int | None, str]
 
     class _Record(TypedDict):
         seq: int
@@ -98,28 +109,65 @@ READ_SIZE = 16384
 MAX_READS = 1 << 20
 # Longest message kept from a file line (binary junk can make one "line" megabytes long).
 MSG_MAX = 8192
+# Longest journal JSON line decoded: its other fields come with the message (a few KiB).
+JSON_MAX = 65536
 
 # `PRI,SEQ,USEC,FLAGS[,...];MESSAGE` (dev-kmsg ABI): FLAGS is "-" or "c", more fields may
 # follow (caller=T123); the header ends well within this many bytes.
 HEAD_MAX = 128
-# dmesg forms: `[  123.456789] msg`, `dmesg -r`: `<6>[  123.456789] msg`, `dmesg -T`:
-# `[Mon Nov 17 10:22:33 2025] msg`, syslog/journal: `Nov 17 10:22:33 host kernel: [ 1.2] msg`,
-# journalctl's short-precise `Nov 17 10:22:33.123456 host kernel: msg`, short-iso(-precise)
-# `2025-11-17T10:22:33.123456+0000 host kernel: msg`, short-monotonic
-# `[  123.456789] host kernel: msg`. Only files need them: kept as strings for re's own cache,
-# so the /dev/kmsg path never pays their compile time. Only the `kernel:` tag is
-# stripped: another program's syslog line keeps its prefix and so never starts with `NVRM:`.
-# journalctl prints the month in the reader's locale (strftime's %b): `kwi 15 07:56:59 host
-# kernel:` from a Polish node (captured in NVIDIA/open-gpu-kernel-modules#1045), so the month
-# is any short word, not only English `Apr`.
-_SYSLOG = (
-    r"(?:[^\s\[<]\S{0,11} [ 0-9][0-9] [0-9:]{8}(?:\.[0-9]{1,9})?"
-    r"|[0-9]{4}-[0-9]{2}-[0-9]{2}T\S+) \S+ kernel: "
-)
+# The forms of a saved log (file_entries, dmesg_fields), each anchored at the line's start.
+# They stay strings for re's own cache: the /dev/kmsg path never pays their compile time.
+#
+# util-linux dmesg(1) (sys-utils/dmesg.c, print_record): `-r` prints the raw `<PRI>`; `-x` /
+# `--decode` prints facility and level names, `"%-6s:%-6s: "` (`kern  :warn  : `); then the
+# time as --time-format says: raw `[%5ld.%06ld] ` (the default), with `-d` `[%5ld.%06ld
+# <%12.06f>] `, ctime (`-T`) `[%a %b %e %H:%M:%S %Y] ` (+ ` <delta>` with -d), delta
+# `[<%12.06f>] `, reltime `[%b%e %H:%M] ` when the minute changes else `[%+8.06f] `, iso
+# `2025-01-02T03:04:05,123456+00:00 ` (a comma before the microseconds), notime nothing.
+_DECODE = r"([a-z0-9]{3,8}) {0,5}:([a-z]{3,6}) {0,5}: "
 _LEVEL = r"<([0-9]{1,3})>"
-_MONO = r"\[ *([0-9]{1,12})\.([0-9]{1,9})\] ?"
-_JOURNAL_MONO = r"\[ *([0-9]{1,12})\.([0-9]{1,9})\] \S+ kernel: "
-_WALL = r"\[[A-Z][a-z]{2} [A-Z][a-z]{2} [ 0-9][0-9] [0-9:]{8} [0-9]{4}\] ?"
+_TIME = (
+    r"(?:\[ *([0-9]{1,12})\.([0-9]{1,9})(?: <[ 0-9.]{1,24}>)?\]"
+    r"|\[\S{2,12} \S{2,12} [ 0-9][0-9] [0-9]{2}:[0-9]{2}:[0-9]{2} [0-9]{4}(?: <[ 0-9.]{1,24}>)?\]"
+    r"|\[< *[0-9]{1,12}\.[0-9]{6}>\]"
+    r"|\[\S{2,12}?[ 0-9][0-9] [0-9]{2}:[0-9]{2}\]|\[ *[+-][0-9]{1,12}\.[0-9]{6}\]"
+    r"|[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2},[0-9]{6}[+-][0-9]{2}:?[0-9]{2}) ?"
+)
+# util-linux's facility_names and level_names, in number order (syslog(3) / RFC 5424 6.2.1).
+FACILITIES = (
+    "kern", "user", "mail", "daemon", "auth", "syslog", "lpr", "news", "uucp", "cron",
+    "authpriv", "ftp", "res0", "res1", "res2", "res3",
+    "local0", "local1", "local2", "local3", "local4", "local5", "local6", "local7",
+)  # fmt: skip
+LEVELS = ("emerg", "alert", "crit", "err", "warn", "notice", "info", "debug")
+LOG_USER = 1
+# Journal and syslog lines: a wall-clock stamp, the host, the program's tag, `: `, the message.
+# journalctl(1) output modes: short (`Jan 02 03:04:05`, also syslog's RFC 3164 stamp `Jan  2`),
+# short-precise (`.123456`), short-iso / short-iso-precise (`2025-01-02T03:04:05[.123456]+0000`,
+# newer systemd `+00:00`, the RFC 3339 stamp of rsyslog's RSYSLOG_FileFormat), short-full
+# (`Thu 2025-01-02 03:04:05 UTC`), short-unix (`1735787045.123456`); a forwarded RFC 3164 line
+# starts with `<PRI>`. journalctl prints the month in the reader's locale (strftime's %b):
+# `kwi 15 07:56:59 host kernel:` from a Polish node (captured in
+# NVIDIA/open-gpu-kernel-modules#1045), so the month is any short word. The journal names the
+# kernel's own records `kernel` (SYSLOG_IDENTIFIER, systemd.journal-fields(7)); rsyslog's
+# imklog and syslog-ng tag them `kernel:` too, and without a `[pid]`.
+_SYSLOG = (
+    r"(?:<([0-9]{1,3})>)?"
+    r"(?:[^\s\[<0-9]\S{0,11} [ 0-9][0-9] [0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,9})?"
+    r"|[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,9})?(?:Z|[+-][0-9]{2}:?[0-9]{2})?"
+    r"|\S{2,12} [0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,9})? \S{1,12}"
+    r"|[0-9]{9,12}\.[0-9]{6})"
+    r" \S{1,255} ([^\s:\[]{1,64})(\[[0-9]{1,10}\])?: "
+)
+# journalctl -o short-monotonic `[  123.456789] host kernel: ` (and short-delta, `[ 123.456789
+# <    0.000123>] `): stripped only for the `kernel` tag, since a dmesg line has the same time
+# and then any message (`usb 1-1: new device` reads like `host tag: `).
+_JOURNAL_MONO = r"\[ *([0-9]{1,12})\.([0-9]{1,9})(?: <[ 0-9.]{1,24}>)?\] \S+ kernel: "
+# RFC 5424 6: `<PRI>1 TIMESTAMP HOSTNAME APP-NAME PROCID MSGID STRUCTURED-DATA [MSG]`, as
+# rsyslog's RSYSLOG_SyslogProtocol23Format writes it; the MSG may start with a UTF-8 BOM.
+_RFC5424 = (
+    r"<([0-9]{1,3})>1 \S+ \S+ (\S+) \S+ \S+ (?:-|(?:\[(?:[^\]\\]|\\.)*\])+)(?: \ufeff?|$)"
+)
 
 
 def boot_id(path: str = BOOT_ID) -> str | None:
@@ -231,46 +279,113 @@ def file_entries(lines: Iterable[bytes]) -> list[Entry]:
     return out
 
 
-def dmesg_fields(text: str) -> tuple[int | None, int | None, str]:
-    """(PRI, usec, message) of one dmesg/syslog/journal line; prefixes that are not there are
-    None. PRI is as printed by `dmesg -r` (facility * 8 + level)."""
+def dmesg_fields(text: str) -> Fields:
+    """(facility, level, usec, message) of one dmesg, journal or syslog line; what the line
+    does not say is None. A journal or syslog line of another program than the kernel keeps
+    its whole text as the message and gets the facility its own PRI gives, else LOG_USER (1):
+    what the kernel gives a write to /dev/kmsg that names none; checks refuse it."""
+    if text.startswith(('{"', '\x1e{"')):
+        fields = journal_json(text)
+        if fields is not None:
+            return fields
     journal = re.match(_JOURNAL_MONO, text, re.A)
     if journal:  # journalctl -o short-monotonic: the boot-relative time, then `host kernel:`
-        return None, _usec(journal), text[journal.end() :]
-    prefix = re.match(_SYSLOG, text, re.A)
-    if prefix:
-        text = text[prefix.end() :]
-    pri = None
-    level = re.match(_LEVEL, text, re.A)
-    if level:
-        pri, text = int(level.group(1)), text[level.end() :]
+        return None, None, _usec(journal), text[journal.end() :]
+    found = re.match(_SYSLOG, text, re.A) or re.match(_RFC5424, text, re.A)
+    if found:
+        return _syslog_fields(found, text)
+    return _dmesg_prefix(text)
+
+
+def _syslog_fields(found: re.Match[str], text: str) -> Fields:
+    """Fields of a line matched by _SYSLOG (PRI, tag, pid) or _RFC5424 (PRI, APP-NAME)."""
+    pri = int(found.group(1)) if found.group(1) else None
+    facility, level = (pri >> 3, pri & 7) if pri is not None else (None, None)
+    if found.group(2) != "kernel" or found.re.groups > 2 and found.group(3) or facility:
+        return facility or LOG_USER, level, None, text
+    if pri is not None:  # the header's PRI: a `<PRI>` after the tag is not the kernel's then
+        _, _, usec, rest = _dmesg_prefix(text[found.end() :])
+        return 0, level, usec, rest
+    return _dmesg_prefix(text[found.end() :])
+
+
+def _dmesg_prefix(text: str) -> Fields:
+    """Fields of a dmesg line: `<PRI>` (-r) or `kern  :warn  : ` (-x), then the time."""
+    facility = level = None
+    raw = re.match(_LEVEL, text, re.A)
+    decoded = None if raw else re.match(_DECODE, text, re.A)
+    if raw:
+        pri = int(raw.group(1))
+        facility, level, text = pri >> 3, pri & 7, text[raw.end() :]
+    elif decoded and decoded.group(1) in FACILITIES and decoded.group(2) in LEVELS:
+        facility = FACILITIES.index(decoded.group(1))
+        level, text = LEVELS.index(decoded.group(2)), text[decoded.end() :]
     usec = None
-    mono = re.match(_MONO, text, re.A)
-    if mono:
-        usec = _usec(mono)
-        text = text[mono.end() :]
-    else:
-        wall = re.match(_WALL, text, re.A)
-        text = text[wall.end() :] if wall else text
-    return pri, usec, text
+    time = re.match(_TIME, text, re.A)
+    if time:
+        usec = _usec(time) if time.group(1) else None
+        text = text[time.end() :]
+    return facility, level, usec, text
+
+
+def journal_json(text: str) -> Fields | None:
+    """Fields of one `journalctl -o json` (or json-seq) line, or None when it is not one.
+
+    systemd.journal-fields(7): MESSAGE (a string, or an array of bytes when not UTF-8),
+    PRIORITY (the level), SYSLOG_FACILITY, _TRANSPORT (`kernel` for what journald read from
+    /dev/kmsg: the underscore fields are journald's own, a client cannot set them) and the
+    kernel's time since boot, _SOURCE_MONOTONIC_TIMESTAMP (else journald's own reception time,
+    __MONOTONIC_TIMESTAMP), in microseconds. A record that user space wrote to /dev/kmsg
+    comes with _TRANSPORT=kernel and its own facility; any other transport is not the kernel.
+    A multi-line message's lines join with a space, as file_entries joins them."""
+    import json  # noqa: PLC0415 - only a file of journal JSON pays for it
+
+    try:
+        entry = json.loads(text.lstrip("\x1e"))
+    except (ValueError, RecursionError):
+        return None
+    message = entry.get("MESSAGE") if isinstance(entry, dict) else None
+    if isinstance(message, list) and all(isinstance(b, int) and 0 <= b < 256 for b in message):
+        message = bytes(message).decode("utf-8", "replace")
+    if not isinstance(message, str):
+        return None
+    facility = _digits(entry.get("SYSLOG_FACILITY"))
+    if entry.get("_TRANSPORT") != "kernel":
+        facility = facility or LOG_USER
+    usec = _digits(entry.get("_SOURCE_MONOTONIC_TIMESTAMP"))
+    if usec is None:
+        usec = _digits(entry.get("__MONOTONIC_TIMESTAMP"))
+    level = _digits(entry.get("PRIORITY"))
+    text = " ".join(line.strip() for line in message[:MSG_MAX].splitlines() if line.strip())
+    return facility, level if level is not None and level < 8 else None, usec, text
+
+
+def _digits(value: object) -> int | None:
+    """A journal field's number (fields are strings), or None."""
+    if isinstance(value, str) and value.isdigit() and value.isascii() and len(value) <= 20:
+        return int(value)
+    return None
 
 
 def _usec(found: re.Match[str]) -> int:
-    """Microseconds of a `[seconds.fraction]` time matched by _MONO or _JOURNAL_MONO."""
+    """Microseconds of a `[seconds.fraction]` time matched by _TIME or _JOURNAL_MONO."""
     return int(found.group(1)) * 1000000 + int(found.group(2)[:6].ljust(6, "0"))
 
 
 def record(entry: Entry) -> Record:
-    """The raw record of one entry: decoding (errors replaced) happens only for kept records."""
+    """The raw record of one entry: decoding (errors replaced) happens only for kept records.
+    A journal JSON line may be longer than MSG_MAX before its message is."""
     seq, pri, usec, body = entry
-    text = body[:MSG_MAX].decode("utf-8", "replace")
-    if usec is None and pri is None:
-        pri, usec, text = dmesg_fields(text)
-    if pri is None:
-        return {"seq": seq, "usec": usec, "pri": None, "msg": text}
-    out: Record = {"seq": seq, "usec": usec, "pri": pri & 7, "msg": text}
-    if pri >> 3:
-        out["facility"] = pri >> 3
+    limit = JSON_MAX if body.startswith((b'{"', b'\x1e{"')) else MSG_MAX
+    text = body[:limit].decode("utf-8", "replace")
+    facility = level = None
+    if pri is not None:
+        facility, level = pri >> 3, pri & 7
+    elif usec is None:
+        facility, level, usec, text = dmesg_fields(text)
+    out: Record = {"seq": seq, "usec": usec, "pri": level, "msg": text[:MSG_MAX]}
+    if facility:
+        out["facility"] = facility
     return out
 
 

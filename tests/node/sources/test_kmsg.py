@@ -119,44 +119,52 @@ def test_syslog_line_of_another_program_keeps_its_prefix():
 
 
 @pytest.mark.parametrize(
-    ("line", "pri", "usec", "msg"),
+    ("line", "facility", "level", "usec", "msg"),
     [
-        ("[    0.000000] Linux version", None, 0, "Linux version"),
-        ("[12345.678901] NVRM: x", None, 12345678901, "NVRM: x"),
-        ("[    1.5] short fraction", None, 1500000, "short fraction"),
-        ("<3>[    2.000001] err", 3, 2000001, "err"),
-        ("<14>[    2.000001] user info", 14, 2000001, "user info"),  # whole PRI: user.info
-        ("[Tue Nov 18 09:01:02 2025] wall", None, None, "wall"),
-        ("Nov  8 09:01:02 gpu01 kernel: [  7.25] sys", None, 7250000, "sys"),
-        ("2025-11-18T09:01:02+0100 gpu01 kernel: iso", None, None, "iso"),
-        ("plain text", None, None, "plain text"),
+        ("[    0.000000] Linux version", None, None, 0, "Linux version"),
+        ("[12345.678901] NVRM: x", None, None, 12345678901, "NVRM: x"),
+        ("[    1.5] short fraction", None, None, 1500000, "short fraction"),
+        ("<3>[    2.000001] err", 0, 3, 2000001, "err"),
+        ("<14>[    2.000001] user info", 1, 6, 2000001, "user info"),  # whole PRI: user.info
+        ("[Tue Nov 18 09:01:02 2025] wall", None, None, None, "wall"),
+        ("Nov  8 09:01:02 gpu01 kernel: [  7.25] sys", None, None, 7250000, "sys"),
+        ("2025-11-18T09:01:02+0100 gpu01 kernel: iso", None, None, None, "iso"),
+        ("plain text", None, None, None, "plain text"),
         # journalctl -k -o short-precise, short-iso-precise, short-monotonic (journalctl(1))
-        ("Nov 29 12:00:01.123456 gpu01 kernel: NVRM: x", None, None, "NVRM: x"),
-        ("Nov  9 12:00:01.123456 gpu01 kernel: NVRM: x", None, None, "NVRM: x"),
-        ("2026-11-29T12:00:01.123456+0000 gpu01 kernel: NVRM: x", None, None, "NVRM: x"),
-        ("[  123.456789] gpu01 kernel: NVRM: x", None, 123456789, "NVRM: x"),
-        ("[86400.000001] gpu01.example.org kernel: NVRM: x", None, 86400000001, "NVRM: x"),
+        ("Nov 29 12:00:01.123456 gpu01 kernel: NVRM: x", None, None, None, "NVRM: x"),
+        ("Nov  9 12:00:01.123456 gpu01 kernel: NVRM: x", None, None, None, "NVRM: x"),
+        ("2026-11-29T12:00:01.123456+0000 gpu01 kernel: NVRM: x", None, None, None, "NVRM: x"),
+        ("[  123.456789] gpu01 kernel: NVRM: x", None, None, 123456789, "NVRM: x"),
+        ("[86400.000001] gpu01.example.org kernel: NVRM: x", None, None, 86400000001, "NVRM: x"),
         # journalctl prints the locale's month: Polish `kwi` (NVIDIA/open-gpu-kernel-modules#1045)
-        ("kwi 15 07:56:59 testowy kernel: NVRM: x", None, None, "NVRM: x"),
-        ("kwi  5 07:56:59.123456 testowy kernel: NVRM: x", None, None, "NVRM: x"),
+        ("kwi 15 07:56:59 testowy kernel: NVRM: x", None, None, None, "NVRM: x"),
+        ("kwi  5 07:56:59.123456 testowy kernel: NVRM: x", None, None, None, "NVRM: x"),
         (
             "kwi 15 07:56:59 testowy systemd[1]: NVRM: x",
+            1,
             None,
             None,
             "kwi 15 07:56:59 testowy systemd[1]: NVRM: x",
         ),
         # another program's line keeps its tag: it can never start with `NVRM:`
-        ("[  123.456789] gpu01 systemd[1]: NVRM: x", None, 123456789, "gpu01 systemd[1]: NVRM: x"),
+        (
+            "[  123.456789] gpu01 systemd[1]: NVRM: x",
+            None,
+            None,
+            123456789,
+            "gpu01 systemd[1]: NVRM: x",
+        ),
         (
             "Nov 29 12:00:01.123456 gpu01 logger[77]: NVRM: x",
+            1,
             None,
             None,
             "Nov 29 12:00:01.123456 gpu01 logger[77]: NVRM: x",
         ),
     ],
 )
-def test_dmesg_fields(line, pri, usec, msg):
-    assert kmsg.dmesg_fields(line) == (pri, usec, msg)
+def test_dmesg_fields(line, facility, level, usec, msg):
+    assert kmsg.dmesg_fields(line) == (facility, level, usec, msg)
 
 
 # --- journalctl forms, continuation lines, facility ----------------------------------------
@@ -575,8 +583,8 @@ MESSAGE = st.text(
 @settings(max_examples=300, deadline=None)
 @given(PREFIX, MESSAGE)
 def test_every_prefix_is_stripped_exactly(prefix, msg):
-    pri, usec, text = kmsg.dmesg_fields(prefix + "NVRM: " + msg)
-    assert text == "NVRM: " + msg and pri is None
+    facility, level, usec, text = kmsg.dmesg_fields(prefix + "NVRM: " + msg)
+    assert text == "NVRM: " + msg and facility is None and level is None
     assert usec is None or usec >= 0
 
 
