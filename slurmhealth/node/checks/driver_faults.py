@@ -165,7 +165,7 @@ def driver_line(msg: str, seq: int, usec: int | None, found: dict[tuple[Any, ...
         event["code"] = code or event["code"]
         event["adapter" if minor is None else "rm_init"] += 1
         event["repeats"] = max(event["adapter"], event["rm_init"])
-    elif "postRxDet" in msg:
+    elif "RxDet" in msg:
         line = re.match(_LINK_MASK, msg, re.A)
         if line is None:
             return
