@@ -197,7 +197,7 @@ def test_captured_gpu_at_pci_lines_are_not_events():
         for rec in kmsg.read(os.path.join(FIX, name))["records"]:
             if rec["msg"].startswith("NVRM: GPU at PCI:"):
                 lines.append(rec["msg"])
-    assert len(lines) == 4
+    assert len(lines) == 5
     for line in lines:
         assert xid.parse_line(line) is None
         assert (
