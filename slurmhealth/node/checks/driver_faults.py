@@ -106,7 +106,8 @@ def sxid_line(msg: str, seq: int, usec: int | None, found: dict[tuple[Any, ...],
         found_dump = re.match(_DUMP, rest, re.A)
         if found_dump is None:
             return
-        severity, link, dump = _DUMP_SEVERITY.get(found_dump.group(1)), int(found_dump.group(2)), True
+        severity, link = _DUMP_SEVERITY.get(found_dump.group(1)), int(found_dump.group(2))
+        dump = True
     key = (bus.lower(), int(number), link, severity)
     event = found.get(key)
     if event is None:

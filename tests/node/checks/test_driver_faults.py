@@ -48,7 +48,10 @@ def check(name: str, parsed: dict, **ctx: object):
 @pytest.mark.parametrize(
     "rest, expected",
     [
-        ("12028, Non-fatal, Link 32 egress non-posted PRIV error (First)", (12028, 32, "non-fatal")),
+        (
+            "12028, Non-fatal, Link 32 egress non-posted PRIV error (First)",
+            (12028, 32, "non-fatal"),
+        ),
         ("24007, Fatal, Link 44 sourcetrack timeout error (First)", (24007, 44, "fatal")),
         ("11012, Correctable, Link 03 ingress ECC SBE", (11012, 3, "correctable")),
         ("24007, Severity 1 Engine instance 12 Sub-engine instance 00", (24007, 12, "fatal")),
@@ -143,7 +146,7 @@ def test_a_nonfatal_sxid_repeating_on_one_link_fails_at_the_bound(times, status)
 
 def test_repeats_spread_over_links_or_switches_do_not_add_up():
     msgs = [SW0 + f"20009, Non-fatal, Link {link} RX Short Error Rate" for link in range(9)]
-    msgs += [f"nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20009, Non-fatal, Link 0 RX"] * 9
+    msgs += ["nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20009, Non-fatal, Link 0 RX"] * 9
     assert check("sxid_nonfatal", facts(*msgs)).status == "warn"
 
 
