@@ -230,8 +230,7 @@ def sxid_fatal(facts: Facts, ctx: Context) -> Result:
 
 
 def sxid_nonfatal(facts: Facts, ctx: Context) -> Result:
-    """NVSwitch non-fatal SXids warn; the same one on one switch and link sxid_repeat_max times
-    since the last run fails (reboot).
+    """NVSwitch non-fatal SXids warn; sxid_repeat_max of one on one switch link fail (reboot).
 
     The switch contained each one (the guide's non-fatal tables: at worst the job over that port
     sees Xid 45), so one is evidence, not a verdict. The same error again and again on one link
@@ -268,9 +267,9 @@ def _gpu_words(event: dict[str, Any], ctx: Context) -> str:
 
 
 def gpu_init(facts: Facts, ctx: Context) -> Result:
-    """Every GPU the driver tried to initialise since the last run came up; one whose
-    RmInitAdapter failed fails (reboot), named by its bus id from the kernel log.
+    """A GPU whose initialisation (RmInitAdapter) failed since the last run fails (reboot).
 
+    It is named by its bus id from the kernel log.
     NVML lists only the GPUs that initialised, so with no count configured the node would pass
     one GPU short; the kernel log names the missing one. A reboot re-runs the GPU's whole
     initialisation; a GPU that fails it again needs a person (its repeat, across boots)."""
@@ -282,9 +281,9 @@ def gpu_init(facts: Facts, ctx: Context) -> Result:
 
 
 def nvlink_init(facts: Facts, ctx: Context) -> Result:
-    """The driver read every GPU's NVLink link mask since the last run; a failure to read it
-    after receiver detection fails (reboot): the NVLink fabric did not come up.
+    """An NVLink link mask the driver could not read since the last run fails (reboot).
 
+    The mask is read after receiver detection: without it the NVLink fabric did not come up.
     The driver prints it when its call to the GPU's firmware for the links that detected a
     receiver fails; NVLink then stays down or partial (peer traffic over PCIe or failing),
     which only a reset of the GPUs, i.e. a reboot, retrains. The lines name no GPU."""
