@@ -70,7 +70,11 @@ def test_the_replay_gives_every_live_verdict(tmp_path, name, snapshot, code):
     # site): their sources are not in them and replay as unavailable; nothing of this machine
     # is read instead
     captured = {c: v for c, v in verdicts(doc).items() if c.split(".")[0] in CAPTURED}
-    assert captured == live
+    # checks added to a captured area since (the xid area's NVSwitch SXid and driver-failure
+    # checks) have no live verdict: on this node's log they must pass
+    added = {c: v for c, v in captured.items() if c not in live}
+    assert all(v.startswith("ok: ") for v in added.values()), added
+    assert {c: v for c, v in captured.items() if c in live} == live
     later = [r for r in doc["results"] if r["check"].split(".")[0] not in CAPTURED]
     assert later and all(r["status"] in ("skip", "ok") for r in later)
     newer = ("fs", "host", "kernel", "nvme", "bmc", "site")

@@ -22,7 +22,9 @@ Facts (parse):
      "hca": [{"kind": "module_hot"|"pcie_limited", "bus_id", "module", "text", "seq", "usec",
               "repeats", and for a PCIe link "gbps", "link", "at", "capable_gbps",
               "capable_link"}]}   mlx5_core lines (not Xids: see hca_events)
-`foreign` counts NVRM lines that are not the kernel's own: /dev/kmsg records (or `dmesg -r`
+     "sxid": [...], "driver": [...]}   NVSwitch SXid lines and the driver's Xid-less failures
+                                  (GPU initialisation, NVLink link mask): checks/driver_faults.py
+`foreign` counts NVRM and SXid lines that are not the kernel's own: /dev/kmsg records (or `dmesg -r`
 lines) whose facility is not LOG_KERN (0), i.e. written from user space (`echo > /dev/kmsg`,
 systemd). They never become events. journalctl and syslog lines carry no facility: there a
 `logger -t kernel` line looks exactly like a kernel one and cannot be told apart.
@@ -49,6 +51,7 @@ from slurmhealth.core.result import (
     warn,
     worst_action,
 )
+from slurmhealth.node.checks import driver_faults
 from slurmhealth.node.checks.base import Context, norm_bus_id, summarize
 
 TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
@@ -89,6 +92,12 @@ DEFAULTS: Schema = {
         "fatal-Xid reads on one GPU within burst_h that call for service (project's count)",
     ),
     "burst_h": (24, int, "the window of burst_max, in hours"),
+    "sxid_repeat_max": (
+        driver_faults.SXID_REPEAT_MAX,
+        int,
+        "the same non-fatal NVSwitch SXid on one switch and link this many times since the last "
+        "run fails (the nvlink area's recovery_fail: a link that keeps failing); 0: never",
+    ),
     "tpc_jobs": (
         3,
         int,
@@ -439,12 +448,15 @@ def _foreign(rec: dict[str, Any]) -> bool:
     return isinstance(facility, int) and not isinstance(facility, bool) and facility != 0
 
 
-def _scan(records: list[Any]) -> tuple[Any, ...]:
-    """(events, record count, last seq, foreign NVRM lines, HCA events) of raw records;
-    malformed records are skipped, and so are NVRM and mlx5 lines that user space wrote
-    (`_foreign`)."""
+def _scan(records: list[Any]) -> dict[str, Any]:
+    """{"events", "count", "last", "foreign", "hca", "sxid", "driver"} of raw records:
+    Xid events, the record count and last sequence number, the NVRM and SXid lines user space
+    wrote (`_foreign`, skipped), HCA events, SXid events and the driver's Xid-less failures
+    (checks/driver_faults.py). Malformed records are skipped."""
     events: list[Any] = []
     hca: dict[tuple[Any, ...], dict[str, Any]] = {}
+    sxid: dict[tuple[Any, ...], dict[str, Any]] = {}
+    driver: dict[tuple[Any, ...], dict[str, Any]] = {}
     count, last, pending, foreign = 0, None, None, 0
     for rec in records:
         seq = _int(rec.get("seq")) if isinstance(rec, dict) else None
@@ -458,6 +470,11 @@ def _scan(records: list[Any]) -> tuple[Any, ...]:
         if "NVRM" not in msg:
             if MLX5 in msg and not _foreign(rec):
                 _hca_event(msg, seq, _int(rec.get("usec")), hca)
+            elif "SXid" in msg:
+                if _foreign(rec):
+                    foreign += 1
+                else:
+                    driver_faults.sxid_line(msg, seq, _int(rec.get("usec")), sxid)
             continue
         if _foreign(rec):
             foreign += 1
@@ -466,10 +483,20 @@ def _scan(records: list[Any]) -> tuple[Any, ...]:
         if event is None:
             bus, pending = fallen_off(msg, seq, pending)
             event = _event(79, bus, None, OFF_BUS_TEXT) if bus else None
-        if event is not None:
+        if event is None:
+            driver_faults.driver_line(msg, seq, _int(rec.get("usec")), driver)
+        else:
             event.update(seq=seq, usec=_int(rec.get("usec")), repeats=1)
             events.append(event)
-    return events, count, last, foreign, list(hca.values())
+    return {
+        "events": events,
+        "count": count,
+        "last": last,
+        "foreign": foreign,
+        "hca": list(hca.values()),
+        "sxid": list(sxid.values()),
+        "driver": list(driver.values()),
+    }
 
 
 # --- HCA events: the mlx5 driver's and the PCI core's lines about a ConnectX HCA -------------
@@ -581,22 +608,24 @@ def parse(raw: object, window_s: float = DEFAULTS["dedup_s"][0]) -> dict[str, An
     """Raw kmsg facts -> Xid events (deduplicated) and log continuity. Never raises."""
     raw = raw if isinstance(raw, dict) else {}
     records = raw.get("records")
-    events, count, last, foreign, hca = _scan(records if isinstance(records, list) else [])
-    events = dedup(events, window_s)
+    scan = _scan(records if isinstance(records, list) else [])
+    events = dedup(scan["events"], window_s)
     for event in events:
         event["class"], event["action"] = classify(event["xid"], event["text"], None, event)
     _secondary(events, None)
     boot = raw.get("boot_id")
     return {
         "events": events,
-        "records": count,
+        "records": scan["count"],
         "first_seq": _int(raw.get("first_seq")),
         "after_seq": _int(raw.get("after_seq")),
-        "last_seq": last,
+        "last_seq": scan["last"],
         "lost": raw.get("lost") is True,
         "missed": max(_int(raw.get("missed")) or 0, 0),
-        "foreign": foreign,
-        "hca": hca,
+        "foreign": scan["foreign"],
+        "hca": scan["hca"],
+        "sxid": scan["sxid"],
+        "driver": scan["driver"],
         "boot_id": clean(boot, 64) if isinstance(boot, str) else None,
         "kernel": clean(raw["kernel"], 64) if isinstance(raw.get("kernel"), str) else None,
         "nccl": clean(raw["nccl"], 32) if isinstance(raw.get("nccl"), str) else None,
@@ -1153,7 +1182,7 @@ def hca_events(facts: Facts, ctx: Context) -> Result:
     return warn(message, data, SERVICE)
 
 
-CHECKS = (hardware, application, log_continuity, hca_events)
+CHECKS = (hardware, application, log_continuity, hca_events, *driver_faults.CHECKS)
 
 
 def baseline(facts: Facts, now: float | None = None) -> dict[str, Any]:

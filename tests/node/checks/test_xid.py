@@ -931,6 +931,10 @@ def test_module_contract():
         "application",
         "log_continuity",
         "hca_events",
+        "sxid_fatal",
+        "sxid_nonfatal",
+        "gpu_init",
+        "nvlink_init",
     ]
     for key, (default, kind, why) in xid.DEFAULTS.items():
         assert isinstance(default, kind) and isinstance(why, str) and why, key

@@ -103,6 +103,17 @@ CAPTURED = {
         ],
         ("fail", "service"),
     ),
+    # NVIDIA/open-gpu-kernel-modules#446 (8x A100 SXM4, the log of captured-a100-nvlink.txt):
+    # the NVSwitch SXid lines beside an Xid 62; the SXids are test_driver_faults.py's.
+    "captured-a100-sxid.txt": (
+        [(5, 62, "0000:48:00", None, "fail", "reset_gpu", 1, None)],
+        ("fail", "reset_gpu"),
+    ),
+    # No Xid in these: GPUs that did not initialise and an NVLink link mask not read
+    # (test_driver_faults.py); the Xid check passes them.
+    "captured-rminit.dmesg": ([], ("ok", "none")),
+    "captured-rminit-two.dmesg": ([], ("ok", "none")),
+    "captured-link-mask.short": ([], ("ok", "none")),
     # NVIDIA's own examples, not from a machine: open-gpu-kernel-modules 595.45.04,
     # src/nvidia/src/kernel/gpu/arch/ampere/kern_gpu_error_cont_ga100.c, comment of
     # _gpuGenerateErrorLog ("Format/example").
@@ -186,7 +197,7 @@ def test_captured_gpu_at_pci_lines_are_not_events():
         for rec in kmsg.read(os.path.join(FIX, name))["records"]:
             if rec["msg"].startswith("NVRM: GPU at PCI:"):
                 lines.append(rec["msg"])
-    assert len(lines) == 4
+    assert len(lines) == 5
     for line in lines:
         assert xid.parse_line(line) is None
         assert (
