@@ -34,8 +34,7 @@ from slurmhealth.fleet import (
     slurmconf,
     text,
 )
-from slurmhealth.node import agent, config, runner, sources
-from slurmhealth.node.checks import AREAS
+from slurmhealth.node import agent, checks, config, runner, sources
 
 TYPE_CHECKING = False  # mypy reads the block below; nothing of it is needed at run time
 if TYPE_CHECKING:
@@ -315,7 +314,7 @@ def genconf(
         raise click.ClickException(str(exc)) from None
     learned = {}
     for area, facts in run.facts.items():
-        values = AREAS[area].expectations(facts)
+        values = checks.expectations(area, facts)
         if values:
             learned[area] = values
     text = genconf_text(name, learned)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 
 from slurmhealth.core.result import ERROR, FAIL
-from slurmhealth.node.checks import AREAS
+from slurmhealth.node import checks
 
 TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ HINT = "no config: slurmhealth config genconf writes one"
 def _values(area: str, facts: object) -> dict[str, Any]:
     """The learned keys of an area's genconf expectations, without the empty ones (no GPUs,
     no ports: nothing to expect)."""
-    found = AREAS[area].expectations(facts)
+    found = checks.expectations(area, facts)
     out = {k: v for k, v in found.items() if k in LEARNED[area] and v not in (None, "", [], 0)}
     if area == "ib" and not out.get("ports"):
         out.pop("link_layer", None)  # a layer means something only for the ports it names

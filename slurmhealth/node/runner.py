@@ -14,7 +14,7 @@ import threading
 import time
 
 from slurmhealth.core.result import ERROR, FAIL, OK, WARN, Result, fail, skip, verdict
-from slurmhealth.node import counters, sources
+from slurmhealth.node import checks, counters, sources
 from slurmhealth.node.checks import AREAS, runs_in
 from slurmhealth.node.checks.base import Context, norm_bus_id
 from slurmhealth.node.sources import Options, SourceUnavailable
@@ -267,7 +267,7 @@ def _source_results(area: str, got: Gathered, expect: Data) -> list[Result]:
         first = Result(ERROR, what, got.to_dict())
     elif _denied(got):  # not this user's to read: unread (runner.unread), not the node's fault
         first = skip(f"not read: {what}", got.to_dict())
-    elif AREAS[area].expected(expect, got.raw):
+    elif checks.expected(area, expect, got.raw):
         first = fail(what, got.to_dict(), "drain")
     else:
         first = skip(what, got.to_dict())
@@ -479,7 +479,7 @@ def run(
         out.results.extend(results)
         if facts is not None:
             out.facts[area] = facts
-            remembered = AREAS[area].baseline(facts, ctx.now)
+            remembered = checks.baseline(area, facts, ctx.now)
             if remembered:  # an area that judges only the present keeps no store row
                 out.baselines[area] = remembered
             got.versions.update(_contributed(area, "versions_of", facts) or {})

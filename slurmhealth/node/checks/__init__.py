@@ -9,13 +9,18 @@ Each area module is a plain module with the same small interface (no entry-point
   DEFAULTS  {key: (default, type, one line of why)}: the area's expectations and thresholds
   parse(raw) -> facts          pure, never raises on bad input; runs once per run
   CHECKS    (fn, ...) each fn(facts, ctx) -> Result, small and pure
+Optional, each with the default of an area that has none (the callers below):
   baseline(facts, now) -> dict what to remember for the next run (counters, sequence, inventory,
-                               and when: `now`, so the next run judges rates over the interval)
-  expectations(facts) -> dict  the expectations a known-good node implies (config genconf)
-  PHASES    optional: the phases the area runs in (core/constants.py PHASES names them);
-            absent: every phase. An area whose source is slow or asks a device (a SMART log,
-            the BMC, the site's own health check) leaves the job hooks out: runner.run skips
-            it there, so its source is never gathered, nor its module imported.
+                               and when: `now`, so the next run judges rates over the interval);
+                               none: nothing
+  expectations(facts) -> dict  the expectations a known-good node implies (config genconf);
+                               none: nothing is learned
+  expected(expect, raw) -> bool whether an unavailable source fails the area (expected but
+                               missing) rather than skipping it; none: never
+  PHASES    the phases the area runs in (core/constants.py PHASES names them); none: every
+            phase. An area whose source is slow or asks a device (a SMART log, the BMC, the
+            site's own health check) leaves the job hooks out: runner.run skips it there, so
+            its source is never gathered, nor the source's module imported.
 """
 
 from __future__ import annotations
@@ -40,12 +45,34 @@ from slurmhealth.node.checks import (
     xid,
 )
 
+TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
+if TYPE_CHECKING:
+    from typing import Any
+
 AREAS = {
     m.AREA: m
     for m in (gpu, nvlink, ib, xid, mce, aer, fs, hw, time, ps, modules, net, edac, nvme, bmc, site)
 }
 
 REGISTRY = {f"{m.AREA}.{fn.__name__}": fn for m in AREAS.values() for fn in m.CHECKS}
+
+
+def baseline(area: str, facts: Any, now: float | None = None) -> dict[str, Any]:
+    """What `area` remembers of this run for the next (its baseline(); none: nothing)."""
+    func = getattr(AREAS[area], "baseline", None)
+    return func(facts, now) if func else {}
+
+
+def expectations(area: str, facts: Any) -> dict[str, Any]:
+    """The expectations `area`'s facts imply on a known-good node (none: nothing)."""
+    func = getattr(AREAS[area], "expectations", None)
+    return func(facts) if func else {}
+
+
+def expected(area: str, expect: dict[str, Any], raw: object = None) -> bool:
+    """Whether `area`'s source being unavailable fails it (none: never, it skips)."""
+    func = getattr(AREAS[area], "expected", None)
+    return bool(func(expect, raw)) if func else False
 
 
 def runs_in(area: str, phase: str) -> bool:

@@ -53,6 +53,20 @@ class Context:
         self.now = now
 
 
+DIGITS_MAX = 20  # a u64 counter has at most 20 decimal digits
+
+
+def uint(text: object) -> int | None:
+    """A kernel file's unsigned number: "123" -> 123; "-1", "N/A (no PMA)", garbage, None ->
+    None. ASCII digits only, at most DIGITS_MAX of them (sysfs and procfs counters)."""
+    if not isinstance(text, str):
+        return None
+    text = text.strip()
+    if not text or len(text) > DIGITS_MAX or not (text.isascii() and text.isdigit()):
+        return None
+    return int(text)
+
+
 def norm_bus_id(bus_id: str) -> str:
     """Normalise a PCI address to the kernel log's form: 4-hex domain, bus, device, lower case.
 

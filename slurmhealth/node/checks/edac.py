@@ -32,7 +32,7 @@ from __future__ import annotations
 import time
 
 from slurmhealth.core.result import SERVICE, Result, counted, fail, ok, warn
-from slurmhealth.node.checks.base import Context, summarize
+from slurmhealth.node.checks.base import Context, summarize, uint
 
 TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
 if TYPE_CHECKING:
@@ -56,17 +56,8 @@ DEFAULTS: Schema = {
 _FIELDS = {"ce": "ce_count", "ue": "ue_count", "ce_noinfo": "ce_noinfo_count",
            "ue_noinfo": "ue_noinfo_count"}
 _NAME_MAX = 64
-_DIGITS_MAX = 20
 DAY = 86400.0
 
-
-def _int(text: object) -> int | None:
-    if not isinstance(text, str):
-        return None
-    text = text.strip()
-    if not text or len(text) > _DIGITS_MAX or not (text.isascii() and text.isdigit()):
-        return None
-    return int(text)
 
 
 def _dict(value: object) -> dict[str, Any]:
@@ -76,8 +67,8 @@ def _dict(value: object) -> dict[str, Any]:
 def _dimm(raw: dict[str, Any]) -> dict[str, Any]:
     label = raw.get("label")
     return {
-        "ce": _int(raw.get("ce_count")),
-        "ue": _int(raw.get("ue_count")),
+        "ce": uint(raw.get("ce_count")),
+        "ue": uint(raw.get("ue_count")),
         "label": label.strip()[:_NAME_MAX] if isinstance(label, str) and label.strip() else None,
     }
 
@@ -89,7 +80,7 @@ def parse(raw: object) -> Facts:
     mcs: dict[str, Any] = {}
     for name, value in _dict(tree).items():
         counts = _dict(value)
-        mc: dict[str, Any] = {k: _int(counts.get(f)) for k, f in _FIELDS.items()}
+        mc: dict[str, Any] = {k: uint(counts.get(f)) for k, f in _FIELDS.items()}
         dimms = _dict(counts.get("dimms")).items()
         mc["dimms"] = {str(d)[:_NAME_MAX]: _dimm(_dict(v)) for d, v in dimms}
         mcs[str(name)[:_NAME_MAX]] = mc

@@ -479,11 +479,6 @@ CHECKS = (mounted, responsive, writable, free_space, free_inodes, files)
 # ---------------------------------------------------------------- memory and genconf
 
 
-def baseline(facts: Facts, now: float | None = None) -> dict[str, Any]:
-    """Nothing to remember: every fs check judges the node as it is now."""
-    return {}
-
-
 def _lasting(mount: Mount, autofs: list[str]) -> bool:
     """A mount an admin set up to stay: a whole filesystem of data (not a bind of a file or a
     folder, a tmpfs or a container's layers), outside the kernel's and the runtimes' trees and

@@ -29,7 +29,7 @@ threads of a core: 1 with SMT off) fail when they differ.
 from __future__ import annotations
 
 from slurmhealth.core.result import DRAIN, SERVICE, Result, clean, counted, fail, ok, skip, warn
-from slurmhealth.node.checks.base import Context, summarize
+from slurmhealth.node.checks.base import Context, summarize, uint
 from slurmhealth.node.sources.host import cpulist
 
 TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
@@ -60,7 +60,6 @@ DEFAULTS: Schema = {
 
 _KIB_PER_GIB = 1 << 20
 _SMT_OFF = ("off", "forceoff")
-_DIGITS_MAX = 20
 
 
 # ---------------------------------------------------------------- parse (pure, never raises)
@@ -69,12 +68,7 @@ _DIGITS_MAX = 20
 def _kib(value: object) -> int | None:
     """A meminfo value: "527988424 kB" -> 527988424; "0" -> 0 (the HugePages_ counts have no
     unit); anything else -> None."""
-    if not isinstance(value, str):
-        return None
-    number = value.split(" ")[0]
-    if not number or len(number) > _DIGITS_MAX or not (number.isascii() and number.isdigit()):
-        return None
-    return int(number)
+    return uint(value.split(" ")[0]) if isinstance(value, str) else None
 
 
 def _dict(value: object) -> dict[str, Any]:
@@ -271,11 +265,6 @@ CHECKS = (memory, free_memory, swap, hugepages, cpu_count, cpus_online, topology
 
 
 # ---------------------------------------------------------------- memory and genconf
-
-
-def baseline(facts: Facts, now: float | None = None) -> dict[str, Any]:
-    """Nothing to remember: every hw check judges the node as it is now."""
-    return {}
 
 
 def expectations(facts: Facts) -> dict[str, Any]:

@@ -69,7 +69,7 @@ from __future__ import annotations
 import time
 
 from slurmhealth.core.result import DRAIN, SERVICE, Result, counted, fail, ok, skip, warn
-from slurmhealth.node.checks.base import Context, summarize
+from slurmhealth.node.checks.base import DIGITS_MAX, Context, summarize, uint
 
 TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
 if TYPE_CHECKING:
@@ -148,7 +148,6 @@ _NAME_MAX = 32  # bound on any file-derived name that can reach a message
 # PCIe transfer rate (GT/s) -> generation: the speeds the kernel's pci_speed_string() names
 # (drivers/pci/probe.c), printed as "32.0 GT/s PCIe" (older kernels: "32 GT/s").
 _PCIE_GENS = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
-_DIGITS_MAX = 20  # a u64 counter has at most 20 decimal digits
 
 
 # ---------------------------------------------------------------- parse (pure, never raises)
@@ -162,15 +161,6 @@ def _dict(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _uint(text: object) -> int | None:
-    """A counter: "123" -> 123; "N/A (no PMA)", garbage, None -> None. ASCII digits only."""
-    if not isinstance(text, str):
-        return None
-    text = text.strip()
-    if not text or len(text) > _DIGITS_MAX or not (text.isascii() and text.isdigit()):
-        return None
-    return int(text)
-
 
 def parse_state(text: object, names: dict[int, str]) -> tuple[int | None, str | None]:
     """State text "4: ACTIVE" -> (4, "ACTIVE"): the number decides, the name is for messages.
@@ -180,7 +170,7 @@ def parse_state(text: object, names: dict[int, str]) -> tuple[int | None, str | 
     if not isinstance(text, str):
         return (None, None)
     head, sep, tail = text.partition(":")
-    number = _uint(head) if sep else None
+    number = uint(head) if sep else None
     name = (tail if sep else text).strip()[:_NAME_MAX]
     if number is None:
         number = next((n for n, known in names.items() if known == name), None)
@@ -208,7 +198,7 @@ def parse_rate(text: object) -> tuple[float | None, str | None, str | None]:
 
 def _float(text: str) -> float | None:
     whole, _, frac = text.strip().partition(".")
-    if not whole or len(text) > _DIGITS_MAX or not (whole + frac).isascii():
+    if not whole or len(text) > DIGITS_MAX or not (whole + frac).isascii():
         return None
     if not whole.isdigit() or (frac and not frac.isdigit()):
         return None
@@ -227,7 +217,7 @@ def parse_link_speed(text: object) -> int | None:
 def _parse_link(device: dict[str, Any]) -> dict[str, Any]:
     """The HCA's PCIe link now and at most; a width of 0 (link not trained) is unknown. `pci`:
     whether the source read the link at all (an HCA without a PCI device has none)."""
-    widths = [_uint(device.get(f"{k}_link_width")) for k in ("current", "max")]
+    widths = [uint(device.get(f"{k}_link_width")) for k in ("current", "max")]
     keys = ("current_link_speed", "current_link_width", "max_link_speed", "max_link_width")
     return {
         "pci": any(k in device for k in keys),
@@ -254,7 +244,7 @@ def _parse_port(device: str, port: str, raw: dict[str, Any]) -> dict[str, Any]:
         "width": width,
         "speed": speed,
         "link_layer": _str(raw.get("link_layer")),
-        "counters": {name: _uint(counters.get(name)) for name in _COUNTERS},
+        "counters": {name: uint(counters.get(name)) for name in _COUNTERS},
     }
 
 

@@ -194,18 +194,3 @@ def corrected(facts: Facts, ctx: Context) -> Result:
 
 
 CHECKS = (uncorrected, corrected)
-
-
-def baseline(facts: Facts, now: float | None = None) -> dict[str, Any]:
-    """Nothing: the log position is the xid area's (the kmsg source reads after it)."""
-    return {}
-
-
-def expectations(facts: Facts) -> dict[str, Any]:
-    """Nothing a known-good node implies: no machine check is ever expected."""
-    return {}
-
-
-def expected(expect: dict[str, Any], found: object = None) -> bool:
-    """The kernel log is the xid area's to require; machine checks alone never do."""
-    return False

@@ -110,11 +110,6 @@ def absent(facts: Facts, ctx: Context) -> Result:
 CHECKS = (loaded, absent)
 
 
-def baseline(facts: Facts, now: float | None = None) -> dict[str, Any]:
-    """Nothing to remember: a module is loaded or not."""
-    return {}
-
-
 def expectations(facts: Facts) -> dict[str, Any]:
     """The known GPU and InfiniBand modules this (known-good) node has live; nouveau forbidden
     where the NVIDIA driver is loaded."""

@@ -28,7 +28,7 @@ from __future__ import annotations
 import time
 
 from slurmhealth.core.result import DRAIN, Result, counted, fail, ok, warn
-from slurmhealth.node.checks.base import Context, summarize
+from slurmhealth.node.checks.base import Context, summarize, uint
 
 TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
 if TYPE_CHECKING:
@@ -78,17 +78,7 @@ VIRTUAL = (
     "genev",
 )
 _NAME_MAX = 32
-_DIGITS_MAX = 20
 
-
-def _int(text: object) -> int | None:
-    """"1500" -> 1500; "-1" (speed of a link without one), garbage, None -> None."""
-    if not isinstance(text, str):
-        return None
-    text = text.strip()
-    if not text or len(text) > _DIGITS_MAX or not (text.isascii() and text.isdigit()):
-        return None
-    return int(text)
 
 
 def physical(name: str, link: dict[str, Any]) -> bool:
@@ -100,11 +90,11 @@ def _link(name: str, raw: dict[str, Any]) -> dict[str, Any]:
     operstate = raw.get("operstate")
     link = {
         "operstate": operstate.strip()[:_NAME_MAX] if isinstance(operstate, str) else None,
-        "carrier": _int(raw.get("carrier")),
-        "changes": _int(raw.get("carrier_changes")),
-        "type": _int(raw.get("type")),
-        "mtu": _int(raw.get("mtu")),
-        "speed": _int(raw.get("speed")),
+        "carrier": uint(raw.get("carrier")),
+        "changes": uint(raw.get("carrier_changes")),
+        "type": uint(raw.get("type")),
+        "mtu": uint(raw.get("mtu")),
+        "speed": uint(raw.get("speed")),
         "device": raw.get("device") is True,
     }
     link["physical"] = physical(name, link)

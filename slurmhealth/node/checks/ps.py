@@ -125,11 +125,6 @@ def absent(facts: Facts, ctx: Context) -> Result:
 CHECKS = (daemons, absent)
 
 
-def baseline(facts: Facts, now: float | None = None) -> dict[str, Any]:
-    """Nothing to remember: a daemon runs or not."""
-    return {}
-
-
 def expectations(facts: Facts) -> dict[str, Any]:
     """The known daemons this (known-good) node runs."""
     seen = [name for name in KNOWN if running(facts, name)]

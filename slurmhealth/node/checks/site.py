@@ -19,8 +19,6 @@ from slurmhealth.core.result import ERROR, Result, ok, warn
 
 TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
 if TYPE_CHECKING:
-    from typing import Any
-
     from slurmhealth.node.checks.base import Context, Facts, Schema
 
 AREA = "site"
@@ -74,18 +72,3 @@ def program(facts: Facts, ctx: Context) -> Result:
 
 
 CHECKS = (program,)
-
-
-def baseline(facts: Facts, now: float | None = None) -> dict[str, Any]:
-    """Nothing to remember: each run asks the program afresh."""
-    return {}
-
-
-def expectations(facts: Facts) -> dict[str, Any]:
-    """Nothing: the program is configured, not learned."""
-    return {}
-
-
-def expected(expect: dict[str, Any], found: object = None) -> bool:
-    """A program configured is run or fails (sources/site.py); none configured skips."""
-    return False

@@ -107,11 +107,6 @@ def _not_read(facts: Facts, ctx: Context) -> Result:
 CHECKS = (synchronised, max_error)
 
 
-def baseline(facts: Facts, now: float | None = None) -> dict[str, Any]:
-    """Nothing to remember: the clock is judged as it is now."""
-    return {}
-
-
 def expectations(facts: Facts) -> dict[str, Any]:
     """A known-good node whose clock is synchronised expects it to stay so."""
     return {"synchronised": True} if facts["synchronised"] else {}

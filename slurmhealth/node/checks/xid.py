@@ -1195,16 +1195,6 @@ def baseline(facts: Facts, now: float | None = None) -> dict[str, Any]:
     }
 
 
-def expectations(facts: Facts) -> dict[str, Any]:
-    """Nothing node-specific to learn from a healthy node's kernel log."""
-    return {}
-
-
-def expected(expect: dict[str, Any], found: object = None) -> bool:
-    """A node without a readable kernel log skips the Xid checks: nothing to expect."""
-    return False
-
-
 EVENT_KEYS = ("xid", "gpu", "bus_id", "pid", "name", "class", "action", "text", "repeats", "seq")
 
 

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from slurmhealth.node import checks
 from slurmhealth.node.checks import xid
 from slurmhealth.node.checks.base import Context
 from slurmhealth.node.sources import kmsg
@@ -921,7 +922,7 @@ def test_baseline_round_trip_through_the_source():
 
 
 def test_expectations_are_empty():
-    assert xid.expectations(facts_of("healthy.kmsg")) == {}
+    assert checks.expectations("xid", facts_of("healthy.kmsg")) == {}
 
 
 def test_module_contract():
