@@ -185,13 +185,16 @@ def test_the_simulator_imports_the_package_and_the_standard_library_only():
 
 # --- the check areas' interface (node/checks/__init__.py) ---------------------------------------
 
-REQUIRED = {
-    "parse": 1,
+REQUIRED = {"parse": 1}
+# absent: checks.baseline, expectations and expected give the default (nothing, nothing, never)
+OPTIONAL = {
     "baseline": 1,
     "expectations": 1,
     "expected": 1,
+    "versions_of": 1,
+    "events_of": 2,
+    "resets_of": 1,
 }
-OPTIONAL = {"versions_of": 1, "events_of": 2, "resets_of": 1}
 
 
 @pytest.mark.parametrize("area", sorted(AREAS))

@@ -107,7 +107,11 @@ _CLOSED = {
 
 _INF = float("inf")
 READ_MAX = 1 << 20  # our own file is a few KiB; a bigger one is not ours to carry forward
-LOCK_WAIT_S = 0.5  # a writer holds it for one write; past this, write unlocked (still whole)
+# A writer holds the lock for one write; past this wait, write unlocked (still whole, but the
+# merge may miss a concurrent run's count). A burst of hooks on a busy node (24 at once on 2
+# cores) queues writers behind holders the scheduler paused for more than 0.5 s: 2 s of the
+# run's 10 s deadline keeps every count.
+LOCK_WAIT_S = 2.0
 _LABEL = r'([a-z_]+)="((?:[^"\\]|\\.)*)"(,|$)'
 _KMSG_STATE = "# slurmhealth kmsg boot_id="
 
