@@ -99,7 +99,9 @@ def test_a_fatal_fault_drains_the_node_with_our_reason_and_the_job_runs_elsewher
     drains = [a for a in actions(lab, sick, after=t0) if a["action"] == "drain"]
     assert drains, "no drain recorded in the node store"
     assert "GPU 3 GpuIsLost" in drains[0]["reason"]
-    assert "prolog" in drains[0]["actor"]  # the job's prolog met the fault first
+    # The job's prolog met the fault (its failed run above, the requeue, the exit below); on a
+    # loaded machine the health check may have met it within the same second and drained first.
+    assert any(hook in drains[0]["actor"] for hook in ("prolog", "healthcheck")), drains[0]
     assert f"[job {job_id}] prolog failed status=1:0" in lab.log(sick)  # exit 1, not fail-open
     # slurmd reported the failed prolog long ago (the job ran elsewhere since): Slurm's own
     # "Prolog error" did not replace the reason we set first.
