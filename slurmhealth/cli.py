@@ -12,19 +12,16 @@ import json
 import math
 import os
 import sys
-import time
 from collections.abc import Callable, Iterator
 
 import click
 
 from slurmhealth import __version__
-from slurmhealth.core import files, slurm, store, timespec
-from slurmhealth.core.constants import BREAKER, FAILED, HELD
+from slurmhealth.core import command, files, slurm, store, timespec
 from slurmhealth.core.hostlist import is_node_name
-from slurmhealth.core.result import clean, counted
+from slurmhealth.core.result import clean
 from slurmhealth.fleet import (
     collect,
-    command,
     history,
     lemons,
     peers,
@@ -90,6 +87,43 @@ def _load_config(path: str | None, error: type = click.ClickException) -> config
         return config.load(path)
     except config.ConfigError as exc:
         raise error(str(exc)) from None
+
+
+@contextlib.contextmanager
+def _progress(length: int, label: str) -> Iterator:
+    """A progress bar's update function on a terminal; None (quiet) otherwise."""
+    if not length or not sys.stderr.isatty():
+        yield None
+        return
+    with click.progressbar(length=length, label=label, file=sys.stderr) as bar:
+        yield bar.update
+
+
+def _console() -> command.Console:
+    """Where a command's orchestration writes: click's echo, a progress bar on a terminal."""
+    err, write = (lambda line: click.echo(line, err=True)), (lambda t: click.echo(t, nl=False))
+    return command.Console(click.echo, err, write, _progress)
+
+
+def _said(func: Callable[..., None]) -> Callable[..., None]:
+    """A command whose orchestration raises command.CommandError: click's own error of the
+    same words (a bad value names its option; a usage error exits 2, as click's)."""
+
+    @functools.wraps(func)
+    def said(*args: object, **kwargs: object) -> None:
+        try:
+            func(*args, **kwargs)
+        except command.CommandError as exc:
+            if exc.option:
+                raise click.BadParameter(str(exc), param_hint=exc.option) from None
+            if exc.usage:
+                raise click.UsageError(str(exc)) from None
+            # click's exit status is its exception class's: say the error as click's main
+            # would, then exit with the command's own status
+            click.ClickException(str(exc)).show()
+            raise click.exceptions.Exit(exc.status) from None
+
+    return said
 
 
 class _UsageLine(click.ClickException):
@@ -423,23 +457,11 @@ def slurm_conf(
 
 
 def _open(path: str) -> sqlite3.Connection:
-    """A store a command reads: one line, exit 1, when it is missing or this user may not read
-    it (a node store is root's, in a root-only directory)."""
+    """command.open_store, its one line click's error."""
     try:
-        os.stat(path)
-    except PermissionError:
-        raise _denied(path) from None
-    except OSError:
-        raise click.ClickException(f"no store at {path}") from None
-    if not os.access(path, os.R_OK):
-        raise _denied(path)
-    try:
-        return store.connect(path, existing=True)
-    except store.StoreError as exc:
-        why = store.kept_out(path)  # readable, but SQLite writes beside what it reads
-        if why is None:
-            raise click.ClickException(str(exc)) from None
-        raise click.ClickException(f"cannot open {path}: {why}: {_need()}") from None
+        return command.open_store(path, str(click.get_current_context().info_name))
+    except command.CommandError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def _one_node(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -458,21 +480,8 @@ def _store_paths(db: str | None, node: str | None) -> list:
 
 
 def _denied(path: str) -> click.ClickException:
-    """`cannot read DIR (permission denied): history needs root, or --db a copy you own`:
-    the first directory on the way to `path` this user may not enter, else the file."""
-    blocked, parts = path, os.path.abspath(path).split(os.sep)
-    for n in range(2, len(parts)):
-        folder = os.sep.join(parts[:n])
-        if not os.access(folder, os.X_OK):
-            blocked = folder
-            break
-    return click.ClickException(f"cannot read {blocked} (permission denied): {_need()}")
-
-
-def _need() -> str:
-    """What a user who may not open a store can do: a copy of their own opens (SQLite writes
-    its -shm beside the file it reads)."""
-    return f"{click.get_current_context().info_name} needs root, or --db a copy you own"
+    """command.denied as click's error."""
+    return click.ClickException(command.denied(path, str(click.get_current_context().info_name)))
 
 
 def _on_the_nodes(path: str | None) -> str | None:
@@ -534,11 +543,6 @@ def _start(text: str, end: float, hint: str = "--since") -> float:
         raise click.BadParameter(str(exc), param_hint=_named(hint)) from None
 
 
-def _order(value: object) -> float:
-    """A sort key for a stored time: the records of a forged store may hold any type."""
-    return float(value) if isinstance(value, (int, float)) else float("-inf")
-
-
 @cli.command(name="history")
 @click.option("--node", default=None, callback=_one_node, help="only this node (and its store)")
 @click.option("--job", default=None, help="only runs of this job")
@@ -559,6 +563,7 @@ def _order(value: object) -> float:
 @click.option("--db", default=None, help="a store file [$SLURMHEALTH_DB or the state dir]")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 @click.option("-q", "--quiet", is_flag=True, help="only runs that did not pass, drains and resumes")
+@_said
 def history_cmd(
     node: str | None,
     job: str | None,
@@ -576,31 +581,8 @@ def history_cmd(
         slurmhealth history --node gpu07 --since 24h
     """
     start = _start(since, _instant(now))
-    runs: list[dict[str, Any]] = []
-    actions: list[dict[str, Any]] = []
-    jobs: list[dict[str, Any]] = []
-    rolled = 0
-    for path in _store_paths(db, node):
-        try:
-            found = history.read(_open(path), node, job, start, limit, quiet)
-        except store.StoreError as exc:
-            raise click.ClickException(f"{path}: {exc}") from None
-        runs, actions, jobs = runs + found[0], actions + found[1], jobs + found[2]
-        rolled += found[3]
-    runs.sort(key=lambda r: _order(r["started"]), reverse=True)
-    actions.sort(key=lambda a: _order(a["time"]), reverse=True)
-    if as_json:  # json.dumps escapes control characters (and, ensure_ascii, all but ASCII)
-        doc = {"runs": runs[:limit], "actions": actions, "jobs": jobs, "rolled_up": rolled}
-        click.echo(json.dumps(doc, indent=1, ensure_ascii=True, default=str))
-    else:
-        shown = [] if job else actions
-        if runs or shown or not quiet:  # quiet, and nothing went wrong: nothing to say
-            click.echo(text.history(runs[:limit], shown))
-        if rolled and not quiet:
-            click.echo(
-                f"{rolled:,} more passing health checks are counted per hour, not listed "
-                "(collect --rollup-after)"
-            )
+    request = history.Request(db, node, job, start, limit, quiet, as_json)
+    history.show(request, _console())
 
 
 @cli.command()
@@ -648,43 +630,6 @@ def _open_fleet(db: str | None) -> sqlite3.Connection:
         raise click.ClickException(str(exc)) from None
 
 
-@contextlib.contextmanager
-def _progress(length: int, label: str) -> Iterator:
-    """A progress bar's update function on a terminal; None (quiet) otherwise."""
-    if not length or not sys.stderr.isatty():
-        yield None
-        return
-    with click.progressbar(length=length, label=label, file=sys.stderr) as bar:
-        yield bar.update
-
-
-def _console() -> command.Console:
-    """Where a command's orchestration writes: click's echo, a progress bar on a terminal."""
-    err, write = (lambda line: click.echo(line, err=True)), (lambda t: click.echo(t, nl=False))
-    return command.Console(click.echo, err, write, _progress)
-
-
-def _said(func: Callable[..., None]) -> Callable[..., None]:
-    """A command whose orchestration raises command.CommandError: click's own error of the
-    same words (a bad value names its option; a usage error exits 2, as click's)."""
-
-    @functools.wraps(func)
-    def said(*args: object, **kwargs: object) -> None:
-        try:
-            func(*args, **kwargs)
-        except command.CommandError as exc:
-            if exc.option:
-                raise click.BadParameter(str(exc), param_hint=exc.option) from None
-            if exc.usage:
-                raise click.UsageError(str(exc)) from None
-            # click's exit status is its exception class's: say the error as click's main
-            # would, then exit with the command's own status
-            click.ClickException(str(exc)).show()
-            raise click.exceptions.Exit(exc.status) from None
-
-    return said
-
-
 def _since(since: str | None, now: str | None) -> float | None:
     return None if since is None else _start(since, _instant(now))
 
@@ -706,6 +651,7 @@ fleet_db_option = click.option(
     help="only what is new since the last export to FILE (with an overlap; never before --since)",
 )
 @output_option
+@_said
 def export_cmd(
     db: str | None, since: str | None, now: str | None, incremental: bool, output: str
 ) -> None:
@@ -722,35 +668,7 @@ def export_cmd(
         slurmhealth export --incremental --since 2d -o /shared/slurmhealth/spool/gpu07.ndjson
     """
     conn = _open(db or store.default_path(agent.node_name()))
-    start = _since(since, now)
-    if incremental and output == "-":
-        raise click.UsageError("--incremental needs -o FILE")
-    if output == "-":
-        records.export(conn, sys.stdout, start)
-        return
-    mark = time.time()  # before the snapshot: what commits later is in the next export
-    try:
-        if incremental:
-            start = records.incremental_since(conn, output, start)
-        with files.open_private(output) as out:
-            total = records.count_records(conn, start)
-            with _progress(total, "export") as tick:
-                counts = records.export(conn, out, start, tick)
-    except OSError as exc:
-        raise click.ClickException(f"{output}: {exc.strerror or exc}") from None
-    except store.StoreError as exc:
-        raise click.ClickException(f"{output}: {exc}") from None
-    done = f"{output}: {counted(sum(counts.values()), 'record', spec=',')} ({text.added(counts)})"
-    if incremental:
-        try:
-            records.exported(conn, output, start, mark)
-        except (store.StoreError, OSError) as exc:
-            # the file is whole and in place; without its mark the next export starts where
-            # this one did (records exported twice are merged once)
-            raise click.ClickException(
-                f"{done}, written; its start not remembered ({exc}): the next export overlaps"
-            ) from None
-    click.echo(done)
+    records.export_to(conn, output, _since(since, now), incremental, _console())
 
 
 @cli.command(name="import")
@@ -1080,6 +998,7 @@ def _diagnose_submit(
     help="name nodes with no run for this long; past it the store is stale "
     "[$SLURMHEALTH_SILENT_AFTER]",
 )
+@_said
 def lemons_cmd(
     db: str | None,
     window: str,
@@ -1107,32 +1026,10 @@ def lemons_cmd(
     span = _duration(window)
     quiet = _duration(silent_after, "--silent-after")
     conn = _open(_fleet_path(db))
-    at = _instant(now)
-    scored = lemons.sweep(conn, at, span)
-    fresh = lemons.freshness(queries.heard_from(conn, at), at, quiet)
-    applied: list = []
-    if do_apply and fresh["stale"]:
-        click.echo("stale fleet store: nothing drained (collect it, then sweep again)", err=True)
-    elif do_apply:
-        settings = _load_config(path).for_node("")["settings"]
-        client = slurm.Slurm(settings["slurm_bin"], settings["drain_timeout"] * 5)
-        applied = lemons.apply(
-            scored, client, settings, conn, lambda text: click.echo(clean(text, 500), err=True)
-        )
-    if as_json:
-        doc = {"lemons": [e for e in scored if e["lemon"]], "nodes": scored, "applied": applied}
-        click.echo(json.dumps(dict(doc, freshness=fresh), indent=1))
-    else:
-        # a stale store first, loudly; else when the newest record is, and who went silent, last
-        said = text.freshness(fresh, at)
-        body = text.lemons(scored, applied, span, at)
-        click.echo("\n".join([*said, body] if fresh["stale"] else [body, *said]))
-    if fresh["stale"]:
-        sys.exit(4)
-    if any(a["outcome"] in (BREAKER, HELD) for a in applied):
-        sys.exit(3)
-    if any(a["outcome"] == FAILED for a in applied):
-        sys.exit(1)
+    request = lemons.Request(_instant(now), span, quiet, do_apply, as_json, path)
+    status = lemons.run(conn, request, _console())
+    if status:
+        sys.exit(status)
 
 
 def _file_mode(text: str | None) -> int | None:

@@ -19,11 +19,11 @@ import time
 from collections.abc import Collection
 from urllib.parse import quote
 
-from slurmhealth.core import files, store
+from slurmhealth.core import command, files, store
+from slurmhealth.core.command import CommandError, Console
 from slurmhealth.core.hostlist import is_node_name
 from slurmhealth.core.result import clean
-from slurmhealth.fleet import command, records, text
-from slurmhealth.fleet.command import CommandError, Console
+from slurmhealth.fleet import records, text
 from slurmhealth.fleet.records import FleetError, StoreFault
 
 # collect

@@ -24,6 +24,7 @@ import sqlite3
 import sys
 
 from slurmhealth.core import slurm, store
+from slurmhealth.core.command import CommandError, Console
 from slurmhealth.core.constants import (
     ACT_DRAIN,
     ACT_RESUME,
@@ -39,7 +40,6 @@ from slurmhealth.core.constants import (
 from slurmhealth.core.hostlist import PatternError, expand, split_terms
 from slurmhealth.core.result import clean
 from slurmhealth.fleet import text
-from slurmhealth.fleet.command import CommandError, Console
 from slurmhealth.node import actions
 from slurmhealth.node.journal import Journal
 

@@ -1,13 +1,18 @@
 """Which node stores the admin commands read and prune (`slurmhealth history`, `slurmhealth
-prune`), and history's reads of them; the pruning is store.prune."""
+prune`), history's reads of them and `history` itself; the pruning is store.prune."""
 
 from __future__ import annotations
 
+import dataclasses
 import glob
+import json
 import os
 import sqlite3
+from typing import Any
 
 from slurmhealth.core import store
+from slurmhealth.core.command import CommandError, Console, denied, open_store
+from slurmhealth.fleet import text
 
 
 def store_paths(db: str | None, node: str | None) -> list:
@@ -137,3 +142,63 @@ def job_history(conn: sqlite3.Connection, job: str) -> list:
         (job,),
     )
     return [dict(zip(keys, row)) for row in rows]
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """What one `slurmhealth history` is asked: --db, --node, --job, the start (--since back
+    from --now), --limit, --quiet (only what did not pass) and --json."""
+
+    db: str | None
+    node: str | None
+    job: str | None
+    start: float
+    limit: int = 200
+    quiet: bool = False
+    as_json: bool = False
+
+
+def show(request: Request, console: Console) -> None:
+    """`slurmhealth history`: every store's runs, drains and resumes, newest first, as text or
+    JSON; CommandError with one line when a store cannot be listed, opened or read."""
+    runs: list[dict[str, Any]] = []
+    actions: list[dict[str, Any]] = []
+    jobs: list[dict[str, Any]] = []
+    rolled = 0
+    for path in _paths(request):
+        try:
+            found = read(
+                open_store(path, "history"), request.node, request.job, request.start,
+                request.limit, request.quiet,
+            )  # fmt: skip
+        except store.StoreError as exc:
+            raise CommandError(f"{path}: {exc}") from None
+        runs, actions, jobs = runs + found[0], actions + found[1], jobs + found[2]
+        rolled += found[3]
+    runs.sort(key=lambda r: _order(r["started"]), reverse=True)
+    actions.sort(key=lambda a: _order(a["time"]), reverse=True)
+    if request.as_json:  # json.dumps escapes control characters (and, ensure_ascii, all but ASCII)
+        doc = {"runs": runs[: request.limit], "actions": actions, "jobs": jobs, "rolled_up": rolled}
+        console.out(json.dumps(doc, indent=1, ensure_ascii=True, default=str))
+        return
+    shown = [] if request.job else actions
+    if runs or shown or not request.quiet:  # quiet, and nothing went wrong: nothing to say
+        console.out(text.history(runs[: request.limit], shown))
+    if rolled and not request.quiet:
+        console.out(
+            f"{rolled:,} more passing health checks are counted per hour, not listed "
+            "(collect --rollup-after)"
+        )
+
+
+def _paths(request: Request) -> list:
+    """store_paths, a state directory this user may not list said as such."""
+    try:
+        return store_paths(request.db, request.node)
+    except PermissionError as exc:
+        raise CommandError(denied(os.path.join(str(exc.filename), "*.db"), "history")) from None
+
+
+def _order(value: object) -> float:
+    """A sort key for a stored time: the records of a forged store may hold any type."""
+    return float(value) if isinstance(value, (int, float)) else float("-inf")

@@ -13,12 +13,16 @@ return, enough on their own, make it a lemon again.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import sqlite3
 
 from slurmhealth.core import slurm
+from slurmhealth.core.command import CommandError, Console
 from slurmhealth.core.constants import BREAKER, FAILED, HELD, LEMON
-from slurmhealth.fleet import policy, signals
-from slurmhealth.node import actions
+from slurmhealth.core.result import clean
+from slurmhealth.fleet import policy, queries, signals, text
+from slurmhealth.node import actions, config
 from slurmhealth.node.journal import Journal
 
 TYPE_CHECKING = False
@@ -67,3 +71,53 @@ def apply(
         if outcome in (BREAKER, HELD, FAILED):  # past the cap, uncounted, not taken: stop
             break
     return applied
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """What one `slurmhealth lemons` is asked: the time to score as of (--now), the window,
+    --silent-after, --apply, --json and the config file (its settings: the breaker,
+    probation, slurm_bin)."""
+
+    now: float
+    window: float
+    silent_after: float = SILENT_AFTER_S
+    apply: bool = False
+    as_json: bool = False
+    config: str | None = None
+
+
+def run(conn: sqlite3.Connection, request: Request, console: Console) -> int:
+    """`slurmhealth lemons`: score, say how fresh the store is, drain with --apply; the exit
+    status: 4 when the store is stale (nothing drained), 3 when the breaker or probation held
+    a drain, 1 when a drain failed, else 0. CommandError when the config does not load."""
+    at = request.now
+    scored = sweep(conn, at, request.window)
+    fresh = freshness(queries.heard_from(conn, at), at, request.silent_after)
+    applied: list = []
+    if request.apply and fresh["stale"]:
+        console.err("stale fleet store: nothing drained (collect it, then sweep again)")
+    elif request.apply:
+        try:
+            settings = config.load(request.config).for_node("")["settings"]
+        except config.ConfigError as exc:
+            raise CommandError(str(exc)) from None
+        client = slurm.Slurm(settings["slurm_bin"], settings["drain_timeout"] * 5)
+        applied = apply(scored, client, settings, conn, lambda line: console.err(clean(line, 500)))
+    if request.as_json:
+        doc = {"lemons": [e for e in scored if e["lemon"]], "nodes": scored, "applied": applied}
+        console.out(json.dumps(dict(doc, freshness=fresh), indent=1))
+    else:
+        # a stale store first, loudly; else when the newest record is, and who went silent, last
+        said = text.freshness(fresh, at)
+        body = text.lemons(scored, applied, request.window, at)
+        console.out("\n".join([*said, body] if fresh["stale"] else [body, *said]))
+    return _status(fresh, applied)
+
+
+def _status(fresh: dict, applied: list) -> int:
+    if fresh["stale"]:
+        return 4
+    if any(a["outcome"] in (BREAKER, HELD) for a in applied):
+        return 3
+    return 1 if any(a["outcome"] == FAILED for a in applied) else 0

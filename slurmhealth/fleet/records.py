@@ -16,14 +16,17 @@ import math
 import os
 import sqlite3
 import stat
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Optional
 
 from slurmhealth import __version__
-from slurmhealth.core import store
+from slurmhealth.core import files, store
+from slurmhealth.core.command import CommandError, Console
 from slurmhealth.core.hostlist import is_node_name
 from slurmhealth.core.result import clean, counted
+from slurmhealth.fleet import text
 
 FORMAT = 1  # the NDJSON record format (docs/fleet.md); a newer one is refused
 CHUNK = 50_000  # records per import transaction (measured: docs/fleet.md)
@@ -235,6 +238,42 @@ def export(
     finally:
         conn.execute("COMMIT")
     return counts
+
+
+def export_to(
+    conn: sqlite3.Connection, output: str, since: float | None, incremental: bool, console: Console
+) -> None:
+    """`slurmhealth export`: the records since `since` to standard output ("-") or to the file
+    `output`, written private and whole (a temporary file renamed); incremental: from where
+    the previous export to that file started, its start remembered. CommandError with one line
+    when the file or the store refuses (a usage error for --incremental without a file)."""
+    if incremental and output == "-":
+        raise CommandError("--incremental needs -o FILE", usage=True)
+    if output == "-":
+        export(conn, sys.stdout, since)
+        return
+    mark = time.time()  # before the snapshot: what commits later is in the next export
+    try:
+        if incremental:
+            since = incremental_since(conn, output, since)
+        with files.open_private(output) as out:
+            with console.progress(count_records(conn, since), "export") as tick:
+                counts = export(conn, out, since, tick)
+    except OSError as exc:
+        raise CommandError(f"{output}: {exc.strerror or exc}") from None
+    except store.StoreError as exc:
+        raise CommandError(f"{output}: {exc}") from None
+    done = f"{output}: {counted(sum(counts.values()), 'record', spec=',')} ({text.added(counts)})"
+    if incremental:
+        try:
+            exported(conn, output, since, mark)
+        except (store.StoreError, OSError) as exc:
+            # the file is whole and in place; without its mark the next export starts where
+            # this one did (records exported twice are merged once)
+            raise CommandError(
+                f"{done}, written; its start not remembered ({exc}): the next export overlaps"
+            ) from None
+    console.out(done)
 
 
 def count_records(conn: sqlite3.Connection, since: float | None = None) -> int:

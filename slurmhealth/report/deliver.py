@@ -6,9 +6,8 @@ from __future__ import annotations
 import dataclasses
 import sqlite3
 
-from slurmhealth.core import files
-from slurmhealth.fleet import command
-from slurmhealth.fleet.command import CommandError, Console
+from slurmhealth.core import command, files
+from slurmhealth.core.command import CommandError, Console
 from slurmhealth.report import build, mail, reads, render
 
 MAIL_FAILED = 4  # the report was written, but not mailed

@@ -32,8 +32,8 @@ from stores import (
     spool_ids,
 )
 
-from slurmhealth.core import store
-from slurmhealth.fleet import collect, command, records
+from slurmhealth.core import command, store
+from slurmhealth.fleet import collect, records
 
 # --- collect --------------------------------------------------------------------------------
 
