@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 import click
 
 from slurmhealth import __version__
-from slurmhealth.core import command, files, slurm, store, timespec
+from slurmhealth.core import command, slurm, store, timespec
 from slurmhealth.core.hostlist import is_node_name
 from slurmhealth.core.result import clean
 from slurmhealth.fleet import (
@@ -31,7 +31,7 @@ from slurmhealth.fleet import (
     slurmconf,
     text,
 )
-from slurmhealth.node import agent, checks, config, runner, sources
+from slurmhealth.node import agent, config, runner, sources
 
 TYPE_CHECKING = False  # mypy reads the block below; nothing of it is needed at run time
 if TYPE_CHECKING:
@@ -192,6 +192,7 @@ def check(ctx: click.Context) -> None:
 @node_option
 @output_option
 @source_options
+@_said
 def snapshot(
     node: str | None,
     output: str,
@@ -210,31 +211,8 @@ def snapshot(
     Example:
         slurmhealth snapshot -o /tmp/gpu01.json
     """
-    name = agent.node_name(node)
-    settings = config.defaults()["settings"]
-    timeouts = {s: settings[f"timeout_{s}"] for s in runner.SOURCES}
-    try:
-        doc, unread = runner.snapshot(
-            name,
-            _options(gpu_source, sysfs_root, kmsg, host_root),
-            timeouts,
-            settings["deadline"],
-        )
-    except (OSError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from None
-    text = json.dumps(doc, indent=1, sort_keys=True) + "\n"
-    if output == "-":
-        click.echo(text, nl=False)
-    else:
-        try:
-            files.write_private(output, text)  # 0600, never through a planted symlink
-        except OSError as exc:
-            raise click.ClickException(f"{output}: {exc.strerror or exc}") from None
-    for source in unread:  # its message names the path: not trusted, cleaned
-        lacks = f"the snapshot lacks it (the {', '.join(source['areas'])} checks)"
-        said = f"{source['source']}: {clean(source['message'], 300)}: {lacks}"
-        click.echo(f"slurmhealth snapshot: {said}, the answer is incomplete", err=True)
-    if unread:
+    options = _options(gpu_source, sysfs_root, kmsg, host_root)
+    if runner.save_snapshot(agent.node_name(node), options, output, _console()):
         sys.exit(agent.EXIT_INCOMPLETE)
 
 
@@ -261,24 +239,9 @@ def validate(file: str | None, path: str | None) -> None:
     """
     if file and path and file != path:
         raise click.UsageError("name the file once: FILE or --config")
-    try:
-        resolved = config.resolve_path(file or path)
-    except config.ConfigError as exc:  # not trusted: one line, as every other problem
-        click.echo(str(exc), err=True)
-        sys.exit(2)
-    if resolved is None:
-        click.echo(
-            "no config file: built-in defaults apply, and each node's own known-good runs set"
-            " its expectations (GPUs, NVLinks, InfiniBand ports, PCIe links, daemons, modules,"
-            " network links)"
-        )
-        return
-    try:
-        config.load(resolved)
-    except config.ConfigError as exc:
-        click.echo(str(exc), err=True)
-        sys.exit(2)
-    click.echo(f"{resolved}: ok")
+    status = config.validate_file(file or path, _console())
+    if status:
+        sys.exit(status)
 
 
 @config_group.command()
@@ -296,20 +259,6 @@ def show(path: str | None, node: str | None) -> None:
     click.echo(json.dumps({"node": name, **effective}, indent=1, sort_keys=True))
 
 
-def genconf_text(node: str, expectations: dict) -> str:
-    lines = [
-        f"# Written by `slurmhealth config genconf` on {clean(node, 80)}: the expectations of a",
-        "# known-good node. Review, then widen `match` to the nodes of the same kind.",
-        "",
-        "[[node]]",
-        f"match = {json.dumps(node)}",
-    ]
-    for area, values in expectations.items():
-        for key, value in values.items():
-            lines.append(f"{area}.{key} = {config.toml_value(value)}")
-    return "\n".join(lines) + "\n"
-
-
 @config_group.command()
 def example() -> None:
     """Print the annotated example config: every key and every check, with its default and why.
@@ -325,6 +274,7 @@ def example() -> None:
 @node_option
 @output_option
 @source_options
+@_said
 def genconf(
     node: str | None,
     output: str,
@@ -339,33 +289,17 @@ def genconf(
     Example:
         slurmhealth config genconf -o /etc/slurmhealth/slurmhealth.toml
     """
-    name = agent.node_name(node)
-    expect = config.defaults()
-    try:
-        options = _options(gpu_source, sysfs_root, kmsg, host_root)
-        run = runner.run(name, expect, options, phase="check")
-    except (OSError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from None
-    learned = {}
-    for area, facts in run.facts.items():
-        values = checks.expectations(area, facts)
-        if values:
-            learned[area] = values
-    text = genconf_text(name, learned)
-    config.parse(text, "<genconf>")  # what we write must validate
-    if output == "-":
-        click.echo(text, nl=False)
-        return
-    try:  # 0644 as admins install configs; never through a planted symlink
-        files.write_private(output, text, 0o644)
-    except OSError as exc:
-        raise click.ClickException(f"{output}: {exc.strerror or exc}") from None
+    from slurmhealth.node import genconf as generate  # noqa: PLC0415 - only this command
+
+    options = _options(gpu_source, sysfs_root, kmsg, host_root)
+    generate.write(agent.node_name(node), options, output, _console())
 
 
 @config_group.command(name="from-nhc")
 @click.argument("file", type=click.Path(dir_okay=False))
 @output_option
 @click.option("--check", is_flag=True, help="exit 1 when a line is not translated in full")
+@_said
 def from_nhc(file: str, output: str, check: bool) -> None:
     """Translate an LBNL NHC configuration (FILE, e.g. /etc/nhc/nhc.conf) into slurmhealth's
     expectations, and list, line by line, what it cannot translate and why (on stderr, and as
@@ -379,29 +313,7 @@ def from_nhc(file: str, output: str, check: bool) -> None:
     """
     from slurmhealth.node import nhc  # noqa: PLC0415 - only this command needs it
 
-    try:
-        with open(file, encoding="utf-8", errors="replace") as handle:
-            text = handle.read(4 << 20)
-    except OSError as exc:
-        raise _Refused(f"{clean(file, 300)}: {exc.strerror or exc}") from None
-    done = nhc.translate(text)
-    out = nhc.render(done, file)
-    try:
-        config.parse(out, "<from-nhc>")  # what we write must validate
-    except config.ConfigError as exc:
-        raise click.ClickException(f"the translation does not validate: {exc}") from None
-    for number, line, why in done.untranslated():
-        click.echo(f"{clean(file, 200)}:{number}: {clean(line, 160)}: {clean(why, 200)}", err=True)
-    for said in nhc.overlaps(done):
-        click.echo(f"{clean(file, 200)}: {clean(said, 300)}", err=True)
-    if output == "-":
-        click.echo(out, nl=False)
-    else:
-        try:  # 0644 as admins install configs; never through a planted symlink
-            files.write_private(output, out, 0o644)
-        except OSError as exc:
-            raise click.ClickException(f"{output}: {exc.strerror or exc}") from None
-    if check and done.untranslated():
+    if nhc.from_file(file, output, _console()) and check:
         sys.exit(1)
 
 
@@ -790,10 +702,6 @@ def collect_cmd(
 
 # --- validate and return (docs/diagnose.md) ---------------------------------------------------
 
-DIAG_FAILED = 1
-DIAG_INCONCLUSIVE = 4  # nothing ran that could pass the node: never 0
-
-
 @cli.command(name="diagnose")
 @click.option(
     "--level",
@@ -863,110 +771,26 @@ def diagnose_cmd(
         slurmhealth diagnose --submit --level medium
         slurmhealth diagnose --submit --nodes 'gpu[03,07]'
     """
-    if do_apply and do_submit:
-        raise click.UsageError("--apply runs inside a diagnose job, --submit on the head node")
-    if named and not do_submit:
-        raise click.UsageError("--nodes goes with --submit")
-    if time_limit is not None and not do_submit:
-        raise click.UsageError("--time-limit goes with --submit")
+    from slurmhealth.fleet import diagnose as orchestration  # noqa: PLC0415
+    from slurmhealth.node.diag import run as diag_run  # noqa: PLC0415
+
+    orchestration.refuse_mixed(do_apply, do_submit, named, time_limit)
     if do_submit:
         _diagnose_submit(level, db, path, named, time_limit, as_json)
         return
-    from slurmhealth.node.diag import probes as diag_probes  # noqa: PLC0415
-    from slurmhealth.node.diag import run as diag_run  # noqa: PLC0415
-
-    name = agent.node_name(node)
-    expect = _load_config(path, _Refused).for_node(name)
-    settings = expect["settings"]
-    options = _options(
-        gpu_source or settings["gpu_source"],
-        sysfs_root or settings["sysfs_root"],
-        kmsg or settings["kmsg"],
-        host_root,
-    )
-    _diag_sources(options, sysfs_root, kmsg)
-    if host_root is not None and not os.path.isdir(host_root):
-        raise click.BadParameter(f"{host_root}: no such directory", param_hint="--host-root")
-    replay = gpu_source not in (None, "nvml") or sysfs_root is not None or kmsg is not None
-    replay = replay or host_root is not None
-    if replay and do_apply:
-        raise click.UsageError(
-            "--apply acts on this node's own facts: not with --gpu-source FILE, --sysfs-root, "
-            "--kmsg or --host-root (a replay)"
-        )
-    store_path = db or store.default_path(name)
-    conn, stored = _diag_store(store_path, db is not None, replay)
-    diagnosis = diag_run.diagnose(name, level, expect, options)
-    for source in diagnosis.unread:  # its message names the path: not trusted, cleaned
-        said = clean(diag_probes.not_read(source), 500)
-        click.echo(f"slurmhealth diagnose: {said}: the answer is incomplete", err=True)
-    if stored:
-        conn = agent.record(conn, diagnosis, "diagnose", path=store_path)
-    agent.write_metrics(agent.metrics_path(settings) or None, diagnosis, None, "diagnose")
-    applied = None
-    if do_apply:
-        from slurmhealth.fleet import diagnose as orchestration  # noqa: PLC0415
-
-        client = slurm.Slurm(settings["slurm_bin"], settings["drain_timeout"] * 5)
-        applied = orchestration.finish(
-            client, diagnosis, settings, conn, lambda text: click.echo(clean(text, 500), err=True)
-        )
-    if as_json:
-        click.echo(json.dumps(dict(diagnosis.to_dict(), applied=applied), indent=1))
-    else:
-        click.echo(diag_run.table(diagnosis))
-        if applied:
-            click.echo(f"  -> {applied}")
-    if diagnosis.verdict == "fail":
-        sys.exit(DIAG_FAILED)
-    if diagnosis.inconclusive:
-        sys.exit(DIAG_INCONCLUSIVE)
-
-
-def _diag_store(path: str, named: bool, replay: bool) -> tuple:
-    """(connection or None, whether to record) for a diagnosis: a replay keeps none unless a
-    store is named (as for `check`: never the node's history or evidence); a user who may not
-    write the node's store is told once and the run goes on unrecorded."""
-    if replay and not named:
-        click.echo(
-            "slurmhealth diagnose: a replay: nothing written to the node's store (--db FILE "
-            "records it there)",
-            err=True,
-        )
-        return None, False
-    try:
-        if not agent.store_writable(path, named, "diagnose"):
-            return None, False
-    except agent.UsageError as exc:
-        raise _Refused(str(exc)) from None  # a permission, not a usage: no "see --help"
-    try:
-        return agent.open_store(path, "diagnose", named=named), True
-    except agent.UsageError as exc:
-        raise click.UsageError(str(exc)) from None
+    request = diag_run.Request(
+        agent.node_name(node), level, db, path, gpu_source, sysfs_root, kmsg, host_root,
+        do_apply, as_json,
+    )  # fmt: skip
+    status = diag_run.local(request, _console(), orchestration.finisher(_console()))
+    if status:
+        sys.exit(status)
 
 
 class _Refused(click.ClickException):
     """diagnose exits 1 for a node that failed: what it refuses to start with exits 2."""
 
     exit_code = 2
-
-
-def _diag_sources(options: sources.Options, sysfs_root: str | None, kmsg: str | None) -> None:
-    """Paths named on the command line must exist and a snapshot must be one, as for `check`
-    (node/agent.py): a typo must not read as "no InfiniBand, no Xids" and pass, nor end in a
-    traceback."""
-    if sysfs_root is not None and not os.path.isdir(sysfs_root):
-        raise click.BadParameter(f"{sysfs_root}: no such directory", param_hint="--sysfs-root")
-    host_root = options.host_root
-    if host_root is not None and not os.path.isdir(host_root):
-        raise click.BadParameter(f"{host_root}: no such directory", param_hint="--host-root")
-    if kmsg is not None and not os.path.exists(kmsg):
-        raise click.BadParameter(f"{kmsg}: no such file", param_hint="--kmsg")
-    if options.gpu_source not in ("nvml", "", None):
-        try:
-            runner.load_snapshot(options.gpu_source)
-        except (OSError, ValueError) as exc:
-            raise click.BadParameter(str(exc), param_hint="--gpu-source") from None
 
 
 def _diagnose_submit(

@@ -69,6 +69,21 @@ def start(text: str, end: float, option: str = "--since") -> float:
         raise CommandError(str(exc), option=option) from None
 
 
+def emit(text: str, output: str, console: Console, mode: int = 0o600) -> None:
+    """A command's document to standard output ("-") or to the file `output`, with `mode` and
+    never through a planted symlink (files.write_private); CommandError with one line when the
+    file cannot be written."""
+    if output == "-":
+        console.write(text)
+        return
+    from slurmhealth.core import files  # noqa: PLC0415
+
+    try:
+        files.write_private(output, text, mode)
+    except OSError as exc:
+        raise CommandError(f"{output}: {exc.strerror or exc}") from None
+
+
 def open_store(path: str, command: str) -> sqlite3.Connection:
     """A store `command` reads: one line, exit 1, when it is missing or this user may not read
     it (a node store is root's, in a root-only directory)."""

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     import sqlite3
 
     from slurmhealth.core.slurm import NodeInfo
-    from slurmhealth.node.diag.run import Diagnosis
+    from slurmhealth.node.diag.run import Diagnosis, Finish
     from slurmhealth.node.journal import Say
 
 JOB_NAME = "slurmhealth-diagnose"
@@ -336,6 +336,31 @@ def _note(
         store.record_action(conn, node, action, reason, ACTOR, True, detail)
     except store.StoreError:
         pass
+
+
+def refuse_mixed(apply: bool, submit: bool, named: str, limit: str | None) -> None:
+    """The options of `diagnose` that go with one side only: --apply inside the job on the
+    node, --submit, --nodes and --time-limit on the head node. CommandError, a usage error."""
+    if apply and submit:
+        raise CommandError(
+            "--apply runs inside a diagnose job, --submit on the head node", usage=True
+        )
+    if named and not submit:
+        raise CommandError("--nodes goes with --submit", usage=True)
+    if limit is not None and not submit:
+        raise CommandError("--time-limit goes with --submit", usage=True)
+
+
+def finisher(console: Console) -> Finish:
+    """`diagnose --apply` inside the job: finish with the Slurm the settings name, its lines
+    on standard error (node/diag/run.py local calls it)."""
+
+    def finish_run(diagnosis: Diagnosis, settings: dict, conn: sqlite3.Connection | None) -> str:
+        client = slurm.Slurm(settings["slurm_bin"], settings["drain_timeout"] * 5)
+        say = lambda line: console.err(clean(line, 500))  # noqa: E731
+        return finish(client, diagnosis, settings, conn, say)
+
+    return finish_run
 
 
 def finish(

@@ -30,6 +30,7 @@ TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads th
 if TYPE_CHECKING:
     from typing import Any, Callable
 
+    from slurmhealth.core.command import Console
     from slurmhealth.node.checks.base import Schema
     Bound = tuple[Callable[[Any], bool], str]  # (test of a value of the key's type, why)
     Data = dict[str, Any]  # a parsed file, a [[node]] block, or effective expectations
@@ -705,3 +706,26 @@ def load(path: str | None) -> Config:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read config: {exc}") from None
     return Config(parse(text, path), path)
+
+
+# What `config validate` says when no file is named and none is at the default path.
+NO_FILE = (
+    "no config file: built-in defaults apply, and each node's own known-good runs set its"
+    " expectations (GPUs, NVLinks, InfiniBand ports, PCIe links, daemons, modules, network"
+    " links)"
+)
+
+
+def validate_file(path: str | None, console: Console) -> int:
+    """`slurmhealth config validate`: the file `path` names (or $SLURMHEALTH_CONFIG, or the
+    default) loads: `PATH: ok`, 0; no file at all is said as such, 0; else each problem as one
+    line on standard error, FILE:LINE: message (a file not trusted too), 2."""
+    try:
+        resolved = resolve_path(path)
+        if resolved is not None:
+            load(resolved)
+    except ConfigError as exc:
+        console.err(str(exc))
+        return 2
+    console.out(NO_FILE if resolved is None else f"{resolved}: ok")
+    return 0

@@ -23,6 +23,10 @@ from slurmhealth.core import hostlist
 from slurmhealth.core.result import clean
 from slurmhealth.node.checks.fs import FILE_TESTS  # test(1)'s letters that fs.files judges
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from slurmhealth.core.command import Console
+
 TYPE_CHECKING = False  # typing stays unimported at run time, as elsewhere in node/
 if TYPE_CHECKING:
     from typing import Callable
@@ -473,3 +477,31 @@ UNTRANSLATED = {
     "check_moab_rm": "Moab is not read",
     "check_moab_torque": "Moab is not read",
 }
+
+
+def from_file(path: str, output: str, console: Console) -> bool:
+    """`slurmhealth config from-nhc`: translate the nhc.conf at `path`, say on standard error
+    each line not translated in full and each check slurmhealth already runs, and write the
+    config to standard output ("-") or `output` (0644). Whether a line was not translated in
+    full; CommandError with one line when the file cannot be read (exit 2) or written, or the
+    translation does not validate."""
+    from slurmhealth.core.command import CommandError, emit  # noqa: PLC0415
+    from slurmhealth.node import config  # noqa: PLC0415
+
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            text = handle.read(4 << 20)
+    except OSError as exc:
+        raise CommandError(f"{clean(path, 300)}: {exc.strerror or exc}", status=2) from None
+    done = translate(text)
+    out = render(done, path)
+    try:
+        config.parse(out, "<from-nhc>")  # what we write must validate
+    except config.ConfigError as exc:
+        raise CommandError(f"the translation does not validate: {exc}") from None
+    for number, line, why in done.untranslated():
+        console.err(f"{clean(path, 200)}:{number}: {clean(line, 160)}: {clean(why, 200)}")
+    for said in overlaps(done):
+        console.err(f"{clean(path, 200)}: {clean(said, 300)}")
+    emit(out, output, console, 0o644)
+    return bool(done.untranslated())

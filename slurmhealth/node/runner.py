@@ -13,7 +13,7 @@ import os
 import threading
 import time
 
-from slurmhealth.core.result import ERROR, FAIL, OK, WARN, Result, fail, skip, verdict
+from slurmhealth.core.result import ERROR, FAIL, OK, WARN, Result, clean, fail, skip, verdict
 from slurmhealth.node import checks, counters, sources
 from slurmhealth.node.checks import AREAS, runs_in
 from slurmhealth.node.checks.base import Context, norm_bus_id
@@ -23,6 +23,7 @@ TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads th
 if TYPE_CHECKING:
     from typing import Any, Callable
 
+    from slurmhealth.core.command import Console
     from slurmhealth.core.store import RunRecords, RunRow
     from slurmhealth.node.checks.base import Facts
     from slurmhealth.node.config import Data
@@ -564,3 +565,25 @@ def snapshot(
     for source in SOURCES:
         doc[source] = gathered[source].raw
     return doc, unread(gathered)
+
+
+def save_snapshot(node: str, options: Options, output: str, console: Console) -> bool:
+    """`slurmhealth snapshot`: the snapshot of this node with the default timeouts and
+    deadline, to standard output ("-") or the private file `output`; each source it could not
+    read said in one line on standard error. Whether one was not read (the answer is
+    incomplete); CommandError when a source's options or the file refuse."""
+    from slurmhealth.core.command import CommandError, emit  # noqa: PLC0415
+    from slurmhealth.node import config  # noqa: PLC0415
+
+    settings = config.defaults()["settings"]
+    timeouts = {s: settings[f"timeout_{s}"] for s in SOURCES}
+    try:
+        doc, missing = snapshot(node, options, timeouts, settings["deadline"])
+    except (OSError, ValueError) as exc:
+        raise CommandError(str(exc)) from None
+    emit(json.dumps(doc, indent=1, sort_keys=True) + "\n", output, console)
+    for source in missing:  # its message names the path: not trusted, cleaned
+        lacks = f"the snapshot lacks it (the {', '.join(source['areas'])} checks)"
+        said = f"{source['source']}: {clean(source['message'], 300)}: {lacks}"
+        console.err(f"slurmhealth snapshot: {said}, the answer is incomplete")
+    return bool(missing)

@@ -6,7 +6,9 @@ outcome with its figures, so `history`, export and the report carry them like an
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import time
 
 from slurmhealth.core.constants import DIAG
@@ -16,14 +18,21 @@ from slurmhealth.node.diag import probes
 
 TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, Callable
 
+    from slurmhealth.core.command import Console
     from slurmhealth.core.store import RunRecords, RunRow
     from slurmhealth.node.config import Data
     from slurmhealth.node.diag.probes import Summary
     from slurmhealth.node.sources import Options
 
+    # Inside a diagnose job: (diagnosis, settings, store) -> the outcome of returning or
+    # draining the node, one line (fleet/diagnose.py finish; the node side cannot import it).
+    Finish = Callable[["Diagnosis", Data, Any], "str | None"]
+
 PHASE = DIAG
+EXIT_FAILED = 1
+EXIT_INCONCLUSIVE = 4  # nothing ran that could pass the node: never 0
 INCONCLUSIVE = "inconclusive"
 _STATUS = {probes.PASS: OK, FAIL: FAIL, SKIP: SKIP}
 
@@ -155,3 +164,122 @@ def table(diag: Diagnosis) -> str:
     elif diag.inconclusive:
         lines.append("  inconclusive: no probe of the level ran (install one: docs/diagnose.md)")
     return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """What one `slurmhealth diagnose` on a node is asked: the node, --level, --db, --config,
+    where facts come from (None: the config's settings; any given makes a replay), --apply
+    and --json."""
+
+    node: str
+    level: str = "medium"
+    db: str | None = None
+    config: str | None = None
+    gpu_source: str | None = None
+    sysfs_root: str | None = None
+    kmsg: str | None = None
+    host_root: str | None = None
+    apply: bool = False
+    as_json: bool = False
+
+    @property
+    def replay(self) -> bool:
+        """Facts named on the command line rather than read from this node."""
+        named = (self.sysfs_root, self.kmsg, self.host_root)
+        return self.gpu_source not in (None, "nvml") or any(p is not None for p in named)
+
+
+def local(request: Request, console: Console, finish: Finish | None = None) -> int:
+    """`slurmhealth diagnose` on this node: diagnose, say each source not read, record the run
+    (not for a replay unless --db names a store), write the metrics, with --apply `finish` it,
+    print the table or JSON. The exit status: EXIT_FAILED, EXIT_INCONCLUSIVE or 0.
+    CommandError with one line for what it refuses to start with (exit 2)."""
+    from slurmhealth.core import store  # noqa: PLC0415
+    from slurmhealth.core.command import CommandError  # noqa: PLC0415
+    from slurmhealth.core.result import clean  # noqa: PLC0415
+    from slurmhealth.node import agent, config  # noqa: PLC0415
+
+    try:
+        expect = config.load(request.config).for_node(request.node)
+    except config.ConfigError as exc:
+        raise CommandError(str(exc), status=2) from None
+    options = _options(request, expect["settings"])
+    if request.replay and request.apply:
+        raise CommandError(
+            "--apply acts on this node's own facts: not with --gpu-source FILE, --sysfs-root, "
+            "--kmsg or --host-root (a replay)",
+            usage=True,
+        )
+    store_path = request.db or store.default_path(request.node)
+    conn, stored = _store(store_path, request, console)
+    diagnosis = diagnose(request.node, request.level, expect, options)
+    for source in diagnosis.unread:  # its message names the path: not trusted, cleaned
+        said = clean(probes.not_read(source), 500)
+        console.err(f"slurmhealth diagnose: {said}: the answer is incomplete")
+    if stored:
+        conn = agent.record(conn, diagnosis, "diagnose", path=store_path)
+    settings = expect["settings"]
+    agent.write_metrics(agent.metrics_path(settings) or None, diagnosis, None, "diagnose")
+    applied = finish(diagnosis, settings, conn) if request.apply and finish else None
+    if request.as_json:
+        console.out(json.dumps(dict(diagnosis.to_dict(), applied=applied), indent=1))
+    else:
+        console.out(table(diagnosis))
+        if applied:
+            console.out(f"  -> {applied}")
+    if diagnosis.verdict == "fail":
+        return EXIT_FAILED
+    return EXIT_INCONCLUSIVE if diagnosis.inconclusive else 0
+
+
+def _options(request: Request, settings: Data) -> Options:
+    """Where the facts come from: the command line's, else the config's settings. Paths named
+    on the command line must exist and a snapshot must be one, as for `check`
+    (node/agent.py): a typo must not read as "no InfiniBand, no Xids" and pass, nor end in a
+    traceback. CommandError naming the option."""
+    from slurmhealth.core.command import CommandError  # noqa: PLC0415
+    from slurmhealth.node.sources import Options  # noqa: PLC0415
+
+    options = Options(
+        gpu_source=request.gpu_source or settings["gpu_source"],
+        sysfs_root=request.sysfs_root or settings["sysfs_root"],
+        kmsg=request.kmsg or settings["kmsg"],
+        host_root=request.host_root,
+    )
+    for option, path in (("--sysfs-root", request.sysfs_root), ("--host-root", request.host_root)):
+        if path is not None and not os.path.isdir(path):
+            raise CommandError(f"{path}: no such directory", option=option)
+    if request.kmsg is not None and not os.path.exists(request.kmsg):
+        raise CommandError(f"{request.kmsg}: no such file", option="--kmsg")
+    if options.gpu_source not in ("nvml", "", None):
+        try:
+            runner.load_snapshot(options.gpu_source)
+        except (OSError, ValueError) as exc:
+            raise CommandError(str(exc), option="--gpu-source") from None
+    return options
+
+
+def _store(path: str, request: Request, console: Console) -> tuple[Any, bool]:
+    """(connection or None, whether to record) for a diagnosis: a replay keeps none unless a
+    store is named (as for `check`: never the node's history or evidence); a user who may not
+    write the node's store is told once and the run goes on unrecorded."""
+    from slurmhealth.core.command import CommandError  # noqa: PLC0415
+    from slurmhealth.node import agent  # noqa: PLC0415
+
+    named = request.db is not None
+    if request.replay and not named:
+        console.err(
+            "slurmhealth diagnose: a replay: nothing written to the node's store (--db FILE "
+            "records it there)"
+        )
+        return None, False
+    try:
+        if not agent.store_writable(path, named, "diagnose"):
+            return None, False
+    except agent.UsageError as exc:  # a permission, not a usage: no "see --help"
+        raise CommandError(str(exc), status=2) from None
+    try:
+        return agent.open_store(path, "diagnose", named=named), True
+    except agent.UsageError as exc:
+        raise CommandError(str(exc), usage=True) from None
