@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+
 import pytest
 
 from slurmhealth.node.sources import errno_name
