@@ -8,6 +8,7 @@ snapshot never needs them.
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
 
@@ -45,6 +46,11 @@ DEFAULT_PATHS = {
     "nvme": "/",
     "bmc": "/",
 }
+
+
+def errno_name(exc: OSError) -> str:
+    """`OSError(EINVAL)` -> "EINVAL" (the exception's class name where it has no errno)."""
+    return errno.errorcode.get(exc.errno or 0, type(exc).__name__)
 
 
 class SourceUnavailable(Exception):

@@ -44,7 +44,7 @@ from __future__ import annotations
 import os
 import threading
 
-from slurmhealth.node.sources import Options
+from slurmhealth.node.sources import Options, errno_name
 
 TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
 if TYPE_CHECKING:
@@ -80,11 +80,6 @@ lstat: Callable[[str], os.stat_result] = os.lstat
 # access(2)'s modes, by test(1)'s letters
 ACCESS = (("r", os.R_OK), ("w", os.W_OK), ("x", os.X_OK))
 
-
-def _reason(exc: OSError) -> str:
-    import errno  # noqa: PLC0415  (only failures pay for it)
-
-    return errno.errorcode.get(exc.errno or 0, type(exc).__name__)
 
 
 def unescape(field: str) -> str:
@@ -130,7 +125,7 @@ def _read_lines(path: str, errors: dict[str, str]) -> list[str]:
         with open(path, "rb") as handle:
             data = handle.read(_READ_MAX)
     except OSError as exc:
-        errors["mountinfo"] = _reason(exc)
+        errors["mountinfo"] = errno_name(exc)
         return []
     lines = data.decode("utf-8", "replace").splitlines()
     if len(lines) > _MOUNTS_MAX:
@@ -155,7 +150,7 @@ def _file(path: str) -> Stat:
         try:
             got = os.stat(path)
         except OSError as exc:  # a dangling link: -L passes, the rest fail
-            out["error"] = _reason(exc)
+            out["error"] = errno_name(exc)
             return out
     out["mode"], out["size"] = got.st_mode, got.st_size
     out["access"] = {letter: os.access(path, flag) for letter, flag in ACCESS}
@@ -166,7 +161,7 @@ def _probe(call: Probe, path: str, box: list[Stat]) -> None:
     try:
         box.append(call(path))
     except OSError as exc:
-        box.append({"error": _reason(exc)})
+        box.append({"error": errno_name(exc)})
 
 
 def start(paths: list[str], root: str, call: Probe) -> list[Running]:

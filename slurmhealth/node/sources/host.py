@@ -36,7 +36,7 @@ from __future__ import annotations
 import os
 import sys
 
-from slurmhealth.node.sources import Options
+from slurmhealth.node.sources import Options, errno_name
 
 TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
 if TYPE_CHECKING:
@@ -48,11 +48,6 @@ _PACKAGES_MAX = 64  # sockets read at most (real nodes have 1-8)
 SKIPPED = "not read by the job hooks on this node (ctypes not loaded): the health check reads it"
 
 
-def _reason(exc: OSError) -> str:
-    import errno  # noqa: PLC0415  (only failures pay for it)
-
-    return errno.errorcode.get(exc.errno or 0, type(exc).__name__)
-
 
 def _read(path: str, key: str, errors: Errors) -> str | None:
     """One file's text, stripped; None plus a reason when it cannot be read."""
@@ -60,7 +55,7 @@ def _read(path: str, key: str, errors: Errors) -> str | None:
         with open(path, "rb", buffering=0) as handle:
             data = handle.read(_READ_MAX)
     except OSError as exc:
-        errors[key] = _reason(exc)
+        errors[key] = errno_name(exc)
         return None
     return data.decode("utf-8", "replace").strip()
 

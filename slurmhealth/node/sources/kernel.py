@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import os
 
-from slurmhealth.node.sources import Options, SourceUnavailable
+from slurmhealth.node.sources import Options, SourceUnavailable, errno_name
 
 TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
 if TYPE_CHECKING:
@@ -71,11 +71,6 @@ _COMM_MAX = 64  # comm is at most 15 bytes and a newline
 MODULES_MAX = 1 << 20  # /proc/modules of a node with a thousand modules is ~100 KiB
 
 
-def _reason(exc: OSError) -> str:
-    import errno  # noqa: PLC0415  (hot path: only failures pay for it)
-
-    return errno.errorcode.get(exc.errno or 0, type(exc).__name__)
-
 
 def _read_bytes(path: str, limit: int = _READ_MAX) -> bytes:
     fd = os.open(path, os.O_RDONLY)
@@ -90,7 +85,7 @@ def _text(path: str, key: str, errors: Errors) -> str | None:
     try:
         data = _read_bytes(path)
     except OSError as exc:
-        errors[key] = _reason(exc)
+        errors[key] = errno_name(exc)
         return None
     return data.decode("utf-8", "replace").rstrip("\n")
 
@@ -160,7 +155,7 @@ def modules(proc: str, errors: Errors) -> dict[str, str] | None:
     try:
         text = _read_bytes(f"{proc}/modules", MODULES_MAX).decode("utf-8", "replace")
     except OSError as exc:
-        errors["modules"] = _reason(exc)
+        errors["modules"] = errno_name(exc)
         return None
     out = {}
     for line in text.splitlines():

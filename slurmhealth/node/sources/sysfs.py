@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 
-from slurmhealth.node.sources import Options
+from slurmhealth.node.sources import Options, errno_name
 
 TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
 if TYPE_CHECKING:
@@ -63,12 +63,6 @@ AER_FILES = {
 _READ_MAX = 4096
 
 
-def _reason(exc: OSError) -> str:
-    """`OSError(EINVAL)` -> "EINVAL"; errno is imported only on this (rare) path."""
-    import errno  # noqa: PLC0415  (hot path: only failures pay for it)
-
-    return errno.errorcode.get(exc.errno or 0, type(exc).__name__)
-
 
 def _read(path: str, key: str, errors: Errors) -> str | None:
     """One sysfs file as text without its trailing newline; None plus a reason on failure."""
@@ -76,7 +70,7 @@ def _read(path: str, key: str, errors: Errors) -> str | None:
         with open(path, "rb", buffering=0) as f:
             data = f.read(_READ_MAX)
     except OSError as exc:
-        errors[key] = _reason(exc)
+        errors[key] = errno_name(exc)
         return None
     try:
         text = data.decode("utf-8")
@@ -99,7 +93,7 @@ def _listdir(path: str, key: str, errors: Errors) -> list[str]:
     try:
         return sorted(os.listdir(path))
     except OSError as exc:
-        errors[key] = _reason(exc)
+        errors[key] = errno_name(exc)
         return []
 
 
