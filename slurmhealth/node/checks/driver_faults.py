@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import re
 
-from slurmhealth.core.result import NONE, REBOOT, Result, clean, counted, fail, ok, warn
+from slurmhealth.core.result import FAIL, NONE, REBOOT, WARN, Result, clean, counted, fail, ok, warn
 from slurmhealth.node.checks.base import Context, norm_bus_id, summarize
 
 TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
@@ -42,9 +42,7 @@ if TYPE_CHECKING:
 
     from slurmhealth.node.checks.base import Facts
 
-FAIL = "fail"
-WARN = "warn"
-IGNORE = "ignore"
+IGNORE = "ignore"  # as xid.IGNORE: a class that is counted, never judged
 FATAL = "fatal"
 NONFATAL = "non-fatal"
 CORRECTABLE = "correctable"
