@@ -614,7 +614,7 @@ def test_a_health_check_drain_that_fails_is_retried_until_it_lands(node, tmp_pat
     """Item: the Xid is read once; the drain fails (controller restarting); the kernel-log
     position moves on, so the fault must live on as pending: the next health check (with no new
     Xid to read) drains the node, and the run after that has nothing pending."""
-    node.configure("healthy", kmsg=_kmsg_with_xid79(tmp_path), drain_timeout=0.5)
+    node.configure("healthy", kmsg=_kmsg_with_xid79(tmp_path), drain_timeout=2.0)
     first = node.run("healthcheck", job=None, FAKE_SLURM_UPDATE_FAILS="1")
     # not drained: exit 0 (in a prolog, 1 would make slurmd drain the node past the breaker)
     assert first.returncode == 0 and "could not drain gpu01" in first.stderr
@@ -995,7 +995,7 @@ def test_a_prolog_whose_drain_fails_exits_0_and_the_next_one_drains(node):
     node itself with "Prolog error", on every node at once, past the circuit breaker, and the
     fault would then be "already out" and forgotten. So the prolog exits 0 with the fault
     pending, and the next run drains with our reason and refuses its job."""
-    node.configure("gpu-lost", drain_timeout=0.5)
+    node.configure("gpu-lost", drain_timeout=2.0)
     first = node.run("prolog", job="1", FAKE_SLURM_UPDATE_FAILS="1")
     assert first.returncode == 0 and "could not drain gpu01" in first.stderr
     assert side_state(node)["pending"]["message"] == "GPU 3 GpuIsLost"
