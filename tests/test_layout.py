@@ -17,6 +17,7 @@ import pytest
 from conftest import REPO, store_at_version
 
 from slurmhealth.core import store
+from slurmhealth.core.constants import PHASES
 from slurmhealth.node import sources
 from slurmhealth.node.checks import AREAS, REGISTRY
 
@@ -222,6 +223,19 @@ def test_every_area_keeps_the_interface(area):
         if n.endswith("_of") and callable(v) and n not in OPTIONAL
     }
     assert not extra, f"{area} contributes {extra}: add it to the interface (checks/__init__.py)"
+
+
+def test_the_areas_a_job_hook_never_imports_are_those_whose_phases_leave_it_out():
+    from slurmhealth.node import checks
+
+    for area, module in AREAS.items():
+        phases = getattr(module, "PHASES", PHASES)
+        in_hooks = "prolog" in phases or "epilog" in phases
+        assert (area in checks.LATER) == (not in_hooks), area
+        assert (area in checks.HOOKED) == in_hooks, area
+    assert list(AREAS) == list(checks.NAMES)
+    assert all(checks.known(name) for name in REGISTRY)
+    assert not checks.known("nvme.nothing") and not checks.known("nope.count")
 
 
 def test_check_names_are_area_dot_function():

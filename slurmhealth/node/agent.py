@@ -28,8 +28,7 @@ from slurmhealth.core.constants import (
 from slurmhealth.core.hostlist import is_node_name
 from slurmhealth.core.result import DRAIN, FAIL, OK, RESET_GPU, clean, counted
 from slurmhealth.core.result import SERVICE as SERVICE_ACTION
-from slurmhealth.node import config, counters, learned, runner, sources, state
-from slurmhealth.node.checks import AREAS
+from slurmhealth.node import checks, config, counters, learned, runner, sources, state
 from slurmhealth.node.journal import Journal
 
 TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
@@ -255,9 +254,9 @@ def _areas(opts: dict[str, Any]) -> list[str] | None:
     if "--only" not in opts:
         return None
     areas = [a.strip() for v in opts["--only"] for a in v.split(",") if a.strip()]
-    unknown = [a for a in areas if a not in AREAS]
+    unknown = [a for a in areas if a not in checks.NAMES]
     if unknown:
-        raise UsageError(f"unknown area {unknown[0]!r} (choose from {', '.join(AREAS)})")
+        raise UsageError(f"unknown area {unknown[0]!r} (choose from {', '.join(checks.NAMES)})")
     return areas
 
 
@@ -651,7 +650,7 @@ def _named_paths_exist(opts: dict[str, Any]) -> None:
     if kmsg is not None and os.path.isdir(kmsg):
         raise UsageError(f"--kmsg {kmsg}: a directory, not a kernel log")
     if "--only" in opts and not _areas(opts):
-        raise UsageError("--only names no area (choose from " + ", ".join(AREAS) + ")")
+        raise UsageError("--only names no area (choose from " + ", ".join(checks.NAMES) + ")")
 
 
 def _silence_stdout() -> None:
@@ -733,17 +732,17 @@ def _hook_config(conn: Store, node: str, mode: str) -> Data:
     config this store parsed from the same file, loudly. With none known, with the built-in
     defaults in monitor-only mode: every verdict recorded, nothing enforced."""
     try:
-        return load_config(None, conn, mode).for_node(node)
+        return load_config(None, conn, mode).for_node(node, mode)
     except config.ConfigError as exc:
         if exc.usable is not None:  # only some values are unusable: their defaults apply
             log(f"config values unusable, running with their defaults: {exc}", mode)
-            return exc.usable.for_node(node)
+            return exc.usable.for_node(node, mode)
         last = _last_good_config(conn)
         if last is not None:
             log(f"config broken, running with the last one that worked: {exc}", mode)
-            return last.for_node(node)
+            return last.for_node(node, mode)
         log(f"config broken and none known to work: built-in defaults, monitor-only: {exc}", mode)
-        out = config.defaults()
+        out = config.defaults(mode)
         out["settings"]["monitor_only"] = True
         return out
 
@@ -830,7 +829,7 @@ def _with_history(
     """The baselines with the node's recent Xid events as the xid area's "recent": one
     indexed read of the fatal ones and Xid 13, all that checks/xid.py's repeat rules use. No
     store, or a read that fails: none, and those rules do not fire."""
-    window = AREAS["xid"].history_s(expect["xid"])
+    window = checks.HOOKED["xid"].history_s(expect["xid"])
     if conn is None or window <= 0:
         return baselines
     from slurmhealth.core import store  # noqa: PLC0415

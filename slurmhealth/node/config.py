@@ -24,7 +24,7 @@ import re
 
 from slurmhealth.core import hostlist
 from slurmhealth.core.result import clean
-from slurmhealth.node.checks import AREAS, REGISTRY
+from slurmhealth.node import checks
 
 TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
 if TYPE_CHECKING:
@@ -138,8 +138,8 @@ _PATHS = (
     lambda v: all(isinstance(e, str) and e.startswith("/") for e in v),
     "must be a list of absolute paths",
 )
-_XID_CLASSES = AREAS["xid"].CLASSES  # app, warn, fail, ignore
-_FILE_TESTS = AREAS["fs"].FILE_TESTS  # test(1)'s letters that fs.files judges
+_XID_CLASSES = checks.HOOKED["xid"].CLASSES  # app, warn, fail, ignore
+_FILE_TESTS = checks.HOOKED["fs"].FILE_TESTS  # test(1)'s letters that fs.files judges
 _NAMES = (
     lambda v: all(isinstance(e, str) and e.strip() and e == e.strip() for e in v),
     "must be a list of names (strings without surrounding spaces)",
@@ -216,7 +216,7 @@ BOUNDS: dict[str, Bound] = {
     "nvlink.crc_fail_per_s": (lambda v: _finite(v) and v > 0, "must be > 0 errors per second"),
     "nvlink.crc_min_interval_s": _SECONDS,
     **{  # rate thresholds per hour: 0 means any rate (the count alone decides)
-        f"ib.{k}": _AT_LEAST_0 for k in AREAS["ib"].DEFAULTS if k.endswith("_per_h")
+        f"ib.{k}": _AT_LEAST_0 for k in checks.HOOKED["ib"].DEFAULTS if k.endswith("_per_h")
     },
     "nvlink.links_per_gpu": _AT_LEAST_0,
     "ib.rate": _AT_LEAST_0,
@@ -225,7 +225,7 @@ BOUNDS: dict[str, Bound] = {
     **{  # counter-delta thresholds: a delta at or above one warns or fails
         f"{area}.{k}": _AT_LEAST_1
         for area in ("nvlink", "ib")
-        for k in AREAS[area].DEFAULTS
+        for k in checks.HOOKED[area].DEFAULTS
         if k.endswith(("_warn", "_fail"))
     },
     "ib.devices": (
@@ -349,10 +349,11 @@ class ConfigError(Exception):
         self.usable = usable
 
 
-def defaults() -> Data:
-    """Built-in expectations: every area's DEFAULTS plus settings."""
+def defaults(phase: str | None = None) -> Data:
+    """Built-in expectations: the DEFAULTS of every area `phase` runs (None: every area; a job
+    hook's leave out the areas it never runs, checks.LATER) plus settings."""
     out: Data = {"settings": {k: v[0] for k, v in SETTINGS.items()}, "checks": {}}
-    for name, module in AREAS.items():
+    for name, module in checks.areas(phase).items():
         out[name] = {k: _copy(v[0]) for k, v in module.DEFAULTS.items()}
     return out
 
@@ -368,7 +369,7 @@ def _copy(value: object) -> object:
 
 
 def _schema(section: str) -> Schema:
-    return SETTINGS if section == "settings" else AREAS[section].DEFAULTS
+    return SETTINGS if section == "settings" else checks.module(section).DEFAULTS
 
 
 def _type_ok(value: object, kind: type[object]) -> bool:
@@ -421,9 +422,10 @@ class Config:
         self.data = data or {}
         self.path = path
 
-    def for_node(self, node: str) -> Data:
-        """Effective expectations: defaults <- top-level tables <- matching [[node]] blocks."""
-        out = defaults()
+    def for_node(self, node: str, phase: str | None = None) -> Data:
+        """Effective expectations: defaults <- top-level tables <- matching [[node]] blocks.
+        `phase`: the areas of defaults(phase) (a section the file sets is kept whole)."""
+        out = defaults(phase)
         _merge(out, self.data)
         for block in self.data.get("node", []):
             if hostlist.matches(block["match"], node):
@@ -446,8 +448,8 @@ def _merge(out: Data, layer: Data) -> None:
 def _check_section(section: str, values: object, where: str, text: str) -> list[str]:
     if section == "checks":
         return _check_overrides(values, where, text)
-    if section not in AREAS and section != "settings":
-        known = ", ".join(["settings", "checks", "node", *AREAS])
+    if section not in checks.NAMES and section != "settings":
+        known = ", ".join(["settings", "checks", "node", *checks.NAMES])
         return [f"{where}:{_line_of(text, section)}: unknown section [{section}] (known: {known})"]
     if not isinstance(values, dict):
         return [f"{where}:{_line_of(text, section)}: [{section}] must be a table"]
@@ -476,7 +478,7 @@ def _drop_unusable(data: Data) -> Data:
     def layer(values: Data) -> Data:
         out = dict(values)
         for section, table in values.items():
-            if (section in AREAS or section == "settings") and isinstance(table, dict):
+            if (section in checks.NAMES or section == "settings") and isinstance(table, dict):
                 schema = _schema(section)
                 out[section] = {
                     k: v
@@ -498,7 +500,7 @@ def _check_overrides(values: object, where: str, text: str) -> list[str]:
     errors = []
     for name, override in values.items():
         line = _line_of(text, name)
-        if name not in REGISTRY:
+        if not checks.known(name):
             errors.append(f"{where}:{line}: unknown check {name!r}")
             continue
         if not isinstance(override, dict):
@@ -611,8 +613,6 @@ def _example_section(name: str, schema: Schema) -> list[str]:
 
 def example_text() -> str:
     """The annotated example config: the catalogue of every setting and check, all commented."""
-    from slurmhealth.node.checks import describe  # noqa: PLC0415
-
     lines = [
         "# slurmhealth expectations: /etc/slurmhealth/slurmhealth.toml",
         "# Every key is shown commented with its built-in default; unset keys expect nothing",
@@ -623,11 +623,11 @@ def example_text() -> str:
         "",
         *_example_section("settings", SETTINGS),
     ]
-    for name, module in AREAS.items():
+    for name, module in checks.areas().items():
         lines.extend(_example_section(name, module.DEFAULTS))
     lines.append('# Per-check overrides: enabled = false, or severity = "warn" | "fail".')
-    for check in REGISTRY:
-        lines.append(f'# [checks."{check}"]  # {describe(check)}')
+    for check in checks.REGISTRY:
+        lines.append(f'# [checks."{check}"]  # {checks.describe(check)}')
     lines += [
         "",
         "# Node-set blocks (later ones win): patterns like gpu[01-16], globs, !negation.",

@@ -15,7 +15,7 @@ import time
 
 from slurmhealth.core.result import ERROR, FAIL, OK, WARN, Result, clean, fail, skip, verdict
 from slurmhealth.node import checks, counters, sources
-from slurmhealth.node.checks import AREAS, runs_in
+from slurmhealth.node.checks import runs_in
 from slurmhealth.node.checks.base import Context, norm_bus_id
 from slurmhealth.node.sources import Options, SourceUnavailable
 
@@ -260,10 +260,10 @@ class Run:
 
 def _source_results(area: str, got: Gathered, expect: Data) -> list[Result]:
     """Results of an area whose source gave no facts: the first check carries the reason."""
-    names = [fn.__name__ for fn in AREAS[area].CHECKS]
-    what = f"{AREAS[area].SOURCE} source {got.status}: {got.message}"
+    names = [fn.__name__ for fn in checks.module(area).CHECKS]
+    what = f"{checks.module(area).SOURCE} source {got.status}: {got.message}"
     if got.status == "timeout":
-        first = fail(f"{AREAS[area].SOURCE} {got.message}", got.to_dict(), "drain")
+        first = fail(f"{checks.module(area).SOURCE} {got.message}", got.to_dict(), "drain")
     elif got.status == "error":
         first = Result(ERROR, what, got.to_dict())
     elif _denied(got):  # not this user's to read: unread (runner.unread), not the node's fault
@@ -311,7 +311,7 @@ def _run_check(
 def _area_results(
     area: str, raw: object, expect: Data, ctx: Context
 ) -> tuple[list[Result], Facts | None]:
-    module = AREAS[area]
+    module = checks.module(area)
     try:
         facts = module.parse(raw)
     except Exception as exc:
@@ -351,7 +351,7 @@ def _contributed(area: str, name: str, *args: object) -> Any:
     versions_of (recorded with the run's sources; the report compares them across the fleet),
     events_of (recorded events), resets_of (GPUs a reset would mend). A crash here is our bug
     and costs that contribution, never the run."""
-    func = getattr(AREAS[area], name, None)
+    func = getattr(checks.module(area), name, None)
     try:
         return func(*args) if func else None
     except Exception:
@@ -452,24 +452,24 @@ def run(
     left of theirs)."""
     started = time.perf_counter()
     out = Run(node, phase)
-    areas = [a for a in AREAS if (areas is None or a in areas) and runs_in(a, phase)]
+    areas = [a for a in checks.NAMES if (areas is None or a in areas) and runs_in(a, phase)]
     settings = expect["settings"]
     timeouts = {s: settings[f"timeout_{s}"] for s in SOURCES}
     options.timeouts = timeouts
-    needed = {AREAS[a].SOURCE for a in areas}
+    needed = {checks.module(a).SOURCE for a in areas}
     if "fs" in areas:  # the mounts and files the fs checks judge, each under its own deadline
-        options.mounts = AREAS["fs"].stat_paths(expect["fs"])
-        options.files = AREAS["fs"].file_paths(expect["fs"])
+        options.mounts = checks.module("fs").stat_paths(expect["fs"])
+        options.files = checks.module("fs").file_paths(expect["fs"])
         options.stat_timeout = expect["fs"]["stat_timeout"]
     if "ps" in areas:  # the names a job hook must find, among PID 1's children or elsewhere
-        options.processes = AREAS["ps"].names(expect["ps"])
+        options.processes = checks.module("ps").names(expect["ps"])
     most = deadline_for(settings, phase, options.site_program)
     limit = most if deadline is None else min(deadline, most)
     out.sources, out.hung = gather(needed, options, timeouts, limit, strict=phase == "check")
     baselines = baselines or {}
     gpus = _bus_map(out.sources, baselines)
     for area in areas:
-        got = out.sources[AREAS[area].SOURCE]
+        got = out.sources[checks.module(area).SOURCE]
         area_expect = dict(expect[area], checks=expect["checks"])
         before = baselines.get(area) or {}
         ctx = Context(node, phase, area_expect, before, gpus, job_gpus, time.time())
@@ -484,7 +484,7 @@ def run(
             if remembered:  # an area that judges only the present keeps no store row
                 out.baselines[area] = remembered
             got.versions.update(_contributed(area, "versions_of", facts) or {})
-            kind = AREAS[area].AREA
+            kind = checks.module(area).AREA
             events = _contributed(area, "events_of", facts, ctx) or []
             out.events.extend(dict(e, kind=kind) for e in events)
             out.resets.extend(_contributed(area, "resets_of", facts) or [])
@@ -523,7 +523,7 @@ def unread(gathered: dict[str, Gathered]) -> list[dict[str, Any]]:
         {
             "source": name,
             "message": got.message + _restricted(name, got.errno),
-            "areas": [a for a, module in AREAS.items() if module.SOURCE == name],
+            "areas": [a for a, module in checks.areas().items() if module.SOURCE == name],
         }
         for name, got in sorted(gathered.items())
         if got.errno is not None and got.errno != errno.ENOENT

@@ -3,7 +3,7 @@ from __future__ import annotations
 import conftest
 import pytest
 
-from slurmhealth.node import config
+from slurmhealth.node import checks, config
 
 GOOD = """
 [settings]
@@ -103,7 +103,7 @@ def test_packaged_example_is_the_generated_catalogue_and_valid():
         text = handle.read()
     assert text == config.example_text(), "regenerate: slurmhealth config example"
     config.parse(text, path)
-    for check in config.REGISTRY:
+    for check in checks.REGISTRY:
         assert f'[checks."{check}"]' in text
 
 
@@ -190,7 +190,7 @@ def test_values_at_their_bounds_are_fine(text):
 
 
 def test_every_numeric_and_list_key_has_bounds_that_its_default_meets():
-    keys = {"settings": config.SETTINGS, **{a: m.DEFAULTS for a, m in config.AREAS.items()}}
+    keys = {"settings": config.SETTINGS, **{a: m.DEFAULTS for a, m in checks.AREAS.items()}}
     for section, schema in keys.items():
         for key, (default, kind, _why) in schema.items():
             name = f"{section}.{key}"

@@ -20,15 +20,17 @@ Optional, each with the default of an area that has none (the callers below):
   PHASES    the phases the area runs in (core/constants.py PHASES names them); none: every
             phase. An area whose source is slow or asks a device (a SMART log, the BMC, the
             site's own health check) leaves the job hooks out: runner.run skips it there, so
-            its source is never gathered, nor the source's module imported.
+            its source is never gathered, nor the source's module imported; listed in LATER,
+            the area's own module is not imported by a job hook either.
 """
 
 from __future__ import annotations
 
-from slurmhealth.core.constants import PHASES
+import importlib
+
+from slurmhealth.core.constants import EPILOG, PHASES, PROLOG
 from slurmhealth.node.checks import (
     aer,
-    bmc,
     edac,
     fs,
     gpu,
@@ -38,9 +40,7 @@ from slurmhealth.node.checks import (
     modules,
     net,
     nvlink,
-    nvme,
     ps,
-    site,
     time,
     xid,
 )
@@ -49,40 +49,92 @@ TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads th
 if TYPE_CHECKING:
     from typing import Any
 
-AREAS = {
+# The areas every phase may run, imported with this module: all that the job hooks load.
+HOOKED = {
     m.AREA: m
-    for m in (gpu, nvlink, ib, xid, mce, aer, fs, hw, time, ps, modules, net, edac, nvme, bmc, site)
+    for m in (gpu, nvlink, ib, xid, mce, aer, fs, hw, time, ps, modules, net, edac)
 }
+# The areas whose PHASES leave the job hooks out (a SMART log, the BMC, the site's own health
+# check): imported on first use, so that a prolog loads neither them nor their settings
+# (docs/benchmarks.md). tests/node/checks/test_registry.py keeps this equal to their PHASES.
+LATER = ("nvme", "bmc", "site")
+NAMES = (*HOOKED, *LATER)  # every area, in the catalogue's order
+_JOB_HOOKS = (PROLOG, EPILOG)
 
-REGISTRY = {f"{m.AREA}.{fn.__name__}": fn for m in AREAS.values() for fn in m.CHECKS}
+
+def module(area: str) -> Any:
+    """The module of `area` (KeyError: no such area); one of LATER is imported here."""
+    found = HOOKED.get(area)
+    if found is not None:
+        return found
+    if area not in LATER:
+        raise KeyError(area)
+    return importlib.import_module(f"{__name__}.{area}")
+
+
+def areas(phase: str | None = None) -> dict[str, Any]:
+    """{name: module} of the areas `phase` may run (None: every area), in catalogue order. A
+    job hook's are HOOKED (the LATER ones never run there); any other phase imports them all."""
+    if phase in _JOB_HOOKS:
+        return HOOKED
+    return {name: module(name) for name in NAMES}
+
+
+def check(name: str) -> Any:
+    """The check `name` (`area.function`), importing only its own area; None: no such check."""
+    area, _, func = name.partition(".")
+    if area not in NAMES:
+        return None
+    return next((fn for fn in module(area).CHECKS if fn.__name__ == func), None)
+
+
+def known(name: str) -> bool:
+    """Whether `name` is a check (`area.function`)."""
+    return check(name) is not None
+
+
+def __getattr__(name: str) -> Any:
+    """AREAS ({name: module}, every area) and REGISTRY ({`area.function`: check}, every check)
+    for the commands that want them all; built on first use, never by a job hook."""
+    if name == "AREAS":
+        value: Any = areas()
+    elif name == "REGISTRY":
+        value = {f"{m.AREA}.{fn.__name__}": fn for m in areas().values() for fn in m.CHECKS}
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
 
 def baseline(area: str, facts: Any, now: float | None = None) -> dict[str, Any]:
     """What `area` remembers of this run for the next (its baseline(); none: nothing)."""
-    func = getattr(AREAS[area], "baseline", None)
+    func = getattr(module(area), "baseline", None)
     return func(facts, now) if func else {}
 
 
 def expectations(area: str, facts: Any) -> dict[str, Any]:
     """The expectations `area`'s facts imply on a known-good node (none: nothing)."""
-    func = getattr(AREAS[area], "expectations", None)
+    func = getattr(module(area), "expectations", None)
     return func(facts) if func else {}
 
 
 def expected(area: str, expect: dict[str, Any], raw: object = None) -> bool:
     """Whether `area`'s source being unavailable fails it (none: never, it skips)."""
-    func = getattr(AREAS[area], "expected", None)
+    func = getattr(module(area), "expected", None)
     return bool(func(expect, raw)) if func else False
 
 
 def runs_in(area: str, phase: str) -> bool:
-    """Whether `area` runs in `phase` (its PHASES; absent: every phase)."""
-    return phase in getattr(AREAS[area], "PHASES", PHASES)
+    """Whether `area` runs in `phase` (its PHASES; absent: every phase). A job hook never
+    runs one of LATER, and so never imports it."""
+    if area in LATER and phase in _JOB_HOOKS:
+        return False
+    return phase in getattr(module(area), "PHASES", PHASES)
 
 
 def describe(name: str) -> str:
     """First line of a check's docstring: the catalogue entry."""
-    doc = REGISTRY[name].__doc__ or ""
+    doc = check(name).__doc__ or ""
     return doc.strip().splitlines()[0] if doc.strip() else ""
 
 
@@ -97,16 +149,16 @@ def catalogue_markdown() -> str:
     and beside each threshold in the code). scripts/update-catalogue writes it; a test keeps
     the file equal to the code."""
     out = []
-    for area, module in AREAS.items():
-        only = getattr(module, "PHASES", None)
+    for area, found in areas().items():
+        only = getattr(found, "PHASES", None)
         runs = f"; runs in: {', '.join(only)}" if only else ""
-        out += [f"## `{area}` (source: {module.SOURCE}{runs})", "", "| check | what it verifies |"]
+        out += [f"## `{area}` (source: {found.SOURCE}{runs})", "", "| check | what it verifies |"]
         out.append("|---|---|")
         out += [f"| `{area}.{fn.__name__}` | {describe(f'{area}.{fn.__name__}')} |"
-                for fn in module.CHECKS]
-        if module.DEFAULTS:
+                for fn in found.CHECKS]
+        if found.DEFAULTS:
             out += ["", "| setting | default | why |", "|---|---|---|"]
             out += [f"| `{area}.{key}` | `{_value(spec[0])}` | {spec[2]} |"
-                    for key, spec in module.DEFAULTS.items()]
+                    for key, spec in found.DEFAULTS.items()]
         out.append("")
     return "\n".join(out)
