@@ -10,7 +10,8 @@ Run (two non-editable installs, e.g. of the previous release and of this tree):
     python3.11 -m venv /tmp/vnew && /tmp/vnew/bin/pip install .
     .venv/bin/python bench/bench_paired.py --old /tmp/vold --new /tmp/vnew [--runs 80]
 A new install with host areas the old lacks: --new-host-root /. makes its prologs read them live
-from this host, as a GPU node's prolog does (beside a snapshot they would replay it).
+from this host, as a GPU node's prolog does (beside a snapshot they would replay it); where both
+have them, --old-host-root /. too.
 """
 
 from __future__ import annotations
@@ -36,6 +37,11 @@ def main() -> None:
         default="",
         help='the new install reads its host areas live under this root ("/." for this host)',
     )
+    parser.add_argument(
+        "--old-host-root",
+        default="",
+        help="the old install too, where it has host areas (two installs that both have them)",
+    )
     opts = parser.parse_args()
     hooks = {
         k: [os.path.join(v, "bin", "slurmhealth"), "prolog"]
@@ -49,7 +55,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as old, tempfile.TemporaryDirectory() as new:
         dirs = {"old": old, "new": new}
         for key, tmp in dirs.items():
-            write_config(tmp, opts.snapshot, host_root=opts.new_host_root if key == "new" else "")
+            root = opts.new_host_root if key == "new" else opts.old_host_root
+            write_config(tmp, opts.snapshot, host_root=root)
             timed(hooks[key], node_env(tmp, "0"))  # the store created, the config cached
         for n in range(opts.runs):
             for key in ("old", "new") if n % 2 else ("new", "old"):

@@ -6,6 +6,7 @@ import json
 import os
 import time
 
+import conftest
 import pytest
 from conftest import FAKE_NVML, FIXTURES, run_cli, snapshot_path
 
@@ -90,6 +91,29 @@ def test_a_hung_nvml_ends_within_budget_as_a_fail(monkeypatch):
     assert run.hung
     count = by_name(run)["gpu.count"]
     assert (count.status, count.message) == ("fail", "gpu timed out after 0.5 s")
+
+
+def test_the_host_sources_share_one_thread_and_each_keeps_its_deadline(tmp_path):
+    # a real hang: /proc/meminfo a FIFO nobody writes, so the host source blocks in open()
+    root = conftest.hw_tree(tmp_path, None)
+    os.mkfifo(os.path.join(root, "proc", "meminfo"))
+    options = runner.Options(host_root=root, costly=False)
+    timeouts = {"kernel": 1.0, "host": 0.3, "fs": 0.6}
+    try:
+        started = time.monotonic()
+        got, hung = runner.gather({"kernel", "host", "fs"}, options, timeouts, 5.0)
+        took = time.monotonic() - started
+    finally:  # a writer's open and close ends the reader's wait: the thread finishes
+        os.close(os.open(os.path.join(root, "proc", "meminfo"), os.O_WRONLY | os.O_NONBLOCK))
+    assert hung and took < 1.5
+    assert got["kernel"].status != "timeout"  # read first, before the hang
+    assert (got["host"].status, got["host"].message) == ("timeout", "timed out after 0.3 s")
+    assert got["fs"].status == "timeout"  # queued behind the hung read
+    healthy = conftest.hw_tree(tmp_path / "ok", "MemTotal:       16384 kB\n")
+    options = runner.Options(host_root=healthy)
+    got, hung = runner.gather({"kernel", "host", "fs"}, options, timeouts, 5.0)
+    assert not hung
+    assert got["host"].raw["meminfo"] == {"MemTotal": "16384 kB"}
 
 
 def test_hung_process_exits_on_time(tmp_path):
