@@ -464,6 +464,18 @@ def _job_telemetry(
         return None
 
 
+def _what_to_read(options: Options, areas: list[str], expect: Data) -> None:
+    """The host sources' reads that the areas' expectations choose (sources.Options)."""
+    if "fs" in areas:  # the mounts and files the fs checks judge, each under its own deadline
+        options.mounts = checks.module("fs").stat_paths(expect["fs"])
+        options.files = checks.module("fs").file_paths(expect["fs"])
+        options.stat_timeout = expect["fs"]["stat_timeout"]
+    if "ps" in areas:  # the names a job hook must find, among PID 1's children or elsewhere
+        options.processes = checks.module("ps").names(expect["ps"])
+    if "net" in areas:  # the interfaces a job hook reads whole though they have no device
+        options.interfaces = checks.module("net").names(expect["net"])
+
+
 def run(
     node: str,
     expect: Data,
@@ -484,12 +496,7 @@ def run(
     timeouts = {s: settings[f"timeout_{s}"] for s in SOURCES}
     options.timeouts = timeouts
     needed = {checks.module(a).SOURCE for a in areas}
-    if "fs" in areas:  # the mounts and files the fs checks judge, each under its own deadline
-        options.mounts = checks.module("fs").stat_paths(expect["fs"])
-        options.files = checks.module("fs").file_paths(expect["fs"])
-        options.stat_timeout = expect["fs"]["stat_timeout"]
-    if "ps" in areas:  # the names a job hook must find, among PID 1's children or elsewhere
-        options.processes = checks.module("ps").names(expect["ps"])
+    _what_to_read(options, areas, expect)
     most = deadline_for(settings, phase, options.site_program)
     limit = most if deadline is None else min(deadline, most)
     out.sources, out.hung = gather(needed, options, timeouts, limit, strict=phase == "check")

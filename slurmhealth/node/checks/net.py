@@ -120,6 +120,16 @@ def _listed(ctx: Context) -> list[str]:
     return [str(v) for v in value] if isinstance(value, list) else []
 
 
+def names(expect: dict[str, Any]) -> list[str]:
+    """The interfaces the checks name (up, then mtu): runner.run hands them to the kernel
+    source, whose job-hook read skips the link files of an unnamed interface without a parent
+    device."""
+    up = expect.get("up")
+    mtu = expect.get("mtu")
+    listed = [str(v) for v in up] if isinstance(up, list) else []
+    return list(dict.fromkeys(listed + ([str(k) for k in mtu] if isinstance(mtu, dict) else [])))
+
+
 def is_up(link: dict[str, Any]) -> bool:
     return link["operstate"] in ("up", "unknown") and link["carrier"] == 1
 

@@ -83,6 +83,7 @@ class Options:
         "files",
         "gpu_source",
         "host_root",
+        "interfaces",
         "kmsg",
         "kmsg_after",
         "mounts",
@@ -130,6 +131,10 @@ class Options:
         # absent). A job hook reads PID 1's children, and every process only when one of these
         # is not among them (sources/kernel.py). The run sets them (runner.run).
         self.processes: list[str] | None = None
+        # The kernel source's network links: the interfaces the net checks name ([net] up and
+        # mtu). A job hook reads the link files of these and of every interface with a parent
+        # device; of the others (lo, bridges, veth) only that they have none (sources/kernel.py).
+        self.interfaces: list[str] | None = None
         self.site_program = site_program
         self.timeouts: dict[str, float] = {}
 

@@ -34,7 +34,10 @@ What each part is, from the kernel's own documentation:
   parent bus device (a physical NIC or an IPoIB child of an HCA); virtual interfaces (lo, bridges,
   veth, tun) have none. carrier and speed read EINVAL on a link that is down: None plus the
   reason in "errors" (not judged: the checks read operstate first). speed is read only where
-  carrier is "1".
+  carrier is "1". The job hooks (`Options.costly` false) read these files only for an interface
+  with a parent device or one the net checks name (`Options.interfaces`): of the others (lo,
+  bridges, veth, the hundreds a container host may have) only `{"device": false}`, which the net
+  checks never judge unless named.
 - edac: `/sys/devices/system/edac/mc/mcN/{ce_count,ue_count,ce_noinfo_count,ue_noinfo_count}`
   and, per DIMM, `dimmN/{dimm_ce_count,dimm_ue_count,dimm_label}` (or, on drivers that have no
   dimm directories, `csrowN/{ce_count,ue_count}`), Documentation/admin-guide/ras.rst ("EDAC -
@@ -165,19 +168,29 @@ def modules(proc: str, errors: Errors) -> dict[str, str] | None:
     return out
 
 
-def interface(path: str, name: str, errors: Errors) -> Tree:
-    """The link files of one interface (module docstring)."""
+def interface(path: str, name: str, errors: Errors, everything: bool = True) -> Tree:
+    """The link files of one interface (module docstring); unless `everything`, only that it
+    has no parent device where it has none."""
+    device = os.path.lexists(f"{path}/device")
+    if not device and not everything:
+        return {"device": False}
     key = f"net/{name}"
     link: Tree = {f: _text(f"{path}/{f}", f"{key}/{f}", errors) for f in NET_FILES}
     up = link["carrier"] == "1"
     link["speed"] = _text(f"{path}/speed", f"{key}/speed", errors) if up else None
-    link["device"] = os.path.lexists(f"{path}/device")
+    link["device"] = device
     return link
 
 
-def network(sysfs: str, errors: Errors) -> Tree:
+def network(sysfs: str, errors: Errors, everything: bool = True, named: Iterable[str] = ()) -> Tree:
+    """Every interface's links; unless `everything`, the files of those with a parent device
+    and those `named` only (module docstring)."""
     base = f"{sysfs}/class/net"
-    return {name: interface(f"{base}/{name}", name, errors) for name in _listdir(base)}
+    listed = set(named)
+    return {
+        name: interface(f"{base}/{name}", name, errors, everything or name in listed)
+        for name in _listdir(base)
+    }
 
 
 def _counts(path: str, files: dict[str, str], key: str, errors: Errors) -> Tree:
@@ -210,12 +223,18 @@ def edac(sysfs: str, errors: Errors, per_dimm: bool) -> Tree | None:
 def gather(options: Options) -> Tree:
     """The registry's entry: the host under the configured root, fully for the health check."""
     root = options.host_root or "/"
-    return read(root, everything=options.costly, wanted=options.processes or ())
+    return read(root, options.costly, options.processes or (), options.interfaces or ())
 
 
-def read(root: str = "/", everything: bool = True, wanted: Iterable[str] = ()) -> Tree:
+def read(
+    root: str = "/",
+    everything: bool = True,
+    wanted: Iterable[str] = (),
+    named: Iterable[str] = (),
+) -> Tree:
     """Read the host under `root` (module docstring); SourceUnavailable without `root/proc`.
-    `wanted`: the process names the ps checks look for."""
+    `wanted`: the process names the ps checks look for; `named`: the interfaces the net checks
+    name."""
     proc, sysfs = os.path.join(root, "proc"), os.path.join(root, "sys")
     if not os.path.isdir(proc):
         raise SourceUnavailable(f"no {proc}")
@@ -225,7 +244,7 @@ def read(root: str = "/", everything: bool = True, wanted: Iterable[str] = ()) -
         "boot_id": boot,
         "processes": processes(proc, everything, wanted),
         "modules": modules(proc, errors),
-        "net": network(sysfs, errors),
+        "net": network(sysfs, errors, everything, named),
         "edac": edac(sysfs, errors, everything),
     }
     if errors:

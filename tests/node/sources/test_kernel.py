@@ -57,6 +57,26 @@ def test_job_hooks_read_init_children_and_edac_totals_only(tmp_path):
     assert "dimms" not in raw["edac"]["mc0"]
 
 
+def test_job_hooks_read_the_links_of_devices_and_named_interfaces_only(tmp_path):
+    veth = {"operstate": "up", "carrier": "1", "carrier_changes": "40", "type": "1", "mtu": "1500"}
+    root = tree(tmp_path, net={"eth0": ETH, "lo": veth, "veth9a": veth, "docker0": veth})
+    options = Options(host_root=root, costly=False)
+    options.interfaces = ["docker0"]  # named by [net] up or mtu: read whole, device or not
+    hook = kernel.gather(options)["net"]
+    assert hook["eth0"] == kernel.read(root)["net"]["eth0"]
+    assert hook["docker0"]["carrier_changes"] == "40" and hook["docker0"]["device"] is False
+    assert hook["veth9a"] == hook["lo"] == {"device": False}  # of the rest: only that
+    # the net area reads that as it reads the whole: not physical, never judged unnamed
+    from slurmhealth.node.checks import net
+
+    links = net.parse({"net": hook})["links"]
+    assert not links["veth9a"]["physical"] and links["eth0"]["physical"]
+    assert net.names({"up": ["eth0", "docker0"], "mtu": {"ib0": 4092, "eth0": 9000}}) == [
+        "eth0", "docker0", "ib0"]
+    # the health check (and a snapshot) reads every interface whole
+    assert kernel.gather(Options(host_root=root))["net"]["veth9a"]["carrier_changes"] == "40"
+
+
 def test_a_job_hook_reads_every_process_only_when_a_name_looked_for_is_not_init_s_child(tmp_path):
     options = Options(host_root=tree(tmp_path), costly=False)
     # among PID 1's children (compared by comm's 15 bytes): the usual, short read
