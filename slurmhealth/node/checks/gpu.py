@@ -579,18 +579,28 @@ def fabric(facts: Facts, ctx: Context) -> Result:
 
 
 def versions(facts: Facts, ctx: Context) -> Result:
-    """Driver and VBIOS versions against the golden values (all GPUs alike when unset)."""
+    """Driver and VBIOS versions against the golden values (GPUs of one model alike when unset).
+
+    A VBIOS is compared only with GPUs of the same model (NVML name): each part has its own
+    VBIOS line. `vbios_version` is the main model's: `model` when set, else the most GPUs'."""
     drift = []
     driver, want = facts["driver_version"], ctx.expect.get("driver_version")
     if want and driver and driver != want:
         drift.append(f"driver {driver}, expected {want}")
-    vbioses = [d["vbios"] for d in _alive(facts) if d["vbios"]]
+    named = [d for d in _alive(facts) if d["vbios"]]
+    vbioses = [d["vbios"] for d in named]
+    models: dict[str, list[str]] = {}
+    for dev in named:
+        models.setdefault(dev["name"] or "", []).append(dev["vbios"])
+    main = (ctx.expect.get("model") or "").strip()
+    if not main and named:
+        main = _majority([d["name"] or "" for d in named])
     golden = ctx.expect.get("vbios_version")
-    if not golden and vbioses:
-        golden = max(set(vbioses), key=vbioses.count)
-    for dev in _alive(facts):
-        if dev["vbios"] and dev["vbios"] != golden:
-            drift.append(f"{label(dev)} VBIOS {dev['vbios']}, expected {golden}")
+    refs = {m: golden if golden and m == main else _majority(v) for m, v in models.items()}
+    for dev in named:
+        ref = refs[dev["name"] or ""]
+        if dev["vbios"] != ref:
+            drift.append(f"{label(dev)} VBIOS {dev['vbios']}, expected {ref}")
     data = {"driver": driver, "vbios": sorted(set(vbioses)), "drift": drift}
     if drift:
         return warn(summarize(drift), data)

@@ -170,6 +170,25 @@ def test_driver_drift_warns():
     assert result.status == "warn" and "driver 550.90.07, expected 580.95.05" in result.message
 
 
+def test_vbios_is_compared_within_one_model_only():
+    """Each GPU model has its own VBIOS line: a node whose GPUs are two models (gpu.model
+    fails it) does not also warn that one model's VBIOS drifted from the other's."""
+    f = facts("healthy")
+    for dev in f["devices"][:2]:
+        dev.update(name="NVIDIA L40S", vbios="95.02.5D.00.01")
+    assert gpu.versions(f, ctx()).status == "ok"
+    f["devices"][1]["vbios"] = "95.02.3C.00.02"  # one L40S of two: a tie, the first wins
+    res = gpu.versions(f, ctx())
+    assert res.status == "warn"
+    assert res.message == "GPU 1 (0000:2a:00) VBIOS 95.02.3C.00.02, expected 95.02.5D.00.01"
+    # The golden VBIOS is the main model's: the other model's GPUs keep to their own.
+    main = f["devices"][5]["vbios"]
+    assert gpu.versions(f, ctx(vbios_version=main)).message.startswith("GPU 1 (0000:2a:00)")
+    other = gpu.versions(f, ctx(vbios_version="96.00.99.00.01"))
+    assert other.message.endswith("(+6 more)")  # GPU 1 among the L40S, GPUs 2-7 the golden
+    assert other.data["drift"][1].endswith("expected 96.00.99.00.01")
+
+
 def test_recovery_action_reboot_wins_over_reset():
     f = facts("healthy")
     f["devices"][0]["fields"]["recovery_action"] = 1
