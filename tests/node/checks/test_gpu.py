@@ -184,9 +184,9 @@ def test_vbios_is_compared_within_one_model_only():
     # The golden VBIOS is the main model's: the other model's GPUs keep to their own.
     main = f["devices"][5]["vbios"]
     assert gpu.versions(f, ctx(vbios_version=main)).message.startswith("GPU 1 (0000:2a:00)")
-    other = gpu.versions(f, ctx(vbios_version="96.00.99.00.01"))
+    other = gpu.versions(f, ctx(vbios_version="96.00.A1.00.01"))
     assert other.message.endswith("(+6 more)")  # GPU 1 among the L40S, GPUs 2-7 the golden
-    assert other.data["drift"][1].endswith("expected 96.00.99.00.01")
+    assert other.data["drift"][1].endswith("expected 96.00.A1.00.01")
 
 
 def test_recovery_action_reboot_wins_over_reset():
