@@ -84,7 +84,7 @@ DEFAULTS: Schema = {
         "pre-Ampere retired pages that fail: the table holds 64 (DCGM's limit, NVIDIA docs)",
     ),
     "model": ("", str, "GPU model every GPU is (NVML name); empty: all GPUs alike (majority)"),
-    "mig": ("", str, "MIG mode every GPU is in: off or on; empty: no expectation"),
+    "mig": ("", str, "MIG mode every GPU is in: off or on (else fail); empty: alike (else warn)"),
 }
 # Memory counters kept as baselines: the epilog reports what grew during the job.
 _MEMORY = ("ecc_sbe_volatile", "ecc_dbe_volatile", "remap_correctable", "remap_uncorrectable")
@@ -339,27 +339,59 @@ def _mig_name(value: int) -> str:
     return _MIG_MODES.get(value, str(value))
 
 
-def mig(facts: Facts, ctx: Context) -> Result:
-    """MIG mode as `mig` expects (off or on; unset: either); a pending mode change warns.
+# A node whose GPUs disagree on MIG mode with no `mig` expectation: warn, drain as the hint.
+# Most often it is one GPU left in (or put in) MIG mode by mistake, and a job handed it as a
+# whole GPU finds no CUDA device on it (in MIG mode CUDA sees only the instances created on
+# it). But a split node can be meant (NVIDIA's "mixed" MIG strategy in its Kubernetes device
+# plugin serves whole GPUs and MIG instances from one node), and an admin reconfiguring a node
+# flips one GPU at a time: a fail would drain nodes nobody said were wrong, so the split warns
+# (recorded, in the report, lemon evidence) and names the fewer GPUs. A split that the pending
+# mode changes will close is a reconfiguration under way: only the pending changes warn.
+# `mig = "off"` or `"on"` makes a GPU in the other mode a fail (drain).
+def _lone_mig(modes: dict[int, list[str]]) -> list[str]:
+    """The GPUs whose MIG mode differs from the rest of the node's, as messages; [] when all
+    agree. modes: {0 or 1: labels}. The fewer are named; a tie names the GPUs in MIG mode
+    (the special case)."""
+    if not modes.get(0) or not modes.get(1):
+        return []
+    lone = 1 if len(modes[1]) <= len(modes[0]) else 0
+    others = counted(len(modes[1 - lone]), "other")
+    rest = f"{others} {_mig_name(1 - lone)}"
+    return [f"{name} MIG {_mig_name(lone)}, {rest}" for name in modes[lone]]
 
-    A GPU in the wrong mode serves the wrong jobs (drain)."""
+
+def mig(facts: Facts, ctx: Context) -> Result:
+    """MIG mode as `mig` expects (off or on); unset: all GPUs alike; a pending change warns.
+
+    A GPU in the wrong mode serves the wrong jobs (drain). With no expectation a node whose
+    GPUs disagree warns, naming the odd ones, with drain as the hint (argued at _lone_mig)."""
     wanted = str(ctx.expect.get("mig") or "").strip().lower()
     want = {"off": 0, "on": 1}.get(wanted)
     wrong, pending, seen = [], [], 0
+    modes: dict[int, list[str]] = {}
+    going: dict[int, list[str]] = {}  # by the mode each GPU goes to: the pending one
     for dev in _alive(facts):
         now, later = dev["mig_current"], dev["mig_pending"]
         if now is None:  # NotSupported: a GPU without MIG is never in MIG mode
             if want == 1:
                 wrong.append(f"{label(dev)} MIG not reported, expected on")
+            modes.setdefault(0, []).append(label(dev))
+            going.setdefault(0, []).append(label(dev))
             continue
         seen += 1
         if want is not None and now != want:
             wrong.append(f"{label(dev)} MIG {_mig_name(now)}, expected {wanted}")
         if later is not None and later != now:
             pending.append(f"{label(dev)} MIG {_mig_name(later)} pending (now {_mig_name(now)})")
-    data = {"expected": wanted or None, "wrong": wrong, "pending": pending}
+        modes.setdefault(now, []).append(label(dev))
+        going.setdefault(later if later in _MIG_MODES else now, []).append(label(dev))
+    split = want is None and bool(_lone_mig(going))  # not uniform even after the resets
+    mixed = _lone_mig(modes) if split else []
+    data = {"expected": wanted or None, "wrong": wrong, "pending": pending, "mixed": mixed}
     if wrong:
         return fail(summarize(wrong + pending, " GPU"), data, DRAIN)
+    if mixed:
+        return warn(summarize(mixed + pending, " GPU"), data, DRAIN)
     if pending:
         return warn(summarize(pending, " GPU"), data)
     if not seen:

@@ -432,12 +432,57 @@ def test_ecc_off_now_still_fails_and_pending_off_only_warns():
 def test_mig_mode_against_the_expectation():
     assert gpu.mig(facts("healthy"), ctx(mig="off")).status == "ok"
     on = gpu.mig(facts("mig-on"), ctx())
-    assert on.status == "ok", "no expectation: a GPU in MIG mode is a choice"
+    assert on.status == "warn", "no expectation: one GPU in MIG mode among the others warns"
     result = gpu.mig(facts("mig-on"), ctx(mig="off"))
     assert (result.status, result.action) == ("fail", "drain")
     assert result.message == "GPU 6 (0000:ba:00) MIG on, expected off"
     result = gpu.mig(facts("healthy"), ctx(mig="on"))
     assert result.message == "GPU 0 (0000:18:00) MIG off, expected on (+7 more GPUs)"
+
+
+def test_one_gpu_in_mig_mode_among_the_others_warns_with_a_drain_hint():
+    """No expectation: the GPUs of one node agree on MIG mode. One GPU in MIG mode warns (a
+    job handed it as a whole GPU finds no CUDA device), with drain as the hint; a split can be
+    meant, so it never drains alone."""
+    res = gpu.mig(facts("mig-on"), ctx())
+    assert (res.status, res.action) == ("warn", "drain")
+    assert res.message == "GPU 6 (0000:ba:00) MIG on, 7 others off"
+    assert res.data["mixed"] == ["GPU 6 (0000:ba:00) MIG on, 7 others off"]
+    # The fewer are named: one GPU left off among seven in MIG mode.
+    f = facts("healthy")
+    for dev in f["devices"][1:]:
+        dev["mig_current"] = dev["mig_pending"] = 1
+    res = gpu.mig(f, ctx())
+    assert (res.status, res.message) == ("warn", "GPU 0 (0000:18:00) MIG off, 7 others on")
+    # An even split names the GPUs in MIG mode.
+    for dev in f["devices"][1:4]:
+        dev["mig_current"] = dev["mig_pending"] = 0
+    res = gpu.mig(f, ctx())
+    assert res.message == "GPU 4 (0000:9a:00) MIG on, 4 others off (+3 more GPUs)"
+
+
+def test_a_reconfiguration_under_way_is_judged_by_the_pending_modes():
+    """An admin turning MIG on GPU by GPU: the ones done are on, the rest wait for their reset
+    with MIG on pending. The node will be uniform: only the pending changes warn, no split."""
+    f = facts("healthy")
+    for dev in f["devices"][:3]:
+        dev["mig_current"] = dev["mig_pending"] = 1
+    for dev in f["devices"][3:]:
+        dev["mig_pending"] = 1
+    res = gpu.mig(f, ctx())
+    assert res.status == "warn" and res.action == "none" and res.data["mixed"] == []
+    assert res.message == "GPU 3 (0000:5d:00) MIG on pending (now off) (+4 more GPUs)"
+    # With the expectation set, a GPU in the other mode still fails, split or not.
+    assert gpu.mig(facts("mig-on"), ctx(mig="off")).status == "fail"
+    assert gpu.mig(facts("healthy"), ctx(mig="off")).status == "ok"
+
+
+def test_a_gpu_without_mig_counts_as_off():
+    f = facts("mig-on")
+    for dev in f["devices"][:6]:
+        dev["mig_current"] = dev["mig_pending"] = None  # NotSupported
+    res = gpu.mig(f, ctx())
+    assert res.message == "GPU 6 (0000:ba:00) MIG on, 7 others off"
 
 
 def test_mig_not_supported_is_off():
