@@ -287,6 +287,40 @@ def test_the_epilog_records_time_below_base_clocks_and_the_health_checks_samples
     assert row == (min(1.0, 30.0 / figures["s"]),)  # the worst GPU's share, for the sweep
 
 
+def with_thermal(tmp_path, name: str, seconds: dict) -> str:
+    """The healthy snapshot with NVML's thermal-policy counter (field 75, ns) on some GPUs."""
+    with open(snapshot_path("healthy")) as handle:
+        doc = json.load(handle)
+    for index, value in seconds.items():
+        doc["gpu"]["devices"][index]["fields"]["perf_thermal_ns"] = int(value * 1e9)
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def test_the_epilog_warns_on_the_node_when_a_jobs_gpu_spent_a_large_share_thermally_slowed(
+    node, tmp_path
+):
+    """The prolog keeps the thermal-policy counter of the job's GPUs; the epilog two hours
+    later reads half an hour more on GPU 3: a warn on the node naming it, no drain."""
+    node.configure(gpu_source=with_thermal(tmp_path, "start", {2: 100, 3: 100}))
+    assert node.run("prolog", job="71", SLURM_JOB_GPUS="2,3").returncode == 0
+    with node.db() as conn:  # the job began two hours ago
+        conn.execute(
+            "UPDATE baselines SET data = json_set(data, '$.taken_at', ?) "
+            "WHERE job_id = '71' AND area = 'gpu'",
+            (time.time() - 7200,),
+        )
+    node.configure(gpu_source=with_thermal(tmp_path, "end", {2: 160, 3: 1900}))
+    proc = node.run("epilog", job="71", SLURM_JOB_GPUS="2,3", SLURM_JOB_EXIT_CODE="0")
+    assert proc.returncode == 0, proc.stderr
+    assert node.slurm()["state"] == "IDLE"
+    (message,) = node.db().execute(
+        "SELECT message FROM results WHERE check_name = 'gpu.thermal_share' AND status = 'warn'"
+    ).fetchone()
+    assert message.startswith("GPU 3 (0000:5d:00) thermally slowed 25% of the job (1800 s of 720")
+
+
 def test_a_health_check_on_a_node_running_jobs_leaves_their_gpus_processes_alone(node, tmp_path):
     """slurmd runs the health check on busy nodes too (HealthCheckNodeState=ANY): a job's
     processes on its GPUs are not leftovers, and must never drain the node under it. Once no

@@ -85,6 +85,12 @@ DEFAULTS: Schema = {
     ),
     "model": ("", str, "GPU model every GPU is (NVML name); empty: all GPUs alike (majority)"),
     "mig": ("", str, "MIG mode every GPU is in: off or on (else fail); empty: alike (else warn)"),
+    "thermal_share_warn": (
+        0.10,
+        float,
+        "share of a job's wall time a GPU was held back by the thermal policy (NVML field 75) "
+        "that warns at its epilog: a cooled GPU spends none; a tenth is minutes per hour",
+    ),
 }
 # Memory counters kept as baselines: the epilog reports what grew during the job.
 _MEMORY = ("ecc_sbe_volatile", "ecc_dbe_volatile", "remap_correctable", "remap_uncorrectable")
@@ -526,6 +532,64 @@ def thermal(facts: Facts, ctx: Context) -> Result:
     return ok("no thermal or power slowdown", {"problems": hot})
 
 
+# A GPU held back by the thermal policy for less than this, over a whole job, never warns: a
+# job of seconds would otherwise warn on a share made of one brief slowdown.
+THERMAL_MIN_S = 60.0
+
+
+def _job_devices(facts: Facts, ctx: Context, start: dict[str, Any]) -> list[Any]:
+    """The job's GPUs that are the same GPUs as at its prolog (UUID as the prolog saw it)."""
+    known = start.get("inventory") if isinstance(start.get("inventory"), dict) else {}
+    out = []
+    for dev in _alive(facts):
+        if ctx.job_gpus is not None and dev["index"] not in ctx.job_gpus:
+            continue
+        then = known.get(str(dev["index"]))
+        if isinstance(then, dict) and then.get("uuid") not in (None, dev["uuid"]):
+            continue
+        out.append(dev)
+    return out
+
+
+def thermal_share(facts: Facts, ctx: Context) -> Result:
+    """At a job's epilog, no GPU of the job thermally slowed over `thermal_share_warn` of it.
+
+    More warns on the node, naming the GPUs and their shares of the job's wall time.
+
+    NVML's thermal-policy counter (NVML_FI_DEV_PERF_POLICY_THERMAL, field 75: ns the clocks
+    were held back to keep the GPU under its thermal limits, as nvmlDeviceGetViolationStatus
+    reports it) read at the job's prolog and at its epilog gives the time the job's GPU ran
+    slowed for heat; over the job's wall time, its share. A GPU whose cooling works spends
+    none there: a share that high is airflow, fans or the heatsink, and a synchronous job runs
+    at its slowest GPU's pace. The power policy (field 74) is not judged: a loaded GPU at its
+    power limit is normal. Less than THERMAL_MIN_S slowed in all never warns."""
+    start = ctx.baseline.get("job_start") if isinstance(ctx.baseline, dict) else None
+    taken = start.get("taken_at") if isinstance(start, dict) else None
+    if ctx.phase != "epilog" or not isinstance(taken, (int, float)) or ctx.now <= taken:
+        return ok("not judged: only a job's epilog has its prolog's reading")
+    span = float(ctx.now) - float(taken)
+    before = start.get("thermal") if isinstance(start.get("thermal"), dict) else {}
+    limit = float(ctx.expect.get("thermal_share_warn", DEFAULTS["thermal_share_warn"][0]))
+    shares, hot = {}, []
+    for dev in _job_devices(facts, ctx, start):
+        first, last = before.get(str(dev["index"])), dev["fields"].get("perf_thermal_ns")
+        if not isinstance(first, int) or not isinstance(last, int) or last < first:
+            continue  # not read, or the driver reloaded during the job: unknown
+        slowed = (last - first) / 1e9
+        shares[str(dev["index"])] = round(min(1.0, slowed / span), 4)
+        if slowed >= THERMAL_MIN_S and slowed > limit * span:
+            hot.append(
+                f"{label(dev)} thermally slowed {min(1.0, slowed / span):.0%} of the job "
+                f"({slowed:.0f} s of {span:.0f} s)"
+            )
+    data = {"share": shares, "seconds": round(span, 1), "hot": hot}
+    if hot:
+        return warn(summarize(hot, " GPU"), data)
+    if not shares:
+        return skip("thermal policy counter not read at the prolog and the epilog", data)
+    return ok(f"thermal slowdown under {limit:.0%} of the job on every GPU", data)
+
+
 def _below_or_odd(devices: list[Any], key: str, expected: int | None, what: str) -> list[Any]:
     values = [d[key] for d in devices if d[key] is not None]
     if expected is None:
@@ -709,6 +773,7 @@ CHECKS = (
     persistence,
     processes,
     thermal,
+    thermal_share,
     pcie,
     pcie_link,
     mig,
@@ -719,7 +784,8 @@ CHECKS = (
 
 def baseline(facts: Facts, now: float | None = None) -> dict[str, Any]:
     """The inventory and memory counters to compare the next run against, keyed by index, the
-    energy and below-base-clock counters (the prolog's, for the job's figures at its epilog)
+    energy, below-base-clock and thermal-policy counters (the prolog's, for the job's figures
+    and thermal_share at its epilog)
     and the time they were read (`now`, else the clock: the run's time). The runner adds the
     SM clock and utilisation samples summed so far (node/counters.py add_samples)."""
     alive = _alive(facts)
@@ -744,6 +810,11 @@ def baseline(facts: Facts, now: float | None = None) -> dict[str, Any]:
             str(d["index"]): d["fields"]["below_base_ns"]
             for d in alive
             if isinstance(d["fields"].get("below_base_ns"), int)
+        },
+        "thermal": {
+            str(d["index"]): d["fields"]["perf_thermal_ns"]
+            for d in alive
+            if isinstance(d["fields"].get("perf_thermal_ns"), int)
         },
     }
 

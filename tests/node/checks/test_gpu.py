@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -579,3 +580,73 @@ def test_a_gpu_is_named_the_same_by_its_checks_and_by_its_xid_lines(tmp_path):
     said = {r["check"]: r["message"] for r in json.loads(proc.stdout)["results"]}
     assert said["gpu.ecc"].startswith("GPU 2 (0000:3a:00) 2 uncorrectable")
     assert said["xid.hardware"].startswith("GPU 2 (0000:3a:00) Xid 48")
+
+
+# ---------------------------------------------------------------- thermal share of a job
+
+HOUR = 3600.0
+
+
+def with_thermal(name: str, seconds: dict) -> dict:
+    """The scenario's facts with NVML's thermal-policy counter (field 75, ns) on every GPU:
+    `seconds` by index, 0 elsewhere."""
+    f = facts(name)
+    for dev in f["devices"]:
+        dev["fields"]["perf_thermal_ns"] = int(seconds.get(dev["index"], 0) * 1e9)
+    return f
+
+
+def at_epilog(end: dict, start: dict, span: float, job_gpus=None, **expect) -> object:
+    """gpu.thermal_share at an epilog `span` seconds after the prolog that read `start`: the
+    job's prolog reading as the agent hands it (`job_start` of the GPU baseline)."""
+    prolog = gpu.baseline(start, now=1000.0)
+    base = {k: v[0] for k, v in gpu.DEFAULTS.items()}
+    base.update(expect)
+    ctx = Context("gpu01", "epilog", base, {"job_start": prolog}, job_gpus=job_gpus)
+    ctx.now = 1000.0 + span
+    return gpu.thermal_share(end, ctx)
+
+
+def test_a_job_that_spent_a_large_share_thermally_slowed_warns_naming_its_gpu():
+    start = with_thermal("healthy", {3: 500, 5: 40})
+    end = with_thermal("healthy", {3: 500 + 0.25 * 2 * HOUR, 5: 40 + 0.05 * 2 * HOUR})
+    res = at_epilog(end, start, 2 * HOUR)
+    assert (res.status, res.action) == ("warn", "none")
+    assert res.message == "GPU 3 (0000:5d:00) thermally slowed 25% of the job (1800 s of 7200 s)"
+    assert res.data["share"]["3"] == 0.25 and res.data["share"]["5"] == 0.05
+    # the share is the setting's
+    assert at_epilog(end, start, 2 * HOUR, thermal_share_warn=0.3).status == "ok"
+    assert at_epilog(end, start, 2 * HOUR, thermal_share_warn=0.04).message.endswith(
+        "(+1 more GPU)"
+    )
+
+
+def test_thermal_share_judges_only_the_jobs_gpus_that_stayed_the_same():
+    start = with_thermal("healthy", {})
+    end = with_thermal("healthy", {3: 0.5 * HOUR, 4: 0.5 * HOUR})
+    assert at_epilog(end, start, HOUR, job_gpus=[0, 1]).status == "ok"
+    res = at_epilog(end, start, HOUR, job_gpus=[4])
+    assert res.status == "warn" and res.message.startswith("GPU 4 ")
+    swapped = copy.deepcopy(end)
+    swapped["devices"][4]["uuid"] = "GPU-another-board"
+    assert at_epilog(swapped, start, HOUR, job_gpus=[4]).data["share"] == {}
+
+
+def test_thermal_share_ignores_short_slowdowns_and_counters_that_fell():
+    start = with_thermal("healthy", {2: 900})
+    # 50 s of a 100 s job: half of it, but under a minute in all
+    assert at_epilog(with_thermal("healthy", {2: 950}), start, 100.0).status == "ok"
+    # the counter fell: the driver reloaded during the job, the job's share is unknown
+    fell = at_epilog(with_thermal("healthy", {2: 10}), start, HOUR, job_gpus=[2])
+    assert fell.status == "skip" and fell.data["share"] == {}
+
+
+def test_thermal_share_is_judged_only_at_an_epilog_with_its_prolog_reading():
+    f = with_thermal("healthy", {3: HOUR})
+    for phase in ("prolog", "healthcheck", "check"):
+        res = gpu.thermal_share(f, Context("gpu01", phase, {}, {"job_start": {"taken_at": 1.0}}))
+        assert res.status == "ok" and res.message.startswith("not judged")
+    # an epilog whose prolog left no reading (no store, an older version's baseline)
+    assert gpu.thermal_share(f, Context("gpu01", "epilog", {}, {})).status == "ok"
+    no_counter = at_epilog(facts("healthy"), facts("healthy"), HOUR)
+    assert no_counter.status == "skip"
