@@ -950,6 +950,44 @@ def test_the_same_fatal_xid_on_the_same_gpu_again_calls_for_service_from_the_sto
     assert hardware["action"] == "service" and "3rd time in 7 days" in hardware["message"]
 
 
+def test_xid_13_on_one_unit_in_three_jobs_warns_for_service_from_the_store(node, tmp_path):
+    """The driver's Xid 13 as nodes print it (tests/fixtures/kmsg/xid13-unit.dmesg-T, modelled
+    on a published capture): no pid, three lines an incident, two of them naming GPC 7 TPC 7.
+    Three jobs in a row each meet one such incident on GPU 3, read by their epilogs: the first
+    two are the application's; at the third the store's memory of the others (their runs, their
+    jobs) makes it a hardware suspicion: a warn with service as the hint, never a drain."""
+    lines = (FIXTURES_KMSG / "xid13-unit.dmesg-T").read_text().splitlines()
+    incident = [line.split("] ", 1)[1] for line in lines if "): 13, " in line]
+    log = tmp_path / "xid13.kmsg"
+    records = (FIXTURES_KMSG / "healthy.kmsg").read_text().splitlines()
+    log.write_text("\n".join(records) + "\n")
+    seq = int(records[-1].split(",")[1])
+    node.configure("healthy", kmsg=str(log))
+    verdicts = []
+    for job in ("81", "82", "83"):
+        assert node.run("prolog", job=job).returncode == 0
+        with open(log, "a") as handle:
+            for message in incident:
+                seq += 1
+                handle.write(f"4,{seq},{90_000_000_000 + seq * 1_000_000},-;{message}\n")
+        proc = node.run("epilog", job=job, SLURM_JOB_EXIT_CODE="0")
+        assert proc.returncode == 0, proc.stderr
+        verdicts.append(node.db().execute(
+            "SELECT verdict FROM runs WHERE job_id = ? AND phase = 'epilog'", (job,)
+        ).fetchone()[0])
+    assert verdicts == ["ok", "ok", "warn"]
+    (status, action, message), = node.db().execute(
+        "SELECT status, action, message FROM results WHERE check_name = 'xid.hardware'"
+    ).fetchall()
+    assert (status, action) == ("warn", "service")
+    assert message.startswith(
+        "again: Xid 13 on GPU 3 (0000:5d:00) GPC 7 TPC 7, 3 jobs in 7 days: suspect the GPU"
+    )
+    assert node.slurm() == {"state": "IDLE", "reason": ""}
+    jobs = node.db().execute("SELECT DISTINCT job_id FROM events WHERE code = 13 ORDER BY 1")
+    assert [j for (j,) in jobs] == ["81", "82", "83"]
+
+
 def test_a_drain_for_service_is_never_lifted_by_passing_health_checks(node):
     """A check that says the hardware needs service (here: a missing HCA) drains with
     `slurmhealth: service: ...`; the health checks that pass afterwards (the HCA is back after

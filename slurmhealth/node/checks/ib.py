@@ -443,8 +443,7 @@ def _by_product(facts: Facts, known: dict[str, str]) -> dict[str, dict[str, str]
 
 
 def firmware(facts: Facts, ctx: Context) -> Result:
-    """HCA firmware equal to `fw_ver`, or uniform per product when unset: drift warns, naming
-    the odd HCA.
+    """HCA firmware as `fw_ver`, or uniform per product when unset: drift warns, naming the HCA.
 
     Only HCAs of one product are compared (product(): an iWARP NIC's firmware is no drift
     of a Mellanox HCA's); `fw_ver` is the firmware of the node's main product, the one most
