@@ -539,7 +539,8 @@ THERMAL_MIN_S = 60.0
 
 def _job_devices(facts: Facts, ctx: Context, start: dict[str, Any]) -> list[Any]:
     """The job's GPUs that are the same GPUs as at its prolog (UUID as the prolog saw it)."""
-    known = start.get("inventory") if isinstance(start.get("inventory"), dict) else {}
+    inventory = start.get("inventory")
+    known: dict[str, Any] = inventory if isinstance(inventory, dict) else {}
     out = []
     for dev in _alive(facts):
         if ctx.job_gpus is not None and dev["index"] not in ctx.job_gpus:
@@ -563,13 +564,16 @@ def thermal_share(facts: Facts, ctx: Context) -> Result:
     none there: a share that high is airflow, fans or the heatsink, and a synchronous job runs
     at its slowest GPU's pace. The power policy (field 74) is not judged: a loaded GPU at its
     power limit is normal. Less than THERMAL_MIN_S slowed in all never warns."""
-    start = ctx.baseline.get("job_start") if isinstance(ctx.baseline, dict) else None
-    taken = start.get("taken_at") if isinstance(start, dict) else None
+    found = ctx.baseline.get("job_start") if isinstance(ctx.baseline, dict) else None
+    start: dict[str, Any] = found if isinstance(found, dict) else {}
+    taken = start.get("taken_at")
     if ctx.phase != "epilog" or not isinstance(taken, (int, float)) or ctx.now <= taken:
         return ok("not judged: only a job's epilog has its prolog's reading")
     span = float(ctx.now) - float(taken)
-    before = start.get("thermal") if isinstance(start.get("thermal"), dict) else {}
-    limit = float(ctx.expect.get("thermal_share_warn", DEFAULTS["thermal_share_warn"][0]))
+    readings = start.get("thermal")
+    before: dict[str, Any] = readings if isinstance(readings, dict) else {}
+    setting = ctx.expect.get("thermal_share_warn")
+    limit = float(DEFAULTS["thermal_share_warn"][0] if setting is None else setting)
     shares, hot = {}, []
     for dev in _job_devices(facts, ctx, start):
         first, last = before.get(str(dev["index"])), dev["fields"].get("perf_thermal_ns")
