@@ -354,16 +354,15 @@ def _mig_name(value: int) -> str:
 # (recorded, in the report, lemon evidence) and names the fewer GPUs. A split that the pending
 # mode changes will close is a reconfiguration under way: only the pending changes warn.
 # `mig = "off"` or `"on"` makes a GPU in the other mode a fail (drain).
-def _lone_mig(modes: dict[int, list[str]]) -> list[str]:
+def _lone_mig(modes: dict[int, list[Any]]) -> list[str]:
     """The GPUs whose MIG mode differs from the rest of the node's, as messages; [] when all
-    agree. modes: {0 or 1: labels}. The fewer are named; a tie names the GPUs in MIG mode
-    (the special case)."""
+    agree. modes: {0 or 1: GPUs}. The fewer are named; a tie names the GPUs in MIG mode (the
+    special case)."""
     if not modes.get(0) or not modes.get(1):
         return []
     lone = 1 if len(modes[1]) <= len(modes[0]) else 0
-    others = counted(len(modes[1 - lone]), "other")
-    rest = f"{others} {_mig_name(1 - lone)}"
-    return [f"{name} MIG {_mig_name(lone)}, {rest}" for name in modes[lone]]
+    rest = f"{counted(len(modes[1 - lone]), 'other')} {_mig_name(1 - lone)}"
+    return [f"{label(dev)} MIG {_mig_name(lone)}, {rest}" for dev in modes[lone]]
 
 
 def mig(facts: Facts, ctx: Context) -> Result:
@@ -374,24 +373,24 @@ def mig(facts: Facts, ctx: Context) -> Result:
     wanted = str(ctx.expect.get("mig") or "").strip().lower()
     want = {"off": 0, "on": 1}.get(wanted)
     wrong, pending, seen = [], [], 0
-    modes: dict[int, list[str]] = {}
-    going: dict[int, list[str]] = {}  # by the mode each GPU goes to: the pending one
+    modes: dict[int, list[Any]] = {0: [], 1: []}
+    going: dict[int, list[Any]] = {0: [], 1: []}  # by the mode each GPU goes to: the pending one
     for dev in _alive(facts):
         now, later = dev["mig_current"], dev["mig_pending"]
         if now is None:  # NotSupported: a GPU without MIG is never in MIG mode
             if want == 1:
                 wrong.append(f"{label(dev)} MIG not reported, expected on")
-            modes.setdefault(0, []).append(label(dev))
-            going.setdefault(0, []).append(label(dev))
+            modes[0].append(dev)
+            going[0].append(dev)
             continue
         seen += 1
         if want is not None and now != want:
             wrong.append(f"{label(dev)} MIG {_mig_name(now)}, expected {wanted}")
         if later is not None and later != now:
             pending.append(f"{label(dev)} MIG {_mig_name(later)} pending (now {_mig_name(now)})")
-        modes.setdefault(now, []).append(label(dev))
-        going.setdefault(later if later in _MIG_MODES else now, []).append(label(dev))
-    split = want is None and bool(_lone_mig(going))  # not uniform even after the resets
+        modes.setdefault(now, []).append(dev)
+        going.setdefault(later if later in _MIG_MODES else now, []).append(dev)
+    split = want is None and bool(going[0]) and bool(going[1])  # not alike even after resets
     mixed = _lone_mig(modes) if split else []
     data = {"expected": wanted or None, "wrong": wrong, "pending": pending, "mixed": mixed}
     if wrong:
@@ -693,10 +692,14 @@ def versions(facts: Facts, ctx: Context) -> Result:
     for dev in named:
         models.setdefault(dev["name"] or "", []).append(dev["vbios"])
     main = (ctx.expect.get("model") or "").strip()
-    if not main and named:
-        main = _majority([d["name"] or "" for d in named])
+    if not main and models:
+        names = [d["name"] or "" for d in named]
+        main = names[0] if len(models) == 1 else _majority(names)
     golden = ctx.expect.get("vbios_version")
-    refs = {m: golden if golden and m == main else _majority(v) for m, v in models.items()}
+    refs = {
+        m: golden if golden and m == main else v[0] if len(set(v)) == 1 else _majority(v)
+        for m, v in models.items()
+    }
     for dev in named:
         ref = refs[dev["name"] or ""]
         if dev["vbios"] != ref:

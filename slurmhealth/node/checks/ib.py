@@ -434,14 +434,6 @@ def _majority(versions: list[str]) -> str:
     return max(versions, key=lambda v: (versions.count(v), -versions.index(v)))
 
 
-def _by_product(facts: Facts, known: dict[str, str]) -> dict[str, dict[str, str]]:
-    """{product: {HCA: firmware}} of the HCAs in `known`, in their order."""
-    groups: dict[str, dict[str, str]] = {}
-    for name, version in known.items():
-        groups.setdefault(product(facts["devices"][name]), {})[name] = version
-    return groups
-
-
 def firmware(facts: Facts, ctx: Context) -> Result:
     """HCA firmware as `fw_ver`, or uniform per product when unset: drift warns, naming the HCA.
 
@@ -453,8 +445,12 @@ def firmware(facts: Facts, ctx: Context) -> Result:
     if not known:
         return skip("no HCA firmware to compare", {"fw_ver": fws})
     wanted = _expect(ctx, "fw_ver")
-    main = _majority([product(facts["devices"][n]) for n in known])
-    found = _by_product(facts, known)  # the main product first, then the most HCAs
+    products = {n: product(facts["devices"][n]) for n in known}
+    found: dict[str, dict[str, str]] = {}
+    for name, version in known.items():
+        found.setdefault(products[name], {})[name] = version
+    main = next(iter(found)) if len(found) == 1 else _majority(list(products.values()))
+    # the main product first, then the most HCAs
     groups = {k: found[k] for k in sorted(found, key=lambda k: (k != main, -len(found[k]), k))}
     refs, odd = {}, []
     for kind, members in groups.items():
@@ -467,7 +463,6 @@ def firmware(facts: Facts, ctx: Context) -> Result:
             for n, v in members.items()
             if v != refs[kind]
         ]
-    products = {n: product(facts["devices"][n]) for n in known}
     data = {"fw_ver": fws, "reference": refs[main], "products": products}
     bad = _verdict([], odd, data, DRAIN, "HCA")
     if bad:
