@@ -3,8 +3,8 @@ of the same hardware, with no golden file to maintain.
 
 A node's latest recorded versions (runner: the areas' versions_of) are compared, per hardware
 class (the GPU model), with the class majority: driver, the CUDA version the driver supports,
-kernel, the host's NCCL, VBIOS, IB firmware, persistence mode, ECC mode, MIG mode, application
-clocks, IB rate.
+kernel, the host's NCCL, VBIOS, IB firmware (per HCA product: like with like only, see
+_items), persistence mode, ECC mode, MIG mode, application clocks, IB rate.
 A minority value is reported with the majority's value and count:
 `gpu07: driver 535.161.08 vs 550.90.07 on 511 of 512 peers (NVIDIA H100 80GB HBM3)`. A value
 that a large share of the class already runs (`rolling_share`, 20%) is a rolling update in
@@ -47,9 +47,9 @@ LIST_MAX = 200
 
 
 def versions(sources: object) -> dict:
-    """{"model", "driver", "cuda", "kernel", "nccl", "vbios", "ib_fw", "persistence", "ecc",
-    "mig", "app_clocks", "ib_rate"} as one cleaned text each, from a run's sources JSON
-    (runner.Gathered.to_dict: untrusted text)."""
+    """{"model", "driver", "cuda", "kernel", "nccl", "vbios", "ib_fw:<HCA product>",
+    "persistence", "ecc", "mig", "app_clocks", "ib_rate"} as one cleaned text each, from a
+    run's sources JSON (runner.Gathered.to_dict: untrusted text)."""
     if not isinstance(sources, dict):
         return {}
     gpu = (sources.get("gpu") or {}).get("versions") or {}
@@ -77,10 +77,26 @@ def versions(sources: object) -> dict:
     ):
         if isinstance(value, list) and value:
             out[key] = clean(", ".join(sorted(_text(v) for v in value)), 120)
-    firmware = ib.get("fw_ver")
-    if isinstance(firmware, dict) and firmware:
-        out["ib_fw"] = clean(", ".join(sorted({str(v) for v in firmware.values()})), 120)
+    out.update(_firmware(ib.get("fw_ver"), ib.get("product")))
     return out
+
+
+PRODUCT_MAX = 40  # a product's name in a key and a label (sysfs: at most 32, checks/ib.py)
+
+
+def _firmware(firmware: object, products: object) -> dict:
+    """{"ib_fw:<product>": the set of that product's firmware} (checks/ib.py versions_of: the
+    HCAs' firmware and products), so firmware is compared only between HCAs of one product;
+    "ib_fw" holds the HCAs of no known product (a record made before products were)."""
+    if not isinstance(firmware, dict) or not firmware:
+        return {}
+    kinds = products if isinstance(products, dict) else {}
+    found: dict = {}
+    for device, version in firmware.items():
+        kind = kinds.get(device)
+        name = clean(kind, PRODUCT_MAX) if isinstance(kind, str) else ""
+        found.setdefault(f"ib_fw:{name}" if name else "ib_fw", set()).add(str(version))
+    return {key: clean(", ".join(sorted(v)), 120) for key, v in found.items()}
 
 
 def gpu_answered(sources: object) -> bool:
@@ -117,7 +133,7 @@ def odd_nodes(
     items, odd = [], []
     for model in sorted(classes):
         members = classes[model]
-        for key, label in ITEMS:
+        for key, label in _items(members):
             item = _item(members, key, label, model, rolling_share, earlier)
             if item is None:
                 continue
@@ -131,6 +147,20 @@ def odd_nodes(
         "unknown": len(unknown),
         "unknown_nodes": unknown[:LIST_MAX],
     }
+
+
+def _items(members: dict) -> list:
+    """ITEMS, with one IB firmware item per HCA product the class's nodes record after the
+    plain one (`ib_fw:MT4129` is "IB firmware (MT4129)"): a node's HCAs are compared with its
+    peers' HCAs of the same product only, and a node with an HCA of a product its peers lack
+    (an iWARP NIC beside the Mellanox HCAs) is compared with nobody for it."""
+    kinds = sorted({k for got in members.values() for k in got if k.startswith("ib_fw:")})
+    out = []
+    for key, label in ITEMS:
+        out.append((key, label))
+        if key == "ib_fw":
+            out += [(k, f"{label} ({k.partition(':')[2]})") for k in kinds]
+    return out
 
 
 def _memo(before: dict | Callable[[str], dict | None] | None) -> Callable[[str], dict]:
@@ -173,7 +203,9 @@ def _item(
             continue
         if v == old:
             stages[v] = "old"
-        elif count >= share or (key in ORDERED and count >= ROLLING_NODES and _newer(v, majority)):
+        elif count >= share or (
+            key.partition(":")[0] in ORDERED and count >= ROLLING_NODES and _newer(v, majority)
+        ):
             stages[v] = "new"
     rolling = sorted(stages, key=lambda v: (-tally[v], v))
     differ = [

@@ -790,7 +790,7 @@ def _last_good_config(conn: Store) -> config.Config | None:
 
 
 # What the epilog takes of its job's prolog GPU baseline for the job's figures (`job_start`).
-_JOB_START = ("taken_at", "energy", "below_base", "samples", "inventory")
+_JOB_START = ("taken_at", "energy", "below_base", "thermal", "samples", "inventory")
 
 
 def _baselines(conn: Store, node: str, job_id: str, mode: str) -> Baselines:

@@ -212,6 +212,7 @@ BOUNDS: dict[str, Bound] = {
     **{f"gpu.{k}": _AT_LEAST_0 for k in ("count", "pcie_gen", "pcie_width")},
     "gpu.clock_event_mask": (lambda v: 0 <= v < 1 << 64, "must be a 64-bit mask (0 to 2^64-1)"),
     "gpu.sbe_warn": _AT_LEAST_1,
+    "gpu.thermal_share_warn": (lambda v: _finite(v) and 0 < v <= 1, "must be a share > 0, <= 1"),
     **{f"gpu.{k}": _AT_LEAST_1 for k in ("sbe_total_warn", "remap_rows_max", "retired_pages_max")},
     "nvlink.crc_fail_per_s": (lambda v: _finite(v) and v > 0, "must be > 0 errors per second"),
     "nvlink.crc_min_interval_s": _SECONDS,

@@ -205,3 +205,48 @@ def test_a_run_whose_gpu_source_answered_needs_no_older_run():
     assert not drift.gpu_answered({"gpu": {"status": "timeout"}, "ib": {"status": "ok"}})
     assert not drift.gpu_answered({"ib": {"status": "ok"}})
     assert not drift.gpu_answered(["not", "a", "dict"])
+
+
+def test_firmware_is_recorded_per_hca_product():
+    """checks/ib.py versions_of records each HCA's product beside its firmware: the firmware
+    of each product is one item, and an HCA recorded without a product (an older run) keeps
+    the plain one."""
+    ib = {
+        "fw_ver": {"mlx5_0": "28.39.1002", "mlx5_1": "28.39.1002", "cxgb4_0": "1.27.5.0"},
+        "product": {"mlx5_0": "MT4129", "mlx5_1": "MT4129", "cxgb4_0": "cxgb4\x1b[31m"},
+    }
+    got = drift.versions({"ib": {"versions": ib}})
+    assert got["ib_fw:MT4129"] == "28.39.1002"
+    (hostile_key,) = [k for k in got if k.startswith("ib_fw:cxgb4")]
+    assert "\x1b" not in hostile_key
+    assert "ib_fw" not in got
+    old = drift.versions({"ib": {"versions": {"fw_ver": {"mlx5_0": "28.39.1002"}}}})
+    assert old == {"ib_fw": "28.39.1002"}
+    hostile = {"fw_ver": {"mlx5_0": "28.39.1002"}, "product": ["not", "a", "dict"]}
+    assert drift.versions({"ib": {"versions": hostile}}) == {"ib_fw": "28.39.1002"}
+
+
+def test_firmware_of_another_product_is_no_drift():
+    """An iWARP NIC's firmware beside the Mellanox HCAs' (one node of 64 has one) is compared
+    with nobody's Mellanox firmware; an old ConnectX-7 firmware is named with its product."""
+    found = {n: dict(v, **{"ib_fw:MT4129": "28.39.1002"}) for n, v in fleet().items()}
+    found["a009"] = dict(found["a009"], **{"ib_fw:cxgb4": "1.27.5.0"})
+    assert drift.odd_nodes(found)["odd"] == []
+    found["a010"] = dict(found["a010"], **{"ib_fw:MT4129": "28.36.1010"})
+    assert drift.odd_nodes(found)["odd"] == [
+        f"a010: IB firmware (MT4129) 28.36.1010 vs 28.39.1002 on 63 of 63 peers ({H100})"
+    ]
+    items = {i["what"]: i for i in drift.odd_nodes(found)["items"]}
+    assert items["IB firmware (cxgb4)"]["nodes"] == 1
+    assert items["IB firmware (MT4129)"]["nodes"] == 64
+
+
+def test_a_firmware_rollout_is_told_per_product():
+    """A newer ConnectX-7 firmware on a few nodes is a rollout's start, as for the plain key."""
+    found = {n: dict(v, **{"ib_fw:MT4129": "28.39.1002"}) for n, v in fleet().items()}
+    for node in ("a001", "a002", "a003"):
+        found[node] = dict(found[node], **{"ib_fw:MT4129": "28.41.1000"})
+    out = drift.odd_nodes(found)
+    assert out["odd"] == []
+    (item,) = [i for i in out["items"] if i["what"] == "IB firmware (MT4129)"]
+    assert item["rolling"] == [{"value": "28.41.1000", "nodes": 3, "stage": "new"}]

@@ -287,6 +287,40 @@ def test_the_epilog_records_time_below_base_clocks_and_the_health_checks_samples
     assert row == (min(1.0, 30.0 / figures["s"]),)  # the worst GPU's share, for the sweep
 
 
+def with_thermal(tmp_path, name: str, seconds: dict) -> str:
+    """The healthy snapshot with NVML's thermal-policy counter (field 75, ns) on some GPUs."""
+    with open(snapshot_path("healthy")) as handle:
+        doc = json.load(handle)
+    for index, value in seconds.items():
+        doc["gpu"]["devices"][index]["fields"]["perf_thermal_ns"] = int(value * 1e9)
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def test_the_epilog_warns_on_the_node_when_a_jobs_gpu_spent_a_large_share_thermally_slowed(
+    node, tmp_path
+):
+    """The prolog keeps the thermal-policy counter of the job's GPUs; the epilog two hours
+    later reads half an hour more on GPU 3: a warn on the node naming it, no drain."""
+    node.configure(gpu_source=with_thermal(tmp_path, "start", {2: 100, 3: 100}))
+    assert node.run("prolog", job="71", SLURM_JOB_GPUS="2,3").returncode == 0
+    with node.db() as conn:  # the job began two hours ago
+        conn.execute(
+            "UPDATE baselines SET data = json_set(data, '$.taken_at', ?) "
+            "WHERE job_id = '71' AND area = 'gpu'",
+            (time.time() - 7200,),
+        )
+    node.configure(gpu_source=with_thermal(tmp_path, "end", {2: 160, 3: 1900}))
+    proc = node.run("epilog", job="71", SLURM_JOB_GPUS="2,3", SLURM_JOB_EXIT_CODE="0")
+    assert proc.returncode == 0, proc.stderr
+    assert node.slurm()["state"] == "IDLE"
+    (message,) = node.db().execute(
+        "SELECT message FROM results WHERE check_name = 'gpu.thermal_share' AND status = 'warn'"
+    ).fetchone()
+    assert message.startswith("GPU 3 (0000:5d:00) thermally slowed 25% of the job (1800 s of 720")
+
+
 def test_a_health_check_on_a_node_running_jobs_leaves_their_gpus_processes_alone(node, tmp_path):
     """slurmd runs the health check on busy nodes too (HealthCheckNodeState=ANY): a job's
     processes on its GPUs are not leftovers, and must never drain the node under it. Once no
@@ -914,6 +948,44 @@ def test_the_same_fatal_xid_on_the_same_gpu_again_calls_for_service_from_the_sto
     with_db = json.loads(node.command(*args, "--kmsg", log, "--db", db, "--record").stdout)
     hardware = [r for r in with_db["results"] if r["check"] == "xid.hardware"][0]
     assert hardware["action"] == "service" and "3rd time in 7 days" in hardware["message"]
+
+
+def test_xid_13_on_one_unit_in_three_jobs_warns_for_service_from_the_store(node, tmp_path):
+    """The driver's Xid 13 as nodes print it (tests/fixtures/kmsg/xid13-unit.dmesg-T, modelled
+    on a published capture): no pid, three lines an incident, two of them naming GPC 7 TPC 7.
+    Three jobs in a row each meet one such incident on GPU 3, read by their epilogs: the first
+    two are the application's; at the third the store's memory of the others (their runs, their
+    jobs) makes it a hardware suspicion: a warn with service as the hint, never a drain."""
+    lines = (FIXTURES_KMSG / "xid13-unit.dmesg-T").read_text().splitlines()
+    incident = [line.split("] ", 1)[1] for line in lines if "): 13, " in line]
+    log = tmp_path / "xid13.kmsg"
+    records = (FIXTURES_KMSG / "healthy.kmsg").read_text().splitlines()
+    log.write_text("\n".join(records) + "\n")
+    seq = int(records[-1].split(",")[1])
+    node.configure("healthy", kmsg=str(log))
+    verdicts = []
+    for job in ("81", "82", "83"):
+        assert node.run("prolog", job=job).returncode == 0
+        with open(log, "a") as handle:
+            for message in incident:
+                seq += 1
+                handle.write(f"4,{seq},{90_000_000_000 + seq * 1_000_000},-;{message}\n")
+        proc = node.run("epilog", job=job, SLURM_JOB_EXIT_CODE="0")
+        assert proc.returncode == 0, proc.stderr
+        verdicts.append(node.db().execute(
+            "SELECT verdict FROM runs WHERE job_id = ? AND phase = 'epilog'", (job,)
+        ).fetchone()[0])
+    assert verdicts == ["ok", "ok", "warn"]
+    (status, action, message), = node.db().execute(
+        "SELECT status, action, message FROM results WHERE check_name = 'xid.hardware'"
+    ).fetchall()
+    assert (status, action) == ("warn", "service")
+    assert message.startswith(
+        "again: Xid 13 on GPU 3 (0000:5d:00) GPC 7 TPC 7, 3 jobs in 7 days: suspect the GPU"
+    )
+    assert node.slurm() == {"state": "IDLE", "reason": ""}
+    jobs = node.db().execute("SELECT DISTINCT job_id FROM events WHERE code = 13 ORDER BY 1")
+    assert [j for (j,) in jobs] == ["81", "82", "83"]
 
 
 def test_a_drain_for_service_is_never_lifted_by_passing_health_checks(node):

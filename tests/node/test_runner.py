@@ -191,17 +191,19 @@ def test_a_lost_gpu_is_named_in_xid_messages_from_the_last_inventory(tmp_path):
 
 
 def _raw_versions(snapshot: str, sysfs: str) -> tuple:
-    """Driver and VBIOS set read from the snapshot file, firmware per HCA from the sysfs files:
-    what the runner must record, found without it."""
+    """Driver and VBIOS set read from the snapshot file, firmware and product (hca_type) per HCA
+    from the sysfs files: what the runner must record, found without it."""
     with open(snapshot_path(snapshot)) as handle:
         doc = json.load(handle)["gpu"]
     alive = [d for d in doc["devices"] if not d.get("error")]
     vbios = sorted({d["vbios"] for d in alive if d.get("vbios")})
     root = os.path.join(FIXTURES, "sysfs", sysfs, "class", "infiniband")
-    firmware, rates = {}, set()
+    firmware, products, rates = {}, {}, set()
     for hca in sorted(os.listdir(root)):
         with open(os.path.join(root, hca, "fw_ver")) as handle:
             firmware[hca] = handle.read().strip()
+        with open(os.path.join(root, hca, "hca_type")) as handle:
+            products[hca] = handle.read().strip()
         for port in os.listdir(os.path.join(root, hca, "ports")):
             with open(os.path.join(root, hca, "ports", port, "state")) as handle:
                 active = "ACTIVE" in handle.read()
@@ -216,7 +218,7 @@ def _raw_versions(snapshot: str, sysfs: str) -> tuple:
         "ecc": sorted({d["fields"]["ecc_current"] for d in alive}),
         "mig": sorted({d["mig_current"] for d in alive}),
     }
-    return gpu, {"fw_ver": firmware, "rate": sorted(rates)}
+    return gpu, {"fw_ver": firmware, "product": products, "rate": sorted(rates)}
 
 
 def test_versions_travel_with_the_sources_into_the_store(tmp_path):

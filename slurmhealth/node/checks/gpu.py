@@ -84,7 +84,13 @@ DEFAULTS: Schema = {
         "pre-Ampere retired pages that fail: the table holds 64 (DCGM's limit, NVIDIA docs)",
     ),
     "model": ("", str, "GPU model every GPU is (NVML name); empty: all GPUs alike (majority)"),
-    "mig": ("", str, "MIG mode every GPU is in: off or on; empty: no expectation"),
+    "mig": ("", str, "MIG mode every GPU is in: off or on (else fail); empty: alike (else warn)"),
+    "thermal_share_warn": (
+        0.10,
+        float,
+        "share of a job's wall time a GPU was held back by the thermal policy (NVML field 75) "
+        "that warns at its epilog: a cooled GPU spends none; a tenth is minutes per hour",
+    ),
 }
 # Memory counters kept as baselines: the epilog reports what grew during the job.
 _MEMORY = ("ecc_sbe_volatile", "ecc_dbe_volatile", "remap_correctable", "remap_uncorrectable")
@@ -339,27 +345,58 @@ def _mig_name(value: int) -> str:
     return _MIG_MODES.get(value, str(value))
 
 
-def mig(facts: Facts, ctx: Context) -> Result:
-    """MIG mode as `mig` expects (off or on; unset: either); a pending mode change warns.
+# A node whose GPUs disagree on MIG mode with no `mig` expectation: warn, drain as the hint.
+# Most often it is one GPU left in (or put in) MIG mode by mistake, and a job handed it as a
+# whole GPU finds no CUDA device on it (in MIG mode CUDA sees only the instances created on
+# it). But a split node can be meant (NVIDIA's "mixed" MIG strategy in its Kubernetes device
+# plugin serves whole GPUs and MIG instances from one node), and an admin reconfiguring a node
+# flips one GPU at a time: a fail would drain nodes nobody said were wrong, so the split warns
+# (recorded, in the report, lemon evidence) and names the fewer GPUs. A split that the pending
+# mode changes will close is a reconfiguration under way: only the pending changes warn.
+# `mig = "off"` or `"on"` makes a GPU in the other mode a fail (drain).
+def _lone_mig(modes: dict[int, list[Any]]) -> list[str]:
+    """The GPUs whose MIG mode differs from the rest of the node's, as messages; [] when all
+    agree. modes: {0 or 1: GPUs}. The fewer are named; a tie names the GPUs in MIG mode (the
+    special case)."""
+    if not modes.get(0) or not modes.get(1):
+        return []
+    lone = 1 if len(modes[1]) <= len(modes[0]) else 0
+    rest = f"{counted(len(modes[1 - lone]), 'other')} {_mig_name(1 - lone)}"
+    return [f"{label(dev)} MIG {_mig_name(lone)}, {rest}" for dev in modes[lone]]
 
-    A GPU in the wrong mode serves the wrong jobs (drain)."""
+
+def mig(facts: Facts, ctx: Context) -> Result:
+    """MIG mode as `mig` expects (off or on); unset: all GPUs alike; a pending change warns.
+
+    A GPU in the wrong mode serves the wrong jobs (drain). With no expectation a node whose
+    GPUs disagree warns, naming the odd ones, with drain as the hint (argued at _lone_mig)."""
     wanted = str(ctx.expect.get("mig") or "").strip().lower()
     want = {"off": 0, "on": 1}.get(wanted)
     wrong, pending, seen = [], [], 0
+    modes: dict[int, list[Any]] = {0: [], 1: []}
+    going: dict[int, list[Any]] = {0: [], 1: []}  # by the mode each GPU goes to: the pending one
     for dev in _alive(facts):
         now, later = dev["mig_current"], dev["mig_pending"]
         if now is None:  # NotSupported: a GPU without MIG is never in MIG mode
             if want == 1:
                 wrong.append(f"{label(dev)} MIG not reported, expected on")
+            modes[0].append(dev)
+            going[0].append(dev)
             continue
         seen += 1
         if want is not None and now != want:
             wrong.append(f"{label(dev)} MIG {_mig_name(now)}, expected {wanted}")
         if later is not None and later != now:
             pending.append(f"{label(dev)} MIG {_mig_name(later)} pending (now {_mig_name(now)})")
-    data = {"expected": wanted or None, "wrong": wrong, "pending": pending}
+        modes.setdefault(now, []).append(dev)
+        going.setdefault(later if later in _MIG_MODES else now, []).append(dev)
+    split = want is None and bool(going[0]) and bool(going[1])  # not alike even after resets
+    mixed = _lone_mig(modes) if split else []
+    data = {"expected": wanted or None, "wrong": wrong, "pending": pending, "mixed": mixed}
     if wrong:
         return fail(summarize(wrong + pending, " GPU"), data, DRAIN)
+    if mixed:
+        return warn(summarize(mixed + pending, " GPU"), data, DRAIN)
     if pending:
         return warn(summarize(pending, " GPU"), data)
     if not seen:
@@ -494,6 +531,68 @@ def thermal(facts: Facts, ctx: Context) -> Result:
     return ok("no thermal or power slowdown", {"problems": hot})
 
 
+# A GPU held back by the thermal policy for less than this, over a whole job, never warns: a
+# job of seconds would otherwise warn on a share made of one brief slowdown.
+THERMAL_MIN_S = 60.0
+
+
+def _job_devices(facts: Facts, ctx: Context, start: dict[str, Any]) -> list[Any]:
+    """The job's GPUs that are the same GPUs as at its prolog (UUID as the prolog saw it)."""
+    inventory = start.get("inventory")
+    known: dict[str, Any] = inventory if isinstance(inventory, dict) else {}
+    out = []
+    for dev in _alive(facts):
+        if ctx.job_gpus is not None and dev["index"] not in ctx.job_gpus:
+            continue
+        then = known.get(str(dev["index"]))
+        if isinstance(then, dict) and then.get("uuid") not in (None, dev["uuid"]):
+            continue
+        out.append(dev)
+    return out
+
+
+def thermal_share(facts: Facts, ctx: Context) -> Result:
+    """At a job's epilog, no GPU of the job thermally slowed over `thermal_share_warn` of it.
+
+    More warns on the node, naming the GPUs and their shares of the job's wall time.
+
+    NVML's thermal-policy counter (NVML_FI_DEV_PERF_POLICY_THERMAL, field 75: ns the clocks
+    were held back to keep the GPU under its thermal limits, as nvmlDeviceGetViolationStatus
+    reports it) read at the job's prolog and at its epilog gives the time the job's GPU ran
+    slowed for heat; over the job's wall time, its share. A GPU whose cooling works spends
+    none there: a share that high is airflow, fans or the heatsink, and a synchronous job runs
+    at its slowest GPU's pace. The power policy (field 74) is not judged: a loaded GPU at its
+    power limit is normal. Less than THERMAL_MIN_S slowed in all never warns."""
+    found = ctx.baseline.get("job_start") if isinstance(ctx.baseline, dict) else None
+    start: dict[str, Any] = found if isinstance(found, dict) else {}
+    taken = start.get("taken_at")
+    if ctx.phase != "epilog" or not isinstance(taken, (int, float)) or ctx.now <= taken:
+        return ok("not judged: only a job's epilog has its prolog's reading")
+    span = float(ctx.now) - float(taken)
+    readings = start.get("thermal")
+    before: dict[str, Any] = readings if isinstance(readings, dict) else {}
+    setting = ctx.expect.get("thermal_share_warn")
+    limit = float(DEFAULTS["thermal_share_warn"][0] if setting is None else setting)
+    shares, hot = {}, []
+    for dev in _job_devices(facts, ctx, start):
+        first, last = before.get(str(dev["index"])), dev["fields"].get("perf_thermal_ns")
+        if not isinstance(first, int) or not isinstance(last, int) or last < first:
+            continue  # not read, or the driver reloaded during the job: unknown
+        slowed = (last - first) / 1e9
+        shares[str(dev["index"])] = round(min(1.0, slowed / span), 4)
+        if slowed >= THERMAL_MIN_S and slowed > limit * span:
+            hot.append(
+                f"{label(dev)} thermally slowed {min(1.0, slowed / span):.0%} of the job "
+                f"({slowed:.0f} s of {span:.0f} s)"
+            )
+    data = {"share": shares, "seconds": round(span, 1), "hot": hot}
+    if hot:
+        return warn(summarize(hot, " GPU"), data)
+    if not shares:
+        return skip("thermal policy counter not read at the prolog and the epilog", data)
+    return ok(f"thermal slowdown under {limit:.0%} of the job on every GPU", data)
+
+
 def _below_or_odd(devices: list[Any], key: str, expected: int | None, what: str) -> list[Any]:
     values = [d[key] for d in devices if d[key] is not None]
     if expected is None:
@@ -579,18 +678,32 @@ def fabric(facts: Facts, ctx: Context) -> Result:
 
 
 def versions(facts: Facts, ctx: Context) -> Result:
-    """Driver and VBIOS versions against the golden values (all GPUs alike when unset)."""
+    """Driver and VBIOS versions against the golden values (GPUs of one model alike when unset).
+
+    A VBIOS is compared only with GPUs of the same model (NVML name): each part has its own
+    VBIOS line. `vbios_version` is the main model's: `model` when set, else the most GPUs'."""
     drift = []
     driver, want = facts["driver_version"], ctx.expect.get("driver_version")
     if want and driver and driver != want:
         drift.append(f"driver {driver}, expected {want}")
-    vbioses = [d["vbios"] for d in _alive(facts) if d["vbios"]]
+    named = [d for d in _alive(facts) if d["vbios"]]
+    vbioses = [d["vbios"] for d in named]
+    models: dict[str, list[str]] = {}
+    for dev in named:
+        models.setdefault(dev["name"] or "", []).append(dev["vbios"])
+    main = (ctx.expect.get("model") or "").strip()
+    if not main and models:
+        names = [d["name"] or "" for d in named]
+        main = names[0] if len(models) == 1 else _majority(names)
     golden = ctx.expect.get("vbios_version")
-    if not golden and vbioses:
-        golden = max(set(vbioses), key=vbioses.count)
-    for dev in _alive(facts):
-        if dev["vbios"] and dev["vbios"] != golden:
-            drift.append(f"{label(dev)} VBIOS {dev['vbios']}, expected {golden}")
+    refs = {
+        m: golden if golden and m == main else v[0] if len(set(v)) == 1 else _majority(v)
+        for m, v in models.items()
+    }
+    for dev in named:
+        ref = refs[dev["name"] or ""]
+        if dev["vbios"] != ref:
+            drift.append(f"{label(dev)} VBIOS {dev['vbios']}, expected {ref}")
     data = {"driver": driver, "vbios": sorted(set(vbioses)), "drift": drift}
     if drift:
         return warn(summarize(drift), data)
@@ -667,6 +780,7 @@ CHECKS = (
     persistence,
     processes,
     thermal,
+    thermal_share,
     pcie,
     pcie_link,
     mig,
@@ -677,7 +791,8 @@ CHECKS = (
 
 def baseline(facts: Facts, now: float | None = None) -> dict[str, Any]:
     """The inventory and memory counters to compare the next run against, keyed by index, the
-    energy and below-base-clock counters (the prolog's, for the job's figures at its epilog)
+    energy, below-base-clock and thermal-policy counters (the prolog's, for the job's figures
+    and thermal_share at its epilog)
     and the time they were read (`now`, else the clock: the run's time). The runner adds the
     SM clock and utilisation samples summed so far (node/counters.py add_samples)."""
     alive = _alive(facts)
@@ -702,6 +817,11 @@ def baseline(facts: Facts, now: float | None = None) -> dict[str, Any]:
             str(d["index"]): d["fields"]["below_base_ns"]
             for d in alive
             if isinstance(d["fields"].get("below_base_ns"), int)
+        },
+        "thermal": {
+            str(d["index"]): d["fields"]["perf_thermal_ns"]
+            for d in alive
+            if isinstance(d["fields"].get("perf_thermal_ns"), int)
         },
     }
 

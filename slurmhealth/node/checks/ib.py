@@ -8,7 +8,9 @@ judged as deltas in the epilog.
 Which ports are judged: the `ports` expectation when set; else every port of the present HCAs
 whose link layer is the expected one (InfiniBand by default), so a RoCE/Ethernet port is only
 judged when it is listed. The firmware check looks at the HCAs carrying those ports plus the
-expected `devices`, so an unrelated Ethernet NIC does not count as firmware drift.
+expected `devices`, so an unrelated Ethernet NIC does not count as firmware drift; and among
+those it compares only HCAs of one product (hca_type, else board_id: product()), so an iWARP
+NIC listed beside the Mellanox HCAs is not their drift either.
 
 Counter thresholds are deltas since the previous run on this node (prolog to epilog, epilog to
 next prolog). A delta at or above `<counter>_warn` warns, at or above `<counter>_fail` fails
@@ -59,9 +61,15 @@ keeps a long one (a week between two health checks) from adding line noise into 
   (azurehpc-health-checks azure_ib_link_flapping.nhc: no flap within 6 hours), 3 / 6 h.
 When the interval is unknown (a baseline saved without its time, a clock that went backwards)
 the counts alone judge, as before.
-A counter lower than its baseline was reset (HCA reset, reboot, `perfquery -R`): it starts a
-new baseline, never a negative delta and never a fail; the message says "counter reset: new
-baseline" (DCGM's health watch treats a lower volatile counter the same way).
+A counter lower than its baseline was cleared in between (`perfquery -R`, an HCA reset, a
+driver reload, a reboot): it counts from 0 again, so its value now is what it counted since the
+reset, and that value is the delta, judged like any other: never a negative delta, and the flaps
+that followed the reset are not hidden (three link_downed after a `perfquery -R` between the
+prolog and the epilog are three flaps of this job). Some increments may be lost: those between
+the baseline and the reset; the rate is the value over the whole interval, a lower bound, since
+the reset happened somewhere in it. The message says "since a counter reset" (a judged level)
+or "counter reset, counted from 0" (ok). node/counters.py counts a reset the same way for the
+fleet's trends.
 """
 
 from __future__ import annotations
@@ -411,24 +419,61 @@ def _fw_scope(facts: Facts, ctx: Context) -> dict[str, Any]:
     return {n: facts["devices"][n]["fw_ver"] for n in _scope(facts, ctx)}
 
 
+def product(device: dict[str, Any]) -> str:
+    """What an HCA is, so firmware is compared only between HCAs of one product: its hca_type
+    (mlx5: `MT4129`, `MT` and the PCI device id, ConnectX-7; cxgb4: the driver's name; qedr:
+    `FastLinQ QL...`), else its board_id (mlx5: the board's PSID; cxgb4: PCI vendor.device),
+    else "" (a driver that exports neither: compared with the others that export neither).
+    Firmware numbering is per product (ConnectX-7 runs 28.x, ConnectX-6 Dx 22.x, a Chelsio
+    T6 1.x), so a version seen on another product says nothing about this one."""
+    return device.get("hca_type") or device.get("board_id") or ""
+
+
 def _majority(versions: list[str]) -> str:
     """Most common version; a tie goes to the version of the first HCA."""
     return max(versions, key=lambda v: (versions.count(v), -versions.index(v)))
 
 
 def firmware(facts: Facts, ctx: Context) -> Result:
-    """HCA firmware equal to `fw_ver`, or uniform when unset: drift warns, naming the odd HCA."""
+    """HCA firmware as `fw_ver`, or uniform per product when unset: drift warns, naming the HCA.
+
+    Only HCAs of one product are compared (product(): an iWARP NIC's firmware is no drift
+    of a Mellanox HCA's); `fw_ver` is the firmware of the node's main product, the one most
+    HCAs in scope are (a tie: the first HCA's)."""
     fws = _fw_scope(facts, ctx)
     known = {n: v for n, v in fws.items() if v}
     if not known:
         return skip("no HCA firmware to compare", {"fw_ver": fws})
     wanted = _expect(ctx, "fw_ver")
-    ref = wanted if wanted is not None else _majority(list(known.values()))
-    word = "expected" if wanted is not None else "others"
-    odd = [f"{n} firmware {v}, {word} {ref}" for n, v in known.items() if v != ref]
-    data = {"fw_ver": fws, "reference": ref}
+    products = {n: product(facts["devices"][n]) for n in known}
+    found: dict[str, dict[str, str]] = {}
+    for name, version in known.items():
+        found.setdefault(products[name], {})[name] = version
+    main = next(iter(found)) if len(found) == 1 else _majority(list(products.values()))
+    # the main product first, then the most HCAs
+    groups = {k: found[k] for k in sorted(found, key=lambda k: (k != main, -len(found[k]), k))}
+    refs, odd = {}, []
+    for kind, members in groups.items():
+        golden = wanted if kind == main else None
+        refs[kind] = golden if golden is not None else _majority(list(members.values()))
+        word = "expected" if golden is not None else "others"
+        tag = f" ({kind})" if len(groups) > 1 and kind else ""
+        odd += [
+            f"{n}{tag} firmware {v}, {word} {refs[kind]}"
+            for n, v in members.items()
+            if v != refs[kind]
+        ]
+    data = {"fw_ver": fws, "reference": refs[main], "products": products}
     bad = _verdict([], odd, data, DRAIN, "HCA")
-    return bad or ok(f"{counted(len(known), 'HCA')} on firmware {ref}", data)
+    if bad:
+        return bad
+    if len(groups) == 1:
+        return ok(f"{counted(len(known), 'HCA')} on firmware {refs[main]}", data)
+    each = [
+        f"{counted(len(m), f'{kind} HCA' if kind else 'HCA')} on {refs[kind]}"
+        for kind, m in groups.items()
+    ]
+    return ok(f"firmware per product: {', '.join(each)}", data)
 
 
 def _gen_width(gen: object, width: object) -> str:
@@ -525,15 +570,15 @@ def _port_counters(
         base = before.get(name)
         if not isinstance(base, int) or isinstance(base, bool):
             continue
-        if value < base:  # reset since (HCA reset, reboot, perfquery -R): a new baseline
+        if value < base:  # cleared since (perfquery -R, HCA reset, reboot): counts from 0
             reset.append(name)
-            continue
-        deltas[name] = value - base
+        deltas[name] = value - base if value >= base else value
         level, text = _level(name, deltas[name], seconds, ctx)
+        since = " since a counter reset" if value < base else ""
         if level == "fail":
-            fails.append(f"{key} {name} {text}")
+            fails.append(f"{key} {name} {text}{since}")
         elif level == "warn":
-            warns.append(f"{key} {name} {text}")
+            warns.append(f"{key} {name} {text}{since}")
     unreadable = sorted(n for n, v in now.items() if v is None)
     data = {"delta": deltas, "unreadable": unreadable, "saturated": saturated, "reset": reset}
     return fails, warns, data
@@ -542,7 +587,8 @@ def _port_counters(
 def counters(facts: Facts, ctx: Context) -> Result:
     """Error-counter deltas since the last run (symbol errors, flaps also per hour); saturation.
 
-    A counter that went down (HCA reset) starts a new baseline, never a fail."""
+    A counter that went down was cleared (perfquery -R, HCA reset): its value is what it
+    counted since, judged as the delta, never a negative one."""
     keys = [k for k in expected_ports(facts, ctx) if k in facts["ports"]]
     if not keys:
         return skip("no InfiniBand ports")
@@ -565,7 +611,7 @@ def counters(facts: Facts, ctx: Context) -> Result:
     note = f", baseline recorded for {fresh}" if fresh else ""
     resets = [f"{k} {n}" for k in keys for n in data[k]["reset"]]
     if resets:
-        note += f", counter reset: new baseline ({summarize(resets)})"
+        note += f", counter reset, counted from 0 ({summarize(resets)})"
     judged = counted(len(keys) - fresh, "port")
     return ok(f"no counter errors on {judged} since last run{note}", data)
 
@@ -587,10 +633,13 @@ def baseline(facts: Facts, now: float | None = None) -> dict[str, Any]:
 
 def versions_of(facts: Facts) -> dict[str, Any]:
     """The versions and settings each run records (the nightly report's odd node out):
-    firmware per HCA, and the set of rates of the active ports (Gb/s)."""
-    out: dict[str, Any] = {
-        "fw_ver": {n: d["fw_ver"] for n, d in sorted(facts["devices"].items()) if d["fw_ver"]}
-    }
+    firmware per HCA and, where known, its product (product(): the report compares firmware
+    per product), and the set of rates of the active ports (Gb/s)."""
+    named = {n: d for n, d in sorted(facts["devices"].items()) if d["fw_ver"]}
+    out: dict[str, Any] = {"fw_ver": {n: d["fw_ver"] for n, d in named.items()}}
+    products = {n: product(d) for n, d in named.items() if product(d)}
+    if products:
+        out["product"] = products
     rates = {p["rate"] for p in facts["ports"].values() if p["state"] == _ACTIVE and p["rate"]}
     if rates:
         out["rate"] = sorted(rates)
@@ -611,9 +660,12 @@ def expectations(facts: Facts) -> dict[str, Any]:
     rates = [p["rate"] for p in ports.values() if p["rate"] is not None]
     if rates:
         out["rate"] = int(min(rates))
-    fws = {facts["devices"][p["device"]]["fw_ver"] for p in ports.values()}
-    if len(fws) == 1 and None not in fws:
-        out["fw_ver"] = fws.pop()
+    carrying = [facts["devices"][n] for n in sorted({p["device"] for p in ports.values()})]
+    if carrying:  # `fw_ver` is the main product's firmware (firmware()): when it is uniform
+        main = _majority([product(d) for d in carrying])
+        fws = {d["fw_ver"] for d in carrying if product(d) == main}
+        if len(fws) == 1 and None not in fws:
+            out["fw_ver"] = fws.pop()
     links = [facts["devices"][n]["link"] for n in sorted({p["device"] for p in ports.values()})]
     for key in ("gen", "width"):
         values = [x[key] for x in links if x[key] is not None]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -168,6 +169,25 @@ def test_inventory_change_is_reported_against_the_baseline():
 def test_driver_drift_warns():
     result = gpu.versions(facts("healthy"), ctx(driver_version="580.95.05"))
     assert result.status == "warn" and "driver 550.90.07, expected 580.95.05" in result.message
+
+
+def test_vbios_is_compared_within_one_model_only():
+    """Each GPU model has its own VBIOS line: a node whose GPUs are two models (gpu.model
+    fails it) does not also warn that one model's VBIOS drifted from the other's."""
+    f = facts("healthy")
+    for dev in f["devices"][:2]:
+        dev.update(name="NVIDIA L40S", vbios="95.02.5D.00.01")
+    assert gpu.versions(f, ctx()).status == "ok"
+    f["devices"][1]["vbios"] = "95.02.3C.00.02"  # one L40S of two: a tie, the first wins
+    res = gpu.versions(f, ctx())
+    assert res.status == "warn"
+    assert res.message == "GPU 1 (0000:2a:00) VBIOS 95.02.3C.00.02, expected 95.02.5D.00.01"
+    # The golden VBIOS is the main model's: the other model's GPUs keep to their own.
+    main = f["devices"][5]["vbios"]
+    assert gpu.versions(f, ctx(vbios_version=main)).message.startswith("GPU 1 (0000:2a:00)")
+    other = gpu.versions(f, ctx(vbios_version="96.00.A1.00.01"))
+    assert other.message.endswith("(+6 more)")  # GPU 1 among the L40S, GPUs 2-7 the golden
+    assert other.data["drift"][1].endswith("expected 96.00.A1.00.01")
 
 
 def test_recovery_action_reboot_wins_over_reset():
@@ -413,12 +433,57 @@ def test_ecc_off_now_still_fails_and_pending_off_only_warns():
 def test_mig_mode_against_the_expectation():
     assert gpu.mig(facts("healthy"), ctx(mig="off")).status == "ok"
     on = gpu.mig(facts("mig-on"), ctx())
-    assert on.status == "ok", "no expectation: a GPU in MIG mode is a choice"
+    assert on.status == "warn", "no expectation: one GPU in MIG mode among the others warns"
     result = gpu.mig(facts("mig-on"), ctx(mig="off"))
     assert (result.status, result.action) == ("fail", "drain")
     assert result.message == "GPU 6 (0000:ba:00) MIG on, expected off"
     result = gpu.mig(facts("healthy"), ctx(mig="on"))
     assert result.message == "GPU 0 (0000:18:00) MIG off, expected on (+7 more GPUs)"
+
+
+def test_one_gpu_in_mig_mode_among_the_others_warns_with_a_drain_hint():
+    """No expectation: the GPUs of one node agree on MIG mode. One GPU in MIG mode warns (a
+    job handed it as a whole GPU finds no CUDA device), with drain as the hint; a split can be
+    meant, so it never drains alone."""
+    res = gpu.mig(facts("mig-on"), ctx())
+    assert (res.status, res.action) == ("warn", "drain")
+    assert res.message == "GPU 6 (0000:ba:00) MIG on, 7 others off"
+    assert res.data["mixed"] == ["GPU 6 (0000:ba:00) MIG on, 7 others off"]
+    # The fewer are named: one GPU left off among seven in MIG mode.
+    f = facts("healthy")
+    for dev in f["devices"][1:]:
+        dev["mig_current"] = dev["mig_pending"] = 1
+    res = gpu.mig(f, ctx())
+    assert (res.status, res.message) == ("warn", "GPU 0 (0000:18:00) MIG off, 7 others on")
+    # An even split names the GPUs in MIG mode.
+    for dev in f["devices"][1:4]:
+        dev["mig_current"] = dev["mig_pending"] = 0
+    res = gpu.mig(f, ctx())
+    assert res.message == "GPU 4 (0000:9a:00) MIG on, 4 others off (+3 more GPUs)"
+
+
+def test_a_reconfiguration_under_way_is_judged_by_the_pending_modes():
+    """An admin turning MIG on GPU by GPU: the ones done are on, the rest wait for their reset
+    with MIG on pending. The node will be uniform: only the pending changes warn, no split."""
+    f = facts("healthy")
+    for dev in f["devices"][:3]:
+        dev["mig_current"] = dev["mig_pending"] = 1
+    for dev in f["devices"][3:]:
+        dev["mig_pending"] = 1
+    res = gpu.mig(f, ctx())
+    assert res.status == "warn" and res.action == "none" and res.data["mixed"] == []
+    assert res.message == "GPU 3 (0000:5d:00) MIG on pending (now off) (+4 more GPUs)"
+    # With the expectation set, a GPU in the other mode still fails, split or not.
+    assert gpu.mig(facts("mig-on"), ctx(mig="off")).status == "fail"
+    assert gpu.mig(facts("healthy"), ctx(mig="off")).status == "ok"
+
+
+def test_a_gpu_without_mig_counts_as_off():
+    f = facts("mig-on")
+    for dev in f["devices"][:6]:
+        dev["mig_current"] = dev["mig_pending"] = None  # NotSupported
+    res = gpu.mig(f, ctx())
+    assert res.message == "GPU 6 (0000:ba:00) MIG on, 7 others off"
 
 
 def test_mig_not_supported_is_off():
@@ -515,3 +580,73 @@ def test_a_gpu_is_named_the_same_by_its_checks_and_by_its_xid_lines(tmp_path):
     said = {r["check"]: r["message"] for r in json.loads(proc.stdout)["results"]}
     assert said["gpu.ecc"].startswith("GPU 2 (0000:3a:00) 2 uncorrectable")
     assert said["xid.hardware"].startswith("GPU 2 (0000:3a:00) Xid 48")
+
+
+# ---------------------------------------------------------------- thermal share of a job
+
+HOUR = 3600.0
+
+
+def with_thermal(name: str, seconds: dict) -> dict:
+    """The scenario's facts with NVML's thermal-policy counter (field 75, ns) on every GPU:
+    `seconds` by index, 0 elsewhere."""
+    f = facts(name)
+    for dev in f["devices"]:
+        dev["fields"]["perf_thermal_ns"] = int(seconds.get(dev["index"], 0) * 1e9)
+    return f
+
+
+def at_epilog(end: dict, start: dict, span: float, job_gpus=None, **expect) -> object:
+    """gpu.thermal_share at an epilog `span` seconds after the prolog that read `start`: the
+    job's prolog reading as the agent hands it (`job_start` of the GPU baseline)."""
+    prolog = gpu.baseline(start, now=1000.0)
+    base = {k: v[0] for k, v in gpu.DEFAULTS.items()}
+    base.update(expect)
+    ctx = Context("gpu01", "epilog", base, {"job_start": prolog}, job_gpus=job_gpus)
+    ctx.now = 1000.0 + span
+    return gpu.thermal_share(end, ctx)
+
+
+def test_a_job_that_spent_a_large_share_thermally_slowed_warns_naming_its_gpu():
+    start = with_thermal("healthy", {3: 500, 5: 40})
+    end = with_thermal("healthy", {3: 500 + 0.25 * 2 * HOUR, 5: 40 + 0.05 * 2 * HOUR})
+    res = at_epilog(end, start, 2 * HOUR)
+    assert (res.status, res.action) == ("warn", "none")
+    assert res.message == "GPU 3 (0000:5d:00) thermally slowed 25% of the job (1800 s of 7200 s)"
+    assert res.data["share"]["3"] == 0.25 and res.data["share"]["5"] == 0.05
+    # the share is the setting's
+    assert at_epilog(end, start, 2 * HOUR, thermal_share_warn=0.3).status == "ok"
+    assert at_epilog(end, start, 2 * HOUR, thermal_share_warn=0.04).message.endswith(
+        "(+1 more GPU)"
+    )
+
+
+def test_thermal_share_judges_only_the_jobs_gpus_that_stayed_the_same():
+    start = with_thermal("healthy", {})
+    end = with_thermal("healthy", {3: 0.5 * HOUR, 4: 0.5 * HOUR})
+    assert at_epilog(end, start, HOUR, job_gpus=[0, 1]).status == "ok"
+    res = at_epilog(end, start, HOUR, job_gpus=[4])
+    assert res.status == "warn" and res.message.startswith("GPU 4 ")
+    swapped = copy.deepcopy(end)
+    swapped["devices"][4]["uuid"] = "GPU-another-board"
+    assert at_epilog(swapped, start, HOUR, job_gpus=[4]).data["share"] == {}
+
+
+def test_thermal_share_ignores_short_slowdowns_and_counters_that_fell():
+    start = with_thermal("healthy", {2: 900})
+    # 50 s of a 100 s job: half of it, but under a minute in all
+    assert at_epilog(with_thermal("healthy", {2: 950}), start, 100.0).status == "ok"
+    # the counter fell: the driver reloaded during the job, the job's share is unknown
+    fell = at_epilog(with_thermal("healthy", {2: 10}), start, HOUR, job_gpus=[2])
+    assert fell.status == "skip" and fell.data["share"] == {}
+
+
+def test_thermal_share_is_judged_only_at_an_epilog_with_its_prolog_reading():
+    f = with_thermal("healthy", {3: HOUR})
+    for phase in ("prolog", "healthcheck", "check"):
+        res = gpu.thermal_share(f, Context("gpu01", phase, {}, {"job_start": {"taken_at": 1.0}}))
+        assert res.status == "ok" and res.message.startswith("not judged")
+    # an epilog whose prolog left no reading (no store, an older version's baseline)
+    assert gpu.thermal_share(f, Context("gpu01", "epilog", {}, {})).status == "ok"
+    no_counter = at_epilog(facts("healthy"), facts("healthy"), HOUR)
+    assert no_counter.status == "skip"

@@ -357,6 +357,76 @@ def test_firmware_ignores_unjudged_ethernet_nic():
     assert_result(run(ib.firmware, ib.parse(raw)), result.OK)
 
 
+def with_iwarp(scenario: str, *names: str, fw: str = "1.27.5.0") -> dict:
+    """The scenario's raw tree with Chelsio T6 iWARP NICs added (cxgb4: hca_type is the
+    driver's name, board_id the PCI vendor.device; Linux drivers/infiniband/hw/cxgb4/provider.c)."""
+    raw = raw_of(scenario)
+    port = copy.deepcopy(next(iter(raw["devices"]["mlx5_0"]["ports"].values())))
+    port.update(link_layer="Ethernet", rate="100 Gb/sec (4X EDR)")
+    for name in names:
+        raw["devices"][name] = {
+            "fw_ver": fw, "hca_type": "cxgb4", "board_id": "1425.6408", "node_guid": None,
+            "ports": {"1": copy.deepcopy(port)},
+        }
+    return raw
+
+
+def test_firmware_compares_only_hcas_of_one_product():
+    """An iWARP NIC listed beside the ConnectX-7 HCAs runs another product's firmware: no
+    drift; the healthy node stays ok and says what it compared."""
+    raw = with_iwarp("healthy-8x-ndr", "cxgb4_0")
+    res = run(ib.firmware, ib.parse(raw), devices=[*EIGHT, "cxgb4_0"])
+    assert_result(res, result.OK, result.NONE, (
+        "firmware per product: 8 MT4129 HCAs on 28.39.1002, 1 cxgb4 HCA on 1.27.5.0"
+    ))
+    assert res.data["products"]["cxgb4_0"] == "cxgb4"
+    assert res.data["reference"] == "28.39.1002"
+    # A RoCE node (Ethernet is the expected layer): the iWARP ports are in scope too.
+    roce = with_iwarp("ethernet", "cxgb4_0")
+    roce["devices"]["mlx5_0"]["ports"]["1"]["link_layer"] = "Ethernet"
+    assert_result(run(ib.firmware, ib.parse(roce), link_layer="Ethernet"), result.OK)
+
+
+def test_firmware_drift_within_each_product_names_the_product():
+    raw = with_iwarp("fw-drift", "cxgb4_0", "cxgb4_1")
+    raw["devices"]["cxgb4_1"]["fw_ver"] = "1.26.6.0"
+    res = run(ib.firmware, ib.parse(raw), devices=[*EIGHT, "cxgb4_0", "cxgb4_1"])
+    assert_result(res, result.WARN, result.NONE, (
+        "mlx5_2 (MT4129) firmware 28.36.1010, others 28.39.1002 (+1 more HCA)"
+    ))
+    assert res.data["fw_ver"]["cxgb4_1"] == "1.26.6.0"
+
+
+def test_golden_firmware_is_the_main_products():
+    """`fw_ver` names the firmware of the HCAs most of the node's are; another product's HCA is
+    compared with its own kind, never with the golden value."""
+    raw = with_iwarp("healthy-8x-ndr", "cxgb4_0")
+    facts = ib.parse(raw)
+    res = run(ib.firmware, facts, devices=[*EIGHT, "cxgb4_0"], fw_ver="28.39.1002")
+    assert_result(res, result.OK)
+    res = run(ib.firmware, facts, devices=[*EIGHT, "cxgb4_0"], fw_ver="28.40.1000")
+    assert res.message == (
+        "mlx5_0 (MT4129) firmware 28.39.1002, expected 28.40.1000 (+7 more HCAs)"
+    )
+
+
+def test_product_is_hca_type_else_board_id():
+    assert ib.product({"hca_type": "MT4129", "board_id": "MT_0000000838"}) == "MT4129"
+    assert ib.product({"hca_type": None, "board_id": "1425.6408"}) == "1425.6408"
+    assert ib.product({"hca_type": None, "board_id": None}) == ""
+    # Two HCAs that say nothing of what they are are compared with each other, as before.
+    raw = raw_of("fw-drift")
+    for device in raw["devices"].values():
+        device["hca_type"] = device["board_id"] = None
+    assert_result(run(ib.firmware, ib.parse(raw)), result.WARN)
+
+
+def test_genconf_takes_the_main_products_firmware():
+    raw = with_iwarp("healthy-8x-ndr", "cxgb4_0")
+    raw["devices"]["cxgb4_0"]["ports"]["1"]["link_layer"] = "InfiniBand"  # its port in scope
+    assert ib.expectations(ib.parse(raw))["fw_ver"] == "28.39.1002"
+
+
 def test_genconf_on_ethernet_node_lists_only_ib_ports():
     expect = ib.expectations(facts_of("ethernet"))
     assert expect["ports"] == ["mlx5_0:1"]
@@ -474,23 +544,46 @@ def test_counter_thresholds_configurable(healthy):
     assert run(ib.counters, facts, before, link_downed_warn=5, link_downed_fail=9).status == "ok"
 
 
-def test_counter_that_went_down_starts_a_new_baseline_never_a_fail(healthy):
+def test_counter_that_went_down_counts_from_zero_never_a_negative_delta(healthy):
     before = ib.baseline(healthy)
     before["counters"]["mlx5_0:1"]["symbol_error"] = 5000  # before a reboot or perfquery -R
     before["counters"]["mlx5_4:1"]["link_downed"] = 9
-    facts = with_counters(healthy, "mlx5_0:1", symbol_error=12)
+    facts = with_counters(healthy, "mlx5_0:1", symbol_error=3)
+    facts = with_counters(facts, "mlx5_4:1", link_downed=0)  # cleared, no flap since
     res = run(ib.counters, facts, before)
-    assert "symbol_error" not in res.data["mlx5_0:1"]["delta"]
+    assert res.data["mlx5_0:1"]["delta"]["symbol_error"] == 3  # counted since the reset
     assert res.data["mlx5_0:1"]["reset"] == ["symbol_error"]
+    assert all(v >= 0 for port in EIGHT_PORTS for v in res.data[port]["delta"].values())
     assert_result(res, result.OK)
     assert res.message == (
-        "no counter errors on 8 ports since last run, counter reset: new baseline "
+        "no counter errors on 8 ports since last run, counter reset, counted from 0 "
         "(mlx5_0:1 symbol_error (+1 more))"
     )
     # The next run measures from the new value.
-    later = with_counters(facts, "mlx5_0:1", symbol_error=24)
+    later = with_counters(facts, "mlx5_0:1", symbol_error=15)
     res = run(ib.counters, later, ib.baseline(facts))
     assert_result(res, result.WARN, result.NONE, "mlx5_0:1 symbol_error +12 (warn at 10)")
+
+
+def test_flaps_after_a_perfquery_reset_are_not_hidden(healthy):
+    """perfquery -R between the prolog and the epilog cleared link_downed from 7; three flaps
+    followed: the epilog judges three flaps, as it would have without the reset."""
+    before = stamped(healthy, 0.0)
+    before["counters"]["mlx5_2:1"]["link_downed"] = 7
+    facts = with_counters(healthy, "mlx5_2:1", link_downed=3)
+    res = at(facts, before, 2 * HOUR)
+    assert_result(res, result.FAIL, result.DRAIN)
+    assert res.message == (
+        "mlx5_2:1 link_downed +3 (1.5/h over 2 h, fail at 3 and 0.5/h) since a counter reset"
+    )
+    assert res.data["mlx5_2:1"]["reset"] == ["link_downed"]
+    # One flap after the reset warns; none is quiet (cleared to 0, nothing since).
+    one = at(with_counters(healthy, "mlx5_2:1", link_downed=1), before, 2 * HOUR)
+    assert_result(one, result.WARN, result.NONE)
+    assert one.message.endswith("since a counter reset")
+    zero = at(with_counters(healthy, "mlx5_2:1", link_downed=0), before, 2 * HOUR)
+    assert_result(zero, result.OK)
+    assert zero.data["mlx5_2:1"]["delta"]["link_downed"] == 0
 
 
 def test_counter_fail_listed_before_warn(healthy):
@@ -575,6 +668,9 @@ def test_versions_of_records_firmware_per_hca():
     found = ib.versions_of(facts)["fw_ver"]
     assert found == {name: dev["fw_ver"] for name, dev in facts["devices"].items()}
     assert len(set(found.values())) == 2
+    assert set(ib.versions_of(facts)["product"].values()) == {"MT4129"}
+    mixed = ib.versions_of(ib.parse(with_iwarp("fw-drift", "cxgb4_0")))
+    assert mixed["product"]["cxgb4_0"] == "cxgb4"
     assert ib.versions_of(ib.parse({})) == {"fw_ver": {}}  # no port: no rate either
 
 

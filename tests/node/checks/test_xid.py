@@ -1291,6 +1291,83 @@ def test_an_xid_13_burst_over_many_tpcs_names_no_unit_and_is_never_a_suspicion()
     assert xid.hardware(facts, remembering(recent)).status == "ok"
 
 
+# Xid 13 as the driver prints it on nodes (fixtures modelled on published captures, named in
+# tests/fixtures/kmsg/README.md): often no pid, and an incident of several lines.
+UNIT_WARP = "Graphics SM Warp Exception on (GPC 7, TPC 7, SM 0): Illegal Instruction Parameter"
+UNIT_GLOBAL = "Graphics SM Global Exception on (GPC 7, TPC 7, SM 0): Multiple Warp Errors"
+
+
+def test_xid_13_of_one_unit_as_nodes_print_it_is_read_with_its_unit():
+    """An incident: the warp exception, the SM's global one (both name GPC 7 TPC 7), the ESR
+    registers (no unit); the pid unknown. Then the job's Xid 109, with a pid."""
+    facts = facts_of("xid13-unit.dmesg-T")
+    got = [(e["xid"], e["bus_id"], e["pid"], e["class"], e["detail"]) for e in facts["events"]]
+    unit = {"gpc": 7, "tpc": 7}
+    assert got == [
+        (13, "0000:5d:00", None, "app", unit),
+        (13, "0000:5d:00", None, "app", unit),
+        (13, "0000:5d:00", None, "app", None),
+        (109, "0000:5d:00", 418822, "app", None),
+    ]
+    assert xid.hardware(facts, ctx(now=NOW)).status == "ok"  # no memory: the application's
+
+
+def test_xid_13_without_a_pid_counts_jobs_from_the_store():
+    """With no pid on the lines, whose Xid 13 it was is the job the store gave it, else the run
+    that read it: the rows of one incident (two lines, one run, one job) count once."""
+    facts = facts_of("xid13-unit.dmesg-T")
+    earlier = [
+        row(13, cls="app", text=UNIT_WARP, job="81", ago=2 * DAY, n=1),
+        row(13, cls="app", text=UNIT_GLOBAL, job="81", ago=2 * DAY, n=2),
+        row(13, cls="app", text=UNIT_WARP, job="82", ago=DAY, n=3),
+        row(13, cls="app", text=UNIT_GLOBAL, job="82", ago=DAY, n=4),
+    ]
+    result = xid.hardware(facts, remembering(earlier))
+    assert (result.status, result.action) == ("warn", "service")
+    assert result.message == (
+        "again: Xid 13 on GPU 3 (0000:5d:00) GPC 7 TPC 7, 3 jobs in 7 days: suspect the GPU, "
+        "run diagnostics (+1 more)"
+    )
+    one_job = [dict(r, job_id="81") for r in earlier]
+    assert xid.hardware(facts, remembering(one_job)).status == "ok"  # two jobs in all
+    # rows no job claimed (read by a health check, no epilog since): one per run that read them
+    by_run = [dict(r, job_id=None) for r in earlier]
+    assert xid.hardware(facts, remembering(by_run)).status == "warn"
+    same_run = [dict(r, job_id=None, time=NOW - DAY) for r in earlier]
+    assert xid.hardware(facts, remembering(same_run)).status == "ok"
+    # older than repeat_days: forgotten
+    stale = [dict(r, time=NOW - 8 * DAY) for r in earlier]
+    assert xid.hardware(facts, remembering(stale)).status == "ok"
+
+
+def test_an_xid_13_incident_over_several_tpcs_as_nodes_print_it_names_no_unit():
+    """The syslog form with the kernel's uptime, no pid: one exception over TPC 0 (SM 0 and
+    SM 1) and TPC 2 of GPC 1 within the same microseconds: the application's bad instruction
+    ran on every SM that took its blocks; no unit, never counted."""
+    facts = facts_of("xid13-spread.syslog")
+    spread = [e for e in facts["events"] if (e["detail"] or {}).get("spread")]
+    assert len(spread) == 2 and all(e["repeats"] == 3 for e in spread)
+    assert sum(e["repeats"] for e in facts["events"]) == 8
+    text = "Graphics SM Warp Exception on (GPC 1, TPC 0, SM 0): Illegal Instruction Encoding"
+    earlier = [
+        row(13, bus="0000:3a:00", cls="app", text=text, job=str(j), n=j) for j in range(5)
+    ]
+    result = xid.hardware(facts, remembering(earlier))
+    assert result.status == "ok"
+
+
+def test_xid_13_of_register_dumps_only_names_no_unit():
+    facts = facts_of("xid13-esr.dmesg")
+    assert [(e["xid"], e["detail"], e["repeats"]) for e in facts["events"]] == [(13, None, 3)]
+    channel = "Graphics Exception: ChID 000c, Class 0000cbc0, Offset 00000000, Data 00000000"
+    assert one(f"NVRM: Xid (PCI:0000:5d:00): 13, pid=2519, name=python3, {channel}")[
+        "detail"
+    ] is None
+    # an older driver names the GPC and TPC without the SM
+    older = "Graphics SM Warp Exception on (GPC 0, TPC 4): Misaligned Register"
+    assert one(f"NVRM: Xid (PCI:0000:5d:00): 13, {older}")["detail"] == {"gpc": 0, "tpc": 4}
+
+
 # --- HCA events -------------------------------------------------------------------------------
 
 
