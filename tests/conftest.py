@@ -105,7 +105,7 @@ def require_real(reason: str) -> None:
 # Tests that need real services or root, by where they live or what they use: marked `real`, so
 # `make test-fast` can leave them out (they still call require_real when the service is absent).
 REAL_PATHS = ("slurm/", "report/test_browser.py", "test_packaging.py")
-REAL_FIXTURES = ("small_fs", "node_exporter", "lab")
+REAL_FIXTURES = ("small_fs", "node_exporter", "lab", "promtool")
 
 
 def pytest_collection_modifyitems(config, items) -> None:

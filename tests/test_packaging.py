@@ -1029,6 +1029,7 @@ def _common_paths(sitelib: str, units: str, doc: str) -> set:
         f"{LIBEXEC}/slurmhealth-periodic",
         "/etc/cron.d/slurmhealth",
         "/etc/slurmhealth/periodic.env",
+        "/usr/share/slurmhealth/prometheus/slurmhealth-alerts.yml",
         f"{doc}/README.md",
         f"{doc}/packaging.md",
         f"{doc}/examples/slurmhealth.toml",
