@@ -24,6 +24,7 @@ from slurmhealth.fleet import (
     collect,
     history,
     lemons,
+    notify,
     peers,
     queries,
     records,
@@ -915,6 +916,57 @@ def slow_cmd(db: str | None, window: str, now: str | None, margin: float, as_jso
         click.echo(json.dumps(doc, indent=1))
     else:
         click.echo(text.slow(found, nodes, span, margin))
+
+
+@cli.command(name="notify")
+@fleet_db_option
+@click.option(
+    "--url",
+    envvar="SLURMHEALTH_WEBHOOK_URL",
+    required=True,
+    help="the webhook to post to (http or https) [$SLURMHEALTH_WEBHOOK_URL]",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["json", "slack"]),
+    default="json",
+    show_default=True,
+    help="json: {source, events, more}; slack: an incoming webhook's {text}",
+)
+@click.option("--now", default=None, help="replay: as of this time")
+@click.option(
+    "--silent-after",
+    default="6h",
+    show_default=True,
+    envvar="SLURMHEALTH_SILENT_AFTER",
+    help="say a node silent after no run for this long [$SLURMHEALTH_SILENT_AFTER]",
+)
+@click.option("--dry-run", is_flag=True, help="print what would be posted; post and mark nothing")
+@_said
+def notify_cmd(
+    db: str | None, url: str, fmt: str, now: str | None, silent_after: str, dry_run: bool
+) -> None:
+    """Post the drains, lemons, breaker trips and silent nodes since the last post to a webhook.
+
+    Runs on the head node after collect and the lemon sweep (the periodic jobs do, when
+    SLURMHEALTH_WEBHOOK_URL is set). What was posted is remembered in the fleet store only once
+    the receiver took it (HTTP 2xx; tried 3 times on a 5xx, a 429 or no connection), so nothing
+    is lost while it is down: exit 1, and the next run posts it. At most 20 events a post and
+    6 posts an hour; the rest waits for the next (docs/alerts.md).
+
+    \b
+    Example:
+        slurmhealth notify --url http://alerts.example.org:9000/slurm --dry-run
+        slurmhealth notify --format slack   # $SLURMHEALTH_WEBHOOK_URL: Slack's webhook
+    """
+    notify.check_url(url)
+    request = notify.Request(
+        url, fmt, _instant(now) if now else None, dry_run, _duration(silent_after, "--silent-after")
+    )
+    status = notify.run(_open(_fleet_path(db)), request, _console())
+    if status:
+        sys.exit(status)
 
 
 @cli.command(name="trends")

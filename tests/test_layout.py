@@ -320,13 +320,14 @@ _READ = re.compile(
 )
 # Where SQL may read the store's tables: the store itself, the reads several consumers share
 # (fleet/queries.py), the reads that have one consumer beside it (the report's, the job
-# summaries', history's), the lemon signals query, the bulk export/import.
+# summaries', history's, the notifier's), the lemon signals query, the bulk export/import.
 QUERY_HOMES = {
     "slurmhealth.core.store",
     "slurmhealth.fleet.queries",
     "slurmhealth.report.reads",
     "slurmhealth.fleet.jobs",
     "slurmhealth.fleet.history",
+    "slurmhealth.fleet.notify",
     "slurmhealth.fleet.signals",
     "slurmhealth.fleet.records",
     "slurmhealth.fleet.collect",

@@ -1269,6 +1269,22 @@ def test_periodic_collect_publishes_unless_switched_off(periodic_env):
     assert [argv[1] for argv in _dry_run(off, "collect")] == ["collect"]
 
 
+def test_periodic_notifies_a_webhook_after_collect_and_the_sweep(periodic_env):
+    secret = "https://hooks.example.org/services/T000/B000/secretkey"
+    with open(periodic_env["SLURMHEALTH_PERIODIC_ENV"], "a") as handle:
+        handle.write(f"SLURMHEALTH_WEBHOOK_URL={secret}\nSLURMHEALTH_WEBHOOK_FORMAT=slack\n")
+    collect = _dry_run(periodic_env, "collect")
+    sweep = _dry_run(periodic_env, "lemons")
+    assert [a[1] for a in collect] == ["collect", "publish", "notify"]
+    assert [a[1] for a in sweep] == ["lemons", "notify"]
+    assert sweep[-1][1:] == ["notify", "--format", "slack"]
+    _parse_with_the_cli([*sweep[-1][1:], "--url", secret])
+    # the URL (a secret key) travels in the environment, never on a command line
+    assert not any("secretkey" in " ".join(argv) for argv in collect + sweep)
+    off = dict(periodic_env, SLURMHEALTH_PUBLISH="no")
+    assert [a[1] for a in _dry_run(off, "collect")] == ["collect", "notify"]
+
+
 # -- the packages on their targets: EL9's Python, a fresh Debian 12 root -------------------------
 
 # What RHEL/Rocky 9 ship (AppStream: python3-click, python3-jinja2, python3-markupsafe; CRB:

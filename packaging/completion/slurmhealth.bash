@@ -3,7 +3,7 @@
 
 _slurmhealth_spec() {
     case "$1" in
-        "") subs="check collect config diagnose export history import job lemons prune publish report slow snapshot trends prolog epilog healthcheck"; opts="-V --version -h --help"; valued=""; files=0 ;;
+        "") subs="check collect config diagnose export history import job lemons notify prune publish report slow snapshot trends prolog epilog healthcheck"; opts="-V --version -h --help"; valued=""; files=0 ;;
         "check") subs=""; opts="--json --no-db --record -q --quiet -h --help --node --only --gpu-source --sysfs-root --kmsg --host-root --db --config --metrics-file"; valued="--node --only --gpu-source --sysfs-root --kmsg --host-root --db --config --metrics-file"; files=0 ;;
         "collect") subs=""; opts="--sacct --consume --full -h --help --db --since --now --slurm-bin --spool-owner --rollup-after --rollup-max"; valued="--db --since --now --slurm-bin --spool-owner --rollup-after --rollup-max"; files=1 ;;
         "config") subs="example from-nhc genconf show slurm-conf validate"; opts="-h --help"; valued=""; files=0 ;;
@@ -19,6 +19,7 @@ _slurmhealth_spec() {
         "import") subs=""; opts="-h --help --db"; valued="--db"; files=1 ;;
         "job") subs=""; opts="--json -h --help --db --slurm-bin"; valued="--db --slurm-bin"; files=0 ;;
         "lemons") subs=""; opts="--apply --json -h --help --db --window --now --config --silent-after"; valued="--db --window --now --config --silent-after"; files=0 ;;
+        "notify") subs=""; opts="--dry-run -h --help --db --url --format --now --silent-after"; valued="--db --url --format --now --silent-after"; files=0 ;;
         "prune") subs=""; opts="--dry-run -h --help --older-than --node --db --now"; valued="--older-than --node --db --now"; files=0 ;;
         "publish") subs=""; opts="--public -h --help --db --since --now --slurm-bin"; valued="--db --since --now --slurm-bin"; files=0 ;;
         "report") subs=""; opts="--sinfo -h --help --db --since --now --format -o --output --mail-to --slurm-bin --mode"; valued="--db --since --now --format -o --output --mail-to --slurm-bin --mode"; files=0 ;;
@@ -48,6 +49,7 @@ _slurmhealth() {
     case "$path:$prev" in
         "check:--only") words="gpu nvlink ib xid mce aer fs hw time ps modules net edac nvme bmc site" ;;
         "diagnose:--level") words="quick medium long" ;;
+        "notify:--format") words="json slack" ;;
         "report:--format") words="html md json prom" ;;
         *:--conf-dir|*:--config|*:--db|*:--gpu-source|*:--hook|*:--kmsg|*:--metrics-file|*:--output|*:--slurm-bin|*:--sysfs-root|*:-o) COMPREPLY=($(compgen -f -- "$cur")); return ;;
         *) [[ " $valued " == *" $prev "* ]] && return ;;
