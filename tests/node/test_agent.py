@@ -216,7 +216,7 @@ def test_epilog_deltas_are_against_the_jobs_prolog(node, tmp_path):
     node.configure(gpu_source=str(during))
     proc = node.run("epilog", job="9", SLURM_JOB_EXIT_CODE="0")
     assert proc.returncode == 1
-    assert node.slurm()["reason"] == "slurmhealth: GPU 1 link 7 recovery +25"
+    assert node.slurm()["reason"] == "slurmhealth: GPU 1 (0000:2a:00) link 7 recovery +25"
 
 
 def with_energy(tmp_path, name: str, joules: dict, below: dict | None = None, busy=None) -> str:

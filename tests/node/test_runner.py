@@ -129,7 +129,7 @@ def test_baselines_carry_counters_between_runs(tmp_path):
         baselines=store.load_baselines(conn, "gpu01"),
     )
     result = by_name(second)["nvlink.error_counters"]
-    assert result.status == "fail" and "GPU 1 link 7 recovery +25" in result.message
+    assert result.status == "fail" and "GPU 1 (0000:2a:00) link 7 recovery +25" in result.message
 
 
 def test_snapshot_source_failures_replay_as_recorded(tmp_path):
