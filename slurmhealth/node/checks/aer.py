@@ -216,7 +216,9 @@ def parse(raw: object) -> Facts:
 
 def gpu_index(event: dict[str, Any], ctx: Context) -> int | None:
     """The NVML index of the GPU whose PCI function sent the error (ctx.gpus), else None."""
-    index = ctx.gpus.get(norm_bus_id(event["bus_id"])) if isinstance(ctx.gpus, dict) else None
+    bus = norm_bus_id(event["bus_id"])
+    gpus = ctx.gpus if isinstance(ctx.gpus, dict) else {}
+    index = next((i for b, i in gpus.items() if isinstance(b, str) and norm_bus_id(b) == bus), None)
     return index if isinstance(index, int) else None
 
 

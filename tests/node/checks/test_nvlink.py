@@ -76,7 +76,8 @@ def test_counter_that_went_down_starts_a_new_baseline_never_a_fail():
     result = nvlink.error_counters(now, ctx(before, now=3600.0))
     assert result.status == "ok"
     assert result.message == "counter reset: new baseline (GPU 2 (0000:3a:00) link 3 recovery)"
-    assert result.data["deltas"] == {} and result.data["reset"] == ["GPU 2 (0000:3a:00) link 3 recovery"]
+    assert result.data["deltas"] == {}
+    assert result.data["reset"] == ["GPU 2 (0000:3a:00) link 3 recovery"]
 
 
 HOUR = 3600.0
