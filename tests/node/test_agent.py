@@ -343,6 +343,9 @@ def test_a_fault_on_a_gpu_the_job_does_not_hold_drains_the_node_and_the_job_runs
     assert status == "warn" and json.loads(data)["scope"] == scope
     assert db.execute("SELECT state FROM jobs WHERE job_id = '71'").fetchone() == ("running",)
     assert "pending" not in side_state(node)
+    ended = node.run("epilog", job="71", SLURM_JOB_GPUS="4,5,6,7", SLURM_JOB_EXIT_CODE="0")
+    assert ended.returncode == 0, ended.stderr  # the epilog judges alike: the node is out
+    assert db.execute("SELECT state FROM jobs WHERE job_id = '71'").fetchone() == ("ended",)
     # The health check (no job) judges every GPU: the node stays out, for our reason.
     assert node.run("healthcheck", job="").returncode == 1
     assert node.slurm()["reason"] == GPU0_REASON
