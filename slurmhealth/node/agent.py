@@ -1106,8 +1106,7 @@ def hook(mode: str, clock: Deadline) -> int:
     clock.summary = f"verdict {run.verdict}" + (f": {message}" if message else "")
     others = _others_only(run)
     if others and message:
-        gpus = ", ".join(str(g) for g in others)
-        journal.say(f"{message}: GPU {gpus} not the job's: the job runs, the fault drains the node")
+        _say_others(journal, message, others, monitor)
     journal.save_side(run, "" if monitor else message, pending, service, others)
     journal.record(
         run,
@@ -1119,6 +1118,13 @@ def hook(mode: str, clock: Deadline) -> int:
         message = _epilog(journal, run, job, settings, monitor, message, pending)
     # act
     return _act(journal, run, settings, monitor, message, service, pending)
+
+
+def _say_others(journal: HookJournal, message: str, gpus: list[int], monitor: bool) -> None:
+    """Log that the fault is on GPUs the job does not hold: the job runs, the node drains."""
+    drains = "would drain" if monitor else "drains"
+    names = ", ".join(str(g) for g in gpus)
+    journal.say(f"{message}: GPU {names} not the job's: the job runs, the fault {drains} the node")
 
 
 def _gather_and_check(
@@ -1246,8 +1252,11 @@ def _epilog_reset(
     journal: HookJournal, run: runner.Run, settings: Data, monitor: bool
 ) -> str:
     """Reset idle GPUs that need it when allowed; otherwise (or if that fails) a drain reason.
-    Monitor-only resets nothing: the reason is reported as a would-be drain."""
+    Monitor-only resets nothing: the reason is reported as a would-be drain. With the job's GPUs
+    known, only those: another job's GPU, idle between its steps, is its own epilog's."""
     indexes = run.resets
+    if run.job_gpus is not None:
+        indexes = [i for i in indexes if i in run.job_gpus]
     if not indexes:
         return ""
     if settings["reset_gpus"] and not monitor:

@@ -373,6 +373,20 @@ def test_with_faults_on_its_gpu_and_anothers_the_job_is_refused_for_its_own(node
     assert json.loads(data[0])["scope"]["node"].endswith("(+1 more)")
 
 
+def test_an_epilog_resets_or_drains_for_its_own_gpus_only(node, tmp_path):
+    """GPU 6 has a row remap pending (a reset applies it). The epilog of a job on GPUs 0-3
+    leaves it to the epilog of GPU 6's job: no reset of another job's GPU, no drain."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/smi.log\n')
+    smi.chmod(0o755)
+    node.configure("remap-pending", reset_gpus=True, nvidia_smi=str(smi))
+    other = node.run("epilog", job="5", SLURM_JOB_GPUS="0,1,2,3", SLURM_JOB_EXIT_CODE="0")
+    assert other.returncode == 0 and node.slurm()["state"] == "IDLE"
+    assert not (tmp_path / "smi.log").exists()
+    own = node.run("epilog", job="6", SLURM_JOB_GPUS="6,7", SLURM_JOB_EXIT_CODE="0")
+    assert own.returncode == 0 and (tmp_path / "smi.log").read_text() == "-r -i 6\n"
+
+
 def test_a_fault_that_waits_on_another_jobs_gpu_still_lets_the_next_job_run(node, tmp_path):
     """An Xid is read once. Its drain fails (the controller restarting): the fault stays
     pending with its GPU, and the next prolog of a job on other GPUs carries it as that same
