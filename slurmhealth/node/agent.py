@@ -29,6 +29,7 @@ from slurmhealth.core.hostlist import is_node_name
 from slurmhealth.core.result import DRAIN, FAIL, OK, RESET_GPU, clean, counted
 from slurmhealth.core.result import SERVICE as SERVICE_ACTION
 from slurmhealth.node import checks, config, counters, learned, runner, sources, state
+from slurmhealth.node.checks.base import demoted, fails_node, other_gpus
 from slurmhealth.node.journal import Journal
 
 TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
@@ -671,17 +672,27 @@ def _int_or_none(text: str | None) -> int | None:
     return int(text)
 
 
+# A hook's CUDA_VISIBLE_DEVICES names at most this many devices, each at most this long (a MIG
+# device id is `MIG-` and a UUID, or before driver 470.42.01 `MIG-GPU-<UUID>/<GI>/<CI>`).
+VISIBLE_MAX, VISIBLE_ID_MAX = 64, 128
+
+
 def job_env(env: Mapping[str, str]) -> dict[str, Any]:
     """What slurmd tells a prolog/epilog about the job (Slurm's Prolog and Epilog Guide).
 
-    SLURM_JOB_EXIT_CODE is a raw wait status: 768 is `exit 3`, 9 is SIGKILL.
+    SLURM_JOB_EXIT_CODE is a raw wait status: 768 is `exit 3`, 9 is SIGKILL. `gpus`: Slurm's
+    GPU indexes (SLURM_JOB_GPUS, else CUDA_VISIBLE_DEVICES's numbers); `visible`: the ids of
+    CUDA_VISIBLE_DEVICES, which for a MIG device slurmd gives as the device's id (Slurm's
+    gres_common.c), mapped to its GPU once the GPUs are read (checks/gpu.py job_scope).
     """
     gpus = env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES") or ""
+    ids = (env.get("CUDA_VISIBLE_DEVICES") or "").split(",")[:VISIBLE_MAX]
     job: dict[str, Any] = {
         "id": env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or "",
         "uid": _int_or_none(env.get("SLURM_JOB_UID")),
         "user": env.get("SLURM_JOB_USER"),
         "gpus": [int(g) for g in gpus.split(",") if g.strip().isdigit()] or None,
+        "visible": [i.strip()[:VISIBLE_ID_MAX] for i in ids if i.strip()] or None,
         "num_nodes": _int_or_none(env.get("SLURM_JOB_NUM_NODES")),
     }
     raw = env.get("SLURM_JOB_EXIT_CODE", "")
@@ -692,9 +703,16 @@ def job_env(env: Mapping[str, str]) -> dict[str, Any]:
     return job
 
 
+def _node_faults(run: runner.Run) -> list[Result]:
+    """What takes the node out of service (base.fails_node): the failing checks first, then a
+    job hook's faults on GPUs its job does not hold."""
+    return sorted((r for r in run.results if fails_node(r)), key=lambda r: r.status != FAIL)
+
+
 def _failure_message(run: runner.Run) -> str:
-    """The drain reason's words: the first failing check's message."""
-    failing = [r for r in run.results if r.status == FAIL]
+    """The drain reason's words: the first failing check's message (a fault on GPUs the job
+    does not hold drains too: base.job_verdict)."""
+    failing = _node_faults(run)
     more = f" (+{counted(len(failing) - 1, 'more check')})" if len(failing) > 1 else ""
     return failing[0].message + more if failing else ""
 
@@ -703,7 +721,16 @@ def _needs_service(run: runner.Run) -> bool:
     """A failing check says the hardware needs service (a missing HCA, a row-remap failure, a
     fatal Xid come back): the reason says so first (`service: ...`), and such a drain is lifted
     by an admin, never by passing health checks (actions.may_resume)."""
-    return any(r.status == FAIL and r.action == SERVICE_ACTION for r in run.results)
+    return any(r.action == SERVICE_ACTION for r in _node_faults(run))
+
+
+def _others_only(run: runner.Run) -> list[int] | None:
+    """The GPUs of a job hook's faults when they are all on GPUs its job does not hold (the
+    job runs, the node drains), else None."""
+    if any(r.status == FAIL for r in run.results):
+        return None
+    gpus = {g for r in run.results for g in other_gpus(r) or []}
+    return sorted(gpus) or None
 
 
 def metrics_path(settings: Data) -> str:
@@ -953,9 +980,16 @@ class HookJournal(Journal):
         self.conn = record(self.conn, run, self.mode, path=self.db_path, clock=self.clock, **kw)
 
     def save_side(
-        self, run: runner.Run, message: str, pending: dict[str, Any] | None, service: bool = False
+        self,
+        run: runner.Run,
+        message: str,
+        pending: dict[str, Any] | None,
+        service: bool = False,
+        gpus: list[int] | None = None,
     ) -> None:
-        """The kernel-log position this run read up to, and the fault to act on (or none)."""
+        """The kernel-log position this run read up to, and the fault to act on (or none);
+        `gpus`: the GPUs the fault is on, where it drains without refusing the job (a job
+        hook's fault on GPUs its job does not hold), so a later job hook carries it alike."""
         side = self.side
         doc = dict(side)
         position = run.baselines.get("xid")
@@ -968,6 +1002,8 @@ class HookJournal(Journal):
                 doc["pending"] = {"message": message, "since": run.started, "phase": self.mode}
                 if service:
                     doc["pending"]["service"] = True
+                if gpus:
+                    doc["pending"]["gpus"] = list(gpus)
         else:
             doc.pop("pending", None)
         if doc == side:
@@ -1053,7 +1089,8 @@ def hook(mode: str, clock: Deadline) -> int:
     store nor a failed drain can lose them; a pending fault is acted on again by every run
     until a drain lands."""
     node = node_name()
-    job = job_env(dict(os.environ)) if mode != HEALTHCHECK else {"id": "", "gpus": None}
+    no_job = {"id": "", "gpus": None, "visible": None}
+    job = job_env(dict(os.environ)) if mode != HEALTHCHECK else no_job
     journal = HookJournal(mode, node, clock)
     expect = _hook_config(journal.conn, node, mode)
     settings = expect["settings"]
@@ -1066,7 +1103,10 @@ def hook(mode: str, clock: Deadline) -> int:
     clock.code = EXIT_OK  # nothing is refused until our drain lands (refusal)
     message, service = _failure_message(run), _needs_service(run)
     clock.summary = f"verdict {run.verdict}" + (f": {message}" if message else "")
-    journal.save_side(run, "" if monitor else message, pending, service)
+    others = _others_only(run)
+    if others and message:
+        _say_others(journal, message, others, monitor)
+    journal.save_side(run, "" if monitor else message, pending, service, others)
     journal.record(
         run,
         job_id=job["id"] or None,
@@ -1077,6 +1117,13 @@ def hook(mode: str, clock: Deadline) -> int:
         message = _epilog(journal, run, job, settings, monitor, message, pending)
     # act
     return _act(journal, run, settings, monitor, message, service, pending)
+
+
+def _say_others(journal: HookJournal, message: str, gpus: list[int], monitor: bool) -> None:
+    """Log that the fault is on GPUs the job does not hold: the job runs, the node drains."""
+    drains = "would drain" if monitor else "drains"
+    names = ", ".join(str(g) for g in gpus)
+    journal.say(f"{message}: GPU {names} not the job's: the job runs, the fault {drains} the node")
 
 
 def _gather_and_check(
@@ -1100,11 +1147,13 @@ def _gather_and_check(
     journal.replay()
     baselines, own = _with_memory(conn, node, job["id"], baselines, expect, mode)
     left = journal.clock.left()
-    run = runner.run(node, expect, options, None, mode, baselines, job["gpus"], left)
+    run = runner.run(
+        node, expect, options, None, mode, baselines, job["gpus"], left, job["visible"]
+    )
     _learn(run, baselines, own)
     pending = None if monitor else state.pending(journal.side)
     if pending and not any(r.message == pending["message"] for r in run.results):
-        run.carry(_pending_result(pending))
+        run.carry(_pending_result(pending, run))
     return run, pending
 
 
@@ -1124,7 +1173,7 @@ def _epilog(
         from slurmhealth.core import store  # noqa: PLC0415
 
         try:
-            store.attribute_events(conn, run.node, job["id"], job["gpus"])
+            store.attribute_events(conn, run.node, job["id"], run.job_gpus)
             store.forget_job_baselines(conn, run.node, job["id"])
         except Exception as exc:
             journal.say(f"could not attribute the job's Xids: {exc}")
@@ -1178,7 +1227,9 @@ def _kmsg_after(side: dict[str, Any], baselines: Baselines) -> Mapping[str, obje
     return saved if saved["seq"] >= stored["seq"] else stored
 
 
-def _pending_result(pending: dict[str, Any]) -> Result:
+def _pending_result(pending: dict[str, Any], run: runner.Run) -> Result:
+    """The pending fault as a failing result; in a job hook, a fault only on GPUs the job does
+    not hold (its `gpus`) drains without refusing the job, as when it was first seen."""
     from slurmhealth.core.result import fail  # noqa: PLC0415
 
     since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(pending.get("since") or 0))
@@ -1188,6 +1239,11 @@ def _pending_result(pending: dict[str, Any]) -> Result:
         SERVICE_ACTION if pending.get("service") else DRAIN,
     )
     result.check = PENDING_CHECK
+    gpus, job = pending.get("gpus"), run.job_gpus
+    if run.phase in ("prolog", "epilog") and job is not None and isinstance(gpus, list):
+        theirs = [g for g in gpus if isinstance(g, int)]
+        if theirs and not set(theirs) & set(job):
+            return demoted(result, job, theirs)
     return result
 
 
@@ -1195,8 +1251,11 @@ def _epilog_reset(
     journal: HookJournal, run: runner.Run, settings: Data, monitor: bool
 ) -> str:
     """Reset idle GPUs that need it when allowed; otherwise (or if that fails) a drain reason.
-    Monitor-only resets nothing: the reason is reported as a would-be drain."""
+    Monitor-only resets nothing: the reason is reported as a would-be drain. With the job's GPUs
+    known, only those: another job's GPU, idle between its steps, is its own epilog's."""
     indexes = run.resets
+    if run.job_gpus is not None:
+        indexes = [i for i in indexes if i in run.job_gpus]
     if not indexes:
         return ""
     if settings["reset_gpus"] and not monitor:

@@ -80,6 +80,7 @@ DEVICE = _obj(
         "memory_total": INT,
         "mig_current": INT,
         "mig_pending": INT,
+        "mig_devices": _list(_obj({"index": INT, "uuid": STR, "gi": INT, "ci": INT}), "null"),
         "app_clock_sm": INT,
         "app_clock_mem": INT,
     }

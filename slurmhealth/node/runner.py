@@ -16,7 +16,7 @@ import time
 from slurmhealth.core.result import ERROR, FAIL, OK, WARN, Result, clean, fail, skip, verdict
 from slurmhealth.node import checks, counters, sources
 from slurmhealth.node.checks import runs_in
-from slurmhealth.node.checks.base import Context, norm_bus_id
+from slurmhealth.node.checks.base import JOB_PHASES, Context, job_verdict, norm_bus_id
 from slurmhealth.node.sources import Options, SourceUnavailable
 
 TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from slurmhealth.core.command import Console
     from slurmhealth.core.store import RunRecords, RunRow
-    from slurmhealth.node.checks.base import Facts
+    from slurmhealth.node.checks.base import Facts, Keep
     from slurmhealth.node.config import Data
     from slurmhealth.node.counters import CounterRow
 
@@ -204,6 +204,10 @@ class Run:
         self.counters: list[CounterRow] = []  # counter readings that changed (node/counters.py)
         self.readings: dict[str, Any] = {}  # every counter read: {"<device>|<counter>": value}
         self.job_telemetry: dict[str, Any] | None = None  # the epilog's: counters.job_telemetry
+        # The job's GPUs as NVML indexes (checks/gpu.py job_scope), or None: no job, or not
+        # known, and why not (every GPU is then judged).
+        self.job_gpus: list[int] | None = None
+        self.scope_note = ""
         self.verdict = OK
         self.record_versions = True  # False: unchanged since recorded (VERSIONS_EVERY)
         self.hung = False
@@ -336,8 +340,9 @@ def _run_check(
 
 
 def _area_results(
-    area: str, raw: object, expect: Data, ctx: Context
+    area: str, raw: object, expect: Data, ctx: Context, note: str = ""
 ) -> tuple[list[Result], Facts | None]:
+    """The area's results; `note`: why the job hook's job's GPUs are not known, if so."""
     module = checks.module(area)
     try:
         facts = module.parse(raw)
@@ -345,6 +350,7 @@ def _area_results(
         broken = Gathered("error", None, f"parse crashed: {type(exc).__name__}: {exc}")
         return _source_results(area, broken, expect), None
     results = []
+    scoped = getattr(module, "SCOPED", ())
     for fn in module.CHECKS:
         name = f"{area}.{fn.__name__}"
         override = expect["checks"].get(name, {})
@@ -353,8 +359,39 @@ def _area_results(
             disabled.check = name
             results.append(disabled)
             continue
-        results.append(_apply_override(_run_check(name, fn, facts, ctx), override))
+        result = _apply_override(_run_check(name, fn, facts, ctx), override)
+        if fn in scoped and result.status != OK and ctx.phase in JOB_PHASES:
+            result = _for_job(result, fn, facts, ctx, override, note)
+        results.append(result)
     return results, facts
+
+
+def _for_job(
+    result: Result,
+    fn: Callable[[Facts, Context], Result],
+    facts: Facts,
+    ctx: Context,
+    override: dict[str, Any],
+    note: str,
+) -> Result:
+    """A scoped check's result in a job hook: judged on the job's GPUs (base.job_verdict), or,
+    where they are not known, on every GPU, saying why in `scope`."""
+    if ctx.job_gpus is None:
+        if note:
+            result.data = dict(result.data, scope={"job_gpus": None, "why": note})
+        return result
+    module = checks.module(result.check.split(".")[0])
+
+    def judge(narrowed: Facts) -> Result:
+        return _apply_override(_run_check(result.check, fn, narrowed, ctx), override)
+
+    def narrow(keep: Keep) -> Facts:
+        narrowed: Facts = module.for_gpus(facts, ctx, keep)
+        return narrowed
+
+    known = {i for i in ctx.gpus.values() if isinstance(i, int)}
+    known |= {d["index"] for d in facts.get("devices") or [] if isinstance(d.get("index"), int)}
+    return job_verdict(result, judge, narrow, ctx, sorted(known))
 
 
 def _bus_map(gathered: dict[str, Gathered], baselines: dict[str, Any]) -> dict[str, int | None]:
@@ -485,10 +522,13 @@ def run(
     baselines: dict[str, Any] | None = None,
     job_gpus: list[int] | None = None,
     deadline: float | None = None,
+    visible: list[str] | None = None,
 ) -> Run:
     """One full run: gather, check, verdict. Never raises for a node's state. `deadline`: the
     seconds the gathers may take at most (default settings.deadline; the hooks pass what is
-    left of theirs)."""
+    left of theirs). `job_gpus` and `visible`: what slurmd names of the job's GPUs
+    (SLURM_JOB_GPUS, the MIG device ids of CUDA_VISIBLE_DEVICES), mapped to NVML's GPUs
+    (checks/gpu.py job_scope) once the GPUs are read."""
     started = time.perf_counter()
     out = Run(node, phase)
     areas = [a for a in checks.NAMES if (areas is None or a in areas) and runs_in(a, phase)]
@@ -502,15 +542,16 @@ def run(
     out.sources, out.hung = gather(needed, options, timeouts, limit, strict=phase == "check")
     baselines = baselines or {}
     gpus = _bus_map(out.sources, baselines)
+    out.job_gpus, out.scope_note = _job_scope(out.sources, job_gpus, visible)
     for area in areas:
         got = out.sources[checks.module(area).SOURCE]
         area_expect = dict(expect[area], checks=expect["checks"])
         before = baselines.get(area) or {}
-        ctx = Context(node, phase, area_expect, before, gpus, job_gpus, time.time())
+        ctx = Context(node, phase, area_expect, before, gpus, out.job_gpus, time.time())
         if got.status != "ok":
             out.results.extend(_source_results(area, got, area_expect))
             continue
-        results, facts = _area_results(area, got.raw, area_expect, ctx)
+        results, facts = _area_results(area, got.raw, area_expect, ctx, out.scope_note)
         out.results.extend(results)
         if facts is not None:
             out.facts[area] = facts
@@ -529,11 +570,24 @@ def run(
     _counters(out, baselines.get("counters"))
     _samples(out, baselines.get("gpu"))
     if phase == "epilog":
-        out.job_telemetry = _job_telemetry(out, baselines.get("gpu"), job_gpus)
+        out.job_telemetry = _job_telemetry(out, baselines.get("gpu"), out.job_gpus)
     out._error_fails = settings["error_fails"]
     out.verdict = verdict(out.results, out._error_fails)
     out.duration = time.perf_counter() - started
     return out
+
+
+def _job_scope(
+    gathered: dict[str, Gathered], job_gpus: list[int] | None, visible: list[str] | None
+) -> tuple[list[int] | None, str]:
+    """The job's GPUs as NVML's indexes, from what slurmd named and the GPUs read (checks/gpu.py
+    job_scope): (indexes, "") or (None, why not known); (None, "") with no job named."""
+    if job_gpus is None and not visible:
+        return None, ""
+    swept = gathered.get("gpu")
+    raw = swept.raw if swept is not None and swept.status == "ok" else None
+    scope: tuple[list[int] | None, str] = checks.HOOKED["gpu"].job_scope(raw, job_gpus, visible)
+    return scope
 
 
 def deadline_for(settings: Data, phase: str, site_program: str | None) -> float:

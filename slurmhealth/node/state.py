@@ -75,7 +75,9 @@ def kmsg_position(doc: Doc) -> KmsgPosition | None:
 
 
 def pending(doc: Doc) -> Doc | None:
-    """The fault seen and not yet acted on: {"message", "since", "phase"}, or None."""
+    """The fault seen and not yet acted on: {"message", "since", "phase"}, with "service" (an
+    admin lifts its drain) and "gpus" (a fault on those GPUs only: a job hook whose job holds
+    none of them drains without refusing the job) where so; or None."""
     item = doc.get("pending")
     if isinstance(item, dict) and isinstance(item.get("message"), str) and item["message"]:
         return item

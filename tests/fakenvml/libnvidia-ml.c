@@ -11,6 +11,7 @@
  *                               lost:I     every call on GPU I returns GPU_IS_LOST (15)
  *                               unsupported  optional calls return NOT_SUPPORTED (3)
  *                               procs:N    N compute processes on GPU 0
+ *                               mig:I      GPU I in MIG mode, with two MIG devices
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,9 +59,11 @@ typedef struct {
     unsigned char state;
 } nvmlGpuFabricInfo_t;
 
-enum { OK = 0, UNINIT = 1, INVALID = 2, UNSUPPORTED = 3, INSUFFICIENT = 7, LOST = 15 };
+enum { OK = 0, UNINIT = 1, INVALID = 2, UNSUPPORTED = 3, NOT_FOUND = 6, INSUFFICIENT = 7, LOST = 15 };
 
+#define MIG_BASE 100 /* the MIG devices' fake indexes: MIG_BASE + their index under the GPU */
 static struct fake_device devices[64];
+static struct fake_device migs[2] = {{MIG_BASE}, {MIG_BASE + 1}};
 static int initialised;
 
 static const char *fault(void) { const char *f = getenv("FAKE_NVML_LIB_FAULT"); return f ? f : ""; }
@@ -143,7 +146,17 @@ nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t dev, nvmlPciInfo_t *out) {
         snprintf(value, sizeof value, fmt, dev->index);                        \
         return text(out, size, value);                                         \
     }
-TEXT_CALL(nvmlDeviceGetUUID, "GPU-fa4e0000-0000-0000-0000-00000000000%u")
+nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t dev, char *out, unsigned int size) {
+    char value[96];
+    nvmlReturn_t r = check(dev);
+    if (r) return r;
+    if (dev->index >= MIG_BASE) /* a MIG device's own UUID, as drivers from 470.42.01 give it */
+        snprintf(value, sizeof value, "MIG-fa4e0000-0000-0000-0000-0000000001%02u",
+                 dev->index - MIG_BASE);
+    else
+        snprintf(value, sizeof value, "GPU-fa4e0000-0000-0000-0000-00000000000%u", dev->index);
+    return text(out, size, value);
+}
 nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t dev, char *out, unsigned int size) {
     nvmlReturn_t r = check(dev);
     return r ? r : text(out, size, "NVIDIA H200");
@@ -222,8 +235,37 @@ nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t dev, unsigned int *current, unsig
     nvmlReturn_t r = check(dev);
     if (r) return r;
     if (unsupported()) return UNSUPPORTED;
-    *current = 0;
-    *pending = dev->index == 1 ? 1 : 0;
+    *current = (int)dev->index == fault_number("mig:");
+    *pending = dev->index == 1 || *current;
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t dev, unsigned int *out) {
+    nvmlReturn_t r = check(dev);
+    if (r) return r;
+    *out = 7;
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t dev, unsigned int index,
+                                                 nvmlDevice_t *out) {
+    nvmlReturn_t r = check(dev);
+    if (r) return r;
+    if ((int)dev->index != fault_number("mig:")) return INVALID;
+    if (index >= 2) return NOT_FOUND;
+    *out = &migs[index];
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t dev, unsigned int *out) {
+    nvmlReturn_t r = check(dev);
+    if (r) return r;
+    if (dev->index < MIG_BASE) return INVALID;
+    *out = 3 + dev->index - MIG_BASE;
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t dev, unsigned int *out) {
+    nvmlReturn_t r = check(dev);
+    if (r) return r;
+    if (dev->index < MIG_BASE) return INVALID;
+    *out = 0;
     return OK;
 }
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t dev, unsigned int *count,

@@ -47,6 +47,7 @@ def _error(name, code):
 
 
 NVMLError_NotSupported = _error("NotSupported", 3)
+NVMLError_NotFound = _error("NotFound", 6)
 NVMLError_DriverNotLoaded = _error("DriverNotLoaded", 9)
 NVMLError_LibraryNotFound = _error("LibraryNotFound", 12)
 NVMLError_GpuIsLost = _error("GpuIsLost", 15)
@@ -126,6 +127,8 @@ def nvmlDeviceGetPciInfo(h):
 
 
 def nvmlDeviceGetUUID(h):
+    if isinstance(h, _MigHandle):
+        return h.mig["uuid"]
     return _dev(h, "uuid")
 
 
@@ -213,6 +216,33 @@ def nvmlDeviceGetMigMode(h):
     current = _dev(h, "mig_current")
     pending = _dev(h, "mig_pending")
     return [current, pending]
+
+
+class _MigHandle:
+    """A MIG device of a GPU in MIG mode: an entry of the snapshot's `mig_devices`."""
+
+    def __init__(self, mig):
+        self.mig = mig
+
+
+def nvmlDeviceGetMaxMigDeviceCount(h):
+    _dev(h, "mig_devices")  # NotSupported where the snapshot lists none
+    return 7
+
+
+def nvmlDeviceGetMigDeviceHandleByIndex(h, index):
+    found = [m for m in _dev(h, "mig_devices") if m["index"] == index]
+    if not found:
+        raise NVMLError_NotFound()
+    return _MigHandle(found[0])
+
+
+def nvmlDeviceGetGpuInstanceId(h):
+    return h.mig["gi"]
+
+
+def nvmlDeviceGetComputeInstanceId(h):
+    return h.mig["ci"]
 
 
 class _Proc:

@@ -16,6 +16,7 @@ import pytest
 from conftest import (
     FIXTURES,
     TESTS,
+    faults_module,
     planted_bug,
     require_real,
     run_as_nobody,
@@ -216,7 +217,7 @@ def test_epilog_deltas_are_against_the_jobs_prolog(node, tmp_path):
     node.configure(gpu_source=str(during))
     proc = node.run("epilog", job="9", SLURM_JOB_EXIT_CODE="0")
     assert proc.returncode == 1
-    assert node.slurm()["reason"] == "slurmhealth: GPU 1 link 7 recovery +25"
+    assert node.slurm()["reason"] == "slurmhealth: GPU 1 (0000:2a:00) link 7 recovery +25"
 
 
 def with_energy(tmp_path, name: str, joules: dict, below: dict | None = None, busy=None) -> str:
@@ -339,6 +340,154 @@ def test_a_health_check_on_a_node_running_jobs_leaves_their_gpus_processes_alone
     node.configure(gpu_source=busy)  # no job runs, yet GPUs 0 and 1 have processes
     assert node.run("healthcheck", job="").returncode == 1
     assert node.slurm()["reason"].startswith("slurmhealth: GPU 0 (0000:18:00) has 1 compute")
+
+
+# --- a shared node: each job hook judges its own job's GPUs ----------------------------------
+
+GPU0_REASON = "slurmhealth: GPU 0 (0000:18:00) 2 uncorrectable volatile ECC errors"
+
+
+def patched(tmp_path, name: str, patches: list) -> str:
+    """The healthy snapshot with `patches` (tests/fixtures/snapshots/faults.py), as a file."""
+    faults = faults_module()
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(faults.apply(faults.build("healthy"), patches)))
+    return str(path)
+
+
+def dbe(*gpus: int) -> list:
+    return [("set", f"gpu.devices.{g}.fields.ecc_dbe_volatile", 2) for g in gpus]
+
+
+def test_a_fault_on_a_gpu_the_job_does_not_hold_drains_the_node_and_the_job_runs(node, tmp_path):
+    """Job 71 holds GPUs 4-7; GPU 0 (another job's, or idle) has uncorrectable ECC errors. The
+    job runs (exit 0); the node is drained with a reason naming GPU 0, so no further job lands
+    on it; the run records the fault as a warning saying whose GPU it is."""
+    node.configure(gpu_source=patched(tmp_path, "dbe-gpu0", dbe(0)))
+    proc = node.run("prolog", job="71", SLURM_JOB_GPUS="4,5,6,7")
+    assert proc.returncode == 0, proc.stderr
+    assert node.slurm() == {"state": "IDLE+DRAIN", "reason": GPU0_REASON}
+    assert "GPU 0 not the job's: the job runs, the fault drains the node" in proc.stderr
+    db = node.db()
+    assert db.execute("SELECT phase, verdict FROM runs").fetchall() == [("prolog", "warn")]
+    status, data = db.execute(
+        "SELECT status, data FROM results WHERE check_name = 'gpu.ecc'"
+    ).fetchone()
+    scope = {"job_gpus": [4, 5, 6, 7], "other_gpus": [0], "node_verdict": "fail"}
+    assert status == "warn" and json.loads(data)["scope"] == scope
+    assert db.execute("SELECT state FROM jobs WHERE job_id = '71'").fetchone() == ("running",)
+    assert "pending" not in side_state(node)
+    ended = node.run("epilog", job="71", SLURM_JOB_GPUS="4,5,6,7", SLURM_JOB_EXIT_CODE="0")
+    assert ended.returncode == 0, ended.stderr  # the epilog judges alike: the node is out
+    assert db.execute("SELECT state FROM jobs WHERE job_id = '71'").fetchone() == ("ended",)
+    # The health check (no job) judges every GPU: the node stays out, for our reason.
+    assert node.run("healthcheck", job="").returncode == 1
+    assert node.slurm()["reason"] == GPU0_REASON
+
+
+def test_a_fault_on_the_jobs_own_gpu_refuses_it_naming_that_gpu(node, tmp_path):
+    node.configure(gpu_source=patched(tmp_path, "dbe-gpu0", dbe(0)))
+    proc = node.run("prolog", job="72", SLURM_JOB_GPUS="0,1,2,3")
+    assert proc.returncode == 1
+    assert node.slurm()["reason"] == GPU0_REASON
+    state = node.db().execute("SELECT state FROM jobs WHERE job_id = '72'").fetchone()
+    assert state == ("prolog_failed",)
+
+
+def test_with_faults_on_its_gpu_and_anothers_the_job_is_refused_for_its_own(node, tmp_path):
+    """GPUs 0 and 5 fail: job 73 on GPUs 4-7 is refused, and the reason names GPU 5, its own
+    (the run's data keeps what the node as a whole showed)."""
+    node.configure(gpu_source=patched(tmp_path, "dbe-gpu0-gpu5", dbe(0, 5)))
+    proc = node.run("prolog", job="73", SLURM_JOB_GPUS="4,5,6,7")
+    assert proc.returncode == 1
+    assert node.slurm()["reason"] == (
+        "slurmhealth: GPU 5 (0000:ab:00) 2 uncorrectable volatile ECC errors"
+    )
+    data = node.db().execute("SELECT data FROM results WHERE check_name = 'gpu.ecc'").fetchone()
+    assert json.loads(data[0])["scope"]["node"].endswith("(+1 more)")
+
+
+def test_an_epilog_resets_or_drains_for_its_own_gpus_only(node, tmp_path):
+    """GPU 6 has a row remap pending (a reset applies it). The epilog of a job on GPUs 0-3
+    leaves it to the epilog of GPU 6's job: no reset of another job's GPU, no drain."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/smi.log\n')
+    smi.chmod(0o755)
+    node.configure("remap-pending", reset_gpus=True, nvidia_smi=str(smi))
+    other = node.run("epilog", job="5", SLURM_JOB_GPUS="0,1,2,3", SLURM_JOB_EXIT_CODE="0")
+    assert other.returncode == 0 and node.slurm()["state"] == "IDLE"
+    assert not (tmp_path / "smi.log").exists()
+    own = node.run("epilog", job="6", SLURM_JOB_GPUS="6,7", SLURM_JOB_EXIT_CODE="0")
+    assert own.returncode == 0 and (tmp_path / "smi.log").read_text() == "-r -i 6\n"
+
+
+def test_a_fault_that_waits_on_another_jobs_gpu_still_lets_the_next_job_run(node, tmp_path):
+    """An Xid is read once. Its drain fails (the controller restarting): the fault stays
+    pending with its GPU, and the next prolog of a job on other GPUs carries it as that same
+    warning: it drains the node and the job runs. A job on that GPU would be refused."""
+    log = tmp_path / "xid.kmsg"
+    lines = (FIXTURES_KMSG / "healthy.kmsg").read_text().splitlines()
+    last = int(lines[-1].split(",")[1])
+    xid = "NVRM: Xid (PCI:0000:18:00): 48, pid=77, name=python3, An uncorrectable double bit error"
+    log.write_text("\n".join([*lines, f"3,{last + 1},90000000000,-;{xid}"]) + "\n")
+    node.configure("healthy", kmsg=str(log), drain_timeout=2.0)
+    first = node.run("prolog", job="81", SLURM_JOB_GPUS="4,5,6,7", FAKE_SLURM_UPDATE_FAILS="1")
+    assert first.returncode == 0 and "could not drain gpu01" in first.stderr
+    pending = side_state(node)["pending"]
+    assert pending["gpus"] == [0] and pending["message"].startswith("GPU 0 (0000:18:00) Xid 48")
+    second = node.run("prolog", job="82", SLURM_JOB_GPUS="4,5,6,7")
+    assert second.returncode == 0, second.stderr
+    assert node.slurm()["reason"].startswith("slurmhealth: GPU 0 (0000:18:00) Xid 48")
+    assert "pending since" in node.slurm()["reason"] and "pending" not in side_state(node)
+    runs = node.db().execute("SELECT job_id, verdict FROM runs ORDER BY started").fetchall()
+    assert runs == [("81", "warn"), ("82", "warn")]
+
+
+MIG_JOB_GPU = "MIG-5f0c2a71-0000-4000-8000-00000000c101"  # GPU 1's first MIG device (below)
+
+
+def mig_node(tmp_path, fault: list) -> str:
+    """Every GPU in MIG mode with two MIG devices each (GPU instances 1 and 2): GPU g's are
+    MIG-5f0c2a71-0000-4000-8000-00000000c<g>0<k>, as the sweep's `mig_devices` records them."""
+    faults = faults_module()
+    doc = faults.build("healthy")
+    for g, dev in enumerate(doc["gpu"]["devices"]):
+        dev["mig_current"] = dev["mig_pending"] = 1
+        dev["mig_devices"] = [
+            {"index": k, "uuid": f"MIG-5f0c2a71-0000-4000-8000-00000000c{g}0{k + 1}",
+             "gi": k + 1, "ci": 0}
+            for k in range(2)
+        ]
+    path = tmp_path / "mig.json"
+    path.write_text(json.dumps(faults.apply(doc, fault)))
+    return str(path)
+
+
+def test_on_a_mig_node_the_jobs_mig_devices_name_its_gpus(node, tmp_path):
+    """With MIG, Slurm's GPU indexes count MIG devices (SLURM_JOB_GPUS=2 is the third MIG
+    device, not GPU 2); the MIG device ids slurmd gives the prolog in CUDA_VISIBLE_DEVICES name
+    the GPU. A MIG device of GPU 1: the job runs past GPU 0's fault, the node drains."""
+    node.configure(gpu_source=mig_node(tmp_path, dbe(0)))
+    proc = node.run("prolog", job="91", SLURM_JOB_GPUS="2", CUDA_VISIBLE_DEVICES=MIG_JOB_GPU)
+    assert proc.returncode == 0, proc.stderr
+    assert node.slurm()["reason"] == GPU0_REASON
+    node.set_slurm("IDLE", "")
+    # Slurm before driver 470.42.01's MIG UUIDs: MIG-<GPU UUID>/<GPU instance>/<compute instance>
+    on_gpu0 = "MIG-GPU-4f1a93c2-5b1e-07a4-9c3d-2f0e81b0c6d4a/2/0"
+    proc = node.run("prolog", job="92", SLURM_JOB_GPUS="1", CUDA_VISIBLE_DEVICES=on_gpu0)
+    assert proc.returncode == 1
+    assert node.slurm()["reason"] == GPU0_REASON
+
+
+def test_on_a_mig_node_without_mig_device_ids_every_gpu_is_judged_and_the_result_says_why(
+    node, tmp_path
+):
+    node.configure(gpu_source=mig_node(tmp_path, dbe(0)))
+    proc = node.run("prolog", job="93", SLURM_JOB_GPUS="2", CUDA_VISIBLE_DEVICES="2")
+    assert proc.returncode == 1  # the safe side: GPU 2 may not be the job's GPU
+    data = node.db().execute("SELECT data FROM results WHERE check_name = 'gpu.ecc'").fetchone()
+    scope = json.loads(data[0])["scope"]
+    assert scope["job_gpus"] is None and scope["why"].startswith("MIG mode on")
 
 
 def test_epilog_drains_a_gpu_needing_reset_unless_resets_are_allowed(node, tmp_path):

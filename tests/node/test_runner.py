@@ -64,6 +64,33 @@ def test_severity_overrides_and_disabled_checks():
     assert by_name(replay("ecc-dbe", expect=e))["gpu.ecc"].status == "warn"
 
 
+def test_a_job_hook_judges_its_jobs_gpus_after_the_severity_overrides():
+    """GPU 7 is hot and the config makes gpu.thermal fail. A prolog of a job on GPUs 0-3 keeps
+    it as a warning naming GPU 7 (the override does not make it refuse the job again); a job on
+    GPU 7, the health check and `check` fail."""
+    e = expect()
+    e["checks"] = {"gpu.thermal": {"severity": "fail"}}
+    shared = replay("thermal", expect=e, phase="prolog", job_gpus=[0, 1, 2, 3])
+    thermal = by_name(shared)["gpu.thermal"]
+    assert (shared.verdict, shared.job_gpus, thermal.status) == ("warn", [0, 1, 2, 3], "warn")
+    assert thermal.message.startswith("GPU 7 (0000:db:00) at 88 C")
+    assert thermal.data["scope"]["other_gpus"] == [7]
+    own = replay("thermal", expect=e, phase="prolog", job_gpus=[6, 7])
+    assert own.verdict == "fail" and by_name(own)["gpu.thermal"].status == "fail"
+    for phase in ("healthcheck", "check"):
+        assert replay("thermal", expect=e, phase=phase).verdict == "fail"
+
+
+def test_a_job_index_nvml_does_not_list_judges_every_gpu_and_says_why():
+    run = replay("ecc-dbe", phase="epilog", job_gpus=[4, 9])
+    ecc = by_name(run)["gpu.ecc"]
+    assert run.verdict == "fail" and run.job_gpus is None
+    assert ecc.data["scope"] == {
+        "job_gpus": None,
+        "why": "GPU index 9 from slurmd not among the GPUs NVML lists",
+    }
+
+
 def test_missing_nvml_fails_only_where_gpus_are_expected(monkeypatch):
     monkeypatch.syspath_prepend(FAKE_NVML)
     monkeypatch.setenv("SLURMHEALTH_NVML_BINDING", "pynvml")
@@ -153,7 +180,7 @@ def test_baselines_carry_counters_between_runs(tmp_path):
         baselines=store.load_baselines(conn, "gpu01"),
     )
     result = by_name(second)["nvlink.error_counters"]
-    assert result.status == "fail" and "GPU 1 link 7 recovery +25" in result.message
+    assert result.status == "fail" and "GPU 1 (0000:2a:00) link 7 recovery +25" in result.message
 
 
 def test_snapshot_source_failures_replay_as_recorded(tmp_path):

@@ -22,6 +22,9 @@ Optional, each with the default of an area that has none (the callers below):
             site's own health check) leaves the job hooks out: runner.run skips it there, so
             its source is never gathered, nor the source's module imported; listed in LATER,
             the area's own module is not imported by a job hook either.
+  SCOPED    the checks that judge GPU by GPU, with for_gpus(facts, ctx, keep) -> the facts of
+            the GPUs `keep` takes: in a prolog or epilog each is judged on the job's own GPUs
+            (base.job_verdict; docs/shared-nodes.md); none: the area judges the node as a whole
 """
 
 from __future__ import annotations
@@ -156,6 +159,11 @@ def catalogue_markdown() -> str:
         out.append("|---|---|")
         out += [f"| `{area}.{fn.__name__}` | {describe(f'{area}.{fn.__name__}')} |"
                 for fn in found.CHECKS]
+        scoped = [f"`{area}.{fn.__name__}`" for fn in getattr(found, "SCOPED", ())]
+        if scoped:
+            out += ["", "In a prolog or epilog these judge the job's own GPUs (a fault on another "
+                    "GPU drains the node and lets the job run: docs/shared-nodes.md): "
+                    + ", ".join(scoped) + "."]
         if found.DEFAULTS:
             out += ["", "| setting | default | why |", "|---|---|---|"]
             out += [f"| `{area}.{key}` | `{_value(spec[0])}` | {spec[2]} |"

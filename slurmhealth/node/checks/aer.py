@@ -44,13 +44,13 @@ from __future__ import annotations
 import re
 
 from slurmhealth.core.result import REBOOT, SERVICE, Result, counted, fail, ok, warn
-from slurmhealth.node.checks.base import Context, summarize
+from slurmhealth.node.checks.base import Context, norm_bus_id, summarize
 
 TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
 if TYPE_CHECKING:
     from typing import Any
 
-    from slurmhealth.node.checks.base import Facts, Schema
+    from slurmhealth.node.checks.base import Facts, Keep, Schema
 
 AREA = "aer"
 SOURCE = "kmsg"
@@ -214,17 +214,29 @@ def parse(raw: object) -> Facts:
     return {"events": scan.result(), "records": count, "span_s": span}
 
 
-def where(event: dict[str, Any]) -> str:
-    """`NVIDIA GPU 0000:41:00.0 (10de:2330)`, `PCIe function 0000:00:01.1`."""
+def gpu_index(event: dict[str, Any], ctx: Context) -> int | None:
+    """The NVML index of the GPU whose PCI function sent the error (ctx.gpus), else None."""
+    bus = norm_bus_id(event["bus_id"])
+    gpus = ctx.gpus if isinstance(ctx.gpus, dict) else {}
+    index = next((i for b, i in gpus.items() if isinstance(b, str) and norm_bus_id(b) == bus), None)
+    return index if isinstance(index, int) else None
+
+
+def where(event: dict[str, Any], ctx: Context | None = None) -> str:
+    """`NVIDIA GPU 0000:41:00.0 (10de:2330)`, `PCIe function 0000:00:01.1`; a GPU NVML lists
+    also by its index, as the GPU checks name it: `GPU 3 (0000:41:00) 0000:41:00.0`."""
     ids = f" ({event['vendor']}:{event['device']})" if event.get("vendor") else ""
+    index = gpu_index(event, ctx) if ctx is not None else None
+    if index is not None:
+        return f"GPU {index} ({norm_bus_id(event['bus_id'])}) {event['bus_id']}{ids}"
     return f"{event['kind']} {event['bus_id']}{ids}"
 
 
-def _words(event: dict[str, Any]) -> str:
+def _words(event: dict[str, Any], ctx: Context | None = None) -> str:
     bits = f", {'/'.join(event['bits'])}" if event["bits"] else ""
     times = f" x{event['count']}" if event["count"] > 1 else ""
     level = {FATAL: "fatal", NONFATAL: "non-fatal", CORRECTED: "corrected"}[event["class"]]
-    return f"PCIe {level} error on {where(event)}: {event['what']}{bits}{times}"
+    return f"PCIe {level} error on {where(event, ctx)}: {event['what']}{bits}{times}"
 
 
 def uncorrectable(facts: Facts, ctx: Context) -> Result:
@@ -237,7 +249,7 @@ def uncorrectable(facts: Facts, ctx: Context) -> Result:
     data = {"count": len(bad), "events": bad[:EVENTS_MAX]}
     if not bad:
         return ok("no uncorrectable PCIe errors", data)
-    message = summarize([_words(e) for e in bad])
+    message = summarize([_words(e, ctx) for e in bad])
     if bad[0]["class"] == FATAL:
         return fail(message, data, REBOOT)
     return warn(message, data, SERVICE)
@@ -259,8 +271,17 @@ def correctable(facts: Facts, ctx: Context) -> Result:
     data = {"count": sum(e["count"] for e in per.values()), "functions": list(per.values()),
             "hours": round(hours, 2)}  # fmt: skip
     if over:
-        return warn(summarize([_words(e) for e in over]) + f" in {hours:.3g} h", data, SERVICE)
+        return warn(summarize([_words(e, ctx) for e in over]) + f" in {hours:.3g} h", data, SERVICE)
     return ok(counted(data["count"], "corrected PCIe error"), data)
 
 
 CHECKS = (uncorrectable, correctable)
+
+# Judged GPU by GPU in the job hooks (checks/base.py job_verdict): an error a GPU's own PCI
+# function sent. One from a port or bridge above it (no GPU of its own) judges the node.
+SCOPED = CHECKS
+
+
+def for_gpus(facts: Facts, ctx: Context, keep: Keep) -> Facts:
+    """The facts with only the errors of the GPUs `keep` takes (None: no GPU's function)."""
+    return dict(facts, events=[e for e in facts["events"] if keep(gpu_index(e, ctx))])

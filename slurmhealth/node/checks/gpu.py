@@ -39,6 +39,7 @@ from slurmhealth.core.result import (
     RESET_GPU,
     SERVICE,
     Result,
+    clean,
     counted,
     fail,
     ok,
@@ -51,7 +52,7 @@ TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads th
 if TYPE_CHECKING:
     from typing import Any, TypeVar
 
-    from slurmhealth.node.checks.base import Facts, Schema
+    from slurmhealth.node.checks.base import Facts, Keep, Schema
 
     T = TypeVar("T")
 
@@ -206,6 +207,12 @@ def _alive(facts: Facts) -> list[Any]:
     return [d for d in facts["devices"] if not d["error"]]
 
 
+def _peers(facts: Facts) -> list[Any]:
+    """Every GPU that answers, also where the facts are narrowed to some (for_gpus): the
+    reference of the checks that judge a GPU against the others (model, pcie)."""
+    return [d for d in facts.get("peers") or facts["devices"] if not d["error"]]
+
+
 def _unlisted(facts: Facts) -> list[Any]:
     """PCI addresses of GPUs the nvidia driver holds that NVML does not list (fell off)."""
     listed = {norm_bus_id(d["bus_id"]) for d in facts["devices"] if d["bus_id"]}
@@ -298,9 +305,10 @@ def _mib(value: int) -> str:
 _MEMORY_SLACK = 0.10
 
 
-def _odd_memory(devices: list[Any], name: object) -> list[Any]:
-    """Messages for GPUs of `name` whose total memory is off the majority of that name's."""
-    sizes = [d["memory_total"] for d in devices if d["name"] == name and d["memory_total"]]
+def _odd_memory(devices: list[Any], name: object, peers: list[Any]) -> list[Any]:
+    """Messages for GPUs of `name` whose total memory is off the majority of that name's among
+    `peers`."""
+    sizes = [d["memory_total"] for d in peers if d["name"] == name and d["memory_total"]]
     if not sizes:
         return []
     ref = _majority(sizes)
@@ -310,8 +318,8 @@ def _odd_memory(devices: list[Any], name: object) -> list[Any]:
         for size in (d["memory_total"],)
         if d["name"] == name and size and abs(size - ref) > _MEMORY_SLACK * ref
     ]
-    peers = len(sizes) - len(odd)
-    others = counted(peers, "other")
+    same = sum(1 for size in sizes if abs(size - ref) <= _MEMORY_SLACK * ref)
+    others = counted(same, "other")
     return [f"{label(d)} {name} {_mib(size)}, {others} {_mib(ref)}" for d, size in odd]
 
 
@@ -322,17 +330,17 @@ def model(facts: Facts, ctx: Context) -> Result:
     devices = [d for d in _alive(facts) if d["name"]]
     if not devices:
         return skip("GPU names not reported")
-    names = [d["name"] for d in devices]
+    peers = [d for d in _peers(facts) if d["name"]]
+    names = [d["name"] for d in peers]
     wanted = (ctx.expect.get("model") or "").strip()
     ref = wanted or _majority(names)
-    peers = names.count(ref)
     if wanted:
         odd = [f"{label(d)} {d['name']}, expected {ref}" for d in devices if d["name"] != ref]
     else:
-        others = counted(peers, "other")
+        others = counted(names.count(ref), "other")
         odd = [f"{label(d)} {d['name']}, {others} {ref}" for d in devices if d["name"] != ref]
-    odd += _odd_memory(devices, ref)
-    data = {"model": ref, "names": sorted(set(names)), "odd": odd}
+    odd += _odd_memory(devices, ref, peers)
+    data = {"model": ref, "names": sorted({d["name"] for d in devices}), "odd": odd}
     if odd:
         return fail(summarize(odd, " GPU"), data, SERVICE)
     return ok(f"{counted(len(devices), 'GPU')} {ref}", data)
@@ -487,31 +495,39 @@ def processes(facts: Facts, ctx: Context) -> Result:
     """No compute processes left on the GPUs before or after a job; running jobs' not judged.
 
     A GPU another job holds is not judged. The job hooks judge the job's own GPUs when slurmd
-    names them (SLURM_JOB_GPUS), else every GPU unless other jobs run on the node (a shared
-    node). The health check runs on busy nodes too (HealthCheckNodeState=ANY): it judges the
-    GPUs only when no job runs on the node, and not at all when that is not known (no store).
-    `check` judges them when it is not known: it only reports.
+    names them (SLURM_JOB_GPUS; MIG devices: their GPUs), else every GPU unless other jobs run
+    on the node (a shared node). A GPU in MIG mode is shared: its other instances run other
+    jobs, so a job hook judges it only when no other job runs on the node. The health check
+    runs on busy nodes too (HealthCheckNodeState=ANY): it judges the GPUs only when no job runs
+    on the node, and not at all when that is not known (no store). `check` judges them when it
+    is not known: it only reports.
     """
     devices = _alive(facts)
     running = ctx.baseline.get("open_jobs") if isinstance(ctx.baseline, dict) else None
     job_hook = ctx.phase in ("prolog", "epilog")
+    shared: list[str] = []
     if job_hook and ctx.job_gpus is not None:
         devices = [d for d in devices if d["index"] in ctx.job_gpus]
+        if running != []:  # other jobs may run on the other instances of a MIG GPU
+            shared = [label(d) for d in devices if d["mig_current"] == 1]
+            devices = [d for d in devices if d["mig_current"] != 1]
     elif running or (running is None and ctx.phase == "healthcheck"):
         busy = [label(d) for d in devices if d["processes"]]
-        data = {"left": [], "running_jobs": running, "busy": busy}
         why = "jobs running here" if running else "not known whether jobs run here"
-        return ok(f"not judged: {why}", data)
+        return ok(f"not judged: {why}", {"left": [], "running_jobs": running, "busy": busy})
     left = []
     for dev in devices:
         pids = [p.get("pid") for p in dev["processes"] or []]
         if pids:
             procs = counted(len(pids), "compute process", "compute processes")
             left.append(f"{label(dev)} has {procs}, pid {pids[0]}")
-    data = {"left": left}
+    data: dict[str, Any] = {"left": left}
+    if shared:
+        data["shared"] = shared
     if left:
         return fail(summarize(left, " GPU"), data, DRAIN)
-    return ok("no compute processes left", data)
+    also = f" ({summarize(shared, ' GPU')} in MIG mode shared with other jobs: not judged)"
+    return ok("no compute processes left" + (also if shared else ""), data)
 
 
 def thermal(facts: Facts, ctx: Context) -> Result:
@@ -594,8 +610,10 @@ def thermal_share(facts: Facts, ctx: Context) -> Result:
     return ok(f"thermal slowdown under {limit:.0%} of the job on every GPU", data)
 
 
-def _below_or_odd(devices: list[Any], key: str, expected: int | None, what: str) -> list[Any]:
-    values = [d[key] for d in devices if d[key] is not None]
+def _below_or_odd(
+    devices: list[Any], key: str, expected: int | None, what: str, peers: list[Any]
+) -> list[Any]:
+    values = [d[key] for d in peers if d[key] is not None]
     if expected is None:
         if not values:
             return []
@@ -609,9 +627,9 @@ def _below_or_odd(devices: list[Any], key: str, expected: int | None, what: str)
 
 def pcie(facts: Facts, ctx: Context) -> Result:
     """PCIe max link generation and width at least the expected (current values drop at idle)."""
-    devices = _alive(facts)
-    low = _below_or_odd(devices, "pcie_max_gen", ctx.expect.get("pcie_gen"), "gen")
-    low += _below_or_odd(devices, "pcie_max_width", ctx.expect.get("pcie_width"), "width x")
+    devices, peers = _alive(facts), _peers(facts)
+    low = _below_or_odd(devices, "pcie_max_gen", ctx.expect.get("pcie_gen"), "gen", peers)
+    low += _below_or_odd(devices, "pcie_max_width", ctx.expect.get("pcie_width"), "width x", peers)
     data = {"below": low}
     if low:
         return fail(summarize(low), data, DRAIN)
@@ -903,3 +921,90 @@ def resets_of(facts: Facts) -> list[Any]:
         if wants and not dev["error"] and not dev["processes"]:
             out.append(dev["index"])
     return out
+
+
+# --- shared nodes: the job's own GPUs (checks/base.py job_verdict) ---------------------------
+
+# Judged GPU by GPU: in a job hook, a fault on a GPU the job does not hold drains the node and
+# does not refuse the job. count, inventory, versions and fabric judge the node as a whole (a
+# GPU NVML cannot reach asks for a reboot; the fabric is the NVSwitches'); processes scopes
+# itself (another job's processes are no fault at all).
+SCOPED = (
+    ecc,
+    memory_errors,
+    corrected_ecc,
+    row_remap,
+    recovery_action,
+    persistence,
+    thermal,
+    pcie,
+    pcie_link,
+    model,
+    mig,
+)
+
+
+def for_gpus(facts: Facts, ctx: Context, keep: Keep) -> Facts:
+    """The facts of the GPUs `keep` takes; `peers` keeps them all, the reference of the checks
+    that judge a GPU against the others (model, pcie)."""
+    devices = [d for d in facts["devices"] if keep(d["index"])]
+    return dict(facts, devices=devices, peers=facts.get("peers") or facts["devices"])
+
+
+MIG_PREFIX = "MIG-"
+
+
+def _mig_parents(devices: list[Any]) -> dict[str, int]:
+    """MIG device id -> its GPU's index, in both forms slurmd gives a job's MIG devices: the
+    MIG device's own UUID (`MIG-<uuid>`, drivers from 470.42.01) and, before, `MIG-<GPU
+    UUID>/<GPU instance>/<compute instance>` (Slurm's gpu_nvml.c _handle_mig)."""
+    out: dict[str, int] = {}
+    for dev in devices:
+        index, uuid = dev.get("index"), dev.get("uuid")
+        if not isinstance(index, int):
+            continue
+        for mig_dev in dev.get("mig_devices") or []:
+            if not isinstance(mig_dev, dict):
+                continue
+            if isinstance(mig_dev.get("uuid"), str):
+                out[mig_dev["uuid"]] = index
+            if isinstance(uuid, str):
+                out[f"{MIG_PREFIX}{uuid}/{mig_dev.get('gi')}/{mig_dev.get('ci')}"] = index
+    return out
+
+
+def job_scope(
+    raw: object, indexes: list[int] | None, visible: list[str] | None
+) -> tuple[list[int] | None, str]:
+    """The job's GPUs as NVML indexes of physical GPUs, and why they are not known (None, why).
+
+    `indexes`: SLURM_JOB_GPUS, Slurm's GRES indexes; `visible`: the ids slurmd gave in the
+    hook's CUDA_VISIBLE_DEVICES; `raw`: the GPU source's facts (sources/nvml.py). With no GPU
+    in MIG mode, Slurm's indexes are NVML's (AutoDetect=nvml orders the GPUs as NVML
+    enumerates them, by PCI bus id: Slurm's gres_gpu.c). With MIG, Slurm's indexes count MIG
+    devices in an order of its own, so only the MIG device ids (in CUDA_VISIBLE_DEVICES, as
+    Slurm's gres_common.c gives a prolog's) name the GPUs, through the MIG devices the sweep
+    lists (`mig_devices`). Not known: every GPU is judged (the safe side)."""
+    devices = raw.get("devices") if isinstance(raw, dict) else None
+    migs = [v for v in visible or [] if v.startswith(MIG_PREFIX)]
+    if not isinstance(devices, list):
+        if migs:
+            return None, "MIG devices named, and no GPU facts to find their GPUs"
+        return indexes, ""
+    devices = [d for d in devices if isinstance(d, dict)]
+    if migs:
+        parents = _mig_parents(devices)
+        unknown = [v for v in migs if v not in parents]
+        if unknown:
+            more = f" (+{len(unknown) - 1} more)" if len(unknown) > 1 else ""
+            return None, f"MIG device {clean(unknown[0], 80)}{more} not found on any GPU"
+        return sorted({parents[v] for v in migs}), ""
+    if any(d.get("mig_current") == 1 for d in devices):
+        return None, "MIG mode on: slurmd named no MIG device, and its indexes count MIG devices"
+    if indexes is None:
+        return None, ""
+    known = {d.get("index") for d in devices}
+    missing = [i for i in indexes if i not in known]
+    if missing:
+        return None, f"GPU index {missing[0]} from slurmd not among the GPUs NVML lists"
+    return sorted(set(indexes)), ""

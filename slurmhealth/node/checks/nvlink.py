@@ -121,6 +121,7 @@ def link_state(facts: Facts, ctx: Context) -> Result:
 
 
 def _counters(facts: Facts) -> dict[str, Any]:
+    """{"<GPU index>:<link>": {counter: value}} of every link that reports a counter."""
     out = {}
     for dev in _linked(facts):
         for x in dev["nvlink"]:
@@ -187,17 +188,20 @@ def error_counters(facts: Facts, ctx: Context) -> Result:
     if not before:
         return ok("baseline recorded", {"links": len(current)})
     seconds = interval(ctx)
+    names = {str(d["index"]): gpu.label(d) for d in facts["devices"]}
     deltas: dict[str, dict[str, int]]
     fails, warns, deltas, resets = [], [], {}, []
     for key, values in current.items():
+        index, link = key.split(":")
+        where = f"{names.get(index, f'GPU {index}')} link {link}"
         grew, reset = _deltas(values, before.get(key, {}))
-        resets += [f"GPU {key.replace(':', ' link ')} {name}" for name in reset]
+        resets += [f"{where} {name}" for name in reset]
         for name, delta in grew.items():
             if delta <= 0:
                 continue
             deltas.setdefault(key, {})[name] = delta
             level, amount = _level(name, delta, seconds, ctx)
-            text = f"GPU {key.replace(':', ' link ')} {name} {amount}"
+            text = f"{where} {name} {amount}"
             if level == "fail":
                 fails.append(text)
             elif level == "warn":
@@ -213,6 +217,10 @@ def error_counters(facts: Facts, ctx: Context) -> Result:
 
 
 CHECKS = (link_state, error_counters)
+
+# Judged GPU by GPU in the job hooks (checks/base.py job_verdict), on the GPU area's facts.
+SCOPED = CHECKS
+for_gpus = gpu.for_gpus
 
 
 def baseline(facts: Facts, now: float | None = None) -> dict[str, Any]:

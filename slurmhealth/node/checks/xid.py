@@ -58,7 +58,7 @@ TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads th
 if TYPE_CHECKING:
     from typing import Any
 
-    from slurmhealth.node.checks.base import Facts, Schema
+    from slurmhealth.node.checks.base import Facts, Keep, Schema
 
 AREA = "xid"
 SOURCE = "kmsg"
@@ -1183,6 +1183,8 @@ def hca_events(facts: Facts, ctx: Context) -> Result:
 
 
 CHECKS = (hardware, application, log_continuity, hca_events, *driver_faults.CHECKS)
+# Judged GPU by GPU in the job hooks (checks/base.py job_verdict): the lines that name a GPU.
+SCOPED = (hardware, driver_faults.gpu_init)
 
 
 def baseline(facts: Facts, now: float | None = None) -> dict[str, Any]:
@@ -1219,3 +1221,12 @@ def events_of(facts: Facts, ctx: Context) -> list[Any]:
             item["job"] = event.get("job", True)
             out.append(item)
     return out
+
+
+def for_gpus(facts: Facts, ctx: Context, keep: Keep) -> Facts:
+    """The facts with only the Xids and GPU initialisation failures of the GPUs `keep` takes,
+    each GPU by its bus id (ctx.gpus; None where the index is not known)."""
+    gpus = _gpu_map(ctx.gpus)
+    events = [e for e in facts.get("events") or [] if keep(gpus.get(e["bus_id"]))]
+    driver = [e for e in facts.get("driver") or [] if keep(gpus.get(e["bus_id"] or ""))]
+    return dict(facts, events=events, driver=driver)

@@ -197,6 +197,46 @@ def _mig(sweep: _Sweep) -> None:
     if isinstance(modes, (list, tuple)) and len(modes) == 2:
         current, pending = int(modes[0]), int(modes[1])
     sweep.record["mig_current"], sweep.record["mig_pending"] = current, pending
+    if current == 1:
+        sweep.record["mig_devices"] = _mig_devices(sweep)
+
+
+MIG_DEVICES_MAX = 16  # MIG devices looked for per GPU: NVML's most is 7 (A100, H100, H200)
+_MIG_IDS = (
+    ("uuid", "nvmlDeviceGetUUID"),
+    ("gi", "nvmlDeviceGetGpuInstanceId"),
+    ("ci", "nvmlDeviceGetComputeInstanceId"),
+)
+
+
+def _mig_devices(sweep: _Sweep) -> list[dict[str, Any]] | None:
+    """A GPU in MIG mode: its MIG devices, by their index under it
+    (nvmlDeviceGetMigDeviceHandleByIndex from 0 below nvmlDeviceGetMaxMigDeviceCount; NotFound
+    where there is none), each with its UUID (`MIG-...`) and its GPU and compute instance ids:
+    what slurmd names a job's MIG devices by, so a job hook knows their GPU (checks/gpu.py
+    job_scope). None where NVML does not say how many there may be."""
+    nvml, errors = sweep.nvml, sweep.record["errors"]
+    most = sweep.get("mig_devices", "nvmlDeviceGetMaxMigDeviceCount")
+    if not isinstance(most, int):
+        return None
+    out: list[dict[str, Any]] = []
+    for index in range(min(most, MIG_DEVICES_MAX)):
+        try:
+            handle = nvml.nvmlDeviceGetMigDeviceHandleByIndex(sweep.handle, index)
+        except Exception as exc:
+            if error_name(exc) != "NotFound":
+                errors["mig_devices"] = error_name(exc)
+            continue
+        entry: dict[str, Any] = {"index": index}
+        for key, func in _MIG_IDS:
+            try:
+                value = getattr(nvml, func)(handle)
+            except Exception as exc:
+                errors["mig_devices"] = error_name(exc)
+                value = None
+            entry[key] = _text(value) if key == "uuid" and value is not None else value
+        out.append(entry)
+    return out
 
 
 def _settings(sweep: _Sweep) -> None:

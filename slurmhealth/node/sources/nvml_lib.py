@@ -357,6 +357,25 @@ def nvmlDeviceGetMigMode(handle: object) -> list[int]:
     return [current.value, pending.value]
 
 
+def nvmlDeviceGetMaxMigDeviceCount(handle: object) -> int:
+    return _uint("nvmlDeviceGetMaxMigDeviceCount", handle)
+
+
+def nvmlDeviceGetMigDeviceHandleByIndex(handle: object, index: int) -> ctypes.c_void_p:
+    """The MIG device at `index` under a GPU in MIG mode; NVMLError_NotFound where none is."""
+    mig = ctypes.c_void_p()
+    _call("nvmlDeviceGetMigDeviceHandleByIndex", handle, ctypes.c_uint(index), ctypes.byref(mig))
+    return mig
+
+
+def nvmlDeviceGetGpuInstanceId(handle: object) -> int:
+    return _uint("nvmlDeviceGetGpuInstanceId", handle)
+
+
+def nvmlDeviceGetComputeInstanceId(handle: object) -> int:
+    return _uint("nvmlDeviceGetComputeInstanceId", handle)
+
+
 def nvmlDeviceGetComputeRunningProcesses(handle: object) -> list[Process]:
     """Compute processes on the GPU: asked once with no room (success means none), then with
     room for twice the count the library gave, plus a margin, in case more start meanwhile."""

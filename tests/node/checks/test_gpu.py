@@ -235,6 +235,82 @@ def test_processes_of_other_running_jobs_are_never_leftovers():
     assert judged("check", ["7"]).status == "ok"
 
 
+def test_a_job_hook_leaves_a_mig_gpu_alone_while_other_jobs_may_use_its_instances():
+    """A GPU in MIG mode runs other jobs on its other instances: their processes are no
+    leftovers. Judged only when the store knows no other job runs on the node."""
+    f = facts("processes-left")  # the process sits on GPU 0
+    f["devices"][0]["mig_current"] = 1
+    expect = ctx().expect
+
+    def judged(running):
+        baseline = {} if running == "absent" else {"open_jobs": running}
+        return gpu.processes(f, Context("gpu01", "prolog", expect, baseline, job_gpus=[0]))
+
+    shared = judged(["7"])
+    assert shared.status == "ok" and shared.data["shared"] == ["GPU 0 (0000:18:00)"]
+    assert shared.message == (
+        "no compute processes left (GPU 0 (0000:18:00) in MIG mode shared with other jobs: "
+        "not judged)"
+    )
+    assert judged("absent").status == "ok"
+    assert judged([]).status == "fail"
+
+
+def mig_raw() -> dict:
+    """The healthy node's GPU facts with GPUs 0 and 1 in MIG mode, two MIG devices each."""
+    with open(snapshot_path("healthy")) as handle:
+        raw = json.load(handle)["gpu"]
+    for g in (0, 1):
+        dev = raw["devices"][g]
+        dev["mig_current"] = 1
+        dev["mig_devices"] = [
+            {"index": k, "uuid": f"MIG-aa{g}{k}", "gi": k + 3, "ci": 0} for k in range(2)
+        ]
+    return raw
+
+
+def test_job_scope_without_mig_is_slurms_indexes_checked_against_nvmls():
+    with open(snapshot_path("healthy")) as handle:
+        raw = json.load(handle)["gpu"]
+    assert gpu.job_scope(raw, [5, 4], None) == ([4, 5], "")
+    assert gpu.job_scope(raw, [4, 9], None) == (
+        None,
+        "GPU index 9 from slurmd not among the GPUs NVML lists",
+    )
+    assert gpu.job_scope(raw, None, None) == (None, "")
+    assert gpu.job_scope(None, [4], None) == ([4], "")  # no GPU facts: as slurmd says
+
+
+def test_job_scope_maps_mig_devices_to_their_gpus_in_both_of_slurms_forms():
+    raw = mig_raw()
+    gpu1 = raw["devices"][1]["uuid"]
+    # MIG device UUIDs (drivers from 470.42.01) and MIG-<GPU UUID>/<GI>/<CI> (before)
+    assert gpu.job_scope(raw, [2], ["MIG-aa10"]) == ([1], "")
+    assert gpu.job_scope(raw, [0, 3], ["MIG-aa01", f"MIG-{gpu1}/4/0"]) == ([0, 1], "")
+    unknown = (None, "MIG device MIG-ffff not found on any GPU")
+    assert gpu.job_scope(raw, [2], ["MIG-ffff"]) == unknown
+    # Slurm's indexes count MIG devices: without their ids the GPUs are not known
+    none, why = gpu.job_scope(raw, [2], ["2"])
+    assert none is None and why.startswith("MIG mode on: slurmd named no MIG device")
+    assert gpu.job_scope(None, [2], ["MIG-aa10"])[0] is None
+
+
+def test_a_gpu_judged_alone_is_still_compared_with_all_its_peers():
+    """model and pcie judge a GPU against the node's majority: narrowed to one GPU
+    (for_gpus, a job hook's own GPUs), the reference stays every GPU's."""
+    odd, wide = facts("gpu-model-odd"), facts("pcie-x8")
+
+    def alone(f, index):
+        return gpu.for_gpus(f, ctx(), lambda i: i == index)
+
+    assert gpu.model(alone(odd, 5), ctx()).message == (
+        "GPU 5 (0000:ab:00) NVIDIA H100 PCIe, 7 others NVIDIA H100 80GB HBM3"
+    )
+    assert gpu.model(alone(odd, 4), ctx()).status == "ok"
+    assert gpu.pcie(alone(wide, 2), ctx()).message == "GPU 2 (0000:3a:00) PCIe width x 8 < 16"
+    assert gpu.pcie(alone(wide, 3), ctx()).status == "ok"
+
+
 def test_parse_survives_garbage():
     for raw in (
         None,

@@ -59,7 +59,7 @@ def bumped(counter: str, by: int, link: int = 3) -> tuple:
 def test_counter_deltas_warn_and_fail():
     now, before = bumped("replay", 150)
     result = nvlink.error_counters(now, ctx(before))
-    assert result.status == "warn" and "GPU 2 link 3 replay +150" in result.message
+    assert result.status == "warn" and "GPU 2 (0000:3a:00) link 3 replay +150" in result.message
     now, before = bumped("recovery", 12)
     assert nvlink.error_counters(now, ctx(before)).status == "fail"
     now, before = bumped("crc", 5)
@@ -75,8 +75,9 @@ def test_counter_that_went_down_starts_a_new_baseline_never_a_fail():
     now["devices"][2]["nvlink"][3]["recovery"] = 20
     result = nvlink.error_counters(now, ctx(before, now=3600.0))
     assert result.status == "ok"
-    assert result.message == "counter reset: new baseline (GPU 2 link 3 recovery)"
-    assert result.data["deltas"] == {} and result.data["reset"] == ["GPU 2 link 3 recovery"]
+    assert result.message == "counter reset: new baseline (GPU 2 (0000:3a:00) link 3 recovery)"
+    assert result.data["deltas"] == {}
+    assert result.data["reset"] == ["GPU 2 (0000:3a:00) link 3 recovery"]
 
 
 HOUR = 3600.0
@@ -98,7 +99,7 @@ def test_crc_fails_at_dcgms_100_per_second():
     now, before = stamped("crc", 600_000)
     result = nvlink.error_counters(now, ctx(before, now=1000.0 + 3600.0))  # 167/s for an hour
     assert (result.status, result.action) == ("fail", "reset_gpu")
-    assert result.message == "GPU 2 link 3 crc +600000 (167/s)"
+    assert result.message == "GPU 2 (0000:3a:00) link 3 crc +600000 (167/s)"
     assert result.data["interval_s"] == 3600.0
     result = nvlink.error_counters(now, ctx(before, now=1000.0 + 10 * HOUR))  # 16.7/s
     assert result.status == "warn"  # over crc_warn (100) but under DCGM's 100/s
@@ -132,7 +133,7 @@ def test_a_short_interval_is_taken_as_dcgms_one_minute_window():
 def test_replays_and_recoveries_are_counted_during_the_job():
     now, before = stamped("recovery", 1)
     result = nvlink.error_counters(now, ctx(before, now=1000.0 + 8 * HOUR))
-    assert result.status == "warn" and result.message == "GPU 2 link 3 recovery +1"
+    assert result.status == "warn" and result.message == "GPU 2 (0000:3a:00) link 3 recovery +1"
     assert result.data["interval_s"] == 8 * HOUR
     now, before = stamped("replay", 10_000)
     assert nvlink.error_counters(now, ctx(before, now=1000.0 + 8 * HOUR)).status == "fail"

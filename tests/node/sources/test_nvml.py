@@ -114,6 +114,24 @@ def test_new_fault_values_come_through(nvml, monkeypatch):
     assert dev["processes"] == [{"pid": 51342, "used_memory": 42949672960}]
 
 
+def test_a_snapshots_mig_devices_come_back_through_the_sweep(nvml, monkeypatch, tmp_path):
+    """What a MIG node's snapshot records (`mig_devices`) is what its sweep reads again: a
+    replay maps a job's MIG devices to their GPUs as the live run did."""
+    with open(snapshot_path("healthy")) as handle:
+        doc = json.load(handle)
+    migs = [{"index": k, "uuid": f"MIG-c0ffee00-0000-4000-8000-00000000000{k}", "gi": k + 1,
+             "ci": 0} for k in (0, 2)]  # index 1 was destroyed: NVML says NotFound there
+    dev = doc["gpu"]["devices"][6]
+    dev["mig_current"], dev["mig_pending"], dev["mig_devices"] = 1, 1, migs
+    path = tmp_path / "mig.json"
+    path.write_text(json.dumps(doc))
+    monkeypatch.setenv("FAKE_NVML_SNAPSHOT", str(path))
+    monkeypatch.setenv("FAKE_NVML_FAULT", "")
+    raw = nvml.sweep()
+    assert raw["devices"][6]["mig_devices"] == migs
+    assert "mig_devices" not in raw["devices"][5]
+
+
 def test_without_mig_or_the_new_calls_the_values_are_none(nvml, monkeypatch, tmp_path):
     """A GPU without MIG answers NotSupported; an older snapshot lacks the keys altogether."""
     with open(snapshot_path("healthy")) as handle:

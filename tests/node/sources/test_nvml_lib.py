@@ -106,7 +106,7 @@ def test_both_bindings_give_the_same_sweep_over_the_same_library(libdir):
     # stand-in (tests/fakenvml/pynvml.py) that other tests put first on sys.path.
     if importlib.util.find_spec("pynvml") is None:
         pytest.skip("nvidia-ml-py is not installed (a test dependency in setup.cfg)")
-    for fault in ("", "procs:3", "lost:1", "unsupported"):
+    for fault in ("", "procs:3", "lost:1", "unsupported", "mig:1"):
         ours = sweep(libdir, FAKE_NVML_LIB_FAULT=fault)
         theirs = sweep(libdir, "pynvml", FAKE_NVML_LIB_FAULT=fault)
         assert ours == theirs, fault
@@ -119,6 +119,18 @@ def test_processes_are_listed_with_memory_not_available_as_none(libdir):
         {"pid": 4001, "used_memory": 2 << 30},
         {"pid": 4002, "used_memory": 3 << 30},
     ]
+
+
+def test_a_gpu_in_mig_mode_lists_its_mig_devices_and_the_others_list_none(libdir):
+    """A job hook maps the MIG devices slurmd names to their GPU by these (checks/gpu.py
+    job_scope): each device's own UUID and its GPU and compute instance ids."""
+    plain, mig = sweep(libdir, FAKE_NVML_LIB_FAULT="mig:1")["devices"]
+    assert (mig["mig_current"], mig["mig_pending"]) == (1, 1)
+    assert mig["mig_devices"] == [
+        {"index": 0, "uuid": "MIG-fa4e0000-0000-0000-0000-000000000100", "gi": 3, "ci": 0},
+        {"index": 1, "uuid": "MIG-fa4e0000-0000-0000-0000-000000000101", "gi": 4, "ci": 0},
+    ]
+    assert "mig_devices" not in plain and "mig_devices" not in mig["errors"]
 
 
 def test_a_busy_gpu_is_sampled_and_an_idle_one_is_not(libdir):
