@@ -86,8 +86,8 @@ def test_a_node_in_two_partitions_is_one_node(tmp_path):
 
 # `scontrol -o show node` lines (the fields parse_node reads, the rest cut) as Slurm 22.05.8
 # printed them in the tests/slurm lab: a node whose reboot slurmctld issued while its slurmd was
-# down (plain, ASAP, nextstate=DOWN), a node marked down when its slurmd stopped answering, and
-# an admin's drain that a plain reboot keeps.
+# down (plain, ASAP, nextstate=DOWN), one it marked down when its slurmd stopped answering, and
+# (reasons an admin could have given) a node set down and a drained one rebooted.
 REBOOTING = "NodeName=gpu02 State=DOWN+REBOOT_ISSUED+NOT_RESPONDING Weight=20 Partitions=gpu "
 NODES = {
     "plain": REBOOTING + "Reason=reboot requested : reboot issued [root@2026-12-06T05:16:26]",
@@ -97,7 +97,7 @@ NODES = {
     + "Reason=reboot requested : reboot issued [root@2026-12-06T05:16:32]",
     "not_responding": "NodeName=gpu02 State=DOWN+NOT_RESPONDING Weight=20 Partitions=gpu "
     "Reason=Not responding [root@2026-12-06T05:17:05]",
-    "admin_down": "NodeName=gpu02 State=DOWN Weight=20 Reason=admin: PSU [root@2026-12-06T05:18:00]",
+    "admin_down": "NodeName=gpu02 State=DOWN Weight=20 Reason=admin: PSU [root@2026-12-06T05:18]",
     "drained_rebooting": "NodeName=gpu02 State=DOWN+DRAIN+REBOOT_ISSUED+NOT_RESPONDING Weight=20 "
     "Reason=admin: fan : reboot issued [root@2026-12-06T05:11:51]",
     "idle": "NodeName=gpu02 State=IDLE Weight=20 Partitions=gpu",

@@ -349,6 +349,9 @@ class Lab:
             f.write(f"SLURMHEALTH_BIN={self.bin}\n")
             f.write(f"SLURMHEALTH_CONFIG={self.path('etc', 'slurmhealth.toml')}\n")
             f.write(f"SLURMHEALTH_STATE_DIR={self.path('state')}\n")  # <node>.db each
+            # the hooks run this checkout's slurmhealth, the one under test, even where the
+            # venv's own is installed from another (a git worktree beside the main checkout)
+            f.write(f"PYTHONPATH={REPO}\n")
         with open(self.path("etc", "reboot"), "w") as f:
             f.write(REBOOT_PROGRAM)
         os.chmod(self.path("etc", "reboot"), 0o755)
@@ -612,6 +615,16 @@ class Lab:
             10,
             "slurmctld to answer ping",
         )
+
+    def start_stopped(self) -> None:
+        """Start slurmctld and every slurmd that is not running (after a test that stopped
+        some, whether it got to start them again or not)."""
+        running = self._daemons()
+        if "slurmctld" not in running:
+            self.start_slurmctld()
+        for name in self.names:
+            if f"slurmd-{name}" not in running:
+                self.start_slurmd(name)
 
     def daemon_env(self) -> dict:
         """What an init system gives a daemon: PATH and our SLURM_CONF, nothing of the caller's."""
