@@ -17,7 +17,9 @@ PHASES = (*HOOKS, CHECK, DIAG)
 DRAINED = "drained"  # the node is drained, with our reason
 SKIPPED = "skipped"  # someone else took the node out already: left alone
 BREAKER = "breaker"  # the circuit breaker is open: nothing drained, loudly
-HELD = "held"  # the fleet could not be counted: nothing drained now, the fault stays pending
+# nothing drained now, the fault stays pending: the fleet could not be counted, or the node
+# reboots towards a next state (Slurm lifts a drain when it registers)
+HELD = "held"
 FAILED = "failed"  # scontrol failed or timed out
 WOULD_DRAIN = "would_drain"  # monitor-only mode: nothing drained, what would have been recorded
 DRAIN_OUTCOMES = (DRAINED, SKIPPED, BREAKER, HELD, FAILED, WOULD_DRAIN)

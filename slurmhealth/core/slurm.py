@@ -26,15 +26,21 @@ if TYPE_CHECKING:
 
     class NodeInfo(_Node, total=False):
         """A node as Slurm shows it (parse_node, parse_sinfo): its state, the state's flags
-        upper-cased, the reason; `since`, when the reason was set (sinfo only, None: unknown)."""
+        upper-cased, the reason; `since`, when the reason was set (sinfo only, None: unknown);
+        `next_state`, the state a reboot Slurm issued ends in (scontrol only, where one was
+        asked for: `scontrol reboot ASAP` or `nextstate=`)."""
 
         since: float | None
+        next_state: str
 
 REASON_MAX = 160
 SEARCH = ("/usr/bin", "/usr/local/bin", "/opt/slurm/bin", "/usr/local/slurm/bin")
 # Node state flags that mean "someone took this node out of service" (scontrol spells them
 # DRAIN, DOWN...; sinfo's long names drained, draining, down... upper-cased start the same).
 _OUT = ("DRAIN", "DOWN", "FAIL", "MAINT", "REBOOT", "POWER_DOWN", "POWERED_DOWN")
+# The reason slurmctld gives a node whose slurmd stopped answering (it sets the node DOWN after
+# SlurmdTimeout); ReturnToService=1 or 2 returns it to service when its slurmd registers again.
+NOT_RESPONDING = "Not responding"
 
 
 class SlurmError(Exception):
@@ -79,6 +85,8 @@ def parse_node(line: str) -> NodeInfo:
         elif key == "State":
             info["state"] = value
             info["flags"] = value.replace("*", "").split("+")
+        elif key == "NextState":
+            info["next_state"] = value.upper()
     why = why.strip()
     if why.endswith("]") and " [" in why:
         why = why[: why.rindex(" [")]
@@ -118,6 +126,28 @@ def is_out(info: NodeInfo, ignore: tuple[str, ...] = ()) -> bool:
 def ours(info: NodeInfo) -> bool:
     """Out of service with a reason slurmhealth wrote."""
     return is_out(info) and info["reason"].startswith(PREFIX)
+
+
+def rejoins(info: NodeInfo) -> bool:
+    """Out of service only until its slurmd registers, when Slurm returns it to service by
+    itself: a reboot slurmctld issued that is not to end DOWN (its DRAIN, if any, lifted then
+    too: lifts_drain), or DOWN with slurmctld's own "Not responding" and no drain
+    (ReturnToService). slurmd runs the health check at its start, before it registers
+    (slurm.conf(5), HealthCheckProgram): no one chose to keep such a node out, so a fault found
+    then is acted on as on a node in service. A drained node stays drained across a plain
+    reboot: it is out, as before."""
+    flags = info["flags"]
+    drained = any(f.startswith("DRAIN") for f in flags)
+    if "REBOOT_ISSUED" in flags:
+        return info.get("next_state") != "DOWN" and (not drained or lifts_drain(info))
+    return "DOWN" in flags and not drained and info["reason"] == NOT_RESPONDING
+
+
+def lifts_drain(info: NodeInfo) -> bool:
+    """A reboot with a next state (`scontrol reboot ASAP` or `nextstate=`): when the node
+    registers, Slurm clears its DRAIN flag (scontrol(1), reboot), so a drain made before then
+    does not hold."""
+    return "REBOOT_ISSUED" in info["flags"] and bool(info.get("next_state"))
 
 
 def may_drain(info: NodeInfo, ignore: tuple[str, ...] = ()) -> bool:

@@ -67,10 +67,18 @@ def drain(
     record_skip: bool = True,
     ignore: tuple[str, ...] = (),
     repeat_skip: bool = True,
+    rejoining: bool = False,
 ) -> str:
     """Drain `node` unless someone else took it out, or the breaker is open. Returns the outcome.
     A node already out is recorded as a skip (`record_skip`), each time unless `repeat_skip` is
     false (note(once=True)).
+
+    `rejoining` (the node's own hooks): a node out only until its slurmd registers
+    (slurm.rejoins: a reboot, slurmd not answering) is not out by anyone's choice, and the
+    health check at slurmd's start is the last run before Slurm returns it to service: it is
+    drained like a node in service (the DRAIN holds through the registration), or, where the
+    registration would lift a drain (a reboot with a next state), HELD: the fault stays
+    pending for the first run after it.
 
     The breaker: slurmhealth never has more than settings.breaker_share of the fleet drained by
     itself within settings.breaker_window (any automatic path). Past it, it drains nothing more,
@@ -79,7 +87,10 @@ def drain(
     now = time.time()
     try:
         info = client.node(node)
-        if not slurm.may_drain(info, ignore):
+        rejoins = rejoining and slurm.rejoins(info)
+        if rejoins and slurm.lifts_drain(info):
+            return _held_for_reboot(journal, node, message, info)
+        if not rejoins and not slurm.may_drain(info, ignore):
             if record_skip:
                 _skipped(journal, node, message, info, not repeat_skip)
             return SKIPPED
@@ -87,7 +98,7 @@ def drain(
         if not fleet:  # an answer that lists no node counts nothing either
             raise slurm.SlurmError("sinfo listed no nodes")
         listed = next((n for n in fleet if n["name"] == node), None)
-        if listed is not None and not slurm.may_drain(listed, ignore):
+        if listed is not None and not rejoins and not slurm.may_drain(listed, ignore):
             # out since `show node` (another hook of this node drained it a moment ago): out,
             # not a drain of another node that could trip the breaker
             if record_skip:
@@ -136,6 +147,19 @@ def drain(
     return DRAINED
 
 
+def _held_for_reboot(journal: Journal, node: str, message: str, info: NodeInfo) -> str:
+    """A fault met while the node reboots towards a next state: Slurm lifts any drain when the
+    node registers, so none is made now; said, recorded, and HELD (the fault stays pending,
+    drained by the first run after the registration)."""
+    detail = (
+        f"rebooting, NextState={info.get('next_state')}: Slurm lifts a drain when {node} "
+        "registers, so it is not drained now; the fault stays pending for the next run"
+    )
+    journal.say(f"not drained now: {detail}")
+    journal.note(node, ACT_DRAIN_SKIPPED, slurm.reason(message), True, detail)
+    return HELD
+
+
 def _landed(client: slurm.Slurm, node: str, why: str) -> bool:
     """Whether the node shows our drain after an update that failed or timed out."""
     try:
@@ -181,8 +205,10 @@ def _yield_to_earlier(
 def may_resume(info: NodeInfo) -> bool:
     """Only our own drains, and never one on probation, for a lemon or for service: a lemon
     passes its health checks (that is what makes it a lemon), and hardware that needs service
-    may pass them between failures, so only an admin lifts those."""
-    if not slurm.ours(info):
+    may pass them between failures, so only an admin lifts those. Never a node that is DOWN
+    too (our drain made while it rebooted, where ReturnToService keeps it DOWN): a resume
+    would lift the DOWN as well, which is Slurm's or an admin's to lift."""
+    if not slurm.ours(info) or any(f.startswith("DOWN") for f in info["flags"]):
         return False
     kept = (PROBATION, LEMON, SERVICE)
     return not info["reason"].startswith(tuple(f"{PREFIX} {k}" for k in kept))

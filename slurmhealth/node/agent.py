@@ -1026,11 +1026,16 @@ class HookJournal(Journal):
 
     def drain(self, reason: str, settings: Data) -> str:
         """Drain this node through actions.drain (owned reasons, breaker, probation, recorded):
-        its outcome. A health check does not record a skip (a drained node's every check)."""
+        its outcome. A health check does not record a skip (a drained node's every check). A
+        node out only until its slurmd registers (the health check at slurmd's start, after a
+        reboot) is drained too, or its fault held pending (actions.drain, `rejoining`)."""
         from slurmhealth.node import actions  # noqa: PLC0415 - failure path only
 
         client = self.slurm_client(settings)
-        return actions.drain(client, self.node, reason, settings, self, self.mode != HEALTHCHECK)
+        record_skip = self.mode != HEALTHCHECK
+        return actions.drain(
+            client, self.node, reason, settings, self, record_skip, rejoining=True
+        )
 
     def would(self, reason: str) -> None:
         """Monitor-only: say and record what enforcing would have done."""
@@ -1207,7 +1212,8 @@ def _act(
     if outcome in (DRAINED, SKIPPED, BREAKER) and (pending or message):
         # Acted on: drained, already out, or judged by the breaker (a fleet-wide fault: the
         # refusal is recorded, and the node must not be drained later for it). A drain that
-        # failed, or one held because the fleet could not be counted, stays pending.
+        # failed, or one held (the fleet could not be counted, or a reboot's registration
+        # would lift it), stays pending.
         journal.save_side(run, "", None)
     write_metrics(path, run, outcome, journal.mode)
     if code == EXIT_OK and not message and journal.mode == HEALTHCHECK:

@@ -82,3 +82,50 @@ def test_a_node_in_two_partitions_is_one_node(tmp_path):
     nodes = slurm.Slurm(slurm_bin=str(tmp_path)).nodes()
     assert [n["name"] for n in nodes] == ["gpu01", "gpu02"]
     assert slurm.drained_by_us(nodes, 0) == ["gpu02"]
+
+
+# `scontrol -o show node` lines (the fields parse_node reads, the rest cut) as Slurm 22.05.8
+# printed them in the tests/slurm lab: a node whose reboot slurmctld issued while its slurmd was
+# down (plain, ASAP, nextstate=DOWN), one it marked down when its slurmd stopped answering, and
+# (reasons an admin could have given) a node set down and a drained one rebooted.
+REBOOTING = "NodeName=gpu02 State=DOWN+REBOOT_ISSUED+NOT_RESPONDING Weight=20 Partitions=gpu "
+NODES = {
+    "plain": REBOOTING + "Reason=reboot requested : reboot issued [root@2026-12-06T05:16:26]",
+    "asap": "NodeName=gpu02 State=DOWN+DRAIN+REBOOT_ISSUED+NOT_RESPONDING Weight=20 "
+    "NextState=RESUME Partitions=gpu Reason=Reboot ASAP : reboot issued [root@2026-12-06T05:16:29]",
+    "to_down": REBOOTING.replace("Partitions", "NextState=DOWN Partitions")
+    + "Reason=reboot requested : reboot issued [root@2026-12-06T05:16:32]",
+    "not_responding": "NodeName=gpu02 State=DOWN+NOT_RESPONDING Weight=20 Partitions=gpu "
+    "Reason=Not responding [root@2026-12-06T05:17:05]",
+    "admin_down": "NodeName=gpu02 State=DOWN Weight=20 Reason=admin: PSU [root@2026-12-06T05:18]",
+    "drained_rebooting": "NodeName=gpu02 State=DOWN+DRAIN+REBOOT_ISSUED+NOT_RESPONDING Weight=20 "
+    "Reason=admin: fan : reboot issued [root@2026-12-06T05:11:51]",
+    "idle": "NodeName=gpu02 State=IDLE Weight=20 Partitions=gpu",
+}
+
+
+@pytest.mark.parametrize(
+    ("node", "rejoins", "lifts"),
+    [
+        ("plain", True, False),  # returns to service at registration; a drain made now holds
+        ("asap", True, True),  # returns, and Slurm lifts any DRAIN then (its own ASAP one too)
+        ("to_down", False, True),  # ends DOWN: out, by the admin's choice
+        ("not_responding", True, False),  # ReturnToService returns it; a drain holds
+        ("admin_down", False, False),  # someone's DOWN: not ours to touch
+        ("drained_rebooting", False, False),  # an admin's drain stays across a plain reboot
+        ("idle", False, False),  # in service: drained as ever (may_drain)
+    ],
+)
+def test_a_node_out_only_until_its_slurmd_registers_is_told_apart(node, rejoins, lifts):
+    """What the health check at slurmd's start sees of its own node, before the registration
+    that returns it to service (slurm.conf(5), HealthCheckProgram; scontrol(1), reboot)."""
+    info = slurm.parse_node(NODES[node])
+    assert slurm.rejoins(info) is rejoins
+    assert slurm.lifts_drain(info) is lifts
+
+
+def test_next_state_is_read_only_where_scontrol_prints_it():
+    assert slurm.parse_node(NODES["asap"])["next_state"] == "RESUME"
+    assert slurm.parse_node(NODES["asap"])["reason"] == "Reboot ASAP : reboot issued"
+    assert "next_state" not in slurm.parse_node(NODES["plain"])
+    assert slurm.parse_node(NODES["not_responding"])["reason"] == slurm.NOT_RESPONDING

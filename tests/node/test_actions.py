@@ -135,6 +135,60 @@ def test_a_failed_drain_is_recorded_as_failed(conn):
     assert recorded(conn) == [("drain", "slurmhealth: GPU 3 GpuIsLost", 0)]
 
 
+@pytest.mark.parametrize(
+    ("state", "reason", "next_state", "outcome"),
+    [
+        ("DOWN+REBOOT_ISSUED+NOT_RESPONDING", "reboot requested : reboot issued", "", DRAINED),
+        ("DOWN+NOT_RESPONDING", "Not responding", "", DRAINED),
+        ("DOWN+DRAIN+REBOOT_ISSUED+NOT_RESPONDING", "Reboot ASAP : reboot issued", "RESUME", HELD),
+        ("DOWN+REBOOT_ISSUED+NOT_RESPONDING", "reboot requested : reboot issued", "DOWN", SKIPPED),
+        ("DOWN+DRAIN+REBOOT_ISSUED", "admin: fan : reboot issued", "", SKIPPED),
+        ("DOWN", "admin: PSU", "", SKIPPED),
+    ],
+)
+def test_a_node_back_in_service_when_its_slurmd_registers_is_drained_by_its_hooks(
+    conn, state, reason, next_state, outcome
+):
+    """slurmd runs the health check at its start, before it registers (slurm.conf(5)); Slurm
+    returns a rebooted or unanswering node to service at that registration. A fault found then
+    is drained (the DRAIN holds through the registration), or held pending where the reboot
+    lifts drains (ASAP, nextstate=RESUME); a node someone keeps out is left alone."""
+    client = Client(fleet(gpu01=(state, reason, 1.0)))
+    if next_state:
+        client.states["gpu01"]["next_state"] = next_state
+    logged: list = []
+    sweep = Journal(conn, "slurmhealth lemons", logged.append)
+    # the lemon sweep and diagnose leave every node that is out as it is
+    assert actions.drain(client, "gpu01", "lemon: x", SETTINGS, sweep, False) == SKIPPED
+    journal = Journal(conn, "slurmhealth healthcheck", logged.append)
+    got = actions.drain(client, "gpu01", "GPU 3 GpuIsLost", SETTINGS, journal, rejoining=True)
+    assert got == outcome
+    assert ("drain" in client.calls) is (outcome == DRAINED)
+    if outcome == DRAINED:
+        assert client.states["gpu01"]["reason"] == "slurmhealth: GPU 3 GpuIsLost"
+    else:
+        assert client.states["gpu01"]["reason"] == reason
+    if outcome == HELD:
+        assert recorded(conn) == [("drain-skipped", "slurmhealth: GPU 3 GpuIsLost", 1)]
+        assert "NextState=RESUME" in logged[0] and "stays pending" in logged[0]
+
+
+@pytest.mark.parametrize("state", ["DOWN+DRAIN", "DOWN+DRAIN+REBOOT_ISSUED+NOT_RESPONDING"])
+def test_our_drain_of_a_node_that_is_down_too_is_never_resumed_by_us(conn, state):
+    """Drained by us while it rebooted, a node ReturnToService keeps DOWN (0, or 1 after a
+    reboot) stays DOWN: our resume would lift the DOWN too, which is not ours to lift."""
+    info = {"name": "n", "state": state, "flags": state.split("+"), "reason": "slurmhealth: x"}
+    assert not actions.may_resume(info)
+    client = Client(fleet(gpu01=(state, "slurmhealth: GPU 3 GpuIsLost", 1.0)))
+    store.record_action(conn, "gpu01", "drain", "slurmhealth: GPU 3", "hc", True, "", 1.0)
+    for _ in range(SETTINGS["resume_after"]):
+        run = {"node": "gpu01", "phase": "healthcheck", "started": time.time(), "duration": 0.1}
+        run.update(verdict="ok", tool_version="t", sources="{}", job_id=None)
+        store.record_run(conn, {"run": run, "results": [], "events": [], "baselines": {}})
+    assert not actions.resume_if_due(client, "gpu01", SETTINGS, Journal(conn, "hc", print))
+    assert "resume" not in client.calls
+
+
 def test_a_node_we_resumed_that_fails_again_soon_is_on_probation(conn):
     now = time.time()
     store.record_action(conn, "gpu01", "drain", "slurmhealth: old", "test", when=now - 86400)

@@ -65,6 +65,29 @@ HEALTH_CHECK_INTERVAL = 2
 TERMINAL_JOB_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
 
 
+# The lab's RebootProgram (`scontrol reboot` needs one; slurmd runs it through system(3), in
+# slurmd's environment): the node whose slurmd runs it "reboots": that slurmd is stopped and
+# started again with -b, which reports a reboot (slurmd(8)), so slurmctld sees the reboot it
+# issued complete. It finds its slurmd by walking up its parents, the node in that one's `-N`.
+REBOOT_PROGRAM = r"""#!/bin/sh
+pid=$PPID
+while [ "$pid" -gt 1 ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" != slurmd ]; do
+  pid=$(sed 's/.*) //' "/proc/$pid/stat" | cut -d' ' -f2)
+done
+[ "$pid" -gt 1 ] || { echo "lab reboot: no slurmd above $$" >&2; exit 1; }
+node=$(tr '\000' '\n' < "/proc/$pid/cmdline" | sed -n '/^-N$/{n;p;}')
+case $node in gpu[0-9]*) ;; *) echo "lab reboot: no node name" >&2; exit 1 ;; esac
+# detached, in the background: slurmd waits for this script to end before it can stop
+/usr/bin/setsid /bin/sh -c '
+  kill -TERM "$1"
+  while [ -e "/proc/$1" ] && [ "$(sed "s/.*) //" "/proc/$1/stat" | cut -d" " -f1)" != Z ]; do
+    sleep 0.05
+  done
+  exec /usr/sbin/slurmd -N "$2" -b
+' lab-reboot "$pid" "$node" </dev/null >/dev/null 2>&1 &
+"""
+
+
 class LabError(Exception):
     """The lab could not be brought up or a wait timed out; the message says what and where."""
 
@@ -326,6 +349,12 @@ class Lab:
             f.write(f"SLURMHEALTH_BIN={self.bin}\n")
             f.write(f"SLURMHEALTH_CONFIG={self.path('etc', 'slurmhealth.toml')}\n")
             f.write(f"SLURMHEALTH_STATE_DIR={self.path('state')}\n")  # <node>.db each
+            # the hooks run this checkout's slurmhealth, the one under test, even where the
+            # venv's own is installed from another (a git worktree beside the main checkout)
+            f.write(f"PYTHONPATH={REPO}\n")
+        with open(self.path("etc", "reboot"), "w") as f:
+            f.write(REBOOT_PROGRAM)
+        os.chmod(self.path("etc", "reboot"), 0o755)
         self._write_config()
 
     def slurm_conf(self) -> str:
@@ -373,6 +402,7 @@ class Lab:
             f"HealthCheckProgram={REPO}/packaging/slurmhealth-hook",
             f"HealthCheckInterval={self.health_check_interval}",
             "HealthCheckNodeState=ANY",
+            f"RebootProgram={p('etc', 'reboot')}",  # REBOOT_PROGRAM
         ]
         if self.accounting:
             lines += [
@@ -555,8 +585,46 @@ class Lab:
 
     def _start_slurmds(self) -> None:
         for name in self.names:
-            self._run([f"{SBIN}/slurmd", "-N", name], env=self.daemon_env())
+            self.start_slurmd(name)
         self.wait_idle(self.names, timeout=20)
+
+    def start_slurmd(self, node: str, *args: str) -> None:
+        """Start one node's slurmd (`args`: more options, e.g. "-b": report a reboot). slurmd
+        daemonises before it runs the health check, so this returns while that runs."""
+        self._run([f"{SBIN}/slurmd", "-N", node, *args], env=self.daemon_env())
+
+    def stop_daemon(self, name: str, timeout: float = 10) -> None:
+        """TERM one daemon ('slurmctld', 'slurmd-gpu03') by its pid file and wait until it is
+        gone (KILL after `timeout`): a node's "reboot" is stop_daemon + start_slurmd."""
+        pid = self._daemons().get(name)
+        if pid is None:
+            raise LabError(f"{name} is not running")
+        os.kill(pid, 15)
+        deadline = time.monotonic() + timeout
+        while _pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _pid_alive(pid):
+            os.kill(pid, 9)
+
+    def start_slurmctld(self) -> None:
+        """Start slurmctld again after stop_daemon('slurmctld'): it recovers its saved state
+        (jobs, node states and reasons), as a controller restarted in production does."""
+        self._run([f"{SBIN}/slurmctld"], env=self.daemon_env())
+        self._poll(
+            lambda: "is UP" in self.scontrol("ping", check=False).stdout,
+            10,
+            "slurmctld to answer ping",
+        )
+
+    def start_stopped(self) -> None:
+        """Start slurmctld and every slurmd that is not running (after a test that stopped
+        some, whether it got to start them again or not)."""
+        running = self._daemons()
+        if "slurmctld" not in running:
+            self.start_slurmctld()
+        for name in self.names:
+            if f"slurmd-{name}" not in running:
+                self.start_slurmd(name)
 
     def daemon_env(self) -> dict:
         """What an init system gives a daemon: PATH and our SLURM_CONF, nothing of the caller's."""
