@@ -679,6 +679,23 @@ def test_xid_74_keeps_link_and_reads_its_register_bit():
     assert one("NVRM: Xid (PCI:0000:5d:00): 74, NVLink error")["detail"] is None
 
 
+def test_an_nvlink_link_that_failed_to_train_is_xid_74_on_its_link():
+    """NVLink training failures carry no knvlink function name in the log: the driver logs them
+    through its Xid path as NVLINK_ERROR (Xid 74), `NVLink: Failed to train link %d to remote
+    PCI:%04x:%02x:%02x` (open-gpu-kernel-modules src/nvidia/src/kernel/gpu/nvlink/
+    kernel_nvlinkcorelibtrain.c, knvlinkTrainP2pLinksToActive and the sysmem and fabric
+    variants, lower-case `failed` there). The line below is modelled on those format strings."""
+    for word in ("Failed", "failed"):
+        text = f"NVLink: {word} to train link 3 to remote PCI:0000:43:00"
+        line = f"NVRM: Xid (PCI:0000:5d:00): 74, {text}"
+        event = one(line)
+        assert (event["class"], event["action"]) == ("fail", "reset_gpu")
+        assert event["detail"] == {"link": 3, "words": []}
+        result = xid.hardware(xid.parse(raw_of(line)), ctx())
+        assert result.status == "fail"
+        assert result.message == "GPU 3 (0000:5d:00) Xid 74 NVLink error, link 3"
+
+
 @pytest.mark.parametrize(
     "rest",
     [
