@@ -364,9 +364,9 @@ def store_fault(exc: BaseException) -> bool:
 def _row(record: dict) -> tuple:
     """(kind, row) of one parsed record; ValueError saying why it is not a record."""
     kind = record.get("type")
-    spec = KINDS.get(kind) if kind is not None else None
+    spec = KINDS.get(kind) if isinstance(kind, str) else None  # a list or object: no type
     if spec is None:
-        raise ValueError(f"unknown record type {kind!r}")
+        raise ValueError(f"unknown record type {clean(repr(kind), 80)}")
     row = [record.get(c) for c in spec.columns]
     for i, default in spec.defaults:
         if row[i] is None:

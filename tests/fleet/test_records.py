@@ -98,10 +98,13 @@ def test_malformed_lines_are_reported_and_the_rest_imported(tmp_path):
         json.dumps({**good, "id": "a4", "ok": 2**70}),
         "[1, 2]",
         json.dumps({**good, "id": "a5"}),
+        json.dumps({**good, "id": "a6", "type": ["action"]}),  # a type that is no string
+        json.dumps({**good, "id": "a7", "type": {"action": 1}}),
     ]
     target = store.connect(str(tmp_path / "fleet.db"))
     report = records.import_ndjson(target, [line + "\n" for line in lines])
-    assert [n for n, _ in report["bad"]] == [2, 3, 4, 5, 6, 7, 8]
+    assert [n for n, _ in report["bad"]] == [2, 3, 4, 5, 6, 7, 8, 10, 11]
+    assert report["bad"][-2][1] == "unknown record type ['action']"
     assert report["truncated"] is None and report["records"] == 2
     assert "run without node" in report["bad"][1][1]
     ids = [r[0] for r in target.execute("SELECT id FROM actions ORDER BY id")]
