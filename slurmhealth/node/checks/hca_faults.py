@@ -431,7 +431,7 @@ def hca_events(facts: Facts, ctx: Context) -> Result:
             if verdict is not None:
                 judged.append((event, verdict))
     if not judged:
-        return ok("no HCA module or link events in the kernel log")
+        return ok("no HCA events in the kernel log")
     return _judged(judged, _module_words)
 
 
