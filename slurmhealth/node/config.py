@@ -251,6 +251,7 @@ BOUNDS: dict[str, Bound] = {
     "xid.burst_h": (lambda v: 0 < v <= 24 * 366, "must be > 0 and at most 8784 hours"),
     "xid.tpc_jobs": _AT_LEAST_0,
     "xid.sxid_repeat_max": _AT_LEAST_0,
+    "xid.hca_unplug_max": _AT_LEAST_0,
     # host areas on the kernel source (checks/ps.py, modules.py, net.py, edac.py) and mce
     **{f"{k}": _NAMES for k in ("ps.daemons", "ps.absent", "modules.loaded", "modules.absent")},
     "net.up": _NAMES,

@@ -19,9 +19,8 @@ Facts (parse):
                                   (see `line_detail`), or None
      "records": 12, "first_seq": 0, "after_seq": 1200, "last_seq": 1211,
      "lost": False, "missed": 0, "foreign": 0, "boot_id": "...", "window_s": 60,
-     "hca": [{"kind": "module_hot"|"pcie_limited", "bus_id", "module", "text", "seq", "usec",
-              "repeats", and for a PCIe link "gbps", "link", "at", "capable_gbps",
-              "capable_link"}]}   mlx5_core lines (not Xids: see hca_events)
+     "hca": [{"kind", "bus_id", "module", "text", "seq", "usec", "repeats", ...}]
+                                  the HCA's mlx5_core lines (not Xids): checks/hca_faults.py
      "sxid": [...], "driver": [...]}   NVSwitch SXid lines and the driver's Xid-less failures
                                   (GPU initialisation, NVLink link mask): checks/driver_faults.py
 `foreign` counts NVRM and SXid lines that are not the kernel's own: /dev/kmsg records (or `dmesg -r`
@@ -51,7 +50,7 @@ from slurmhealth.core.result import (
     warn,
     worst_action,
 )
-from slurmhealth.node.checks import driver_faults
+from slurmhealth.node.checks import driver_faults, hca_faults
 from slurmhealth.node.checks.base import Context, norm_bus_id, summarize
 
 TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
@@ -97,6 +96,13 @@ DEFAULTS: Schema = {
         int,
         "the same non-fatal NVSwitch SXid on one switch and link this many times since the last "
         "run fails (the nvlink area's recovery_fail: a link that keeps failing); 0: never",
+    ),
+    "hca_unplug_max": (
+        hca_faults.UNPLUG_MAX,
+        int,
+        "an HCA's port module reported unplugged this many times since the last run warns "
+        "(xid.hca_events): a boot reports an empty cage once and a reseat is one unplug, a "
+        "module that keeps losing contact drops its link each time; 0: never",
     ),
     "tpc_jobs": (
         3,
@@ -468,8 +474,8 @@ def _scan(records: list[Any]) -> dict[str, Any]:
         if not isinstance(msg, str):
             continue
         if "NVRM" not in msg:
-            if MLX5 in msg and not _foreign(rec):
-                _hca_event(msg, seq, _int(rec.get("usec")), hca)
+            if "mlx5_core" in msg and not _foreign(rec):
+                hca_faults.hca_line(msg, seq, _int(rec.get("usec")), hca)
             elif "SXid" in msg:
                 if _foreign(rec):
                     foreign += 1
@@ -497,66 +503,6 @@ def _scan(records: list[Any]) -> dict[str, Any]:
         "sxid": list(sxid.values()),
         "driver": list(driver.values()),
     }
-
-
-# --- HCA events: the mlx5 driver's and the PCI core's lines about a ConnectX HCA -------------
-#
-# Not Xids, and not recorded in the events table (whose rows are Xids): they are reported in the
-# hca_events check's result data only, which the store keeps for a result that is not ok.
-#   Module over temperature: drivers/net/ethernet/mellanox/mlx5/core/events.c, port_module()
-#   (older kernels: port.c, mlx5_port_module_event()), `Port module event[error]: module %u,
-#   %s, %s` with the status `Cable error` and the error `High Temperature`
-#   (mlx5_pme_error_to_string); printed through mlx5_core_err, which prefixes
-#   `<function>:<line>:(pid <n>): `, or mlx5_core_info in older kernels, which does not.
-#   PCIe link below what both ends can do, printed once at probe: drivers/pci/pci.c,
-#   __pcie_print_link_status(): `%u.%03u Gb/s available PCIe bandwidth, limited by %s x%d link
-#   at %s (capable of %u.%03u Gb/s with %s x%d link)` (the speed as pci_speed_string() names
-#   it, `16.0 GT/s PCIe`); a full-speed link prints `... bandwidth (%s x%d link)`, no event.
-MLX5 = "mlx5_core"
-MODULE_HOT = "module_hot"
-PCIE_LIMITED = "pcie_limited"
-_MLX5_LINE = r"\s*mlx5_core ([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]): (.*)"
-_MODULE_HOT = r"\bPort module event\[error\]: module ([0-9]{1,4}),.{0,80}\bHigh Temperature\b"
-_PCIE_LIMITED = (
-    r"([0-9]{1,7}\.[0-9]{3}) Gb/s available PCIe bandwidth, limited by (.{1,24}?) x([0-9]{1,2}) "
-    r"link at (\S{1,40}) \(capable of ([0-9]{1,7}\.[0-9]{3}) Gb/s with (.{1,24}?) "
-    r"x([0-9]{1,2}) link\)"
-)
-
-
-def _hca_event(
-    msg: str, seq: int, usec: int | None, found: dict[tuple[Any, ...], dict[str, Any]]
-) -> None:
-    """Add the HCA event of one mlx5_core line to `found` ({(kind, bus, module): event}; a
-    repeat, such as the rate-limited module event, counts in `repeats`)."""
-    line = re.match(_MLX5_LINE, msg, re.A)
-    if line is None:
-        return
-    bus, rest = line.group(1).lower(), line.group(2)[: 4 * TEXT_MAX]
-    event: dict[str, Any] = {}
-    hot = re.search(_MODULE_HOT, rest, re.A) if "High Temperature" in rest else None
-    if hot:
-        event = {"kind": MODULE_HOT, "module": int(hot.group(1))}
-    elif "limited by" in rest:
-        pcie = re.search(_PCIE_LIMITED, rest, re.A)
-        if pcie:
-            gbps, speed, width, at, capable, cap_speed, cap_width = pcie.groups()
-            event = {
-                "kind": PCIE_LIMITED,
-                "module": None,
-                "gbps": float(gbps),
-                "link": f"{clean(speed, 24)} x{width}",
-                "at": clean(at, 40),
-                "capable_gbps": float(capable),
-                "capable_link": f"{clean(cap_speed, 24)} x{cap_width}",
-            }
-    if not event:
-        return
-    key = (event["kind"], bus, event["module"])
-    if key in found:
-        found[key]["repeats"] += 1
-        return
-    found[key] = dict(event, bus_id=bus, text=clean(rest, TEXT_MAX), seq=seq, usec=usec, repeats=1)
 
 
 def _key(event: dict[str, Any]) -> tuple[Any, ...]:
@@ -1149,40 +1095,7 @@ def log_continuity(facts: Facts, ctx: Context) -> Result:
     return ok(f"{records}, none lost", data)
 
 
-def _hca_words(event: dict[str, Any]) -> str:
-    times = f" x{event['repeats']}" if event.get("repeats", 1) > 1 else ""
-    if event["kind"] == MODULE_HOT:
-        return f"HCA {event['bus_id']} module {event['module']} over temperature{times}"
-    return (
-        f"HCA {event['bus_id']} PCIe link downtrained: {event['link']} at {event['at']}, "
-        f"capable of {event['capable_link']} ({event['gbps']:g} of "
-        f"{event['capable_gbps']:g} Gb/s){times}"
-    )
-
-
-def hca_events(facts: Facts, ctx: Context) -> Result:
-    """HCA events in the kernel log since the last run: a hot module fails, a slow link warns.
-    mlx5_core lines, not Xids, reported here only (see the HCA section above).
-    Module over temperature: fail, service. The module passed its high-temperature alarm and
-    the firmware reports it as a cable error; its link is at risk (the module protects its
-    optics by shutting down), a job's collectives over that port fail or stall, and neither a
-    GPU reset nor a reboot cools it: airflow, the cage or the module need a person.
-    PCIe link downtrained at probe: warn, service hint. The HCA works at a fraction of its
-    bandwidth (a x8 Gen3 link feeds 63 Gb/s to a 400 Gb/s port), which slows every multi-node
-    job on the node without breaking it; the link was trained at boot and stays so until a
-    reseat or a reboot retrains it. Both are read once, when the kernel prints them."""
-    found = facts.get("hca") or []
-    if not found:
-        return ok("no HCA events in the kernel log")
-    found = sorted(found, key=lambda e: (e["kind"] != MODULE_HOT, e["seq"]))
-    message = summarize([_hca_words(e) for e in found])
-    data = {"count": len(found), "events": found[:EVENTS_MAX]}
-    if any(e["kind"] == MODULE_HOT for e in found):
-        return fail(message, data, SERVICE)
-    return warn(message, data, SERVICE)
-
-
-CHECKS = (hardware, application, log_continuity, hca_events, *driver_faults.CHECKS)
+CHECKS = (hardware, application, log_continuity, *hca_faults.CHECKS, *driver_faults.CHECKS)
 # Judged GPU by GPU in the job hooks (checks/base.py job_verdict): the lines that name a GPU.
 SCOPED = (hardware, driver_faults.gpu_init)
 

@@ -949,6 +949,8 @@ def test_module_contract():
         "application",
         "log_continuity",
         "hca_events",
+        "hca_firmware",
+        "hca_power",
         "sxid_fatal",
         "sxid_nonfatal",
         "gpu_init",
@@ -1383,38 +1385,6 @@ def test_xid_13_of_register_dumps_only_names_no_unit():
     # an older driver names the GPC and TPC without the SM
     older = "Graphics SM Warp Exception on (GPC 0, TPC 4): Misaligned Register"
     assert one(f"NVRM: Xid (PCI:0000:5d:00): 13, {older}")["detail"] == {"gpc": 0, "tpc": 4}
-
-
-# --- HCA events -------------------------------------------------------------------------------
-
-
-def test_hca_events_read_module_over_temperature_and_a_downtrained_link():
-    facts = facts_of("hca-events.kmsg")
-    assert facts["events"] == []  # not Xids
-    kinds = [(e["kind"], e["bus_id"], e["module"], e["repeats"]) for e in facts["hca"]]
-    assert kinds == [
-        ("pcie_limited", "0000:17:00.0", None, 1),
-        ("module_hot", "0000:5c:00.0", 0, 2),  # the rate-limited repeat is one event
-        ("module_hot", "0000:d2:00.0", 3, 1),  # the older kernels' form, no function prefix
-    ]  # a full-speed link, a cable unplugged and a user-space line are not events
-    result = xid.hca_events(facts, ctx())
-    assert (result.status, result.action) == ("fail", "service")
-    assert result.message == "HCA 0000:5c:00.0 module 0 over temperature x2 (+2 more)"
-    assert result.data["count"] == 3
-
-
-def test_a_downtrained_hca_link_warns():
-    result = xid.hca_events(facts_of("hca-downtrained.kmsg"), ctx())
-    assert (result.status, result.action) == ("warn", "service")
-    assert result.message == (
-        "HCA 0000:17:00.0 PCIe link downtrained: 8.0 GT/s PCIe x8 at 0000:16:00.0, capable of "
-        "16.0 GT/s PCIe x16 (63.008 of 252.048 Gb/s)"
-    )
-
-
-def test_no_hca_events_on_a_healthy_boot():
-    result = xid.hca_events(facts_of("healthy.kmsg"), ctx())
-    assert (result.status, result.message) == ("ok", "no HCA events in the kernel log")
 
 
 def test_the_live_kernel_release_is_recorded_for_the_odd_node_out(tmp_path):

@@ -114,6 +114,9 @@ CAPTURED = {
     "captured-rminit.dmesg": ([], ("ok", "none")),
     "captured-rminit-two.dmesg": ([], ("ok", "none")),
     "captured-link-mask.short": ([], ("ok", "none")),
+    # No Xid: an HCA's slot power lines (test_hca_faults.py).
+    "captured-slot-power.dmesg-T": ([], ("ok", "none")),
+    "captured-slot-power-info.dmesg": ([], ("ok", "none")),
     # NVIDIA's own examples, not from a machine: open-gpu-kernel-modules 595.45.04,
     # src/nvidia/src/kernel/gpu/arch/ampere/kern_gpu_error_cont_ga100.c, comment of
     # _gpuGenerateErrorLog ("Format/example").
