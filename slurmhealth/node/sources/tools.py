@@ -13,9 +13,14 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 
 OUTPUT_MAX = 1 << 20  # bytes of a program's output kept at most (a SEL of thousands of lines)
+
+TYPE_CHECKING = False  # typing stays unimported where a health check runs this; mypy reads it
+if TYPE_CHECKING:
+    from typing import IO
 MARGIN_S = 0.5  # a program is stopped this much before its source's deadline (at most 10%)
 
 
@@ -49,7 +54,9 @@ def budget(seconds: float) -> float:
 
 
 def run(argv: list[str], seconds: float, env: dict[str, str] | None = None) -> Ran:
-    """Run `argv` for at most `seconds`; never raises for the program's sake."""
+    """Run `argv` for at most `seconds`; never raises for the program's sake. Of its output
+    only the last OUTPUT_MAX bytes of each stream are ever held: a program that floods its
+    output for all its time (gigabytes at a pipe's speed) costs no more memory than that."""
     out = Ran()
     started = time.monotonic()
     try:
@@ -64,31 +71,50 @@ def run(argv: list[str], seconds: float, env: dict[str, str] | None = None) -> R
     except OSError as exc:
         out.error = exc.strerror or str(exc)
         return out
+    kept = (bytearray(), bytearray())
+    readers = [
+        threading.Thread(target=_keep_tail, args=(pipe, tail), daemon=True)
+        for pipe, tail in zip((proc.stdout, proc.stderr), kept)
+    ]
+    for reader in readers:
+        reader.start()
     try:
-        stdout, stderr = proc.communicate(timeout=seconds)
+        proc.wait(timeout=seconds)
     except subprocess.TimeoutExpired:
         out.timed_out = True
-        stdout, stderr = _stop(proc)
+        _stop(proc)
+    # the pipes end when the program does, unless a grandchild that left its group holds
+    # them: its output is given up after a second, never waited for
+    end = time.monotonic() + 1.0
+    for reader in readers:
+        reader.join(max(0.0, end - time.monotonic()))
     out.status = None if out.timed_out else proc.returncode
-    out.stdout = stdout[-OUTPUT_MAX:].decode("utf-8", "replace")
-    out.stderr = stderr[-OUTPUT_MAX:].decode("utf-8", "replace")
+    out.stdout = bytes(kept[0][-OUTPUT_MAX:]).decode("utf-8", "replace")
+    out.stderr = bytes(kept[1][-OUTPUT_MAX:]).decode("utf-8", "replace")
     out.seconds = time.monotonic() - started
     return out
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> tuple[bytes, bytes]:
-    """Kill the program's whole process group (its session: start_new_session) and take what
-    it wrote. A grandchild that left the group may hold the pipes open: after a second its
-    output is given up, never waited for."""
+def _keep_tail(pipe: IO[bytes] | None, tail: bytearray) -> None:
+    """Read `pipe` to its end into `tail`, keeping at most its last 2 x OUTPUT_MAX bytes."""
+    if pipe is None:
+        return
+    try:
+        while True:
+            chunk = os.read(pipe.fileno(), 1 << 16)
+            if not chunk:
+                return
+            tail += chunk
+            if len(tail) > 2 * OUTPUT_MAX:
+                del tail[: len(tail) - OUTPUT_MAX]
+    except (OSError, ValueError):  # closed under it
+        return
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """Kill the program's whole process group (its session: start_new_session)."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except OSError:  # ended meanwhile
         proc.kill()
-    try:
-        return proc.communicate(timeout=1.0)
-    except subprocess.TimeoutExpired:
-        for pipe in (proc.stdout, proc.stderr):
-            if pipe is not None:
-                pipe.close()
-        proc.wait()
-        return b"", b""
+    proc.wait()
