@@ -61,7 +61,11 @@ DEVICE = _obj(
         "errors": _map(_s("str")),
         "fields": _map(NUM, "null"),
         "nvlink": _list(LINK, "null"),
-        "fabric": _obj({"state": INT, "status": INT}, "null"),
+        "fabric": _obj(
+            {"state": INT, "status": INT, "clique_id": INT, "cluster_uuid": STR,
+             "health_mask": INT, "health_summary": INT},
+            "null",
+        ),
         "processes": _list(_obj({"pid": INT, "used_memory": INT}), "null"),
         "bus_id": STR,
         "uuid": STR,
