@@ -506,7 +506,7 @@ def run(
         got = out.sources[checks.module(area).SOURCE]
         area_expect = dict(expect[area], checks=expect["checks"])
         before = baselines.get(area) or {}
-        ctx = Context(node, phase, area_expect, before, gpus, job_gpus, time.time())
+        ctx = Context(node, phase, area_expect, before, gpus, job_gpus, time.time(), out.facts)
         if got.status != "ok":
             out.results.extend(_source_results(area, got, area_expect))
             continue

@@ -686,8 +686,8 @@ def fabric_health(facts: Facts, ctx: Context) -> Result:
         return fail(summarize(lines), data, worst_action([p[2] for p in failed]))
     if problems:
         return warn(summarize(data["problems"]), data)
-    if not seen:
-        return skip("fabric health not reported", data)
+    if not seen:  # most nodes: nothing to judge, and nothing wrong (a skip is kept every run)
+        return ok("not judged: fabric health not reported", data)
     return ok("fabric health clear", data)
 
 
@@ -750,8 +750,8 @@ def clique(facts: Facts, ctx: Context) -> Result:
             "cluster": clustered[0]["fabric"]["cluster_uuid"] if clustered else None}
     if odd or missing:
         return fail(summarize(odd or missing, " GPU"), data, DRAIN)
-    if not clustered:
-        return skip("no multi-node NVLink cluster", data)
+    if not clustered:  # most nodes: ok, not a skip kept every run
+        return ok("not judged: no multi-node NVLink cluster", data)
     first = clustered[0]["fabric"]
     gpus = counted(len(clustered), "GPU")
     return ok(f"{gpus} in clique {first['clique_id']} of cluster {first['cluster_uuid']}", data)
