@@ -159,7 +159,7 @@ _INT_KEYS = (
 _UUID_DIGITS = frozenset("0123456789abcdef-")
 
 
-def _fabric_of(raw: dict[str, Any]) -> dict[str, Any]:
+def _fabric_facts(raw: dict[str, Any]) -> dict[str, Any]:
     """The fabric facts typed: numbers or None, the cluster UUID lower case or None where it is
     all zeros (no multi-node NVLink cluster) or not a UUID (a hand-edited snapshot)."""
     out: dict[str, Any] = {
@@ -186,7 +186,7 @@ def _device(raw: object, position: int) -> dict[str, Any]:
         "errors": d.get("errors") if isinstance(d.get("errors"), dict) else {},
         "fields": {k: _int(v) for k, v in fields.items()},
         "processes": [p for p in procs if isinstance(p, dict)] if isinstance(procs, list) else None,
-        "fabric": _fabric_of(fabric) if fabric else None,
+        "fabric": _fabric_facts(fabric) if fabric else None,
         "nvlink": [x for x in links if isinstance(x, dict)] if isinstance(links, list) else None,
     }
     out.update({k: _str(d.get(k)) for k in _STR_KEYS})
@@ -669,8 +669,10 @@ def _health_problems(info: dict[str, Any]) -> list[tuple[str, str, str]]:
 
 
 def fabric_health(facts: Facts, ctx: Context) -> Result:
-    """NVLink fabric health mask clear: route unhealthy or a wrong configuration fails; bandwidth
-    degraded or a recovery in progress warns (nvmlDeviceGetGpuFabricInfoV, R550+)."""
+    """NVLink fabric health clear: route unhealthy or misconfigured fails, degraded bandwidth warns.
+
+    From nvmlDeviceGetGpuFabricInfoV (R550+): the health mask's conditions and the driver's
+    health summary, judged as _HEALTH_TRUE argues; a recovery in progress warns."""
     problems, seen = [], 0
     for dev in _alive(facts):
         info = dev["fabric"]
@@ -731,12 +733,12 @@ def _odd_ones(devices: list[Any], key: str, what: str) -> list[str]:
 
 
 def clique(facts: Facts, ctx: Context) -> Result:
-    """All GPUs of a multi-node NVLink node in one cluster UUID and one clique; `clique` expected
-    (genconf on GB200/GB300 NVL72): a GPU in none fails.
+    """All GPUs of a multi-node NVLink node in one cluster and clique (GB200/GB300 NVL72).
 
-    A GPU in another clique (NVLink partition), or with no cluster UUID where the others have
-    one, cannot reach its node's peers over NVLink: a job across them fails (drain). NVIDIA's
-    GPU feature discovery refuses to label such a node's clique (non-unique cluster UUIDs)."""
+    `clique` expected (genconf, a node's own known-good runs): a GPU in none fails. A GPU in
+    another clique (NVLink partition), or with no cluster UUID where the others have one,
+    cannot reach its node's peers over NVLink: a job across them fails (drain). NVIDIA's GPU
+    feature discovery refuses to label such a node's clique (non-unique cluster UUIDs)."""
     expect = bool(ctx.expect.get("clique"))
     alive = _alive(facts)
     devices = _registered(facts)
