@@ -46,7 +46,7 @@ _slurmhealth() {
         esac
     done
     case "$path:$prev" in
-        "check:--only") words="gpu nvlink ib xid mce aer fs hw time ps modules net edac nvme bmc site" ;;
+        "check:--only") words="gpu nvlink ib xid mce aer fs hw time ps modules net edac nvme bmc imex site" ;;
         "diagnose:--level") words="quick medium long" ;;
         "report:--format") words="html md json prom" ;;
         *:--conf-dir|*:--config|*:--db|*:--gpu-source|*:--hook|*:--kmsg|*:--metrics-file|*:--output|*:--slurm-bin|*:--sysfs-root|*:-o) COMPREPLY=($(compgen -f -- "$cur")); return ;;
