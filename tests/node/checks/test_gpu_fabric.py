@@ -247,3 +247,11 @@ def test_a_dead_imex_replays_as_a_fail(tmp_path):
 
     got = replay(tmp_path, stop)
     assert got["ps.imex"] == ("fail", "nvidia-imex not running on a multi-node NVLink node")
+
+
+def test_genconf_on_the_tray_writes_its_clique_and_imex():
+    proc = run_cli("config", "genconf", "--gpu-source", GB200, "--node", "gb01")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "gpu.clique = true" in lines
+    assert 'ps.daemons = ["munged", "slurmd", "nvidia-persistenced", "nvidia-imex"]' in lines
