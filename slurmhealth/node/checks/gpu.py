@@ -746,6 +746,10 @@ def clique(facts: Facts, ctx: Context) -> Result:
                for d in alive if expect and not attached(d)]
     clustered = [d for d in devices if d["fabric"].get("cluster_uuid")]
     odd = _odd_ones(devices, "cluster_uuid", "cluster") if clustered else []
+    # a GPU that reports no fabric at all beside GPUs in a cluster (one still registering is
+    # gpu.fabric's)
+    odd += [f"{label(d)} reports no NVLink fabric, {counted(len(clustered), 'other')} in a "
+            "cluster" for d in alive if clustered and not (d["fabric"] or {}).get("state")]
     if clustered and not odd:
         odd = _odd_ones(clustered, "clique_id", "clique")
     data = {"missing": missing, "odd": odd,

@@ -255,3 +255,11 @@ def test_genconf_on_the_tray_writes_its_clique_and_imex():
     lines = proc.stdout.splitlines()
     assert "gpu.clique = true" in lines
     assert 'ps.daemons = ["munged", "slurmd", "nvidia-persistenced", "nvidia-imex"]' in lines
+
+
+def test_a_gpu_without_a_fabric_beside_clustered_ones_fails():
+    f = facts()
+    f["devices"][2]["fabric"] = None  # NotSupported
+    result = gpu.clique(f, ctx())
+    assert (result.status, result.action) == ("fail", "drain")
+    assert result.message == "GPU 2 (0018:01:00) reports no NVLink fabric, 3 others in a cluster"
