@@ -52,20 +52,23 @@ def digest(doc: dict) -> str:
 
 # Captured on a real node, not built: each replayed by tests/node/test_h200_live.py
 LIVE = ("h200-live.json", "h200-live-busy.json", "h200-live-verdicts.json", "h200-live.toml")
+# Modelled from NVIDIA's documentation, not captured: another kind of node than the H100 HGX of
+# the faults (tests/node/checks/test_gpu_fabric.py builds its faults)
+MODELLED = ("gb200-nvl72-healthy.json",)
 
 
 def test_the_table_is_the_frozen_set_of_faults():
     assert set(faults.FAULTS) == set(DIGESTS)
     assert faults.NAMES == ("healthy", *faults.FAULTS)
     on_disk = sorted(f for f in os.listdir(SNAPSHOTS) if f.endswith((".json", ".toml")))
-    expected = sorted(["h100-hgx-healthy.json", *LIVE])
+    expected = sorted(["h100-hgx-healthy.json", *LIVE, *MODELLED])
     assert on_disk == expected, "faults are patches in faults.py, not copies"
 
 
 def test_every_snapshot_file_is_described_in_the_format_doc():
     with open(os.path.join(REPO, "docs", "snapshot-format.md"), encoding="utf-8") as handle:
         doc = handle.read()
-    for name in ("h100-hgx-healthy.json", "faults.py", *LIVE):
+    for name in ("h100-hgx-healthy.json", "faults.py", *LIVE, *MODELLED):
         assert f"tests/fixtures/snapshots/{name}" in doc, name
 
 

@@ -68,6 +68,6 @@ def test_a_passing_prolog_imports_nothing_heavy(tmp_path):
     assert "slurmhealth.core.store" in modules
     assert not modules & (HEAVY | {"tomllib", "tomli", "slurmhealth.node.actions"}), modules & HEAVY
     # the areas a job hook never runs (the health check's alone) are not even imported
-    later = {f"slurmhealth.node.checks.{area}" for area in ("nvme", "bmc", "site")}
+    later = {f"slurmhealth.node.checks.{area}" for area in ("nvme", "bmc", "imex", "site")}
     assert "slurmhealth.node.checks.gpu" in modules
     assert not modules & later, modules & later

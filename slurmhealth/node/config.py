@@ -47,6 +47,7 @@ SETTINGS: Schema = {
     "timeout_host": (1.0, float, "deadline of the meminfo, CPU list and clock reads"),
     "timeout_nvme": (5.0, float, "health check: deadline of the NVMe sysfs read and smart-logs"),
     "timeout_bmc": (8.0, float, "health check: deadline of ipmitool sel elist"),
+    "timeout_imex": (6.0, float, "health check: deadline of nvidia-imex-ctl -q and -N -j"),
     "timeout_site": (
         40.0,
         float,
@@ -182,7 +183,7 @@ BOUNDS: dict[str, Bound] = {
     **{f"hw.{k}": _AT_LEAST_0 for k in ("hugepages", "cpus", "sockets", "threads_per_core")},
     "hw.memory_tolerance_pct": _PERCENT,
     "time.max_error_ms": (lambda v: _finite(v) and v > 0, "must be > 0 milliseconds, finite"),
-    **{f"settings.{k}": _SECONDS for k in ("timeout_nvme", "timeout_bmc")},
+    **{f"settings.{k}": _SECONDS for k in ("timeout_nvme", "timeout_bmc", "timeout_imex")},
     # slurmd kills a health check after 60 s (slurm.conf(5) HealthCheckProgram)
     "settings.timeout_site": (lambda v: _finite(v) and 0 < v <= 55, "must be > 0 and at most 55 s"),
     "settings.site_healthcheck": (
@@ -276,7 +277,8 @@ DURATIONS = {
     **{f"settings.{k}": 1 for k in ("deadline", "timeout_gpu", "timeout_ib", "timeout_kmsg")},
     **{f"settings.{k}": 1 for k in ("timeout_fs", "timeout_host")},
     "fs.stat_timeout": 1,
-    **{f"settings.{k}": 1 for k in ("timeout_nvme", "timeout_bmc", "timeout_site")},
+    **{f"settings.{k}": 1 for k in ("timeout_nvme", "timeout_bmc", "timeout_imex")},
+    "settings.timeout_site": 1,
     "settings.drain_timeout": 1,
     "settings.timeout_kernel": 1,
     "settings.breaker_window": 1,

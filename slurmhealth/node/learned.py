@@ -4,6 +4,7 @@ With no config the checks expect only what every GPU node needs, so a node that 
 of its 8 GPUs, an NVLink down or an HCA missing would pass as long as nothing else is wrong.
 Instead each stored run on a node without a config file keeps, per area, what the node showed
 on a run where that area passed (no fail, no error): its GPU count, model and PCIe links,
+its GPUs' multi-node NVLink clique where they had one (GB200/GB300 NVL72),
 NVLinks up per GPU, its HCAs, InfiniBand ports, their rate, link layer and PCIe links, its
 memory, CPUs online and sockets, the known daemons it runs (munged, nvidia-persistenced, ...),
 the known GPU and InfiniBand modules it has loaded, its physical network interfaces up with
@@ -46,6 +47,7 @@ LEARNED: dict[str, dict[str, tuple[str, ...]]] = {
         "model": ("model",),
         "pcie_gen": ("pcie", "pcie_link"),
         "pcie_width": ("pcie", "pcie_link"),
+        "clique": ("clique",),
     },
     "nvlink": {"links_per_gpu": ("link_state",)},
     "ib": {

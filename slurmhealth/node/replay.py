@@ -4,8 +4,8 @@ A snapshot is a file an admin replays: one a node wrote while failing, or one ed
 wrong type anywhere the checks read, deep nesting or a number that is not finite would otherwise
 replay as "no GPUs" or "no Xids" and pass: every such file is refused with one line that names
 the first bad path. The shape below is what the sources write (sources/nvml.py, sysfs.py,
-kmsg.py, kernel.py, fs.py, host.py, nvme.py, bmc.py, site.py); keys it does not name are left
-alone, so a newer snapshot with more facts still loads.
+kmsg.py, kernel.py, fs.py, host.py, nvme.py, bmc.py, imex.py, site.py); keys it does not name
+are left alone, so a newer snapshot with more facts still loads.
 """
 
 from __future__ import annotations
@@ -61,7 +61,11 @@ DEVICE = _obj(
         "errors": _map(_s("str")),
         "fields": _map(NUM, "null"),
         "nvlink": _list(LINK, "null"),
-        "fabric": _obj({"state": INT, "status": INT}, "null"),
+        "fabric": _obj(
+            {"state": INT, "status": INT, "clique_id": INT, "cluster_uuid": STR,
+             "health_mask": INT, "health_summary": INT},
+            "null",
+        ),
         "processes": _list(_obj({"pid": INT, "used_memory": INT}), "null"),
         "bus_id": STR,
         "uuid": STR,
@@ -194,6 +198,9 @@ HOST = _obj(
     "null",
 )
 BMC = _obj({"tool": STR, "device": STR, "lines": _list(_s("str"))}, "null")
+RAN = _obj({"status": INT, "timed_out": BOOL, "error": STR, "lines": _list(_s("str")),
+            "stderr": STR})
+IMEX = _obj({"tool": STR, "query": RAN, "domain": RAN}, "null")
 SITE = _obj(
     {"program": STR, "status": INT, "timed_out": BOOL, "error": STR,
      "lines": _list(_s("str")), "seconds": NUM},
@@ -214,6 +221,7 @@ SNAPSHOT = _obj(
         "host": HOST,
         "nvme": NVME,
         "bmc": BMC,
+        "imex": IMEX,
         "site": SITE,
     }
 )

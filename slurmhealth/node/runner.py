@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     # A source's gather: a zero-argument function that returns its raw facts, or raises.
     Gather = Callable[[], object]
 
-SOURCES = ("gpu", "ib", "kmsg", "kernel", "fs", "host", "nvme", "bmc", "site")
+SOURCES = ("gpu", "ib", "kmsg", "kernel", "fs", "host", "nvme", "bmc", "imex", "site")
 # The site's own health check gets the run this much past its own deadline, to be stopped,
 # said and recorded (sources/tools.py stops it a little before).
 SITE_MARGIN_S = 2.0
@@ -547,7 +547,9 @@ def run(
         got = out.sources[checks.module(area).SOURCE]
         area_expect = dict(expect[area], checks=expect["checks"])
         before = baselines.get(area) or {}
-        ctx = Context(node, phase, area_expect, before, gpus, out.job_gpus, time.time())
+        ctx = Context(
+            node, phase, area_expect, before, gpus, out.job_gpus, time.time(), out.facts
+        )
         if got.status != "ok":
             out.results.extend(_source_results(area, got, area_expect))
             continue

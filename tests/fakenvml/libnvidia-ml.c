@@ -12,6 +12,11 @@
  *                               unsupported  optional calls return NOT_SUPPORTED (3)
  *                               procs:N    N compute processes on GPU 0
  *                               mig:I      GPU I in MIG mode, with two MIG devices
+ *                               nvl72      the GPUs in a multi-node NVLink clique: cluster
+ *                                          UUID set, clique 32766, partition assigned
+ *                               degraded:I GPU I's fabric bandwidth degraded
+ *                               fabric:v2  the versioned fabric call knows v2 only (R550-R575)
+ *                               fabric:old no versioned fabric call (drivers before R550)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,7 +64,22 @@ typedef struct {
     unsigned char state;
 } nvmlGpuFabricInfo_t;
 
-enum { OK = 0, UNINIT = 1, INVALID = 2, UNSUPPORTED = 3, NOT_FOUND = 6, INSUFFICIENT = 7, LOST = 15 };
+/* nvmlGpuFabricInfo_v2_t and _v3_t: the version word first, the health mask (and summary) last. */
+typedef struct {
+    unsigned int version;
+    unsigned char clusterUuid[16];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    unsigned char state;
+    unsigned int healthMask;
+    unsigned char healthSummary; /* v3 only */
+} nvmlGpuFabricInfoV_t;
+#define FABRIC_V2 (36u | 2u << 24) /* NVML_STRUCT_VERSION(GpuFabricInfo, 2) */
+#define FABRIC_V3 (40u | 3u << 24)
+
+enum { OK = 0, UNINIT = 1, INVALID = 2, UNSUPPORTED = 3, NOT_FOUND = 6, INSUFFICIENT = 7,
+       NO_FUNCTION = 13,
+       LOST = 15, VERSION_MISMATCH = 25 };
 
 #define MIG_BASE 100 /* the MIG devices' fake indexes: MIG_BASE + their index under the GPU */
 static struct fake_device devices[64];
@@ -286,6 +306,15 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t dev, unsigned 
     }
     return OK;
 }
+/* One GPU's fabric: registration COMPLETED (3) with success; nvl72: a cluster UUID and clique. */
+static void fabric_ids(unsigned char *uuid, unsigned int *clique) {
+    static const unsigned char cluster[16] = {0x5f, 0x0b, 0x4c, 0x2e, 0x91, 0xd7, 0x4a, 0x63,
+                                              0x8e, 0x10, 0x27, 0xc4, 0xb9, 0x3d, 0x6a, 0xf1};
+    int nvl72 = strcmp(fault(), "nvl72") == 0;
+    memset(uuid, 0, 16);
+    if (nvl72) memcpy(uuid, cluster, 16);
+    *clique = nvl72 ? 32766 : 7;
+}
 nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t dev, nvmlGpuFabricInfo_t *out) {
     nvmlReturn_t r = check(dev);
     if (r) return r;
@@ -293,7 +322,33 @@ nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t dev, nvmlGpuFabricInfo_t *o
     memset(out, 0, sizeof *out);
     out->state = 3; /* NVML_GPU_FABRIC_STATE_COMPLETED */
     out->status = OK;
-    out->cliqueId = 7;
+    fabric_ids(out->clusterUuid, &out->cliqueId);
+    return OK;
+}
+/* Health mask (nvml.h NVML_GPU_FABRIC_HEALTH_MASK_*): each condition 2 bits, NOT_SUPPORTED 0,
+ * TRUE 1, FALSE 2; incorrect configuration 4 bits at 8, NONE 1. Healthy: degraded bandwidth,
+ * route recovery, route unhealthy, access timeout recovery all FALSE, configuration NONE:
+ * 0x1AA; nvl72 adds partition assigned TRUE (bit 12) and the global fabric manager connected
+ * (bit 14). Degraded: bandwidth TRUE and the summary LIMITED_CAPACITY (3), else HEALTHY (1). */
+nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t dev, nvmlGpuFabricInfoV_t *out) {
+    nvmlReturn_t r = check(dev);
+    unsigned int version;
+    int degraded;
+    if (r) return r;
+    if (strcmp(fault(), "fabric:old") == 0) return NO_FUNCTION;
+    if (unsupported()) return UNSUPPORTED;
+    version = out->version;
+    if (version != FABRIC_V3 && version != FABRIC_V2) return VERSION_MISMATCH;
+    if (version == FABRIC_V3 && strcmp(fault(), "fabric:v2") == 0) return VERSION_MISMATCH;
+    degraded = (int)dev->index == fault_number("degraded:");
+    memset(out, 0, version == FABRIC_V3 ? 40 : 36);
+    out->version = version;
+    out->state = 3;
+    out->status = OK;
+    fabric_ids(out->clusterUuid, &out->cliqueId);
+    out->healthMask = degraded ? 0x1A9u : 0x1AAu;
+    if (strcmp(fault(), "nvl72") == 0) out->healthMask |= 1u << 12 | 1u << 14;
+    if (version == FABRIC_V3) out->healthSummary = degraded ? 3 : 1;
     return OK;
 }
 nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t dev, unsigned int link, unsigned int *out) {

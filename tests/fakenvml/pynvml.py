@@ -50,7 +50,9 @@ NVMLError_NotSupported = _error("NotSupported", 3)
 NVMLError_NotFound = _error("NotFound", 6)
 NVMLError_DriverNotLoaded = _error("DriverNotLoaded", 9)
 NVMLError_LibraryNotFound = _error("LibraryNotFound", 12)
+NVMLError_FunctionNotFound = _error("FunctionNotFound", 13)
 NVMLError_GpuIsLost = _error("GpuIsLost", 15)
+NVMLError_ArgumentVersionMismatch = _error("ArgumentVersionMismatch", 25)
 NVMLError_Unknown = _error("Unknown", 999)
 
 _state = {}
@@ -265,14 +267,42 @@ def byref(obj):
 
 
 class c_nvmlGpuFabricInfo_t:
-    state = 0
-    status = 0
+    state = status = cliqueId = 0
+    clusterUuid = bytes(16)
+
+
+class c_nvmlGpuFabricInfo_v2_t(c_nvmlGpuFabricInfo_t):
+    version = 2
+    healthMask = 0
+
+
+class c_nvmlGpuFabricInfo_v3_t(c_nvmlGpuFabricInfo_v2_t):
+    version = 3
+    healthSummary = 0
+
+
+def _fill_fabric(info, fabric):
+    info.state, info.status = fabric["state"], fabric["status"]
+    info.cliqueId = fabric.get("clique_id") or 0
+    info.clusterUuid = bytes.fromhex((fabric.get("cluster_uuid") or "0" * 32).replace("-", ""))
 
 
 def nvmlDeviceGetGpuFabricInfo(h, ref):
-    fabric = _dev(h, "fabric")
-    info = ref._obj
-    info.state, info.status = fabric["state"], fabric["status"]
+    _fill_fabric(ref._obj, _dev(h, "fabric"))
+
+
+def nvmlDeviceGetGpuFabricInfoV(h, ref):
+    """As a driver of the snapshot's kind: no versioned call where the snapshot has no health
+    mask (before R550), v2 only where it has no health summary (before R580)."""
+    fabric, info = _dev(h, "fabric"), ref._obj
+    if fabric.get("health_mask") is None:
+        raise NVMLError_FunctionNotFound()
+    if info.version == 3 and fabric.get("health_summary") is None:
+        raise NVMLError_ArgumentVersionMismatch()
+    _fill_fabric(info, fabric)
+    info.healthMask = fabric["health_mask"]
+    if info.version == 3:
+        info.healthSummary = fabric["health_summary"]
 
 
 def nvmlDeviceGetNvLinkState(h, link):

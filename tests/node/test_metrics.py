@@ -93,7 +93,7 @@ def test_a_run_writes_every_family_with_help_and_type(tmp_path):
     checks = {dict(k[1])["check"] for k in samples if k[0] == "slurmhealth_check_status"}
     # a prolog: every check but the health check's own (their areas' PHASES)
     assert checks == {c for c in REGISTRY if runs_in(c.split(".")[0], "prolog")}
-    assert {c.split(".")[0] for c in set(REGISTRY) - checks} == {"nvme", "bmc", "site"}
+    assert {c.split(".")[0] for c in set(REGISTRY) - checks} == {"nvme", "bmc", "imex", "site"}
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
 
 

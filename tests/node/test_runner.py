@@ -346,7 +346,7 @@ def test_the_hosts_nccl_is_read_by_the_health_check_and_carried_by_the_job_hooks
 
 @pytest.mark.parametrize("phase", ["prolog", "epilog", "healthcheck", "check", "diag"])
 def test_health_check_areas_run_only_where_their_phases_say(tmp_path, monkeypatch, phase):
-    """nvme, bmc and site (PHASES) never run in a job hook: their sources are never gathered
+    """nvme, bmc, imex and site (PHASES) never run in a job hook: their sources are never gathered
     there; the health check, `check` and `diagnose` run them."""
     gathered = []
     real = runner.sources.gather
@@ -369,8 +369,8 @@ def test_health_check_areas_run_only_where_their_phases_say(tmp_path, monkeypatc
     run = runner.run("gpu01", expect(), options, None, phase)
     areas = {r.check.split(".")[0] for r in run.results}
     hooks = phase in ("prolog", "epilog")
-    assert ({"nvme", "bmc", "site"} & areas == set()) is hooks
-    assert (set(gathered) & {"nvme", "bmc", "site"} == set()) is hooks
+    assert ({"nvme", "bmc", "imex", "site"} & areas == set()) is hooks
+    assert (set(gathered) & {"nvme", "bmc", "imex", "site"} == set()) is hooks
     if not hooks:
         assert by_name(run)["site.program"].message == "nhc passed"
         assert by_name(run)["nvme.present"].status == "skip"

@@ -34,9 +34,12 @@ class Context:
     job_gpus: the current job's GPUs (prolog/epilog) as NVML indexes of physical GPUs (the
               runner maps slurmd's names to them, MIG devices to their GPUs: checks/gpu.py
               job_scope), or None: no job, or its GPUs not known.
+    facts:    the facts of the areas parsed before this one in the run ({area: facts}, in
+              catalogue order: gpu first), for a check that joins two sources (ps.imex reads
+              the GPUs' fabric); an area not run, or whose source gave none, is absent.
     """
 
-    __slots__ = ("baseline", "expect", "gpus", "job_gpus", "node", "now", "phase")
+    __slots__ = ("baseline", "expect", "facts", "gpus", "job_gpus", "node", "now", "phase")
 
     def __init__(
         self,
@@ -47,6 +50,7 @@ class Context:
         gpus: dict[str, int | None] | None = None,
         job_gpus: list[int] | None = None,
         now: float = 0.0,
+        facts: dict[str, Any] | None = None,
     ) -> None:
         self.node = node
         self.phase = phase
@@ -55,6 +59,7 @@ class Context:
         self.gpus = gpus if gpus is not None else {}
         self.job_gpus = job_gpus
         self.now = now
+        self.facts = facts if facts is not None else {}
 
 
 DIGITS_MAX = 20  # a u64 counter has at most 20 decimal digits

@@ -35,9 +35,12 @@ import time
 
 from slurmhealth.core.result import (
     DRAIN,
+    FAIL,
+    NONE,
     REBOOT,
     RESET_GPU,
     SERVICE,
+    WARN,
     Result,
     clean,
     counted,
@@ -45,6 +48,7 @@ from slurmhealth.core.result import (
     ok,
     skip,
     warn,
+    worst_action,
 )
 from slurmhealth.node.checks.base import Context, norm_bus_id, summarize
 
@@ -91,6 +95,12 @@ DEFAULTS: Schema = {
         float,
         "share of a job's wall time a GPU was held back by the thermal policy (NVML field 75) "
         "that warns at its epilog: a cooled GPU spends none; a tenth is minutes per hour",
+    ),
+    "clique": (
+        False,
+        bool,
+        "every GPU in a multi-node NVLink cluster and clique (GB200/GB300 NVL72); genconf "
+        "writes it where it saw one",
     ),
 }
 # Memory counters kept as baselines: the epilog reports what grew during the job.
@@ -153,6 +163,23 @@ _INT_KEYS = (
 )
 
 
+_UUID_DIGITS = frozenset("0123456789abcdef-")
+
+
+def _fabric_facts(raw: dict[str, Any]) -> dict[str, Any]:
+    """The fabric facts typed: numbers or None, the cluster UUID lower case or None where it is
+    all zeros (no multi-node NVLink cluster) or not a UUID (a hand-edited snapshot)."""
+    out: dict[str, Any] = {
+        k: _int(raw.get(k)) for k in ("state", "status", "clique_id", "health_mask",
+                                      "health_summary")
+    }
+    uuid = raw.get("cluster_uuid")
+    uuid = uuid.strip().lower() if isinstance(uuid, str) else ""
+    well_formed = 0 < len(uuid) <= 36 and set(uuid) <= _UUID_DIGITS
+    out["cluster_uuid"] = uuid if well_formed and uuid.strip("0-") else None
+    return out
+
+
 def _device(raw: object, position: int) -> dict[str, Any]:
     """One GPU record with every key present and typed; garbage becomes None."""
     d = raw if isinstance(raw, dict) else {}
@@ -166,7 +193,7 @@ def _device(raw: object, position: int) -> dict[str, Any]:
         "errors": d.get("errors") if isinstance(d.get("errors"), dict) else {},
         "fields": {k: _int(v) for k, v in fields.items()},
         "processes": [p for p in procs if isinstance(p, dict)] if isinstance(procs, list) else None,
-        "fabric": {k: _int(v) for k, v in fabric.items()} if fabric else None,
+        "fabric": _fabric_facts(fabric) if fabric else None,
         "nvlink": [x for x in links if isinstance(x, dict)] if isinstance(links, list) else None,
     }
     out.update({k: _str(d.get(k)) for k in _STR_KEYS})
@@ -696,6 +723,164 @@ def fabric(facts: Facts, ctx: Context) -> Result:
     return ok("fabric registration completed", data)
 
 
+# The fabric health mask (nvml.h NVML_GPU_FABRIC_HEALTH_MASK_*, NVML_GPU_FABRIC_HEALTH_GET: a
+# field is (mask >> shift) & width): each condition is NOT_SUPPORTED 0, TRUE 1, FALSE 2.
+# (shift, width, what TRUE means, status, action). The severities, argued:
+# - route unhealthy: routes to some peers are broken, traffic over them fails: fail, drain.
+# - bandwidth degraded: the fabric lost links and routes around them; every job still runs
+#   correctly, slower. The cause is often the fabric's (a switch tray), which every node of the
+#   rack reports at once: draining them all for a slowdown would empty the rack (and trip the
+#   breaker). It warns, like the other slowdowns (gpu.thermal, gpu.pcie_link), and feeds the
+#   lemon and slow-node scoring; `[checks."gpu.fabric_health"] severity = "fail"` drains on it.
+#   NVIDIA's DCGM health watch counts it a failure (its MonitorFabricFields tests).
+# - route recovery, access timeout recovery in progress: the fabric is mending itself: warn.
+# - the global fabric manager disconnected (newest drivers): routes stand, none can change: warn.
+_HEALTH_TRUE = (
+    (4, 0x3, "route unhealthy", FAIL, DRAIN),
+    (0, 0x3, "bandwidth degraded", WARN, NONE),
+    (2, 0x3, "route recovery in progress", WARN, NONE),
+    (6, 0x3, "access timeout recovery in progress", WARN, NONE),
+)
+_GFM = (14, 0x3)  # ..._GFM_STATE: NOT_SUPPORTED 0, CONNECTED 1, DISCONNECTED 2
+_PARTITION = (12, 0x3)  # ..._PARTITION_ASSIGNED: NOT_SUPPORTED 0, TRUE 1, FALSE 2
+# ..._INCORRECT_CONFIGURATION (shift 8, width 0xf): NOT_SUPPORTED 0, NONE 1, else the error.
+# The GPU is not where, or not what, the fabric expects: it cannot take part, fail. A tray
+# that lacks NVLinks needs hardware service; the rest are set by an admin or firmware: drain.
+_CONFIG = (8, 0xF)
+_CONFIG_ERRORS = {
+    2: ("wrong system GUID", DRAIN),
+    3: ("wrong chassis serial number", DRAIN),
+    4: ("no partition", DRAIN),
+    5: ("insufficient NVLinks", SERVICE),
+    6: ("incompatible GPU firmware", DRAIN),
+    7: ("invalid location", DRAIN),
+    8: ("GPU state invalid", DRAIN),
+}
+# NVML_GPU_FABRIC_HEALTH_SUMMARY_*: the driver's own verdict (v3 struct, R580 on)
+_SUMMARY_UNHEALTHY, _SUMMARY_LIMITED = 2, 3
+
+
+def _field(mask: int, spec: tuple[int, int]) -> int:
+    return (mask >> spec[0]) & spec[1]
+
+
+def _health_problems(info: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(what, status, action) of each condition the health mask and summary report."""
+    mask, summary = info.get("health_mask"), info.get("health_summary")
+    found = []
+    if mask is not None:
+        found += [(what, st, act) for sh, w, what, st, act in _HEALTH_TRUE
+                  if _field(mask, (sh, w)) == 1]
+        config = _field(mask, _CONFIG)
+        if config > 1:
+            what, act = _CONFIG_ERRORS.get(config, (f"configuration error {config}", DRAIN))
+            found.append((f"incorrect configuration: {what}", FAIL, act))
+        if _field(mask, _PARTITION) == 2:
+            found.append(("not assigned to an NVLink partition", FAIL, DRAIN))
+        if _field(mask, _GFM) == 2:
+            found.append(("global fabric manager disconnected", WARN, NONE))
+    if summary == _SUMMARY_UNHEALTHY and not any(st == FAIL for _, st, _ in found):
+        found.append(("unhealthy (driver's summary)", FAIL, DRAIN))
+    elif summary == _SUMMARY_LIMITED and not found:
+        found.append(("limited capacity (driver's summary)", WARN, NONE))
+    return found
+
+
+def fabric_health(facts: Facts, ctx: Context) -> Result:
+    """NVLink fabric health clear: route unhealthy or misconfigured fails, degraded bandwidth warns.
+
+    From nvmlDeviceGetGpuFabricInfoV (R550+): the health mask's conditions and the driver's
+    health summary, judged as _HEALTH_TRUE argues; a recovery in progress warns."""
+    problems, seen = [], 0
+    for dev in _alive(facts):
+        info = dev["fabric"]
+        if not info or (info.get("health_mask") is None and info.get("health_summary") is None):
+            continue
+        seen += 1
+        problems += [(f"{label(dev)} fabric {what}", st, act)
+                     for what, st, act in _health_problems(info)]
+    failed = [p for p in problems if p[1] == FAIL]
+    data = {"problems": [p[0] for p in problems]}
+    if failed:
+        lines = [p[0] for p in failed] + [p[0] for p in problems if p[1] != FAIL]
+        return fail(summarize(lines), data, worst_action([p[2] for p in failed]))
+    if problems:
+        return warn(summarize(data["problems"]), data)
+    if not seen:  # most nodes: nothing to judge, and nothing wrong (a skip is kept every run)
+        return ok("not judged: fabric health not reported", data)
+    return ok("fabric health clear", data)
+
+
+def attached(dev: dict[str, Any]) -> bool:
+    """The GPU is registered with a multi-node NVLink fabric: registration COMPLETED with
+    success and a cluster UUID that is not zero, as NVIDIA's go-nvlib IsFabricAttached reads
+    nvmlGpuFabricInfo (the test behind the nvidia.com/gpu.clique label and IMEX)."""
+    info = dev.get("fabric") or {}
+    return bool(
+        info.get("state") == _FABRIC_COMPLETED and info.get("status") == 0
+        and info.get("cluster_uuid")
+    )
+
+
+def multinode(facts: Facts) -> bool:
+    """Whether any GPU of the node is attached to a multi-node NVLink fabric (GB200/GB300
+    NVL72 class): then IMEX is needed (ps.imex, the imex area)."""
+    devices = facts.get("devices") if isinstance(facts, dict) else None
+    return any(attached(d) for d in devices or [] if isinstance(d, dict) and not d.get("error"))
+
+
+def _registered(facts: Facts) -> list[Any]:
+    return [
+        d for d in _alive(facts)
+        if d["fabric"] and d["fabric"].get("state") == _FABRIC_COMPLETED
+        and d["fabric"].get("status") == 0
+    ]
+
+
+def _odd_ones(devices: list[Any], key: str, what: str) -> list[str]:
+    """Messages for GPUs whose fabric `key` is off the majority of those that have one: a
+    GPU without one (a zero cluster UUID) where others have one is always odd."""
+    values = [d["fabric"].get(key) for d in devices]
+    ref = _majority([v for v in values if v is not None])
+    others = counted(values.count(ref), "other")
+    return [
+        f"{label(d)} {what} {v if v is not None else 'none'}, {others} {ref}"
+        for d, v in zip(devices, values)
+        if v != ref
+    ]
+
+
+def clique(facts: Facts, ctx: Context) -> Result:
+    """All GPUs of a multi-node NVLink node in one cluster and clique (GB200/GB300 NVL72).
+
+    `clique` expected (genconf, a node's own known-good runs): a GPU in none fails. A GPU in
+    another clique (NVLink partition), or with no cluster UUID where the others have one,
+    cannot reach its node's peers over NVLink: a job across them fails (drain). NVIDIA's GPU
+    feature discovery refuses to label such a node's clique (non-unique cluster UUIDs)."""
+    expect = bool(ctx.expect.get("clique"))
+    alive = _alive(facts)
+    devices = _registered(facts)
+    missing = [f"{label(d)} in no multi-node NVLink cluster, expected one"
+               for d in alive if expect and not attached(d)]
+    clustered = [d for d in devices if d["fabric"].get("cluster_uuid")]
+    odd = _odd_ones(devices, "cluster_uuid", "cluster") if clustered else []
+    # a GPU that reports no fabric at all beside GPUs in a cluster (one still registering is
+    # gpu.fabric's)
+    odd += [f"{label(d)} reports no NVLink fabric, {counted(len(clustered), 'other')} in a "
+            "cluster" for d in alive if clustered and not (d["fabric"] or {}).get("state")]
+    if clustered and not odd:
+        odd = _odd_ones(clustered, "clique_id", "clique")
+    data = {"missing": missing, "odd": odd,
+            "cluster": clustered[0]["fabric"]["cluster_uuid"] if clustered else None}
+    if odd or missing:
+        return fail(summarize(odd or missing, " GPU"), data, DRAIN)
+    if not clustered:  # most nodes: ok, not a skip kept every run
+        return ok("not judged: no multi-node NVLink cluster", data)
+    first = clustered[0]["fabric"]
+    gpus = counted(len(clustered), "GPU")
+    return ok(f"{gpus} in clique {first['clique_id']} of cluster {first['cluster_uuid']}", data)
+
+
 def versions(facts: Facts, ctx: Context) -> Result:
     """Driver and VBIOS versions against the golden values (GPUs of one model alike when unset).
 
@@ -804,6 +989,8 @@ CHECKS = (
     pcie_link,
     mig,
     fabric,
+    fabric_health,
+    clique,
     versions,
 )
 
@@ -875,7 +1062,8 @@ def versions_of(facts: Facts) -> dict[str, Any]:
 
 
 def expectations(facts: Facts) -> dict[str, Any]:
-    """What a known-good node implies: its count, model, PCIe links, MIG mode, versions."""
+    """What a known-good node implies: its count, model, PCIe links, MIG mode, versions, and a
+    multi-node NVLink clique where every GPU had one."""
     devices = _alive(facts)
     out: dict[str, Any] = {"count": facts["count"]}
     gens = [d["pcie_max_gen"] for d in devices if d["pcie_max_gen"]]
@@ -895,6 +1083,8 @@ def expectations(facts: Facts) -> dict[str, Any]:
     vbioses = {d["vbios"] for d in devices if d["vbios"]}
     if len(vbioses) == 1:
         out["vbios_version"] = vbioses.pop()
+    if devices and all(attached(d) for d in devices):
+        out["clique"] = True
     return out
 
 

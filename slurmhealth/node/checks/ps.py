@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from slurmhealth.core.result import DRAIN, Result, counted, fail, ok
 from slurmhealth.node.checks.base import Context, summarize
+from slurmhealth.node.checks.gpu import multinode
 from slurmhealth.node.sources.kernel import comm
 
 TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
@@ -42,6 +43,12 @@ DEFAULTS: Schema = {
         "nvidia-imex, sssd); unset: none, or the node's known-good runs'",
     ),
     "absent": (None, list, "process names that must not run; unset: none"),
+    "imex": (
+        True,
+        bool,
+        "nvidia-imex must run where the GPUs' fabric is multi-node NVLink (a cluster UUID: "
+        "GB200/GB300 NVL72); false: never required",
+    ),
 }
 
 # Daemons genconf writes where it sees them, by their executable names: MUNGE's munged, Slurm's
@@ -122,7 +129,37 @@ def absent(facts: Facts, ctx: Context) -> Result:
               "running", data)
 
 
-CHECKS = (daemons, absent)
+IMEX = "nvidia-imex"
+
+
+def imex(facts: Facts, ctx: Context) -> Result:
+    """nvidia-imex runs where the GPUs are in a multi-node NVLink fabric (GB200/GB300 NVL72).
+
+    The IMEX daemon exports and imports GPU memory between the nodes of the NVLink domain
+    (NVIDIA's IMEX guide); without it a job's memory shared over NVLink across nodes fails, so
+    a node whose GPUs show a cluster UUID (gpu.multinode, from this run's GPU facts) needs it,
+    whatever the config lists. A job hook reads PID 1's children, where the systemd service
+    runs: one not found there is left to the health check, which reads every process (a daemon
+    is never called missing for where it sits); listed in `daemons` (genconf, a node's own
+    known-good runs), the job hooks judge it too."""
+    if not ctx.expect.get("imex", True):
+        return ok("nvidia-imex not required by config")
+    gpus = ctx.facts.get("gpu")
+    if not isinstance(gpus, dict) or not multinode(gpus):
+        why = "no multi-node NVLink fabric" if isinstance(gpus, dict) else "GPUs not read"
+        return ok(f"not judged: {why}")
+    data = {"scope": facts["scope"], "running": running(facts, IMEX)}
+    if data["running"]:
+        return ok("nvidia-imex running (multi-node NVLink fabric)", data)
+    if facts["scope"] is None:
+        return fail("processes not readable", data, DRAIN)
+    if facts["scope"] == "init":
+        return ok("not judged: nvidia-imex not among PID 1's children (the health check reads "
+                  "every process)", data)
+    return fail("nvidia-imex not running on a multi-node NVLink node", data, DRAIN)
+
+
+CHECKS = (daemons, absent, imex)
 
 
 def expectations(facts: Facts) -> dict[str, Any]:

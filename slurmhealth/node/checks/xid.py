@@ -268,6 +268,55 @@ NVLINK_BITS = {
 }
 NVLINK_REGISTERS = 7
 
+# Xid 144-150 (NVLink5, Blackwell): the catalogue's buckets are WORKFLOW_NVLINK5_ERR, i.e. its
+# "Xid 144-150 Decode" sheet: per unit, and per the unit's error status (the second word of the
+# line), the immediate action: RESET_GPU ("R"), IGNORE ("I") or XID_154_EVAL ("E": the Xid
+# 154 printed with it names the action; this check acts on that 154). The line names the unit
+# (R575 and later drivers by the second of two names, e.g. TLW_RX_PIPE0 for TLW_RX):
+#   `145, RLW_SRC_TRACK Nonfatal XC1 i0 Link 12 (0x040988e2 0x00000008 0x00000000 ...)`.
+# The NETIR link events (NETIR_LINK_EVT / NETIR_LINK_DOWN, status 0) are decided by their
+# sub-code, bits 20-25 of the first word (the sheet's IntrInfo pattern): RESET_GPU but for 0x26
+# (investigate software or user) and 0x28 (investigate the host), IGNORE. A unit, status or
+# sub-code the sheet does not list keeps the severity the driver printed (_nvlink5).
+# Read from NVIDIA's Xid catalogue spreadsheet as leptonai/gpud transcribes it
+# (components/accelerator/nvidia/xid/catalog_generated.go, nvlinkRules): docs/sources.md.
+_SAW = {0x1: "I", 0x2: "R", 0x4: "I", 0x8: "I", 0x10: "R", 0x20: "I"}
+_TLW = {0x1: "I", 0x2: "I", 0x4: "R", 0x80000000: "I"}
+_NETIR_LINK = "NETIR_LINK"  # decided by sub-code
+NVLINK5_DECODE: dict[tuple[int, str], dict[int, str] | str] = {
+    (144, "SAW_MVB"): _SAW,
+    (145, "RLW_CTRL"): {0x80000000: "I"},
+    (145, "RLW_REMAP"): {
+        **dict.fromkeys((0x1, 0x2, 0x4, 0x8, 0x10, 0x20), "E"),
+        0x40: "R", 0x80: "R", 0x100: "I", 0x200: "I", 0x80000000: "I",
+    },
+    (145, "RLW_RSPCOL"): {0x1: "I", 0x2: "R", 0x80000000: "I"},
+    # 0x1, 0x2, 0x4: IGNORE, with a second action RESET_GPU under a footnote this check cannot read
+    (145, "RLW_RXPIPE"): {0x1: "I", 0x2: "I", 0x4: "I", 0x8: "I", 0x80000000: "I"},
+    (145, "RLW_SRC_TRACK"): {
+        0x1: "R", 0x2: "I", 0x4: "E", 0x8: "E", 0x10: "R", 0x20: "R", 0x80000000: "I",
+    },
+    (145, "RLW_TAGSTATE"): {
+        0x1: "I", 0x2: "R", 0x10000: "I", 0x20000: "R", 0x100000: "R", 0x80000000: "I",
+    },
+    **{(146, unit): _TLW for unit in ("TLW_CTRL", "TLW_RX", "TLW_RX_PIPE0", "TLW_RX_PIPE1",
+                                      "TLW_TX", "TLW_TX_PIPE0", "TLW_TX_PIPE1")},
+    (147, "TREX"): {0x1: "I", 0x80000000: "I"},
+    **{(148, unit): {0x80000000: "I"} for unit in ("NVLPW_CTRL", "NVLPW")},
+    **{(149, unit): {0x0: "R"} for unit in ("NETIR", "NETIR_INT")},
+    (149, "NETIR_BER_EVENT"): dict.fromkeys((0x0, 0x1, 0x2, 0x3), "I"),
+    (149, "NETIR_LINK_EVT"): _NETIR_LINK,
+    (149, "NETIR_LINK_DOWN"): _NETIR_LINK,
+    (149, "NETIR_MFDE_EVENT"): {0x1: "R", 0x3: "I", 0x4: "R", 0x5: "R", 0x7: "R"},
+    (150, "MSE_WATCHDOG"): {0x0: "R"},
+}
+# NETIR link event sub-codes the sheet lists, and the two it does not reset for.
+_NETIR_SUBCODES = frozenset((0x0, 0x1, 0x2, 0x4, 0xA, 0xF, 0x10, 0x11, 0x12, 0x15, 0x16,
+                             *range(0x20, 0x27), 0x28, 0x2A, 0x2B))
+_NETIR_IGNORED = frozenset((0x26, 0x28))
+_BUCKETS = {"R": ("RESET_GPU", FAIL, RESET_GPU), "I": ("IGNORE", WARN, NONE),
+            "E": ("XID_154_EVAL", WARN, NONE)}
+
 NAME_MAX = 64  # a comm is 15 bytes, but the kernel escapes each odd byte as 4 chars (\xNN)
 TEXT_MAX = 160
 EVENTS_MAX = 50  # events listed in a result's data; the count is always complete
@@ -292,6 +341,13 @@ _GPU_OFF = r"\s*NVRM: GPU (?:at )?" + _BUS + r": GPU has fallen off the bus"
 _THE_GPU = r"\s*NVRM: The NVIDIA GPU " + _BUS
 PENDING_RECORDS = 3
 _NVLINK5_SEVERITY = r"\b(non-?fatal|fatal)\b"
+# Xid 144-150's own words: unit, severity, containment, instance, link, then the unit's words
+# in parentheses (the driver pads the columns with spaces): `NETIR_LINK_EVT  Fatal   XC0 i0
+# Link 01 (0x021425c6 0x00000000 ...)`.
+_NVLINK5_LINE = (
+    r"\b([A-Z][A-Z0-9_]{1,31}) +(Fatal|Non-?fatal) +XC ?([0-9]) +i ?([0-9]{1,3}) +Link +"
+    r"(-?[0-9]{1,3}) *[(\[](0x[0-9A-Fa-f]{1,8})(?:[ ,]+(0x[0-9A-Fa-f]{1,8}))?"
+)
 _NUMBERS = r"0x[0-9A-Fa-f]+|[0-9]+"
 # What a line says about itself (line_detail). Xid 154: `... from 0x0 (None) to 0x1 (GPU Reset
 # Required)`; the number is authoritative, the words serve a line without it.
@@ -370,7 +426,8 @@ def line_detail(xid: int, text: str) -> dict[str, Any] | None:
     Xid 154 {"recovery": n} (nvmlDeviceGpuRecoveryAction_t); Xid 94/95 {"contained",
     "rst", "d_rst"} (True/False, None when the line has no such field); Xid 74 {"link",
     "words"} (the link's error registers as printed), with {"register", "bit", "kind", "when"}
-    where one bit alone is set and NVLINK_BITS names it; Xid 13 {"gpc", "tpc"} where
+    where one bit alone is set and NVLINK_BITS names it; Xid 144-150 {"unit", "fatal",
+    "link", "intrinfo", "status", "subcode"} (_nvlink5_words); Xid 13 {"gpc", "tpc"} where
     the exception names its unit; any Xid whose text reports a row-remap failure
     {"remap_failure": True}. Cheap: only these Xids run a regex."""
     detail: dict[str, Any] = {}
@@ -388,6 +445,8 @@ def line_detail(xid: int, text: str) -> dict[str, Any] | None:
                 "rst": _yes(rst),
                 "d_rst": _yes(d_rst),
             }
+    elif 144 <= xid <= 150:
+        detail = _nvlink5_words(text)
     elif xid == 74:
         found = re.search(_LINK_WORDS, text, re.A | re.I)
         if found:
@@ -399,6 +458,39 @@ def line_detail(xid: int, text: str) -> dict[str, Any] | None:
     if "emap" in text and re.search(_REMAP_FAILED, text, re.A | re.I):
         detail["remap_failure"] = True
     return detail or None
+
+
+def _nvlink5_words(text: str) -> dict[str, Any]:
+    """Xid 144-150's unit, the severity the driver printed, its link, first word (`intrinfo`),
+    error status (the second word; None where the line has one word) and the sub-code, bits
+    20-25 of the first word; {} when the line is not in that form."""
+    found = re.search(_NVLINK5_LINE, text, re.A)
+    if found is None:
+        return {}
+    unit, severity, _, _, link, first, second = found.groups()
+    intrinfo = int(first, 16)
+    return {
+        "unit": unit,
+        "fatal": severity == "Fatal",
+        "link": int(link),
+        "intrinfo": f"0x{intrinfo:08x}",
+        "status": int(second, 16) if second else None,
+        "subcode": intrinfo >> 20 & 0x3F,
+    }
+
+
+def nvlink5_bucket(xid: int, detail: dict[str, Any]) -> str | None:
+    """The catalogue's decode-sheet bucket ("R", "I" or "E": NVLINK5_DECODE) of an Xid 144-150
+    line's words, or None where the sheet does not list the unit, status or sub-code."""
+    rules = NVLINK5_DECODE.get((xid, str(detail.get("unit"))))
+    status, sub = detail.get("status"), detail.get("subcode")
+    if rules == _NETIR_LINK:
+        if status != 0 or sub not in _NETIR_SUBCODES:
+            return None
+        return "I" if sub in _NETIR_IGNORED else "R"
+    if isinstance(rules, dict) and isinstance(status, int):
+        return rules.get(status)
+    return None
 
 
 def _nvlink_bit(words: list[Any]) -> dict[str, Any]:
@@ -507,10 +599,12 @@ def _scan(records: list[Any]) -> dict[str, Any]:
 
 def _key(event: dict[str, Any]) -> tuple[Any, ...]:
     """Same fault: same Xid, GPU, instance and text once numbers (pid, addresses) are blanked,
-    and the same decoded severity (a 154 to reset and a 154 back to none are two events)."""
+    and the same decoded severity (a 154 to reset and a 154 back to none are two events; an
+    NVLink5 unit's error status and sub-code, which its decode turns on)."""
     shape = re.sub(_NUMBERS, "#", event["text"], flags=re.A)
     detail = event.get("detail") or {}
-    said = (detail.get("recovery"), detail.get("rst"), detail.get("d_rst"))
+    said = (detail.get("recovery"), detail.get("rst"), detail.get("d_rst"),
+            detail.get("status"), detail.get("subcode"))
     return event["xid"], event["bus_id"], event["gpu_instance"], shape, said
 
 
@@ -618,9 +712,9 @@ DEFAULT_POLICY = policy({})
 def _nvlink5(text: str) -> tuple[Any, ...]:
     """Xid 144-150 carry their severity in the line: `NETIR_LINK_EVT Fatal ...` / `Nonfatal`.
 
-    The catalog's decode sheet refines this per unit and status word (NVIDIA's Xid catalogue); the
-    word printed by the driver is the cheap, conservative reading. Undecodable: warn.
-    """
+    Where the catalogue's decode sheet lists the line's unit and status, that decides
+    (NVLINK5_DECODE, _said); otherwise the word printed by the driver: Fatal fails with the
+    catalogue's reset, anything else warns."""
     found = re.search(_NVLINK5_SEVERITY, text, re.I | re.A)
     if found and found.group(1).lower() == "fatal":
         return FAIL, RESET_GPU
@@ -660,6 +754,9 @@ def _said(xid: int, detail: object) -> tuple[Any, ...] | None:
         return (entry[1], entry[2]) if entry else (FAIL, DRAIN)
     if xid in (94, 95):
         return _containment(xid, detail)
+    if 144 <= xid <= 150 and "unit" in detail:
+        bucket = nvlink5_bucket(xid, detail)
+        return _BUCKETS[bucket][1:] if bucket else None
     if xid == 74 and detail.get("when") == "now" and not detail.get("secondary"):
         return FAIL, SERVICE
     return None
@@ -1006,6 +1103,8 @@ def _said_words(event: dict[str, Any]) -> str:
             return "drain P2P and reset required"
         if xid == 94 and detail.get("rst") is False and detail.get("d_rst") is False:
             return "no reset required"
+    if 144 <= xid <= 150 and detail.get("unit"):
+        return _nvlink5_said(xid, detail)
     if xid == 74 and _int(detail.get("link")) is not None:
         if detail.get("kind") and _int(detail.get("register")) is not None:
             return (
@@ -1016,12 +1115,27 @@ def _said_words(event: dict[str, Any]) -> str:
     return ""
 
 
+def _nvlink5_said(xid: int, detail: dict[str, Any]) -> str:
+    """`NETIR_LINK_EVT fatal, link 1, status 0x0, sub-code 0x21: RESET_GPU`: the unit and
+    severity as printed (the unit matched [A-Z0-9_]: no untrusted bytes), the catalogue's
+    bucket where its decode sheet lists them."""
+    status = detail.get("status")
+    words = [f"{detail['unit']} {'fatal' if detail.get('fatal') else 'nonfatal'}",
+             f"link {detail.get('link')}"]
+    if isinstance(status, int):
+        words.append(f"status {status:#x}")
+    if detail.get("unit") in ("NETIR_LINK_EVT", "NETIR_LINK_DOWN"):
+        words.append(f"sub-code {detail.get('subcode', 0):#x}")
+    bucket = nvlink5_bucket(xid, detail)
+    return ", ".join(words) + (f": {_BUCKETS[bucket][0]}" if bucket else "")
+
+
 def describe(event: dict[str, Any]) -> str:
     """One event in a Slurm Reason: `GPU 3 (0000:9b:00) Xid 79 GPU has fallen off the bus x4`;
     what the line said of itself follows a comma (`Xid 154 ..., GPU reset required`)."""
     entry = XIDS.get(event["xid"])
     what = _mnemonic_words(entry[0]) if entry else "not in the Xid table"
-    if entry and entry[1] == NVLINK5:
+    if entry and entry[1] == NVLINK5 and not (event.get("detail") or {}).get("unit"):
         what += " fatal" if event["class"] == FAIL else " nonfatal"
     if event.get("again"):
         return _again_words(event, what)

@@ -31,6 +31,7 @@ REGISTRY = {
     "host": "slurmhealth.node.sources.host",  # memory, CPUs, the clock: /proc, /sys, adjtimex
     "nvme": "slurmhealth.node.sources.nvme",  # NVMe: /sys/class/nvme, nvme-cli's smart-log
     "bmc": "slurmhealth.node.sources.bmc",  # the BMC's event log: ipmitool sel elist
+    "imex": "slurmhealth.node.sources.imex",  # IMEX (multi-node NVLink): nvidia-imex-ctl
     "site": "slurmhealth.node.sources.site",  # the site's own health check (LBNL NHC)
 }
 

@@ -157,16 +157,57 @@ def _processes(sweep: _Sweep) -> list[dict[str, Any]] | None:
     return [{"pid": p.pid, "used_memory": p.usedGpuMemory} for p in procs]
 
 
+# The versioned fabric structs, newest first (nvml.h nvmlGpuFabricInfo_v3_t: R580 on, v2: R550
+# on): a driver that does not know one answers ArgumentVersionMismatch and the next is tried;
+# one without the versioned call at all (FunctionNotFound) gets the old call.
+_FABRIC_STRUCTS = ("c_nvmlGpuFabricInfo_v3_t", "c_nvmlGpuFabricInfo_v2_t")
+
+
+def _fabric_facts(info: Any) -> dict[str, Any]:
+    """A fabric struct as plain values: the cluster UUID in the 8-4-4-4-12 form nvidia-smi
+    prints (all zeros: no multi-node NVLink cluster); the health mask and summary, None where
+    the struct has none."""
+    digits = bytes(info.clusterUuid).hex()
+    uuid = "-".join((digits[:8], digits[8:12], digits[12:16], digits[16:20], digits[20:]))
+    mask, summary = getattr(info, "healthMask", None), getattr(info, "healthSummary", None)
+    return {
+        "state": int(info.state),
+        "status": int(info.status),
+        "clique_id": int(info.cliqueId),
+        "cluster_uuid": uuid,
+        "health_mask": int(mask) if mask is not None else None,
+        "health_summary": int(summary) if summary is not None else None,
+    }
+
+
 def _fabric(sweep: _Sweep) -> dict[str, Any] | None:
-    """NVSwitch fabric state (Hopper+); nvidia-ml-py's binding wants a struct argument."""
+    """NVLink fabric registration (Hopper+; NVSwitch, and multi-node NVLink on GB200/GB300):
+    state, status, clique, cluster UUID and health. nvidia-ml-py's binding, like ours, wants
+    a struct argument (its version set when built)."""
     nvml = sweep.nvml
+    for name in _FABRIC_STRUCTS:
+        struct = getattr(nvml, name, None)
+        if struct is None:  # an older nvidia-ml-py
+            continue
+        info = struct()
+        try:
+            nvml.nvmlDeviceGetGpuFabricInfoV(sweep.handle, nvml.byref(info))
+        except Exception as exc:  # NVMLError_*, AttributeError: no versioned call in the binding
+            reason = error_name(exc)
+            if reason == "ArgumentVersionMismatch":
+                continue
+            if reason in ("FunctionNotFound", "AttributeError"):
+                break
+            sweep.record["errors"]["fabric"] = reason
+            return None
+        return _fabric_facts(info)
     try:
         info = nvml.c_nvmlGpuFabricInfo_t()
         nvml.nvmlDeviceGetGpuFabricInfo(sweep.handle, nvml.byref(info))
     except Exception as exc:
         sweep.record["errors"]["fabric"] = error_name(exc)
         return None
-    return {"state": int(info.state), "status": int(info.status)}
+    return _fabric_facts(info)
 
 
 def _identity(sweep: _Sweep) -> None:

@@ -66,6 +66,8 @@ NOT_SUPPORTED, INSUFFICIENT_SIZE, LIBRARY_NOT_FOUND, FUNCTION_NOT_FOUND = 3, 7, 
 DRIVER_VERSION_SIZE, UUID_SIZE, NAME_SIZE, SERIAL_SIZE, VBIOS_SIZE = 80, 96, 96, 30, 32
 NVML_NVLINK_MAX_LINKS = 36  # nvml.h of NVML 13; the sweep stops at the first link that errs
 NOT_AVAILABLE = (1 << 64) - 1  # NVML_VALUE_NOT_AVAILABLE as an unsigned long long
+# NVML_STRUCT_VERSION(GpuFabricInfo, N): sizeof(nvmlGpuFabricInfo_vN_t) | N << 24 (nvml.h)
+nvmlGpuFabricInfo_v2, nvmlGpuFabricInfo_v3 = 36 | 2 << 24, 40 | 3 << 24
 
 
 class NVMLError(Exception):
@@ -153,15 +155,49 @@ class c_nvmlProcessInfo_t(ctypes.Structure):  # noqa: N801
 
 
 class c_nvmlGpuFabricInfo_t(ctypes.Structure):  # noqa: N801
+    """nvmlGpuFabricInfo_t, for nvmlDeviceGetGpuFabricInfo (drivers before the versioned call)."""
+
     _fields_ = [
         ("clusterUuid", ctypes.c_uint8 * 16),
         ("status", ctypes.c_uint),  # nvmlReturn_t
         ("cliqueId", ctypes.c_uint32),
-        (
-            "state",
-            ctypes.c_uint,
-        ),  # nvmlGpuFabricState_t; zeroed, so a one-byte write reads the same
+        ("state", ctypes.c_uint8),  # nvmlGpuFabricState_t, an unsigned char
     ]
+
+
+class c_nvmlGpuFabricInfo_v2_t(ctypes.Structure):  # noqa: N801
+    """nvmlGpuFabricInfo_v2_t (R550 on): the version first, the health mask last. Its version
+    word is NVML_STRUCT_VERSION(GpuFabricInfo, 2): the struct's size, 36, | 2 << 24."""
+
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("clusterUuid", ctypes.c_uint8 * 16),
+        ("status", ctypes.c_uint),
+        ("cliqueId", ctypes.c_uint32),
+        ("state", ctypes.c_uint8),
+        ("healthMask", ctypes.c_uint),  # NVML_GPU_FABRIC_HEALTH_MASK_*
+    ]
+
+    def __init__(self) -> None:
+        super().__init__(version=nvmlGpuFabricInfo_v2)
+
+
+class c_nvmlGpuFabricInfo_v3_t(ctypes.Structure):  # noqa: N801
+    """nvmlGpuFabricInfo_v3_t (R580 on, nvmlGpuFabricInfoV_t of NVML 13): v2 and a health
+    summary (NVML_GPU_FABRIC_HEALTH_SUMMARY_*); 40 bytes."""
+
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("clusterUuid", ctypes.c_uint8 * 16),
+        ("status", ctypes.c_uint),
+        ("cliqueId", ctypes.c_uint32),
+        ("state", ctypes.c_uint8),
+        ("healthMask", ctypes.c_uint),
+        ("healthSummary", ctypes.c_uint8),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__(version=nvmlGpuFabricInfo_v3)
 
 
 class Process:
@@ -397,6 +433,12 @@ def nvmlDeviceGetComputeRunningProcesses(handle: object) -> list[Process]:
 
 def nvmlDeviceGetGpuFabricInfo(handle: object, info: object) -> None:
     _call("nvmlDeviceGetGpuFabricInfo", handle, info)
+
+
+def nvmlDeviceGetGpuFabricInfoV(handle: object, info: object) -> None:
+    """The versioned call: `info` a c_nvmlGpuFabricInfo_v3_t or _v2_t with its version set;
+    a driver that does not know that version answers ArgumentVersionMismatch."""
+    _call("nvmlDeviceGetGpuFabricInfoV", handle, info)
 
 
 def nvmlDeviceGetNvLinkState(handle: object, link: int) -> int:

@@ -43,7 +43,6 @@ def test_gather_returns_the_snapshot_shape(nvml, monkeypatch):
         "bus_id",
         "vbios",
         "persistence",
-        "fabric",
         "nvlink",
         "pcie_max_gen",
         "processes",
@@ -52,6 +51,15 @@ def test_gather_returns_the_snapshot_shape(nvml, monkeypatch):
     ):
         assert got[key] == want[key], key
     assert set(raw["timing_ms"]) == {"init", "total"}
+    # The fixture predates the fabric's clique, cluster UUID and health: the stand-in answers
+    # as a driver before R550 (no versioned call), so the old call gives zeros and no health.
+    assert got["fabric"] == {
+        **want["fabric"],
+        "clique_id": 0,
+        "cluster_uuid": "00000000-0000-0000-0000-000000000000",
+        "health_mask": None,
+        "health_summary": None,
+    }
 
 
 def test_unsupported_values_are_none_with_the_reason(nvml, monkeypatch):

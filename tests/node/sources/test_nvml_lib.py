@@ -80,7 +80,14 @@ def test_the_sweep_reads_every_value_through_the_builtin_binding(libdir):
     )
     assert (first["pcie_gen"], first["pcie_width"], second["pcie_gen"]) == (5, 16, 4)
     assert (first["mig_current"], first["mig_pending"], second["mig_pending"]) == (0, 0, 1)
-    assert first["fabric"] == {"state": 3, "status": 0}
+    assert first["fabric"] == {
+        "state": 3,
+        "status": 0,
+        "clique_id": 7,
+        "cluster_uuid": ZERO_UUID,
+        "health_mask": HEALTHY_MASK,
+        "health_summary": 1,  # NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY
+    }
     assert (first["app_clock_sm"], first["app_clock_mem"], second["app_clock_sm"]) == (
         1980,
         3201,
@@ -101,12 +108,50 @@ def test_the_sweep_reads_every_value_through_the_builtin_binding(libdir):
     assert first["errors"] == {} and first["error"] is None
 
 
+# nvml.h NVML_GPU_FABRIC_HEALTH_MASK_*: degraded bandwidth, route recovery, route unhealthy and
+# access timeout recovery FALSE (2 each, at bits 0, 2, 4, 6), incorrect configuration NONE (1 at
+# bit 8): 2 + 8 + 32 + 128 + 256, the value NVIDIA's DCGM tests call healthy.
+HEALTHY_MASK = 0x1AA
+ZERO_UUID = "00000000-0000-0000-0000-000000000000"
+
+
+def test_the_fabric_is_read_through_the_versioned_call_newest_struct_first(libdir):
+    """v3 where the driver has it (health summary), v2 where it answers ArgumentVersionMismatch
+    for v3, the old call where it has no versioned call: the fields at their nvml.h offsets."""
+    nvl72 = sweep(libdir, FAKE_NVML_LIB_FAULT="nvl72")["devices"][0]["fabric"]
+    assert nvl72 == {
+        "state": 3,
+        "status": 0,
+        "clique_id": 32766,
+        "cluster_uuid": "5f0b4c2e-91d7-4a63-8e10-27c4b93d6af1",
+        "health_mask": HEALTHY_MASK | 1 << 12 | 1 << 14,  # partition assigned, GFM connected
+        "health_summary": 1,
+    }
+    devices = sweep(libdir, FAKE_NVML_LIB_FAULT="degraded:1")["devices"]
+    first, second = (d["fabric"] for d in devices)
+    assert (first["health_mask"], first["health_summary"]) == (HEALTHY_MASK, 1)
+    assert (second["health_mask"], second["health_summary"]) == (HEALTHY_MASK - 1, 3)
+    v2 = sweep(libdir, FAKE_NVML_LIB_FAULT="fabric:v2")["devices"][0]
+    assert (v2["fabric"]["health_mask"], v2["fabric"]["health_summary"]) == (HEALTHY_MASK, None)
+    old = sweep(libdir, FAKE_NVML_LIB_FAULT="fabric:old")["devices"][0]
+    assert old["fabric"] == {
+        "state": 3,
+        "status": 0,
+        "clique_id": 7,
+        "cluster_uuid": ZERO_UUID,
+        "health_mask": None,
+        "health_summary": None,
+    }
+    assert v2["errors"] == old["errors"] == {}, "a version the driver lacks is no error"
+
+
 def test_both_bindings_give_the_same_sweep_over_the_same_library(libdir):
     # find_spec, not an import: a real pynvml cached in this process would shadow the Python
     # stand-in (tests/fakenvml/pynvml.py) that other tests put first on sys.path.
     if importlib.util.find_spec("pynvml") is None:
         pytest.skip("nvidia-ml-py is not installed (a test dependency in setup.cfg)")
-    for fault in ("", "procs:3", "lost:1", "unsupported", "mig:1"):
+    for fault in ("", "procs:3", "lost:1", "unsupported", "mig:1", "nvl72", "fabric:v2",
+                  "fabric:old"):
         ours = sweep(libdir, FAKE_NVML_LIB_FAULT=fault)
         theirs = sweep(libdir, "pynvml", FAKE_NVML_LIB_FAULT=fault)
         assert ours == theirs, fault
