@@ -48,8 +48,11 @@ def budget(seconds: float) -> float:
     return max(0.1, seconds - min(MARGIN_S, seconds * 0.1))
 
 
-def run(argv: list[str], seconds: float, env: dict[str, str] | None = None) -> Ran:
-    """Run `argv` for at most `seconds`; never raises for the program's sake."""
+def run(
+    argv: list[str], seconds: float, env: dict[str, str] | None = None, cwd: str | None = None
+) -> Ran:
+    """Run `argv` for at most `seconds` (in the directory `cwd`, else ours); never raises for
+    the program's sake."""
     out = Ran()
     started = time.monotonic()
     try:
@@ -59,6 +62,7 @@ def run(argv: list[str], seconds: float, env: dict[str, str] | None = None) -> R
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=env,
+            cwd=cwd,
             start_new_session=True,
         )
     except OSError as exc:
