@@ -6,7 +6,7 @@ Members, in this order, in one folder `slurmhealth-rma-NODE-TIME/` (docs/rma.md)
   history.ndjson           the node's runs that did not pass (diagnoses aside), each with its
                            results, and its actions (drains, resumes, resets), oldest first
   xids.ndjson              its Xid events, each with its kernel-log line
-  counters.ndjson          its error-counter readings that changed
+  counters.ndjson          its error-counter (and gauge) readings that changed
   diagnoses.ndjson         its `diagnose` runs: every probe's outcome and figures
   versions.json            the versions its runs recorded, per source, as they changed; each
                            device (GPU, HCA, NVMe: serial, UUID, VBIOS or firmware) from the
@@ -527,7 +527,7 @@ def write(
                         entry = _entry(f"{folder}/{name}", created, len(data))
                         tar.addfile(entry, io.BytesIO(data))
                     if log is not None:
-                        with os.fdopen(files.open_trusted(log), "rb") as source:
+                        with bugreport.open_log(log) as source:
                             size = os.fstat(source.fileno()).st_size
                             tar.addfile(_entry(f"{folder}/{BUG_REPORT}", created, size), source)
     except OSError as exc:

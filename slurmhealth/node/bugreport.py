@@ -22,6 +22,7 @@ import contextlib
 import gzip
 import os
 import shutil
+import stat
 import tempfile
 
 from slurmhealth.core import files
@@ -31,6 +32,7 @@ from slurmhealth.node.sources import tools
 TYPE_CHECKING = False  # mypy reads the block below
 if TYPE_CHECKING:
     from collections.abc import Iterator
+    from typing import BinaryIO
 
 TOOL = "nvidia-bug-report.sh"
 NAME = "nvidia-bug-report.log"  # what it is told to write; it adds ".gz" where gzip is
@@ -93,10 +95,10 @@ def _output(folder: str) -> str | None:
     for name, packed in ((NAME + ".gz", True), (NAME, False)):
         path = os.path.join(folder, name)
         try:
-            fd = files.open_trusted(path)
+            plain = open_log(path)
         except OSError:
             continue
-        with os.fdopen(fd, "rb") as plain:
+        with plain:
             if packed:
                 return path
             out = os.path.join(folder, "plain.log.gz")
@@ -105,6 +107,20 @@ def _output(folder: str) -> str | None:
                 shutil.copyfileobj(plain, squeezed)
             return out
     return None
+
+
+def open_log(path: str) -> BinaryIO:
+    """The file at `path` in the tool's private directory, for reading: never through a
+    symlink, a regular file only (its mode is the tool's umask's: only we could write there)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise files.Unsafe(path, "not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _last_line(ran: tools.Ran) -> str:

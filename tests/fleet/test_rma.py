@@ -9,6 +9,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -452,6 +453,44 @@ def test_a_hung_bug_report_is_stopped_and_the_bundle_written_with_what_it_wrote(
     while time.monotonic() < give_up and os.path.exists(f"/proc/{child}"):
         time.sleep(0.05)
     assert not os.path.exists(f"/proc/{child}"), "the tool's child outlived the bundle"
+
+
+def test_an_interrupted_bundle_stops_the_bug_report_and_leaves_nothing(on_node, tmp_path):
+    """Ctrl-C reaches `rma`, not the tool (a session of its own): rma stops it on its way out."""
+    env = _absolute_env({**on_node, "STANDIN_MODE": "hang"})
+    out = tmp_path / "gpu01.tar.gz"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "slurmhealth", "rma", "gpu01", "-o", str(out),
+         "--gpu-source", snapshot_path("healthy")],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    seen: dict = {}
+    give_up = time.monotonic() + 30
+    while "child" not in seen and time.monotonic() < give_up:
+        time.sleep(0.05)
+        if (tmp_path / "witness").exists():
+            with open(tmp_path / "witness", encoding="utf-8") as handle:
+                seen = dict(line.rstrip().split(" ", 1) for line in handle if " " in line)
+    assert "child" in seen, proc.communicate(timeout=10)
+    proc.send_signal(signal.SIGINT)
+    _stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode != 0 and "Traceback" not in stderr
+    for pid in (seen["child"], seen["pid"]):
+        give_up = time.monotonic() + 5
+        while time.monotonic() < give_up and os.path.exists(f"/proc/{pid}"):
+            time.sleep(0.05)
+        assert not os.path.exists(f"/proc/{pid}"), "the tool outlived an interrupted rma"
+    assert not os.path.exists(seen["cwd"]) and not out.exists()
+    assert [n for n in os.listdir(tmp_path) if n.endswith(".tmp")] == []
+
+
+def _absolute_env(env: dict) -> dict:
+    full = dict(os.environ, **env)
+    if full.get("PYTHONPATH"):
+        full["PYTHONPATH"] = os.pathsep.join(
+            os.path.abspath(p) for p in full["PYTHONPATH"].split(os.pathsep)
+        )
+    return full
 
 
 def test_a_failed_bug_report_is_said_and_the_bundle_still_written(on_node, tmp_path):

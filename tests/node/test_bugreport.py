@@ -80,6 +80,25 @@ def test_a_node_without_gzip_gets_its_plain_log_compressed(tool, tmp_path, monke
     assert b"command line flags: --output-file nvidia-bug-report.log" in gzip.decompress(packed)
 
 
+def test_a_log_written_under_umask_0_is_still_read(tool, tmp_path):
+    """Its mode is the tool's umask's; no one else can write in the private folder."""
+    old = os.umask(0)
+    try:
+        with bugreport.collected(tool, 30) as report:
+            assert stat.S_IMODE(os.stat(report.path).st_mode) == 0o666
+            with bugreport.open_log(report.path) as handle:
+                assert gzip.decompress(handle.read()).startswith(b"_____")
+    finally:
+        os.umask(old)
+
+
+def test_a_log_that_is_a_symlink_is_never_read(tmp_path):
+    (tmp_path / "secret").write_text("root's\n")
+    (tmp_path / "log").symlink_to(tmp_path / "secret")
+    with pytest.raises(OSError):
+        bugreport.open_log(str(tmp_path / "log"))
+
+
 def test_a_hung_report_is_stopped_with_its_children_and_what_it_wrote_kept(
     tool, tmp_path, monkeypatch
 ):

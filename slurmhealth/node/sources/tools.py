@@ -73,6 +73,9 @@ def run(
     except subprocess.TimeoutExpired:
         out.timed_out = True
         stdout, stderr = _stop(proc)
+    except BaseException:  # interrupted (Ctrl-C at `rma`): its own session never hears it
+        _stop(proc)
+        raise
     out.status = None if out.timed_out else proc.returncode
     out.stdout = stdout[-OUTPUT_MAX:].decode("utf-8", "replace")
     out.stderr = stderr[-OUTPUT_MAX:].decode("utf-8", "replace")
