@@ -36,7 +36,9 @@ if TYPE_CHECKING:
 
 TOOL = "nvidia-bug-report.sh"
 NAME = "nvidia-bug-report.log"  # what it is told to write; it adds ".gz" where gzip is
-TIMEOUT_S = 300.0  # a healthy 8-GPU node takes about a minute; a hung driver call never ends
+# It "may take several seconds to run" (its start message), longer with many GPUs; a driver
+# call that hangs on a sick GPU never returns.
+TIMEOUT_S = 300.0
 
 
 class Report:
