@@ -143,7 +143,10 @@ def refuse_output(output: str) -> None:
 
 _RUN = "id, job_id, phase, started, duration, verdict, tool_version, sources"
 _RUN_KEYS = ("id", "job", "phase", "started", "duration", "verdict", "tool_version", "sources")
-_RUNS_OF = f"SELECT {_RUN} FROM runs WHERE node = ? AND started >= ? AND started <= ? AND "  # noqa: S608
+_RUNS_OF = (
+    f"SELECT {_RUN} FROM runs "  # noqa: S608 - fixed columns; every value a parameter
+    "WHERE node = ? AND started >= ? AND started <= ? AND "
+)
 _NOT_PASSED = _RUNS_OF + "verdict != 'ok' AND phase != ? ORDER BY started, id"
 _DIAGNOSES = _RUNS_OF + "phase = ? ORDER BY started, id"
 _RESULTS = (
@@ -174,7 +177,10 @@ _VERSIONS = (
     "SELECT started, sources FROM runs WHERE node = ? AND started >= ? AND started <= ? "
     "AND instr(sources, '\"versions\"') ORDER BY started, id"
 )
-_NEWEST = f"SELECT {_RUN} FROM runs WHERE node = ? AND started <= ? ORDER BY started DESC, id DESC LIMIT 1"  # noqa: S608, E501
+_NEWEST = (
+    f"SELECT {_RUN} FROM runs WHERE node = ? AND started <= ? "  # noqa: S608 - fixed columns
+    "ORDER BY started DESC, id DESC LIMIT 1"
+)
 _BASELINES = (
     "SELECT area, updated, data FROM baselines WHERE node = ? AND job_id = '' ORDER BY area"
 )
@@ -353,6 +359,7 @@ def _snapshot(node: str, options: sources.Options) -> tuple[dict[str, Any], list
 def _bug_report(request: Request, here: bool) -> Iterator[bugreport.Report]:
     """nvidia-bug-report.sh's output while the block runs, or why there is none."""
     tool = bugreport.find() if here and request.bug_report else None
+    refused = bugreport.refused(tool) if tool else None
     if not here:
         said = f"{bugreport.TOOL} is run only on {request.node} itself"
         yield bugreport.Report(None, said, failed=False)
@@ -360,9 +367,9 @@ def _bug_report(request: Request, here: bool) -> Iterator[bugreport.Report]:
         yield bugreport.Report(None, "not asked for (--no-bug-report)", failed=False)
     elif tool is None:
         yield bugreport.Report(None, f"{bugreport.TOOL} is not on PATH", failed=False)
-    elif bugreport.refused(tool):
-        why = clean(bugreport.refused(tool), 200)
-        yield bugreport.Report(None, f"{bugreport.TOOL} not run: {why}", failed=True)
+    elif refused:
+        said = f"{bugreport.TOOL} not run: {clean(refused, 200)}"
+        yield bugreport.Report(None, said, failed=True)
     else:
         with bugreport.collected(tool, request.timeout) as report:
             yield report
