@@ -531,9 +531,7 @@ def prune(older: str, dry_run: bool, node: str | None, db: str | None, now: str 
 
 
 def _fleet_path(db: str | None) -> str:
-    return (
-        db or os.environ.get("SLURMHEALTH_FLEET_DB") or os.path.join(store.DEFAULT_DIR, "fleet.db")
-    )
+    return store.fleet_path(db)
 
 
 def _open_fleet(db: str | None) -> sqlite3.Connection:
@@ -804,6 +802,90 @@ def _diagnose_submit(
     settings = _load_config(path, _Refused).for_node("")["settings"]
     conn = _open_fleet(db)
     status = orchestration.submit_all(conn, settings, asked, _console(), as_json)
+    if status:
+        sys.exit(status)
+
+
+# --- an RMA bundle (docs/rma.md) --------------------------------------------------------------
+
+
+def _node_arg(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """NODE: one node's name (it names the archive and its folder), never a path or a set."""
+    if not is_node_name(value):
+        raise click.BadParameter(f"not a node name: {clean(repr(value), 80)}")
+    return value
+
+
+@cli.command(name="rma")
+@click.argument("node", callback=_node_arg)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="the archive [slurmhealth-rma-NODE-TIME.tar.gz here]",
+)
+@click.option(
+    "--since",
+    default="90d",
+    show_default=True,
+    help="the history to include: how far back (30d) or since when (2026-01-01)",
+)
+@click.option("--now", default=None, help="replay: the time to count back from")
+@click.option(
+    "--db",
+    default=None,
+    help="the store to read [$SLURMHEALTH_FLEET_DB; on NODE itself its own store; else the "
+    "fleet store]",
+)
+@click.option("--no-bug-report", is_flag=True, help="do not run nvidia-bug-report.sh")
+@click.option(
+    "--bug-report-timeout",
+    type=click.FloatRange(1, 3600),
+    default=300,
+    show_default=True,
+    metavar="SECONDS",
+    callback=lambda _ctx, _param, value: _a_number(value),
+    help="stop nvidia-bug-report.sh after this long, keeping what it wrote",
+)
+@source_options
+@_said
+def rma_cmd(
+    node: str,
+    output: str | None,
+    since: str,
+    now: str | None,
+    db: str | None,
+    no_bug_report: bool,
+    bug_report_timeout: float,
+    gpu_source: str,
+    sysfs_root: str | None,
+    kmsg: str | None,
+    host_root: str | None,
+) -> None:
+    """Write one archive (.tar.gz, private: 0600) of what a vendor's RMA ticket for NODE needs.
+
+    From the store: the node's runs that did not pass with their results, its drains and
+    resumes, its Xid events with their kernel-log lines, its error counters, its diagnoses
+    and the versions it ran; only NODE's records, never another node's. On NODE itself, also
+    a snapshot taken now and nvidia-bug-report.sh's log where it is on PATH; elsewhere (the
+    head node, reading the fleet store) the manifest says they are not there, and why.
+    Format: docs/rma.md. Exit 0; 4 when it was written but a part taken on the node did not
+    all come (nvidia-bug-report.sh failed or outran its time, a source unread), said on stderr.
+
+    \b
+    Example:
+        slurmhealth rma gpu07 -o /root/gpu07-rma.tar.gz
+        slurmhealth rma gpu07 --since 30d --db /var/lib/slurmhealth/fleet.db
+    """
+    from slurmhealth.fleet import rma  # noqa: PLC0415 - tarfile and gzip for this command only
+
+    replayed = gpu_source != "nvml" or any(p is not None for p in (sysfs_root, kmsg, host_root))
+    request = rma.Request(
+        node, output, since, now, db, not no_bug_report, bug_report_timeout,
+        _options(gpu_source, sysfs_root, kmsg, host_root), replayed,
+    )  # fmt: skip
+    status = rma.run(request, _console())
     if status:
         sys.exit(status)
 

@@ -49,17 +49,28 @@ def snapshot_path(name: str) -> str:
     return os.path.join(_generated[0], f"h100-hgx-{name}.json")
 
 
+def _absolute_pythonpath(env: dict) -> dict:
+    """`env` with its PYTHONPATH made absolute: `PYTHONPATH=.` names this checkout, also for a
+    command run from another directory."""
+    if env.get("PYTHONPATH"):
+        paths = env["PYTHONPATH"].split(os.pathsep)
+        env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in paths)
+    return env
+
+
 def run_cli(
-    *args: str, env: dict | None = None, timeout: float = 60
+    *args: str, env: dict | None = None, timeout: float = 60, cwd: str | None = None
 ) -> subprocess.CompletedProcess:
-    """Run `python -m slurmhealth ARGS` in a fresh process, as an admin would."""
-    full_env = dict(os.environ, **(env or {}))
+    """Run `python -m slurmhealth ARGS` in a fresh process (in the directory `cwd`, else
+    ours), as an admin would."""
+    full_env = _absolute_pythonpath(dict(os.environ, **(env or {})))
     return subprocess.run(
         [sys.executable, "-m", "slurmhealth", *args],
         capture_output=True,
         text=True,
         env=full_env,
         timeout=timeout,
+        cwd=cwd,
     )
 
 
@@ -291,7 +302,8 @@ def run_as_nobody(*args: str, env: dict | None = None, timeout: float = 60, befo
     user = [setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
     python, extra = _python_for_nobody(user)
     argv = [*user, python]
-    full_env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", **extra, **(env or {}))
+    full_env = dict(_absolute_pythonpath(dict(os.environ)), PYTHONDONTWRITEBYTECODE="1")
+    full_env.update(**extra, **(env or {}))
     main = "import sys\nfrom slurmhealth.__main__ import main\nmain(sys.argv[1:])"
     start = ["-c", f"{before}\n{main}"] if before else ["-m", "slurmhealth"]
     return subprocess.run(

@@ -320,7 +320,8 @@ _READ = re.compile(
 )
 # Where SQL may read the store's tables: the store itself, the reads several consumers share
 # (fleet/queries.py), the reads that have one consumer beside it (the report's, the job
-# summaries', history's, the notifier's), the lemon signals query, the bulk export/import.
+# summaries', history's, the notifier's, an RMA bundle's), the lemon signals query, the bulk
+# export/import.
 QUERY_HOMES = {
     "slurmhealth.core.store",
     "slurmhealth.fleet.queries",
@@ -328,6 +329,7 @@ QUERY_HOMES = {
     "slurmhealth.fleet.jobs",
     "slurmhealth.fleet.history",
     "slurmhealth.fleet.notify",
+    "slurmhealth.fleet.rma",
     "slurmhealth.fleet.signals",
     "slurmhealth.fleet.records",
     "slurmhealth.fleet.collect",

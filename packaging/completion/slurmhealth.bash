@@ -3,7 +3,7 @@
 
 _slurmhealth_spec() {
     case "$1" in
-        "") subs="check collect config diagnose export history import job lemons notify prune publish report slow snapshot trends prolog epilog healthcheck"; opts="-V --version -h --help"; valued=""; files=0 ;;
+        "") subs="check collect config diagnose export history import job lemons notify prune publish report rma slow snapshot trends prolog epilog healthcheck"; opts="-V --version -h --help"; valued=""; files=0 ;;
         "check") subs=""; opts="--json --no-db --record -q --quiet -h --help --node --only --gpu-source --sysfs-root --kmsg --host-root --db --config --metrics-file"; valued="--node --only --gpu-source --sysfs-root --kmsg --host-root --db --config --metrics-file"; files=0 ;;
         "collect") subs=""; opts="--sacct --consume --full -h --help --db --since --now --slurm-bin --spool-owner --rollup-after --rollup-max"; valued="--db --since --now --slurm-bin --spool-owner --rollup-after --rollup-max"; files=1 ;;
         "config") subs="example from-nhc genconf show slurm-conf validate"; opts="-h --help"; valued=""; files=0 ;;
@@ -23,6 +23,7 @@ _slurmhealth_spec() {
         "prune") subs=""; opts="--dry-run -h --help --older-than --node --db --now"; valued="--older-than --node --db --now"; files=0 ;;
         "publish") subs=""; opts="--public -h --help --db --since --now --slurm-bin"; valued="--db --since --now --slurm-bin"; files=0 ;;
         "report") subs=""; opts="--sinfo -h --help --db --since --now --format -o --output --mail-to --slurm-bin --mode"; valued="--db --since --now --format -o --output --mail-to --slurm-bin --mode"; files=0 ;;
+        "rma") subs=""; opts="--no-bug-report -h --help -o --output --since --now --db --bug-report-timeout --gpu-source --sysfs-root --kmsg --host-root"; valued="-o --output --since --now --db --bug-report-timeout --gpu-source --sysfs-root --kmsg --host-root"; files=0 ;;
         "slow") subs=""; opts="--json -h --help --db --window --now --margin"; valued="--db --window --now --margin"; files=0 ;;
         "snapshot") subs=""; opts="-h --help --node -o --output --gpu-source --sysfs-root --kmsg --host-root"; valued="--node -o --output --gpu-source --sysfs-root --kmsg --host-root"; files=0 ;;
         "trends") subs=""; opts="--json -h --help --db --now --factor"; valued="--db --now --factor"; files=0 ;;

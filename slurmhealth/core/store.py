@@ -457,6 +457,11 @@ def default_path(node: str) -> str:
     return os.environ.get("SLURMHEALTH_DB") or os.path.join(state_dir(), f"{node}.db")
 
 
+def fleet_path(db: str | None = None) -> str:
+    """The fleet store: `db` (--db), else $SLURMHEALTH_FLEET_DB, else <DEFAULT_DIR>/fleet.db."""
+    return db or os.environ.get("SLURMHEALTH_FLEET_DB") or os.path.join(DEFAULT_DIR, "fleet.db")
+
+
 def _has(conn: sqlite3.Connection, table: str, record_id: str) -> bool:
     """Whether `table` (runs or actions: names from this module, never from input) holds the
     record with this id."""

@@ -1,6 +1,6 @@
 """The plain text of the head-node commands' answers (`history`, `lemons`, `slow`, `trends`,
-`job`, `publish`, `collect`, `import`, `prune`, `diagnose --submit`): every line a person reads
-in a terminal or a cron mail is written here, from the dicts the library returns (their JSON
+`job`, `publish`, `collect`, `import`, `prune`, `diagnose --submit`, `rma`): every line a person
+reads in a terminal or a cron mail is written here, from the dicts the library returns (their JSON
 form is those dicts as they are). Every stored string is untrusted (kernel-log names, check
 messages, node names of imported exports): cleaned here.
 
@@ -123,6 +123,35 @@ def collected(report: dict) -> str:
         f"{counted(merged, 'file')} merged, {skipped} skipped{unchanged}: "
         f"{added(report['added'])} added"
     )
+
+
+RMA_STORES = {
+    "fleet": "the fleet store",
+    "node": "the node's own store",
+    "named": "the store --db names",
+}
+
+
+def rma(output: str, manifest: dict) -> list:
+    """`rma`'s lines (fleet/rma.py's manifest): where the bundle went, of which node, period
+    and store, what it holds, and each member left out and why."""
+    counts = manifest["counts"]
+    period = manifest["period"]
+    held = ", ".join(
+        (
+            counted(counts["runs_not_passed"], "run", "runs", ",") + " that did not pass",
+            counted(counts["actions"], "action", spec=","),
+            counted(counts["xid_events"], "Xid event", spec=","),
+            counted(counts["counter_readings"], "counter reading", spec=","),
+            counted(counts["diagnoses"], "diagnosis", "diagnoses", ","),
+        )
+    )
+    lines = [
+        f"{clean(output, 300)}: {clean(manifest['node'])}, {period['since']} to "
+        f"{period['until']}, from {RMA_STORES[manifest['store']]}: {held}"
+    ]
+    lines += [f"  without {m['name']}: {clean(m['why'], 300)}" for m in manifest["missing"]]
+    return lines
 
 
 def rolled_up(done: dict, behind: int) -> list:

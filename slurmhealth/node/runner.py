@@ -657,18 +657,25 @@ def snapshot(
     return doc, unread(gathered)
 
 
+def default_snapshot(node: str, options: Options) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """snapshot() with the default timeouts and deadline (`slurmhealth snapshot`, `rma`);
+    OSError or ValueError when a source's options refuse."""
+    from slurmhealth.node import config  # noqa: PLC0415
+
+    settings = config.defaults()["settings"]
+    timeouts = {s: settings[f"timeout_{s}"] for s in SOURCES}
+    return snapshot(node, options, timeouts, settings["deadline"])
+
+
 def save_snapshot(node: str, options: Options, output: str, console: Console) -> bool:
     """`slurmhealth snapshot`: the snapshot of this node with the default timeouts and
     deadline, to standard output ("-") or the private file `output`; each source it could not
     read said in one line on standard error. Whether one was not read (the answer is
     incomplete); CommandError when a source's options or the file refuse."""
     from slurmhealth.core.command import CommandError, emit  # noqa: PLC0415
-    from slurmhealth.node import config  # noqa: PLC0415
 
-    settings = config.defaults()["settings"]
-    timeouts = {s: settings[f"timeout_{s}"] for s in SOURCES}
     try:
-        doc, missing = snapshot(node, options, timeouts, settings["deadline"])
+        doc, missing = default_snapshot(node, options)
     except (OSError, ValueError) as exc:
         raise CommandError(str(exc)) from None
     emit(json.dumps(doc, indent=1, sort_keys=True) + "\n", output, console)

@@ -53,10 +53,13 @@ def budget(seconds: float) -> float:
     return max(0.1, seconds - min(MARGIN_S, seconds * 0.1))
 
 
-def run(argv: list[str], seconds: float, env: dict[str, str] | None = None) -> Ran:
-    """Run `argv` for at most `seconds`; never raises for the program's sake. Of its output
-    only the last OUTPUT_MAX bytes of each stream are ever held: a program that floods its
-    output for all its time (gigabytes at a pipe's speed) costs no more memory than that."""
+def run(
+    argv: list[str], seconds: float, env: dict[str, str] | None = None, cwd: str | None = None
+) -> Ran:
+    """Run `argv` for at most `seconds` (in the directory `cwd`, else ours); never raises for
+    the program's sake. Of its output only the last OUTPUT_MAX bytes of each stream are ever
+    held: a program that floods its output for all its time (gigabytes at a pipe's speed)
+    costs no more memory than that."""
     out = Ran()
     started = time.monotonic()
     try:
@@ -66,6 +69,7 @@ def run(argv: list[str], seconds: float, env: dict[str, str] | None = None) -> R
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=env,
+            cwd=cwd,
             start_new_session=True,
         )
     except OSError as exc:
@@ -83,6 +87,9 @@ def run(argv: list[str], seconds: float, env: dict[str, str] | None = None) -> R
     except subprocess.TimeoutExpired:
         out.timed_out = True
         _stop(proc)
+    except BaseException:  # interrupted (Ctrl-C at `rma`): its own session never hears it
+        _stop(proc)
+        raise
     # the pipes end when the program does, unless a grandchild that left its group holds
     # them: its output is given up after a second, never waited for
     end = time.monotonic() + 1.0
