@@ -39,7 +39,7 @@ from slurmhealth.core.constants import (
 )
 from slurmhealth.core.hostlist import PatternError, expand, split_terms
 from slurmhealth.core.result import clean
-from slurmhealth.fleet import pairs, text
+from slurmhealth.fleet import pairing, text
 from slurmhealth.node import actions
 from slurmhealth.node.journal import Journal
 
@@ -169,7 +169,7 @@ def set_reservation(client: slurm.Slurm, name: str, before: set, nodes: set) -> 
             "Users=root",
             "StartTime=now",
             "Duration=infinite",
-            # FLEX: a pair job of the reservation also runs on its peers outside it (pairs.py)
+            # FLEX: a pair job of the reservation also runs on its peers outside it (pairing.py)
             "Flags=MAINT,IGNORE_JOBS,FLEX",
         )
     else:
@@ -204,7 +204,7 @@ def submit(
     too: the pair level, its command run on `node` by srun); the job id."""
     nodes = [slurm.one_node(n) for n in (node, *peers)]
     if peers:
-        command = pairs.on_suspect(slurm.find_bin("srun", client.slurm_bin), node, command)
+        command = pairing.on_suspect(slurm.find_bin("srun", client.slurm_bin), node, command)
     out = client.run(
         "--parsable",
         f"--job-name={JOB_NAME}",
@@ -347,19 +347,19 @@ def _with_peers(
     done: list,
 ) -> tuple:  # fmt: skip
     """(the nodes to submit, {node: its two peers}); asked: (level, reservation). At the pair
-    level, each node due with two known-good peers (pairs.plan); one without is left drained
+    level, each node due with two known-good peers (pairing.plan); one without is left drained
     and out of the reservation, and said in `done` (the next pass tries again); the
     reservation gets the FLEX flag if it lacks it. At other levels, all of them, no peers."""
     level, reservation = asked
-    if level != pairs.PAIR or not todo:
+    if level != pairing.PAIR or not todo:
         return todo, {}
-    peers = pairs.plan(client, conn, [n for n, _ in todo], busy)
+    peers = pairing.plan(client, conn, [n for n, _ in todo], busy)
     if any(not isinstance(p, str) for p in peers.values()):
-        pairs.ensure_flex(client, reservation)
+        pairing.ensure_flex(client, reservation)
     for node, why in todo:
         if isinstance(peers[node], str):
             detail = f"{peers[node]}; stays out (was: {why})"
-            done.append({"node": node, "what": pairs.NO_PEERS, "detail": detail})
+            done.append({"node": node, "what": pairing.NO_PEERS, "detail": detail})
     return [(n, why) for n, why in todo if not isinstance(peers[n], str)], peers
 
 

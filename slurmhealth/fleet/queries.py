@@ -66,7 +66,7 @@ def nodes_with_runs(conn: sqlite3.Connection, start: float, end: float) -> list:
     return [row[0] for row in rows]
 
 
-# --- known-good nodes: the peers a drained node is diagnosed against (fleet/pairs.py) -----------
+# --- known-good nodes: the peers a drained node is diagnosed against (fleet/pairing.py) -----------
 
 
 def latest_verdicts(conn: sqlite3.Connection, nodes: list, end: float) -> dict:
@@ -114,7 +114,8 @@ def diag_figures(conn: sqlite3.Connection, start: float, end: float) -> list:
     records them), by time. gpu_model is the hardware class the run recorded
     (`sources.diag`): `8x NVIDIA H100 80GB HBM3`, the count first because an all-reduce over 4
     GPUs is no peer of one over 8; the bare model when the count is unknown, "" when neither
-    is. A run or result whose JSON cannot be read gives nothing. Text is as stored: untrusted."""
+    is. A run or result whose JSON cannot be read gives nothing, a pair run (PAIR_LEVEL) neither.
+    Text is as stored: untrusted."""
     rows = conn.execute(
         "SELECT u.node, u.started, u.sources, r.check_name, r.data "
         "FROM runs u JOIN results r ON r.run_id = u.id "

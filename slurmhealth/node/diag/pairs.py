@@ -1,6 +1,6 @@
 """Validation across nodes: `slurmhealth diagnose --level pair`, run on a drained node inside the
 one Slurm job that `diagnose --submit --level pair` gives it and two known-good peers of its
-class (fleet/pairs.py chooses them). docs/diagnose.md, "Across nodes".
+class (fleet/pairing.py chooses them). docs/diagnose.md, "Across nodes".
 
 This node is the suspect; the job's other two nodes, in name order, are peer 1 and peer 2. Each
 measurement runs twice, through srun steps of the job: once between the suspect and peer 1, once

@@ -1,4 +1,4 @@
-"""fleet/pairs.py: the known-good peers a drained node is diagnosed against (choose: pure), what
+"""fleet/pairing.py: the known-good peers a drained node is diagnosed against (choose: pure), what
 the fleet store says of each node (a real store, runs and actions recorded through
 core/store.py), Slurm's gres read as a GPU count, and the pair job's script. The sweep that
 submits the job, on a real Slurm: tests/slurm/test_pairs.py."""
@@ -12,7 +12,8 @@ import pytest
 from conftest import record_sources
 
 from slurmhealth.core import store
-from slurmhealth.fleet import pairs
+from slurmhealth.fleet import pairing, peers
+from slurmhealth.node.diag import pairs as node_pairs
 
 H100 = "NVIDIA H100 80GB HBM3"
 A100 = "NVIDIA A100-SXM4-80GB"
@@ -40,7 +41,7 @@ def fleet(**nodes) -> dict:
 
 
 def test_two_peers_in_name_order():
-    assert pairs.choose("gpu02", fleet(), set(), set()) == (["gpu01", "gpu03"], "")
+    assert pairing.choose("gpu02", fleet(), set(), set()) == (["gpu01", "gpu03"], "")
 
 
 @pytest.mark.parametrize(
@@ -61,23 +62,23 @@ def test_two_peers_in_name_order():
     ],
 )
 def test_a_node_that_is_not_known_good_is_never_a_peer(odd):
-    chosen, _ = pairs.choose("gpu02", fleet(gpu01=odd), set(), set())
+    chosen, _ = pairing.choose("gpu02", fleet(gpu01=odd), set(), set())
     assert chosen == ["gpu03", "gpu04"]
 
 
 def test_busy_nodes_are_never_peers_and_used_ones_come_last():
     busy = {"gpu01", "gpu03"}  # in the reservation, or running a diagnose job
-    assert pairs.choose("gpu02", fleet(), busy, set())[0] == ["gpu04", "gpu05"]
+    assert pairing.choose("gpu02", fleet(), busy, set())[0] == ["gpu04", "gpu05"]
     used = {"gpu01", "gpu03"}  # peers of another suspect this pass
-    assert pairs.choose("gpu02", fleet(), set(), used)[0] == ["gpu04", "gpu05"]
+    assert pairing.choose("gpu02", fleet(), set(), used)[0] == ["gpu04", "gpu05"]
     everyone = {"gpu01", "gpu03", "gpu04", "gpu05", "gpu06"}
-    assert pairs.choose("gpu02", fleet(), set(), everyone)[0] == ["gpu01", "gpu03"]
+    assert pairing.choose("gpu02", fleet(), set(), everyone)[0] == ["gpu01", "gpu03"]
 
 
 def test_a_shared_partition_is_enough():
     nodes = fleet(gpu01=facts(partitions={"gpu", "long"}), gpu02=facts(partitions={"long"}))
     nodes.update({n: facts(partitions={"short"}) for n in ("gpu03", "gpu04", "gpu05", "gpu06")})
-    chosen, why = pairs.choose("gpu02", nodes, set(), set())
+    chosen, why = pairing.choose("gpu02", nodes, set(), set())
     assert chosen == [] and why == (
         "1 known-good idle peer(s) of its class (8x NVIDIA H100 80GB HBM3, partition long): "
         "two needed"
@@ -93,8 +94,8 @@ def test_a_shared_partition_is_enough():
     ],
 )
 def test_a_suspect_of_no_known_class_gets_no_peers(suspect, why):
-    assert pairs.choose("gpu02", fleet(gpu02=suspect), set(), set()) == ([], why)
-    assert pairs.choose("gpu99", fleet(), set(), set()) == ([], "not a node sinfo lists")
+    assert pairing.choose("gpu02", fleet(gpu02=suspect), set(), set()) == ([], why)
+    assert pairing.choose("gpu99", fleet(), set(), set()) == ([], "not a node sinfo lists")
 
 
 @pytest.mark.parametrize(
@@ -111,7 +112,7 @@ def test_a_suspect_of_no_known_class_gets_no_peers(suspect, why):
     ],
 )
 def test_gres_as_a_gpu_count(gres, count):
-    assert pairs.gpu_count(gres) == count
+    assert pairing.gpu_count(gres) == count
 
 
 def test_the_fleet_store_says_who_passed_recently_and_who_was_in_trouble(tmp_path):
@@ -120,7 +121,7 @@ def test_the_fleet_store_says_who_passed_recently_and_who_was_in_trouble(tmp_pat
     versions = {"gpu": {"status": "ok", "versions": {"model": [H100]}}}
     for node in ("gpu01", "gpu03", "gpu04", "gpu05"):
         record_sources(conn, node, now - 600, versions)
-    record_sources(conn, "gpu06", now - 2 * pairs.FRESH, versions)  # heard from two days ago
+    record_sources(conn, "gpu06", now - 2 * pairing.FRESH, versions)  # heard from two days ago
     failed = {
         "node": "gpu03", "job_id": None, "phase": "healthcheck", "started": now - 3 * 86400,
         "duration": 0.04, "verdict": "fail", "tool_version": "x", "sources": "{}",
@@ -128,7 +129,7 @@ def test_the_fleet_store_says_who_passed_recently_and_who_was_in_trouble(tmp_pat
     store.record_run(conn, {"run": failed, "results": [], "events": [], "baselines": {}})
     lemon = ("would-drain", "slurmhealth: lemon: 5 faults", "slurmhealth lemons")
     store.record_action(conn, "gpu04", *lemon, True, when=now - 60)
-    found = pairs.fleet_facts(conn, ["gpu01", "gpu03", "gpu04", "gpu05", "gpu06", "gpu07"], now)
+    found = pairing.fleet_facts(conn, ["gpu01", "gpu03", "gpu04", "gpu05", "gpu06", "gpu07"], now)
     assert found == {
         "gpu01": {"model": H100, "latest": "ok", "troubled": False},
         "gpu03": {"model": H100, "latest": "ok", "troubled": True},  # failed three days ago
@@ -140,10 +141,15 @@ def test_the_fleet_store_says_who_passed_recently_and_who_was_in_trouble(tmp_pat
 
 
 def test_the_pair_jobs_script_runs_the_diagnosis_on_the_suspect():
-    script = pairs.on_suspect("/usr/bin/srun", "gpu02", "/opt/sh/bin/python -m slurmhealth x")
+    script = pairing.on_suspect("/usr/bin/srun", "gpu02", "/opt/sh/bin/python -m slurmhealth x")
     assert shlex.split(script) == [
         "/usr/bin/srun", "--overlap", "--nodes=1", "--ntasks=1", "--nodelist=gpu02", "--",
         "/opt/sh/bin/python", "-m", "slurmhealth", "x",
     ]  # fmt: skip
-    with pytest.raises(pairs.slurm.SlurmError):
-        pairs.on_suspect("/usr/bin/srun", "gpu[01-64]", "true")  # one node's name, never a set
+    with pytest.raises(pairing.slurm.SlurmError):
+        pairing.on_suspect("/usr/bin/srun", "gpu[01-64]", "true")  # one node's name, never a set
+
+
+def test_the_pair_margin_is_the_slow_nodes_margin():
+    """One definition of "slower than its peers" for a synchronous job: 5%."""
+    assert node_pairs.MARGIN == peers.MARGIN == 0.05
