@@ -722,7 +722,7 @@ def collect_cmd(
 @click.option(
     "--time-limit",
     default=None,
-    help="with --submit: the job's limit in minutes [quick 10, medium 20, long 60]",
+    help="with --submit: the job's limit in minutes [quick 10, medium 20, long 60, pair 30]",
 )
 @click.option(
     "--apply",

@@ -174,6 +174,9 @@ def test_a_link_without_its_reference_is_no_verdict():
     )
     failed = pairs.judge_ib(JOB, "mlx5_0:1", {"why": "no bandwidth table"}, LINK)
     assert failed["status"] == "fail" and failed["evidence"].startswith("ib_write_bw to gpu03")
+    # peer 1's server, which served the reference, not listening the second time: no verdict
+    server = {"why": "the server on gpu03 did not listen: nothing", "server": "gpu03"}
+    assert pairs.judge_ib(JOB, "mlx5_0:1", server, LINK)["status"] == "skip"
 
 
 # --- the job, from Slurm's environment ----------------------------------------------------------
