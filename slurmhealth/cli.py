@@ -704,10 +704,11 @@ def collect_cmd(
 @cli.command(name="diagnose")
 @click.option(
     "--level",
-    type=click.Choice(["quick", "medium", "long"]),
+    type=click.Choice(["quick", "medium", "long", "pair"]),
     default="medium",
     show_default=True,
-    help="quick: seconds; medium: about 2-5 minutes; long: about 15-30 minutes",
+    help="quick: seconds; medium: about 2-5 minutes; long: about 15-30 minutes; pair: "
+    "against two known-good peers, in one job with them (--submit)",
 )
 @click.option("--node", default=None, help="this node's name [Slurm's or the host name]")
 @click.option("--db", default=None, help="the store [$SLURMHEALTH_DB or this node's store]")
@@ -719,7 +720,7 @@ def collect_cmd(
 @click.option(
     "--time-limit",
     default=None,
-    help="with --submit: the job's limit in minutes [quick 10, medium 20, long 60]",
+    help="with --submit: the job's limit in minutes [quick 10, medium 20, long 60, pair 30]",
 )
 @click.option(
     "--apply",
@@ -762,12 +763,16 @@ def diagnose_cmd(
     With --submit (head node, cron): every node slurmhealth drained, and those named with
     --nodes, is diagnosed by one exclusive Slurm job in the maintenance reservation
     (settings.diag_reservation); the job returns the node on pass and marks it for service on
-    fail. An admin's drain is never lifted.
+    fail. An admin's drain is never lifted. With --level pair, each job also holds two
+    known-good peers of the node's class: NCCL's all-reduce and RDMA bandwidth of the node with
+    one peer are compared with the two peers' own, and a node (or HCA link) slower by more than
+    5% is named.
 
     \b
     Example:
         slurmhealth diagnose --level quick
         slurmhealth diagnose --submit --level medium
+        slurmhealth diagnose --submit --level pair --nodes gpu07
         slurmhealth diagnose --submit --nodes 'gpu[03,07]'
     """
     from slurmhealth.fleet import diagnose as orchestration  # noqa: PLC0415

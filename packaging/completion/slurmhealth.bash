@@ -49,7 +49,7 @@ _slurmhealth() {
     done
     case "$path:$prev" in
         "check:--only") words="gpu nvlink ib xid mce aer fs hw time ps modules net edac nvme bmc imex site" ;;
-        "diagnose:--level") words="quick medium long" ;;
+        "diagnose:--level") words="quick medium long pair" ;;
         "notify:--format") words="json slack" ;;
         "report:--format") words="html md json prom" ;;
         *:--conf-dir|*:--config|*:--db|*:--gpu-source|*:--hook|*:--kmsg|*:--metrics-file|*:--output|*:--slurm-bin|*:--sysfs-root|*:-o) COMPREPLY=($(compgen -f -- "$cur")); return ;;

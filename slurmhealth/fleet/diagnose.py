@@ -39,7 +39,7 @@ from slurmhealth.core.constants import (
 )
 from slurmhealth.core.hostlist import PatternError, expand, split_terms
 from slurmhealth.core.result import clean
-from slurmhealth.fleet import text
+from slurmhealth.fleet import pairing, text
 from slurmhealth.node import actions
 from slurmhealth.node.journal import Journal
 
@@ -57,7 +57,7 @@ ACTOR = "slurmhealth diagnose"
 # Our drains that wait for an admin (hardware to service, a relapse on probation, a lemon):
 # diagnosed only when an admin names the node, after the repair.
 FOR_ADMIN = tuple(f"{PREFIX} {k}" for k in (SERVICE, PROBATION, LEMON))
-LEVEL_MINUTES = {"quick": 10, "medium": 20, "long": 60}
+LEVEL_MINUTES = {"quick": 10, "medium": 20, "long": 60, "pair": 30}
 # What a diagnose job that passed leaves on its node: the node cannot leave the reservation while
 # its own job runs in it, so it drains itself with this reason (no `slurmhealth:` prefix: not one
 # of our fault drains, not counted by the breaker) and the next --submit pass returns it. Only a
@@ -169,7 +169,8 @@ def set_reservation(client: slurm.Slurm, name: str, before: set, nodes: set) -> 
             "Users=root",
             "StartTime=now",
             "Duration=infinite",
-            "Flags=MAINT,IGNORE_JOBS",
+            # FLEX: a pair job of the reservation also runs on its peers outside it (pairing.py)
+            "Flags=MAINT,IGNORE_JOBS,FLEX",
         )
     else:
         client.run("update", f"ReservationName={name}", f"Nodes={listed}")
@@ -191,14 +192,25 @@ def queued_nodes(client: slurm.Slurm) -> set:
     return out
 
 
-def submit(client: slurm.Slurm, node: str, minutes: int, reservation: str, command: str) -> str:
-    """sbatch one exclusive diagnose job on `node` in the reservation; the job id."""
+def submit(
+    client: slurm.Slurm,
+    node: str,
+    minutes: int,
+    reservation: str,
+    command: str,
+    peers: tuple = (),
+) -> str:
+    """sbatch one exclusive diagnose job on `node` in the reservation (with `peers`, on them
+    too: the pair level, its command run on `node` by srun); the job id."""
+    nodes = [slurm.one_node(n) for n in (node, *peers)]
+    if peers:
+        command = pairing.on_suspect(slurm.find_bin("srun", client.slurm_bin), node, command)
     out = client.run(
         "--parsable",
         f"--job-name={JOB_NAME}",
         f"--reservation={reservation}",
-        f"--nodelist={slurm.one_node(node)}",
-        "--nodes=1",
+        f"--nodelist={','.join(nodes)}",
+        f"--nodes={len(nodes)}",
         "--exclusive",
         f"--time={minutes}",
         "--output=/dev/null",
@@ -275,10 +287,12 @@ def sweep(
                 released.add(node)
         keep = reserved - released
         todo = [(n, why) for n, what, why in steps if what == SUBMIT]
+        todo, peers = _with_peers(client, (level, name), conn, todo, reserved | queued, done)
         wanted = keep | {n for n, _ in todo}
         set_reservation(client, name, reserved, wanted)
         for node, why in todo:
-            done.append(_start(client, node, (level, minutes), name, command, why, conn, log))
+            job = (level, minutes, tuple(peers.get(node, ())))
+            done.append(_start(client, node, job, name, command, why, conn, log))
         started = {d["node"] for d in done if d["what"] == ACT_DIAGNOSE}
         set_reservation(client, name, wanted, keep | started)
         done.extend({"node": n, "what": w, "detail": why} for n, w, why in steps if w == REFUSED)
@@ -306,15 +320,15 @@ def _one_pass() -> int:
 def _start(
     client: slurm.Slurm, node: str, job: tuple, name: str, command: str, why: str, conn, log
 ) -> dict:
-    """Resume the node inside the reservation and submit its job; if the job cannot be
-    submitted, put our drain back at once."""
-    level, minutes = job
+    """Resume the node inside the reservation and submit its job (level, minutes, peers); if
+    the job cannot be submitted, put our drain back at once."""
+    level, minutes, peers = job
     info = client.node(node)
     ours = slurm.ours(info)
     try:
         if ours:
             client.resume(node)
-        job_id = submit(client, node, minutes, name, command)
+        job_id = submit(client, node, minutes, name, command, peers)
     except slurm.SlurmError as exc:
         if ours:
             try:
@@ -322,9 +336,31 @@ def _start(
             except slurm.SlurmError as again:
                 log(f"{node}: could not put its drain back: {again}")
         return {"node": node, "what": "failed", "detail": f"not submitted: {exc}"}
-    detail = f"job {job_id} ({level}, {minutes} min; was: {why})"
+    with_peers = f", with {' and '.join(peers)}" if peers else ""
+    detail = f"job {job_id} ({level}, {minutes} min{with_peers}; was: {why})"
     _note(conn, node, ACT_DIAGNOSE, slurm.reason(f"diagnose {level}"), detail)
     return {"node": node, "what": ACT_DIAGNOSE, "detail": detail}
+
+
+def _with_peers(
+    client: slurm.Slurm, asked: tuple, conn: sqlite3.Connection | None, todo: list, busy: set,
+    done: list,
+) -> tuple:  # fmt: skip
+    """(the nodes to submit, {node: its two peers}); asked: (level, reservation). At the pair
+    level, each node due with two known-good peers (pairing.plan); one without is left drained
+    and out of the reservation, and said in `done` (the next pass tries again); the
+    reservation gets the FLEX flag if it lacks it. At other levels, all of them, no peers."""
+    level, reservation = asked
+    if level != pairing.PAIR or not todo:
+        return todo, {}
+    peers = pairing.plan(client, conn, [n for n, _ in todo], busy)
+    if any(not isinstance(p, str) for p in peers.values()):
+        pairing.ensure_flex(client, reservation)
+    for node, why in todo:
+        if isinstance(peers[node], str):
+            detail = f"{peers[node]}; stays out (was: {why})"
+            done.append({"node": node, "what": pairing.NO_PEERS, "detail": detail})
+    return [(n, why) for n, why in todo if not isinstance(peers[n], str)], peers
 
 
 def _note(

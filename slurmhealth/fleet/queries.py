@@ -66,6 +66,41 @@ def nodes_with_runs(conn: sqlite3.Connection, start: float, end: float) -> list:
     return [row[0] for row in rows]
 
 
+# --- known-good nodes: the peers a drained node is diagnosed against (fleet/pairing.py) -----------
+
+
+def latest_verdicts(conn: sqlite3.Connection, nodes: list, end: float) -> dict:
+    """{node: (started, verdict)} of each node's newest run before `end` (one seek each on the
+    (node, started, verdict) index); a node with no run is left out."""
+    out = {}
+    for node in nodes:
+        row = conn.execute(
+            "SELECT started, verdict FROM runs WHERE node = ? AND started < ? "
+            "ORDER BY started DESC LIMIT 1",
+            (node, end),
+        ).fetchone()
+        if row is not None:
+            out[node] = (row[0], row[1])
+    return out
+
+
+# What made a node no known-good reference: a drain, one monitor-only mode would have made, one
+# the circuit breaker refused (core/constants.py: what the actions table records).
+_TROUBLE_ACTIONS = ("drain", "would-drain", "breaker")
+
+
+def troubled_nodes(conn: sqlite3.Connection, start: float, end: float) -> set:
+    """Nodes with a failed run, or a drain of ours (made, refused by the breaker, or that
+    monitor-only mode would have made), in [start, end)."""
+    failed = {node for node, _t, verdict in not_ok_runs(conn, start, end) if verdict == "fail"}
+    marks = ", ".join("?" for _ in _TROUBLE_ACTIONS)
+    rows = conn.execute(
+        f"SELECT DISTINCT node FROM actions WHERE time >= ? AND time < ? AND action IN ({marks})",  # noqa: S608 - placeholders
+        (start, end, *_TROUBLE_ACTIONS),
+    )
+    return failed | {row[0] for row in rows}
+
+
 # --- the figures diagnoses measured (fleet/peers.py) ----------------------------------------
 
 # What a diagnosis's outcome measured (node/diag/probes.py PASS and FAIL): a skipped outcome
@@ -79,7 +114,8 @@ def diag_figures(conn: sqlite3.Connection, start: float, end: float) -> list:
     records them), by time. gpu_model is the hardware class the run recorded
     (`sources.diag`): `8x NVIDIA H100 80GB HBM3`, the count first because an all-reduce over 4
     GPUs is no peer of one over 8; the bare model when the count is unknown, "" when neither
-    is. A run or result whose JSON cannot be read gives nothing. Text is as stored: untrusted."""
+    is. A run or result whose JSON cannot be read gives nothing, a pair run (PAIR_LEVEL) neither.
+    Text is as stored: untrusted."""
     rows = conn.execute(
         "SELECT u.node, u.started, u.sources, r.check_name, r.data "
         "FROM runs u JOIN results r ON r.run_id = u.id "
@@ -92,7 +128,7 @@ def diag_figures(conn: sqlite3.Connection, start: float, end: float) -> list:
     for node, started, sources, check, data in rows:
         if sources != seen:
             seen, (model, level) = sources, _diag_class(sources)
-        if model is not None:
+        if model is not None and level != PAIR_LEVEL:
             probe = check[len("diag.") :]
             out.extend(
                 (node, started, model, probe, *f)
@@ -106,6 +142,9 @@ def diag_figures(conn: sqlite3.Connection, start: float, end: float) -> list:
 # seconds): the quick level's 2-second tests are no peers of the medium level's 20. Copy
 # bandwidths do the same work at every level and are compared from any level.
 LENGTH_BOUND = ("matmul_tflops", "memory_write_gbps")
+# A pair diagnosis (node/diag/pairs.py) measures two nodes and the fabric between them, on a
+# node that was drained: no sample of its class's own speed, so `slow` leaves it out.
+PAIR_LEVEL = "pair"
 
 
 def _diag_class(sources: str) -> tuple:

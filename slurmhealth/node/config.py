@@ -99,6 +99,12 @@ SETTINGS: Schema = {
     ),
     "diag_ib_min_share": (0.9, float, "ib_write_bw must reach this share of the port's rate"),
     "diag_ib_lat_max_usec": (4.5, float, "ib_read_lat typical latency ceiling, microseconds"),
+    "diag_mpi": (
+        "",
+        str,
+        "srun --mpi for the pair level's all-reduce (pmix, pmi2: what nccl-tests was built "
+        "with); empty: slurm.conf's MpiDefault",
+    ),
     "metrics_file": (
         "",
         str,
@@ -205,6 +211,10 @@ BOUNDS: dict[str, Bound] = {
     "settings.diag_ib_min_share": (
         lambda v: _finite(v) and 0 <= v <= 1,
         "must be a share of the port's rate from 0 to 1",
+    ),
+    "settings.diag_mpi": (
+        lambda v: len(v) <= 32 and all(c.isalnum() or c in "_-" for c in v),
+        "must be an MPI plugin type srun knows (pmix, pmi2, none) or empty",
     ),
     "settings.diag_reservation": (
         lambda v: 0 < len(v) <= 64 and all(c.isalnum() or c in "_.-" for c in v),

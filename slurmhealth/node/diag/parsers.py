@@ -95,6 +95,11 @@ def _positive(value: object) -> float | None:
     return number if number is not None and number > 0 else None
 
 
+def size_text(nbytes: float) -> str:
+    """A byte count as people read it: 8 GiB."""
+    return _size(nbytes)
+
+
 def _size(nbytes: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if nbytes < 1024:
@@ -448,3 +453,62 @@ def _lat_rows(text: str) -> list[Any]:
         if None not in values:
             rows.append(dict(zip(names, values)))
     return rows
+
+
+# --- across two nodes: one run's figures (node/diag/pairs.py judges them) ----------------------
+#
+# all_reduce_perf launched by srun, one task a node with -g <GPUs> (nccl-tests built with
+# MPI=1): rank 0 prints the header and the table once, and its "# Using devices" block lists
+# every rank of both nodes ("#  Rank  9 Group  0 Pid  1886 on   worker-0 device  1 [0x91] NVIDIA
+# H100 80GB HBM3"; releases before 2.x print no Group). Built without MPI, or launched without
+# the PMI it was built for, each task runs alone: every task prints its own header and table, the
+# ranks of each counting from 0 again (NVIDIA/nccl-tests#213, #109), or all "Rank 0" (#254).
+
+_RANK = re.compile(
+    r"^#?\s*Rank\s+([0-9]{1,6})\s+(?:Group\s+[0-9]{1,6}\s+)?Pid\s+[0-9]{1,12}\s+on\s+(\S+)\s"
+)
+_RUN_HEADER = re.compile(r"^#?\s*nThread\s+[0-9]+\s+nGpus\s")
+
+
+def all_reduce_run(text: str) -> dict[str, Any]:
+    """One all_reduce_perf run: {busbw_gbps (out-of-place, at the largest size), max_bytes,
+    wrong (elements, when the data was checked), ranks (distinct rank numbers), rank_lines,
+    hosts (distinct host names), headers (runs that printed a header)}, or {"why": ...} when it
+    printed no result row."""
+    rows, avg, out_of_bounds = _nccl_table(text)
+    if not rows:
+        last = _last_line(text)
+        return {"why": "no result rows" + (f" (last line: {last})" if last else "")}
+    largest = max(size for size, _bw, _wrong in rows)
+    found: dict[str, Any] = {
+        "busbw_gbps": min(bw for size, bw, _wrong in rows if size == largest),
+        "max_bytes": largest,
+    }
+    if avg is not None:
+        found["avg_busbw_gbps"] = avg
+    wrongs = [w for _s, _b, row_wrong in rows for w in row_wrong]
+    if (None not in wrongs if wrongs else out_of_bounds is not None):
+        found["wrong"] = max(sum(w or 0 for w in wrongs), out_of_bounds or 0)
+    ranks, hosts, lines, headers = set(), set(), 0, 0
+    for line in text.splitlines():
+        if _RUN_HEADER.match(line):
+            headers += 1
+        match = _RANK.match(line)
+        if match:
+            lines += 1
+            ranks.add(int(match.group(1)))
+            hosts.add(match.group(2)[:64])
+    found.update(ranks=len(ranks), rank_lines=lines, hosts=len(hosts), headers=headers)
+    return found
+
+
+def ib_write_bw_run(text: str) -> dict[str, Any]:
+    """One ib_write_bw client's figures: {bw_avg_gbps (at the largest size), bytes}, or {"why":
+    ...} when it printed no bandwidth table (perftest's own error lines say why: "Couldn't
+    connect to gpu03:18515")."""
+    rows = _bw_rows(text)
+    if not rows:
+        last = _last_line(text)
+        return {"why": "no bandwidth table" + (f" (last line: {last})" if last else "")}
+    size = max(s for s, _bw in rows)
+    return {"bw_avg_gbps": round(min(b for s, b in rows if s == size), 3), "bytes": size}

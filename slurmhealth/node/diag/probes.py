@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import time
 
 from slurmhealth.core.result import FAIL, OK, SKIP, WARN, clean, counted
-from slurmhealth.node.diag import cuda, parsers
+from slurmhealth.node.diag import cuda, pairs, parsers
+from slurmhealth.node.diag.tool import kill_group
+from slurmhealth.node.diag.tool import run as run_tool
 
 TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
 if TYPE_CHECKING:
@@ -35,7 +36,11 @@ if TYPE_CHECKING:
     Summary = dict[str, Any]  # one probe's: probe, status, seconds, outcomes (summary())
     Unread = dict[str, Any]  # a source the checks could not read (runner.unread)
 
-LEVELS = ("quick", "medium", "long")
+LEVELS = ("quick", "medium", "long")  # one node's levels, after DCGM's run levels
+PAIR = pairs.PAIR  # across nodes: a drained node against two known-good peers, in one job
+# Levels that pass only when every probe of theirs ran and passed: a pair level that measured
+# the all-reduce but had no port to test (or no ib_write_bw) has not validated the node.
+EVERY_PROBE = (PAIR,)
 PASS = "pass"  # noqa: S105 - an outcome, not a password
 
 # DCGM's run levels (dcgmi diag -r): 1 quick (seconds), 2 medium (about 2 minutes), 3 long
@@ -48,15 +53,18 @@ DCGM_LEVEL = {"quick": ("1", 120.0), "medium": ("2", 600.0), "long": ("3", 2400.
 CUDA_SECONDS = {"quick": 2.0, "medium": 20.0, "long": 180.0}
 NCCL_TIMEOUT = {"medium": 600.0, "long": 1200.0}
 IB_TIMEOUT = 120.0
-OUTPUT_MAX = 4 << 20  # bytes of a tool's output parsed at most
 
 
 class Context:
     """What the probes of one diagnosis share: the level, settings, what the quick checks
-    found (GPU model and count, IB ports and rates), where tools are looked for."""
+    found (GPU model and count, IB ports and rates), where tools are looked for, the node's
+    name (the pair level's suspect)."""
 
-    def __init__(self, level: str, settings: Data, facts: dict[str, Facts], path: str) -> None:
+    def __init__(
+        self, level: str, settings: Data, facts: dict[str, Facts], path: str, node: str = ""
+    ) -> None:
         self.level, self.settings, self.facts, self.path = level, settings, facts, path
+        self.node = node
 
     def tool(self, name: str) -> str | None:
         return shutil.which(name, path=self.path)
@@ -82,35 +90,6 @@ def outcome(
     unit: str, status: str, evidence: str, figures: dict[str, Any] | None = None
 ) -> Outcome:
     return {"unit": unit, "status": status, "figures": figures or {}, "evidence": clean(evidence)}
-
-
-def run_tool(argv: list[str], timeout: float) -> tuple[int | None, str]:
-    """(exit code, stdout) of a tool, or (None, why) when it did not finish. Its own process
-    group, killed whole at the timeout; no shell, no stdin."""
-    try:
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    except OSError as exc:
-        return None, f"cannot run {os.path.basename(argv[0])} ({exc.strerror or exc})"
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        return None, f"{os.path.basename(argv[0])} did not finish within {timeout:g} s"
-    return proc.returncode, out[:OUTPUT_MAX].decode("utf-8", "replace")
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except OSError:
-        pass
-    proc.communicate()
 
 
 # --- the probes -------------------------------------------------------------------------------
@@ -183,7 +162,7 @@ def _perftest(
             code, text = run_tool([path, *args, "localhost"], IB_TIMEOUT)
         finally:
             if server.poll() is None:
-                _kill_group(server)
+                kill_group(server)
         if code is None:
             out.append(outcome(key, FAIL, text))
             continue
@@ -226,12 +205,14 @@ PROBES: dict[str, tuple[tuple[str, ...], Callable[[Context], list[Outcome]]]] = 
     "ib_write_bw": (("medium", "long"), probe_ib_bw),
     "ib_read_lat": (("long",), probe_ib_lat),
     "cuda": (LEVELS, probe_cuda),
+    "pair_nccl": ((PAIR,), pairs.probe_nccl),
+    "pair_ib": ((PAIR,), pairs.probe_ib),
 }
 
 
 def probes_of(level: str) -> list[str]:
-    if level not in LEVELS:
-        raise ValueError(f"unknown level {level!r} (one of {', '.join(LEVELS)})")
+    if level not in (*LEVELS, PAIR):
+        raise ValueError(f"unknown level {level!r} (one of {', '.join((*LEVELS, PAIR))})")
     return [name for name, (levels, _fn) in PROBES.items() if level in levels]
 
 
@@ -270,16 +251,21 @@ def summary(name: str, found: list[Outcome], seconds: float) -> Summary:
     return {"probe": name, "status": status, "seconds": round(seconds, 3), "outcomes": found}
 
 
-def verdict(probes: list[Summary], unread: list[Unread] | None = None) -> str:
+def verdict(
+    probes: list[Summary], unread: list[Unread] | None = None, every: bool = False
+) -> str:
     """fail if any probe failed; ok if a probe of the level ran and passed; else warn: the
     diagnosis is inconclusive (every probe of the level skipped: its tool is missing or the
     node has no GPU it can test). Today's checks passing alone never pass a diagnosis: they
     are what the hooks already ran. `unread`: sources today's checks could not read
     (runner.unread): some checks did not run, so a diagnosis that found nothing wrong is
-    inconclusive too, never ok."""
+    inconclusive too, never ok. `every` (EVERY_PROBE levels): a probe of the level that
+    skipped makes it inconclusive too."""
     if any(p["status"] == FAIL for p in probes):
         return FAIL
     if unread:
+        return WARN
+    if every and any(p["status"] == SKIP and p["probe"] != "checks" for p in probes):
         return WARN
     if any(p["status"] == PASS and p["probe"] != "checks" for p in probes):
         return OK

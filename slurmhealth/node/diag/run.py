@@ -45,7 +45,7 @@ class Diagnosis:
     ) -> None:
         self.node, self.level, self.check, self.probes = node, level, check, found
         self.unread = runner.unread(check.sources)  # what today's checks could not read
-        self.verdict = probes.verdict(found, self.unread)
+        self.verdict = probes.verdict(found, self.unread, level in probes.EVERY_PROBE)
         self.started = check.started
         self.duration = seconds
         # What node/metrics.py reads of a run: the probes as checks, the sources the quick
@@ -148,7 +148,7 @@ def diagnose(
     checks = probes.checks_outcomes(check.results, unread)
     found = [probes.summary("checks", checks, check.duration)]
     settings = expect["settings"]
-    ctx = probes.Context(level, settings, check.facts, probes.tool_path(settings))
+    ctx = probes.Context(level, settings, check.facts, probes.tool_path(settings), node)
     found.extend(probes.run_probe(name, ctx) for name in names)
     return Diagnosis(node, level, check, found, time.monotonic() - started)
 

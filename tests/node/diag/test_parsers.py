@@ -467,6 +467,8 @@ def test_parsers_never_raise(text, threshold):
     ]
     for o in outcomes:
         assert_outcome(o)
+    for run in (parsers.all_reduce_run(text), parsers.ib_write_bw_run(text)):
+        assert set(run) == {"why"} or all(isinstance(v, (int, float)) for v in run.values())
 
 
 @pytest.mark.parametrize("odd", ["²", "٣", "1e999", "nan", "-0", "9" * 5000])

@@ -316,7 +316,9 @@ def test_only_known_levels_have_probes():
     # quick runs the built-in GPU tests briefly: the micro-benchmarks peers are compared on
     assert probes.probes_of("quick") == ["dcgm", "cuda"]
     assert probes.probes_of("medium") == ["dcgm", "nccl", "ib_write_bw", "cuda"]
-    assert probes.probes_of("long") == list(probes.PROBES)
+    assert probes.probes_of("long") == ["dcgm", "nccl", "ib_write_bw", "ib_read_lat", "cuda"]
+    # across nodes: only the pair's probes (today's checks run before every level)
+    assert probes.probes_of("pair") == ["pair_nccl", "pair_ib"]
     with pytest.raises(ValueError, match="unknown level 'bogus'"):
         probes.probes_of("bogus")
 
