@@ -48,8 +48,11 @@ SETTLE_S = 0.3
 def _reason(
     message: str, journal: Journal, node: str, settings: dict[str, Any], now: float
 ) -> str:
-    """Our reason; on probation it says an admin must resume (we never will)."""
+    """Our reason; on probation it says an admin must resume (we never will). A drain for
+    service says so already, and says more: it is not wrapped."""
     days = settings["probation_days"]
+    if message.startswith(SERVICE):
+        return slurm.reason(message)
     if safety.on_probation([*journal.drains(node), (now, ACT_DRAIN)], now, days):
         return slurm.reason(
             f"{PROBATION} an admin must resume (failed within {days:g} d of our resume): {message}"
