@@ -14,6 +14,7 @@ import sys
 import time
 
 from slurmhealth.core.constants import (
+    ACT_REBOOT,
     ACT_RESET_GPU,
     ACT_WOULD_DRAIN,
     BREAKER,
@@ -1079,6 +1080,9 @@ class HookJournal(Journal):
             self._ladder(self.slurm_client(settings), settings, run).after_drain(message, wanted)
         except slurm.SlurmError as exc:
             self.say(f"remediation of {self.node} not taken further now, it stays drained: {exc}")
+            if wanted != RESET:  # a reboot, asked again by the next run (node/ladder.py)
+                why = slurm.reason(f"{wanted} {message}")
+                self.note(self.node, ACT_REBOOT, why, False, f"failed: {exc}", once=True)
 
     def _ladder(self, client: slurm.Slurm, settings: Data, run: runner.Run | None) -> Ladder:
         """The ladder's steps for this node: resets within this hook's deadline (the health

@@ -1495,3 +1495,20 @@ def test_with_remediation_on_the_epilog_resets_an_idle_gpu_as_reset_gpus_does(no
     proc = node.run("epilog", job="6", SLURM_JOB_GPUS="6,7", SLURM_JOB_EXIT_CODE="0")
     assert proc.returncode == 0
     assert (tmp_path / "smi.log").read_text() == "-r -i 6\n" and node.slurm()["state"] == "IDLE"
+
+
+def test_a_slow_controller_never_holds_the_remediation_past_the_hooks_deadline(node):
+    """0.7 s per Slurm call and a 3 s deadline: the drain (show node, sinfo, update, the
+    recount) takes most of it; the reboot's calls get what is left, and the one that does not
+    fit is not made. The node stays drained (its reason says a reboot is due), the reboot not
+    asked is recorded as failed, and the next health check asks again."""
+    node.configure("gpu-lost", remediate="reboot", deadline=3.0)
+    started = time.monotonic()
+    proc = node.run("healthcheck", job=None, FAKE_SLURM_DELAY="0.7")
+    took = time.monotonic() - started
+    assert took < 3.0 + 1.0, took  # the deadline, and the interpreter's start and exit
+    assert node.slurm()["reason"] == GPU_LOST_REBOOT
+    assert not any(c[0] == "reboot" for c in node.calls())
+    assert "deadline of 3 s reached" not in proc.stderr, proc.stderr  # ended on its own
+    (failed,) = node.db().execute("SELECT ok, detail FROM actions WHERE action = 'reboot'")
+    assert failed[0] == 0 and "no time left for Slurm calls" in failed[1]
