@@ -49,9 +49,11 @@ def _reason(
     message: str, journal: Journal, node: str, settings: dict[str, Any], now: float
 ) -> str:
     """Our reason; on probation it says an admin must resume (we never will). A drain for
-    service says so already, and says more: it is not wrapped."""
+    service says so already, and says more; one for a remediation (node/ladder.py) is held by
+    the ladder's own limit (settings.remediate_max), which counts the relapses that probation
+    would: neither is wrapped."""
     days = settings["probation_days"]
-    if message.startswith(SERVICE):
+    if message.startswith((SERVICE, RESET, REBOOT)):
         return slurm.reason(message)
     if safety.on_probation([*journal.drains(node), (now, ACT_DRAIN)], now, days):
         return slurm.reason(

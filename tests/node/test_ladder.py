@@ -403,3 +403,27 @@ def test_no_gpu_to_reset_climbs_too(conn):
     steps(client, conn, reset=lambda gpus: [], gpus=[]).progress(client.node("gpu01"))
     assert recorded(conn)[0][:3] == ("reset_gpu", UNDER_RESET, 0)
     assert client.calls[-1] == "reboot"
+
+
+def test_a_relapse_after_a_return_is_the_ladders_to_count_not_probations(conn):
+    """Returned by the ladder a day ago, the node fails again with a reboot fault: a second
+    reboot (2 of 2), where a plain drain would be on probation; a third: service."""
+    from slurmhealth.node import actions
+
+    day = 86400.0
+    then = time.time() - 2 * day
+    store.record_action(conn, "gpu01", "drain", UNDER_REBOOT, "hc", True, "", then)
+    store.record_action(conn, "gpu01", "reboot", UNDER_REBOOT, "hc", True, "requested", then)
+    store.record_action(conn, "gpu01", "resume", "a diagnosis passed", "hc", True, "", then + day)
+    client = Client(fleet())
+    journal = Journal(conn, "slurmhealth healthcheck", print)
+    reason, _ = ladder.first_reason(journal, "gpu01", XID, REBOOT, SETTINGS)
+    assert actions.drain(client, "gpu01", reason, SETTINGS, journal) == "drained"
+    assert client.states["gpu01"]["reason"] == UNDER_REBOOT
+    steps(client, conn).after_drain(XID, REBOOT)
+    assert recorded(conn)[-1][3] == "requested: 2 of 2 remediations in 7 d"
+    plain = actions.drain(Client(fleet()), "gpu01", "GPU 3 GpuIsLost", SETTINGS, journal)
+    assert plain == "drained"  # a plain drain of a node we returned a day ago: probation
+    assert recorded(conn)[-1][1].startswith("slurmhealth: probation: an admin must resume")
+    reason, _ = ladder.first_reason(journal, "gpu01", XID, REBOOT, SETTINGS)
+    assert reason == f"service: {XID} (2 remediations in 7 d)"
