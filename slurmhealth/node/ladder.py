@@ -346,6 +346,8 @@ class Ladder:
             return
         if latest is not None and latest[1] and (drained is None or latest[0] >= drained[0]):
             return  # taken, then cancelled (scontrol cancel_reboot): an admin's call
+        if self.mode != REMEDIATE_REBOOT:
+            return  # reboots switched off since: the node stays drained for an admin
         rung = decide(
             REBOOT, "", False, self.mode, count, self.settings["remediate_max"]
         )
@@ -369,6 +371,8 @@ class Ladder:
         """Reset the GPUs of a node of ours whose reset is due, once Slurm shows no job on it
         (in a health check: only slurmd's health check runs on an empty node)."""
         node, journal = self.node, self.journal
+        if self.mode == REMEDIATE_OFF:
+            return  # switched off since: the node stays drained for an admin
         if slurm.busy(info) or self.reset is None:
             detail = "waiting for the node's jobs to end: the first health check after resets"
             journal.note(node, ACT_RESET_WAIT, info["reason"], True, detail, once=True)

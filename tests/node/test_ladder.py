@@ -427,3 +427,16 @@ def test_a_relapse_after_a_return_is_the_ladders_to_count_not_probations(conn):
     assert recorded(conn)[-1][1].startswith("slurmhealth: probation: an admin must resume")
     reason, _ = ladder.first_reason(journal, "gpu01", XID, REBOOT, SETTINGS)
     assert reason == f"service: {XID} (2 remediations in 7 d)"
+
+
+@pytest.mark.parametrize("reason", [UNDER_RESET, UNDER_REBOOT])
+def test_switched_off_meanwhile_the_ladder_starts_nothing_new_and_never_returns_the_node(
+    conn, reason
+):
+    """remediate = "off" while a reset waits or a reboot Slurm did not take is due: neither is
+    made; the node stays drained for an admin (passing health checks never lift it)."""
+    client = Client(fleet(gpu01=("IDLE+DRAIN", reason, 1.0)))
+    ladder_ = steps(client, conn, {"remediate": "off"}, reset=lambda gpus: [], gpus=[0])
+    assert not ladder_.progress(client.node("gpu01"))
+    assert client.calls == ["node"] and recorded(conn) == []
+    assert client.states["gpu01"]["reason"] == reason
