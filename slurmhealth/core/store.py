@@ -205,7 +205,8 @@ TABLES = (
             C("detail", "TEXT", True, ""),
         ),
         "action",
-        "drain, drain-skipped, breaker, resume, reset_gpu",
+        "drain, drain-skipped, breaker, resume, reset_gpu, reboot, remediated "
+        "(docs/remediation.md)",
     ),
     Table(
         "meta",
