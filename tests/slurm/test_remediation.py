@@ -119,6 +119,8 @@ def test_a_reboot_fault_is_rebooted_by_slurm_and_returns_only_after_a_diagnosis(
     assert [d["verdict"] for d in diag] == ["ok"] and diag[0]["started"] < resumed["time"]
     assert lab.wait_job(waiting)["JobState"] == "COMPLETED"
     assert lab.output(waiting).strip() == node
+    (prolog,) = lab.wait_runs(node, "prolog", job_id=waiting)
+    assert prolog["started"] > resumed["time"]  # no job reached the node before its return
 
     # a second fault, past the limit of 1 remediation in the window: drained for service
     t1 = time.time()
