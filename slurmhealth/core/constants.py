@@ -30,6 +30,14 @@ PREFIX = "slurmhealth:"
 PROBATION = "probation:"
 LEMON = "lemon:"
 SERVICE = "service:"  # the hardware needs service: an admin (or a passed diagnosis) lifts it
+# The remediation ladder (node/ladder.py): a drain whose fault a GPU reset or a reboot may mend.
+# Under way: RESET (the GPUs reset once the node is empty), REBOOT (`scontrol reboot` asked for;
+# Slurm appends REBOOT_ISSUED to the reason when it reboots the node); done: AWAITING, lifted
+# only by a passing diagnosis.
+RESET = "reset:"
+REBOOT = "reboot:"
+AWAITING = "awaiting diagnosis"
+REBOOT_ISSUED = " : reboot issued"  # scontrol(1), reboot: appended by slurmctld
 
 # sacct states of a job that has not ended (sacct(1), JOB STATE CODES).
 RUNNING_STATES = (
@@ -51,3 +59,14 @@ ACT_BREAKER = BREAKER  # a drain the circuit breaker refused
 ACT_DRAIN_SKIPPED = "drain-skipped"
 ACT_RESET_GPU = "reset_gpu"
 ACT_WOULD_DRAIN = "would-drain"  # monitor-only: the drain enforcing would have made
+# The remediation ladder (node/ladder.py): a reboot asked of Slurm (ok: taken; else refused by
+# the breaker or the limit, or failed), a GPU reset waiting for the node's jobs to end, the
+# remediation done (the reason now says the node awaits a diagnosis), and monitor-only's.
+ACT_REBOOT = "reboot"
+ACT_RESET_WAIT = "reset-wait"
+ACT_REMEDIATED = "remediated"
+ACT_WOULD_REBOOT = "would-reboot"
+ACT_WOULD_RESET = "would-reset"
+# settings.remediate: how far up the ladder slurmhealth goes by itself
+REMEDIATE_OFF, REMEDIATE_RESET, REMEDIATE_REBOOT = "off", "reset", "reboot"
+REMEDIATE_MODES = (REMEDIATE_OFF, REMEDIATE_RESET, REMEDIATE_REBOOT)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 from slurmhealth.core.constants import DAY
+from slurmhealth.core.result import FAIL
 
 TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
 if TYPE_CHECKING:
@@ -55,3 +56,9 @@ def on_probation(actions: Iterable[tuple[Any, ...]], now: float, days: float = 7
     if state is None or last_resume is None:
         return False
     return state - last_resume <= days * DAY
+
+
+def resume_due(verdicts: list[str], needed: int) -> bool:
+    """`needed` (at least 1) health checks since our drain, newest first, and none failed."""
+    needed = max(1, needed)
+    return len(verdicts) >= needed and FAIL not in verdicts[:needed]

@@ -150,6 +150,20 @@ def lifts_drain(info: NodeInfo) -> bool:
     return "REBOOT_ISSUED" in info["flags"] and bool(info.get("next_state"))
 
 
+def rebooting(info: NodeInfo) -> bool:
+    """A reboot asked for and not yet over: REBOOT_REQUESTED (waiting for the node's jobs to
+    end) or REBOOT_ISSUED (rebooting) in scontrol's flags; sinfo marks them `@` and `^` after
+    the state (sinfo(1), NODE STATE CODES), which parse_sinfo strips from the flags."""
+    marked = info["state"].rstrip("*~#!%$-").endswith(("@", "^"))
+    return marked or any(f.startswith("REBOOT") for f in info["flags"])
+
+
+def busy(info: NodeInfo) -> bool:
+    """Jobs on the node: allocated (wholly or in part) or still completing (scontrol's state
+    and flags; a drained node with jobs shows MIXED+DRAIN or ALLOCATED+DRAIN)."""
+    return any(f.startswith(("ALLOC", "MIX", "COMPLETING")) for f in info["flags"])
+
+
 def may_drain(info: NodeInfo, ignore: tuple[str, ...] = ()) -> bool:
     """Drain only a node in service; never touch one someone else took out. `ignore`: flags
     that do not count as out here (our own maintenance reservation, for the diagnose job)."""
@@ -217,6 +231,14 @@ class Slurm:
 
     def resume(self, name: str, timeout: float | None = None) -> None:
         self.run("update", f"NodeName={one_node(name)}", "State=RESUME", timeout=timeout)
+
+    def reboot(self, name: str, why: str, timeout: float | None = None) -> None:
+        """`scontrol reboot reason=WHY NODE`: slurmctld runs RebootProgram on the node once its
+        jobs have ended. Neither ASAP nor nextstate: both have Slurm clear the node's DRAIN when
+        it registers (scontrol(1), reboot), and nextstate=DOWN is lifted at once where
+        ReturnToService=2; a plain reboot keeps the drain the caller made, so the node comes
+        back out of service (docs/remediation.md)."""
+        self.run("reboot", f"reason={why}", one_node(name), timeout=timeout)
 
 
 def one_node(name: str) -> str:

@@ -205,7 +205,8 @@ TABLES = (
             C("detail", "TEXT", True, ""),
         ),
         "action",
-        "drain, drain-skipped, breaker, resume, reset_gpu",
+        "drain, drain-skipped, breaker, resume, reset_gpu, reboot, remediated "
+        "(docs/remediation.md)",
     ),
     Table(
         "meta",
@@ -875,6 +876,41 @@ def recent_verdicts(
         (node, phase, since, limit),
     ).fetchall()
     return [row[0] for row in rows]
+
+
+@_translated
+def remediations(conn: sqlite3.Connection, node: str, since: float) -> list[float]:
+    """Times of the node's remediations from `since` on, oldest first (node/ladder.py: the
+    attempt limit): reboots Slurm took, and GPU resets the ladder made (their reason is ours;
+    an epilog's routine reset of an idle GPU names the GPU alone and is not counted)."""
+    rows = conn.execute(
+        "SELECT time FROM actions WHERE node = ? AND time >= ? AND ok = 1 AND (action = "
+        "'reboot' OR (action = 'reset_gpu' AND reason LIKE 'slurmhealth:%')) ORDER BY time",
+        (node, since),
+    )
+    return [row[0] for row in rows]
+
+
+@_translated
+def latest_action(conn: sqlite3.Connection, node: str, action: str) -> tuple[float, bool] | None:
+    """(time, ok) of the node's latest action of this kind, whether it worked or not."""
+    row = conn.execute(
+        "SELECT time, ok FROM actions WHERE node = ? AND action = ? ORDER BY time DESC LIMIT 1",
+        (node, action),
+    ).fetchone()
+    return None if row is None else (row[0], bool(row[1]))
+
+
+@_translated
+def passed_diagnosis(conn: sqlite3.Connection, node: str, since: float) -> float | None:
+    """When the node's latest diagnosis that passed (a `diag` run, verdict ok) started, if it
+    started at or after `since`; else None."""
+    row = conn.execute(
+        "SELECT max(started) FROM runs WHERE node = ? AND phase = 'diag' AND verdict = 'ok' "
+        "AND started >= ?",
+        (node, since),
+    ).fetchone()
+    return None if row is None or row[0] is None else float(row[0])
 
 
 @_translated

@@ -3,7 +3,8 @@ reservation; a node returns only after it passes.
 
 `slurmhealth diagnose --submit` (head node, cron) plans from one sinfo, the reservation and one
 squeue (`plan`, pure):
-- a node slurmhealth drained (not for a failed diagnosis) and idle goes into the reservation, is
+- a node slurmhealth drained (not for a failed diagnosis, nor one whose GPU reset or reboot of
+  the remediation ladder is still to come) and idle goes into the reservation, is
   resumed there (the reservation keeps users' jobs off it) and gets one exclusive diagnose job
   with the level's time limit; a node an admin names gets the same if it is in service or
   drained by us; an admin's drain is never lifted: an admin-drained node is refused;
@@ -34,6 +35,8 @@ from slurmhealth.core.constants import (
     LEMON,
     PREFIX,
     PROBATION,
+    REBOOT,
+    RESET,
     SERVICE,
     WOULD_DRAIN,
 )
@@ -57,6 +60,8 @@ ACTOR = "slurmhealth diagnose"
 # Our drains that wait for an admin (hardware to service, a relapse on probation, a lemon):
 # diagnosed only when an admin names the node, after the repair.
 FOR_ADMIN = tuple(f"{PREFIX} {k}" for k in (SERVICE, PROBATION, LEMON))
+# Our drains on the remediation ladder whose reset or reboot has not happened yet.
+UNDER_WAY = tuple(f"{PREFIX} {k}" for k in (RESET, REBOOT))
 LEVEL_MINUTES = {"quick": 10, "medium": 20, "long": 60, "pair": 30}
 # What a diagnose job that passed leaves on its node: the node cannot leave the reservation while
 # its own job runs in it, so it drains itself with this reason (no `slurmhealth:` prefix: not one
@@ -125,6 +130,10 @@ def _outside(info: NodeInfo, named: bool) -> tuple | None:
     ours = slurm.ours(info)
     if ours and info["reason"].startswith(FOR_ADMIN) and not named:
         return None
+    if ours and (slurm.rebooting(info) or info["reason"].startswith(UNDER_WAY)):
+        # a GPU reset or a reboot of the remediation ladder still to come (node/ladder.py): a
+        # diagnosis now would test the node before it; it is due once the reason says so
+        return (REFUSED, "remediation under way: diagnosed once it is done") if named else None
     if ours and _drained(info):
         return SUBMIT, info["reason"]
     if not named:

@@ -58,7 +58,10 @@ def history(runs: list, actions: list) -> str:
     if actions:
         lines += ["", f"{'TIME':<20}  {'NODE':<10}  {'ACTION':<13}  BY / REASON"]
         for act in actions:
-            failed = "" if act["ok"] else f" (FAILED: {clean(act['detail'])})"
+            detail = clean(act["detail"]) if act.get("detail") else ""
+            failed = f" ({detail})" if detail else ""  # e.g. a reboot: `requested: 1 of 2 ...`
+            if not act["ok"]:
+                failed = f" (FAILED: {detail})"
             lines.append(
                 f"{when(act['time']):<20}  {clean(act['node']):<10}  "
                 f"{clean(act['action']):<13}  {clean(act['actor'])}: {clean(act['reason'])}{failed}"

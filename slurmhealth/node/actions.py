@@ -14,6 +14,7 @@ from slurmhealth.core.constants import (
     ACT_DRAIN,
     ACT_DRAIN_SKIPPED,
     ACT_RESUME,
+    AWAITING,
     BREAKER,
     DRAINED,
     FAILED,
@@ -22,17 +23,21 @@ from slurmhealth.core.constants import (
     LEMON,
     PREFIX,
     PROBATION,
+    REBOOT,
+    RESET,
     SERVICE,
     SKIPPED,
 )
-from slurmhealth.core.result import FAIL, counted
+from slurmhealth.core.result import counted
+from slurmhealth.core.safety import resume_due
 
 TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, Callable
 
     from slurmhealth.core.slurm import NodeInfo
     from slurmhealth.node.journal import Journal, Say
+    from slurmhealth.node.ladder import Ladder
 
 # Health checks start on every node at once: hooks that counted the fleet's drains before the
 # others drained all think they are first. After draining, wait for the burst to land,
@@ -43,8 +48,13 @@ SETTLE_S = 0.3
 def _reason(
     message: str, journal: Journal, node: str, settings: dict[str, Any], now: float
 ) -> str:
-    """Our reason; on probation it says an admin must resume (we never will)."""
+    """Our reason; on probation it says an admin must resume (we never will). A drain for
+    service says so already, and says more; one for a remediation (node/ladder.py) is held by
+    the ladder's own limit (settings.remediate_max), which counts the relapses that probation
+    would: neither is wrapped."""
     days = settings["probation_days"]
+    if message.startswith((SERVICE, RESET, REBOOT)):
+        return slurm.reason(message)
     if safety.on_probation([*journal.drains(node), (now, ACT_DRAIN)], now, days):
         return slurm.reason(
             f"{PROBATION} an admin must resume (failed within {days:g} d of our resume): {message}"
@@ -205,31 +215,43 @@ def _yield_to_earlier(
 def may_resume(info: NodeInfo) -> bool:
     """Only our own drains, and never one on probation, for a lemon or for service: a lemon
     passes its health checks (that is what makes it a lemon), and hardware that needs service
-    may pass them between failures, so only an admin lifts those. Never a node that is DOWN
+    may pass them between failures, so only an admin lifts those; nor one on the remediation
+    ladder, which a passing diagnosis lifts (node/ladder.py). Never a node that is DOWN
     too (our drain made while it rebooted, where ReturnToService keeps it DOWN): a resume
     would lift the DOWN as well, which is Slurm's or an admin's to lift."""
     if not slurm.ours(info) or any(f.startswith("DOWN") for f in info["flags"]):
         return False
-    kept = (PROBATION, LEMON, SERVICE)
+    kept = (PROBATION, LEMON, SERVICE, RESET, REBOOT, AWAITING)
     return not info["reason"].startswith(tuple(f"{PREFIX} {k}" for k in kept))
 
 
-def resume_due(verdicts: list[str], needed: int) -> bool:
-    """`needed` (at least 1) health checks since our drain, newest first, and none failed."""
-    needed = max(1, needed)
-    return len(verdicts) >= needed and FAIL not in verdicts[:needed]
+def on_ladder(reason: str) -> bool:
+    """Our reason says a remediation is under way or done (node/ladder.py): such a drain is
+    the ladder's to lift, after a diagnosis, never passing health checks'."""
+    steps = (RESET, REBOOT, AWAITING)
+    return reason.startswith(tuple(f"{PREFIX} {step}" for step in steps))
 
 
 def resume_if_due(
-    client: slurm.Slurm, node: str, settings: dict[str, Any], journal: Journal
+    client: slurm.Slurm,
+    node: str,
+    settings: dict[str, Any],
+    journal: Journal,
+    ladder: Callable[[], Ladder] | None = None,
 ) -> bool:
     """Resume our own drain of `node` once settings.resume_after consecutive health checks
     passed since it; never an admin's drain, a lemon's or one on probation (may_resume).
-    Returns whether the node was resumed; a Slurm or store failure is one log line."""
-    if settings.get("diag_before_resume"):
+    A drain on the remediation ladder takes the ladder's step instead (`ladder` makes it, the
+    health check's: node/ladder.py). Returns whether the node was resumed; a Slurm or store
+    failure is one log line."""
+    if settings.get("diag_before_resume") and ladder is None:
         return False  # only a passed diagnosis returns the node (docs/diagnose.md)
     try:
         info = client.node(node)
+        if ladder is not None and slurm.ours(info) and on_ladder(info["reason"]):
+            return ladder().progress(info)
+        if settings.get("diag_before_resume"):
+            return False
         conn = journal.conn
         if not may_resume(info) or conn is None:
             return False

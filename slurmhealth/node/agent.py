@@ -14,6 +14,7 @@ import sys
 import time
 
 from slurmhealth.core.constants import (
+    ACT_REBOOT,
     ACT_RESET_GPU,
     ACT_WOULD_DRAIN,
     BREAKER,
@@ -21,12 +22,14 @@ from slurmhealth.core.constants import (
     EPILOG,
     HEALTHCHECK,
     HOOKS,
+    RESET,
     SERVICE,
     SKIPPED,
     WOULD_DRAIN,
 )
 from slurmhealth.core.hostlist import is_node_name
-from slurmhealth.core.result import DRAIN, FAIL, OK, RESET_GPU, clean, counted
+from slurmhealth.core.result import DRAIN, FAIL, OK, RESET_GPU, clean, counted, worst_action
+from slurmhealth.core.result import REBOOT as REBOOT_ACTION
 from slurmhealth.core.result import SERVICE as SERVICE_ACTION
 from slurmhealth.node import checks, config, counters, learned, runner, sources, state
 from slurmhealth.node.checks.base import demoted, fails_node, other_gpus
@@ -42,6 +45,7 @@ if TYPE_CHECKING:
     from slurmhealth.core import slurm  # the failure path imports it
     from slurmhealth.core.result import Result
     from slurmhealth.node.config import Data
+    from slurmhealth.node.ladder import Ladder
     from slurmhealth.node.learned import Applied
     from slurmhealth.node.recordable import Recordable
 
@@ -986,10 +990,12 @@ class HookJournal(Journal):
         pending: dict[str, Any] | None,
         service: bool = False,
         gpus: list[int] | None = None,
+        action: str = "",
     ) -> None:
         """The kernel-log position this run read up to, and the fault to act on (or none);
         `gpus`: the GPUs the fault is on, where it drains without refusing the job (a job
-        hook's fault on GPUs its job does not hold), so a later job hook carries it alike."""
+        hook's fault on GPUs its job does not hold), so a later job hook carries it alike;
+        `action`: the remediation its fault asks for (reset_gpu, reboot), if any."""
         side = self.side
         doc = dict(side)
         position = run.baselines.get("xid")
@@ -1004,6 +1010,8 @@ class HookJournal(Journal):
                     doc["pending"]["service"] = True
                 if gpus:
                     doc["pending"]["gpus"] = list(gpus)
+                if action:
+                    doc["pending"]["action"] = action
         else:
             doc.pop("pending", None)
         if doc == side:
@@ -1047,14 +1055,70 @@ class HookJournal(Journal):
         self.say(f"monitor-only: would drain {self.node}: {why}")
         self.note(self.node, ACT_WOULD_DRAIN, why, True)
 
-    def resume(self, settings: Data) -> None:
-        """Resume our own drain after `resume_after` consecutive passing health checks."""
+    def resume(self, settings: Data, run: runner.Run | None = None) -> None:
+        """Resume our own drain after `resume_after` consecutive passing health checks; a node
+        on the remediation ladder takes its step instead (reset on an empty node, a reboot
+        done, a diagnosis passed: node/ladder.py)."""
         from slurmhealth.node import actions  # noqa: PLC0415
 
-        actions.resume_if_due(self.slurm_client(settings), self.node, settings, self)
+        client = self.slurm_client(settings)
+        actions.resume_if_due(
+            client, self.node, settings, self, lambda: self._ladder(client, settings, run)
+        )
 
-    def reset_gpus(self, indexes: list[int], settings: Data) -> list[int]:
-        """Reset each GPU with nvidia-smi (epilog, GPU idle); returns those whose reset failed."""
+    def remediate(self, message: str, wanted: str, settings: Data, run: runner.Run) -> None:
+        """Take the ladder's next step after a failing run's drain (node/ladder.py); the GPUs
+        of a reset kept in the side state for the health check that finds the node empty. A
+        step Slurm did not take is said: the node stays drained, the next run goes on."""
+        from slurmhealth.core import slurm  # noqa: PLC0415
+        from slurmhealth.node import ladder  # noqa: PLC0415
+
+        if wanted == RESET:
+            faults = [r for r in _node_faults(run) if r.action == RESET_GPU]
+            self.save_remediation({"gpus": ladder.gpus_of([dict(r.data) for r in faults])})
+        try:
+            self._ladder(self.slurm_client(settings), settings, run).after_drain(message, wanted)
+        except slurm.SlurmError as exc:
+            self.say(f"remediation of {self.node} not taken further now, it stays drained: {exc}")
+            if wanted != RESET:  # a reboot, asked again by the next run (node/ladder.py)
+                why = slurm.reason(f"{wanted} {message}")
+                self.note(self.node, ACT_REBOOT, why, False, f"failed: {exc}", once=True)
+
+    def _ladder(self, client: slurm.Slurm, settings: Data, run: runner.Run | None) -> Ladder:
+        """The ladder's steps for this node: resets within this hook's deadline (the health
+        check only: the one hook that runs on an empty node), of the fault's GPUs, else every
+        GPU the run saw."""
+        from slurmhealth.node import ladder  # noqa: PLC0415
+
+        saved = self.side.get("remediation")
+        gpus = saved.get("gpus") if isinstance(saved, dict) else None
+        if not (isinstance(gpus, list) and gpus and all(isinstance(g, int) for g in gpus)):
+            gpus = _gpu_indexes(run)
+        reset = None
+        if self.mode == HEALTHCHECK:
+            reset = lambda indexes: self.reset_gpus(indexes, settings, record=False)  # noqa: E731
+        return ladder.Ladder(client, self.node, settings, self, reset, gpus)
+
+    def save_remediation(self, doc: dict[str, Any] | None) -> None:
+        """The side state's `remediation` (the GPUs a reset is for), saved merged."""
+        side = self.side
+        wanted = dict(side)
+        if doc:
+            wanted["remediation"] = doc
+        else:
+            wanted.pop("remediation", None)
+        if wanted == side:
+            return
+        try:
+            saved = state.update(self.side_path, side, wanted)
+            side.clear()
+            side.update(saved)
+        except OSError as exc:
+            self.say(f"could not save the node's side state {self.side_path}: {exc}")
+
+    def reset_gpus(self, indexes: list[int], settings: Data, record: bool = True) -> list[int]:
+        """Reset each GPU with nvidia-smi (epilog, GPU idle; the ladder's reset on an empty
+        node: `record` False, it records the step itself); returns those whose reset failed."""
         import subprocess  # noqa: PLC0415 - rare path
 
         failed = []
@@ -1070,8 +1134,17 @@ class HookJournal(Journal):
                 ok, detail = False, str(exc)
             if not ok:
                 failed.append(index)
-            self.note(self.node, ACT_RESET_GPU, f"GPU {index}", ok, detail)
+                if not record:
+                    self.say(f"GPU {index} reset failed: {clean(detail, 200)}")
+            if record:
+                self.note(self.node, ACT_RESET_GPU, f"GPU {index}", ok, detail)
         return failed
+
+
+def _gpu_indexes(run: runner.Run | None) -> list[int]:
+    """Every GPU index the run's GPU facts list ([] without a run or GPU facts)."""
+    devices = ((run.facts.get("gpu") or {}).get("devices") or []) if run is not None else []
+    return [d["index"] for d in devices if isinstance(d, dict) and isinstance(d.get("index"), int)]
 
 
 def refusal(verdict: str, outcome: str | None) -> int:
@@ -1111,7 +1184,8 @@ def hook(mode: str, clock: Deadline) -> int:
     others = _others_only(run)
     if others and message:
         _say_others(journal, message, others, monitor)
-    journal.save_side(run, "" if monitor else message, pending, service, others)
+    remedy = _ladder_action(run) if message else ""
+    journal.save_side(run, "" if monitor else message, pending, service, others, remedy)
     journal.record(
         run,
         job_id=job["id"] or None,
@@ -1121,7 +1195,7 @@ def hook(mode: str, clock: Deadline) -> int:
     if mode == EPILOG:
         message = _epilog(journal, run, job, settings, monitor, message, pending)
     # act
-    return _act(journal, run, settings, monitor, message, service, pending)
+    return _act(journal, run, settings, monitor, (message, service, remedy), pending)
 
 
 def _say_others(journal: HookJournal, message: str, gpus: list[int], monitor: bool) -> None:
@@ -1195,16 +1269,25 @@ def _act(
     run: runner.Run,
     settings: Data,
     monitor: bool,
-    message: str,
-    service: bool,
+    fault: tuple[str, bool, str],
     pending: dict[str, Any] | None,
 ) -> int:
-    """Drain on a failing check (monitor-only: say and record that it would), resume our own
-    drain after enough passing health checks; the exit code (refusal)."""
+    """Drain on a failing check (monitor-only: say and record that it would), and take the
+    remediation its fault asks for (node/ladder.py); resume our own drain after enough passing
+    health checks; the exit code (refusal). `fault`: its message ("" for none), whether it
+    needs service, and the remediation its action hint asks for ("" for none)."""
+    message, service, remedy = fault
     reason = (f"{SERVICE} " if service else "") + message if message else ""
+    wanted = _rung(remedy, settings, service) if message else None
+    if wanted is not None:
+        from slurmhealth.node import ladder  # noqa: PLC0415 - failure path only
+
+        reason = ladder.first_reason(journal, journal.node, message, wanted, settings)[0]
     path = metrics_path(settings)
     if monitor:
         journal.would(reason)
+        if wanted is not None:
+            ladder.would(journal, journal.node, wanted, reason)
         write_metrics(path, run, WOULD_DRAIN if message else None, journal.mode)
         return EXIT_OK  # monitor-only: everything recorded, nothing enforced
     outcome = journal.drain(reason, settings) if message else None
@@ -1215,10 +1298,30 @@ def _act(
         # failed, or one held (the fleet could not be counted, or a reboot's registration
         # would lift it), stays pending.
         journal.save_side(run, "", None)
+    if wanted is not None and outcome in (DRAINED, SKIPPED):
+        journal.remediate(message, wanted, settings, run)
     write_metrics(path, run, outcome, journal.mode)
     if code == EXIT_OK and not message and journal.mode == HEALTHCHECK:
-        journal.resume(settings)
+        journal.resume(settings, run)
     return code
+
+
+def _ladder_action(run: runner.Run) -> str:
+    """The remediation the node's faults ask for by their action hints: reset_gpu or reboot
+    (the worst), "" for none."""
+    action = worst_action(r.action for r in _node_faults(run))
+    return action if action in (RESET_GPU, REBOOT_ACTION) else ""
+
+
+def _rung(remedy: str, settings: Data, service: bool) -> str | None:
+    """The ladder's rung for a fault (node/ladder.py rung_for), None where the ladder has no
+    part: settings.remediate off (the default: nothing imported), no remediation asked for,
+    or hardware that needs service whatever else its faults ask."""
+    if not remedy or service or settings["remediate"] == "off":
+        return None
+    from slurmhealth.node import ladder  # noqa: PLC0415 - failure path only
+
+    return ladder.rung_for(remedy, settings["remediate"])
 
 
 def _kmsg_after(side: dict[str, Any], baselines: Baselines) -> Mapping[str, object] | None:
@@ -1239,10 +1342,12 @@ def _pending_result(pending: dict[str, Any], run: runner.Run) -> Result:
     from slurmhealth.core.result import fail  # noqa: PLC0415
 
     since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(pending.get("since") or 0))
+    asked = pending.get("action")
+    action = asked if isinstance(asked, str) and asked in (RESET_GPU, REBOOT_ACTION) else DRAIN
     result = fail(
         f"{pending['message']} (pending since {since}: not yet acted on)",
         {"pending": pending},
-        SERVICE_ACTION if pending.get("service") else DRAIN,
+        SERVICE_ACTION if pending.get("service") else action,
     )
     result.check = PENDING_CHECK
     gpus, job = pending.get("gpus"), run.job_gpus
@@ -1264,7 +1369,7 @@ def _epilog_reset(
         indexes = [i for i in indexes if i in run.job_gpus]
     if not indexes:
         return ""
-    if settings["reset_gpus"] and not monitor:
+    if (settings["reset_gpus"] or settings["remediate"] != "off") and not monitor:
         indexes = journal.reset_gpus(indexes, settings)
         if not indexes:
             return ""

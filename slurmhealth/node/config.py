@@ -23,6 +23,7 @@ import os
 import re
 
 from slurmhealth.core import hostlist
+from slurmhealth.core.constants import REMEDIATE_MODES
 from slurmhealth.core.result import clean
 from slurmhealth.node import checks
 
@@ -79,6 +80,24 @@ SETTINGS: Schema = {
         "resume, hooks exit 0 (watch a week, then enforce)",
     ),
     "nvidia_smi": ("/usr/bin/nvidia-smi", str, "nvidia-smi used for GPU resets"),
+    "remediate": (
+        "off",
+        str,
+        "how far slurmhealth mends a failing node by itself (docs/remediation.md): off; reset "
+        "(the GPUs of a reset_gpu fault, once the node is empty); reboot (resets, and scontrol "
+        "reboot for a reboot fault); the node returns only after a diagnosis passes",
+    ),
+    "remediate_max": (
+        2,
+        int,
+        "remediations (GPU resets, reboots) a node gets within remediate_window; past it the "
+        "node stays drained for service",
+    ),
+    "remediate_window": (
+        604800.0,
+        float,
+        "the window of remediate_max, seconds (7d): a node mended that often needs a person",
+    ),
     "diag_before_resume": (
         False,
         bool,
@@ -206,6 +225,16 @@ BOUNDS: dict[str, Bound] = {
     ),
     "settings.breaker_window": (lambda v: _finite(v) and v > 0, "must be > 0 seconds, finite"),
     "settings.probation_days": _AT_LEAST_0,
+    "settings.remediate": (
+        lambda v: v in REMEDIATE_MODES,
+        f"must be one of {', '.join(REMEDIATE_MODES)}",
+    ),
+    # 0 would mean never: that is remediate = "off"
+    "settings.remediate_max": (lambda v: 1 <= v <= 100, "must be 1 to 100 remediations"),
+    "settings.remediate_window": (
+        lambda v: _finite(v) and 0 < v <= 366 * 86400,
+        "must be > 0 and at most a year, seconds",
+    ),
     "settings.diag_allreduce_floor_gbps": _AT_LEAST_0,
     "settings.diag_ib_lat_max_usec": _AT_LEAST_0,
     "settings.diag_ib_min_share": (
@@ -293,6 +322,7 @@ DURATIONS = {
     "settings.timeout_kernel": 1,
     "settings.breaker_window": 1,
     "settings.probation_days": 86400,
+    "settings.remediate_window": 1,
     "xid.dedup_s": 1,
     "xid.repeat_days": 86400,
     "xid.burst_h": 3600,

@@ -105,7 +105,9 @@ def update(path: str, known: Doc, wanted: Doc) -> Doc:
     - the kernel-log position: the later of the two on the same boot, else this run's (it read
       the boot that is running);
     - the pending fault: this run's when it has one; cleared only when the file still holds the
-      one this run knew (`known`): a fault another run saved meanwhile stays pending.
+      one this run knew (`known`): a fault another run saved meanwhile stays pending;
+    - the remediation under way (the GPUs a reset is for, node/ladder.py): this run's when it
+      changed it, else the file's.
     """
     files.private_dir(os.path.dirname(os.path.abspath(path)))
     lock = _lock(path)
@@ -117,6 +119,11 @@ def update(path: str, known: Doc, wanted: Doc) -> Doc:
             doc["kmsg"] = theirs
         if "pending" not in wanted and current.get("pending") not in (None, known.get("pending")):
             doc["pending"] = current["pending"]
+        if wanted.get("remediation") == known.get("remediation"):
+            # not this run's to change: what is on disk stands (set or cleared since)
+            doc.pop("remediation", None)
+            if "remediation" in current:
+                doc["remediation"] = current["remediation"]
         if doc != current:
             save(path, doc)
             _sweep_temps(path)

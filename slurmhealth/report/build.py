@@ -24,6 +24,8 @@ from slurmhealth.core import slurm, timespec
 from slurmhealth.core.constants import (
     ACT_BREAKER,
     ACT_DRAIN,
+    ACT_REBOOT,
+    ACT_RESET_GPU,
     ACT_RESUME,
     ACT_WOULD_DRAIN,
     LEMON,
@@ -159,11 +161,14 @@ def fleet_summary(states: list, source: str) -> dict:
 
 
 def period_actions(conn: sqlite3.Connection, start: float, end: float) -> dict:
-    """Drains, resumes, breaker refusals and failed actions in the period, newest first."""
+    """Drains, resumes, the remediation ladder's reboots and GPU resets, breaker refusals and
+    failed actions in the period, newest first."""
     rows = reads.actions_between(conn, start, end)
-    counts = {ACT_DRAIN: 0, ACT_RESUME: 0, ACT_BREAKER: 0, "failed": 0, ACT_WOULD_DRAIN: 0}
-    for _, _, action, _, _, ok, _ in rows:
-        if action == ACT_BREAKER:
+    counts = dict.fromkeys((ACT_DRAIN, ACT_RESUME, ACT_REBOOT, ACT_RESET_GPU, ACT_BREAKER), 0)
+    counts.update({"failed": 0, ACT_WOULD_DRAIN: 0})
+    for _, _, action, _, _, ok, detail in rows:
+        refused = action == ACT_REBOOT and str(detail).startswith("refused: circuit breaker")
+        if action == ACT_BREAKER or refused:
             counts[ACT_BREAKER] += 1
         elif not ok:
             counts["failed"] += 1

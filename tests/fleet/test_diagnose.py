@@ -69,6 +69,22 @@ def test_drains_that_wait_for_an_admin_are_diagnosed_only_when_named():
     assert diagnose.plan(lemon, set(), set(), ["gpu11"])[0][1] == diagnose.SUBMIT
 
 
+def test_a_remediation_still_to_come_is_not_diagnosed_before_it():
+    """The remediation ladder (node/ladder.py): a node whose GPU reset waits for its jobs, or
+    whose reboot Slurm has not done yet, would be tested before its remedy; once its reason
+    says it awaits a diagnosis (or the reboot is over), it is due like any drain of ours."""
+    awaiting = "slurmhealth: awaiting diagnosis after a reboot: GPU 0 Xid 79"
+    nodes = [
+        node("gpu21", "drained", "slurmhealth: reset: GPU 2 Xid 48"),
+        node("gpu22", "drained@", "slurmhealth: reboot: GPU 0 Xid 79"),
+        node("gpu23", "reboot^", "slurmhealth: reboot: GPU 0 Xid 79 : reboot issued"),
+        node("gpu24", "drained", awaiting),
+    ]
+    assert diagnose.plan(nodes, set(), set(), []) == [("gpu24", diagnose.SUBMIT, awaiting)]
+    named = {n: what for n, what, _ in diagnose.plan(nodes, set(), set(), ["gpu21", "gpu23"])}
+    assert named == {"gpu21": diagnose.REFUSED, "gpu23": diagnose.REFUSED, "gpu24": diagnose.SUBMIT}
+
+
 def test_a_node_that_left_slurm_leaves_the_reservation():
     steps = diagnose.plan(NODES[:1], {"gpu42"}, set(), [])
     assert steps == [("gpu42", diagnose.RELEASE, "no longer a node Slurm knows")]

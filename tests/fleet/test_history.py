@@ -44,6 +44,21 @@ def test_history_lists_runs_problems_and_actions(db):
     assert [r["job"] for r in doc["runs"]] == ["2"] and doc["jobs"][0]["user"] == "root"
 
 
+def test_history_shows_the_remediation_ladders_steps_with_their_details(db):
+    """A reboot asked of Slurm, and one that failed: each step says what it came to."""
+    conn = store.connect(db)
+    why = "slurmhealth: reboot: GPU 0 (0000:18:00) Xid 79 GPU has fallen off the bus"
+    said = "requested: 1 of 2 remediations in 7 d"
+    hc = "slurmhealth healthcheck"
+    store.record_action(conn, "gpu01", "reboot", why, hc, False, "failed: scontrol reboot: x")
+    store.record_action(conn, "gpu01", "reboot", why, hc, True, said)
+    lines = run_cli("history", "--db", db, "--since", "1h").stdout.splitlines()
+    steps = [line for line in lines if " reboot " in line]
+    assert len(steps) == 2
+    assert steps[0].endswith(f"{hc}: {why} ({said})")  # newest first
+    assert steps[1].endswith("(FAILED: failed: scontrol reboot: x)")
+
+
 def test_history_shows_the_counters_a_run_saw_rise(db):
     """The node's second run reads 2 more uncorrectable errors on GPU 2: `history` says so."""
     now = time.time()

@@ -1392,3 +1392,123 @@ def test_a_node_name_with_a_quote_and_a_newline_is_one_line_and_exit_2(node):
         (line,) = proc.stderr.splitlines()
         assert "not a node name: 'gpu\"01\\nrm'" in line and "Traceback" not in line
     assert not node.state_dir.exists()
+
+
+# --- the remediation ladder (node/ladder.py; each step in-process: test_ladder.py) -------------
+
+GPU_LOST_REBOOT = "slurmhealth: reboot: GPU 3 GpuIsLost"
+
+
+def ladder_calls(node) -> list:
+    return [c for c in node.calls() if c[0] in ("update", "reboot")]
+
+
+def test_a_reboot_fault_drains_then_asks_slurm_to_reboot_where_the_site_lets_it(node):
+    node.configure("gpu-lost")  # remediate = "off", the default: drained as ever
+    assert node.run("prolog").returncode == 1
+    assert [c[0] for c in ladder_calls(node)] == ["update"]
+    node.set_slurm("IDLE", "")
+    os.remove(f"{node.slurm_state}.calls")
+    node.configure("gpu-lost", remediate="reboot")
+    assert node.run("prolog", job="102").returncode == 1
+    assert ladder_calls(node) == [
+        ["update", "NodeName=gpu01", "State=DRAIN", f"Reason={GPU_LOST_REBOOT}"],
+        ["reboot", f"reason={GPU_LOST_REBOOT}", "gpu01"],
+    ]
+    assert node.slurm() == {"state": "IDLE+DRAIN+REBOOT_REQUESTED", "reason": GPU_LOST_REBOOT}
+    rows = node.db().execute(
+        "SELECT action, reason, ok, detail FROM actions WHERE time > (SELECT max(time) FROM "
+        "actions WHERE action = 'drain' AND reason NOT LIKE '%reboot%') ORDER BY time"
+    )
+    assert rows.fetchall() == [
+        ("drain", GPU_LOST_REBOOT, 1, ""),
+        ("reboot", GPU_LOST_REBOOT, 1, "requested: 1 of 2 remediations in 7 d"),
+    ]
+    # the runs while Slurm waits for the node's jobs to end ask for nothing more
+    assert node.run("healthcheck", job=None).returncode == 1
+    assert [c[0] for c in ladder_calls(node)] == ["update", "reboot"]
+
+
+def test_a_reboot_slurm_refuses_leaves_the_node_drained_for_the_next_run_to_ask_again(node):
+    node.configure("gpu-lost", remediate="reboot")
+    proc = node.run("healthcheck", job=None, FAKE_SLURM_REBOOT_FAILS="1")
+    assert proc.returncode == 1 and "could not ask for a reboot of gpu01" in proc.stderr
+    assert node.slurm() == {"state": "IDLE+DRAIN", "reason": GPU_LOST_REBOOT}
+    failed = node.db().execute("SELECT ok, detail FROM actions WHERE action = 'reboot'")
+    assert failed.fetchall() == [(0, "failed: scontrol reboot: scontrol: error: RebootProgram "
+                                     "isn't defined")]
+    node.configure("healthy", remediate="reboot", resume_after=1)  # the fault is not seen again
+    assert node.run("healthcheck", job=None).returncode == 0
+    assert ladder_calls(node)[-1] == ["reboot", f"reason={GPU_LOST_REBOOT}", "gpu01"]
+    assert node.slurm()["state"] == "IDLE+DRAIN+REBOOT_REQUESTED"  # never resumed meanwhile
+
+
+def test_monitor_only_records_the_reboot_it_would_ask_for_and_asks_nothing(node):
+    node.configure("gpu-lost", remediate="reboot", monitor_only=True)
+    assert node.run("healthcheck", job=None).returncode == 0
+    assert node.calls() == [] and node.slurm()["state"] == "IDLE"
+    rows = node.db().execute("SELECT action, reason FROM actions ORDER BY time").fetchall()
+    assert rows == [("would-drain", GPU_LOST_REBOOT), ("would-reboot", GPU_LOST_REBOOT)]
+
+
+def xid_log(tmp_path, xid: str) -> str:
+    """The healthy kernel log with one Xid line after it."""
+    log = tmp_path / "xid.kmsg"
+    lines = (FIXTURES_KMSG / "healthy.kmsg").read_text().splitlines()
+    last = int(lines[-1].split(",")[1])
+    log.write_text("\n".join([*lines, f"3,{last + 1},90000000000,-;NVRM: Xid {xid}"]) + "\n")
+    return str(log)
+
+
+def test_a_reset_fault_waits_for_the_jobs_and_the_next_health_check_resets_its_gpu(node, tmp_path):
+    """Xid 48 on GPU 0 asks for a GPU reset. The node runs a job: drained (the job ends), the
+    reset waits, said once; the health check that finds the node empty resets GPU 0 alone
+    (nvidia-smi -r -i 0) and the node awaits a diagnosis."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/smi.log\n')
+    smi.chmod(0o755)
+    xid = "(PCI:0000:18:00): 48, pid=77, name=python3, An uncorrectable double bit error"
+    node.configure(kmsg=xid_log(tmp_path, xid), remediate="reset", nvidia_smi=str(smi))
+    node.set_slurm("MIXED", "")
+    assert node.run("healthcheck", job=None).returncode == 1
+    assert node.slurm()["state"] == "MIXED+DRAIN"
+    reason = node.slurm()["reason"]
+    assert reason.startswith("slurmhealth: reset: GPU 0 (0000:18:00) Xid 48 "), reason
+    assert side_state(node)["remediation"] == {"gpus": [0]}
+    node.run("healthcheck", job=None)
+    assert not (tmp_path / "smi.log").exists()
+    node.set_slurm("IDLE+DRAIN", reason)  # the job ended
+    assert node.run("healthcheck", job=None).returncode == 0
+    assert (tmp_path / "smi.log").read_text() == "-r -i 0\n"
+    awaiting = reason.replace("reset: ", "awaiting diagnosis after a GPU reset: ")
+    assert node.slurm() == {"state": "IDLE+DRAIN", "reason": awaiting}
+    rows = node.db().execute("SELECT action, ok, detail FROM actions ORDER BY time").fetchall()
+    assert [r[0] for r in rows] == ["drain", "reset-wait", "reset_gpu", "remediated"]
+    assert rows[2][1:] == (1, "GPU 0 reset: 1 of 2 remediations in 7 d")
+
+
+def test_with_remediation_on_the_epilog_resets_an_idle_gpu_as_reset_gpus_does(node, tmp_path):
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/smi.log\n')
+    smi.chmod(0o755)
+    node.configure("remap-pending", remediate="reset", nvidia_smi=str(smi))
+    proc = node.run("epilog", job="6", SLURM_JOB_GPUS="6,7", SLURM_JOB_EXIT_CODE="0")
+    assert proc.returncode == 0
+    assert (tmp_path / "smi.log").read_text() == "-r -i 6\n" and node.slurm()["state"] == "IDLE"
+
+
+def test_a_slow_controller_never_holds_the_remediation_past_the_hooks_deadline(node):
+    """0.7 s per Slurm call and a 3 s deadline: the drain (show node, sinfo, update, the
+    recount) takes most of it; the reboot's calls get what is left, and the one that does not
+    fit is not made. The node stays drained (its reason says a reboot is due), the reboot not
+    asked is recorded as failed, and the next health check asks again."""
+    node.configure("gpu-lost", remediate="reboot", deadline=3.0)
+    started = time.monotonic()
+    proc = node.run("healthcheck", job=None, FAKE_SLURM_DELAY="0.7")
+    took = time.monotonic() - started
+    assert took < 3.0 + 1.0, took  # the deadline, and the interpreter's start and exit
+    assert node.slurm()["reason"] == GPU_LOST_REBOOT
+    assert not any(c[0] == "reboot" for c in node.calls())
+    assert "deadline of 3 s reached" not in proc.stderr, proc.stderr  # ended on its own
+    (failed,) = node.db().execute("SELECT ok, detail FROM actions WHERE action = 'reboot'")
+    assert failed[0] == 0 and "no time left for Slurm calls" in failed[1]

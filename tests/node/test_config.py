@@ -155,6 +155,10 @@ def test_metrics_are_off_by_default_and_the_path_is_a_string():
         ('[xid]\nseverity = { 94 = "wrn" }\n', "t.toml:2: xid.severity: must map Xid numbers"),
         ('[xid]\nseverity = { x = "warn" }\n', "t.toml:2: xid.severity: must map Xid numbers"),
         ('[xid]\nunknown = "loud"\n', "t.toml:2: xid.unknown: must be warn, fail or ignore"),
+        ('[settings]\nremediate = "yes"\n', "t.toml:2: settings.remediate: must be one of off"),
+        ("[settings]\nremediate_max = 0\n", "t.toml:2: settings.remediate_max: must be 1 to"),
+        ('[settings]\nremediate_window = "2y"\n', "settings.remediate_window: not a duration"),
+        ("[settings]\nremediate_window = 0\n", "settings.remediate_window: must be > 0"),
         ("[xid]\ndedup_s = -60\n", "t.toml:2: xid.dedup_s: must be >= 0"),
         # [[node]] blocks are validated alike; the line is the block's, not the top-level key's
         (
@@ -183,6 +187,7 @@ def test_values_out_of_bounds_are_errors_with_file_and_line(text, expected):
         '[ib]\nports = ["mlx5_0:1", "ibp12s0:2"]\ndevices = ["mlx5_0"]\nsymbol_error_warn = 1\n',
         '[xid]\napp = [13, "79"]\nseverity = { 94 = "warn", 8 = "ignore", 31 = "app" }\n',
         '[xid]\nunknown = "ignore"\ndedup_s = 0\n',
+        '[settings]\nremediate = "reboot"\nremediate_max = 100\nremediate_window = "366d"\n',
     ],
 )
 def test_values_at_their_bounds_are_fine(text):

@@ -322,6 +322,8 @@ def test_node_states_from_the_store(tmp_path):
     assert d["actions"]["counts"] == {
         "drain": 3,
         "resume": 1,
+        "reboot": 0,
+        "reset_gpu": 0,
         "breaker": 0,
         "failed": 0,
         "would-drain": 0,
@@ -514,7 +516,8 @@ def test_json_html_and_markdown_carry_the_same_numbers(doc):
     acts = typed(page.tables["action-counts"][1:])[0]
     md_acts = typed(md_table(md, "drains")[1:])[0]
     c = d["actions"]["counts"]
-    assert acts == md_acts == [c["drain"], c["resume"], c["breaker"], c["failed"], c["would-drain"]]
+    keys = ("drain", "resume", "reboot", "reset_gpu", "breaker", "failed", "would-drain")
+    assert acts == md_acts == [c[k] for k in keys]
     trend = {r[0]: r[1:] for r in typed(md_table(md, "day")[1:])}
     assert trend == {x["day"]: [x["failures"], x["incident"]] for x in d["trend"]["days"]}
 
@@ -785,6 +788,34 @@ def test_monitor_only_would_be_drains_are_counted_and_shown(tmp_path):
     assert [a["action"] for a in d["actions"]["list"]] == ["would-drain"]
     assert "would drain (monitor-only)" in render.render(d, "html")
     assert "would drain (monitor-only)" in render.render(d, "md")
+
+
+def test_the_remediation_ladders_steps_are_counted_and_listed(tmp_path):
+    """A reboot asked of Slurm, one the breaker refused, a GPU reset, the node back awaiting
+    a diagnosis and returned (node/ladder.py): counted apart and listed with their details."""
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    now = 1_800_000_000.0
+    why = "slurmhealth: reboot: GPU 0 (0000:18:00) Xid 79 GPU has fallen off the bus"
+    hc = "slurmhealth healthcheck"
+    steps = [
+        ("gpu07", "drain", why, True, ""),
+        ("gpu07", "reboot", why, True, "requested: 1 of 2 remediations in 7 d"),
+        ("gpu07", "remediated", "slurmhealth: awaiting diagnosis after a reboot: x", True, ""),
+        ("gpu07", "resume", "a diagnosis passed after a reboot: x", True, ""),
+        ("gpu08", "reboot", why, False, "refused: circuit breaker: 2 of 20 nodes drained"),
+        ("gpu09", "reset_gpu", "slurmhealth: reset: GPU 2 Xid 48", True, "GPU 2 reset"),
+    ]
+    for n, (node, action, reason, ok, detail) in enumerate(steps):
+        store.record_action(conn, node, action, reason, hc, ok, detail, when=now - 600 + n)
+    d = report.build(conn, now, 86400)
+    c = d["actions"]["counts"]
+    assert (c["reboot"], c["reset_gpu"], c["breaker"], c["failed"]) == (1, 1, 1, 0)
+    listed = {(a["node"], a["action"]): a for a in d["actions"]["list"]}
+    assert listed[("gpu07", "reboot")]["detail"] == "requested: 1 of 2 remediations in 7 d"
+    assert ("gpu07", "remediated") in listed
+    for fmt in ("html", "md"):
+        page = render.render(d, fmt)
+        assert "requested: 1 of 2 remediations in 7 d" in page and "GPU resets" in page
 
 
 def test_slow_nodes_are_shown_alike_in_every_format(tmp_path):

@@ -69,6 +69,9 @@ TERMINAL_JOB_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL
 # slurmd's environment): the node whose slurmd runs it "reboots": that slurmd is stopped and
 # started again with -b, which reports a reboot (slurmd(8)), so slurmctld sees the reboot it
 # issued complete. It finds its slurmd by walking up its parents, the node in that one's `-N`.
+# slurmctld ends the reboot only when the node's boot time (its registration less its uptime,
+# in whole seconds; 0 with -b) is not before the reboot it issued: a slurmd back within the same
+# second left the node rebooting until ResumeTimeout (seen 1 run in 5), so it waits a second.
 REBOOT_PROGRAM = r"""#!/bin/sh
 pid=$PPID
 while [ "$pid" -gt 1 ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" != slurmd ]; do
@@ -83,6 +86,7 @@ case $node in gpu[0-9]*) ;; *) echo "lab reboot: no node name" >&2; exit 1 ;; es
   while [ -e "/proc/$1" ] && [ "$(sed "s/.*) //" "/proc/$1/stat" | cut -d" " -f1)" != Z ]; do
     sleep 0.05
   done
+  sleep 1
   exec /usr/sbin/slurmd -N "$2" -b
 ' lab-reboot "$pid" "$node" </dev/null >/dev/null 2>&1 &
 """
