@@ -7,6 +7,7 @@ jobs, `SLURMHEALTH_WEBHOOK_URL`). Each run posts what happened since the last po
 - drains: the actions the hooks and `lemons --apply` recorded (`drain`, ok or failed), a lemon
   told apart by its actor; the drains monitor-only mode would have made (`would-drain`);
 - breaker trips: the drains the circuit breaker (or an unreachable controller) held back;
+- reboots the remediation ladder asked Slurm for (docs/remediation.md), and those not made;
 - silence: a node not heard from within `silent_after` (6 h, as the lemon sweep's), once when it
   goes silent, and once when it is heard from again.
 
@@ -36,14 +37,14 @@ from typing import Any, Callable
 
 from slurmhealth.core import store
 from slurmhealth.core.command import CommandError, Console
-from slurmhealth.core.constants import ACT_BREAKER, ACT_DRAIN, ACT_WOULD_DRAIN
+from slurmhealth.core.constants import ACT_BREAKER, ACT_DRAIN, ACT_REBOOT, ACT_WOULD_DRAIN
 from slurmhealth.core.result import clean, counted
 from slurmhealth.fleet import queries
 from slurmhealth.fleet.lemons import ACTOR as LEMONS
 from slurmhealth.fleet.lemons import SILENT_AFTER_S, freshness
 
 KEY = "notify"  # the fleet store's meta row
-ACTIONS = (ACT_DRAIN, ACT_BREAKER, ACT_WOULD_DRAIN)
+ACTIONS = (ACT_DRAIN, ACT_BREAKER, ACT_WOULD_DRAIN, ACT_REBOOT)
 MAX_EVENTS = 20  # events in one post; the rest is one line with its count
 MAX_POSTS = 6  # posts an hour
 ATTEMPTS = 3  # a post tried this many times on a 5xx, a 429 or no connection
@@ -90,6 +91,8 @@ def _kind(action: str, ok: int, actor: str) -> str:
         return "breaker"
     if action == ACT_WOULD_DRAIN:
         return "would_drain"
+    if action == ACT_REBOOT:
+        return "reboot" if ok else "reboot_failed"
     if not ok:
         return "drain_failed"
     return "lemon" if actor == LEMONS else "drained"
@@ -101,6 +104,8 @@ _SAYS = {
     "drain_failed": "could NOT drain {node} (it may take jobs): {reason}",
     "breaker": "held back the drain of {node}: {detail}",
     "would_drain": "would drain {node} (monitor-only): {reason}",
+    "reboot": "rebooting {node} (remediation): {reason}",
+    "reboot_failed": "could not reboot {node}, it stays drained: {detail}",
     "silent": "{node} not heard from since {since}",
     "heard": "{node} heard from again",
 }

@@ -110,12 +110,15 @@ def test_drains_lemons_and_breaker_trips_are_posted_once(tmp_path, receiver):
     act(path, "gpu03", "breaker", T0 + 30, ok=False, detail="circuit breaker: 3 of 16 drained")
     act(path, "gpu03", "drain", T0 + 40, ok=False, detail="scontrol: timed out")
     act(path, "gpu01", "resume", T0 + 50)  # not news: a return
+    act(path, "gpu02", "reboot", T0 + 55, why="slurmhealth: reboot: Xid 79")
     status, said = sweep(path, rx.url, T0 + 60)
-    assert status == 0 and said.out == ["posted 4 events to http://127.0.0.1/..."]
+    assert status == 0 and said.out == ["posted 5 events to http://127.0.0.1/..."]
     (body,) = rx.bodies
     assert body["source"] == "slurmhealth" and body["more"] == 0
     assert [(e["kind"], e["node"]) for e in body["events"]] == [
-        ("drained", "gpu01"), ("lemon", "gpu02"), ("breaker", "gpu03"), ("drain_failed", "gpu03")]
+        ("drained", "gpu01"), ("lemon", "gpu02"), ("breaker", "gpu03"), ("drain_failed", "gpu03"),
+        ("reboot", "gpu02")]
+    assert body["events"][4]["text"] == "rebooting gpu02 (remediation): slurmhealth: reboot: Xid 79"
     assert body["events"][1]["text"] == "drained lemon gpu02: slurmhealth: lemon: 5 faults in 28 d"
     assert "circuit breaker: 3 of 16" in body["events"][2]["text"]
     # the next run has nothing new; a drain after the mark is the only thing posted
