@@ -186,15 +186,7 @@ class c_nvmlGpuFabricInfo_v3_t(ctypes.Structure):  # noqa: N801
     """nvmlGpuFabricInfo_v3_t (R580 on, nvmlGpuFabricInfoV_t of NVML 13): v2 and a health
     summary (NVML_GPU_FABRIC_HEALTH_SUMMARY_*); 40 bytes."""
 
-    _fields_ = [
-        ("version", ctypes.c_uint),
-        ("clusterUuid", ctypes.c_uint8 * 16),
-        ("status", ctypes.c_uint),
-        ("cliqueId", ctypes.c_uint32),
-        ("state", ctypes.c_uint8),
-        ("healthMask", ctypes.c_uint),
-        ("healthSummary", ctypes.c_uint8),
-    ]
+    _fields_ = [*c_nvmlGpuFabricInfo_v2_t._fields_, ("healthSummary", ctypes.c_uint8)]
 
     def __init__(self) -> None:
         super().__init__(version=nvmlGpuFabricInfo_v3)
