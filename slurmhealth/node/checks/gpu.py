@@ -27,6 +27,14 @@ Absolute thresholds, not only baselines: a node's first run is judged too.
   comparison table; NVIDIA's dynamic page retirement documentation), and DCGM's memory health
   watch fails at DCGM_LIMIT_MAX_RETIRED_PAGES, 63 ("updated to match the field diag"; 60
   before). Skipped when the source does not read the counts.
+- NVLink-C2C (the GPU's link to its Grace CPU on GH200, GB200 and GB300; nvml.h fields 170,
+  171, 231-233): a link the GPU reports that is not active fails (drain: the catalogue's answer
+  to C2C errors, Xid 121, is to contact support, not a reset). No published limit on the C2C
+  error counters exists (DCGM reads them, NVIDIA's health watches do not judge them): their
+  increase since the last run is judged like an NVLink's over a job (nvlink.py: CRC errors and
+  replays warn at 100 and fail at 10,000, a back-to-back replay, a replay that failed again, like
+  a recovery at 1 and 10). A counter lower than its baseline restarted at 0 (GPU reset, driver
+  reload): its increase is its value.
 """
 
 from __future__ import annotations
@@ -96,6 +104,25 @@ DEFAULTS: Schema = {
         "share of a job's wall time a GPU was held back by the thermal policy (NVML field 75) "
         "that warns at its epilog: a cooled GPU spends none; a tenth is minutes per hour",
     ),
+    "c2c_crc_warn": (
+        100,
+        int,
+        "C2C CRC errors since the last run that warn (no published C2C limit: NVLink's crc_warn)",
+    ),
+    "c2c_crc_fail": (10000, int, "C2C CRC errors since the last run that fail (NVLink's)"),
+    "c2c_replay_warn": (100, int, "C2C replays since the last run that warn (NVLink's)"),
+    "c2c_replay_fail": (10000, int, "C2C replays since the last run that fail (NVLink's)"),
+    "c2c_replay_b2b_warn": (
+        1,
+        int,
+        "C2C back-to-back replays (a replay that failed again) since the last run that warn: "
+        "rare on a sound link, like an NVLink recovery",
+    ),
+    "c2c_replay_b2b_fail": (
+        10,
+        int,
+        "C2C back-to-back replays since the last run that fail (NVLink's recovery_fail)",
+    ),
     "clique": (
         False,
         bool,
@@ -105,6 +132,8 @@ DEFAULTS: Schema = {
 }
 # Memory counters kept as baselines: the epilog reports what grew during the job.
 _MEMORY = ("ecc_sbe_volatile", "ecc_dbe_volatile", "remap_correctable", "remap_uncorrectable")
+# NVLink-C2C error counters (NVML fields 231-233), kept in the same baseline.
+_C2C = {"c2c_crc": "CRC errors", "c2c_replay": "replays", "c2c_replay_b2b": "back-to-back replays"}
 
 # nvmlClocksEventReason bits (nvml.h, nvmlClocksEventReason*)
 _CLOCK_EVENTS = {
@@ -180,6 +209,19 @@ def _fabric_facts(raw: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _c2c_facts(raw: object) -> list[dict[str, Any]] | None:
+    """The C2C links typed: [{link, active: True, False or None (not read)}]; None: no C2C."""
+    if not isinstance(raw, list):
+        return None
+    out = []
+    for entry in raw:
+        if isinstance(entry, dict) and isinstance(entry.get("link"), int):
+            active = entry.get("active")
+            state = active if isinstance(active, bool) else None
+            out.append({"link": entry["link"], "active": state})
+    return out or None
+
+
 def _device(raw: object, position: int) -> dict[str, Any]:
     """One GPU record with every key present and typed; garbage becomes None."""
     d = raw if isinstance(raw, dict) else {}
@@ -195,6 +237,7 @@ def _device(raw: object, position: int) -> dict[str, Any]:
         "processes": [p for p in procs if isinstance(p, dict)] if isinstance(procs, list) else None,
         "fabric": _fabric_facts(fabric) if fabric else None,
         "nvlink": [x for x in links if isinstance(x, dict)] if isinstance(links, list) else None,
+        "c2c": _c2c_facts(d.get("c2c")),
     }
     out.update({k: _str(d.get(k)) for k in _STR_KEYS})
     out.update({k: _int(d.get(k)) for k in _INT_KEYS})
@@ -946,6 +989,74 @@ def memory_errors(facts: Facts, ctx: Context) -> Result:
     return ok("memory error counters steady", data)
 
 
+def c2c_links(facts: Facts, ctx: Context) -> Result:
+    """Every NVLink-C2C link a GPU reports (to its Grace CPU: GH200, GB200, GB300) is active.
+
+    A link down fails (drain), naming the GPU and the link; a GPU without C2C is not judged."""
+    down, unread, seen = [], [], 0
+    for dev in _alive(facts):
+        links = dev.get("c2c")
+        if not links:
+            continue
+        seen += 1
+        off = [str(x["link"]) for x in links if x["active"] is False]
+        if off:
+            which = "links" if len(off) > 1 else "link"
+            up = f"{len(links) - len(off)}/{len(links)} active"
+            down.append(f"{label(dev)} C2C {which} {', '.join(off)} down ({up})")
+        unread += [f"{label(dev)} C2C link {x['link']}" for x in links if x["active"] is None]
+    data = {"down": down, "unread": unread}
+    if down:
+        return fail(summarize(down, " GPU"), data, DRAIN)
+    if not seen:
+        return skip("no C2C links reported (no Grace-coupled GPU)", data)
+    if unread:
+        return ok(f"C2C links active; status not read: {summarize(unread)}", data)
+    return ok(f"all C2C links active on {counted(seen, 'GPU')}", data)
+
+
+def c2c_errors(facts: Facts, ctx: Context) -> Result:
+    """NVLink-C2C CRC errors, replays and back-to-back replays since the last run below their
+    `c2c_*_warn` and `c2c_*_fail` limits (fail: drain).
+
+    A counter lower than its baseline restarted at 0 (GPU reset, driver reload): its increase
+    is its value."""
+    before = ctx.baseline.get("counters") or {}
+    devices = [d for d in _alive(facts) if any(d["fields"].get(k) is not None for k in _C2C)]
+    if not devices:
+        why = "no Grace-coupled GPU, or a driver before R575"
+        return skip(f"C2C error counters not reported ({why})")
+    if not before:
+        return ok("baseline recorded")
+    deltas: dict[str, dict[str, int]]
+    fails, warns, deltas, resets = [], [], {}, []
+    for dev in devices:
+        old = before.get(str(dev["index"])) or {}
+        for key, what in _C2C.items():
+            now, then = dev["fields"].get(key), old.get(key)
+            if now is None or not isinstance(then, int) or now == then:
+                continue
+            if now < then:
+                resets.append(f"{label(dev)} {key}")
+            grew = now - then if now > then else now
+            if not grew:
+                continue
+            deltas.setdefault(str(dev["index"]), {})[key] = grew
+            text = f"{label(dev)} C2C +{grew} {what}"
+            if grew >= _limit(ctx, f"{key}_fail"):
+                fails.append(text)
+            elif grew >= _limit(ctx, f"{key}_warn"):
+                warns.append(text)
+    data = {"deltas": deltas, "reset": resets}
+    if fails:
+        return fail(summarize(fails + warns), data, DRAIN)
+    if warns:
+        return warn(summarize(warns), data)
+    if deltas:
+        return ok("C2C errors below the warning limits", data)
+    return ok("C2C error counters steady", data)
+
+
 def corrected_ecc(facts: Facts, ctx: Context) -> Result:
     """Corrected ECC errors in all below `sbe_total_warn` (10 million), first run included.
 
@@ -982,6 +1093,8 @@ CHECKS = (
     row_remap,
     recovery_action,
     persistence,
+    c2c_links,
+    c2c_errors,
     processes,
     thermal,
     thermal_share,
@@ -1010,7 +1123,9 @@ def baseline(facts: Facts, now: float | None = None) -> dict[str, Any]:
         },
         "counters": {
             str(d["index"]): {
-                k: d["fields"].get(k) for k in _MEMORY if d["fields"].get(k) is not None
+                k: d["fields"].get(k)
+                for k in (*_MEMORY, *_C2C)
+                if d["fields"].get(k) is not None
             }
             for d in alive
         },
@@ -1126,6 +1241,8 @@ SCOPED = (
     row_remap,
     recovery_action,
     persistence,
+    c2c_links,
+    c2c_errors,
     thermal,
     pcie,
     pcie_link,

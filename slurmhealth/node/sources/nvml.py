@@ -54,7 +54,21 @@ FIELDS = {
     # (nvmlPerfPolicyType_t NVML_PERF_POLICY_TOTAL_BASE_CLOCKS), for any reason; like the
     # energy, the prolog's and the epilog's readings give the job's share (node/counters.py).
     "below_base_ns": 81,
+    # NVLink-C2C, the GPU's link to its Grace CPU (GH200, GB200, GB300): the links present
+    # (NVML_FI_DEV_C2C_LINK_COUNT) and the error counters, per GPU as DCGM keeps them
+    # (NVML_FI_DEV_C2C_LINK_ERROR_INTR, "C2C Link CRC Error Counter", _REPLAY, _REPLAY_B2B;
+    # R575 on). A GPU without C2C, or an older driver, answers NotSupported: None.
+    "c2c_links": 170,
+    "c2c_crc": 231,
+    "c2c_replay": 232,
+    "c2c_replay_b2b": 233,
 }
+# Each C2C link's status, NVML_FI_DEV_C2C_LINK_GET_STATUS (0 inactive, 1 active), scopeId = link
+# as NCCL and UCX read it, in the same batch: the count is not known before the call, so the
+# links NVML's GPM C2C metrics name (LINK0..LINK13) are asked for; those past the count and
+# those of a GPU without C2C answer an error, read as None and dropped.
+C2C_STATUS, C2C_LINKS_MAX = 171, 14
+_BATCH = [*FIELDS.values(), *((C2C_STATUS, link) for link in range(C2C_LINKS_MAX))]
 # Per-link NVLink error counters (scopeId = link); unsupported on Blackwell+ (NVML 13 header).
 LINK_FIELDS = {"replay": 161, "recovery": 162, "crc": 163}
 
@@ -116,12 +130,27 @@ def _field_values(
 
 
 def _fields(sweep: _Sweep) -> dict[str, Any]:
+    """The batched field values; the C2C links' status goes to the record's `c2c`."""
     try:
-        values = _field_values(sweep.nvml, sweep.handle, list(FIELDS.values()))
+        values = _field_values(sweep.nvml, sweep.handle, _BATCH)
     except Exception as exc:
         sweep.record["errors"]["fields"] = error_name(exc)
+        sweep.record["c2c"] = None
         return dict.fromkeys(FIELDS)
-    return dict(zip(FIELDS, values))
+    fields = dict(zip(FIELDS, values))
+    sweep.record["c2c"] = c2c_links(fields["c2c_links"], values[len(FIELDS) :])
+    return fields
+
+
+def c2c_links(count: object, status: Sequence[int | float | None]) -> list[dict[str, Any]] | None:
+    """[{link, active}] of the `count` C2C links the GPU reports, active None where its status
+    was not read; None where the GPU reports no C2C link (NotSupported, 0)."""
+    if not isinstance(count, int) or isinstance(count, bool) or count <= 0:
+        return None
+    return [
+        {"link": link, "active": None if value is None else value == 1}
+        for link, value in enumerate(status[: min(count, C2C_LINKS_MAX)])
+    ]
 
 
 def _nvlinks(sweep: _Sweep) -> list[dict[str, Any]] | None:
