@@ -3,7 +3,7 @@
 Each run reads, per GPU, NVLink, HCA and port, counters that only grow until a reset: PCIe
 replays, PCIe AER errors, corrected and uncorrected ECC errors, remapped rows, retired pages,
 the time a power or thermal policy held the GPU back, NVLink replays, recoveries and CRC errors,
-IB symbol errors, link recoveries and receive errors. The fleet turns them into rates
+NVLink-C2C CRC errors and replays, IB symbol errors, link recoveries and receive errors. The fleet turns them into rates
 (fleet/trends.py). Stored compactly (docs/trends.md): a reading becomes a row only when it
 changed since this node's previous one, with `delta` the increase, so a healthy node adds no
 rows at all:
@@ -48,6 +48,9 @@ GPU_COUNTERS = (
     "retired_dbe",
     "perf_power_ns",
     "perf_thermal_ns",
+    "c2c_crc",
+    "c2c_replay",
+    "c2c_replay_b2b",
 )
 LINK_COUNTERS = ("replay", "recovery", "crc")  # per NVLink: nvlink_<name>
 PORT_COUNTERS = (

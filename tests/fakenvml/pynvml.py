@@ -34,8 +34,13 @@ _REVERSE_FIELDS = {
     94: "pcie_replay",
     83: "energy_mj",
     81: "below_base_ns",
+    170: "c2c_links",
+    231: "c2c_crc",
+    232: "c2c_replay",
+    233: "c2c_replay_b2b",
 }
 _LINK_FIELDS = {161: "replay", 162: "recovery", 163: "crc"}
+_C2C_STATUS = 171  # scopeId = C2C link: 1 active, 0 inactive, from the snapshot's `c2c`
 
 
 class NVMLError(Exception):
@@ -329,7 +334,11 @@ def nvmlDeviceGetFieldValues(h, ids):
     dev = _dev(h)
     out = []
     for fid in ids:
-        if isinstance(fid, tuple):
+        if isinstance(fid, tuple) and fid[0] == _C2C_STATUS:
+            links = dev.get("c2c") or []
+            active = links[fid[1]].get("active") if fid[1] < len(links) else None
+            value = None if active is None else int(active)
+        elif isinstance(fid, tuple):
             fid, link = fid
             links = dev.get("nvlink") or []
             value = links[link].get(_LINK_FIELDS[fid]) if link < len(links) else None

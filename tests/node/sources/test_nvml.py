@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import pytest
-from conftest import FAKE_NVML, snapshot_path
+from conftest import FAKE_NVML, SNAPSHOTS, snapshot_path
 
 from slurmhealth.node.sources import SourceUnavailable
 
@@ -228,3 +229,81 @@ def test_the_live_gather_reads_each_gpus_aer_counters_from_its_pci_function(
     assert devices[1]["aer"] is None  # no AER files: not an error
     assert "aer_dev_correctable" not in json.dumps(devices[1]["errors"])
     assert nvml.pci_address("00000000:9B:00.0") == "0000:9b:00.0"
+
+
+def _gb200(tmp_path, change=None) -> str:
+    """The modelled GB200 tray's snapshot (C2C links to the Grace CPU), changed by `change`."""
+    with open(os.path.join(SNAPSHOTS, "gb200-nvl72-healthy.json")) as handle:
+        doc = json.load(handle)
+    if change:
+        change(doc["gpu"]["devices"])
+    path = tmp_path / "gb200.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def _count_field_calls(monkeypatch) -> list:
+    """The stand-in's nvmlDeviceGetFieldValues, wrapped: each call's ids are appended."""
+    import pynvml
+
+    calls, real = [], pynvml.nvmlDeviceGetFieldValues
+
+    def counted(handle, ids):
+        calls.append(list(ids))
+        return real(handle, ids)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetFieldValues", counted)
+    return calls
+
+
+def test_c2c_links_and_counters_ride_in_the_one_batched_call(nvml, monkeypatch, tmp_path):
+    def trouble(devices):
+        devices[2]["c2c"][7]["active"] = False
+        devices[2]["fields"]["c2c_replay"] = 40
+
+    monkeypatch.setenv("FAKE_NVML_SNAPSHOT", _gb200(tmp_path, trouble))
+    monkeypatch.setenv("FAKE_NVML_FAULT", "")
+    calls = _count_field_calls(monkeypatch)
+    raw = nvml.sweep()
+    # per GPU, one call for the device's fields and one for its NVLinks' counters, as before
+    # the C2C fields: the C2C ids are in the first, the C2C status once per link it may have
+    assert len(calls) == 2 * 4
+    batches = [ids for ids in calls if 170 in ids]
+    assert len(batches) == 4
+    assert all([i for i in ids if isinstance(i, tuple)] == [(171, n) for n in range(14)]
+               for ids in batches)
+    assert all({170, 231, 232, 233} <= set(ids) for ids in batches)
+    dev = raw["devices"][2]
+    assert dev["fields"]["c2c_links"] == 10 and dev["fields"]["c2c_replay"] == 40
+    assert (dev["fields"]["c2c_crc"], dev["fields"]["c2c_replay_b2b"]) == (0, 0)
+    assert [x["link"] for x in dev["c2c"]] == list(range(10))  # the count's, not the 14 asked
+    assert [x["link"] for x in dev["c2c"] if not x["active"]] == [7]
+    assert all(x["active"] for x in raw["devices"][0]["c2c"])
+
+
+def test_a_gpu_without_c2c_reads_none_and_no_more_calls(nvml, monkeypatch):
+    use(monkeypatch, "healthy")  # H100 HGX: no C2C, the stand-in answers NotSupported
+    calls = _count_field_calls(monkeypatch)
+    raw = nvml.sweep()
+    assert len(calls) == 2 * 8
+    for dev in raw["devices"]:
+        assert dev["c2c"] is None
+        assert [dev["fields"][k] for k in ("c2c_links", "c2c_crc", "c2c_replay")] == [None] * 3
+        assert "c2c" not in dev["errors"] and "fields" not in dev["errors"]
+
+
+def test_c2c_links_take_the_count_and_a_status_not_read_is_none(nvml):
+    assert nvml.c2c_links(None, [1] * 14) is None
+    assert nvml.c2c_links(0, [None] * 14) is None
+    assert nvml.c2c_links(True, [1] * 14) is None
+    assert nvml.c2c_links(2, [1, None, 1]) == [
+        {"link": 0, "active": True},
+        {"link": 1, "active": None},
+    ]
+    assert nvml.c2c_links(3, [0, 1, 1, 1]) == [
+        {"link": 0, "active": False},
+        {"link": 1, "active": True},
+        {"link": 2, "active": True},
+    ]
+    # a count past the links asked for keeps those asked for
+    assert len(nvml.c2c_links(20, [1] * nvml.C2C_LINKS_MAX)) == nvml.C2C_LINKS_MAX
