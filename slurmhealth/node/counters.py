@@ -3,10 +3,10 @@
 Each run reads, per GPU, NVLink, HCA and port, counters that only grow until a reset: PCIe
 replays, PCIe AER errors, corrected and uncorrected ECC errors, remapped rows, retired pages,
 the time a power or thermal policy held the GPU back, NVLink replays, recoveries and CRC errors,
-NVLink-C2C CRC errors and replays, IB symbol errors, link recoveries and receive errors. The fleet turns them into rates
-(fleet/trends.py). Stored compactly (docs/trends.md): a reading becomes a row only when it
-changed since this node's previous one, with `delta` the increase, so a healthy node adds no
-rows at all:
+NVLink-C2C CRC errors and replays, IB symbol errors, link recoveries and receive errors. The
+fleet turns them into rates (fleet/trends.py). Stored compactly (docs/trends.md): a reading
+becomes a row only when it changed since this node's previous one, with `delta` the increase,
+so a healthy node adds no rows at all:
 - a first reading (a new node, device or source) is recorded only when it is not 0, with delta
   None: the history before it is unknown and is never counted as a rise;
 - a value lower than the previous one is a reset (driver reload, GPU or HCA reset, reboot): the

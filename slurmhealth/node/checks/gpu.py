@@ -989,7 +989,7 @@ def memory_errors(facts: Facts, ctx: Context) -> Result:
     return ok("memory error counters steady", data)
 
 
-def c2c_links(facts: Facts, ctx: Context) -> Result:
+def cpu_links(facts: Facts, ctx: Context) -> Result:
     """Every NVLink-C2C link a GPU reports (to its Grace CPU: GH200, GB200, GB300) is active.
 
     A link down fails (drain), naming the GPU and the link; a GPU without C2C is not judged."""
@@ -1015,12 +1015,11 @@ def c2c_links(facts: Facts, ctx: Context) -> Result:
     return ok(f"all C2C links active on {counted(seen, 'GPU')}", data)
 
 
-def c2c_errors(facts: Facts, ctx: Context) -> Result:
-    """NVLink-C2C CRC errors, replays and back-to-back replays since the last run below their
-    `c2c_*_warn` and `c2c_*_fail` limits (fail: drain).
+def cpu_link_errors(facts: Facts, ctx: Context) -> Result:
+    """NVLink-C2C CRC errors, replays and back-to-back replays since the last run below limits.
 
-    A counter lower than its baseline restarted at 0 (GPU reset, driver reload): its increase
-    is its value."""
+    `c2c_*_warn` warns, `c2c_*_fail` fails (drain). A counter lower than its baseline
+    restarted at 0 (GPU reset, driver reload): its increase is its value."""
     before = ctx.baseline.get("counters") or {}
     devices = [d for d in _alive(facts) if any(d["fields"].get(k) is not None for k in _C2C)]
     if not devices:
@@ -1093,8 +1092,8 @@ CHECKS = (
     row_remap,
     recovery_action,
     persistence,
-    c2c_links,
-    c2c_errors,
+    cpu_links,
+    cpu_link_errors,
     processes,
     thermal,
     thermal_share,
@@ -1241,8 +1240,8 @@ SCOPED = (
     row_remap,
     recovery_action,
     persistence,
-    c2c_links,
-    c2c_errors,
+    cpu_links,
+    cpu_link_errors,
     thermal,
     pcie,
     pcie_link,

@@ -68,7 +68,8 @@ FIELDS = {
 # links NVML's GPM C2C metrics name (LINK0..LINK13) are asked for; those past the count and
 # those of a GPU without C2C answer an error, read as None and dropped.
 C2C_STATUS, C2C_LINKS_MAX = 171, 14
-_BATCH = [*FIELDS.values(), *((C2C_STATUS, link) for link in range(C2C_LINKS_MAX))]
+_BATCH: list[int | tuple[int, int]] = [*FIELDS.values()]
+_BATCH += [(C2C_STATUS, link) for link in range(C2C_LINKS_MAX)]
 # Per-link NVLink error counters (scopeId = link); unsupported on Blackwell+ (NVML 13 header).
 LINK_FIELDS = {"replay": 161, "recovery": 162, "crc": 163}
 

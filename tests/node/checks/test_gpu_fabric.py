@@ -263,3 +263,141 @@ def test_a_gpu_without_a_fabric_beside_clustered_ones_fails():
     result = gpu.clique(f, ctx())
     assert (result.status, result.action) == ("fail", "drain")
     assert result.message == "GPU 2 (0018:01:00) reports no NVLink fabric, 3 others in a cluster"
+
+
+# --- NVLink-C2C: each GPU's link to its Grace CPU -------------------------------------------
+
+
+def c2c(change=None) -> dict:
+    """The GB200 GPU facts with `change` applied to the raw devices first."""
+    raw = copy.deepcopy(doc()["gpu"])
+    if change:
+        change(raw["devices"])
+    return gpu.parse(raw)
+
+
+def counting(**counts_of_gpu: dict):
+    """A change that sets GPU N's C2C counters (counts_of_gpu["gN"])."""
+
+    def change(devices):
+        for key, counts in counts_of_gpu.items():
+            devices[int(key[1:])]["fields"].update(counts)
+
+    return change
+
+
+def with_baseline(before: dict, **expect) -> Context:
+    base = gpu.baseline(before, now=1000.0)
+    limits = {**{k: v[0] for k, v in gpu.DEFAULTS.items()}, **expect}
+    return Context("gb01", "epilog", limits, base)
+
+
+def test_the_modelled_tray_has_ten_active_c2c_links_per_gpu():
+    f = c2c()
+    assert [len(d["c2c"]) for d in f["devices"]] == [10] * 4
+    result = gpu.cpu_links(f, ctx())
+    assert (result.status, result.message) == ("ok", "all C2C links active on 4 GPUs")
+    first = gpu.cpu_link_errors(f, ctx())
+    assert (first.status, first.message) == ("ok", "baseline recorded")
+    assert gpu.baseline(f)["counters"]["0"]["c2c_replay_b2b"] == 0
+
+
+def test_a_c2c_link_down_fails_drain_naming_the_gpu_and_link():
+    def down(devices):
+        devices[1]["c2c"][3]["active"] = False
+
+    result = gpu.cpu_links(c2c(down), ctx())
+    assert (result.status, result.action) == ("fail", "drain")
+    assert result.message == "GPU 1 (0009:01:00) C2C link 3 down (9/10 active)"
+
+    def two_gpus(devices):
+        devices[0]["c2c"][0]["active"] = False
+        devices[0]["c2c"][9]["active"] = False
+        devices[3]["c2c"][5]["active"] = False
+
+    result = gpu.cpu_links(c2c(two_gpus), ctx())
+    assert result.message == "GPU 0 (0008:01:00) C2C links 0, 9 down (8/10 active) (+1 more GPU)"
+    assert result.data["down"][1] == "GPU 3 (0019:01:00) C2C link 5 down (9/10 active)"
+
+
+def test_a_c2c_status_not_read_is_not_a_link_down():
+    def unread(devices):
+        devices[2]["c2c"][4]["active"] = None
+
+    result = gpu.cpu_links(c2c(unread), ctx())
+    assert result.status == "ok"
+    assert result.message == "C2C links active; status not read: GPU 2 (0018:01:00) C2C link 4"
+
+
+def test_gpus_without_c2c_are_not_judged():
+    hgx = gpu.parse(json.load(open(snapshot_path("healthy")))["gpu"])
+    assert gpu.cpu_links(hgx, ctx()).status == "skip"
+    result = gpu.cpu_link_errors(hgx, with_baseline(hgx))
+    assert (result.status, result.message) == (
+        "skip",
+        "C2C error counters not reported (no Grace-coupled GPU, or a driver before R575)",
+    )
+
+
+C2C_RISES = [
+    # (GPU 2's counters now, against 0 at the last run: status, action, message)
+    ({"c2c_crc": 99, "c2c_replay": 99}, "ok", "none", "C2C errors below the warning limits"),
+    ({"c2c_crc": 100}, "warn", "none", "GPU 2 (0018:01:00) C2C +100 CRC errors"),
+    ({"c2c_replay": 250}, "warn", "none", "GPU 2 (0018:01:00) C2C +250 replays"),
+    ({"c2c_replay_b2b": 1}, "warn", "none", "GPU 2 (0018:01:00) C2C +1 back-to-back replays"),
+    ({"c2c_crc": 10000}, "fail", "drain", "GPU 2 (0018:01:00) C2C +10000 CRC errors"),
+    (
+        {"c2c_replay": 150, "c2c_replay_b2b": 12},
+        "fail",
+        "drain",
+        "GPU 2 (0018:01:00) C2C +12 back-to-back replays (+1 more)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("now", "status", "action", "message"), C2C_RISES)
+def test_c2c_errors_rising_since_the_last_run_are_judged(now, status, action, message):
+    result = gpu.cpu_link_errors(c2c(counting(g2=now)), with_baseline(c2c()))
+    assert (result.status, result.action, result.message) == (status, action, message)
+    grown = {k: v for k, v in now.items() if v}
+    assert result.data["deltas"] == ({"2": grown} if grown else {})
+
+
+def test_c2c_limits_come_from_the_config():
+    now, before = c2c(counting(g0={"c2c_crc": 5})), c2c()
+    assert gpu.cpu_link_errors(now, with_baseline(before)).status == "ok"
+    tight = gpu.cpu_link_errors(now, with_baseline(before, c2c_crc_warn=5, c2c_crc_fail=6))
+    assert (tight.status, tight.message) == ("warn", "GPU 0 (0008:01:00) C2C +5 CRC errors")
+
+
+def test_a_lower_c2c_counter_is_a_reset_counted_from_zero():
+    before = c2c(counting(g1={"c2c_replay": 5000}))
+    after_reset = c2c(counting(g1={"c2c_replay": 120}))
+    result = gpu.cpu_link_errors(after_reset, with_baseline(before))
+    assert (result.status, result.message) == ("warn", "GPU 1 (0009:01:00) C2C +120 replays")
+    reset = ["GPU 1 (0009:01:00) c2c_replay"]
+    assert result.data == {"deltas": {"1": {"c2c_replay": 120}}, "reset": reset}
+    quiet = gpu.cpu_link_errors(c2c(), with_baseline(before))
+    assert (quiet.status, quiet.data["reset"]) == ("ok", ["GPU 1 (0009:01:00) c2c_replay"])
+
+
+def test_c2c_counters_are_recorded_for_the_trends_finder():
+    from slurmhealth.node import counters
+
+    raw = copy.deepcopy(doc()["gpu"])
+    counting(g3={"c2c_crc": 7, "c2c_replay_b2b": 2})(raw["devices"])
+    read = counters.readings(raw, None)
+    assert read.values["gpu:0019:01:00.0|c2c_crc"] == (7, "GPU 3")
+    assert read.values["gpu:0019:01:00.0|c2c_replay_b2b"] == (2, "GPU 3")
+    assert not any("c2c" in key for key in read.values if not key.startswith("gpu:0019"))
+
+
+def test_a_c2c_link_down_and_rising_errors_replay_as_a_fail(tmp_path):
+    def trouble(snap):
+        snap["gpu"]["devices"][0]["c2c"][6]["active"] = False
+        snap["gpu"]["devices"][0]["fields"]["c2c_crc"] = 20000
+
+    got = replay(tmp_path, trouble)
+    assert got["verdict"] == "fail"
+    assert got["gpu.cpu_links"] == ("fail", "GPU 0 (0008:01:00) C2C link 6 down (9/10 active)")
+    assert got["gpu.cpu_link_errors"] == ("ok", "baseline recorded")  # --no-db: no last run

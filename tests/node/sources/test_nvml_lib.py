@@ -98,6 +98,13 @@ def test_the_sweep_reads_every_value_through_the_builtin_binding(libdir):
     assert fields["ecc_current"] == 1 and fields["ecc_sbe_aggregate"] == 13
     assert fields["perf_power_ns"] == 2 * 2599937728  # an unsigned long long, read whole
     assert fields["energy_mj"] == 2 * 5_000_000  # field 83, in the same batched call
+    # an H200 has no C2C link: the C2C fields and the 14 scoped status entries of the same
+    # batch answer NotSupported, read as None, and cost no error entry
+    assert [fields[k] for k in ("c2c_links", "c2c_crc", "c2c_replay", "c2c_replay_b2b")] == [
+        None
+    ] * 4
+    assert first["c2c"] is None and second["c2c"] is None
+    assert "fields" not in second["errors"]
     assert fields["below_base_ns"] == 700_000_000  # field 81
     assert (fields["pcie_replay"], fields["remap_correctable"]) == (3, 1)
     assert fields["retired_sbe"] is None  # that entry's own return: NotSupported
