@@ -71,14 +71,9 @@ def test_the_replay_gives_every_live_verdict(tmp_path, name, snapshot, code):
     # is read instead
     captured = {c: v for c, v in verdicts(doc).items() if c.split(".")[0] in CAPTURED}
     # checks added to a captured area since (the xid area's NVSwitch SXid and driver-failure
-    # checks) have no live verdict: on this node's log they must pass; those of hardware this
-    # H200 lacks (the gpu area's NVLink-C2C checks, GPU to Grace CPU) skip
+    # checks) have no live verdict: on this node's log they must pass
     added = {c: v for c, v in captured.items() if c not in live}
-    assert all(v.startswith(("ok: ", "skip: ")) for v in added.values()), added
-    assert [c for c, v in added.items() if v.startswith("skip: ")] == [
-        "gpu.cpu_links",
-        "gpu.cpu_link_errors",
-    ]
+    assert all(v.startswith("ok: ") for v in added.values()), added
     assert {c: v for c, v in captured.items() if c in live} == live
     later = [r for r in doc["results"] if r["check"].split(".")[0] not in CAPTURED]
     assert later and all(r["status"] in ("skip", "ok") for r in later)

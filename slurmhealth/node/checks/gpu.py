@@ -1009,7 +1009,8 @@ def cpu_links(facts: Facts, ctx: Context) -> Result:
     if down:
         return fail(summarize(down, " GPU"), data, DRAIN)
     if not seen:
-        return skip("no C2C links reported (no Grace-coupled GPU)", data)
+        # ok, not skip: a skip is a store row every run on every node without C2C
+        return ok("not judged: no C2C links reported (no Grace-coupled GPU)", data)
     if unread:
         return ok(f"C2C links active; status not read: {summarize(unread)}", data)
     return ok(f"all C2C links active on {counted(seen, 'GPU')}", data)
@@ -1024,7 +1025,7 @@ def cpu_link_errors(facts: Facts, ctx: Context) -> Result:
     devices = [d for d in _alive(facts) if any(d["fields"].get(k) is not None for k in _C2C)]
     if not devices:
         why = "no Grace-coupled GPU, or a driver before R575"
-        return skip(f"C2C error counters not reported ({why})")
+        return ok(f"not judged: C2C error counters not reported ({why})")
     if not before:
         return ok("baseline recorded")
     deltas: dict[str, dict[str, int]]
