@@ -269,6 +269,9 @@ BOUNDS: dict[str, Bound] = {
         for k in checks.HOOKED[area].DEFAULTS
         if k.endswith(("_warn", "_fail"))
     },
+    **{  # the C2C counter deltas, as NVLink's
+        f"gpu.{k}": _AT_LEAST_1 for k in checks.HOOKED["gpu"].DEFAULTS if k.startswith("c2c_")
+    },
     "ib.devices": (
         lambda v: all(isinstance(e, str) and e.strip() for e in v),
         "must be a list of HCA names (strings, as mlx5_0)",

@@ -44,6 +44,17 @@ def dev0(**values: object) -> list:
     return [("set", f"gpu.devices.0.{k}", v) for k, v in values.items()]
 
 
+def with_c2c(raw: dict, links: list, **gpu0_fields: int) -> dict:
+    """`raw` with every GPU coupled to a Grace CPU (NVLink-C2C): GPU 0 through `links` and with
+    `gpu0_fields` as its counters, the others through one active link with counters at 0."""
+    for dev in raw["devices"]:
+        first = dev is raw["devices"][0]
+        dev["c2c"] = links if first else [{"link": 0, "active": True}]
+        dev["fields"].update({k: 0 for k in ("c2c_crc", "c2c_replay", "c2c_replay_b2b")})
+        dev["fields"].update(gpu0_fields if first else {})
+    return raw
+
+
 def nvlink_bumped() -> tuple:
     """GPU 0's link 3 with 25 recoveries since the baseline (nvlink recovery_fail: 10)."""
     before = nvlink.baseline(nvlink.parse(gpu_raw([])))
@@ -83,6 +94,16 @@ CASES = {
     "gpu.row_remap": (gpu_raw(on_gpu0(remap_failure=1)), {}, False),
     "gpu.recovery_action": (gpu_raw(on_gpu0(recovery_action=1)), {}, False),
     "gpu.persistence": (gpu_raw(dev0(persistence=0)), {}, False),
+    "gpu.cpu_links": (
+        with_c2c(gpu_raw([]), [{"link": 0, "active": False}, {"link": 1, "active": True}]),
+        {},
+        False,
+    ),
+    "gpu.cpu_link_errors": (
+        with_c2c(gpu_raw([]), [{"link": 0, "active": True}], c2c_crc=20000),
+        {"baseline": {"counters": {str(i): {"c2c_crc": 0} for i in range(8)}}},
+        False,
+    ),
     "gpu.thermal": (gpu_raw(dev0(temperature=88, clock_event_reasons=72)), {}, True),
     "gpu.pcie": (gpu_raw(dev0(pcie_max_width=8)), {}, False),
     "gpu.pcie_link": (
