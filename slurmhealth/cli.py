@@ -535,8 +535,13 @@ def _fleet_path(db: str | None) -> str:
 
 
 def _open_fleet(db: str | None) -> sqlite3.Connection:
+    path = _fleet_path(db)
     try:
-        return store.connect(_fleet_path(db))
+        if path.startswith(store.SERVER_PREFIXES):
+            from slurmhealth.core import pgstore as pg  # noqa: PLC0415
+
+            return pg.connect(path)  # type: ignore[return-value]  # sqlite3's interface
+        return store.connect(path)
     except store.StoreError as exc:
         raise click.ClickException(str(exc)) from None
 

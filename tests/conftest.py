@@ -116,13 +116,16 @@ def require_real(reason: str) -> None:
 # Tests that need real services or root, by where they live or what they use: marked `real`, so
 # `make test-fast` can leave them out (they still call require_real when the service is absent).
 REAL_PATHS = ("slurm/", "report/test_browser.py", "test_packaging.py")
-REAL_FIXTURES = ("small_fs", "node_exporter", "lab", "promtool")
+REAL_FIXTURES = ("small_fs", "node_exporter", "lab", "promtool", "pg_server")
 
 
 def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         where = os.path.relpath(str(item.fspath), TESTS).replace(os.sep, "/")
+        on_server = getattr(item, "callspec", None) and item.callspec.params.get("fleet_db")
         if where.startswith(REAL_PATHS) or set(REAL_FIXTURES) & set(item.fixturenames):
+            item.add_marker(pytest.mark.real)
+        elif on_server == "postgresql":
             item.add_marker(pytest.mark.real)
 
 
@@ -474,3 +477,25 @@ def hw_tree(root, meminfo: str | None, online="0-7", present="0-7", smt="on", th
         (topo / "thread_siblings_list").write_text(",".join(map(str, siblings)) + "\n")
         (topo / "core_siblings_list").write_text(",".join(packaged) + "\n")
     return str(root)
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """A real PostgreSQL server for the session (tests/pgserver.py), or require_real."""
+    import pgserver
+
+    why = pgserver.why_not()
+    if why:
+        require_real(why)
+    server = pgserver.Server()
+    yield server
+    server.remove()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def fleet_db(request, tmp_path):
+    """A fleet store to create, on each backend: a SQLite file's path, then a fresh PostgreSQL
+    database's URL on the session's server."""
+    if request.param == "sqlite":
+        return str(tmp_path / "fleet.db")
+    return request.getfixturevalue("pg_server").new_database()

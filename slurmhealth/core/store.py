@@ -458,6 +458,11 @@ def default_path(node: str) -> str:
     return os.environ.get("SLURMHEALTH_DB") or os.path.join(state_dir(), f"{node}.db")
 
 
+# A fleet store on a PostgreSQL server is named by its URL (core/pgstore.py); node stores are
+# always SQLite files.
+SERVER_PREFIXES = ("postgresql://", "postgres://")
+
+
 def fleet_path(db: str | None = None) -> str:
     """The fleet store: `db` (--db), else $SLURMHEALTH_FLEET_DB, else <DEFAULT_DIR>/fleet.db."""
     return db or os.environ.get("SLURMHEALTH_FLEET_DB") or os.path.join(DEFAULT_DIR, "fleet.db")

@@ -14,8 +14,8 @@ from slurmhealth.core import store
 from slurmhealth.core.hostlist import PatternError, expand, split_terms
 from slurmhealth.core.result import clean
 from slurmhealth.fleet.records import (
-    _VALUES,
     KINDS,
+    VALUES,
     FleetError,
     changes,
     merge_node_events,
@@ -99,7 +99,7 @@ def ingest_sacct(conn: sqlite3.Connection, text: str, utc: bool = False) -> dict
     values = [tuple(row.get(c) for c in columns) for row in rows]
     try:
         with store.immediate(conn):
-            changed = changes(conn, _VALUES["job"], values, many=True)
+            changed = changes(conn, VALUES["job"], values, many=True)
     except sqlite3.Error as exc:
         raise FleetError(f"accounting records not merged: {clean(exc, 120)}") from None
     return {"jobs": changed, "bad": bad}

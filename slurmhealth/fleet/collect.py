@@ -171,6 +171,8 @@ def _clean_copies() -> None:
 def _merge_copy(
     conn: sqlite3.Connection, copy: str, since: float | None, source: str | None
 ) -> dict:
+    if not isinstance(conn, sqlite3.Connection):  # a PostgreSQL fleet store (core/pgstore.py)
+        return _merge_rows(conn, copy, since, source)
     conn.execute("ATTACH DATABASE ? AS node", (copy,))
     try:
         return _merge_attached(conn, since, source)
@@ -220,6 +222,42 @@ def _merge_attached(conn: sqlite3.Connection, since: float | None, source: str |
         if source is not None:
             mark = conn.execute(_NEWEST).fetchone()[0]
             conn.execute(_MARK, (source, mark, "", time.time()))
+    return added
+
+
+def _merge_rows(
+    conn: sqlite3.Connection, copy: str, since: float | None, source: str | None
+) -> dict:
+    """_merge_attached for a fleet store that cannot ATTACH a SQLite file (PostgreSQL): the
+    same rows, chosen and checked by the same SQL on the node store's private copy, written
+    in one transaction."""
+    node = sqlite3.connect(f"file:{copy}?mode=ro", uri=True)
+    node.execute("ATTACH DATABASE ? AS node", (copy,))  # the names _merge_attached reads
+    added = {}
+    try:
+        bad = set(json.loads(_bad_nodes(node)))
+        rows = {}
+        for kind, spec in records.KINDS.items():
+            where, args = records.dated(kind, since, prefix="node.")
+            columns = ", ".join(spec.columns)
+            checked = f"{where} AND {spec.valid_sql}"
+            select = f"SELECT {columns} FROM node.{spec.table} WHERE {checked}"  # noqa: S608
+            found = node.execute(select, args)
+            rows[kind] = [r for r in found if spec.node is None or r[spec.node] not in bad]
+        mark = node.execute(_NEWEST).fetchone()[0] if source is not None else None
+    except sqlite3.Error as exc:
+        raise FleetError(clean(exc, 120)) from None
+    finally:
+        node.close()
+    try:
+        with store.immediate(conn):
+            for kind, found in rows.items():
+                added[kind] = records.changes(conn, records.VALUES[kind], found, many=True)
+            if source is not None:
+                conn.execute(_MARK, (source, mark, "", time.time()))
+    except sqlite3.Error as exc:
+        fault = StoreFault if records.store_fault(exc) else FleetError
+        raise fault(clean(exc, 120)) from None
     return added
 
 

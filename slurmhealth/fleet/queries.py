@@ -274,7 +274,8 @@ _SERIES = """WITH rows AS (
             CAST((:now - time) / 3600 AS INTEGER) AS q FROM counters
         WHERE time > :start AND time <= :now AND delta > 0 AND counter NOT IN ({skip})),
     hours AS (
-        SELECT node, device, counter, q - (:now - time < q * 3600.0) AS hour,
+        SELECT node, device, counter,
+            q - CASE WHEN :now - time < q * 3600.0 THEN 1 ELSE 0 END AS hour,
             sum(delta) AS e, count(*) AS r, max(time) AS last
         FROM rows GROUP BY node, device, counter, hour),
     series AS (

@@ -135,7 +135,7 @@ def merge_sql(kind: str, source: str) -> str:
     )
 
 
-_VALUES = {
+VALUES = {
     k: merge_sql(k, f"VALUES ({', '.join('?' * len(s.columns))})") for k, s in KINDS.items()
 }
 
@@ -172,8 +172,8 @@ def merge_node_events(conn: sqlite3.Connection, rows: Iterable) -> int:
 # A node seen in a place again keeps its first sighting and moves its last one on.
 _PLACES = store.insert_sql(
     "places",
-    tail="ON CONFLICT (node, kind, name) DO UPDATE SET last = max(last, excluded.last), "
-    "first = min(first, excluded.first)",
+    tail="ON CONFLICT (node, kind, name) DO UPDATE SET last = max(places.last, excluded.last), "
+    "first = min(places.first, excluded.first)",
 )
 
 
@@ -473,7 +473,7 @@ def apply_chunk(conn: sqlite3.Connection, chunk: _Chunk, report: dict) -> None:
     added = dict.fromkeys(KINDS, 0)
     for kind, rows in chunk.rows.items():
         if rows:
-            added[kind] = changes(conn, _VALUES[kind], rows, many=True)
+            added[kind] = changes(conn, VALUES[kind], rows, many=True)
     report["records"] += chunk.size
     report["unchanged"] += chunk.size - sum(added.values())
     for kind, n in added.items():

@@ -1,0 +1,485 @@
+"""The fleet store on a PostgreSQL server (psycopg 3), chosen by a URL (`--db postgresql://...` or
+$SLURMHEALTH_FLEET_DB): a connection that speaks what the fleet code speaks to SQLite.
+
+The fleet code keeps one SQL text for both engines. Where the two dialects differ, the text is
+translated here, and only here (`translate`, cached per statement), and what SQLite answers
+with a PRAGMA is answered from PostgreSQL's own tables. The schema is the table spec's
+(core/store.py TABLES and INDEXES, the same migrations), with SQLite's types as PostgreSQL's.
+Errors come back as sqlite3's exception classes, so every caller's handling (a constraint is a
+bad record, a lost server an operational error) holds on both. Node stores stay SQLite.
+
+What is translated (docs/fleet.md "PostgreSQL"):
+  ? and :name             %s and %(name)s (every % doubled, in literals too)
+  INSERT OR IGNORE        INSERT ... ON CONFLICT DO NOTHING
+  INSERT OR REPLACE       INSERT ... ON CONFLICT (the table's key) DO UPDATE SET every column
+  a IS NOT b, a IS b      IS DISTINCT FROM, IS NOT DISTINCT FROM (b not NULL, TRUE or FALSE)
+  max(a, b), min(a, b)    GREATEST, LEAST (two arguments: the scalar forms)
+  group_concat(x)         string_agg(x::text, ',')
+  instr(a, b)             (strpos(a, b) > 0) (every use is a truth)
+  sum(a truth)            sum(CAST(truth AS INT)) (SQLite counts true as 1)
+  CAST(x AS INTEGER)      CAST(trunc(x) AS BIGINT) (SQLite truncates, PostgreSQL rounds)
+  INDEXED BY name         (removed: PostgreSQL's planner picks)
+  total(x) [FILTER ...]   coalesce(sum(x) [FILTER ...], 0.0)
+  LIMIT -1                LIMIT ALL
+  REAL, INTEGER (DDL)     DOUBLE PRECISION, BIGINT
+  end, user (columns)     "end", "user" (reserved words in PostgreSQL)
+  temp.name               pg_temp.name
+  BEGIN IMMEDIATE         BEGIN
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import sqlite3
+import urllib.parse
+from typing import TYPE_CHECKING, Any
+
+from slurmhealth.core import store
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator, Sequence
+    from types import TracebackType
+
+CONNECT_TIMEOUT_S = 10
+# The schema version lives in a one-row table, slurmhealth_schema: PostgreSQL has no
+# user_version.
+
+
+def is_url(db: str | None) -> bool:
+    """Whether a --db value names a PostgreSQL server rather than a SQLite file."""
+    return bool(db) and str(db).startswith(store.SERVER_PREFIXES)
+
+
+def shown(url: str) -> str:
+    """The URL as it may be printed: the password (if any) replaced by ***."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+# --- the dialect ---------------------------------------------------------------------------
+
+# A statement split into its string literals and quoted identifiers (kept as they are) and the
+# text between them (translated).
+_PIECES = re.compile(r"('(?:[^']|'')*'|\"(?:[^\"]|\"\")*\")")
+_RESERVED = re.compile(r"(?<![\w.:\"])(end|user)\b(?!\s*\()")
+_QUALIFIED = re.compile(r"(?<=\.)(end|user)\b")
+_NAMED = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
+_IS = re.compile(r"\bIS\s+(NOT\s+)?(?!NOT\b|NULL\b|TRUE\b|FALSE\b|DISTINCT\b)", re.I)
+_TYPES = (
+    (re.compile(r"\bREAL\b"), "DOUBLE PRECISION"),
+    (re.compile(r"\bINTEGER\b"), "BIGINT"),
+)
+_OR_VERB = re.compile(r"^\s*INSERT\s+OR\s+(IGNORE|REPLACE)\s+INTO\s+(\w+)", re.I)
+
+
+def _outside(sql: str, fn: Any) -> str:
+    """`fn` applied to `sql` with its literals and quoted names set aside (each a numbered
+    token fn leaves alone), then put back."""
+    parts = _PIECES.split(sql)
+    kept = parts[1::2]
+    text = "".join(p if i % 2 == 0 else f"\x01{i // 2}\x02" for i, p in enumerate(parts))
+    return re.sub("\x01(\\d+)\x02", lambda m: kept[int(m.group(1))], fn(text))
+
+
+def _closing(text: str, start: int) -> int:
+    """The index of the parenthesis that closes the one opened just before `start`."""
+    depth = 1
+    for i in range(start, len(text)):
+        if text[i] == "(":
+            depth += 1
+        elif text[i] == ")":
+            depth -= 1
+            if depth == 0:
+                return i
+    raise sqlite3.ProgrammingError(f"unbalanced parentheses in {text[:80]!r}")
+
+
+def _arguments(inner: str) -> list[str]:
+    """A call's arguments split at its top-level commas."""
+    out, depth, begin = [], 0, 0
+    for i, char in enumerate(inner):
+        depth += (char == "(") - (char == ")")
+        if char == "," and depth == 0:
+            out.append(inner[begin:i])
+            begin = i + 1
+    return [*out, inner[begin:]]
+
+
+def _calls(text: str, name: str, rewrite: Any) -> str:
+    """Every call `name(...)` (any case) rewritten by rewrite(arguments) or left (None)."""
+    pattern = re.compile(rf"\b{name}\s*\(", re.I)
+    out, at = [], 0
+    while True:
+        found = pattern.search(text, at)
+        if found is None:
+            return "".join(out) + text[at:]
+        end = _closing(text, found.end())
+        inner = _calls(text[found.end() : end], name, rewrite)
+        new = rewrite(_arguments(inner))
+        out.append(text[at : found.start()])
+        out.append(new if new is not None else f"{text[found.start() : found.end()]}{inner})")
+        at = end + 1
+
+
+def _scalar(word: str) -> Any:
+    return lambda args: f"{word}({', '.join(a.strip() for a in args)})" if len(args) == 2 else None
+
+
+def _group_concat(args: list[str]) -> str:
+    first = args[0].strip()
+    distinct = re.match(r"DISTINCT\s+", first, re.I)
+    body = first[distinct.end() :] if distinct else first
+    sep = args[1].strip() if len(args) > 1 else "','"
+    return f"string_agg({'DISTINCT ' if distinct else ''}({body})::text, {sep})"
+
+
+_TRUTH = re.compile(r"(=|<|>|\bIS\b|\bIN\b|\bEXISTS\b|\bAND\b|\bOR\b|\bNOT\b|\bLIKE\b)", re.I)
+
+
+def _top(text: str) -> str:
+    """`text` without what its parentheses hold."""
+    out, depth = [], 0
+    for char in text:
+        depth += (char == "(") - (char == ")")
+        out.append(char if depth == 0 and char not in "()" else " ")
+    return "".join(out)
+
+
+def _sum(args: list[str]) -> str | None:
+    """sum(a truth) counts, in SQLite: PostgreSQL sums no booleans, so the truth is cast."""
+    body = args[0].strip()
+    if len(args) != 1 or re.match(r"(DISTINCT|CASE)\b", body, re.I):
+        return None
+    if not _TRUTH.search(_top(body)):
+        return None
+    return f"sum(CAST({body} AS INT))"
+
+
+def _totals(text: str) -> str:
+    """total(x) [FILTER (...)]: coalesce(sum(x) [FILTER (...)], 0.0), SQLite's sum that is 0.0
+    over no rows."""
+    pattern = re.compile(r"\btotal\s*\(", re.I)
+    out, at = [], 0
+    while True:
+        found = pattern.search(text, at)
+        if found is None:
+            return "".join(out) + text[at:]
+        end = _closing(text, found.end())
+        call = f"sum({text[found.end() : end]})"
+        after = re.match(r"\s*FILTER\s*\(", text[end + 1 :], re.I)
+        if after:
+            close = _closing(text, end + 1 + after.end())
+            call += text[end + 1 : close + 1]
+            end = close
+        out.append(f"{text[at : found.start()]}coalesce({call}, 0.0)")
+        at = end + 1
+
+
+def _cast(text: str) -> str:
+    pattern = re.compile(r"\bCAST\s*\(", re.I)
+    out, at = [], 0
+    while True:
+        found = pattern.search(text, at)
+        if found is None:
+            return "".join(out) + text[at:]
+        end = _closing(text, found.end())
+        inner = _cast(text[found.end() : end])
+        typed = re.match(r"(?s)(.*)\s+AS\s+INTEGER\s*$", inner, re.I)
+        out.append(text[at : found.start()])
+        if typed:
+            out.append(f"CAST(trunc({typed.group(1)}) AS BIGINT)")
+        else:
+            out.append(f"{text[found.start() : found.end()]}{inner})")
+        at = end + 1
+
+
+def _plain(text: str) -> str:
+    """The translation of SQL text outside literals and quoted names."""
+    text = _QUALIFIED.sub(r'"\1"', text)
+    text = _RESERVED.sub(r'"\1"', text)
+    text = text.replace("?", "%s")
+    text = _NAMED.sub(r"%(\1)s", text)
+    text = _IS.sub(lambda m: "IS DISTINCT FROM " if m.group(1) else "IS NOT DISTINCT FROM ", text)
+    text = re.sub(r"\btemp\.", "pg_temp.", text)
+    text = _calls(text, "max", _scalar("GREATEST"))
+    text = _calls(text, "min", _scalar("LEAST"))
+    text = _calls(text, "group_concat", _group_concat)
+    text = _calls(text, "instr", lambda args: f"(strpos({','.join(args)}) > 0)")
+    text = re.sub(r"\s+INDEXED\s+BY\s+\w+", "", text, flags=re.I)
+    text = _cast(text)
+    text = _calls(text, "sum", _sum)
+    text = _totals(text)
+    text = re.sub(r"\bLIMIT\s+-1\b", "LIMIT ALL", text, flags=re.I)
+    if re.match(r"\s*(CREATE|ALTER)\s+TABLE\b", text, re.I):
+        for pattern, word in _TYPES:
+            text = pattern.sub(word, text)
+    return text
+
+
+@functools.lru_cache(maxsize=1024)
+def translate(sql: str) -> str:
+    """SQLite's statement as PostgreSQL takes it (the module's docstring lists what changes)."""
+    if re.match(r"\s*BEGIN\s+IMMEDIATE\s*$", sql, re.I):
+        return "BEGIN"
+    sql = sql.replace("%", "%%")  # literals' too: psycopg reads every % of a statement
+    verb = _OR_VERB.match(sql)
+    tail = ""
+    if verb:
+        table = verb.group(2)
+        sql = f"INSERT INTO {table}{sql[verb.end() :]}"
+        if verb.group(1).upper() == "IGNORE":
+            tail = " ON CONFLICT DO NOTHING"
+        else:
+            spec = store.TABLE[table]
+            cols = re.search(r"\(([^)]*)\)", sql[: sql.upper().find("VALUES")] or sql)
+            names = [c.strip() for c in cols.group(1).split(",")] if cols else spec.names()
+            sets = ", ".join(f"{c} = excluded.{c}" for c in names if c not in spec.key)
+            action = f"DO UPDATE SET {sets}" if sets else "DO NOTHING"
+            tail = f" ON CONFLICT ({', '.join(spec.key)}) {action}"
+    return _outside(sql.rstrip().rstrip(";"), _plain) + _outside(tail, _plain)
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+
+def _as_sqlite(exc: Exception) -> sqlite3.Error:
+    """A psycopg error as the sqlite3 class the callers already handle, one line."""
+    import psycopg  # noqa: PLC0415
+
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    kinds: tuple[tuple[type, type[sqlite3.Error]], ...] = (
+        (psycopg.errors.IntegrityError, sqlite3.IntegrityError),
+        (psycopg.errors.DataError, sqlite3.IntegrityError),
+        (psycopg.errors.ProgrammingError, sqlite3.OperationalError),
+        (psycopg.errors.OperationalError, sqlite3.OperationalError),
+        (psycopg.errors.InterfaceError, sqlite3.OperationalError),
+    )
+    for theirs, ours in kinds:
+        if isinstance(exc, theirs):
+            return ours(text)
+    return sqlite3.DatabaseError(text)
+
+
+# --- the connection -------------------------------------------------------------------------
+
+
+class Cursor:
+    """The part of sqlite3.Cursor the fleet code uses."""
+
+    def __init__(self, cursor: Any, rows: list[tuple[Any, ...]] | None = None) -> None:
+        self._cursor = cursor
+        self._rows = rows
+
+    @property
+    def description(self) -> Any:
+        return self._cursor.description if self._cursor is not None else None
+
+    @property
+    def rowcount(self) -> int:
+        return self._cursor.rowcount if self._cursor is not None else -1
+
+    def fetchone(self) -> Any:
+        if self._rows is not None:
+            return self._rows.pop(0) if self._rows else None
+        return self._call(self._cursor.fetchone) if self._cursor.description else None
+
+    def fetchall(self) -> list[Any]:
+        if self._rows is not None:
+            rows, self._rows = self._rows, []
+            return rows
+        return self._call(self._cursor.fetchall) if self._cursor.description else []
+
+    def fetchmany(self, size: int = 1) -> list[Any]:
+        if self._rows is not None:
+            rows, self._rows = self._rows[:size], self._rows[size:]
+            return rows
+        return self._call(self._cursor.fetchmany, size) if self._cursor.description else []
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            rows = self.fetchmany(1000)
+            if not rows:
+                return
+            yield from rows
+
+    @staticmethod
+    def _call(fn: Any, *args: Any) -> Any:
+        import psycopg  # noqa: PLC0415
+
+        try:
+            return fn(*args)
+        except psycopg.Error as exc:
+            raise _as_sqlite(exc) from None
+
+
+class Connection:
+    """A PostgreSQL connection that takes the fleet code's SQLite statements (autocommit, with
+    explicit BEGIN/COMMIT as the SQLite store runs with isolation_level=None)."""
+
+    def __init__(self, raw: Any, url: str) -> None:
+        self._raw = raw
+        self.url = url
+        self.total_changes = 0
+
+    @property
+    def in_transaction(self) -> bool:
+        import psycopg  # noqa: PLC0415
+
+        idle = psycopg.pq.TransactionStatus.IDLE
+        return bool(self._raw.info.transaction_status != idle)
+
+    def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Cursor:
+        pragma = re.match(r"\s*PRAGMA\s+(\w+)\s*(?:=\s*(\S+))?", sql, re.I)
+        if pragma:
+            return self._pragma(pragma.group(1).lower(), pragma.group(2))
+        return self._run(translate(sql), params)
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> Cursor:
+        import psycopg  # noqa: PLC0415
+
+        cursor = self._raw.cursor()
+        try:
+            cursor.executemany(translate(sql), list(rows))
+        except psycopg.Error as exc:
+            raise _as_sqlite(exc) from None
+        self._count(cursor)
+        return Cursor(cursor)
+
+    def _run(self, sql: str, params: Any) -> Cursor:
+        import psycopg  # noqa: PLC0415
+
+        cursor = self._raw.cursor()
+        try:
+            cursor.execute(sql, params)  # always: so %% is read as % in every statement
+        except psycopg.Error as exc:
+            raise _as_sqlite(exc) from None
+        self._count(cursor)
+        return Cursor(cursor)
+
+    def _count(self, cursor: Any) -> None:
+        if cursor.rowcount > 0 and cursor.statusmessage and cursor.statusmessage.split()[0] in (
+            "INSERT",
+            "UPDATE",
+            "DELETE",
+        ):
+            self.total_changes += cursor.rowcount
+
+    def _pragma(self, name: str, value: str | None) -> Cursor:
+        if name == "user_version":
+            if value is not None:
+                self._run("UPDATE slurmhealth_schema SET version = %s", (int(value),))
+                return Cursor(None, [])
+            return Cursor(None, [(self.schema_version(),)])
+        if name == "quick_check":
+            return Cursor(None, [("ok",)])
+        if name == "database_list":
+            return Cursor(None, [(0, "main", self.url)])
+        # journal_mode, synchronous, cache_size, busy_timeout: SQLite's own; read as 0
+        return Cursor(None, [] if value is not None else [(0,)])
+
+    def schema_version(self) -> int:
+        row = self._run("SELECT version FROM slurmhealth_schema", ()).fetchone()
+        return int(row[0]) if row else 0
+
+    def commit(self) -> None:
+        if self.in_transaction:
+            self._run("COMMIT", ())
+
+    def rollback(self) -> None:
+        if self.in_transaction:
+            self._run("ROLLBACK", ())
+
+    def close(self) -> None:
+        self._raw.close()
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if kind is None:
+            self.commit()
+        else:
+            self.rollback()
+
+
+def _numbers(raw: Any) -> None:
+    """numeric (what sum() and avg() of integers give) as int or float, as SQLite answers, not
+    Decimal, which no caller can add to a float."""
+    from psycopg.adapt import Loader  # noqa: PLC0415
+
+    class _Number(Loader):  # type: ignore[misc]
+        def load(self, data: Any) -> int | float:
+            text = bytes(data).decode()
+            try:
+                return int(text)
+            except ValueError:
+                return float(text)
+
+    raw.adapters.register_loader("numeric", _Number)
+
+
+def connect(url: str, existing: bool = False) -> Connection:
+    """Open the fleet store at `url`, creating or migrating its tables; StoreError with a
+    one-line reason (psycopg missing, the server unreachable, a newer schema). `existing`: a
+    command that reads a store names one; a database without our tables is refused, never
+    given them."""
+    try:
+        import psycopg  # noqa: PLC0415
+    except ImportError:
+        raise store.StoreError(
+            "PostgreSQL fleet stores need psycopg 3: pip install 'slurmhealth[postgresql]'"
+        ) from None
+    try:
+        raw = psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
+    except psycopg.Error as exc:
+        raise store.StoreError(f"{shown(url)}: {_as_sqlite(exc)}") from None
+    _numbers(raw)
+    conn = Connection(raw, url)
+    try:
+        if existing and not _ours(conn):
+            raise sqlite3.OperationalError("not a slurmhealth fleet store: nothing written to it")
+        _migrate(conn)
+    except sqlite3.Error as exc:
+        conn.close()
+        raise store.StoreError(f"{shown(url)}: {exc}") from None
+    return conn
+
+
+def _ours(conn: Connection) -> bool:
+    found = conn.execute("SELECT to_regclass(?)", ("slurmhealth_schema",)).fetchone()[0]
+    return found is not None and conn.schema_version() > 0
+
+
+def _migrate(conn: Connection) -> None:
+    """The table spec's migrations, once, under an advisory lock (two collectors starting
+    together on an empty database create it once)."""
+    conn.execute("CREATE TABLE IF NOT EXISTS slurmhealth_schema (version INTEGER NOT NULL)")
+    if conn.schema_version() == store.SCHEMA_VERSION:
+        return
+    conn.execute("BEGIN")
+    try:
+        conn.execute("SELECT pg_advisory_xact_lock(?)", (0x534C524D,))
+        if conn.execute("SELECT count(*) FROM slurmhealth_schema").fetchone()[0] == 0:
+            conn.execute("INSERT INTO slurmhealth_schema (version) VALUES (0)")
+        version = conn.schema_version()
+        if version > store.SCHEMA_VERSION:
+            raise sqlite3.OperationalError(
+                f"store schema {version} is newer than this slurmhealth ({store.SCHEMA_VERSION})"
+            )
+        for number in range(version + 1, store.SCHEMA_VERSION + 1):
+            for statement in store.migration(number):
+                conn.execute(statement)
+        conn.execute(f"PRAGMA user_version = {store.SCHEMA_VERSION}")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.rollback()
+        raise
