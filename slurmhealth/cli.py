@@ -557,6 +557,45 @@ fleet_db_option = click.option(
 )
 
 
+@cli.group(name="fleet")
+def fleet_group() -> None:
+    """The fleet store itself: move it onto a PostgreSQL server (docs/fleet.md).
+
+    \b
+    Example:
+        slurmhealth fleet migrate /var/lib/slurmhealth/fleet.db postgresql://slurmhealth@db1/fleet
+    """
+
+
+@fleet_group.command(name="migrate")
+@click.argument("sqlite_file", type=click.Path(dir_okay=False))
+@click.argument("url")
+@_said
+def fleet_migrate(sqlite_file: str, url: str) -> None:
+    """Copy the SQLite fleet store SQLITE_FILE, every table, into the empty PostgreSQL
+    database at URL (postgresql://USER@HOST/DB; a password from ~/.pgpass or $PGPASSWORD, never
+    on the command line), in one transaction: nothing is copied unless all is. The file is
+    read, never changed. Point $SLURMHEALTH_FLEET_DB (or --db) at URL afterwards.
+
+    \b
+    Example:
+        slurmhealth fleet migrate /var/lib/slurmhealth/fleet.db postgresql://slurmhealth@db1/fleet
+    """
+    from slurmhealth.core import pgstore  # noqa: PLC0415
+
+    if not url.startswith(store.SERVER_PREFIXES):
+        raise _Refused(f"{clean(url, 200)}: not a postgresql:// URL")
+    if not os.path.isfile(sqlite_file):
+        raise _Refused(f"{clean(sqlite_file, 300)}: no such file")
+    try:
+        conn = pgstore.connect(url)
+        counts = pgstore.copy_from(sqlite_file, conn)
+    except store.StoreError as exc:
+        raise _Refused(str(exc)) from None
+    rows = ", ".join(f"{n} {t}" for t, n in counts.items() if n)
+    click.echo(f"copied {rows or 'nothing (an empty store)'} into {pgstore.shown(url)}")
+
+
 @cli.command(name="export")
 @click.option("--db", default=None, help="the store [$SLURMHEALTH_DB or this node's store]")
 @click.option("--since", default=None, help="only records newer than this, e.g. 7d [all]")

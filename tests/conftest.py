@@ -122,7 +122,8 @@ REAL_FIXTURES = ("small_fs", "node_exporter", "lab", "promtool", "pg_server")
 def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         where = os.path.relpath(str(item.fspath), TESTS).replace(os.sep, "/")
-        on_server = getattr(item, "callspec", None) and item.callspec.params.get("fleet_db")
+        params = item.callspec.params.values() if hasattr(item, "callspec") else ()
+        on_server = "postgresql" if "postgresql" in params else None
         if where.startswith(REAL_PATHS) or set(REAL_FIXTURES) & set(item.fixturenames):
             item.add_marker(pytest.mark.real)
         elif on_server == "postgresql":
@@ -493,9 +494,17 @@ def pg_server():
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
-def fleet_db(request, tmp_path):
+def fleet_store(request, tmp_path):
     """A fleet store to create, on each backend: a SQLite file's path, then a fresh PostgreSQL
     database's URL on the session's server."""
     if request.param == "sqlite":
         return str(tmp_path / "fleet.db")
     return request.getfixturevalue("pg_server").new_database()
+
+
+def open_fleet(db: str):
+    """The fleet store `db` names: a SQLite file's path or a PostgreSQL URL (core/pgstore.py),
+    as the fleet commands open it."""
+    from slurmhealth.core import pgstore, store
+
+    return pgstore.connect(db) if db.startswith(store.SERVER_PREFIXES) else store.connect(db)

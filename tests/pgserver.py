@@ -48,7 +48,9 @@ def _free_port() -> int:
 class Server:
     """One server: `url(database)`, `new_database()`, `stop()`, `kill()`."""
 
-    def __init__(self, fsync: bool = False) -> None:
+    def __init__(self, fsync: bool = False, primary: Server | None = None) -> None:
+        """A new server; with `primary`, a hot standby streaming from it (a read replica:
+        pg_basebackup -R)."""
         self.folder = tempfile.mkdtemp(prefix="slurmhealth-pg-")
         self.data = os.path.join(self.folder, "data")
         self.port = _free_port()
@@ -56,7 +58,15 @@ class Server:
         self._names = itertools.count()
         if os.geteuid() == 0:
             os.chown(self.folder, pwd.getpwnam("postgres").pw_uid, -1)
-        self._as_owner([f"{self.bin}/initdb", "-D", self.data, "-A", "trust", "-U", USER])
+        if primary is None:
+            # C collation: names sort by their bytes, as SQLite sorts them (docs/fleet.md)
+            initdb = [f"{self.bin}/initdb", "-D", self.data, "-A", "trust", "-U", USER]
+            self._as_owner([*initdb, "-E", "UTF8", "--locale=C"])
+        else:
+            self._as_owner([
+                f"{self.bin}/pg_basebackup", "-h", "127.0.0.1", "-p", str(primary.port),
+                "-U", USER, "-D", self.data, "-R", "-X", "stream", "-c", "fast",
+            ])  # fmt: skip
         options = f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1"
         options += "" if fsync else " -c fsync=off -c synchronous_commit=off"
         self.start_command = [
@@ -83,6 +93,16 @@ class Server:
         with psycopg.connect(self.url(), autocommit=True) as conn:
             conn.execute(f"CREATE DATABASE {name}")
         return self.url(name)
+
+    def replayed(self, primary: Server) -> bool:
+        """Whether this standby has replayed everything `primary` has written."""
+        import psycopg
+
+        with psycopg.connect(primary.url(), autocommit=True) as conn:
+            written = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+        with psycopg.connect(self.url(), autocommit=True) as conn:
+            sql = "SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn"
+            return bool(conn.execute(sql, (written,)).fetchone()[0])
 
     def stop(self, mode: str = "fast") -> None:
         self._as_owner([f"{self.bin}/pg_ctl", "-D", self.data, "-m", mode, "-w", "stop"])

@@ -3,7 +3,7 @@
 
 _slurmhealth_spec() {
     case "$1" in
-        "") subs="check collect config diagnose export history import job lemons notify prune publish report rma slow snapshot trends prolog epilog healthcheck"; opts="-V --version -h --help"; valued=""; files=0 ;;
+        "") subs="check collect config diagnose export fleet history import job lemons notify prune publish report rma slow snapshot trends prolog epilog healthcheck"; opts="-V --version -h --help"; valued=""; files=0 ;;
         "check") subs=""; opts="--json --no-db --record -q --quiet -h --help --node --only --gpu-source --sysfs-root --kmsg --host-root --db --config --metrics-file"; valued="--node --only --gpu-source --sysfs-root --kmsg --host-root --db --config --metrics-file"; files=0 ;;
         "collect") subs=""; opts="--sacct --consume --full -h --help --db --since --now --slurm-bin --spool-owner --rollup-after --rollup-max"; valued="--db --since --now --slurm-bin --spool-owner --rollup-after --rollup-max"; files=1 ;;
         "config") subs="example from-nhc genconf show slurm-conf validate"; opts="-h --help"; valued=""; files=0 ;;
@@ -15,6 +15,8 @@ _slurmhealth_spec() {
         "config validate") subs=""; opts="-h --help --config"; valued="--config"; files=1 ;;
         "diagnose") subs=""; opts="--apply --submit --json -h --help --level --node --db --config --gpu-source --sysfs-root --kmsg --host-root --time-limit --nodes"; valued="--level --node --db --config --gpu-source --sysfs-root --kmsg --host-root --time-limit --nodes"; files=0 ;;
         "export") subs=""; opts="--incremental -h --help --db --since --now -o --output"; valued="--db --since --now -o --output"; files=0 ;;
+        "fleet") subs="migrate"; opts="-h --help"; valued=""; files=0 ;;
+        "fleet migrate") subs=""; opts="-h --help"; valued=""; files=0 ;;
         "history") subs=""; opts="--json -q --quiet -h --help --node --job --since --now --limit --db"; valued="--node --job --since --now --limit --db"; files=0 ;;
         "import") subs=""; opts="-h --help --db"; valued="--db"; files=1 ;;
         "job") subs=""; opts="--json -h --help --db --slurm-bin"; valued="--db --slurm-bin"; files=0 ;;

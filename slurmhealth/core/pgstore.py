@@ -21,10 +21,11 @@ What is translated (docs/fleet.md "PostgreSQL"):
   INDEXED BY name         (removed: PostgreSQL's planner picks)
   total(x) [FILTER ...]   coalesce(sum(x) [FILTER ...], 0.0)
   LIMIT -1                LIMIT ALL
+  FROM (SELECT ...)       FROM (SELECT ...) AS _q0 (a subquery needs a name)
   REAL, INTEGER (DDL)     DOUBLE PRECISION, BIGINT
   end, user (columns)     "end", "user" (reserved words in PostgreSQL)
   temp.name               pg_temp.name
-  BEGIN IMMEDIATE         BEGIN
+  BEGIN IMMEDIATE         BEGIN, then the writers' advisory lock (one writer at a time)
 """
 
 from __future__ import annotations
@@ -44,6 +45,13 @@ if TYPE_CHECKING:
 CONNECT_TIMEOUT_S = 10
 # The schema version lives in a one-row table, slurmhealth_schema: PostgreSQL has no
 # user_version.
+
+
+# The advisory lock a write transaction holds (store.immediate's BEGIN IMMEDIATE), and the
+# one that creates the schema once.
+WRITER_LOCK = 0x534C5257
+SCHEMA_LOCK = 0x534C524D
+_IMMEDIATE = re.compile(r"\s*BEGIN\s+IMMEDIATE\s*$", re.I)
 
 
 def is_url(db: str | None) -> bool:
@@ -100,7 +108,8 @@ def _closing(text: str, start: int) -> int:
 
 def _arguments(inner: str) -> list[str]:
     """A call's arguments split at its top-level commas."""
-    out, depth, begin = [], 0, 0
+    out: list[str] = []
+    depth = begin = 0
     for i, char in enumerate(inner):
         depth += (char == "(") - (char == ")")
         if char == "," and depth == 0:
@@ -112,7 +121,8 @@ def _arguments(inner: str) -> list[str]:
 def _calls(text: str, name: str, rewrite: Any) -> str:
     """Every call `name(...)` (any case) rewritten by rewrite(arguments) or left (None)."""
     pattern = re.compile(rf"\b{name}\s*\(", re.I)
-    out, at = [], 0
+    out: list[str] = []
+    at = 0
     while True:
         found = pattern.search(text, at)
         if found is None:
@@ -163,7 +173,8 @@ def _totals(text: str) -> str:
     """total(x) [FILTER (...)]: coalesce(sum(x) [FILTER (...)], 0.0), SQLite's sum that is 0.0
     over no rows."""
     pattern = re.compile(r"\btotal\s*\(", re.I)
-    out, at = [], 0
+    out: list[str] = []
+    at = 0
     while True:
         found = pattern.search(text, at)
         if found is None:
@@ -179,9 +190,35 @@ def _totals(text: str) -> str:
         at = end + 1
 
 
+_CLAUSE = re.compile(
+    r"\s*($|\)|,|WHERE\b|GROUP\b|ORDER\b|LIMIT\b|UNION\b|JOIN\b|CROSS\b|LEFT\b|INNER\b"
+    r"|ON\b|HAVING\b|WINDOW\b)",
+    re.I,
+)
+
+
+def _aliased(text: str) -> str:
+    """A subquery in FROM or JOIN without a name given one: PostgreSQL requires it."""
+    pattern = re.compile(r"\b(FROM|JOIN)\s*\(\s*(?=SELECT\b|WITH\b)", re.I)
+    out: list[str] = []
+    at = count = 0
+    while True:
+        found = pattern.search(text, at)
+        if found is None:
+            return "".join(out) + text[at:]
+        start = text.index("(", found.start())
+        end = _closing(text, start + 1)
+        inner = _aliased(text[start + 1 : end])
+        named = "" if not _CLAUSE.match(text[end + 1 :]) else f" AS _q{count}"
+        count += 1
+        out.append(f"{text[at:start]}({inner}){named}")
+        at = end + 1
+
+
 def _cast(text: str) -> str:
     pattern = re.compile(r"\bCAST\s*\(", re.I)
-    out, at = [], 0
+    out: list[str] = []
+    at = 0
     while True:
         found = pattern.search(text, at)
         if found is None:
@@ -213,6 +250,7 @@ def _plain(text: str) -> str:
     text = _cast(text)
     text = _calls(text, "sum", _sum)
     text = _totals(text)
+    text = _aliased(text)
     text = re.sub(r"\bLIMIT\s+-1\b", "LIMIT ALL", text, flags=re.I)
     if re.match(r"\s*(CREATE|ALTER)\s+TABLE\b", text, re.I):
         for pattern, word in _TYPES:
@@ -223,8 +261,8 @@ def _plain(text: str) -> str:
 @functools.lru_cache(maxsize=1024)
 def translate(sql: str) -> str:
     """SQLite's statement as PostgreSQL takes it (the module's docstring lists what changes)."""
-    if re.match(r"\s*BEGIN\s+IMMEDIATE\s*$", sql, re.I):
-        return "BEGIN"
+    if _IMMEDIATE.match(sql):
+        return "BEGIN"  # Connection.execute takes the writers' lock with it
     sql = sql.replace("%", "%%")  # literals' too: psycopg reads every % of a statement
     verb = _OR_VERB.match(sql)
     tail = ""
@@ -245,12 +283,23 @@ def translate(sql: str) -> str:
 
 # --- errors ---------------------------------------------------------------------------------
 
+# SQLSTATE classes of a server that cannot serve now: connection exception, insufficient
+# resources (disk full), operator intervention (shut down), system error (I/O); and 25006, a
+# read-only transaction (a replica).
+_DOWN = ("08", "53", "57", "58")
+UNAVAILABLE = "fleet store server unavailable"
+
 
 def _as_sqlite(exc: Exception) -> sqlite3.Error:
     """A psycopg error as the sqlite3 class the callers already handle, one line."""
     import psycopg  # noqa: PLC0415
 
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    state = getattr(exc, "sqlstate", None) or ""
+    if isinstance(exc, psycopg.OperationalError) or state[:2] in _DOWN or state == "25006":
+        # The server cannot take writes now, whatever is being merged: a store fault
+        # (fleet/records.py store_fault), so collect stops at once and keeps every file.
+        return sqlite3.OperationalError(f"{UNAVAILABLE}: {text}")
     kinds: tuple[tuple[type, type[sqlite3.Error]], ...] = (
         (psycopg.errors.IntegrityError, sqlite3.IntegrityError),
         (psycopg.errors.DataError, sqlite3.IntegrityError),
@@ -329,20 +378,27 @@ class Connection:
     def in_transaction(self) -> bool:
         import psycopg  # noqa: PLC0415
 
-        idle = psycopg.pq.TransactionStatus.IDLE
-        return bool(self._raw.info.transaction_status != idle)
+        status = psycopg.pq.TransactionStatus
+        now = self._raw.info.transaction_status  # UNKNOWN: the connection is gone
+        return bool(now in (status.INTRANS, status.INERROR, status.ACTIVE))
 
     def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Cursor:
         pragma = re.match(r"\s*PRAGMA\s+(\w+)\s*(?:=\s*(\S+))?", sql, re.I)
         if pragma:
             return self._pragma(pragma.group(1).lower(), pragma.group(2))
+        if _IMMEDIATE.match(sql):
+            # SQLite's one writer at a time, which the merges and the rollup count on (a
+            # node-hour rolled up by two collectors at once would be counted twice): every
+            # write transaction of every collector takes one lock, held to its end.
+            self._run("BEGIN", ())
+            return self._run("SELECT pg_advisory_xact_lock(%s)", (WRITER_LOCK,))
         return self._run(translate(sql), params)
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> Cursor:
         import psycopg  # noqa: PLC0415
 
-        cursor = self._raw.cursor()
         try:
+            cursor = self._raw.cursor()
             cursor.executemany(translate(sql), list(rows))
         except psycopg.Error as exc:
             raise _as_sqlite(exc) from None
@@ -352,8 +408,8 @@ class Connection:
     def _run(self, sql: str, params: Any) -> Cursor:
         import psycopg  # noqa: PLC0415
 
-        cursor = self._raw.cursor()
         try:
+            cursor = self._raw.cursor()
             cursor.execute(sql, params)  # always: so %% is read as % in every statement
         except psycopg.Error as exc:
             raise _as_sqlite(exc) from None
@@ -416,7 +472,7 @@ def _numbers(raw: Any) -> None:
     Decimal, which no caller can add to a float."""
     from psycopg.adapt import Loader  # noqa: PLC0415
 
-    class _Number(Loader):  # type: ignore[misc]
+    class _Number(Loader):
         def load(self, data: Any) -> int | float:
             text = bytes(data).decode()
             try:
@@ -438,6 +494,11 @@ def connect(url: str, existing: bool = False) -> Connection:
         raise store.StoreError(
             "PostgreSQL fleet stores need psycopg 3: pip install 'slurmhealth[postgresql]'"
         ) from None
+    if urllib.parse.urlsplit(url).password is not None:
+        raise store.StoreError(
+            f"{shown(url)}: a password in the URL would show in ps and in every message: "
+            "put it in ~/.pgpass or $PGPASSWORD"
+        )
     try:
         raw = psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
     except psycopg.Error as exc:
@@ -447,11 +508,34 @@ def connect(url: str, existing: bool = False) -> Connection:
     try:
         if existing and not _ours(conn):
             raise sqlite3.OperationalError("not a slurmhealth fleet store: nothing written to it")
-        _migrate(conn)
+        if conn.execute("SELECT pg_is_in_recovery()").fetchone()[0]:
+            _read_only(conn)  # a replica: it reads what its primary wrote, as it is
+        else:
+            _migrate(conn)
     except sqlite3.Error as exc:
         conn.close()
         raise store.StoreError(f"{shown(url)}: {exc}") from None
     return conn
+
+
+# SQLite's rowid of a run, which the rollup and the report read (runs merged since the last
+# rollup, the store's size): the order rows came in, as an identity column. Never exported:
+# every reader names its columns.
+_ROWID = (
+    "ALTER TABLE runs ADD COLUMN IF NOT EXISTS rowid BIGINT GENERATED BY DEFAULT AS IDENTITY",
+    "CREATE INDEX IF NOT EXISTS runs_rowid ON runs (rowid)",
+)
+
+
+def _read_only(conn: Connection) -> None:
+    """A replica (hot standby) serves `report` and `lemons` at the primary's schema; any
+    other schema is one line, as no migration can run there."""
+    version = conn.schema_version() if _ours(conn) else 0
+    if version != store.SCHEMA_VERSION:
+        raise sqlite3.OperationalError(
+            f"a read-only replica at store schema {version}, and this slurmhealth reads "
+            f"{store.SCHEMA_VERSION}: open the primary with it first"
+        )
 
 
 def _ours(conn: Connection) -> bool:
@@ -467,7 +551,7 @@ def _migrate(conn: Connection) -> None:
         return
     conn.execute("BEGIN")
     try:
-        conn.execute("SELECT pg_advisory_xact_lock(?)", (0x534C524D,))
+        conn.execute("SELECT pg_advisory_xact_lock(?)", (SCHEMA_LOCK,))
         if conn.execute("SELECT count(*) FROM slurmhealth_schema").fetchone()[0] == 0:
             conn.execute("INSERT INTO slurmhealth_schema (version) VALUES (0)")
         version = conn.schema_version()
@@ -478,8 +562,72 @@ def _migrate(conn: Connection) -> None:
         for number in range(version + 1, store.SCHEMA_VERSION + 1):
             for statement in store.migration(number):
                 conn.execute(statement)
+        for statement in _ROWID:
+            conn.execute(statement)
         conn.execute(f"PRAGMA user_version = {store.SCHEMA_VERSION}")
         conn.execute("COMMIT")
     except BaseException:
         conn.rollback()
         raise
+
+
+# --- moving a SQLite fleet store onto the server ---------------------------------------------
+
+CHUNK = 10_000
+
+
+def copy_from(path: str, conn: Connection, progress: Any = None) -> dict[str, int]:
+    """Copy every table of the SQLite fleet store at `path` (opened read-only, at this
+    version's schema) into the empty PostgreSQL store `conn`, in one transaction: {table:
+    rows}. The runs keep their order (the rollup's mark counts in it). StoreError with one
+    line when the file is no store of ours, an older schema, or the database is not empty."""
+    try:
+        source = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        version = source.execute("PRAGMA user_version").fetchone()[0]
+    except sqlite3.Error as exc:
+        raise store.StoreError(f"{path}: {exc}") from None
+    try:
+        if version != store.SCHEMA_VERSION:
+            what = "not a slurmhealth store" if version == 0 else f"store schema {version}"
+            hint = (
+                ""
+                if version == 0
+                else f": open it once with this slurmhealth (schema {store.SCHEMA_VERSION}) "
+                "first, e.g. slurmhealth report --db FILE"
+            )
+            raise store.StoreError(f"{path}: {what}{hint}")
+        held = conn.execute("SELECT count(*) FROM runs").fetchone()[0]
+        if held:
+            raise store.StoreError(
+                f"{shown(conn.url)}: holds {held} runs already: migrate into an empty database"
+            )
+        return _copy(source, conn, progress)
+    except sqlite3.Error as exc:
+        raise store.StoreError(str(exc)) from None
+    finally:
+        source.close()
+
+
+def _copy(source: sqlite3.Connection, conn: Connection, progress: Any) -> dict[str, int]:
+    counts = {}
+    with store.immediate(conn):  # type: ignore[arg-type]  # sqlite3's interface
+        for table in store.TABLES:
+            names = table.names()
+            extra = ("rowid",) if table.name == "runs" else ()
+            order = " ORDER BY rowid" if table.name == "runs" else ""
+            rows = source.execute(f"SELECT {', '.join((*names, *extra))} FROM {table.name}{order}")  # noqa: S608 - the spec's names
+            insert = store.insert_sql(table.name, (*names, *extra))
+            counts[table.name] = 0
+            while True:
+                chunk = rows.fetchmany(CHUNK)
+                if not chunk:
+                    break
+                conn.executemany(insert, chunk)
+                counts[table.name] += len(chunk)
+                if progress:
+                    progress(len(chunk))
+        conn.execute(  # the next run merged comes after every copied one
+            "SELECT setval(pg_get_serial_sequence('runs', 'rowid'), "
+            "coalesce(max(rowid), 0) + 1, false) FROM runs"
+        )
+    return counts

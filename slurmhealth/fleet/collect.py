@@ -242,8 +242,8 @@ def _merge_rows(
             columns = ", ".join(spec.columns)
             checked = f"{where} AND {spec.valid_sql}"
             select = f"SELECT {columns} FROM node.{spec.table} WHERE {checked}"  # noqa: S608
-            found = node.execute(select, args)
-            rows[kind] = [r for r in found if spec.node is None or r[spec.node] not in bad]
+            picked = node.execute(select, args)
+            rows[kind] = [r for r in picked if spec.node is None or r[spec.node] not in bad]
         mark = node.execute(_NEWEST).fetchone()[0] if source is not None else None
     except sqlite3.Error as exc:
         raise FleetError(clean(exc, 120)) from None

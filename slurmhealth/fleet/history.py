@@ -89,7 +89,7 @@ def run_history(
         where.append("job_id = ?")
         args.append(job)
     # Only the fixed clauses above are joined into the text; every value is a parameter.
-    sql = f"SELECT id, node, job_id, phase, started, duration, verdict FROM runs WHERE {' AND '.join(where)} ORDER BY started DESC LIMIT ?"  # noqa: S608, E501
+    sql = f"SELECT id, node, job_id, phase, started, duration, verdict FROM runs WHERE {' AND '.join(where)} ORDER BY started DESC, id DESC LIMIT ?"  # noqa: S608, E501
     rows = conn.execute(sql, (*args, limit)).fetchall()
     out = []
     for run_id, run_node, job_id, phase, started, duration, verdict in rows:
@@ -131,7 +131,8 @@ def action_history(conn: sqlite3.Connection, node: str | None, since: float) -> 
         sql += " AND node = ?"
         args.append(node)
     keys = ("node", "time", "action", "reason", "actor", "ok", "detail")
-    return [dict(zip(keys, row)) for row in conn.execute(sql + " ORDER BY time DESC", args)]
+    rows = conn.execute(sql + " ORDER BY time DESC, id DESC", args)
+    return [dict(zip(keys, row)) for row in rows]
 
 
 def job_history(conn: sqlite3.Connection, job: str) -> list:

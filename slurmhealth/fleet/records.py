@@ -203,7 +203,7 @@ _DATED = {
 def dated(kind: str, since: float | None, prefix: str = "") -> tuple:
     """(WHERE condition, args) selecting records newer than `since` (everything for None)."""
     if since is None:
-        return "1", ()
+        return "1 = 1", ()
     condition = _DATED[kind].replace("FROM runs", f"FROM {prefix}runs")
     condition = condition.replace("FROM jobs", f"FROM {prefix}jobs")
     return condition, (since,) * condition.count("?")
@@ -352,6 +352,7 @@ _STORE_FAULTS = (
     "disk i/o error",
     "readonly database",
     "unable to open database file",
+    "fleet store server unavailable",  # PostgreSQL's (core/pgstore.py UNAVAILABLE)
 )
 
 

@@ -47,7 +47,7 @@ _ROLL_HOURS = """CREATE TEMP TABLE roll AS
 SELECT node, hour, sum(plain) AS runs, sum(plain * duration) AS duration,
        count(*) - sum(plain) AS versions, min(started) AS first
 FROM (SELECT u.node, CAST(u.started / 3600 AS INTEGER) * 3600 AS hour, u.started, u.duration,
-             NOT instr(u.sources, '"versions"') AS plain
+             CASE WHEN instr(u.sources, '"versions"') THEN 0 ELSE 1 END AS plain
       FROM temp.batch b CROSS JOIN runs u INDEXED BY runs_node_started_verdict
       WHERE u.node = b.node AND u.started >= :lo AND u.started < :hi
       AND u.phase = 'healthcheck' LIMIT -1)
@@ -72,15 +72,16 @@ _KEPT_RUN = """ALTER TABLE temp.roll ADD COLUMN keep TEXT"""
 # reads every node's health check of that second where a fleet's checks start together (for
 # 10,000 nodes' hour: CHANGELOG.md).
 _PICK = """UPDATE temp.roll SET (keep, runs, duration) = (
-    SELECT runs.id, roll.runs - (NOT instr(runs.sources, '"versions"')), roll.duration
+    SELECT runs.id, roll.runs - CASE WHEN instr(runs.sources, '"versions"') THEN 0 ELSE 1 END,
+           roll.duration
            - (CASE WHEN instr(runs.sources, '"versions"') THEN 0 ELSE runs.duration END)
     FROM runs INDEXED BY runs_node_started_verdict
     WHERE runs.node = roll.node AND runs.started = roll.first
     AND runs.phase = 'healthcheck' ORDER BY runs.id LIMIT 1)"""
 _COUNT = """INSERT INTO run_hours (node, hour, phase, runs, duration)
 SELECT node, hour, 'healthcheck', runs, duration FROM temp.roll WHERE runs > 0
-ON CONFLICT (node, hour, phase) DO UPDATE SET runs = runs + excluded.runs,
-    duration = duration + excluded.duration"""
+ON CONFLICT (node, hour, phase) DO UPDATE SET runs = run_hours.runs + excluded.runs,
+    duration = run_hours.duration + excluded.duration"""
 # The runs that recorded versions in the hours to fold (few hours have one: a node's every 6 h).
 # Found here, not by the DELETE: any function in a DELETE of many rows has SQLite keep a
 # statement journal inside the transaction (a function may fail midway), and the DELETE took
@@ -112,9 +113,10 @@ _LATE = """CREATE TEMP TABLE folded AS SELECT rowid AS rid, id FROM runs
                 AND (f.started < runs.started OR (f.started = runs.started AND f.id < runs.id)))"""
 
 
-# The next nodes after :after, in name order, :n of them (-1: all): one seek each into the
+# The next nodes after :after, in name order, :n of them (ALL: all): one seek each into the
 # (node, started, verdict) index. A node with no run in the hour costs its seek and no more.
 # The walk is a co-routine: it stops when the outer LIMIT has its rows.
+ALL = 1 << 62  # a LIMIT no fleet reaches (PostgreSQL takes no negative one)
 _BATCH = """CREATE TEMP TABLE batch AS WITH RECURSIVE walk(node) AS (
     SELECT (SELECT min(node) FROM runs WHERE node > :after)
     UNION ALL SELECT (SELECT min(node) FROM runs WHERE node > walk.node)
@@ -158,7 +160,7 @@ def _rollup(conn: sqlite3.Connection, before: float, limit: int | None) -> dict:
             # hour, as many nodes as the budget allows.
             hi = min(until, (lo // DAY + 1) * DAY) if budget is None and not after else lo + HOUR
             want = -1 if budget is None else budget
-            conn.execute(_BATCH, {"after": after, "n": want})
+            conn.execute(_BATCH, {"after": after, "n": want if want >= 0 else ALL})
             nodes, last = conn.execute("SELECT count(*), max(node) FROM temp.batch").fetchone()
             folded, hours = _rollup_range(conn, lo, hi) if nodes else (0, 0)
             if budget is not None:

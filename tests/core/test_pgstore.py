@@ -4,10 +4,16 @@ same pipeline on SQLite; and the dialect translation, statement by statement."""
 from __future__ import annotations
 
 import json
+import os
+import pathlib
+import shutil
 import sqlite3
+import subprocess
+import sys
+import time
 
 import pytest
-from conftest import run_cli
+from conftest import open_fleet, run_cli
 
 from slurmhealth.core import pgstore as pg
 from slurmhealth.core import store, timespec
@@ -48,6 +54,9 @@ from slurmhealth.core import store, timespec
         ("CREATE TABLE x (a REAL, b INTEGER NOT NULL)",
          "CREATE TABLE x (a DOUBLE PRECISION, b BIGINT NOT NULL)"),
         ("BEGIN IMMEDIATE", "BEGIN"),
+        ("SELECT min(t) FROM (SELECT a AS t FROM x UNION ALL SELECT b FROM (SELECT 1 AS b) y)",
+         "SELECT min(t) FROM (SELECT a AS t FROM x UNION ALL SELECT b FROM (SELECT 1 AS b) y) "
+         "AS _q0"),
         ("SELECT total(e) FILTER (WHERE h < :w0), total(e * e) FROM t LIMIT -1",
          "SELECT coalesce(sum(e) FILTER (WHERE h < %(w0)s), 0.0), coalesce(sum(e * e), 0.0) "
          "FROM t LIMIT ALL"),
@@ -65,15 +74,17 @@ def test_a_password_is_never_shown():
 # --- the pipeline on both backends -----------------------------------------------------------
 
 NODES, DAYS = 12, 10
-TABLES = ("runs", "results", "events", "jobs", "actions", "counters")
+TABLES = tuple(t.name for t in store.TABLES)
 
 
 @pytest.fixture(scope="module")
 def node_stores(tmp_path_factory):
-    """A simulated fleet's node stores (one planted lemon), as each node's hooks left them."""
+    """A simulated fleet's node stores (one planted lemon), as each node's hooks left them:
+    (their folder, the end of the simulated period, the lemons). Four health checks an hour,
+    so the rollup has runs to fold."""
     from sim import simulate
 
-    fleet = simulate.Fleet(nodes=NODES, days=DAYS, seed=3, healthcheck_interval=3600)
+    fleet = simulate.Fleet(nodes=NODES, days=DAYS, seed=3, healthcheck_interval=900)
     fleet.lemons = simulate.pick_lemons(fleet, 1, 40.0)
     history = simulate.events(fleet)
     folder = tmp_path_factory.mktemp("fleet")
@@ -87,7 +98,7 @@ def node_stores(tmp_path_factory):
         target = store.connect(str(nodes / f"{node}.db"))
         target.execute("ATTACH DATABASE ? AS sim", (whole,))
         target.execute("BEGIN IMMEDIATE")
-        for table in TABLES:
+        for table in ("runs", "results", "events", "jobs", "actions", "counters"):
             where = "node = ?"
             if table == "results":
                 where = "run_id IN (SELECT id FROM sim.runs WHERE node = ?)"
@@ -98,31 +109,290 @@ def node_stores(tmp_path_factory):
     return str(nodes), timespec.iso(fleet.end), sorted(fleet.lemons)
 
 
-def _counts(conn) -> dict:
-    return {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in TABLES}  # noqa: S608
+def _rounded(row: tuple) -> tuple:
+    """Sums of durations in another order differ in their last bits: to the microsecond."""
+    return tuple(round(v, 6) if isinstance(v, float) else v for v in row)
 
 
-def _cli(*args: str) -> str:
+def contents(db: str) -> dict:
+    """Every table's rows (the spec's columns), sorted: the same on both backends when the
+    same records went in."""
+    conn = open_fleet(db)
+    try:
+        return {
+            t.name: sorted(
+                (_rounded(r) for r in conn.execute(f"SELECT {', '.join(t.names())} FROM {t.name}")),  # noqa: S608
+                key=repr,
+            )
+            for t in store.TABLES
+            if t.name not in ("meta", "watermarks")  # the time a file was read, its path
+        }
+    finally:
+        conn.close()
+
+
+def cli(*args: str, ok: bool = True) -> subprocess.CompletedProcess:
     proc = run_cli(*args, env={"SLURMHEALTH_FLEET_DB": ""}, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
+    assert (proc.returncode == 0) == ok, proc.stderr
+    return proc
 
 
-def test_collect_and_lemons_give_the_same_answers_on_postgresql(node_stores, pg_server, tmp_path):
+def said_by(step: tuple, db: str) -> str:
+    """What the command `step` prints with --db `db` (the store's name replaced by DB)."""
+    return cli(step[0], "--db", db, *step[1:]).stdout.replace(db, "DB")
+
+
+def test_every_fleet_command_gives_the_same_answers_on_postgresql(node_stores, pg_server, tmp_path):
+    """collect (node stores, then the hourly rollup), lemons, report in every format, trends,
+    slow, history and prune: the same output from a SQLite file and from a real server."""
     nodes, end, lemons = node_stores
     lite, server = str(tmp_path / "fleet.db"), pg_server.new_database()
-    window = ("--now", end, "--since", f"{DAYS}d")
-    answers = {}
+    node = "gpu0001"
+    steps = [
+        ("collect", nodes, "--now", end, "--since", f"{DAYS}d"),
+        ("collect", nodes, "--now", end, "--since", f"{DAYS}d"),  # again: nothing new
+        ("lemons", "--now", end, "--window", f"{DAYS}d", "--json"),
+        ("lemons", "--now", end, "--window", f"{DAYS}d"),
+        ("report", "--now", end, "--since", f"{DAYS}d", "--format", "json"),
+        ("report", "--now", end, "--since", f"{DAYS}d", "--format", "md"),
+        ("report", "--now", end, "--since", f"{DAYS}d", "--format", "prom"),
+        ("trends", "--now", end, "--json"),
+        ("slow", "--now", end, "--json"),
+        ("history", "--node", node, "--now", end, "--since", f"{DAYS}d", "--json"),
+        ("collect", nodes, "--now", end, "--since", f"{DAYS}d", "--rollup-after", "2d"),
+        ("lemons", "--now", end, "--window", f"{DAYS}d", "--json"),
+        ("report", "--now", end, "--since", f"{DAYS}d", "--format", "json"),
+        ("prune", "--older-than", "8d", "--now", end, "--dry-run"),
+        ("prune", "--older-than", "8d", "--now", end),
+        ("lemons", "--now", end, "--window", f"{DAYS}d", "--json"),
+    ]
+    seen = []
+    for step in steps:
+        said = [said_by(step, db) for db in (lite, server)]
+        assert said[0] == said[1], step
+        seen.append(said[0])
+        if step[0] == "collect" and "--rollup-after" in step:
+            assert contents(lite) == contents(server)
+            assert len(contents(server)["run_hours"]) > 1000
+    assert sorted(e["node"] for e in json.loads(seen[2])["lemons"]) == lemons
+    assert contents(lite) == contents(server)
+
+
+def test_an_ndjson_spool_is_collected_alike(node_stores, pg_server, tmp_path):
+    nodes, end, _ = node_stores
+    spool = tmp_path / "spool"
+    spool.mkdir(mode=0o700)
+    for name in sorted(n for n in os.listdir(nodes) if n.endswith(".db"))[:4]:
+        node_db = os.path.join(nodes, name)
+        cli("export", "--db", node_db, "-o", str(spool / name.replace(".db", ".ndjson")))
+    lite, server = str(tmp_path / "fleet.db"), pg_server.new_database()
     for db in (lite, server):
-        first = _cli("collect", nodes, "--db", db, *window)
-        again = _cli("collect", nodes, "--db", db, *window)  # nothing new: nothing added
-        conn = pg.connect(db) if pg.is_url(db) else sqlite3.connect(db)
-        counts = _counts(conn)
-        conn.close()
-        sweep = _cli("lemons", "--db", db, "--now", end, "--window", f"{DAYS}d", "--json")
-        sweep = json.loads(sweep)
-        answers[db] = (counts, sweep, "added" in first, again)
-    assert answers[lite][0] == answers[server][0]
-    assert all(n for t, n in answers[lite][0].items() if t != "counters")  # none simulated
-    assert answers[lite][1] == answers[server][1]
-    assert sorted(e["node"] for e in answers[server][1]["lemons"]) == lemons
+        copy = tmp_path / f"spool-{len(os.listdir(tmp_path))}"
+        shutil.copytree(spool, copy)
+        cli("collect", str(copy), "--db", db, "--consume")
+        assert os.listdir(copy) == []  # merged, then removed
+    assert contents(lite) == contents(server)
+    assert len(contents(server)["runs"]) > 1000
+
+
+# --- a SQLite fleet store moved onto the server -------------------------------------------------
+
+
+def test_fleet_migrate_copies_every_table_and_the_answers_stay(node_stores, pg_server, tmp_path):
+    nodes, end, _ = node_stores
+    lite = str(tmp_path / "fleet.db")
+    cli("collect", nodes, "--db", lite, "--now", end, "--since", f"{DAYS}d", "--rollup-after", "2d")
+    before = os.stat(lite).st_mtime_ns, open(lite, "rb").read()
+    server = pg_server.new_database()
+    said = cli("fleet", "migrate", lite, server).stdout
+    assert said.startswith("copied ") and " runs" in said and "run_hours" in said
+    assert (os.stat(lite).st_mtime_ns, open(lite, "rb").read()) == before  # read, not changed
+    assert contents(lite) == contents(server)
+    sweep = ("lemons", "--now", end, "--window", f"{DAYS}d", "--json")
+    assert said_by(sweep, lite) == said_by(sweep, server)
+    # the rollup's mark (the last run it saw, by rowid) means the same on the server
+    again = ("collect", nodes, "--now", end, "--since", f"{DAYS}d", "--rollup-after", "2d")
+    for db in (lite, server):
+        cli(again[0], *again[1:2], "--db", db, *again[2:])
+    assert contents(lite) == contents(server)
+    # a second migrate into a database that holds runs is refused, one line, nothing copied
+    proc = cli("fleet", "migrate", lite, server, ok=False)
+    assert "holds" in proc.stderr and "empty database" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["fleet", "migrate", "/nonexistent/fleet.db", "URL"], "no such file"),
+        (["fleet", "migrate", "FILE", "/tmp/not-a-url"], "not a postgresql:// URL"),
+        (["fleet", "migrate", "EMPTY", "URL"], "not a slurmhealth store"),
+        (["fleet", "migrate", "FILE", "postgresql://slurmhealth@127.0.0.1:1/x"], "127.0.0.1"),
+        (["fleet", "migrate", "FILE", "postgresql://u:s3cret@127.0.0.1:1/x"], "~/.pgpass"),
+        (["lemons", "--db", "postgresql://u:s3cret@127.0.0.1:1/x"], "$PGPASSWORD"),
+    ],
+)
+def test_fleet_migrate_refusals_are_one_line(pg_server, tmp_path, args, message):
+    lite = str(tmp_path / "fleet.db")
+    store.connect(lite).close()
+    empty = tmp_path / "empty.db"
+    sqlite3.connect(empty).execute("CREATE TABLE x (a)")
+    subs = {"FILE": lite, "EMPTY": str(empty), "URL": pg_server.new_database()}
+    proc = cli(*[subs.get(a, a) for a in args], ok=False)
+    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in proc.stderr and "s3cret" not in proc.stderr
+
+
+def test_help_acts_not(pg_server):
+    url = pg_server.new_database()
+    assert cli("fleet", "migrate", "--help").stdout.startswith("Usage:")
+    assert "slurmhealth_schema" not in str(_tables(url))
+
+
+def _tables(url: str) -> list:
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        sql = "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
+        return conn.execute(sql).fetchall()
+
+
+# --- several collectors, a server lost mid-collect, a read replica -------------------------------
+
+
+def _spools(nodes: str, folder: pathlib.Path, names: list) -> pathlib.Path:
+    folder.mkdir(mode=0o700)
+    for name in names:
+        ndjson = str(folder / name.replace(".db", ".ndjson"))
+        cli("export", "--db", os.path.join(nodes, name), "-o", ndjson)
+    return folder
+
+
+def test_two_collectors_at_once_count_every_record_once(node_stores, pg_server, tmp_path):
+    """Two collect processes (one per rack), started together on one server, their spools
+    overlapping by two nodes: every record once, the same store as one collect of all."""
+    nodes, end, _ = node_stores
+    names = sorted(n for n in os.listdir(nodes) if n.endswith(".db"))
+    racks = [
+        _spools(nodes, tmp_path / "rack1", names[:7]),
+        _spools(nodes, tmp_path / "rack2", names[5:]),
+    ]
+    server = pg_server.new_database()
+    open_fleet(server).close()  # created once, before both start
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "slurmhealth", "collect", str(rack), "--db", server, "--consume",
+             "--rollup-after", "2d", "--now", end],
+            env=dict(os.environ, SLURMHEALTH_FLEET_DB=""), stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True,
+        )
+        for rack in racks
+    ]  # fmt: skip
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    lite = str(tmp_path / "fleet.db")
+    cli("collect", nodes, "--db", lite, "--rollup-after", "2d", "--now", end)
+    together, alone = contents(server), contents(lite)
+    # The rollup is exact: each node-hour's passing health checks, as rows and as counts,
+    # are as many as one collect of everything leaves. Which hours are folded may differ (a
+    # node whose records came after its hours were rolled up keeps them whole).
+    assert passes_per_hour(together) == passes_per_hour(alone)
+    assert sum(h[3] for h in together["run_hours"]) > 1000
+    passing = ("healthcheck", "ok")
+    for name in together:
+        if name == "runs":
+            assert [r for r in together[name] if (r[3], r[6]) != passing] == [
+                r for r in alone[name] if (r[3], r[6]) != passing
+            ]
+        elif name not in ("run_hours", "results"):  # results: the skips of folded runs
+            assert together[name] == alone[name], name
+    assert [os.listdir(r) for r in racks] == [[], []]
+
+
+def passes_per_hour(tables: dict) -> dict:
+    """{(node, hour): passing health checks}, whether a run is a row or folded into a count."""
+    out: dict = {}
+    for run in tables["runs"]:
+        if (run[3], run[6]) == ("healthcheck", "ok"):
+            key = (run[1], int(run[4] // 3600) * 3600)
+            out[key] = out.get(key, 0) + 1
+    for node, hour, _phase, runs, _duration in tables["run_hours"]:
+        out[(node, int(hour))] = out.get((node, int(hour)), 0) + runs
+    return out
+
+
+def test_a_server_lost_mid_collect_loses_nothing(node_stores, tmp_path):
+    """The server stopped (immediate: as a crash) while collect waits to write: collect says so
+    in one line and exits 1, every spool file stays, and the next collect, with the server
+    back, merges them all (durable writes: fsync on)."""
+    import pgserver
+    import psycopg
+
+    nodes, _, _ = node_stores
+    names = sorted(n for n in os.listdir(nodes) if n.endswith(".db"))[:3]
+    spool = _spools(nodes, tmp_path / "spool", names)
+    untouched = tmp_path / "untouched"
+    shutil.copytree(spool, untouched)
+    server = pgserver.Server(fsync=True)
+    try:
+        url = server.new_database()
+        open_fleet(url).close()
+        holder = psycopg.connect(url)
+        holder.execute("LOCK TABLE runs IN ACCESS EXCLUSIVE MODE")  # collect waits on it
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "slurmhealth", "collect", str(spool), "--db", url, "--consume"],
+            env=dict(os.environ, SLURMHEALTH_FLEET_DB=""), stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        watch = psycopg.connect(url, autocommit=True)  # its own view of the activity
+        for _ in range(600):
+            waiting = watch.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            ).fetchone()[0]
+            if waiting:
+                break
+            time.sleep(0.05)
+        assert waiting, "collect never reached its first write"
+        server.stop("immediate")
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode != 0 and "Traceback" not in err
+        assert len(err.strip().splitlines()) == 1, err
+        kept = sorted(os.listdir(spool))
+        assert len(kept) == len(names), kept  # every file stays, claimed or not
+        server.start()
+        cli("collect", str(spool), "--db", url, "--consume")
+        assert os.listdir(spool) == []
+        lite = str(tmp_path / "fleet.db")
+        cli("collect", str(untouched), "--db", lite)
+        assert contents(url) == contents(lite)
+        assert len(contents(url)["runs"]) > 1000
+    finally:
+        server.remove()
+
+
+def test_a_read_replica_serves_report_and_lemons_and_refuses_writes(
+    node_stores, pg_server, tmp_path
+):
+    import pgserver
+
+    nodes, end, _ = node_stores
+    primary = pg_server.new_database()
+    cli("collect", nodes, "--db", primary, "--now", end, "--since", f"{DAYS}d")
+    replica = pgserver.Server(primary=pg_server)
+    try:
+        for _ in range(600):
+            if replica.replayed(pg_server):
+                break
+            time.sleep(0.05)
+        mirror = primary.replace(f":{pg_server.port}/", f":{replica.port}/")
+        for step in (
+            ("lemons", "--now", end, "--window", f"{DAYS}d", "--json"),
+            ("report", "--now", end, "--since", f"{DAYS}d", "--format", "json"),
+            ("trends", "--now", end, "--json"),
+        ):
+            said = [said_by(step, db) for db in (primary, mirror)]
+            assert said[0] == said[1], step
+        proc = cli("collect", nodes, "--db", mirror, "--now", end, ok=False)
+        assert "read-only" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    finally:
+        replica.remove()

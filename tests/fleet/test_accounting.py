@@ -8,7 +8,7 @@ import stat
 import time
 
 import pytest
-from conftest import run_cli
+from conftest import open_fleet, run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from stores import DAY
@@ -80,8 +80,8 @@ def test_sacct_times_are_local_unless_utc():
     )
 
 
-def test_sacct_fills_what_the_hooks_could_not_know_and_never_erases(tmp_path):
-    conn = store.connect(str(tmp_path / "fleet.db"))
+def test_sacct_fills_what_the_hooks_could_not_know_and_never_erases(fleet_store, tmp_path):
+    conn = open_fleet(fleet_store)
     energy = '{"j": {"0": 180000.0}, "s": 301.0}'
     hook_rows = [
         # ran to its epilog: the hook's own start, end, exit status and GPU energy stay
@@ -144,7 +144,7 @@ def test_fetch_sacct_runs_sacct_by_path_in_utc(tmp_path, monkeypatch):
     assert argv[argv.index("-o") + 1] == accounting.SACCT_FIELDS
 
 
-def test_collect_sacct_counts_a_job_whose_node_died_before_its_epilog(tmp_path):
+def test_collect_sacct_counts_a_job_whose_node_died_before_its_epilog(fleet_store, tmp_path):
     line = "12|NODE_FAIL|0:0|gpu04|2026-05-01T10:00:00|2026-05-01T10:30:00|alice"
     bin_dir = fake_sacct(tmp_path, f'echo "{line}"\n')
     event = "gpu04|2026-05-01T10:30:00|Unknown|DOWN*|Not responding"
@@ -152,14 +152,14 @@ def test_collect_sacct_counts_a_job_whose_node_died_before_its_epilog(tmp_path):
     no_topology(tmp_path)
     spool = tmp_path / "spool"
     spool.mkdir()
-    fleet_db = str(tmp_path / "fleet.db")
+    fleet_db = fleet_store
     args = ["collect", str(spool), "--db", fleet_db, "--sacct", "--slurm-bin", bin_dir]
     proc = run_cli(*args, "--now", "2026-05-02", "--since", "2d")
     assert proc.returncode == 0, proc.stderr
     assert "sacct: 1 job rows added or updated" in proc.stdout
     assert "sacctmgr: 1 node events added or updated" in proc.stdout
     assert "places: 4 node places (partition)" in proc.stdout
-    conn = store.connect(fleet_db)
+    conn = open_fleet(fleet_db)
     got = signals.signals(conn, MAY1_10 - DAY, MAY1_10 + DAY)
     assert got["gpu04"]["jobs"] == got["gpu04"]["hw_job_failures"] == 1
     events = conn.execute("SELECT * FROM node_events").fetchall()
@@ -280,8 +280,8 @@ def test_any_sacctmgr_text_is_parsed_or_reported_never_raised(lines):
             assert row["node"] == clean(row["node"]) and " " not in row["node"]
 
 
-def test_node_events_merge_idempotently_and_an_open_event_gets_its_end(tmp_path):
-    conn = store.connect(str(tmp_path / "fleet.db"))
+def test_node_events_merge_idempotently_and_an_open_event_gets_its_end(fleet_store, tmp_path):
+    conn = open_fleet(fleet_store)
     assert accounting.ingest_events(conn, EVENTS_OPEN, utc=True) == {"events": 7, "bad": []}
     assert accounting.ingest_events(conn, EVENTS_OPEN, utc=True)["events"] == 0
     last = "SELECT end FROM node_events WHERE node = 'gpu02' AND state = 'DOWN*' ORDER BY start"
@@ -350,8 +350,10 @@ def test_partitions_come_from_sinfo_one_line_per_partition_and_state():
     assert bad == ["broken line"]
 
 
-def test_places_merge_with_first_and_last_seen_and_a_moved_node_keeps_its_old_place(tmp_path):
-    conn = store.connect(str(tmp_path / "fleet.db"))
+def test_places_merge_with_first_and_last_seen_and_a_moved_node_keeps_its_old_place(
+    fleet_store, tmp_path
+):
+    conn = open_fleet(fleet_store)
     rows = [("gpu01", "switch", "leaf1"), ("gpu02", "switch", "leaf1")]
     assert accounting.ingest_places(conn, rows, 100.0) == {"places": 2}
     accounting.ingest_places(conn, [("gpu01", "switch", "leaf2"), rows[1]], 200.0)
@@ -367,8 +369,10 @@ def test_places_merge_with_first_and_last_seen_and_a_moved_node_keeps_its_old_pl
     assert signals.places(conn, 500.0)["gpu02"] == ("switch:leaf1",)
 
 
-def test_a_partition_is_a_place_only_where_it_holds_a_quarter_of_the_nodes_or_less(tmp_path):
-    conn = store.connect(str(tmp_path / "fleet.db"))
+def test_a_partition_is_a_place_only_where_it_holds_a_quarter_of_the_nodes_or_less(
+    fleet_store, tmp_path
+):
+    conn = open_fleet(fleet_store)
     nodes = [f"n{i:02d}" for i in range(12)]
     rows = [(n, "partition", "all") for n in nodes] + [(n, "partition", "a100") for n in nodes[:3]]
     rows += [(n, "partition", "big") for n in nodes[:4]]
@@ -422,42 +426,41 @@ SLURMDBD_DOWN = (
 )
 
 
-def _collect_sacct(tmp_path, bin_dir: str) -> tuple:
+def _collect_sacct(tmp_path, bin_dir: str, fleet_db: str) -> tuple:
     """`collect --sacct` of an empty spool with the stand-ins in `bin_dir`, which fails (exit
     1, one line, no traceback): (process, the fleet store's path)."""
     spool = tmp_path / "spool"
     spool.mkdir()
-    fleet_db = str(tmp_path / "fleet.db")
     args = ["collect", str(spool), "--db", fleet_db, "--sacct", "--slurm-bin", bin_dir]
     proc = run_cli(*args, "--now", "2026-05-02", "--since", "2d")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     return proc, fleet_db
 
 
-def test_collect_keeps_the_jobs_it_merged_when_sacctmgr_fails(tmp_path):
+def test_collect_keeps_the_jobs_it_merged_when_sacctmgr_fails(fleet_store, tmp_path):
     line = "12|NODE_FAIL|0:0|gpu04|2026-05-01T10:00:00|2026-05-01T10:30:00|alice"
     bin_dir = fake_sacct(tmp_path, f'echo "{line}"\n')
     fake_sacct(tmp_path, f"printf '%s' '{SLURMDBD_DOWN}' >&2\nexit 1\n", "sacctmgr")
-    proc, fleet_db = _collect_sacct(tmp_path, bin_dir)
+    proc, fleet_db = _collect_sacct(tmp_path, bin_dir, fleet_store)
     assert "sacct: 1 job rows added or updated" in proc.stdout
     (error,) = proc.stderr.strip().splitlines()
     assert error.startswith("Error: sacctmgr: error: slurm_persist_conn_open_without_init: ")
     assert error.endswith("Connection refused (node events from accounting not merged)")
-    conn = store.connect(fleet_db)
+    conn = open_fleet(fleet_db)
     assert conn.execute("SELECT job_id, slurm_state FROM jobs").fetchall() == [("12", "NODE_FAIL")]
 
 
-def test_collect_keeps_what_it_merged_when_the_places_cannot_be_read(tmp_path):
+def test_collect_keeps_what_it_merged_when_the_places_cannot_be_read(fleet_store, tmp_path):
     line = "12|NODE_FAIL|0:0|gpu04|2026-05-01T10:00:00|2026-05-01T10:30:00|alice"
     bin_dir = fake_sacct(tmp_path, f'echo "{line}"\n')
     fake_sacct(tmp_path, "echo 'gpu04|2026-05-01T10:30:00|Unknown|DOWN*|x'\n", "sacctmgr")
     down = "slurm_load_topo error: Unable to contact slurm controller (connect failure)"
     fake_sacct(tmp_path, f"echo '{down}' >&2\nexit 1\n", "scontrol")
-    proc, fleet_db = _collect_sacct(tmp_path, bin_dir)
+    proc, fleet_db = _collect_sacct(tmp_path, bin_dir, fleet_store)
     assert proc.stderr.strip().splitlines() == [
         f"Error: scontrol: {down} (places of nodes not merged)"
     ]
-    conn = store.connect(fleet_db)
+    conn = open_fleet(fleet_db)
     assert conn.execute("SELECT count(*) FROM jobs").fetchone()[0] == 1
     assert conn.execute("SELECT count(*) FROM node_events").fetchone()[0] == 1
     assert conn.execute("SELECT count(*) FROM places").fetchone()[0] == 0

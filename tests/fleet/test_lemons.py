@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import time
 
 import pytest
-from conftest import TESTS, run_cli
+from conftest import TESTS, open_fleet, run_cli
 
 from sim import simulate
 from slurmhealth.core import store
@@ -18,17 +17,30 @@ from slurmhealth.fleet import policy
 FAKE_SLURM = os.path.join(TESTS, "fakeslurm")
 
 
-@pytest.fixture(scope="module")
-def fleet_db(tmp_path_factory):
+def new_store(request, folder, fleet) -> str:
+    """The simulated `fleet` written into a new fleet store on the backend the test runs on
+    (a file in `folder`, or a fresh database on the session's PostgreSQL server)."""
+    if request.param == "postgresql":
+        path = request.getfixturevalue("pg_server").new_database()
+    else:
+        path = str(folder / f"fleet-{len(os.listdir(folder))}.db")
+    conn = open_fleet(path)
+    simulate.write_store(fleet, conn)
+    conn.close()
+    return path
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def fleet_db(request, tmp_path_factory):
+    """(the store, the fleet): 64 nodes over 28 days with two planted lemons, on each backend."""
     fleet = simulate.Fleet(nodes=64, days=28, seed=3, incident_day=None)
     fleet.lemons = simulate.pick_lemons(fleet, 2, 100)
-    path = str(tmp_path_factory.mktemp("fleet") / "fleet.db")
-    simulate.write_store(fleet, store.connect(path))
-    return path, fleet
+    folder = tmp_path_factory.mktemp("fleet")
+    return new_store(request, folder, fleet), fleet, lambda: new_store(request, folder, fleet)
 
 
 def test_lemons_are_named_with_their_evidence(fleet_db):
-    path, fleet = fleet_db
+    path, fleet, _ = fleet_db
     proc = run_cli("lemons", "--db", path, "--now", str(fleet.end), "--json")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
@@ -63,7 +75,7 @@ def slurm_env(tmp_path, fleet, share):
 
 
 def test_apply_drains_the_lemons_with_reasons(fleet_db, tmp_path):
-    path, fleet = fleet_db
+    path, fleet, _ = fleet_db
     state, cfg, env = slurm_env(tmp_path, fleet, 0.10)
     proc = run_cli(
         "lemons",
@@ -83,7 +95,7 @@ def test_apply_drains_the_lemons_with_reasons(fleet_db, tmp_path):
     assert sorted(drained) == sorted(fleet.lemons)
     assert all(r.startswith("slurmhealth: lemon: ") for r in drained.values())
     rows = (
-        store.connect(path)
+        open_fleet(path)
         .execute(
             "SELECT count(*) FROM actions WHERE actor = 'slurmhealth lemons' AND action = 'drain'"
         )
@@ -97,9 +109,8 @@ def test_a_lemon_the_sweep_drained_starts_afresh_and_an_admins_return_stands(fle
     repaired it): its evidence starts afresh at the drain, so the hourly sweeps after leave it
     in service, ask nothing of Slurm and say why. One new fault is not enough on its own;
     faults after the return that suffice on their own make it a lemon to drain again."""
-    _, fleet = fleet_db
-    path = str(tmp_path / "fleet.db")  # its own store: the module's has other tests' drains
-    simulate.write_store(fleet, store.connect(path))
+    _, fleet, another = fleet_db
+    path = another()  # its own store: the module's has other tests' drains
     state, cfg, env = slurm_env(tmp_path, fleet, 0.10)
     now = time.time() + 60  # past the drains this test makes, over the whole simulated month
 
@@ -132,7 +143,7 @@ def test_a_lemon_the_sweep_drained_starts_afresh_and_an_admins_return_stands(fle
     assert "evidence starts afresh at" in text and "drained as a lemon" in text
 
     lemon = sorted(fleet.lemons)[0]
-    conn = store.connect(path)
+    conn = open_fleet(path)
 
     def record(verdict: str, at: float) -> None:
         run = {
@@ -158,7 +169,7 @@ def test_a_lemon_the_sweep_drained_starts_afresh_and_an_admins_return_stands(fle
 
 
 def test_the_breaker_stops_the_sweep_loudly(fleet_db, tmp_path):
-    path, fleet = fleet_db
+    path, fleet, _ = fleet_db
     state, cfg, env = slurm_env(tmp_path, fleet, 0.01)  # cap: 1 node of 64
     proc = run_cli(
         "lemons", "--db", path, "--now", str(fleet.end), "--apply", "--config", str(cfg), env=env
@@ -172,7 +183,7 @@ def test_the_breaker_stops_the_sweep_loudly(fleet_db, tmp_path):
 def test_a_drain_slurm_does_not_take_stops_the_sweep_and_exits_1(fleet_db, tmp_path):
     """An hourly cron sweep that drained nothing must not report success; and a controller
     that fails one update is not asked again for each lemon after it."""
-    path, fleet = fleet_db
+    path, fleet, _ = fleet_db
     state, cfg, env = slurm_env(tmp_path, fleet, 0.10)
     env["FAKE_SLURM_UPDATE_FAILS"] = "1"
     args = ["lemons", "--db", path, "--now", str(fleet.end), "--apply", "--config", str(cfg)]
@@ -287,7 +298,7 @@ def test_the_pipeline_gives_the_in_memory_verdicts(tmp_path):
 def test_a_stale_store_is_said_first_drains_nothing_and_exits_4(fleet_db, tmp_path):
     """A store collected last weeks ago is no calm fleet: the sweep says when its newest
     record is, drains nothing and exits 4 for cron; a fresh one names the nodes gone silent."""
-    path, fleet = fleet_db
+    path, fleet, _ = fleet_db
     state, cfg, env = slurm_env(tmp_path, fleet, 0.10)
     late = str(fleet.end + 21 * 86400)
     proc = run_cli("lemons", "--db", path, "--now", late, "--apply", "--config", str(cfg), env=env)
@@ -301,11 +312,9 @@ def test_a_stale_store_is_said_first_drains_nothing_and_exits_4(fleet_db, tmp_pa
     fresh = run_cli("lemons", "--db", path, "--now", str(fleet.end))
     assert fresh.returncode == 0 and "newest record " in fresh.stdout.splitlines()[-1]
     # a node whose runs stop a day before the end is named, the rest is not (on a copy)
-    path = str(tmp_path / "copy.db")
-    conn = store.connect(path)
-    with sqlite3.connect(fleet_db[0]) as source:
-        source.backup(conn)
-    with conn:
+    path = fleet_db[2]()
+    conn = open_fleet(path)
+    with store.immediate(conn):
         conn.execute("UPDATE runs SET node = 'gone' WHERE node = ?", (fleet.names()[0],))
         conn.execute("DELETE FROM runs WHERE node = 'gone' AND started > ?", (fleet.end - 86400,))
     conn.close()

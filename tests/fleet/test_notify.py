@@ -9,7 +9,7 @@ import json
 import threading
 
 import pytest
-from conftest import run_cli
+from conftest import open_fleet, run_cli
 
 from slurmhealth.core import store
 from slurmhealth.core.command import CommandError, Console
@@ -66,9 +66,10 @@ def receiver():
         one.close()
 
 
-def fleet(tmp_path, nodes=("gpu01", "gpu02", "gpu03"), last=T0) -> str:
-    path = str(tmp_path / "fleet.db")
-    conn = store.connect(path)
+def fleet(path: str, nodes=("gpu01", "gpu02", "gpu03"), last=T0) -> str:
+    """A fleet store at `path` (a file or a PostgreSQL URL: the fleet_store fixture) with a
+    passing health check of each node."""
+    conn = open_fleet(path)
     with conn:
         for n, node in enumerate(nodes):
             row = (f"r{n}", node, None, "healthcheck", last, 0.05, "ok", "v", "{}")
@@ -79,7 +80,7 @@ def fleet(tmp_path, nodes=("gpu01", "gpu02", "gpu03"), last=T0) -> str:
 
 def act(path: str, node: str, action: str, when: float, ok: bool = True, actor: str = "prolog",
         why: str = "slurmhealth: gpu.ecc GPU 3 DBE", detail: str = "") -> None:
-    conn = store.connect(path)
+    conn = open_fleet(path)
     with conn:
         store.record_action(conn, node, action, why, actor, ok, detail, when=when)
     conn.close()
@@ -94,7 +95,7 @@ class Said:
 
 def sweep(path: str, url: str, now: float, **kw) -> tuple[int, Said]:
     said = Said()
-    conn = store.connect(path)
+    conn = open_fleet(path)
     try:
         status = notify.run(conn, notify.Request(url, now=now, **kw), said.console,
                             send=lambda u, b: notify.post(u, b, sleep=lambda _s: None))
@@ -103,8 +104,8 @@ def sweep(path: str, url: str, now: float, **kw) -> tuple[int, Said]:
     return status, said
 
 
-def test_drains_lemons_and_breaker_trips_are_posted_once(tmp_path, receiver):
-    path, rx = fleet(tmp_path), receiver()
+def test_drains_lemons_and_breaker_trips_are_posted_once(fleet_store, receiver):
+    path, rx = fleet(fleet_store), receiver()
     act(path, "gpu01", "drain", T0 + 10)
     act(path, "gpu02", "drain", T0 + 20, actor=LEMONS, why="slurmhealth: lemon: 5 faults in 28 d")
     act(path, "gpu03", "breaker", T0 + 30, ok=False, detail="circuit breaker: 3 of 16 drained")
@@ -129,15 +130,15 @@ def test_drains_lemons_and_breaker_trips_are_posted_once(tmp_path, receiver):
     assert "secret" not in " ".join(said.out + said.err)  # the URL's key is never printed
 
 
-def test_a_receiver_that_fails_then_takes_it_is_retried(tmp_path, receiver):
-    path, rx = fleet(tmp_path), receiver((503, 429))
+def test_a_receiver_that_fails_then_takes_it_is_retried(fleet_store, receiver):
+    path, rx = fleet(fleet_store), receiver((503, 429))
     act(path, "gpu01", "drain", T0 + 10)
     status, _ = sweep(path, rx.url, T0 + 60)
     assert status == 0 and rx.answered == [503, 429, 200] and len(rx.bodies) == 1
 
 
-def test_a_receiver_that_is_down_or_refuses_loses_nothing(tmp_path, receiver):
-    path = fleet(tmp_path)
+def test_a_receiver_that_is_down_or_refuses_loses_nothing(fleet_store, receiver):
+    path = fleet(fleet_store)
     act(path, "gpu01", "drain", T0 + 10)
     down = receiver()
     url = down.url
@@ -153,9 +154,9 @@ def test_a_receiver_that_is_down_or_refuses_loses_nothing(tmp_path, receiver):
     assert [e["node"] for e in up.bodies[0]["events"]] == ["gpu01"]
 
 
-def test_nodes_gone_silent_are_said_once_and_again_when_heard_from(tmp_path, receiver):
-    path, rx = fleet(tmp_path, last=T0), receiver()
-    conn = store.connect(path)
+def test_nodes_gone_silent_are_said_once_and_again_when_heard_from(fleet_store, receiver):
+    path, rx = fleet(fleet_store, last=T0), receiver()
+    conn = open_fleet(path)
     with conn:  # gpu01 keeps running; gpu02 and gpu03 stopped at T0
         conn.execute(store.insert_sql("runs"), ("r9", "gpu01", None, "healthcheck",
                                                 T0 + 7 * HOUR, 0.05, "ok", "v", "{}"))
@@ -165,7 +166,7 @@ def test_nodes_gone_silent_are_said_once_and_again_when_heard_from(tmp_path, rec
         ("silent", "gpu02"), ("silent", "gpu03")]
     assert rx.bodies[0]["events"][0]["text"] == "gpu02 not heard from since 2026-05-28T20:26:40Z"
     assert sweep(path, rx.url, T0 + 8 * HOUR)[1].out == ["nothing to notify"]
-    conn = store.connect(path)
+    conn = open_fleet(path)
     with conn:
         conn.execute(store.insert_sql("runs"), ("r10", "gpu02", None, "healthcheck",
                                                 T0 + 8 * HOUR + 60, 0.05, "ok", "v", "{}"))
@@ -174,8 +175,8 @@ def test_nodes_gone_silent_are_said_once_and_again_when_heard_from(tmp_path, rec
     assert [(e["kind"], e["node"]) for e in rx.bodies[-1]["events"]] == [("heard", "gpu02")]
 
 
-def test_the_rate_limit_keeps_the_rest_for_later_posts(tmp_path, receiver):
-    path, rx = fleet(tmp_path, nodes=[f"gpu{n:02d}" for n in range(30)]), receiver()
+def test_the_rate_limit_keeps_the_rest_for_later_posts(fleet_store, receiver):
+    path, rx = fleet(fleet_store, nodes=[f"gpu{n:02d}" for n in range(30)]), receiver()
     for n in range(30):
         act(path, f"gpu{n:02d}", "drain", T0 + n)
     status, said = sweep(path, rx.url, T0 + 100, max_events=12, max_posts=2)
@@ -190,8 +191,8 @@ def test_the_rate_limit_keeps_the_rest_for_later_posts(tmp_path, receiver):
     assert posted == [f"gpu{n:02d}" for n in range(30)]  # every one, in order, once
 
 
-def test_slack_format_escapes_what_a_reason_could_forge(tmp_path, receiver):
-    path, rx = fleet(tmp_path), receiver()
+def test_slack_format_escapes_what_a_reason_could_forge(fleet_store, receiver):
+    path, rx = fleet(fleet_store), receiver()
     hostile = "slurmhealth: job <!channel> & <https://evil.example|click>\x1b[31m\nsecond line"
     act(path, "gpu01", "drain", T0 + 10, why=hostile)
     sweep(path, rx.url, T0 + 60, fmt="slack")
@@ -201,8 +202,8 @@ def test_slack_format_escapes_what_a_reason_could_forge(tmp_path, receiver):
     assert text.startswith("slurmhealth: drained gpu01: ")
 
 
-def test_a_dry_run_posts_and_marks_nothing(tmp_path, receiver):
-    path, rx = fleet(tmp_path), receiver()
+def test_a_dry_run_posts_and_marks_nothing(fleet_store, receiver):
+    path, rx = fleet(fleet_store), receiver()
     act(path, "gpu01", "drain", T0 + 10)
     status, said = sweep(path, rx.url, T0 + 60, dry_run=True)
     assert status == 0 and rx.answered == []
@@ -218,8 +219,8 @@ def test_only_http_urls(url):
     assert err.value.option == "--url"
 
 
-def test_the_command_as_an_admin_runs_it(tmp_path, receiver):
-    path, rx = fleet(tmp_path), receiver()
+def test_the_command_as_an_admin_runs_it(fleet_store, receiver):
+    path, rx = fleet(fleet_store), receiver()
     act(path, "gpu01", "drain", T0 + 10)
     env = {"SLURMHEALTH_WEBHOOK_URL": rx.url}
     args = ("notify", "--db", path, "--now", "2026-05-28T21:00:00", "--format", "slack")

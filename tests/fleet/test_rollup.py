@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import run_cli
+from conftest import open_fleet, run_cli
 from stores import DAY, T0, add_run, export_text, run_ids
 
 from sim import simulate
@@ -19,17 +19,20 @@ from slurmhealth.fleet import records, rollup, signals
 # The rollup: a small simulated fleet, passing health checks older than a day rolled up.
 
 
-def rolled_fleet(tmp_path) -> tuple:
+def rolled_fleet(db: str) -> tuple:
+    """A simulated fleet written into the fleet store `db` (a file or a PostgreSQL URL)."""
     history = simulate.events(simulate.Fleet(nodes=24, days=4, seed=3, jobs_per_node_day=10))
-    conn = store.connect(str(tmp_path / "fleet.db"))
+    conn = open_fleet(db)
     simulate.write_store(history, conn)
     return history, conn
 
 
-def test_a_rollup_keeps_every_failure_job_run_and_count_and_the_lemon_signals(tmp_path):
+def test_a_rollup_keeps_every_failure_job_run_and_count_and_the_lemon_signals(
+    fleet_store, tmp_path
+):
     from slurmhealth.report import reads
 
-    history, conn = rolled_fleet(tmp_path)
+    history, conn = rolled_fleet(fleet_store)
     start, end = history.fleet.start, history.fleet.end
     kept = "SELECT id FROM runs WHERE verdict != 'ok' OR phase != 'healthcheck' ORDER BY id"
     before = {
@@ -51,10 +54,10 @@ def test_a_rollup_keeps_every_failure_job_run_and_count_and_the_lemon_signals(tm
     assert rollup.rollup(conn, end - DAY) == {"runs": 0, "hours": 0, "late": 0, "behind": 0}
 
 
-def test_runs_imported_again_into_rolled_up_hours_are_not_counted_twice(tmp_path):
+def test_runs_imported_again_into_rolled_up_hours_are_not_counted_twice(fleet_store, tmp_path):
     from slurmhealth.report import reads
 
-    history, conn = rolled_fleet(tmp_path)
+    history, conn = rolled_fleet(fleet_store)
     start, end = history.fleet.start, history.fleet.end
     old = export_text(conn)
     totals = dict(reads.verdict_counts(conn, start, end))
@@ -69,18 +72,21 @@ def rolled_state(conn: sqlite3.Connection) -> tuple:
     """What a rollup leaves: the runs kept, the node-hours' counts, the results kept."""
     return (
         conn.execute("SELECT id FROM runs ORDER BY id").fetchall(),
-        conn.execute("SELECT * FROM run_hours ORDER BY node, hour, phase").fetchall(),
+        [  # durations summed in another order (PostgreSQL) differ in their last bits
+            (*row[:4], round(row[4], 6))
+            for row in conn.execute("SELECT * FROM run_hours ORDER BY node, hour, phase")
+        ],
         conn.execute("SELECT run_id, check_name FROM results ORDER BY 1, 2").fetchall(),
     )
 
 
-def test_a_bounded_rollup_does_the_same_in_steps_of_at_most_its_node_hours(tmp_path):
+def test_a_bounded_rollup_does_the_same_in_steps_of_at_most_its_node_hours(fleet_store, tmp_path):
     """collect --rollup-max: each call rolls up at most `limit` node-hours, oldest hour first
     and its nodes in name order, and goes on where the last one stopped; in the end the store
     is what one unbounded rollup leaves, whatever was merged again in between."""
     from slurmhealth.report import reads
 
-    history, conn = rolled_fleet(tmp_path)
+    history, conn = rolled_fleet(fleet_store)
     start, end = history.fleet.start, history.fleet.end
     whole = store.connect(str(tmp_path / "whole.db"))
     simulate.write_store(history, whole)
@@ -117,9 +123,9 @@ def test_a_bounded_rollup_does_the_same_in_steps_of_at_most_its_node_hours(tmp_p
 
 ROLLER = """
 import sys
-from slurmhealth.core import store
+from slurmhealth.core import pgstore, store
 from slurmhealth.fleet import collect, records, rollup
-conn = store.connect(sys.argv[1])
+conn = (pgstore.connect if pgstore.is_url(sys.argv[1]) else store.connect)(sys.argv[1])
 before, steps = float(sys.argv[2]), 0
 while rollup.rollup(conn, before, 5)["behind"]:
     steps += 1
@@ -127,11 +133,11 @@ print(steps)
 """
 
 
-def test_two_collects_rolling_up_at_once_leave_what_one_leaves(tmp_path):
+def test_two_collects_rolling_up_at_once_leave_what_one_leaves(fleet_store, tmp_path):
     """Two processes rolling up the same store in small steps at the same time (a manual
     collect beside the timer's): each step reads where the last one stopped in its own
     transaction, and a node-hour rolled up twice is left as it was."""
-    history, conn = rolled_fleet(tmp_path)
+    history, conn = rolled_fleet(fleet_store)
     end = history.fleet.end
     whole = store.connect(str(tmp_path / "whole.db"))
     simulate.write_store(history, whole)
@@ -139,12 +145,12 @@ def test_two_collects_rolling_up_at_once_leave_what_one_leaves(tmp_path):
     with_skips(whole)
     rollup.rollup(whole, end - DAY)
     conn.close()
-    args = [sys.executable, "-c", ROLLER, str(tmp_path / "fleet.db"), str(end - DAY)]
+    args = [sys.executable, "-c", ROLLER, fleet_store, str(end - DAY)]
     rollers = [subprocess.Popen(args, stdout=subprocess.PIPE, text=True) for _ in range(2)]
     steps = [int(r.communicate(timeout=300)[0]) for r in rollers]
     assert [r.returncode for r in rollers] == [0, 0]
     assert sum(steps) >= 3 * 24 * 24 // 5  # node-hours due, five a step
-    conn = store.connect(str(tmp_path / "fleet.db"))
+    conn = open_fleet(fleet_store)
     assert rolled_state(conn) == rolled_state(whole)
 
 
@@ -163,13 +169,13 @@ def with_skips(conn: sqlite3.Connection) -> None:
     conn.commit()
 
 
-def test_skip_results_do_not_keep_an_hour_whole_and_go_with_the_runs_folded(tmp_path):
+def test_skip_results_do_not_keep_an_hour_whole_and_go_with_the_runs_folded(fleet_store, tmp_path):
     """A real node's passing runs carry skips: they must not stop the rollup (they kept every
     hour whole), and a folded run's results go with it; any other result still keeps its hour
     whole, and an old export merged again is folded, skips and all."""
     from slurmhealth.report import reads
 
-    history, conn = rolled_fleet(tmp_path)
+    history, conn = rolled_fleet(fleet_store)
     start, end = history.fleet.start, history.fleet.end
     old = export_text(conn)
     with_skips(conn)
@@ -223,11 +229,13 @@ def add_sourced_run(conn: sqlite3.Connection, run_id: str, started: float, sourc
     conn.execute(store.insert_sql("runs"), row)
 
 
-def test_a_rollup_keeps_every_run_that_recorded_versions_and_counts_the_others_once(tmp_path):
+def test_a_rollup_keeps_every_run_that_recorded_versions_and_counts_the_others_once(
+    fleet_store, tmp_path
+):
     from slurmhealth.fleet import queries
     from slurmhealth.report import reads
 
-    conn = store.connect(str(tmp_path / "fleet.db"))
+    conn = open_fleet(fleet_store)
     hour = (T0 - 3 * DAY) // 3600 * 3600
     # Two hours of passing health checks every 5 minutes. Versions are recorded by whichever
     # run is due (node/runner.py): mid-hour in the first (a driver change, then a second
@@ -270,7 +278,7 @@ def test_a_rollup_keeps_every_run_that_recorded_versions_and_counts_the_others_o
     assert dict(reads.verdict_counts(conn, hour, hour + 2 * 3600)) == {"ok": 25}
 
 
-def test_the_collect_cli_consumes_the_spool_and_rolls_up(tmp_path):
+def test_the_collect_cli_consumes_the_spool_and_rolls_up(fleet_store, tmp_path):
     spool = tmp_path / "spool"
     spool.mkdir()
     node = store.connect(str(tmp_path / "gpu01.db"))
@@ -278,7 +286,7 @@ def test_the_collect_cli_consumes_the_spool_and_rolls_up(tmp_path):
     for slot in range(24):  # two whole hours of passing health checks, three days ago
         add_run(node, f"hc{slot}", hour + slot * 300)
     (spool / "gpu01.ndjson").write_text(export_text(node))
-    fleet = str(tmp_path / "fleet.db")
+    fleet = fleet_store
     args = ("collect", str(spool), "--db", fleet, "--since", "28d", "--now", str(T0))
     done = run_cli(*args, "--consume", "--rollup-after", "2d")
     assert done.returncode == 0, done.stderr
@@ -293,7 +301,9 @@ def test_the_collect_cli_consumes_the_spool_and_rolls_up(tmp_path):
     assert bad.returncode == 2 and "--rollup-max" in bad.stderr and "Traceback" not in bad.stderr
 
 
-def test_the_collect_cli_rolls_up_at_most_its_node_hours_and_says_when_behind(tmp_path):
+def test_the_collect_cli_rolls_up_at_most_its_node_hours_and_says_when_behind(
+    fleet_store, tmp_path
+):
     spool = tmp_path / "spool"
     spool.mkdir()
     hour = (T0 - 2 * DAY) // 3600 * 3600 - 6 * 3600  # the six hours before --rollup-after
@@ -304,7 +314,7 @@ def test_the_collect_cli_rolls_up_at_most_its_node_hours_and_says_when_behind(tm
         node.execute("UPDATE runs SET node = ?", (name,))
         node.commit()
         (spool / f"{name}.ndjson").write_text(export_text(node))
-    fleet = str(tmp_path / "fleet.db")
+    fleet = fleet_store
     args = ("collect", str(spool), "--db", fleet, "--since", "28d", "--now", str(T0))
     done = run_cli(*args, "--consume", "--rollup-after", "2d", "--rollup-max", "3")
     assert done.returncode == 0, done.stderr
