@@ -15,6 +15,8 @@ jobs per node-day:
    cycle spends on it.
 
 Run: `make bench` (200 nodes) or `.venv-bench/bin/python bench/bench_scale.py --nodes 1000`;
+`--url postgresql://USER@HOST:PORT/postgres` runs it on a PostgreSQL server (a local one: its
+processes' CPU is counted beside the collector's; the rollup steps count both);
 `--nodes 10000 --only cycle` measures the collect cycle at 10,000 nodes (the month at 10,000
 nodes needs ~30 GB and ~25 minutes to write before its rollup: see docs/benchmarks.md).
 """
@@ -34,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from sim import simulate  # noqa: E402
 from slurmhealth.core import store  # noqa: E402
-from slurmhealth.fleet import collect, records, rollup  # noqa: E402
+from slurmhealth.fleet import collect, pgstore, records, rollup  # noqa: E402
 
 DAY = 86400
 
@@ -49,7 +51,49 @@ def cpu() -> float:
 
 
 def size_mib(path: str) -> float:
+    if path.startswith(store.SERVER_PREFIXES):
+        conn = pgstore.connect(path)
+        size = conn.execute("SELECT pg_database_size(current_database())").fetchone()[0]
+        conn.close()
+        return float(size) / 2**20
     return sum(os.path.getsize(path + s) for s in ("", "-wal") if os.path.exists(path + s)) / 2**20
+
+
+SERVER = ""  # --url: the stores are databases made on this PostgreSQL server
+
+
+def new_store(tmp: str, name: str) -> tuple:
+    """(its path or URL, an open connection): a SQLite file in `tmp`, or with --url a fresh
+    database of that name on the server (dropped first if a run left it)."""
+    if not SERVER:
+        path = os.path.join(tmp, f"{name}.db")
+        return path, store.connect(path)
+    import psycopg  # noqa: PLC0415
+
+    with psycopg.connect(SERVER, autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS bench_{name}")
+        admin.execute(f"CREATE DATABASE bench_{name} TEMPLATE template0 LOCALE 'C'")
+    base = SERVER.rsplit("/", 1)[0]
+    url = f"{base}/bench_{name}"
+    return url, pgstore.connect(url)
+
+
+def server_cpu() -> float:
+    """CPU seconds of every local postgres process so far (0 without --url): the server's share
+    of a collect, beside the collector's own."""
+    if not SERVER:
+        return 0.0
+    total, tick = 0.0, os.sysconf("SC_CLK_TCK")
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)
+            if "(postgres" in fields[0]:
+                parts = fields[1].split()
+                total += (int(parts[11]) + int(parts[12])) / tick
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
 
 
 # The CLI in a fresh process that reports its own peak RSS (VmHWM) on exit: ru_maxrss of a
@@ -85,8 +129,7 @@ def month(nodes: int, tmp: str) -> dict:
     f = fleet(nodes, 28)
     t = time.perf_counter()
     history = simulate.events(f)
-    path = os.path.join(tmp, "month.db")
-    conn = store.connect(path)
+    path, conn = new_store(tmp, "month")
     counts = simulate.write_store(history, conn)
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     out = {"runs": counts["runs"], "jobs": counts["jobs"], "write_s": time.perf_counter() - t}
@@ -121,8 +164,7 @@ def cycle(nodes: int, tmp: str) -> dict:
     """One 5-minute collect cycle at the end of 2 days of `nodes` nodes."""
     f = fleet(nodes, 2)
     history = simulate.events(f)
-    path = os.path.join(tmp, "cycle.db")
-    conn = store.connect(path)
+    path, conn = new_store(tmp, "cycle")
     end = f.end - 300  # the last cycle: its records are the spool, the rest already merged
     simulate.write_store(history, conn)
     conn.execute("DELETE FROM runs WHERE started >= ?", (end - 300 - records.OVERLAP,))
@@ -132,9 +174,10 @@ def cycle(nodes: int, tmp: str) -> dict:
     by_node = simulate.spool_records(history, end - 300 - records.OVERLAP, end)
     write_spool(spool, by_node)
     out = {"files": len(by_node), "records": sum(len(r) for r in by_node.values())}
-    t, c = time.perf_counter(), cpu()
+    t, c, sc = time.perf_counter(), cpu(), server_cpu()
     report = collect.collect(conn, spool, end - 2 * DAY, consume=True)
     out.update(cycle_s=time.perf_counter() - t, cycle_cpu_s=cpu() - c)
+    out["server_cpu_s"] = server_cpu() - sc
     out["added"] = sum(report["added"].values())
     t, c = time.perf_counter(), cpu()
     collect.collect(conn, spool, end - 2 * DAY, consume=True)
@@ -159,9 +202,9 @@ def cycle(nodes: int, tmp: str) -> dict:
     # The fleet's first hour, rolled up as collect does: at most ROLLUP_MAX node-hours a cycle.
     steps, folded = [], 0
     while True:
-        c = cpu()
+        c, sc = cpu(), server_cpu()
         done = rollup.rollup(conn, f.start + 3600, rollup.ROLLUP_MAX)
-        steps.append(cpu() - c)
+        steps.append(cpu() - c + server_cpu() - sc)
         folded += done["runs"]
         if not done["behind"]:
             break
@@ -174,7 +217,15 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=200)
     parser.add_argument("--only", choices=("month", "cycle"), default=None)
     parser.add_argument("--dir", default=None, help="where the stores go [a temp dir]")
+    parser.add_argument(
+        "--url",
+        default="",
+        help="a PostgreSQL server's maintenance database (postgresql://USER@HOST:PORT/postgres): "
+        "the stores are databases made there, and its local processes' CPU is counted",
+    )
     args = parser.parse_args()
+    global SERVER  # noqa: PLW0603 - one setting for the whole run
+    SERVER = args.url
     with tempfile.TemporaryDirectory(prefix="bench-scale-", dir=args.dir) as tmp:
         print(f"bench_scale: {args.nodes:,} nodes, health check every 5 min, ~10 jobs/node-day")
         if args.only in (None, "month"):
@@ -196,6 +247,7 @@ def main() -> None:
             print(
                 f"  collect cycle: {c['files']:,} files, {c['records']:,} records "
                 f"({c['added']:,} added): {c['cycle_cpu_s']:.2f} s CPU ({c['cycle_s']:.2f} s)"
+                + (f"; the server's {c['server_cpu_s']:.2f} s CPU" if SERVER else "")
             )
             print(f"  collect, nothing new: {c['empty_cpu_s']:.3f} s CPU")
             print(

@@ -9,6 +9,8 @@ day's writes, is printed with its final size and what of it is in use (docs/benc
 "The month at 10,000 nodes"). About 40 minutes for 10 parts on 2 cores. `--vacuum` returns
 the free pages at the end, as `slurmhealth prune` does.
 
+STORE may be a PostgreSQL database's URL (postgresql://USER@HOST/DB: docs/fleet.md).
+
 Run: `.venv/bin/python bench/write_month.py STORE [--parts 10] [--vacuum]`, then time
 `slurmhealth lemons --db STORE --window 28d --now END --json` and
 `slurmhealth report --db STORE --since 28d --now END --format json -o r.json` (END is printed).
@@ -25,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from sim import simulate  # noqa: E402
 from slurmhealth.core import store  # noqa: E402
-from slurmhealth.fleet import rollup  # noqa: E402
+from slurmhealth.fleet import pgstore, rollup  # noqa: E402
 
 DAY = 86400
 
@@ -42,7 +44,8 @@ def main() -> None:
     opts = parser.parse_args()
     if not 1 <= opts.parts <= 26:
         parser.error("--parts: 1 to 26")
-    conn = store.connect(opts.store)
+    server = opts.store.startswith(store.SERVER_PREFIXES)  # a PostgreSQL database's URL
+    conn = pgstore.connect(opts.store) if server else store.connect(opts.store)
     started = time.perf_counter()
     parts = [
         simulate.events(
@@ -81,7 +84,11 @@ def main() -> None:
 
 
 def _sizes(conn: object) -> tuple:
-    """The store file's size and what of it is in use, GiB (the WAL checkpointed or not)."""
+    """The store file's size and what of it is in use, GiB (the WAL checkpointed or not); on
+    PostgreSQL the database's size twice (its free space is not counted apart)."""
+    if isinstance(conn, pgstore.Connection):
+        size = conn.execute("SELECT pg_database_size(current_database())").fetchone()[0]
+        return size / 2**30, size / 2**30
     pages, free, size = (
         conn.execute(f"PRAGMA {name}").fetchone()[0]  # type: ignore[attr-defined]
         for name in ("page_count", "freelist_count", "page_size")

@@ -26,6 +26,7 @@ from slurmhealth.fleet import (
     lemons,
     notify,
     peers,
+    pgstore,
     queries,
     records,
     rollup,
@@ -372,7 +373,7 @@ def slurm_conf(
 def _open(path: str) -> sqlite3.Connection:
     """command.open_store, its one line click's error."""
     try:
-        return command.open_store(path, str(click.get_current_context().info_name))
+        return pgstore.open_store(path, str(click.get_current_context().info_name))
     except command.CommandError as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -538,9 +539,7 @@ def _open_fleet(db: str | None) -> sqlite3.Connection:
     path = _fleet_path(db)
     try:
         if path.startswith(store.SERVER_PREFIXES):
-            from slurmhealth.core import pgstore as pg  # noqa: PLC0415
-
-            return pg.connect(path)  # type: ignore[return-value]  # sqlite3's interface
+            return pgstore.connect(path)
         return store.connect(path)
     except store.StoreError as exc:
         raise click.ClickException(str(exc)) from None
@@ -581,8 +580,6 @@ def fleet_migrate(sqlite_file: str, url: str) -> None:
     Example:
         slurmhealth fleet migrate /var/lib/slurmhealth/fleet.db postgresql://slurmhealth@db1/fleet
     """
-    from slurmhealth.core import pgstore  # noqa: PLC0415
-
     if not url.startswith(store.SERVER_PREFIXES):
         raise _Refused(f"{clean(url, 200)}: not a postgresql:// URL")
     if not os.path.isfile(sqlite_file):

@@ -503,8 +503,9 @@ def fleet_store(request, tmp_path):
 
 
 def open_fleet(db: str):
-    """The fleet store `db` names: a SQLite file's path or a PostgreSQL URL (core/pgstore.py),
+    """The fleet store `db` names: a SQLite file's path or a PostgreSQL URL (fleet/pgstore.py),
     as the fleet commands open it."""
-    from slurmhealth.core import pgstore, store
+    from slurmhealth.core import store
+    from slurmhealth.fleet import pgstore
 
     return pgstore.connect(db) if db.startswith(store.SERVER_PREFIXES) else store.connect(db)

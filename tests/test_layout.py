@@ -262,7 +262,7 @@ _WRITE = re.compile(
 # format's merges, collect's watermarks, the rollup.
 SQL_HOMES = {
     "slurmhealth.core.store",
-    "slurmhealth.core.pgstore",  # the same store on PostgreSQL: its schema, fleet migrate
+    "slurmhealth.fleet.pgstore",  # the same store on PostgreSQL: its schema, fleet migrate
     "slurmhealth.fleet.records",
     "slurmhealth.fleet.collect",
     "slurmhealth.fleet.rollup",
@@ -325,7 +325,7 @@ _READ = re.compile(
 # export/import.
 QUERY_HOMES = {
     "slurmhealth.core.store",
-    "slurmhealth.core.pgstore",
+    "slurmhealth.fleet.pgstore",
     "slurmhealth.fleet.queries",
     "slurmhealth.report.reads",
     "slurmhealth.fleet.jobs",

@@ -89,13 +89,6 @@ def open_store(path: str, command: str) -> sqlite3.Connection:
     it (a node store is root's, in a root-only directory)."""
     from slurmhealth.core import store  # noqa: PLC0415 - sqlite3 only where a store is opened
 
-    if path.startswith(store.SERVER_PREFIXES):  # a fleet store on PostgreSQL
-        from slurmhealth.core import pgstore  # noqa: PLC0415
-
-        try:
-            return pgstore.connect(path, existing=True)  # type: ignore[return-value]
-        except store.StoreError as exc:
-            raise CommandError(str(exc)) from None
     try:
         os.stat(path)
     except PermissionError:

@@ -458,7 +458,7 @@ def default_path(node: str) -> str:
     return os.environ.get("SLURMHEALTH_DB") or os.path.join(state_dir(), f"{node}.db")
 
 
-# A fleet store on a PostgreSQL server is named by its URL (core/pgstore.py); node stores are
+# A fleet store on a PostgreSQL server is named by its URL (fleet/pgstore.py); node stores are
 # always SQLite files.
 SERVER_PREFIXES = ("postgresql://", "postgres://")
 

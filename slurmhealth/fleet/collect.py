@@ -171,7 +171,7 @@ def _clean_copies() -> None:
 def _merge_copy(
     conn: sqlite3.Connection, copy: str, since: float | None, source: str | None
 ) -> dict:
-    if not isinstance(conn, sqlite3.Connection):  # a PostgreSQL fleet store (core/pgstore.py)
+    if not isinstance(conn, sqlite3.Connection):  # a PostgreSQL fleet store (fleet/pgstore.py)
         return _merge_rows(conn, copy, since, source)
     conn.execute("ATTACH DATABASE ? AS node", (copy,))
     try:

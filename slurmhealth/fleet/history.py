@@ -11,8 +11,8 @@ import sqlite3
 from typing import Any
 
 from slurmhealth.core import store
-from slurmhealth.core.command import CommandError, Console, denied, open_store
-from slurmhealth.fleet import text
+from slurmhealth.core.command import CommandError, Console, denied
+from slurmhealth.fleet import pgstore, text
 
 
 def store_paths(db: str | None, node: str | None) -> list:
@@ -169,7 +169,7 @@ def show(request: Request, console: Console) -> None:
     for path in _paths(request):
         try:
             found = read(
-                open_store(path, "history"), request.node, request.job, request.start,
+                pgstore.open_store(path, "history"), request.node, request.job, request.start,
                 request.limit, request.quiet,
             )  # fmt: skip
         except store.StoreError as exc:

@@ -841,6 +841,8 @@ def _from_fleet(path: str, job_id: str) -> dict | None:
     """The summary from the fleet store when this caller may read it (admins), else None."""
     from slurmhealth.core import store  # noqa: PLC0415
 
+    if path.startswith(store.SERVER_PREFIXES):  # PostgreSQL: readable if this user may log in
+        return _from_server(path, job_id)
     if not _readable(path):
         return None
     try:
@@ -861,6 +863,33 @@ def _from_fleet(path: str, job_id: str) -> dict | None:
         conn.close()
 
 
+def _from_server(url: str, job_id: str) -> dict | None:
+    """_from_fleet on a PostgreSQL server: None when this user may not connect (the published
+    summary then), JobError when the store lacks the job."""
+    from slurmhealth.core import store  # noqa: PLC0415
+    from slurmhealth.fleet import pgstore  # noqa: PLC0415
+
+    try:
+        conn = pgstore.connect(url, existing=True)
+    except store.StoreError:
+        return None
+    try:
+        return dict(summary(conn, job_id), source="fleet store")
+    except JobError:
+        raise JobError(_missing(job_id, pgstore.shown(url))) from None
+    except sqlite3.Error as exc:
+        raise JobError(f"fleet store {clean(pgstore.shown(url), 200)}: {clean(exc, 200)}") from None
+    finally:
+        conn.close()
+
+
+def _missing(job_id: str, where: str) -> str:
+    return (
+        f"job {job_id} is not in the fleet store {clean(where, 200)} "
+        "(not collected yet, or no job of these nodes)"
+    )
+
+
 def lookup(job_id: str, fleet_path: str, slurm_bin: str = "") -> dict:
     """`slurmhealth job`: from the fleet store if readable (JobError when it lacks the job),
     else from the job's AdminComment through sacct. JobError with one line for the user."""
@@ -871,10 +900,7 @@ def lookup(job_id: str, fleet_path: str, slurm_bin: str = "") -> dict:
     if _readable(fleet_path):
         # The admin's store lacks the job: sacct can show no more (`publish` writes summaries
         # from this store), and on a head node without slurm.conf it fails with a DNS error.
-        raise JobError(
-            f"job {job_id} is not in the fleet store {clean(fleet_path, 200)} "
-            "(not collected yet, or no job of these nodes)"
-        )
+        raise JobError(_missing(job_id, fleet_path))
     try:
         return from_accounting(slurm.Slurm(slurm_bin, timeout=30.0), job_id)
     except slurm.SlurmError as exc:

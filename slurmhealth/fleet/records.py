@@ -352,7 +352,7 @@ _STORE_FAULTS = (
     "disk i/o error",
     "readonly database",
     "unable to open database file",
-    "fleet store server unavailable",  # PostgreSQL's (core/pgstore.py UNAVAILABLE)
+    "fleet store server unavailable",  # PostgreSQL's (fleet/pgstore.py UNAVAILABLE)
 )
 
 

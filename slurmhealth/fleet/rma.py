@@ -47,7 +47,7 @@ from slurmhealth.core import command, files, store, timespec
 from slurmhealth.core.command import CommandError, Console
 from slurmhealth.core.constants import DIAG
 from slurmhealth.core.result import clean
-from slurmhealth.fleet import text
+from slurmhealth.fleet import pgstore, text
 from slurmhealth.node import agent, bugreport, runner, sources
 
 FORMAT = "slurmhealth-rma/1"
@@ -83,7 +83,7 @@ def run(request: Request, console: Console) -> int:
     folder = f"slurmhealth-rma-{node}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(end))}"
     output = request.output or f"{folder}.tar.gz"
     refuse_output(output)
-    found = read(command.open_store(path, "rma"), path, node, start, end, recorded=not here)
+    found = read(pgstore.open_store(path, "rma"), path, node, start, end, recorded=not here)
     bundle = Bundle(node, start, end, which, here)
     bundle.add_records(found)
     if here:

@@ -14,7 +14,7 @@ import time
 import zlib
 
 import pytest
-from conftest import FIXTURES, run_as_nobody, run_cli, snapshot_path
+from conftest import FIXTURES, open_fleet, run_as_nobody, run_cli, snapshot_path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -73,8 +73,9 @@ def job_on(
 
 
 @pytest.fixture
-def conn(tmp_path):
-    return store.connect(str(tmp_path / "fleet.db"))
+def conn(fleet_store):
+    """The fleet store, on each backend (a SQLite file, a database on a PostgreSQL server)."""
+    return open_fleet(fleet_store)
 
 
 def xid79_job(conn, tmp_path, job: str = "41", node: str = "gpu07") -> dict:
@@ -475,11 +476,13 @@ def test_publish_stops_writing_once_its_budget_is_spent(conn, acct, monkeypatch)
     assert remembered == set(report["published"])
 
 
-def test_publish_refuses_without_private_data_and_the_cli_says_why(conn, tmp_path, acct):
+def test_publish_refuses_without_private_data_and_the_cli_says_why(
+    conn, fleet_store, tmp_path, acct
+):
     job_on(conn, "gpu02", "42", exit_code=3)
     conn.close()
     acct.write({"42": ended()}, private="none")
-    db = str(tmp_path / "fleet.db")
+    db = fleet_store
     proc = run_cli("publish", "--db", db, "--slurm-bin", acct.bin, env=acct.env)
     assert proc.returncode == 1
     assert "PrivateData=jobs" in proc.stderr and "Traceback" not in proc.stderr
@@ -503,24 +506,26 @@ def test_job_reads_the_published_summary_through_accounting(conn, tmp_path, acct
     assert not os.path.exists(nowhere)  # a reader never creates a store
 
 
-def test_job_from_the_fleet_store_for_whoever_can_read_it(conn, tmp_path):
+def test_job_from_the_fleet_store_for_whoever_can_read_it(conn, fleet_store, tmp_path):
     job_on(conn, "gpu02", "42", exit_code=3)
-    proc = run_cli("job", "42", "--db", str(tmp_path / "fleet.db"), "--json")
+    proc = run_cli("job", "42", "--db", fleet_store, "--json")
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout)
     assert (got["source"], got["verdict"], got["exit_code"]) == ("fleet store", "failed", 3)
 
 
-def test_a_job_missing_from_a_readable_fleet_store_says_so_without_asking_sacct(conn, tmp_path):
+def test_a_job_missing_from_a_readable_fleet_store_says_so_without_asking_sacct(
+    conn, fleet_store, tmp_path
+):
     """An admin's store that lacks the job is the answer: sacct (which publish feeds from this
     same store) could add nothing, and on a head node without slurm.conf it only fails with a
     DNS lookup error."""
     job_on(conn, "gpu02", "42", exit_code=3)
     env = {"SLURMHEALTH_SLURM_BIN": str(tmp_path / "no-slurm-here")}
-    proc = run_cli("job", "43", "--db", str(tmp_path / "fleet.db"), env=env)
+    proc = run_cli("job", "43", "--db", fleet_store, env=env)
     assert proc.returncode == 1
     assert proc.stderr.strip() == (
-        f"Error: job 43 is not in the fleet store {tmp_path / 'fleet.db'} "
+        f"Error: job 43 is not in the fleet store {fleet_store} "
         "(not collected yet, or no job of these nodes)"
     )
 

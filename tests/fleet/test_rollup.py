@@ -123,8 +123,8 @@ def test_a_bounded_rollup_does_the_same_in_steps_of_at_most_its_node_hours(fleet
 
 ROLLER = """
 import sys
-from slurmhealth.core import pgstore, store
-from slurmhealth.fleet import collect, records, rollup
+from slurmhealth.core import store
+from slurmhealth.fleet import collect, pgstore, records, rollup
 conn = (pgstore.connect if pgstore.is_url(sys.argv[1]) else store.connect)(sys.argv[1])
 before, steps = float(sys.argv[2]), 0
 while rollup.rollup(conn, before, 5)["behind"]:

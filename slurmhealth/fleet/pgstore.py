@@ -34,7 +34,7 @@ import functools
 import re
 import sqlite3
 import urllib.parse
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from slurmhealth.core import store
 
@@ -316,6 +316,13 @@ def _as_sqlite(exc: Exception) -> sqlite3.Error:
 # --- the connection -------------------------------------------------------------------------
 
 
+def _text(value: Any) -> Any:
+    """A string as PostgreSQL's text can hold it: a NUL (which a kernel log line or a job name
+    may carry, and SQLite stores) becomes SUB, ASCII's substitute character, which every reader
+    shows as `?` as it showed the NUL."""
+    return value.replace("\x00", "\x1a") if type(value) is str and "\x00" in value else value
+
+
 class Cursor:
     """The part of sqlite3.Cursor the fleet code uses."""
 
@@ -383,6 +390,10 @@ class Connection:
         return bool(now in (status.INTRANS, status.INERROR, status.ACTIVE))
 
     def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Cursor:
+        if isinstance(params, dict):
+            params = {k: _text(v) for k, v in params.items()}
+        else:
+            params = tuple(_text(v) for v in params)
         pragma = re.match(r"\s*PRAGMA\s+(\w+)\s*(?:=\s*(\S+))?", sql, re.I)
         if pragma:
             return self._pragma(pragma.group(1).lower(), pragma.group(2))
@@ -399,7 +410,7 @@ class Connection:
 
         try:
             cursor = self._raw.cursor()
-            cursor.executemany(translate(sql), list(rows))
+            cursor.executemany(translate(sql), [tuple(_text(v) for v in row) for row in rows])
         except psycopg.Error as exc:
             raise _as_sqlite(exc) from None
         self._count(cursor)
@@ -483,7 +494,7 @@ def _numbers(raw: Any) -> None:
     raw.adapters.register_loader("numeric", _Number)
 
 
-def connect(url: str, existing: bool = False) -> Connection:
+def connect(url: str, existing: bool = False) -> sqlite3.Connection:
     """Open the fleet store at `url`, creating or migrating its tables; StoreError with a
     one-line reason (psycopg missing, the server unreachable, a newer schema). `existing`: a
     command that reads a store names one; a database without our tables is refused, never
@@ -515,7 +526,7 @@ def connect(url: str, existing: bool = False) -> Connection:
     except sqlite3.Error as exc:
         conn.close()
         raise store.StoreError(f"{shown(url)}: {exc}") from None
-    return conn
+    return cast("sqlite3.Connection", conn)  # the interface the fleet code uses of it
 
 
 # SQLite's rowid of a run, which the rollup and the report read (runs merged since the last
@@ -576,7 +587,7 @@ def _migrate(conn: Connection) -> None:
 CHUNK = 10_000
 
 
-def copy_from(path: str, conn: Connection, progress: Any = None) -> dict[str, int]:
+def copy_from(path: str, conn: sqlite3.Connection, progress: Any = None) -> dict[str, int]:
     """Copy every table of the SQLite fleet store at `path` (opened read-only, at this
     version's schema) into the empty PostgreSQL store `conn`, in one transaction: {table:
     rows}. The runs keep their order (the rollup's mark counts in it). StoreError with one
@@ -599,7 +610,8 @@ def copy_from(path: str, conn: Connection, progress: Any = None) -> dict[str, in
         held = conn.execute("SELECT count(*) FROM runs").fetchone()[0]
         if held:
             raise store.StoreError(
-                f"{shown(conn.url)}: holds {held} runs already: migrate into an empty database"
+                f"{shown(getattr(conn, 'url', ''))}: holds {held} runs already: "
+                "migrate into an empty database"
             )
         return _copy(source, conn, progress)
     except sqlite3.Error as exc:
@@ -608,9 +620,11 @@ def copy_from(path: str, conn: Connection, progress: Any = None) -> dict[str, in
         source.close()
 
 
-def _copy(source: sqlite3.Connection, conn: Connection, progress: Any) -> dict[str, int]:
+def _copy(
+    source: sqlite3.Connection, conn: sqlite3.Connection, progress: Any
+) -> dict[str, int]:
     counts = {}
-    with store.immediate(conn):  # type: ignore[arg-type]  # sqlite3's interface
+    with store.immediate(conn):
         for table in store.TABLES:
             names = table.names()
             extra = ("rowid",) if table.name == "runs" else ()
@@ -631,3 +645,16 @@ def _copy(source: sqlite3.Connection, conn: Connection, progress: Any) -> dict[s
             "coalesce(max(rowid), 0) + 1, false) FROM runs"
         )
     return counts
+
+
+def open_store(path: str, command_name: str) -> sqlite3.Connection:
+    """core/command.py open_store, a PostgreSQL URL too: the store a fleet command reads (for a
+    URL: one that exists, of ours; CommandError with one line otherwise)."""
+    from slurmhealth.core import command  # noqa: PLC0415
+
+    if not is_url(path):
+        return command.open_store(path, command_name)
+    try:
+        return connect(path, existing=True)
+    except store.StoreError as exc:
+        raise command.CommandError(str(exc)) from None

@@ -1,4 +1,4 @@
-"""core/pgstore.py: the fleet store on a real PostgreSQL server (tests/pgserver.py), against the
+"""fleet/pgstore.py: the fleet store on a real PostgreSQL server (tests/pgserver.py), against the
 same pipeline on SQLite; and the dialect translation, statement by statement."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import time
 import pytest
 from conftest import open_fleet, run_cli
 
-from slurmhealth.core import pgstore as pg
 from slurmhealth.core import store, timespec
+from slurmhealth.fleet import pgstore as pg
 
 # --- the dialect ---------------------------------------------------------------------------
 
@@ -144,7 +144,8 @@ def said_by(step: tuple, db: str) -> str:
 
 def test_every_fleet_command_gives_the_same_answers_on_postgresql(node_stores, pg_server, tmp_path):
     """collect (node stores, then the hourly rollup), lemons, report in every format, trends,
-    slow, history and prune: the same output from a SQLite file and from a real server."""
+    slow, history, prune and an RMA bundle: the same output from a SQLite file and from a real
+    server, and the same rows in every table."""
     nodes, end, lemons = node_stores
     lite, server = str(tmp_path / "fleet.db"), pg_server.new_database()
     node = "gpu0001"
@@ -156,6 +157,9 @@ def test_every_fleet_command_gives_the_same_answers_on_postgresql(node_stores, p
         ("report", "--now", end, "--since", f"{DAYS}d", "--format", "json"),
         ("report", "--now", end, "--since", f"{DAYS}d", "--format", "md"),
         ("report", "--now", end, "--since", f"{DAYS}d", "--format", "prom"),
+        ("report", "--now", end, "--since", f"{DAYS}d", "--format", "html"),
+        ("trends", "--now", end),
+        ("slow", "--now", end),
         ("trends", "--now", end, "--json"),
         ("slow", "--now", end, "--json"),
         ("history", "--node", node, "--now", end, "--since", f"{DAYS}d", "--json"),
@@ -176,6 +180,12 @@ def test_every_fleet_command_gives_the_same_answers_on_postgresql(node_stores, p
             assert len(contents(server)["run_hours"]) > 1000
     assert sorted(e["node"] for e in json.loads(seen[2])["lemons"]) == lemons
     assert contents(lite) == contents(server)
+    bundles = []  # an RMA bundle is the same bytes for the same records and --now
+    for db in (lite, server):
+        out = tmp_path / f"rma-{len(bundles)}.tar.gz"
+        cli("rma", node, "--db", db, "--now", end, "-o", str(out))
+        bundles.append(out.read_bytes())
+    assert bundles[0] == bundles[1]
 
 
 def test_an_ndjson_spool_is_collected_alike(node_stores, pg_server, tmp_path):
