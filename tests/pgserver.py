@@ -85,13 +85,16 @@ class Server:
     def url(self, database: str = "postgres") -> str:
         return f"postgresql://{USER}@127.0.0.1:{self.port}/{database}"
 
-    def new_database(self) -> str:
-        """A fresh empty database's URL."""
+    def new_database(self, template: str | None = None) -> str:
+        """A fresh database's URL: empty, or a copy of the database at the URL `template`
+        (which nothing may hold open): a store written once and copied is seconds faster
+        than written again."""
         import psycopg
 
         name = f"t{next(self._names)}"
+        like = f" TEMPLATE {template.rsplit('/', 1)[1]}" if template else ""
         with psycopg.connect(self.url(), autocommit=True) as conn:
-            conn.execute(f"CREATE DATABASE {name}")
+            conn.execute(f"CREATE DATABASE {name}{like}")
         return self.url(name)
 
     def replayed(self, primary: Server) -> bool:

@@ -644,6 +644,7 @@ def _copy(
             "SELECT setval(pg_get_serial_sequence('runs', 'rowid'), "
             "coalesce(max(rowid), 0) + 1, false) FROM runs"
         )
+    conn.execute("ANALYZE")  # the planner's figures for what was just loaded
     return counts
 
 
