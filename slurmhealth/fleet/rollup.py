@@ -142,20 +142,20 @@ def rollup(conn: sqlite3.Connection, before: float, limit: int | None = None) ->
 def _rollup(conn: sqlite3.Connection, before: float, limit: int | None) -> dict:
     until = int(before // HOUR) * HOUR
     out = {"runs": 0, "hours": 0, "late": 0}
-    with store.immediate(conn), _temp_tables(conn, "folded"):
-        lo, after, rowid = _rolled(conn, until)
-        if rowid:  # runs merged since the last rollup, into rolled hours
-            conn.execute(_LATE, {"rowid": rowid, "until": lo + HOUR if after else lo})
-            out["late"] = _fold(conn)
+    with store.immediate(conn):
+        out["late"] = _late(conn, *_rolled(conn, until))
     budget = limit
     while budget is None or budget > 0:
         # Where the last step stopped, read in this step's transaction: a second collect
         # rolling up at the same time goes on from there (a node-hour rolled up twice is
         # left as it was: its kept run is all there is to fold).
         with store.immediate(conn), _temp_tables(conn, "batch"):
-            lo, after, _ = _rolled(conn, until)
+            lo, after, rowid = _rolled(conn, until)
             if lo >= until:
                 break
+            # Runs another collect merged between two steps (its write came between them):
+            # those in hours rolled up already go, before the mark moves past them.
+            out["late"] += _late(conn, lo, after, rowid)
             # Unbounded and at an hour's start: up to a day of every node at once. Else one
             # hour, as many nodes as the budget allows.
             hi = min(until, (lo // DAY + 1) * DAY) if budget is None and not after else lo + HOUR
@@ -216,6 +216,17 @@ def _temp_tables(conn: sqlite3.Connection, *names: str) -> Iterator:
     finally:
         for name in names:
             conn.execute(f"DROP TABLE IF EXISTS temp.{name}")
+
+
+def _late(conn: sqlite3.Connection, lo: float, after: str, rowid: int) -> int:
+    """Inside the caller's transaction: the passing health checks merged since the rollup's
+    mark (`rowid`) into hours it rolled up already (before `lo`, or `lo`'s hour when stopped
+    inside it, after node `after`), folded; how many."""
+    if not rowid:
+        return 0
+    with _temp_tables(conn, "folded"):
+        conn.execute(_LATE, {"rowid": rowid, "until": lo + HOUR if after else lo})
+        return _fold(conn)
 
 
 def _fold(conn: sqlite3.Connection) -> int:

@@ -68,6 +68,34 @@ def test_runs_imported_again_into_rolled_up_hours_are_not_counted_twice(fleet_st
     assert dict(reads.verdict_counts(conn, start, end)) == totals
 
 
+def test_runs_merged_between_two_steps_of_one_rollup_are_not_counted_twice(
+    fleet_store, monkeypatch
+):
+    """Another collect's merge that lands between two steps of a rollup (a day each), bringing
+    back runs the first step folded: the next step folds them before its mark moves past them.
+    Two collectors with overlapping spools met it on PostgreSQL; one collect beside the
+    timer's meets it on SQLite."""
+    from slurmhealth.report import reads
+
+    history, conn = rolled_fleet(fleet_store)
+    start, end = history.fleet.start, history.fleet.end
+    columns = ", ".join(store.TABLE["runs"].names())
+    every_run = conn.execute(f"SELECT {columns} FROM runs").fetchall()  # noqa: S608
+    totals = dict(reads.verdict_counts(conn, start, end))
+    real, calls = rollup._rolled, []
+
+    def rolled(inner, until):
+        calls.append(until)
+        if len(calls) == 3:  # the second step's transaction: the merge came just before it
+            inner.executemany(store.insert_sql("runs", verb="INSERT OR IGNORE"), every_run)
+        return real(inner, until)
+
+    monkeypatch.setattr(rollup, "_rolled", rolled)
+    done = rollup.rollup(conn, end - DAY)
+    assert done["late"] > 0 and len(calls) >= 4
+    assert dict(reads.verdict_counts(conn, start, end)) == totals
+
+
 def rolled_state(conn: sqlite3.Connection) -> tuple:
     """What a rollup leaves: the runs kept, the node-hours' counts, the results kept."""
     return (
