@@ -128,6 +128,8 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(pytest.mark.real)
         elif on_server == "postgresql":
             item.add_marker(pytest.mark.real)
+        if on_server == "postgresql":
+            item.add_marker(pytest.mark.twin)
 
 
 @contextlib.contextmanager

@@ -413,7 +413,7 @@ class Connection:
             cursor.executemany(translate(sql), [tuple(_text(v) for v in row) for row in rows])
         except psycopg.Error as exc:
             raise _as_sqlite(exc) from None
-        self._count(cursor)
+        self._count(cursor, sql)
         return Cursor(cursor)
 
     def _run(self, sql: str, params: Any) -> Cursor:
@@ -424,15 +424,14 @@ class Connection:
             cursor.execute(sql, params)  # always: so %% is read as % in every statement
         except psycopg.Error as exc:
             raise _as_sqlite(exc) from None
-        self._count(cursor)
+        self._count(cursor, sql)
         return Cursor(cursor)
 
-    def _count(self, cursor: Any) -> None:
-        if cursor.rowcount > 0 and cursor.statusmessage and cursor.statusmessage.split()[0] in (
-            "INSERT",
-            "UPDATE",
-            "DELETE",
-        ):
+    def _count(self, cursor: Any, sql: str) -> None:
+        """SQLite's total_changes: the rows INSERT, UPDATE and DELETE changed (read from the
+        statement, not the status line, which psycopg 3.2 leaves unset after executemany)."""
+        verb = sql.lstrip()[:6].upper()
+        if cursor.rowcount > 0 and verb in ("INSERT", "UPDATE", "DELETE"):
             self.total_changes += cursor.rowcount
 
     def _pragma(self, name: str, value: str | None) -> Cursor:
