@@ -19,6 +19,9 @@ from slurmhealth.fleet import records, rollup, signals
 # The rollup: a small simulated fleet, passing health checks older than a day rolled up.
 
 
+# On PostgreSQL too (the fleet_store fixture), but for the three slowest there (each rollup
+# step's temporary tables are catalog writes: 12-24 s a test); the rollup runs on the server in
+# tests/fleet/test_pgstore.py's pipeline and its two collectors at once.
 def rolled_fleet(db: str) -> tuple:
     """A simulated fleet written into the fleet store `db` (a file or a PostgreSQL URL)."""
     history = simulate.events(simulate.Fleet(nodes=24, days=4, seed=3, jobs_per_node_day=10))
@@ -108,13 +111,13 @@ def rolled_state(conn: sqlite3.Connection) -> tuple:
     )
 
 
-def test_a_bounded_rollup_does_the_same_in_steps_of_at_most_its_node_hours(fleet_store, tmp_path):
+def test_a_bounded_rollup_does_the_same_in_steps_of_at_most_its_node_hours(tmp_path):
     """collect --rollup-max: each call rolls up at most `limit` node-hours, oldest hour first
     and its nodes in name order, and goes on where the last one stopped; in the end the store
     is what one unbounded rollup leaves, whatever was merged again in between."""
     from slurmhealth.report import reads
 
-    history, conn = rolled_fleet(fleet_store)
+    history, conn = rolled_fleet(str(tmp_path / "fleet.db"))
     start, end = history.fleet.start, history.fleet.end
     whole = store.connect(str(tmp_path / "whole.db"))
     simulate.write_store(history, whole)
@@ -161,11 +164,11 @@ print(steps)
 """
 
 
-def test_two_collects_rolling_up_at_once_leave_what_one_leaves(fleet_store, tmp_path):
+def test_two_collects_rolling_up_at_once_leave_what_one_leaves(tmp_path):
     """Two processes rolling up the same store in small steps at the same time (a manual
     collect beside the timer's): each step reads where the last one stopped in its own
     transaction, and a node-hour rolled up twice is left as it was."""
-    history, conn = rolled_fleet(fleet_store)
+    history, conn = rolled_fleet(str(tmp_path / "fleet.db"))
     end = history.fleet.end
     whole = store.connect(str(tmp_path / "whole.db"))
     simulate.write_store(history, whole)
@@ -173,12 +176,12 @@ def test_two_collects_rolling_up_at_once_leave_what_one_leaves(fleet_store, tmp_
     with_skips(whole)
     rollup.rollup(whole, end - DAY)
     conn.close()
-    args = [sys.executable, "-c", ROLLER, fleet_store, str(end - DAY)]
+    args = [sys.executable, "-c", ROLLER, str(tmp_path / "fleet.db"), str(end - DAY)]
     rollers = [subprocess.Popen(args, stdout=subprocess.PIPE, text=True) for _ in range(2)]
     steps = [int(r.communicate(timeout=300)[0]) for r in rollers]
     assert [r.returncode for r in rollers] == [0, 0]
     assert sum(steps) >= 3 * 24 * 24 // 5  # node-hours due, five a step
-    conn = open_fleet(fleet_store)
+    conn = store.connect(str(tmp_path / "fleet.db"))
     assert rolled_state(conn) == rolled_state(whole)
 
 
@@ -197,13 +200,13 @@ def with_skips(conn: sqlite3.Connection) -> None:
     conn.commit()
 
 
-def test_skip_results_do_not_keep_an_hour_whole_and_go_with_the_runs_folded(fleet_store, tmp_path):
+def test_skip_results_do_not_keep_an_hour_whole_and_go_with_the_runs_folded(tmp_path):
     """A real node's passing runs carry skips: they must not stop the rollup (they kept every
     hour whole), and a folded run's results go with it; any other result still keeps its hour
     whole, and an old export merged again is folded, skips and all."""
     from slurmhealth.report import reads
 
-    history, conn = rolled_fleet(fleet_store)
+    history, conn = rolled_fleet(str(tmp_path / "fleet.db"))
     start, end = history.fleet.start, history.fleet.end
     old = export_text(conn)
     with_skips(conn)
