@@ -31,6 +31,7 @@ What is translated (docs/fleet.md "PostgreSQL"):
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 import sqlite3
 import urllib.parse
@@ -118,21 +119,30 @@ def _arguments(inner: str) -> list[str]:
     return [*out, inner[begin:]]
 
 
-def _calls(text: str, name: str, rewrite: Any) -> str:
-    """Every call `name(...)` (any case) rewritten by rewrite(arguments) or left (None)."""
-    pattern = re.compile(rf"\b{name}\s*\(", re.I)
+def _rewritten(text: str, opening: re.Pattern[str], rewrite: Any) -> str:
+    """Every match of `opening` (which ends inside an open parenthesis) replaced:
+    rewrite(text, match, close) gives the new text and the index it covers up to, with close
+    the index of the parenthesis that closes the match's."""
     out: list[str] = []
     at = 0
     while True:
-        found = pattern.search(text, at)
+        found = opening.search(text, at)
         if found is None:
             return "".join(out) + text[at:]
-        end = _closing(text, found.end())
+        new, end = rewrite(text, found, _closing(text, found.end()))
+        out.append(f"{text[at : found.start()]}{new}")
+        at = end + 1
+
+
+def _calls(text: str, name: str, rewrite: Any) -> str:
+    """Every call `name(...)` (any case) rewritten by rewrite(arguments) or left (None)."""
+
+    def call(text: str, found: re.Match[str], end: int) -> tuple[str, int]:
         inner = _calls(text[found.end() : end], name, rewrite)
         new = rewrite(_arguments(inner))
-        out.append(text[at : found.start()])
-        out.append(new if new is not None else f"{text[found.start() : found.end()]}{inner})")
-        at = end + 1
+        return (new if new is not None else f"{found.group()}{inner})"), end
+
+    return _rewritten(text, re.compile(rf"\b{name}\s*\(", re.I), call)
 
 
 def _scalar(word: str) -> Any:
@@ -172,22 +182,17 @@ def _sum(args: list[str]) -> str | None:
 def _totals(text: str) -> str:
     """total(x) [FILTER (...)]: coalesce(sum(x) [FILTER (...)], 0.0), SQLite's sum that is 0.0
     over no rows."""
-    pattern = re.compile(r"\btotal\s*\(", re.I)
-    out: list[str] = []
-    at = 0
-    while True:
-        found = pattern.search(text, at)
-        if found is None:
-            return "".join(out) + text[at:]
-        end = _closing(text, found.end())
+
+    def total(text: str, found: re.Match[str], end: int) -> tuple[str, int]:
         call = f"sum({text[found.end() : end]})"
         after = re.match(r"\s*FILTER\s*\(", text[end + 1 :], re.I)
         if after:
             close = _closing(text, end + 1 + after.end())
             call += text[end + 1 : close + 1]
             end = close
-        out.append(f"{text[at : found.start()]}coalesce({call}, 0.0)")
-        at = end + 1
+        return f"coalesce({call}, 0.0)", end
+
+    return _rewritten(text, re.compile(r"\btotal\s*\(", re.I), total)
 
 
 _CLAUSE = re.compile(
@@ -197,41 +202,34 @@ _CLAUSE = re.compile(
 )
 
 
+_SUBQUERY = re.compile(r"\b(FROM|JOIN)\s*\(\s*(?=SELECT\b|WITH\b)", re.I)
+
+
 def _aliased(text: str) -> str:
     """A subquery in FROM or JOIN without a name given one: PostgreSQL requires it."""
-    pattern = re.compile(r"\b(FROM|JOIN)\s*\(\s*(?=SELECT\b|WITH\b)", re.I)
-    out: list[str] = []
-    at = count = 0
-    while True:
-        found = pattern.search(text, at)
-        if found is None:
-            return "".join(out) + text[at:]
+    names = itertools.count()
+
+    def subquery(text: str, found: re.Match[str], end: int) -> tuple[str, int]:
         start = text.index("(", found.start())
-        end = _closing(text, start + 1)
         inner = _aliased(text[start + 1 : end])
-        named = "" if not _CLAUSE.match(text[end + 1 :]) else f" AS _q{count}"
-        count += 1
-        out.append(f"{text[at:start]}({inner}){named}")
-        at = end + 1
+        named = "" if not _CLAUSE.match(text[end + 1 :]) else f" AS _q{next(names)}"
+        return f"{text[found.start() : start]}({inner}){named}", end
+
+    return _rewritten(text, _SUBQUERY, subquery)
 
 
 def _cast(text: str) -> str:
-    pattern = re.compile(r"\bCAST\s*\(", re.I)
-    out: list[str] = []
-    at = 0
-    while True:
-        found = pattern.search(text, at)
-        if found is None:
-            return "".join(out) + text[at:]
-        end = _closing(text, found.end())
+    """CAST(x AS INTEGER) truncates in both: SQLite's cast of a real drops the fraction,
+    PostgreSQL's rounds, so the value is truncated first."""
+
+    def truncated(text: str, found: re.Match[str], end: int) -> tuple[str, int]:
         inner = _cast(text[found.end() : end])
         typed = re.match(r"(?s)(.*)\s+AS\s+INTEGER\s*$", inner, re.I)
-        out.append(text[at : found.start()])
         if typed:
-            out.append(f"CAST(trunc({typed.group(1)}) AS BIGINT)")
-        else:
-            out.append(f"{text[found.start() : found.end()]}{inner})")
-        at = end + 1
+            return f"CAST(trunc({typed.group(1)}) AS BIGINT)", end
+        return f"{found.group()}{inner})", end
+
+    return _rewritten(text, re.compile(r"\bCAST\s*\(", re.I), truncated)
 
 
 def _plain(text: str) -> str:

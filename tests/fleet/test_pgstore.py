@@ -331,6 +331,17 @@ def passes_per_hour(tables: dict) -> dict:
     return out
 
 
+def _until(ready, seconds: float = 120.0) -> bool:
+    """Whether ready() came true within `seconds` (generous: a loaded CI machine is slow to
+    start a server or replay its log)."""
+    ends = time.monotonic() + seconds
+    while not ready():
+        if time.monotonic() > ends:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def test_a_server_lost_mid_collect_loses_nothing(node_stores, tmp_path):
     """The server stopped (immediate: as a crash) while collect waits to write: collect says so
     in one line and exits 1, every spool file stays, and the next collect, with the server
@@ -355,14 +366,8 @@ def test_a_server_lost_mid_collect_loses_nothing(node_stores, tmp_path):
             stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         watch = psycopg.connect(url, autocommit=True)  # its own view of the activity
-        for _ in range(600):
-            waiting = watch.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-            ).fetchone()[0]
-            if waiting:
-                break
-            time.sleep(0.05)
-        assert waiting, "collect never reached its first write"
+        waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+        assert _until(lambda: watch.execute(waiting).fetchone()[0]), "collect never wrote"
         server.stop("immediate")
         out, err = proc.communicate(timeout=120)
         assert proc.returncode != 0 and "Traceback" not in err
@@ -390,10 +395,7 @@ def test_a_read_replica_serves_report_and_lemons_and_refuses_writes(
     cli("collect", nodes, "--db", primary, "--now", end, "--since", f"{DAYS}d")
     replica = pgserver.Server(primary=pg_server)
     try:
-        for _ in range(600):
-            if replica.replayed(pg_server):
-                break
-            time.sleep(0.05)
+        assert _until(lambda: replica.replayed(pg_server)), "the replica never caught up"
         mirror = primary.replace(f":{pg_server.port}/", f":{replica.port}/")
         for step in (
             ("lemons", "--now", end, "--window", f"{DAYS}d", "--json"),

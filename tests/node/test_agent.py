@@ -1498,17 +1498,21 @@ def test_with_remediation_on_the_epilog_resets_an_idle_gpu_as_reset_gpus_does(no
 
 
 def test_a_slow_controller_never_holds_the_remediation_past_the_hooks_deadline(node):
-    """0.7 s per Slurm call and a 3 s deadline: the drain (show node, sinfo, update, the
-    recount) takes most of it; the reboot's calls get what is left, and the one that does not
-    fit is not made. The node stays drained (its reason says a reboot is due), the reboot not
-    asked is recorded as failed, and the next health check asks again."""
-    node.configure("gpu-lost", remediate="reboot", deadline=3.0)
+    """1 s per Slurm call and a 6 s deadline: the drain (show node, sinfo, update, the recount)
+    takes 4 s of it, with room for a loaded machine's process starts; the reboot's three calls
+    (show node, sinfo, reboot) get what is left, and the reboot does not fit, so it is not
+    made. The node stays drained (its reason says a reboot is due), the reboot not asked is
+    recorded as failed, and the next health check asks again. (At 0.7 s a call and a 3 s
+    deadline, a loaded CI machine could not fit the drain itself.)"""
+    node.configure("gpu-lost", remediate="reboot", deadline=6.0)
     started = time.monotonic()
-    proc = node.run("healthcheck", job=None, FAKE_SLURM_DELAY="0.7")
+    proc = node.run("healthcheck", job=None, FAKE_SLURM_DELAY="1.0")
     took = time.monotonic() - started
-    assert took < 3.0 + 1.0, took  # the deadline, and the interpreter's start and exit
+    assert took < 6.0 + 1.5, took  # the deadline, and the interpreter's start and exit
     assert node.slurm()["reason"] == GPU_LOST_REBOOT
     assert not any(c[0] == "reboot" for c in node.calls())
-    assert "deadline of 3 s reached" not in proc.stderr, proc.stderr  # ended on its own
+    assert "deadline of 6 s reached" not in proc.stderr, proc.stderr  # ended on its own
     (failed,) = node.db().execute("SELECT ok, detail FROM actions WHERE action = 'reboot'")
-    assert failed[0] == 0 and "no time left for Slurm calls" in failed[1]
+    assert failed[0] == 0, failed
+    # cut where the time ran out: a call refused for want of time, or one cut at the budget
+    assert "no time left for Slurm calls" in failed[1] or "timed out after" in failed[1], failed
