@@ -57,11 +57,13 @@ GROUP BY node, hour"""
 # with nearly every run of a real node, the same each time: it says nothing the hour's first
 # run (kept, with its own) does not, and when skips kept hours whole nothing was ever rolled up
 # (the simulator's passing runs have no results, so its fleets did not show it). The runs
-# folded take their skips with them (_FOLDED, _fold).
-_KEEP = """DELETE FROM temp.roll WHERE (node, hour) IN (
-    SELECT u.node, CAST(u.started / 3600 AS INTEGER) * 3600
-    FROM temp.batch b CROSS JOIN runs u INDEXED BY runs_node_started_verdict
-    WHERE u.node = b.node AND u.started >= :lo AND u.started < :hi AND (u.verdict != 'ok'
+# folded take their skips with them (_FOLDED, _fold). Each hour's own runs are read, by
+# (node, started): the list of such hours built at once had a server's planner read a whole
+# day of the node's runs for each of its hours.
+_KEEP = """DELETE FROM temp.roll WHERE EXISTS (
+    SELECT 1 FROM runs u INDEXED BY runs_node_started_verdict
+    WHERE u.node = roll.node AND u.started >= roll.hour AND u.started < roll.hour + 3600
+    AND (u.verdict != 'ok'
         OR EXISTS (SELECT 1 FROM results WHERE run_id = u.id AND status != 'skip')
         OR u.id IN (SELECT run_id FROM events WHERE time >= :lo - :lag AND time < :hi)
         OR u.id IN (SELECT run_id FROM counters WHERE time >= :lo - :lag AND time < :hi + 3600)))"""
@@ -87,30 +89,40 @@ ON CONFLICT (node, hour, phase) DO UPDATE SET runs = run_hours.runs + excluded.r
 # statement journal inside the transaction (a function may fail midway), and the DELETE took
 # ~1.4x as long.
 _VERSIONED = """CREATE TEMP TABLE versioned AS
-SELECT u.rowid AS id FROM temp.roll r JOIN runs u ON u.node = r.node
-    AND u.started >= r.hour AND u.started < r.hour + 3600
-WHERE r.versions > 0 AND r.runs > 0 AND u.phase = 'healthcheck'
-    AND instr(u.sources, '"versions"')"""
-# The runs to fold: rowid and id, so their skip results go too, then the runs.
+SELECT u.rowid AS id FROM temp.batch b CROSS JOIN runs u INDEXED BY runs_node_started_verdict
+    CROSS JOIN temp.roll r
+WHERE u.node = b.node AND u.started >= :lo AND u.started < :hi AND u.phase = 'healthcheck'
+    AND r.node = u.node AND r.hour = CAST(u.started / 3600 AS INTEGER) * 3600
+    AND r.versions > 0 AND r.runs > 0 AND instr(u.sources, '"versions"')"""
+# The runs to fold: rowid and id, so their skip results go too, then the runs. Read as the
+# roll's were, each batch node's runs of the range, joined to their hour by name and hour (a
+# join on the hour's range let a server's planner read every run of the nodes).
 _FOLDED = """CREATE TEMP TABLE folded AS
-SELECT u.rowid AS rid, u.id AS id FROM temp.roll r JOIN runs u ON u.node = r.node
-    AND u.started >= r.hour AND u.started < r.hour + 3600
-    WHERE r.runs > 0 AND u.phase = 'healthcheck' AND u.id != r.keep
-    AND u.rowid NOT IN (SELECT id FROM temp.versioned)"""
+SELECT u.rowid AS rid, u.id AS id
+FROM temp.batch b CROSS JOIN runs u INDEXED BY runs_node_started_verdict CROSS JOIN temp.roll r
+WHERE u.node = b.node AND u.started >= :lo AND u.started < :hi AND u.phase = 'healthcheck'
+    AND r.node = u.node AND r.hour = CAST(u.started / 3600 AS INTEGER) * 3600
+    AND r.runs > 0 AND u.id != r.keep AND u.rowid NOT IN (SELECT id FROM temp.versioned)"""
 _FOLD_RESULTS = "DELETE FROM results WHERE run_id IN (SELECT id FROM temp.folded)"
 _FOLD_RUNS = "DELETE FROM runs WHERE rowid IN (SELECT rid FROM temp.folded)"
 # A passing health check imported into an hour already rolled up (an old export imported
 # again, `collect --full`) is one of the runs that hour counts: it goes, unless it is the
-# hour's first (the one kept) or recorded versions (never counted: it stays).
-_LATE = """CREATE TEMP TABLE folded AS SELECT rowid AS rid, id FROM runs
-    WHERE rowid > :rowid AND started < :until AND verdict = 'ok'
-    AND phase = 'healthcheck' AND NOT instr(sources, '"versions"')
-    AND EXISTS (SELECT 1 FROM run_hours h WHERE h.node = runs.node AND h.phase = 'healthcheck'
-                AND h.hour = CAST(runs.started / 3600 AS INTEGER) * 3600)
-    AND NOT EXISTS (SELECT 1 FROM results WHERE run_id = runs.id AND status != 'skip')
-    AND EXISTS (SELECT 1 FROM runs f WHERE f.node = runs.node AND f.phase = 'healthcheck'
-                AND f.started >= CAST(runs.started / 3600 AS INTEGER) * 3600
-                AND (f.started < runs.started OR (f.started = runs.started AND f.id < runs.id)))"""
+# hour's first (the one kept) or recorded versions (never counted: it stays). The runs merged
+# since the mark are found first, by rowid, in a subquery its LIMIT keeps whole: a server's
+# planner without statistics yet (a store just written) otherwise started from every
+# run_hours row, at each step.
+_LATE = """CREATE TEMP TABLE folded AS SELECT rid, id FROM (
+    SELECT rowid AS rid, id, node, started, sources FROM runs
+    WHERE rowid > :rowid AND rowid <= :top AND started < :until AND verdict = 'ok'
+    AND phase = 'healthcheck' LIMIT :all) AS fresh
+    WHERE NOT instr(sources, '"versions"')
+    AND EXISTS (SELECT 1 FROM run_hours h WHERE h.node = fresh.node AND h.phase = 'healthcheck'
+                AND h.hour = CAST(fresh.started / 3600 AS INTEGER) * 3600)
+    AND NOT EXISTS (SELECT 1 FROM results WHERE run_id = fresh.id AND status != 'skip')
+    AND EXISTS (SELECT 1 FROM runs f WHERE f.node = fresh.node AND f.phase = 'healthcheck'
+                AND f.started >= CAST(fresh.started / 3600 AS INTEGER) * 3600
+                AND (f.started < fresh.started
+                     OR (f.started = fresh.started AND f.id < fresh.id)))"""
 
 
 # The next nodes after :after, in name order, :n of them (ALL: all): one seek each into the
@@ -200,8 +212,8 @@ def _rollup_range(conn: sqlite3.Connection, lo: float, hi: float) -> tuple:
         conn.execute(_KEPT_RUN)
         conn.execute(_PICK)
         hours = conn.execute(_COUNT).rowcount
-        conn.execute(_VERSIONED)
-        conn.execute(_FOLDED)
+        conn.execute(_VERSIONED, args)
+        conn.execute(_FOLDED, args)
         folded = _fold(conn)
     return folded, hours
 
@@ -225,7 +237,9 @@ def _late(conn: sqlite3.Connection, lo: float, after: str, rowid: int) -> int:
     if not rowid:
         return 0
     with _temp_tables(conn, "folded"):
-        conn.execute(_LATE, {"rowid": rowid, "until": lo + HOUR if after else lo})
+        top = conn.execute("SELECT max(rowid) FROM runs").fetchone()[0] or 0
+        until = lo + HOUR if after else lo
+        conn.execute(_LATE, {"rowid": rowid, "top": top, "until": until, "all": ALL})
         return _fold(conn)
 
 
