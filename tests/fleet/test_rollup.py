@@ -19,9 +19,9 @@ from slurmhealth.fleet import records, rollup, signals
 # The rollup: a small simulated fleet, passing health checks older than a day rolled up.
 
 
-# On PostgreSQL too (the fleet_store fixture), but for the three slowest there (each rollup
-# step's temporary tables are catalog writes: 12-24 s a test); the rollup runs on the server in
-# tests/fleet/test_pgstore.py's pipeline and its two collectors at once.
+# On PostgreSQL too (the fleet_store fixture), but for the two slowest there (many small steps,
+# each with its temporary tables: 14-17 s a test, against 5-7 s on SQLite); bounded steps and
+# two rollups at once run on the server in tests/fleet/test_pgstore.py's two collectors.
 def rolled_fleet(db: str) -> tuple:
     """A simulated fleet written into the fleet store `db` (a file or a PostgreSQL URL)."""
     history = simulate.events(simulate.Fleet(nodes=24, days=4, seed=3, jobs_per_node_day=10))
@@ -200,13 +200,15 @@ def with_skips(conn: sqlite3.Connection) -> None:
     conn.commit()
 
 
-def test_skip_results_do_not_keep_an_hour_whole_and_go_with_the_runs_folded(tmp_path):
+def test_skip_results_do_not_keep_an_hour_whole_and_go_with_the_runs_folded(
+    fleet_store, tmp_path
+):
     """A real node's passing runs carry skips: they must not stop the rollup (they kept every
     hour whole), and a folded run's results go with it; any other result still keeps its hour
     whole, and an old export merged again is folded, skips and all."""
     from slurmhealth.report import reads
 
-    history, conn = rolled_fleet(str(tmp_path / "fleet.db"))
+    history, conn = rolled_fleet(fleet_store)
     start, end = history.fleet.start, history.fleet.end
     old = export_text(conn)
     with_skips(conn)
