@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
 import re
 import sqlite3
 import urllib.parse
@@ -491,6 +492,9 @@ def _numbers(raw: Any) -> None:
     raw.adapters.register_loader("numeric", _Number)
 
 
+_QUIET = logging.NullHandler()
+
+
 def connect(url: str, existing: bool = False) -> sqlite3.Connection:
     """Open the fleet store at `url`, creating or migrating its tables; StoreError with a
     one-line reason (psycopg missing, the server unreachable, a newer schema). `existing`: a
@@ -502,6 +506,10 @@ def connect(url: str, existing: bool = False) -> sqlite3.Connection:
         raise store.StoreError(
             "PostgreSQL fleet stores need psycopg 3: pip install 'slurmhealth[postgresql]'"
         ) from None
+    # psycopg logs what it ignores while closing a pipeline on a lost connection ("error
+    # ignored terminating <psycopg.Pipeline ...>"); with no handler Python prints it as a
+    # second line beside the store fault this module reports: kept out of the terminal.
+    logging.getLogger("psycopg").addHandler(_QUIET)
     if urllib.parse.urlsplit(url).password is not None:
         raise store.StoreError(
             f"{shown(url)}: a password in the URL would show in ps and in every message: "

@@ -110,7 +110,9 @@ _FOLD_RUNS = "DELETE FROM runs WHERE rowid IN (SELECT rid FROM temp.folded)"
 # hour's first (the one kept) or recorded versions (never counted: it stays). The runs merged
 # since the mark are found first, by rowid, in a subquery its LIMIT keeps whole: a server's
 # planner without statistics yet (a store just written) otherwise started from every
-# run_hours row, at each step.
+# run_hours row, at each step. `rowid <= :top` (the highest now) is always true: it is there
+# for that planner, which reads a bounded range as narrow and an open one as a third of the
+# table.
 _LATE = """CREATE TEMP TABLE folded AS SELECT rid, id FROM (
     SELECT rowid AS rid, id, node, started, sources FROM runs
     WHERE rowid > :rowid AND rowid <= :top AND started < :until AND verdict = 'ok'
