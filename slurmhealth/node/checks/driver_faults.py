@@ -66,6 +66,16 @@ ALWAYS_FATAL = {
 # NVSwitches are reset, which on bare metal is a reboot (the guide's reset of all GPUs and
 # NVSwitches). The others (reset, command queue, timeout, shutdown) go by the line's word,
 # warn without one.
+# Non-fatal SXids whose recovery in the Fabric Manager guide's non-fatal table is more than a
+# warning: 11004 and 12028 stall the GPU's NVLink traffic through that port and hang the GPU's
+# next access ("restart the guest VM": on bare metal, a reset of the GPUs and switches), 19084
+# (AN1 heartbeat timeout) asks to "reset all GPUs and all NVSwitches". They fail (reboot) as a
+# fatal one does, whatever the line's word.
+STALLING = {
+    11004: "stalls the port's NVLink traffic",
+    12028: "stalls the port's NVLink traffic",
+    19084: "AN1 heartbeat timeout",
+}
 SOE_STOPPED = {
     26002: "SOE did not boot",
     26006: "SOE halted",
@@ -186,11 +196,13 @@ def _driver_event(kind: str, bus: str | None, seq: int, usec: int | None) -> dic
 
 
 def sxid_class(event: dict[str, Any]) -> tuple[str, str]:
-    """(class, action) of one SXid event: always-fatal numbers and a stopped SOE fail whatever
-    the line says; else the line's word: fatal fails (reboot), non-fatal warns, correctable is
-    ignored; no word warns."""
+    """(class, action) of one SXid event: always-fatal numbers, a stopped SOE and the stalling
+    non-fatal ones (STALLING) fail whatever the line says; else the line's word: fatal fails
+    (reboot), non-fatal warns, correctable is ignored; no word warns."""
     number = event["sxid"]
     if number in ALWAYS_FATAL or number in SOE_STOPPED or event["severity"] == FATAL:
+        return FAIL, REBOOT
+    if number in STALLING:
         return FAIL, REBOOT
     if event["severity"] == CORRECTABLE:
         return IGNORE, NONE
@@ -201,7 +213,7 @@ def _sxid_words(event: dict[str, Any]) -> str:
     """`NVSwitch nvswitch1 (0000:aa:00.0) link 12 SXid 24007 fatal x2`, in the project's words."""
     number = event["sxid"]
     link = f" link {event['link']}" if event["link"] is not None else ""
-    what = SOE_STOPPED.get(number) or ALWAYS_FATAL.get(number)
+    what = SOE_STOPPED.get(number) or ALWAYS_FATAL.get(number) or STALLING.get(number)
     said = f"{what}, always fatal" if number in ALWAYS_FATAL else what
     said = said or (event["severity"] or "no severity given")
     times = f" x{event['repeats']}" if event["repeats"] > 1 else ""
@@ -231,7 +243,8 @@ def sxid_nonfatal(facts: Facts, ctx: Context) -> Result:
     """NVSwitch non-fatal SXids warn; sxid_repeat_max of one on one switch link fail (reboot).
 
     The switch contained each one (the guide's non-fatal tables: at worst the job over that port
-    sees Xid 45), so one is evidence, not a verdict. The same error again and again on one link
+    sees Xid 45; the three that stall the port, STALLING, are sxid_fatal's), so one is evidence,
+    not a verdict. The same error again and again on one link
     is a link that keeps failing: the bound is the count at which the nvlink area fails a GPU's
     NVLink recoveries in one interval (recovery_fail, 10), the GPU side's link-level error of the
     same kind. A reboot resets the switch and retrains its links."""

@@ -165,8 +165,9 @@ XIDS = {
     136: ("ALI_TRAINING_FAIL", FAIL, RESET_GPU),
     137: ("NVLINK_PRIV_ERR", WARN, NONE),
     140: ("UNRECOVERABLE_ECC_ERROR_ESCAPE", FAIL, RESET_GPU),
-    # Initialisation failed: a reset may not bring it back, the toolkit column says drain.
-    143: ("GPU_INIT_ERROR", FAIL, DRAIN),
+    # Initialisation failed: the catalogue's immediate bucket is RESET_GPU (then
+    # CONTACT_SUPPORT); a repeat within repeat_days calls for service (_escalate).
+    143: ("GPU_INIT_ERROR", FAIL, RESET_GPU),
     144: ("NVLINK_SAW_ERROR", NVLINK5, RESET_GPU),
     145: ("NVLINK_RLW_ERROR", NVLINK5, RESET_GPU),
     146: ("NVLINK_TLW_ERROR", NVLINK5, RESET_GPU),
@@ -185,12 +186,27 @@ XIDS = {
     # Retirement failed: the catalog's immediate bucket is IGNORE, then investigate.
     157: ("RESOURCE_RETIREMENT_FAILURE", WARN, NONE),
     158: ("GPU_FATAL_TIMEOUT", FAIL, RESET_GPU),
+    # GB200's video encoder 3: the catalogue's bucket is CONTACT_SUPPORT, not a reset; the
+    # GPU computes on, so no job is refused for it.
+    142: ("NVENC3_ERROR", WARN, SERVICE),
+    # CHI non-data error on a C2C-linked GPU: the catalogue's CHECK_UVM, a reset where UVM or
+    # vGPU is in use, else ignore; which one holds is not on the line: a warning with the hint.
+    159: ("CHI_NON_DATA_ERROR", WARN, RESET_GPU),
     160: ("CHANNEL_RETIREMENT_EVENT", WARN, NONE),
+    # The companion of 160; the catalogue: IGNORE, then investigate the software.
+    161: ("CHANNEL_RETIREMENT_FAILURE", WARN, NONE),
     162: ("PSHC_REENGAGED", WARN, NONE),
     163: ("PSHC_DISENGAGED", WARN, NONE),
     # Power-smoothing circuitry wearing out: plan service, not an emergency (unverified).
     164: ("PSHC_LOW_LIFETIME", WARN, SERVICE),
     165: ("PSHC_ZERO_LIFETIME", WARN, SERVICE),
+    # The catalogue gives no bucket for 167 and 169. A PCIe fatal timeout is the bus failing
+    # under the GPU (like 79's cause, which a reset cannot reach); 169's description is 62's
+    # ("Internal micro-controller halt"), whose bucket is RESET_GPU.
+    167: ("PCIE_FATAL_TIMEOUT", FAIL, REBOOT),
+    # Errors in the write-protected region with ECC off (catalogue: enable ECC, or boot again).
+    168: ("REDUCED_GPU_MEMORY_CAPACITY", WARN, REBOOT),
+    169: ("SEC2_HALT_ERROR", FAIL, RESET_GPU),
     # Companions of Xid 48 telling DRAM from SRAM: treated as 48.
     171: ("UNCORRECTABLE_DRAM_ERROR", FAIL, RESET_GPU),
     172: ("UNCORRECTABLE_SRAM_ERROR", FAIL, RESET_GPU),
@@ -274,7 +290,7 @@ NVLINK_REGISTERS = 7
 # 154 printed with it names the action; this check acts on that 154). The line names the unit
 # (R575 and later drivers by the second of two names, e.g. TLW_RX_PIPE0 for TLW_RX):
 #   `145, RLW_SRC_TRACK Nonfatal XC1 i0 Link 12 (0x040988e2 0x00000008 0x00000000 ...)`.
-# The NETIR link events (NETIR_LINK_EVT / NETIR_LINK_DOWN, status 0) are decided by their
+# The NETIR link events (NETIR_LINK_EVT / NETIR_LINK_DOWN, any status) are decided by their
 # sub-code, bits 20-25 of the first word (the sheet's IntrInfo pattern): RESET_GPU but for 0x26
 # (investigate software or user) and 0x28 (investigate the host), IGNORE. A unit, status or
 # sub-code the sheet does not list keeps the severity the driver printed (_nvlink5).
@@ -283,6 +299,7 @@ NVLINK_REGISTERS = 7
 _SAW = {0x1: "I", 0x2: "R", 0x4: "I", 0x8: "I", 0x10: "R", 0x20: "I"}
 _TLW = {0x1: "I", 0x2: "I", 0x4: "R", 0x80000000: "I"}
 _NETIR_LINK = "NETIR_LINK"  # decided by sub-code
+_ANY_STATUS = "R"  # a unit the sheet resets for whatever its error status (it gives none)
 NVLINK5_DECODE: dict[tuple[int, str], dict[int, str] | str] = {
     (144, "SAW_MVB"): _SAW,
     (145, "RLW_CTRL"): {0x80000000: "I"},
@@ -303,7 +320,8 @@ NVLINK5_DECODE: dict[tuple[int, str], dict[int, str] | str] = {
                                       "TLW_TX", "TLW_TX_PIPE0", "TLW_TX_PIPE1")},
     (147, "TREX"): {0x1: "I", 0x80000000: "I"},
     **{(148, unit): {0x80000000: "I"} for unit in ("NVLPW_CTRL", "NVLPW")},
-    **{(149, unit): {0x0: "R"} for unit in ("NETIR", "NETIR_INT")},
+    # the sheet gives these no error status: "RESET_GPU | SYMPATHETIC_REPORT_SOLO | Link Fatal"
+    **{(149, unit): _ANY_STATUS for unit in ("NETIR", "NETIR_INT")},
     (149, "NETIR_BER_EVENT"): dict.fromkeys((0x0, 0x1, 0x2, 0x3), "I"),
     (149, "NETIR_LINK_EVT"): _NETIR_LINK,
     (149, "NETIR_LINK_DOWN"): _NETIR_LINK,
@@ -484,8 +502,10 @@ def nvlink5_bucket(xid: int, detail: dict[str, Any]) -> str | None:
     line's words, or None where the sheet does not list the unit, status or sub-code."""
     rules = NVLINK5_DECODE.get((xid, str(detail.get("unit"))))
     status, sub = detail.get("status"), detail.get("subcode")
-    if rules == _NETIR_LINK:
-        if status != 0 or sub not in _NETIR_SUBCODES:
+    if rules == _ANY_STATUS:
+        return "R"
+    if rules == _NETIR_LINK:  # the sheet's rows give a sub-code and no error status
+        if sub not in _NETIR_SUBCODES:
             return None
         return "I" if sub in _NETIR_IGNORED else "R"
     if isinstance(rules, dict) and isinstance(status, int):

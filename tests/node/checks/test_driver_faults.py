@@ -125,15 +125,27 @@ def test_fatal_sxids_fail_with_reboot_naming_switch_and_link():
     result = check("sxid_fatal", facts_of("sxid.kmsg"))
     assert (result.status, result.action) == ("fail", "reboot")
     listed = {(e["sxid"], e["switch"], e["link"]) for e in result.data["events"]}
-    # the line's Fatal, an always-fatal number whatever the line says, a halted SOE
-    assert listed == {(24007, "nvswitch1", 44), (23001, "nvswitch0", 7), (26006, "nvswitch3", None)}
+    # the line's Fatal, an always-fatal number whatever the line says, a halted SOE, and 12028,
+    # non-fatal by its word but stalling the port's traffic (the guide's non-fatal table)
+    assert listed == {(24007, "nvswitch1", 44), (23001, "nvswitch0", 7), (26006, "nvswitch3", None),
+                      (12028, "nvswitch0", 32)}
     assert "nvswitch0 (0000:05:00.0) link 7 SXid 23001" in result.message
 
 
 def test_one_nonfatal_sxid_warns_and_names_its_link():
-    result = check("sxid_nonfatal", facts(SW0 + "12028, Non-fatal, Link 32 egress PRIV error"))
+    result = check("sxid_nonfatal", facts(SW0 + "20009, Non-fatal, Link 32 RX Short Error Rate"))
     assert (result.status, result.action) == ("warn", "none")
-    assert result.message == "NVSwitch nvswitch0 (0000:05:00.0) link 32 SXid 12028 non-fatal"
+    assert result.message == "NVSwitch nvswitch0 (0000:05:00.0) link 32 SXid 20009 non-fatal"
+
+
+@pytest.mark.parametrize("number", [11004, 12028, 19084])
+def test_a_nonfatal_sxid_that_stalls_the_fabric_fails_with_reboot(number):
+    parsed = facts(SW0 + f"{number}, Non-fatal, Link 32 x")
+    assert check("sxid_nonfatal", parsed).status == "ok"
+    result = check("sxid_fatal", parsed)
+    assert (result.status, result.action) == ("fail", "reboot")
+    assert result.message == (f"NVSwitch nvswitch0 (0000:05:00.0) link 32 SXid {number} "
+                              f"{driver_faults.STALLING[number]}")
 
 
 @pytest.mark.parametrize("times, status", [(9, "warn"), (10, "fail")])

@@ -75,6 +75,17 @@ LINES = [
         "0x00000000 0x00000000)",
         "fail", "reset_gpu", "RLW_CTRL fatal, link 2, status 0x1",
     ),
+    (  # modelled: NETIR with a status: the sheet resets for NETIR whatever its status
+        "NVRM: Xid (PCI:0019:01:00): 149, NETIR_INT Nonfatal XC0 i0 Link -1 (0x000fe406 "
+        "0x00000002 0x00000000 0x00000000 0x00000000 0x00000000)",
+        "fail", "reset_gpu", "NETIR_INT nonfatal, link -1, status 0x2: RESET_GPU",
+    ),
+    (  # modelled: a NETIR link event with a status: its sub-code still decides (0x21: reset)
+        "NVRM: Xid (PCI:0009:01:00): 149, NETIR_LINK_DOWN Nonfatal XC0 i0 Link 03 (0x021425c6 "
+        "0x00000001 0x00000000 0x00000000 0x00000000 0x00000000)",
+        "fail", "reset_gpu",
+        "NETIR_LINK_DOWN nonfatal, link 3, status 0x1, sub-code 0x21: RESET_GPU",
+    ),
     (  # modelled: a unit the sheet does not list
         "NVRM: Xid (PCI:0019:01:00): 149, NETIR_NEW_EVENT Nonfatal XC0 i0 Link 02 (0x00000030 "
         "0x00000001)",
@@ -136,4 +147,4 @@ def test_every_decoded_unit_is_one_of_the_nvlink5_xids():
     for (code, unit), rules in xid.NVLINK5_DECODE.items():
         assert 144 <= code <= 150 and unit.isupper(), unit
         assert xid.XIDS[code][1] == xid.NVLINK5
-        assert rules == "NETIR_LINK" or set(rules.values()) <= {"R", "I", "E"}
+        assert rules in ("NETIR_LINK", "R") or set(rules.values()) <= {"R", "I", "E"}
