@@ -50,7 +50,7 @@ _slurmhealth() {
         esac
     done
     case "$path:$prev" in
-        "check:--only") words="gpu nvlink ib xid mce aer fs hw time ps modules net edac nvme bmc imex site" ;;
+        "check:--only") words="gpu nvlink ib xid mce aer fs hw time ps modules net edac nvme bmc imex fmlog site" ;;
         "diagnose:--level") words="quick medium long pair" ;;
         "notify:--format") words="json slack" ;;
         "report:--format") words="html md json prom" ;;

@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 
 DEFAULT_PATH = "/etc/slurmhealth/slurmhealth.toml"
 
+# the health-check-only sources' deadlines (checks.LATER)
+_LATER_TIMEOUTS = ("timeout_nvme", "timeout_bmc", "timeout_imex", "timeout_fmlog")
 SETTINGS: Schema = {
     "deadline": (10.0, float, "hard deadline of a whole run, seconds"),
     "timeout_gpu": (5.0, float, "deadline of the NVML sweep (a sick GSP stalls calls ~6 s)"),
@@ -49,6 +51,7 @@ SETTINGS: Schema = {
     "timeout_nvme": (5.0, float, "health check: deadline of the NVMe sysfs read and smart-logs"),
     "timeout_bmc": (8.0, float, "health check: deadline of ipmitool sel elist"),
     "timeout_imex": (6.0, float, "health check: deadline of nvidia-imex-ctl -q and -N -j"),
+    "timeout_fmlog": (2.0, float, "health check: deadline of the Fabric Manager log's read"),
     "timeout_site": (
         40.0,
         float,
@@ -208,7 +211,7 @@ BOUNDS: dict[str, Bound] = {
     **{f"hw.{k}": _AT_LEAST_0 for k in ("hugepages", "cpus", "sockets", "threads_per_core")},
     "hw.memory_tolerance_pct": _PERCENT,
     "time.max_error_ms": (lambda v: _finite(v) and v > 0, "must be > 0 milliseconds, finite"),
-    **{f"settings.{k}": _SECONDS for k in ("timeout_nvme", "timeout_bmc", "timeout_imex")},
+    **{f"settings.{k}": _SECONDS for k in _LATER_TIMEOUTS},
     # slurmd kills a health check after 60 s (slurm.conf(5) HealthCheckProgram)
     "settings.timeout_site": (lambda v: _finite(v) and 0 < v <= 55, "must be > 0 and at most 55 s"),
     "settings.site_healthcheck": (
@@ -319,7 +322,7 @@ DURATIONS = {
     **{f"settings.{k}": 1 for k in ("deadline", "timeout_gpu", "timeout_ib", "timeout_kmsg")},
     **{f"settings.{k}": 1 for k in ("timeout_fs", "timeout_host")},
     "fs.stat_timeout": 1,
-    **{f"settings.{k}": 1 for k in ("timeout_nvme", "timeout_bmc", "timeout_imex")},
+    **{f"settings.{k}": 1 for k in _LATER_TIMEOUTS},
     "settings.timeout_site": 1,
     "settings.drain_timeout": 1,
     "settings.timeout_kernel": 1,

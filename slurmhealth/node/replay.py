@@ -4,8 +4,8 @@ A snapshot is a file an admin replays: one a node wrote while failing, or one ed
 wrong type anywhere the checks read, deep nesting or a number that is not finite would otherwise
 replay as "no GPUs" or "no Xids" and pass: every such file is refused with one line that names
 the first bad path. The shape below is what the sources write (sources/nvml.py, sysfs.py,
-kmsg.py, kernel.py, fs.py, host.py, nvme.py, bmc.py, imex.py, site.py); keys it does not name
-are left alone, so a newer snapshot with more facts still loads.
+kmsg.py, kernel.py, fs.py, host.py, nvme.py, bmc.py, imex.py, fmlog.py, site.py); keys it does
+not name are left alone, so a newer snapshot with more facts still loads.
 """
 
 from __future__ import annotations
@@ -201,6 +201,11 @@ BMC = _obj({"tool": STR, "device": STR, "lines": _list(_s("str"))}, "null")
 RAN = _obj({"status": INT, "timed_out": BOOL, "error": STR, "lines": _list(_s("str")),
             "stderr": STR})
 IMEX = _obj({"tool": STR, "query": RAN, "domain": RAN}, "null")
+FMLOG = _obj(
+    {"path": STR, "inode": INT, "size": INT, "start": INT,
+     "records": _list(_obj({"offset": INT, "line": STR, "more": _list(_s("str"))}))},
+    "null",
+)
 SITE = _obj(
     {"program": STR, "status": INT, "timed_out": BOOL, "error": STR,
      "lines": _list(_s("str")), "seconds": NUM},
@@ -222,6 +227,7 @@ SNAPSHOT = _obj(
         "nvme": NVME,
         "bmc": BMC,
         "imex": IMEX,
+        "fmlog": FMLOG,
         "site": SITE,
     }
 )

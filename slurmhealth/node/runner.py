@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     # A source's gather: a zero-argument function that returns its raw facts, or raises.
     Gather = Callable[[], object]
 
-SOURCES = ("gpu", "ib", "kmsg", "kernel", "fs", "host", "nvme", "bmc", "imex", "site")
+SOURCES = ("gpu", "ib", "kmsg", "kernel", "fs", "host", "nvme", "bmc", "imex", "fmlog", "site")
 # The site's own health check gets the run this much past its own deadline, to be stopped,
 # said and recorded (sources/tools.py stops it a little before).
 SITE_MARGIN_S = 2.0
@@ -102,6 +102,7 @@ def _plan(wanted: set[str], options: Options, strict: bool = True) -> dict[str, 
             "host": options.host_root,
             "nvme": options.host_root,
             "bmc": options.host_root,
+            "fmlog": options.host_root,
             "site": options.site_program,
         }.get(source)
         explicit = path not in (None, "", sources.DEFAULT_PATHS.get(source))

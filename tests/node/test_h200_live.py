@@ -77,7 +77,7 @@ def test_the_replay_gives_every_live_verdict(tmp_path, name, snapshot, code):
     assert {c: v for c, v in captured.items() if c in live} == live
     later = [r for r in doc["results"] if r["check"].split(".")[0] not in CAPTURED]
     assert later and all(r["status"] in ("skip", "ok") for r in later)
-    newer = ("fs", "host", "kernel", "nvme", "bmc", "imex", "site")
+    newer = ("fs", "host", "kernel", "nvme", "bmc", "imex", "fmlog", "site")
     assert set(doc["sources"]) == {"gpu", "ib", "kmsg", *newer}
     assert all(doc["sources"][s]["status"] == "unavailable" for s in newer)
     # every source came from the snapshot, none was read here: a gathered one takes time

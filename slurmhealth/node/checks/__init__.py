@@ -60,7 +60,7 @@ HOOKED = {
 # The areas whose PHASES leave the job hooks out (a SMART log, the BMC, the site's own health
 # check): imported on first use, so that a prolog loads neither them nor their settings
 # (docs/benchmarks.md). tests/test_layout.py keeps this equal to their PHASES.
-LATER = ("nvme", "bmc", "imex", "site")
+LATER = ("nvme", "bmc", "imex", "fmlog", "site")
 NAMES = (*HOOKED, *LATER)  # every area, in the catalogue's order
 _JOB_HOOKS = (PROLOG, EPILOG)
 

@@ -19,7 +19,12 @@ a user-controlled string inside another subsystem's line cannot pass for one:
   (mm/memory-failure.c action_result): the kernel handled a poisoned page, an uncorrected memory
   error; Ignored or Failed left it in use: reboot.
 - `{N}[Hardware Error]: event severity: corrected|recoverable|fatal` (firmware-first errors,
-  drivers/acpi/apei/ghes.c and drivers/firmware/efi/cper.c cper_estatus_print).
+  drivers/acpi/apei/ghes.c and drivers/firmware/efi/cper.c cper_estatus_print). The same record
+  without `{N}` is one the firmware kept from the previous boot, printed once at this boot after
+  `BERT: Error records from previous boot:` (drivers/acpi/apei/bert.c; the form is quoted in the
+  kernel commit "efi: cper: Add support for printing Firmware Error Record Reference", 2020): a
+  fatal one is most often why the node went down, and judged like a live one. Arm servers
+  (NVIDIA Grace among them) report memory and CPU errors this firmware-first way (GHES).
 - `[Hardware Error]: Corrected error, no action required.` and the other summaries of AMD's
   decoder (drivers/edac/mce_amd.c decode_error_status): `Uncorrected, software restartable
   error.`, `Uncorrected, software containable error.`, `System Fatal error.`, `Deferred error,
@@ -106,6 +111,10 @@ def parse_line(msg: str) -> dict[str, Any] | None:
         return _event(_GHES_SEVERITY.get(severity), f"firmware-reported {severity} hardware error")
     if msg.startswith(_HW):
         summary = msg[len(_HW):].strip()
+        if summary.startswith("event severity: "):  # a record of the previous boot (BERT)
+            severity = summary[16:]
+            what = f"firmware-reported {severity} hardware error, recorded at the previous boot"
+            return _event(_GHES_SEVERITY.get(severity), what)  # None unless a known word
         level = _AMD.get(summary)
         return _event(level, summary.rstrip(".")) if level else None
     return None

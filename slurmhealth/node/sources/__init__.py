@@ -32,6 +32,7 @@ REGISTRY = {
     "nvme": "slurmhealth.node.sources.nvme",  # NVMe: /sys/class/nvme, nvme-cli's smart-log
     "bmc": "slurmhealth.node.sources.bmc",  # the BMC's event log: ipmitool sel elist
     "imex": "slurmhealth.node.sources.imex",  # IMEX (multi-node NVLink): nvidia-imex-ctl
+    "fmlog": "slurmhealth.node.sources.fmlog",  # the Fabric Manager's log file (NVSwitch boards)
     "site": "slurmhealth.node.sources.site",  # the site's own health check (LBNL NHC)
 }
 
@@ -46,6 +47,7 @@ DEFAULT_PATHS = {
     "host": "/",
     "nvme": "/",
     "bmc": "/",
+    "fmlog": "/",
 }
 
 

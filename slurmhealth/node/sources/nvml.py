@@ -55,9 +55,11 @@ FIELDS = {
     # energy, the prolog's and the epilog's readings give the job's share (node/counters.py).
     "below_base_ns": 81,
     # NVLink-C2C, the GPU's link to its Grace CPU (GH200, GB200, GB300): the links present
-    # (NVML_FI_DEV_C2C_LINK_COUNT) and the error counters, per GPU as DCGM keeps them
+    # (NVML_FI_DEV_C2C_LINK_COUNT) and the error counters with scopeId 0, the call DCGM makes
     # (NVML_FI_DEV_C2C_LINK_ERROR_INTR, "C2C Link CRC Error Counter", _REPLAY, _REPLAY_B2B;
-    # R575 on). A GPU without C2C, or an older driver, answers NotSupported: None.
+    # R575 on). Whether NVML then sums the links or answers for link 0 is not documented (the
+    # driver keeps them per link): docs/sources.md. A GPU without C2C, or an older driver,
+    # answers NotSupported: None.
     "c2c_links": 170,
     "c2c_crc": 231,
     "c2c_replay": 232,

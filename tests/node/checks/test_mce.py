@@ -24,6 +24,9 @@ LINES = {
     "Memory failure: 0x3f1f2c5: recovery action for dirty LRU page: Recovered": "uncorrected",
     "{1}[Hardware Error]: event severity: corrected": "corrected",
     "{2}[Hardware Error]: event severity: recoverable": "uncorrected",
+    # a record of the previous boot (BERT), as the kernel commit "efi: cper: Add support for
+    # printing Firmware Error Record Reference" (2020) quotes one
+    "[Hardware Error]: event severity: fatal": "fatal",
     "[Hardware Error]: Corrected error, no action required.": "corrected",
     "[Hardware Error]: Deferred error, no action required.": "uncorrected",
     "[Hardware Error]: System Fatal error.": "fatal",
