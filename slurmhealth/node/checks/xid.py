@@ -82,8 +82,9 @@ DEFAULTS: Schema = {
         7,
         int,
         "the same fatal Xid on the same GPU (74: same link, any link for the register bits "
-        "NVIDIA's NVSentinel reads per GPU) again within N days: service, the reset or reboot "
-        "did not mend it (Xid catalogue: then CONTACT_SUPPORT)",
+        "NVIDIA's NVSentinel reads per GPU; its ECC/parity bits a third time) again within N "
+        "days: service, the reset or reboot did not mend it (Xid catalogue: then "
+        "CONTACT_SUPPORT)",
     ),
     "burst_max": (
         3,
@@ -262,11 +263,16 @@ _RECOVERY_WORDS = {
 #     here it has the same one as the others: a consequence of another fault keeps its reset);
 #   "link": when it repeats on the same link; "gpu": when it repeats on the same GPU, any
 #     link (this check's repeat rule, repeat_days, in place of NVSentinel's 24 h);
-#   None: never on its own (NVSentinel's action NONE: field diagnostics if jobs fail).
+#   None: never on its own (NVSentinel's action NONE: field diagnostics if jobs fail);
+#   "ignore": the catalogue's WORKFLOW_NVLINK_ERR says the bit "can be safely ignored" (REG0
+#     bits 0, 23, 30): the line is ignored.
+# The ECC/parity bits ("link") go to service only at their third read on the same link within
+# repeat_days: the catalogue acts when one is "seen more than 2 times on the same link".
 # Any other pattern (several bits, a bit not listed, not seven words) keeps the catalogue's
 # RESET_GPU, with the repeat rule on the same link.
 _UNEXPECTED = "unexpected NVLink error, report it to NVIDIA"
 NVLINK_BITS = {
+    **{(0, b): ("safe to ignore (Xid catalogue)", "ignore") for b in (0, 23, 30)},
     **{(0, b): (_UNEXPECTED, "now") for b in (1, 20)},
     **{(0, b): ("ECC/parity error", "link") for b in (4, 5)},
     **{(0, b): ("NVLink hardware error", "gpu") for b in (8, 9, 12, 16, 17, 24, 28)},
@@ -779,6 +785,8 @@ def _said(xid: int, detail: object) -> tuple[Any, ...] | None:
         return _BUCKETS[bucket][1:] if bucket else None
     if xid == 74 and detail.get("when") == "now" and not detail.get("secondary"):
         return FAIL, SERVICE
+    if xid == 74 and detail.get("when") == "ignore":
+        return IGNORE, NONE
     return None
 
 
@@ -1004,7 +1012,9 @@ def _repeat(
         and now - r["time"] <= days * 86400
         and _same_link(event, r)
     }
-    return {"rule": "repeat", "count": len(runs) + 1, "days": days} if runs else None
+    detail = event.get("detail") or {}
+    need = 2 if event["xid"] == 74 and detail.get("when") == "link" else 1  # NVLINK_BITS
+    return {"rule": "repeat", "count": len(runs) + 1, "days": days} if len(runs) >= need else None
 
 
 def _burst(mine: list[Any], now: float, most: float, hours: float) -> dict[str, Any] | None:

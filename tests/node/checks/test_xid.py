@@ -1190,19 +1190,45 @@ NVLINK_14 = (
 
 
 def test_the_same_nvlink_error_on_the_same_link_again_is_service_another_link_is_not():
-    """An ECC/parity bit (REG0 bit 4: NVSentinel's XID74Reg0ECCParityError, on the same link)
-    or a pattern NVSentinel does not name: a repeat on the same link is service, on another
+    """A pattern NVSentinel does not name: a repeat on the same link is service, on another
     link a reset."""
-    for words in ("0x10, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0", "0x0, 0x0, 0x10001, 0x0"):
-        facts = xid.parse(raw_of(nvlink_line(words)))
-        same = row(74, text=f"NVLink: fatal error detected on link 14({words})")
-        result = xid.hardware(facts, remembering([same]))
-        assert (result.action, result.message) == (
-            "service",
-            "again: Xid 74 on GPU 3 (0000:5d:00) link 14, 2nd time in 7 days (NVLink error)",
-        )
-        other = row(74, text=f"NVLink: fatal error detected on link 3({words})")
-        assert xid.hardware(facts, remembering([other])).action == "reset_gpu"
+    words = "0x0, 0x0, 0x10001, 0x0"
+    facts = xid.parse(raw_of(nvlink_line(words)))
+    same = row(74, text=f"NVLink: fatal error detected on link 14({words})")
+    result = xid.hardware(facts, remembering([same]))
+    assert (result.action, result.message) == (
+        "service",
+        "again: Xid 74 on GPU 3 (0000:5d:00) link 14, 2nd time in 7 days (NVLink error)",
+    )
+    other = row(74, text=f"NVLink: fatal error detected on link 3({words})")
+    assert xid.hardware(facts, remembering([other])).action == "reset_gpu"
+
+
+def test_an_ecc_parity_bit_is_service_at_its_third_read_on_the_same_link():
+    """REG0 bit 4 (NVSentinel's XID74Reg0ECCParityError): the Xid catalogue acts when it is
+    "seen more than 2 times on the same link": the second read still resets, the third is
+    service; two earlier reads on another link do not count."""
+    words = "0x10, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0"
+    facts = xid.parse(raw_of(nvlink_line(words)))
+    text = f"NVLink: fatal error detected on link 14({words})"
+    once = [row(74, text=text)]
+    assert xid.hardware(facts, remembering(once)).action == "reset_gpu"
+    # days apart: three fatal reads within burst_h would be service by the burst rule anyway
+    twice = [row(74, text=text, ago=3 * DAY, n=1), row(74, text=text, ago=2 * DAY, n=2)]
+    result = xid.hardware(facts, remembering(twice))
+    assert result.action == "service" and "3rd time in 7 days" in result.message
+    other = f"NVLink: fatal error detected on link 3({words})"
+    elsewhere = [row(74, text=other, ago=3 * DAY, n=1), row(74, text=other, ago=2 * DAY, n=2)]
+    assert xid.hardware(facts, remembering(elsewhere)).action == "reset_gpu"
+
+
+@pytest.mark.parametrize("words", ["0x1, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0",
+                                   "0x800000, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0",
+                                   "0x40000000, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0"])
+def test_the_nvlink_bits_the_catalogue_says_to_ignore_are_ignored(words):
+    facts = xid.parse(raw_of(nvlink_line(words)))
+    assert xid.hardware(facts, remembering([])).status == "ok"
+    assert [e["class"] for e in facts["events"]] == ["ignore"]
 
 
 def test_an_nvlink_bit_read_per_gpu_repeats_on_any_link():
