@@ -49,23 +49,28 @@ CORRECTABLE = "correctable"
 _SEVERITY_WORDS = {"Fatal": FATAL, "Non-fatal": NONFATAL, "Correctable": CORRECTABLE}
 _DUMP_SEVERITY = {"0": NONFATAL, "1": FATAL}  # NVSWITCH_ERROR_SEVERITY_NONFATAL = 0, _FATAL
 
-# NVIDIA Fabric Manager User Guide (DU-09883-001), the NVSwitch SXid error tables: "Always Fatal
-# NVSwitch SXid Errors" are "always fatal to the entire fabric/system", recovery "restart the
-# host to reset the entire fabric/system", whatever the line says; 10003 (Host_unhandled_
-# interrupt, "Other Notable NVSwitch SXid Errors") asks for "a reset to all GPUs and NVSwitches".
+# NVIDIA Fabric Manager User Guide (DU-09883-001, checked against its v2.3 of March 2025), the
+# NVSwitch SXid error tables: "Always Fatal NVSwitch SXid Errors" are "always fatal to the
+# entire fabric/system" ("The host needs to be restarted", or the NVSwitches and GPUs reset),
+# whatever the line says; 10003 (Host_unhandled_interrupt, "Other Notable NVSwitch SXid
+# Errors"): "To recover, reset all GPUs and NVSwitches".
 ALWAYS_FATAL = {
     10003: "host unhandled interrupt",
     12020: "egress sequence ID error",
     22003: "Minion halt",
     22011: "Minion exterror",
-    **{n: "ingress/egress buffer or credit error" for n in range(23001, 23018)},
+    # the guide's "Always Fatal" table, names as it gives them
+    **dict.fromkeys((23001, 23010), "ingress SRC-VC buffer overflow"),
+    **dict.fromkeys((23002, 23011), "ingress SRC-VC buffer underflow"),
+    **dict.fromkeys((23003, 23012), "egress DST-VC credit overflow"),
+    **dict.fromkeys((23004, 23013), "egress DST-VC credit underflow"),
+    **dict.fromkeys((23005, 23014), "ingress packet burst error"),
+    **dict.fromkeys((23006, 23015), "ingress packet sticky error"),
+    **dict.fromkeys((23007, 23016), "possible bubbles at ingress"),
+    23008: "ingress packet invalid dst error",
+    23009: "ingress packet parity error",
+    23017: "ingress credit parity error",
 }
-# The SOE, the NVSwitch's on-board management controller (its firmware runs the switch's
-# thermal and error handling): NVSWITCH_ERR_HW_SOE_* in the driver's ctrl_dev_nvswitch.h.
-# Stopped (halt, exception, watchdog) or never booted: the switch is unmanaged until the
-# NVSwitches are reset, which on bare metal is a reboot (the guide's reset of all GPUs and
-# NVSwitches). The others (reset, command queue, timeout, shutdown) go by the line's word,
-# warn without one.
 # Non-fatal SXids whose recovery in the Fabric Manager guide's non-fatal table is more than a
 # warning: 11004 and 12028 stall the GPU's NVLink traffic through that port and hang the GPU's
 # next access ("restart the guest VM": on bare metal, a reset of the GPUs and switches), 19084
@@ -76,6 +81,19 @@ STALLING = {
     12028: "stalls the port's NVLink traffic",
     19084: "AN1 heartbeat timeout",
 }
+# Non-fatal SXids the guide's non-fatal table says have no impact: the single-bit ECC errors the
+# switch corrects itself ("No guest VM impact because the NVSwitch hardware will auto correct
+# the ECC errors") and 22013 (Minion link DLREQ interrupt, "can be safely ignored"): ignored.
+NO_IMPACT = frozenset((
+    11012, 11021, 11022, 11023, 12021, 12023, 15008, 15011, 19049, 19055, 19057, 19059, 19062,
+    19065, 19068, 19071, 24001, 24002, 24003, 22013,
+))
+# The SOE, the NVSwitch's on-board management controller (its firmware runs the switch's
+# thermal and error handling): NVSWITCH_ERR_HW_SOE_* in the driver's ctrl_dev_nvswitch.h.
+# Stopped (halt, exception, watchdog) or never booted: the switch is unmanaged until the
+# NVSwitches are reset, which on bare metal is a reboot (the guide's reset of all GPUs and
+# NVSwitches). The others (reset, command queue, timeout, shutdown) go by the line's word,
+# warn without one.
 SOE_STOPPED = {
     26002: "SOE did not boot",
     26006: "SOE halted",
@@ -198,13 +216,14 @@ def _driver_event(kind: str, bus: str | None, seq: int, usec: int | None) -> dic
 def sxid_class(event: dict[str, Any]) -> tuple[str, str]:
     """(class, action) of one SXid event: always-fatal numbers, a stopped SOE and the stalling
     non-fatal ones (STALLING) fail whatever the line says; else the line's word: fatal fails
-    (reboot), non-fatal warns, correctable is ignored; no word warns."""
+    (reboot); correctable, and the numbers the guide says have no impact (NO_IMPACT), are
+    ignored; non-fatal or no word warns."""
     number = event["sxid"]
     if number in ALWAYS_FATAL or number in SOE_STOPPED or event["severity"] == FATAL:
         return FAIL, REBOOT
     if number in STALLING:
         return FAIL, REBOOT
-    if event["severity"] == CORRECTABLE:
+    if event["severity"] == CORRECTABLE or number in NO_IMPACT:
         return IGNORE, NONE
     return WARN, NONE
 
@@ -249,7 +268,7 @@ def sxid_nonfatal(facts: Facts, ctx: Context) -> Result:
     NVLink recoveries in one interval (recovery_fail, 10), the GPU side's link-level error of the
     same kind. A reboot resets the switch and retrains its links."""
     events = [e for e in facts.get("sxid") or [] if sxid_class(e)[0] == WARN]
-    correctable = sum(1 for e in facts.get("sxid") or [] if e["severity"] == CORRECTABLE)
+    correctable = sum(1 for e in facts.get("sxid") or [] if sxid_class(e)[0] == IGNORE)
     if not events:
         extra = f" ({counted(correctable, 'correctable')})" if correctable else ""
         return ok(f"no non-fatal NVSwitch SXids{extra}")

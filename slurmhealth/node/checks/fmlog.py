@@ -17,6 +17,7 @@ NVLink switch controller prints it):
   reaches a site whose kernel log rotated away, and names the switch and port.
 - fail, drain: `Fabric Manager detected GPU NVL Fatal error on :` and its `key : value` lines
   (named: moduleId, gpuGuid, portNum, errorCode, errorSubcode).
+- ok: the non-fatal SXids the guide says have no impact (driver_faults.NO_IMPACT).
 - warn: another non-fatal SXid, a GPU NVL Non Fatal error, `Trunk port failure detected ...`, a
   multicast team setup that lost a GPU (`failed to find the GPU handle ... in the multicast
   team`: a GPU dropped from the NVLink fabric), and any other record at ERROR or CRITICAL
@@ -30,7 +31,7 @@ import re
 
 from slurmhealth.core.constants import CHECK, DIAG, HEALTHCHECK
 from slurmhealth.core.result import DRAIN, REBOOT, Result, clean, counted, fail, ok, warn
-from slurmhealth.node.checks.driver_faults import STALLING
+from slurmhealth.node.checks.driver_faults import NO_IMPACT, STALLING
 
 TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
 if TYPE_CHECKING:
@@ -88,7 +89,9 @@ def _judged(record: dict[str, Any]) -> dict[str, Any] | None:
     sxid, nvl, trunk = _SXID.search(text), _NVL.search(text), _TRUNK.search(text)
     if sxid:
         fatal = sxid.group(1) == "fatal"
-        status = "fail" if fatal or int(sxid.group(2)) in STALLING else "warn"
+        number = int(sxid.group(2))
+        status = "fail" if fatal or number in STALLING else "warn"
+        status = "ok" if number in NO_IMPACT and not fatal else status
         what = f"{'fatal' if fatal else 'non-fatal'} SXid {sxid.group(2)}"
         for label, value in zip((" on NVSwitch", " physical id", " port"), sxid.groups()[2:]):
             what += f"{label} {value}" if value else ""

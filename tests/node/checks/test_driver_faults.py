@@ -138,6 +138,15 @@ def test_one_nonfatal_sxid_warns_and_names_its_link():
     assert result.message == "NVSwitch nvswitch0 (0000:05:00.0) link 32 SXid 20009 non-fatal"
 
 
+@pytest.mark.parametrize("number", [11012, 24003, 22013])
+def test_a_nonfatal_sxid_the_guide_says_has_no_impact_is_ignored(number):
+    """The guide's non-fatal table: single-bit ECC errors the switch corrects itself, and 22013
+    ("can be safely ignored")."""
+    parsed = facts(SW0 + f"{number}, Non-fatal, Link 32 x")
+    assert check("sxid_nonfatal", parsed).message == "no non-fatal NVSwitch SXids (1 correctable)"
+    assert check("sxid_fatal", parsed).status == "ok"
+
+
 @pytest.mark.parametrize("number", [11004, 12028, 19084])
 def test_a_nonfatal_sxid_that_stalls_the_fabric_fails_with_reboot(number):
     parsed = facts(SW0 + f"{number}, Non-fatal, Link 32 x")

@@ -103,6 +103,14 @@ def test_parse_and_the_check_never_raise(raw):
     assert fmlog.events(found, ctx(inode=None, size=0)).status == "ok"
 
 
+def test_an_sxid_the_guide_says_has_no_impact_is_counted_not_judged():
+    line = ("[Mar 03 2026 02:11:09] [ERROR] [tid 1] detected NVSwitch non-fatal error 24001 on "
+            "fid 0 on NVSwitch pci bus id 00000000:86:00.0 physical id 3 port 2")
+    found = fmlog.parse({"inode": 1, "size": 999, "records": [{"offset": 0, "line": line}]})
+    assert [r["status"] for r in found["records"]] == ["ok"]
+    assert fmlog.events(found, ctx(inode=1, size=0)).status == "ok"
+
+
 def test_untrusted_text_is_cleaned():
     record = {"offset": 0, "line": "[Mar 03 2026 02:21:00] [ERROR] [tid 1] bad\x1b[2J thing",
               "more": []}
