@@ -314,8 +314,12 @@ NVLINK5_DECODE: dict[tuple[int, str], dict[int, str] | str] = {
         0x40: "R", 0x80: "R", 0x100: "I", 0x200: "I", 0x80000000: "I",
     },
     (145, "RLW_RSPCOL"): {0x1: "I", 0x2: "R", 0x80000000: "I"},
-    # 0x1, 0x2, 0x4: IGNORE, with a second action RESET_GPU under a footnote this check cannot read
-    (145, "RLW_RXPIPE"): {0x1: "I", 0x2: "I", 0x4: "I", 0x8: "I", 0x80000000: "I"},
+    # 0x1, 0x2, 0x4: "Non-fatal*", IGNORE with an "Action 2" RESET_GPU; the sheet's glossary:
+    # "* is for promoteable errors that could be non-fatal or fatal and Action 2 would apply".
+    # Read here as: promoted, i.e. printed Fatal, it resets ("P"). (Its IntrInfo masks for
+    # Action 2 differ from Action 1's in one bit just above the unit field, by the rendered
+    # sheet: the promotion, as far as a reading of the rendered masks can tell.)
+    (145, "RLW_RXPIPE"): {0x1: "P", 0x2: "P", 0x4: "P", 0x8: "I", 0x80000000: "I"},
     (145, "RLW_SRC_TRACK"): {
         0x1: "R", 0x2: "I", 0x4: "E", 0x8: "E", 0x10: "R", 0x20: "R", 0x80000000: "I",
     },
@@ -515,7 +519,10 @@ def nvlink5_bucket(xid: int, detail: dict[str, Any]) -> str | None:
             return None
         return "I" if sub in _NETIR_IGNORED else "R"
     if isinstance(rules, dict) and isinstance(status, int):
-        return rules.get(status)
+        bucket = rules.get(status)
+        if bucket == "P":  # promotable: Action 2 (RESET_GPU) where the line says Fatal
+            return "R" if detail.get("fatal") else "I"
+        return bucket
     return None
 
 

@@ -86,6 +86,16 @@ LINES = [
         "fail", "reset_gpu",
         "NETIR_LINK_DOWN nonfatal, link 3, status 0x1, sub-code 0x21: RESET_GPU",
     ),
+    (  # modelled: RLW_RXPIPE 0x2 is "Non-fatal*", promotable: printed Fatal, Action 2 resets
+        "NVRM: Xid (PCI:0019:01:00): 145, RLW_RXPIPE Fatal XC0 i0 Link 13 (0x0409a4c2 "
+        "0x00000002 0x00000000 0x00000000 0x00000000 0x00000000)",
+        "fail", "reset_gpu", "RLW_RXPIPE fatal, link 13, status 0x2: RESET_GPU",
+    ),
+    (  # modelled: the same printed Nonfatal stays the sheet's IGNORE
+        "NVRM: Xid (PCI:0019:01:00): 145, RLW_RXPIPE Nonfatal XC0 i0 Link 13 (0x0409a0c2 "
+        "0x00000002 0x00000000 0x00000000 0x00000000 0x00000000)",
+        "warn", "none", "RLW_RXPIPE nonfatal, link 13, status 0x2: IGNORE",
+    ),
     (  # modelled: a unit the sheet does not list
         "NVRM: Xid (PCI:0019:01:00): 149, NETIR_NEW_EVENT Nonfatal XC0 i0 Link 02 (0x00000030 "
         "0x00000001)",
@@ -147,4 +157,4 @@ def test_every_decoded_unit_is_one_of_the_nvlink5_xids():
     for (code, unit), rules in xid.NVLINK5_DECODE.items():
         assert 144 <= code <= 150 and unit.isupper(), unit
         assert xid.XIDS[code][1] == xid.NVLINK5
-        assert rules in ("NETIR_LINK", "R") or set(rules.values()) <= {"R", "I", "E"}
+        assert rules in ("NETIR_LINK", "R") or set(rules.values()) <= {"R", "I", "E", "P"}
