@@ -10,7 +10,7 @@ import os
 import time
 
 import pytest
-from conftest import TESTS, run_cli
+from conftest import TESTS, open_fleet, run_cli
 
 from slurmhealth.node.diag import cuda
 
@@ -61,14 +61,16 @@ def drained_by_fault(lab, node: str) -> None:
     assert lab.node(node)["reason"].startswith("slurmhealth: ")
 
 
-def submit(lab, tmp_path, *args: str):
+def submit(lab, tmp_path, *args: str, fleet: str | None = None):
+    """`diagnose --submit` as an admin runs it, on the fleet store `fleet` (a PostgreSQL URL or
+    a SQLite file; default a file in tmp_path)."""
     env = lab.client_env(
         {
             "SLURMHEALTH_STATE_DIR": lab.path("state"),
             "SLURMHEALTH_CONFIG": lab.path("etc", "slurmhealth.toml"),
         }
     )
-    fleet = str(tmp_path / "fleet.db")
+    fleet = fleet or str(tmp_path / "fleet.db")
     return run_cli(
         "diagnose", "--submit", "--level", "quick", "--db", fleet, "--json", *args, env=env
     )
@@ -193,3 +195,31 @@ def test_an_admins_drain_is_never_touched(diag, tmp_path):
     assert "DRAIN" in state["state"] and state["reason"] == "disk swap ticket 42"
     assert node not in reserved(lab)
     assert [r for r in diag_runs(lab, node) if r["started"] >= started] == []
+
+
+@pytest.mark.twin
+def test_on_a_postgresql_fleet_store_the_diagnosis_is_recorded_there(diag, tmp_path, pg_server):
+    """`diagnose --submit` with the fleet store on a PostgreSQL server: the node goes to its
+    diagnosis and back, and both steps are in the server's actions table. Last in the module
+    on gpu04, whose earlier test ended in a drain for service, not a return: no probation."""
+    lab, node, fleet = diag, "gpu04", pg_server.new_database()
+    drained_by_fault(lab, node)
+    stand_in(lab, f"cat {PASSING}")
+    job_id = job_of(submit(lab, tmp_path, fleet=fleet), node)
+    assert lab.wait_job(job_id, timeout=60)["JobState"] == "COMPLETED"
+    lab.wait_node(node, lambda n: n["reason"] == "diagnose passed (slurmhealth)",
+                  what="to be marked passed")
+    steps = {d["node"]: d for d in json.loads(submit(lab, tmp_path, fleet=fleet).stdout)}
+    assert steps[node]["what"] == "returned"
+    lab.wait_node(node, lambda n: "DRAIN" not in n["state"], what="to take jobs again")
+    conn = open_fleet(fleet)
+    try:
+        rows = conn.execute(
+            "SELECT action, reason, actor FROM actions WHERE node = ? ORDER BY time", (node,)
+        ).fetchall()
+    finally:
+        conn.close()
+    assert [tuple(r) for r in rows] == [
+        ("diagnose", "slurmhealth: diagnose quick", "slurmhealth diagnose"),
+        ("resume", "slurmhealth: diagnose quick passed", "slurmhealth diagnose"),
+    ]
