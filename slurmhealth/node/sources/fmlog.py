@@ -12,14 +12,14 @@ if the specified log file can't be opened or the path is empty", i.e. to the jou
 systemd, which this source does not read). A config naming no file, or no log: SourceUnavailable
 (the area skips unless `fmlog.expected`).
 
-What: the last TAIL_BYTES of the file. Each record starts `[Mon DD YYYY HH:MM:SS] [LEVEL] [tid
-N] text` (the Fabric Manager's own format, e.g. leptonai/gpud's
-components/accelerator/nvidia/fabric-manager/testdata/fabricmanager.log); some run on over the
-lines after it (an inband message's payload, a GPU NVL error's `key : value` lines). Records at
-INFO and DEBUG (multicast team setups for every job) are dropped here, at the cost of one bytes
-test per line; the rest are kept with their byte offset in the file, so the next run judges only
-what is new (the area's baseline keeps the file's inode and size). The `fmlog` section of a
-snapshot:
+What: the last TAIL_BYTES of the file, up to its last whole line. Each record starts
+`[Mon DD YYYY HH:MM:SS] [LEVEL] [tid N] text` (the Fabric Manager's own format, e.g.
+leptonai/gpud's components/accelerator/nvidia/fabric-manager/testdata/fabricmanager.log); some
+run on over the lines after it (an inband message's payload, a GPU NVL error's `key : value`
+lines). Records at INFO and DEBUG (multicast team setups for every job) are dropped here, at the
+cost of one bytes test per line; the rest are kept with their byte offset in the file, so the
+next run judges only what is new (the area's baseline keeps the file's inode and size). The
+`fmlog` section of a snapshot:
 
     {"path": "/var/log/fabricmanager.log", "inode": 1312, "size": 10238, "start": 0,
      "records": [{"offset": 10077, "line": "[Feb 27 2025 15:10:02] [ERROR] [tid 12727] detected"
@@ -98,6 +98,10 @@ def read(path: str) -> Tree:
         data = os.pread(fd, info.st_size - start, start)
     finally:
         os.close(fd)
+    # up to the last whole line: a line the Fabric Manager is still writing is read whole by
+    # the next run (the baseline's size ends before it), never judged half
+    whole = data.rfind(b"\n") + 1
+    data = data[:whole] if whole else data
     return {"inode": info.st_ino, "size": start + len(data), "start": start,
             "records": records(data, start)}
 

@@ -84,6 +84,21 @@ def test_a_fifo_or_a_symlink_at_the_path_is_refused_not_waited_on(tmp_path):
         fmlog.gather(options)
 
 
+def test_a_line_still_being_written_is_left_for_the_next_run(tmp_path):
+    options = host(tmp_path, log="healthy.log")
+    log = tmp_path / "var/log/fabricmanager.log"
+    whole = log.stat().st_size
+    with open(log, "ab") as handle:
+        handle.write(b"[Mar 03 2026 02:14:51] [ERR")
+    raw = fmlog.gather(options)
+    assert raw["size"] == whole and raw["records"] == []
+    with open(log, "ab") as handle:
+        handle.write(b"OR] [tid 9] detected NVSwitch fatal error 20034 on fid 0\n")
+    raw = fmlog.gather(options)
+    assert raw["size"] == log.stat().st_size
+    assert [r["offset"] for r in raw["records"]] == [whole]  # judged whole, past the baseline
+
+
 def test_only_the_tail_is_read_and_its_cut_line_skipped(tmp_path, monkeypatch):
     monkeypatch.setattr(fmlog, "TAIL_BYTES", 700)
     options = host(tmp_path)
