@@ -148,7 +148,7 @@ def events(facts: Facts, ctx: Context) -> Result:
         return ok(f"baseline recorded: {counted(len(facts['records']), 'record')} above INFO in "
                   f"{facts['path'] or 'the log'}{said}")
     fresh, why = new_records(facts, before)
-    skipped = before["size"] < facts["start"] and not why
+    skipped = not why and before["size"] < facts["start"]  # why "": the size is an int
     worst = max((x["status"] for x in fresh), key=_RANK.__getitem__, default="ok")
     action = REBOOT if any("SXid" in x["what"] and x["status"] == "fail" for x in fresh) else DRAIN
     named = [f"{x['what']} ({x['time']})" for x in fresh if x["status"] == worst != "ok"]

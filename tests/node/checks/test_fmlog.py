@@ -94,6 +94,11 @@ def test_bytes_written_past_the_tail_are_said():
     assert result.message.endswith("; 4000 bytes past the last run not read")
 
 
+def test_a_baseline_of_the_wrong_shape_reads_every_record_as_new():
+    assert fmlog.events(facts(), ctx(inode=7, size="12")).data["rotated"] is True
+    assert fmlog.events(facts(), ctx(inode=7, size=None)).data["rotated"] is True
+
+
 @pytest.mark.parametrize("raw", [None, [], {"records": "x"}, {"records": [None, {"line": 5}]},
                                  {"records": [{"offset": -1, "line": "[x] [ERROR] [tid 1] y"}]},
                                  {"inode": True, "size": "9", "records": [{"offset": 0}]}])
