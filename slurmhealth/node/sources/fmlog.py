@@ -33,6 +33,7 @@ on.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
@@ -89,7 +90,12 @@ def log_path(config: str | None) -> str | None:
 
 def read(path: str) -> Tree:
     """The file's inode, size, and the records of its last TAIL_BYTES above INFO."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise OSError(f"{path} is a symbolic link: not followed") from None
+        raise
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):

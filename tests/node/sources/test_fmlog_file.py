@@ -80,7 +80,7 @@ def test_a_fifo_or_a_symlink_at_the_path_is_refused_not_waited_on(tmp_path):
     assert time.monotonic() - began < 2
     where.unlink()
     where.symlink_to(os.path.join(FIX, "faults.log"))
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="is a symbolic link: not followed"):
         fmlog.gather(options)
 
 
