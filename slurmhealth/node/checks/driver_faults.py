@@ -219,9 +219,9 @@ def sxid_class(event: dict[str, Any]) -> tuple[str, str]:
     (reboot); correctable, and the numbers the guide says have no impact (NO_IMPACT), are
     ignored; non-fatal or no word warns."""
     number = event["sxid"]
-    if number in ALWAYS_FATAL or number in SOE_STOPPED or event["severity"] == FATAL:
+    if number in ALWAYS_FATAL or number in SOE_STOPPED or number in STALLING:
         return FAIL, REBOOT
-    if number in STALLING:
+    if event["severity"] == FATAL:
         return FAIL, REBOOT
     if event["severity"] == CORRECTABLE or number in NO_IMPACT:
         return IGNORE, NONE

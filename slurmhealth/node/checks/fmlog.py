@@ -10,11 +10,12 @@ Each new record, from the Fabric Manager's own wording (the forms leptonai/gpud 
 components/accelerator/nvidia/fabric-manager/log_matcher.go, and the GPU NVL block as NVIDIA's
 NVLink switch controller prints it):
 - fail, reboot: `detected NVSwitch fatal error N on fid F on NVSwitch pci bus id B physical id P
-  port Q`, a fatal SXid as the Fabric Manager saw it, and the non-fatal SXids that stall the
-  port's traffic (11004, 12028, 19084: driver_faults.STALLING). The NVSwitch driver logs the
-  same SXid in the kernel log, where driver_faults judges it with the same action (the Fabric
-  Manager guide: a reset of the GPUs and NVSwitches, a reboot on bare metal); this record also
-  reaches a site whose kernel log rotated away, and names the switch and port.
+  port Q`, a fatal SXid as the Fabric Manager saw it, and the non-fatal ones driver_faults
+  fails whatever the word (always fatal, a stopped SOE, the stalling 11004, 12028, 19084): each
+  judged by driver_faults.sxid_class, as the NVSwitch driver's line for the same SXid in the
+  kernel log is, with the same action (the Fabric Manager guide: a reset of the GPUs and
+  NVSwitches, a reboot on bare metal); this record also reaches a site whose kernel log
+  rotated away, and names the switch and port.
 - fail, drain: `Fabric Manager detected GPU NVL Fatal error on :` and its `key : value` lines
   (named: moduleId, gpuGuid, portNum, errorCode, errorSubcode).
 - ok: the non-fatal SXids the guide says have no impact (driver_faults.NO_IMPACT).
@@ -30,8 +31,18 @@ from __future__ import annotations
 import re
 
 from slurmhealth.core.constants import CHECK, DIAG, HEALTHCHECK
-from slurmhealth.core.result import DRAIN, REBOOT, Result, clean, counted, fail, ok, warn
-from slurmhealth.node.checks.driver_faults import NO_IMPACT, STALLING
+from slurmhealth.core.result import (
+    DRAIN,
+    NONE,
+    Result,
+    clean,
+    counted,
+    fail,
+    ok,
+    warn,
+    worst_action,
+)
+from slurmhealth.node.checks.driver_faults import FATAL, IGNORE, NONFATAL, sxid_class
 
 TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
 if TYPE_CHECKING:
@@ -76,8 +87,8 @@ def _int(value: object) -> int | None:
 
 
 def _judged(record: dict[str, Any]) -> dict[str, Any] | None:
-    """One record -> {"offset", "time", "level", "status", "what"}; None where its first line
-    is no record head."""
+    """One record -> {"offset", "time", "level", "status", "action", "what"}; None where its
+    first line is no record head."""
     line = record.get("line")
     head = _HEAD.match(line) if isinstance(line, str) else None
     offset = _int(record.get("offset"))
@@ -85,13 +96,13 @@ def _judged(record: dict[str, Any]) -> dict[str, Any] | None:
         return None
     when, level, text = head.group(1), head.group(2), head.group(3)
     more = [m for m in record.get("more") or [] if isinstance(m, str)]
-    status, what = "ok", ""
+    status, action, what = "ok", NONE, ""
     sxid, nvl, trunk = _SXID.search(text), _NVL.search(text), _TRUNK.search(text)
-    if sxid:
+    if sxid:  # judged as the kernel's line for it is (driver_faults.sxid_class)
         fatal = sxid.group(1) == "fatal"
-        number = int(sxid.group(2))
-        status = "fail" if fatal or number in STALLING else "warn"
-        status = "ok" if number in NO_IMPACT and not fatal else status
+        event = {"sxid": int(sxid.group(2)), "severity": FATAL if fatal else NONFATAL}
+        status, action = sxid_class(event)
+        status = "ok" if status == IGNORE else status
         what = f"{'fatal' if fatal else 'non-fatal'} SXid {sxid.group(2)}"
         for label, value in zip((" on NVSwitch", " physical id", " port"), sxid.groups()[2:]):
             what += f"{label} {value}" if value else ""
@@ -99,7 +110,7 @@ def _judged(record: dict[str, Any]) -> dict[str, Any] | None:
         fatal = nvl.group(1).lower() == "fatal"
         fields = {f.group(1): f.group(2) for f in map(_FIELD.match, more) if f}
         named = ", ".join(f"{k} {fields[k]}" for k in _NVL_FIELDS if k in fields)
-        status = "fail" if fatal else "warn"
+        status, action = ("fail", DRAIN) if fatal else ("warn", NONE)
         what = f"GPU NVL {'fatal' if fatal else 'non-fatal'} error"
         what += f" ({named})" if named else ""
     elif trunk:
@@ -109,7 +120,7 @@ def _judged(record: dict[str, Any]) -> dict[str, Any] | None:
     elif level in _LOUD:
         status, what = "warn", f"{level}: {text}"
     return {"offset": offset, "time": when, "level": level, "status": status,
-            "what": clean(what, _TEXT_MAX)}
+            "action": action, "what": clean(what, _TEXT_MAX)}
 
 
 def parse(raw: object) -> Facts:
@@ -150,14 +161,16 @@ def events(facts: Facts, ctx: Context) -> Result:
     fresh, why = new_records(facts, before)
     skipped = not why and before["size"] < facts["start"]  # why "": the size is an int
     worst = max((x["status"] for x in fresh), key=_RANK.__getitem__, default="ok")
-    action = REBOOT if any("SXid" in x["what"] and x["status"] == "fail" for x in fresh) else DRAIN
     named = [f"{x['what']} ({x['time']})" for x in fresh if x["status"] == worst != "ok"]
     data = {"new": len(fresh), "rotated": bool(why), "entries": named[:10],
             "unread_bytes": facts["start"] - before["size"] if skipped else 0}
     if named:
         more = f" (+{len(named) - 1} more)" if len(named) > 1 else ""
         text = f"Fabric Manager: {named[0]}{more}"
-        return fail(text, data, action) if worst == "fail" else warn(text, data)
+        if worst == "fail":
+            failed = [x["action"] for x in fresh if x["status"] == "fail"]
+            return fail(text, data, worst_action(failed))
+        return warn(text, data)
     since = " since the log was rotated" if why else ""
     gap = f"; {data['unread_bytes']} bytes past the last run not read" if skipped else ""
     return ok(f"{counted(len(fresh), 'new record')} above INFO{since}, none severe{gap}", data)
