@@ -397,6 +397,14 @@ INDEXES = {
     # topology, a partition), so faults that start together in one place are one incident
     # (fleet/faults.py shared). Read whole: a row per node and place.
     12: (),
+    # 13: the health checks that recorded the node's versions (every 6 h or on a change), by
+    # node and time: the GPU model each sweep pools nodes by, and the report's drift, read
+    # these few rows where they read every run of the node's last two days to find them (a
+    # partial index: a run that recorded none never writes it; docs/benchmarks.md).
+    13: (
+        "CREATE INDEX runs_versions ON runs (node, started) "
+        "WHERE instr(sources, '\"versions\"')",
+    ),
 }
 SCHEMA_VERSION = max(INDEXES)
 

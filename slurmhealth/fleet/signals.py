@@ -20,27 +20,29 @@ _NODES = """WITH RECURSIVE n(node) AS (
     SELECT node FROM n WHERE node IS NOT NULL"""
 
 # Per node over [start, end), each a range of a covering index (store migration 3): the cost
-# follows the records in the window, not the size of the store.
+# follows the records in the window, not the size of the store. A row per UTC day the node had
+# records: the counts (summed over the days), then whether the day was one in service (a run
+# that did not fail, a job's start). Grouped by day, not one row with the days' DISTINCT list:
+# the same index range at half the server's time on PostgreSQL (docs/benchmarks.md).
 _PER_NODE = (
     (
         "runs",
         ("", "check_fails", "check_warns", "run_days"),
-        """SELECT count(*), sum(verdict = 'fail'), sum(verdict = 'warn'),
-                  group_concat(DISTINCT CASE WHEN verdict != 'fail'
-                               THEN CAST(started / 86400 AS INTEGER) END)
-           FROM runs WHERE node = ? AND started >= ? AND started < ?""",
+        """SELECT CAST(started / 86400 AS INTEGER) AS d, count(*), sum(verdict = 'fail'),
+                  sum(verdict = 'warn'), sum(verdict != 'fail')
+           FROM runs WHERE node = ? AND started >= ? AND started < ? GROUP BY d""",
     ),
     (
         "jobs",
         ("jobs", "hw_job_failures", "multi_node_jobs", "multi_node_failures", "job_days"),
-        """SELECT count(*),
+        """SELECT CAST(j.start / 86400 AS INTEGER) AS d, count(*),
                   sum(j.state = 'prolog_failed' OR j.slurm_state = 'NODE_FAIL'
                       OR EXISTS (SELECT 1 FROM events e WHERE e.job_id = j.job_id
                                  AND e.node = j.node AND e.class = 'fail')),
                   sum(j.num_nodes > 1),
                   sum(j.num_nodes > 1 AND j.slurm_state = 'FAILED'),
-                  group_concat(DISTINCT CAST(j.start / 86400 AS INTEGER))
-           FROM jobs j WHERE j.node = ? AND j.start >= ? AND j.start < ?""",
+                  count(*)
+           FROM jobs j WHERE j.node = ? AND j.start >= ? AND j.start < ? GROUP BY d""",
     ),
 )
 # Events and actions are few: one grouped query each.
@@ -57,11 +59,14 @@ _GROUPED = (
     ),
 )
 
-# The items (fleet/faults.py), each query a range of an index.
+# The items (fleet/faults.py), each query a range of an index. Each item's next passing run:
+# one index seek per (node, time), NEXT_OK_BATCH of them a statement (a round trip each cost a
+# server sweep seconds: docs/benchmarks.md); {} is the VALUES rows' placeholders.
 _NEXT_OK = (
-    "SELECT min(started) FROM runs WHERE node = ? AND started > ? AND started < ? "
-    "AND verdict = 'ok'"
+    "WITH q(node, t) AS (VALUES {}) SELECT q.node, q.t, (SELECT min(started) FROM runs "
+    "WHERE runs.node = q.node AND started > q.t AND started < ? AND verdict = 'ok') FROM q"
 )
+NEXT_OK_BATCH = 400  # 801 parameters: under SQLite's oldest limit (999)
 _XIDS = (
     "SELECT node, time, class, code FROM events WHERE time >= ? AND time < ? "
     "AND class IN ('fail', 'warn')"
@@ -113,9 +118,7 @@ def _days(counts: dict, since: float | None) -> int:
     not in service), from the day of `since` (a reset) on."""
     days: set[int] = set()
     for key in ("run_days", "job_days"):
-        text = counts.pop(key, None)
-        if text:
-            days.update(int(d) for d in str(text).split(","))
+        days.update(counts.pop(key, None) or ())
     first = -1 if since is None else int(since // 86400)
     return sum(1 for d in days if d >= first)
 
@@ -150,31 +153,38 @@ def places(conn: sqlite3.Connection, start: float) -> dict:
 
 
 def _per_node(conn: sqlite3.Connection, table: str, sql: str, start: float, end: float):
+    """(node, (count, ..., [days in service])) of each node with records in the window: the
+    day rows of _PER_NODE's `sql` summed."""
     for (node,) in conn.execute(_NODES.format(table)).fetchall():
-        row = conn.execute(sql, (node, start, end)).fetchone()
-        if row[0]:
-            yield node, row
+        rows = conn.execute(sql, (node, start, end)).fetchall()
+        if rows:
+            sums = [sum(r[i] or 0 for r in rows) for i in range(1, len(rows[0]) - 1)]
+            yield node, (*sums, [int(r[0]) for r in rows if r[-1]])
 
 
-def _next_ok(conn: sqlite3.Connection, node: str, times: list, end: float) -> list:
-    """The node's first passing run after each time (sorted), before `end`; None if none. One
-    query per passing run found between items, not per item: no pass between two items means
-    the later one's next pass is the earlier one's."""
-    out: list = []
-    known = None
-    for t in times:
-        if out and (known is None or known > t):
-            out.append(known)
-            continue
-        known = conn.execute(_NEXT_OK, (node, t, end)).fetchone()[0]
-        out.append(known)
+def _next_ok(conn: sqlite3.Connection, wanted: set, end: float) -> dict:
+    """{(node, time): the node's first passing run after `time` and before `end`, None if
+    none} for each (node, time) wanted."""
+    out: dict = {}
+    pairs = sorted(wanted)
+    for i in range(0, len(pairs), NEXT_OK_BATCH):
+        chunk = pairs[i : i + NEXT_OK_BATCH]
+        sql = _NEXT_OK.format(", ".join("(?, ?)" for _ in chunk))  # placeholders only
+        for node, t, ok in conn.execute(sql, (*(v for pair in chunk for v in pair), end)):
+            out[(node, t)] = ok
     return out
 
 
 def _items(
-    conn: sqlite3.Connection, counts: dict, start: float, end: float, held: list | None
+    conn: sqlite3.Connection,
+    counts: dict,
+    start: float,
+    end: float,
+    held: list | None,
+    models: dict | None = None,
 ) -> None:
-    """Add each node's "faults" and "warnings" items (fleet/faults.py) to counts, in place."""
+    """Add each node's "faults" and "warnings" items (fleet/faults.py) to counts, in place.
+    held, models: as _ahead's."""
     found: dict = {}  # node: [(time, kind, weight, scopes)]
     warned: dict = {}  # node: [time]
 
@@ -217,22 +227,28 @@ def _items(
             t = finish if finish is not None else begin
             if start <= t < end and weights.get(node):
                 add(node, t, "node_fail", (faults.scope_key("job", job_id),), weights[node])
-    for node, t in _ahead(conn, start, end, held):
+    for node, t in _ahead(conn, start, end, held, models):
         warned.setdefault(node, []).append(t)
     for node in set(found) | set(warned):
         if node not in counts:
             counts[node] = dict.fromkeys(policy.SIGNALS, 0)
     where = places(conn, start)
+    kept: dict = {}  # node: (fault items, warning times) since its reset
     for node, c in counts.items():
         since = (c.get("reset") or {}).get("time", start)
-        items = sorted(i for i in found.get(node, ()) if i[0] >= since)
-        oks = _next_ok(conn, node, [i[0] for i in items], end)
+        kept[node] = (
+            sorted(i for i in found.get(node, ()) if i[0] >= since),
+            sorted(t for t in warned.get(node, ()) if t >= since),
+        )
+    wanted = {(node, t) for node, (items, times) in kept.items() for t in times}
+    wanted.update((node, i[0]) for node, (items, _) in kept.items() for i in items)
+    oks = _next_ok(conn, wanted, end)
+    for node, (items, times) in kept.items():
         here = where.get(node, ())
-        c["faults"] = [(t, k, w, ok, scopes + here) for (t, k, w, scopes), ok in zip(items, oks)]
-        times = sorted(t for t in warned.get(node, ()) if t >= since)
-        c["warnings"] = [
-            (t, "warn", 1.0, ok) for t, ok in zip(times, _next_ok(conn, node, times, end))
+        counts[node]["faults"] = [
+            (t, k, w, oks[(node, t)], scopes + here) for t, k, w, scopes in items
         ]
+        counts[node]["warnings"] = [(t, "warn", 1.0, oks[(node, t)]) for t in times]
 
 
 def resets(conn: sqlite3.Connection, start: float, end: float) -> dict:
@@ -247,16 +263,23 @@ def resets(conn: sqlite3.Connection, start: float, end: float) -> dict:
     return out
 
 
-def _ahead(conn: sqlite3.Connection, start: float, end: float, held: list | None = None) -> list:
+def _ahead(
+    conn: sqlite3.Connection,
+    start: float,
+    end: float,
+    held: list | None = None,
+    models: dict | None = None,
+) -> list:
     """(node, time) warnings of what comes before a failure, as of `end`: each rising error
     counter (fleet/trends.py, at the newest episode), each node slower than its peers
     (fleet/peers.py, at its newest diagnosis), both at their defaults, as `slurmhealth trends`
     and `slurmhealth slow` list them, and each node that held back telemetry.REPEAT multi-node
     jobs ended in the last telemetry.LOOKBACK (fleet/telemetry.py, at the newest such job's
     end). held: those jobs as queries.held_back_jobs gives them for (max(start, end -
-    LOOKBACK), end), when the caller read them already (the report shows them too)."""
+    LOOKBACK), end), when the caller read them already (the report shows them too). models:
+    {node: GPU model} over queries.MODEL_LOOKBACK before `end`, already read."""
     out: list[tuple[str, float]] = []
-    rising, _ = queries.rising_counters(conn, end)
+    rising, _ = queries.rising_counters(conn, end, models)
     out.extend((f["node"], f["last"]) for f in rising if start <= f["last"] < end)
     figures = queries.diag_figures(conn, end - peers.WINDOW, end)
     last: dict = {}
@@ -303,12 +326,16 @@ def signals(conn: sqlite3.Connection, start: float, end: float, held: list | Non
                 out[node]["reset"] = reset
         for counts in out.values():
             counts["node_days"] = _days(counts, (counts.get("reset") or {}).get("time"))
-        _items(conn, out, start, end, held)
         # each node's hardware class, which the lemon policy pools apart where classes differ:
         # the model its runs of the last 2 days recorded (versions come every 6 h; reading the
-        # whole window for a node that recorded none read every run it had: CHANGELOG.md)
+        # whole window for a node that recorded none read every run it had: CHANGELOG.md).
+        # Read once: the rising counters compare nodes by the same models.
         lookback = min(end - start, queries.MODEL_LOOKBACK)
-        for node, model in queries.node_models(conn, sorted(out), end, lookback).items():
+        models = queries.node_models(conn, sorted(out), end, lookback)
+        same = lookback == queries.MODEL_LOOKBACK
+        _items(conn, out, start, end, held, models if same else None)
+        models = queries.node_models(conn, sorted(out), end, lookback, models)
+        for node, model in models.items():
             out[node]["gpu_class"] = model
     finally:
         if own:

@@ -13,6 +13,7 @@ import pytest
 from conftest import run_cli, snapshot_path, store_at_version
 
 from slurmhealth.core import store
+from slurmhealth.fleet import queries
 from slurmhealth.node import config, runner
 
 
@@ -177,7 +178,7 @@ def migrated_with_a_job(db: str, version: int) -> sqlite3.Connection:
     old.execute("INSERT INTO jobs (node, job_id, end) VALUES ('gpu01', '7', 1.5)")
     old.close()
     conn = store.connect(db)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 12
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 13
     return conn
 
 
@@ -197,7 +198,7 @@ def test_a_version_6_store_gains_watermarks_and_run_hours_and_keeps_its_runs(db)
     )
     old.close()
     conn = store.connect(db)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 12
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 13
     assert conn.execute("SELECT id, started FROM runs").fetchall() == [("r1", 7.0)]
     conn.execute(store.insert_sql("watermarks"), ("/spool/gpu01.db", 7.0, "", 8.0))
     conn.execute(store.insert_sql("run_hours"), ("gpu01", 3600.0, "healthcheck", 11, 0.5))
@@ -224,6 +225,29 @@ def test_a_version_7_store_reads_its_runs_by_time_from_the_index_alone(db):
     # the runs that did not pass, by time, from the partial index alone
     failed = "SELECT node FROM runs WHERE verdict != 'ok' AND started >= 0 AND started < 9"
     assert "runs_not_ok" in str(conn.execute(f"EXPLAIN QUERY PLAN {failed}").fetchall())
+
+
+def test_a_version_12_store_finds_the_runs_that_recorded_versions_by_their_own_index(db):
+    """Migration 13: the GPU model each sweep pools a node by and the report's drift read the
+    few health checks that recorded versions from a partial index, not every run of the
+    node's last two days; a run without versions never writes it."""
+    old = store_at_version(db, 12)
+    insert = store.insert_sql("runs")
+    versions = json.dumps({"gpu": {"versions": {"driver": "550.54.15"}}})
+    old.execute(insert, ("r1", "gpu01", None, "healthcheck", 7.0, 0.1, "ok", "v", "{}"))
+    old.execute(insert, ("r2", "gpu01", None, "healthcheck", 8.0, 0.1, "ok", "v", versions))
+    old.close()
+    conn = store.connect(db)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION
+    args = ("gpu01", 0.0, 9.0)
+    for oldest in (False, True):
+        sql = queries._VERSIONS_OLDEST if oldest else queries._VERSIONS_NEWEST
+        plan = conn.execute(f"EXPLAIN QUERY PLAN {sql}", args).fetchall()
+        assert "INDEX runs_versions" in str(plan)
+        assert [r[0] for r in queries.version_sources(conn, *args, oldest=oldest)] == [versions]
+    # the index holds the one run that recorded versions
+    entries = "SELECT id FROM runs INDEXED BY runs_versions WHERE instr(sources, '\"versions\"')"
+    assert conn.execute(entries).fetchall() == [("r2",)]
 
 
 def test_a_version_10_store_gains_each_jobs_share_below_base_clocks_read_from_the_index(db):

@@ -231,3 +231,17 @@ def test_signals_equal_the_simulators_on_its_fleet(tmp_path):
     start, end = fleet_model.start, fleet_model.end
     for window in ((start, end), (start + 3 * DAY + 77, start + 6 * DAY + 5)):
         assert signals.signals(conn, *window) == simulate.signals(history, *window)
+
+
+def test_each_items_next_pass_is_the_same_however_many_a_statement_asks(tmp_path, monkeypatch):
+    """The next passing run of every item is looked up NEXT_OK_BATCH at a time: a statement's
+    edge between two items of one node changes nothing."""
+    fleet_model = simulate.Fleet(nodes=16, days=14, seed=3, lemons={"gpu0003": 30}, incident_day=5)
+    history = simulate.events(fleet_model)
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    simulate.write_store(history, conn)
+    window = (fleet_model.start, fleet_model.end)
+    whole = signals.signals(conn, *window)
+    assert sum(len(c["faults"]) + len(c["warnings"]) for c in whole.values()) > 2 * 3
+    monkeypatch.setattr(signals, "NEXT_OK_BATCH", 3)
+    assert signals.signals(conn, *window) == whole == simulate.signals(history, *window)
