@@ -353,6 +353,19 @@ _DEVICES = """WITH RECURSIVE d(device) AS (
     SELECT device FROM d WHERE device IS NOT NULL"""
 
 
+# Every node with a counter row: a loose scan of the counters key, one seek per such node.
+_COUNTER_NODES = """WITH RECURSIVE n(node) AS (
+    SELECT min(node) FROM counters
+    UNION ALL
+    SELECT (SELECT min(node) FROM counters WHERE node > n.node) FROM n WHERE n.node IS NOT NULL)
+    SELECT node FROM n WHERE node IS NOT NULL"""
+
+
+def counter_nodes(conn: sqlite3.Connection) -> set:
+    """{node} of every node with any counter row."""
+    return {row[0] for row in conn.execute(_COUNTER_NODES)}
+
+
 def counter_devices(conn: sqlite3.Connection, node: str, kind: str = "") -> list:
     """[device] of the node with any counter row (of the kind: "gpu", ...), by name."""
     low, high = (f"{kind}:", f"{kind};") if kind else ("", "\U0010ffff")
@@ -455,14 +468,21 @@ def held_back_findings(conn: sqlite3.Connection, start: float, end: float) -> li
     )
     for job_id, node, begin, finish, below in rows:
         jobs.setdefault(job_id, []).append((node, begin, finish))
-        share = telemetry.share_of(below)
+        share = None if below is None else telemetry.share_of(below)
         if share is not None:
             shares.setdefault(job_id, {})[node] = {"share": share}
     out = []
-    known: dict = {}  # each node's GPU devices, read once for all its jobs
+    # each node's GPU devices, read once for all its jobs; none for a node without a counter
+    # row (one seek per node that has them, not a scan of its devices per node of every job)
+    having = counter_nodes(conn)
+    known: dict = {
+        (node, "gpu"): [] for spans in jobs.values() for node, _, _ in spans if node not in having
+    }
     for job_id, spans in jobs.items():
         if len(spans) <= telemetry.MIN_OTHERS or not start <= max(s[2] for s in spans) < end:
             continue
+        if job_id not in shares and all(known.get((n, "gpu")) == [] for n, _, _ in spans):
+            continue  # no node of it recorded a GPU counter or a share below base: nothing held
         duration = max(s[2] for s in spans) - min(s[1] for s in spans)
         figures = job_telemetry(conn, spans, ("gpu",), known)
         found = telemetry.held_back(figures, duration, shares.get(job_id))

@@ -12,7 +12,7 @@ import pytest
 from conftest import run_cli, snapshot_path
 
 from slurmhealth.core import store
-from slurmhealth.fleet import jobs, signals, telemetry
+from slurmhealth.fleet import jobs, queries, signals, telemetry
 from slurmhealth.fleet.text import job as job_text
 from slurmhealth.node import config, counters, runner
 
@@ -521,3 +521,20 @@ def test_the_sweep_names_the_node_from_the_rows_share_and_its_gpu_from_the_figur
     [found] = queries.held_back_findings(conn, T0, T0 + SPAN + 1)
     assert found["node"] == "gpu07" and found["finding"]["gpu"] is None
     assert "held the job back: a GPU below base clocks 41%" in telemetry.words(found["finding"])
+
+
+def test_a_job_on_nodes_without_counters_is_not_read_and_the_held_back_one_still_is(tmp_path):
+    """The sweep reads no counter of a node that has none (a simulated or quiet fleet's many
+    jobs), and still names the node that held its job back beside them."""
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    held_back_job(conn, tmp_path, "41", T0)
+    for node in ("gpu10", "gpu11", "gpu12"):
+        row = {"node": node, "job_id": "50", "start": T0, "end": T0 + SPAN, "num_nodes": 3}
+        conn.execute(store.insert_sql("jobs"), store.row("jobs", row))
+    statements: list = []
+    conn.set_trace_callback(statements.append)
+    found = queries.held_back_findings(conn, T0, T0 + 2 * SPAN)
+    conn.set_trace_callback(None)
+    assert [(f["node"], f["job"]) for f in found] == [("gpu07", "41")]
+    read = [s for s in statements if "FROM counters" in s and "gpu1" in s]
+    assert read == [], read
