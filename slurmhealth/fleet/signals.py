@@ -19,31 +19,35 @@ _NODES = """WITH RECURSIVE n(node) AS (
     SELECT (SELECT min(node) FROM {0} WHERE node > n.node) FROM n WHERE n.node IS NOT NULL)
     SELECT node FROM n WHERE node IS NOT NULL"""
 
-# Per node over [start, end), each a range of a covering index (store migration 3): the cost
-# follows the records in the window, not the size of the store. A row per UTC day the node had
-# records: the counts (summed over the days), then whether the day was one in service (a run
-# that did not fail, a job's start). Grouped by day, not one row with the days' DISTINCT list:
-# the same index range at half the server's time on PostgreSQL (docs/benchmarks.md).
-_PER_NODE = (
-    (
-        "runs",
-        ("", "check_fails", "check_warns", "run_days"),
-        """SELECT CAST(started / 86400 AS INTEGER) AS d, count(*), sum(verdict = 'fail'),
-                  sum(verdict = 'warn'), sum(verdict != 'fail')
-           FROM runs WHERE node = ? AND started >= ? AND started < ? GROUP BY d""",
-    ),
-    (
-        "jobs",
-        ("jobs", "hw_job_failures", "multi_node_jobs", "multi_node_failures", "job_days"),
-        """SELECT CAST(j.start / 86400 AS INTEGER) AS d, count(*),
-                  sum(j.state = 'prolog_failed' OR j.slurm_state = 'NODE_FAIL'
-                      OR EXISTS (SELECT 1 FROM events e WHERE e.job_id = j.job_id
-                                 AND e.node = j.node AND e.class = 'fail')),
-                  sum(j.num_nodes > 1),
-                  sum(j.num_nodes > 1 AND j.slurm_state = 'FAILED'),
-                  count(*)
-           FROM jobs j WHERE j.node = ? AND j.start >= ? AND j.start < ? GROUP BY d""",
-    ),
+# A node's days in service from its runs: per node and UTC day of the window, one seek of the
+# (node, started, verdict) index (store migration 3) for a run that did not fail, BATCH nodes a
+# statement; {} is the VALUES rows' placeholders. Reading every run of the window instead cost
+# 3x the time on PostgreSQL and 10x on SQLite (docs/benchmarks.md).
+_RUN_DAYS = """WITH RECURSIVE days(d) AS (
+    SELECT CAST(? / 86400 AS INTEGER)
+    UNION ALL
+    SELECT d + 1 FROM days WHERE (d + 1) * 86400 < ?),
+    q(node) AS (VALUES {})
+    SELECT q.node, d FROM q, days WHERE EXISTS (SELECT 1 FROM runs WHERE runs.node = q.node
+        AND started >= max(?, d * 86400) AND started < min(?, (d + 1) * 86400)
+        AND verdict != 'fail')"""
+# Each node's failed and warning runs: the partial index of the runs that did not pass.
+_RUN_VERDICTS = (
+    ("check_fails", "check_warns"),
+    """SELECT node, sum(verdict = 'fail'), sum(verdict = 'warn') FROM runs INDEXED BY runs_not_ok
+       WHERE verdict != 'ok' AND started >= ? AND started < ? GROUP BY node""",
+)
+# A node's jobs over [start, end), a range of a covering index (store migration 3): a row per UTC
+# day with a job's start, the counts summed over the days.
+_JOBS = (
+    ("jobs", "hw_job_failures", "multi_node_jobs", "multi_node_failures"),
+    """SELECT CAST(j.start / 86400 AS INTEGER) AS d, count(*),
+              sum(j.state = 'prolog_failed' OR j.slurm_state = 'NODE_FAIL'
+                  OR EXISTS (SELECT 1 FROM events e WHERE e.job_id = j.job_id
+                             AND e.node = j.node AND e.class = 'fail')),
+              sum(j.num_nodes > 1),
+              sum(j.num_nodes > 1 AND j.slurm_state = 'FAILED')
+       FROM jobs j WHERE j.node = ? AND j.start >= ? AND j.start < ? GROUP BY d""",
 )
 # Events and actions are few: one grouped query each.
 _GROUPED = (
@@ -60,13 +64,13 @@ _GROUPED = (
 )
 
 # The items (fleet/faults.py), each query a range of an index. Each item's next passing run:
-# one index seek per (node, time), NEXT_OK_BATCH of them a statement (a round trip each cost a
-# server sweep seconds: docs/benchmarks.md); {} is the VALUES rows' placeholders.
+# one index seek per (node, time), BATCH of them a statement (a round trip each cost a server
+# sweep seconds: docs/benchmarks.md); {} is the VALUES rows' placeholders.
 _NEXT_OK = (
     "WITH q(node, t) AS (VALUES {}) SELECT q.node, q.t, (SELECT min(started) FROM runs "
     "WHERE runs.node = q.node AND started > q.t AND started < ? AND verdict = 'ok') FROM q"
 )
-NEXT_OK_BATCH = 400  # 801 parameters: under SQLite's oldest limit (999)
+BATCH = 400  # nodes or items a statement: 801 parameters at most, under SQLite's oldest limit
 _XIDS = (
     "SELECT node, time, class, code FROM events WHERE time >= ? AND time < ? "
     "AND class IN ('fail', 'warn')"
@@ -152,14 +156,32 @@ def places(conn: sqlite3.Connection, start: float) -> dict:
     return {node: tuple(scopes) for node, scopes in out.items()}
 
 
-def _per_node(conn: sqlite3.Connection, table: str, sql: str, start: float, end: float):
-    """(node, (count, ..., [days in service])) of each node with records in the window: the
-    day rows of _PER_NODE's `sql` summed."""
-    for (node,) in conn.execute(_NODES.format(table)).fetchall():
+def _nodes(conn: sqlite3.Connection, table: str) -> list:
+    return [row[0] for row in conn.execute(_NODES.format(table))]
+
+
+def _run_days(conn: sqlite3.Connection, start: float, end: float) -> dict:
+    """{node: [UTC day in service]} of each node with a run that did not fail in the window."""
+    out: dict = {}
+    nodes = _nodes(conn, "runs")
+    for i in range(0, len(nodes), BATCH):
+        chunk = nodes[i : i + BATCH]
+        sql = _RUN_DAYS.format(", ".join("(?)" for _ in chunk))  # placeholders only
+        args = (float(start), float(end), *chunk, float(start), float(end))
+        for node, day in conn.execute(sql, args):
+            out.setdefault(node, []).append(int(day))
+    return out
+
+
+def _jobs(conn: sqlite3.Connection, start: float, end: float):
+    """(node, (counts of _JOBS, summed), [UTC day with a job's start]) of each node with a job
+    that started in the window."""
+    names, sql = _JOBS
+    for node in _nodes(conn, "jobs"):
         rows = conn.execute(sql, (node, start, end)).fetchall()
         if rows:
-            sums = [sum(r[i] or 0 for r in rows) for i in range(1, len(rows[0]) - 1)]
-            yield node, (*sums, [int(r[0]) for r in rows if r[-1]])
+            sums = tuple(sum(r[i] or 0 for r in rows) for i in range(1, len(names) + 1))
+            yield node, sums, [int(r[0]) for r in rows]
 
 
 def _next_ok(conn: sqlite3.Connection, wanted: set, end: float) -> dict:
@@ -167,8 +189,8 @@ def _next_ok(conn: sqlite3.Connection, wanted: set, end: float) -> dict:
     none} for each (node, time) wanted."""
     out: dict = {}
     pairs = sorted(wanted)
-    for i in range(0, len(pairs), NEXT_OK_BATCH):
-        chunk = pairs[i : i + NEXT_OK_BATCH]
+    for i in range(0, len(pairs), BATCH):
+        chunk = pairs[i : i + BATCH]
         sql = _NEXT_OK.format(", ".join("(?, ?)" for _ in chunk))  # placeholders only
         for node, t, ok in conn.execute(sql, (*(v for pair in chunk for v in pair), end)):
             out[(node, t)] = ok
@@ -313,9 +335,14 @@ def signals(conn: sqlite3.Connection, start: float, end: float, held: list | Non
     if own:
         conn.execute("BEGIN")
     try:
-        for table, names, sql in _PER_NODE:
-            for node, row in _per_node(conn, table, sql, start, end):
-                add(node, names, row)
+        for node, days in _run_days(conn, start, end).items():
+            add(node, ("run_days",), (days,))
+        verdict_names, verdict_sql = _RUN_VERDICTS
+        for node, *values in conn.execute(verdict_sql, (start, end)):
+            add(node, verdict_names, values)
+        job_names, _ = _JOBS
+        for node, sums, days in _jobs(conn, start, end):
+            add(node, (*job_names, "job_days"), (*sums, days))
         (xid_names, xid_sql), (drain_names, drain_sql) = _GROUPED
         for node, *values in conn.execute(xid_sql, (start, end)):
             add(node, xid_names, values)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sqlite3
 
 from stores import DAY, T0
@@ -217,9 +218,15 @@ def test_signals_window_is_half_open(tmp_path):
 
 def test_signals_use_the_covering_indexes(tmp_path):
     conn = signal_store(str(tmp_path / "fleet.db"))
-    for _, _, sql in signals._PER_NODE:
-        plan = " ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, ("n", 0, 1)))
-        assert "COVERING INDEX" in plan and "SCAN" not in plan.replace("SCAN n", ""), plan
+    days = signals._RUN_DAYS.format("(?)")
+    for sql, args in (
+        (signals._JOBS[1], ("n", 0, 1)),
+        (days, (0.0, 1.0, "n", 0.0, 1.0)),
+        (signals._RUN_VERDICTS[1], (0, 1)),
+    ):
+        plan = " ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, args))
+        tables = re.sub(r"SCAN (q|days|n|CONSTANT ROW)\b", "", plan)  # the CTEs' own rows
+        assert "COVERING INDEX" in plan and "SCAN" not in tables, plan
 
 
 def test_signals_equal_the_simulators_on_its_fleet(tmp_path):
@@ -233,9 +240,9 @@ def test_signals_equal_the_simulators_on_its_fleet(tmp_path):
         assert signals.signals(conn, *window) == simulate.signals(history, *window)
 
 
-def test_each_items_next_pass_is_the_same_however_many_a_statement_asks(tmp_path, monkeypatch):
-    """The next passing run of every item is looked up NEXT_OK_BATCH at a time: a statement's
-    edge between two items of one node changes nothing."""
+def test_days_and_next_passes_are_the_same_however_many_a_statement_asks(tmp_path, monkeypatch):
+    """The days of each node's runs and the next passing run of every item are looked up
+    BATCH nodes or items at a time: a statement's edge changes nothing."""
     fleet_model = simulate.Fleet(nodes=16, days=14, seed=3, lemons={"gpu0003": 30}, incident_day=5)
     history = simulate.events(fleet_model)
     conn = store.connect(str(tmp_path / "fleet.db"))
@@ -243,5 +250,5 @@ def test_each_items_next_pass_is_the_same_however_many_a_statement_asks(tmp_path
     window = (fleet_model.start, fleet_model.end)
     whole = signals.signals(conn, *window)
     assert sum(len(c["faults"]) + len(c["warnings"]) for c in whole.values()) > 2 * 3
-    monkeypatch.setattr(signals, "NEXT_OK_BATCH", 3)
+    monkeypatch.setattr(signals, "BATCH", 3)
     assert signals.signals(conn, *window) == whole == simulate.signals(history, *window)
