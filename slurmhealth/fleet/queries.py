@@ -188,19 +188,25 @@ def _measured_figures(data: str) -> list:
 
 
 def version_sources(
-    conn: sqlite3.Connection, node: str, start: float, end: float, oldest: bool = False
+    conn: sqlite3.Connection,
+    node: str,
+    start: float,
+    end: float,
+    oldest: bool,
+    limit: int,
 ) -> sqlite3.Cursor:
     """(sources JSON text,) rows of the node's runs started in [start, end) that recorded
-    versions, newest first (oldest first with `oldest`)."""
-    return conn.execute(_VERSIONS_OLDEST if oldest else _VERSIONS_NEWEST, (node, start, end))
+    versions, newest first (oldest first with `oldest`); the first `limit`."""
+    sql = _VERSIONS_OLDEST if oldest else _VERSIONS_NEWEST
+    return conn.execute(sql, (node, start, end, limit))
 
 
 _VERSIONS = (
     "SELECT sources FROM runs WHERE node = ? AND started >= ? AND started < ?"
     " AND instr(sources, '\"versions\"') ORDER BY started "
 )
-_VERSIONS_NEWEST = _VERSIONS + "DESC"
-_VERSIONS_OLDEST = _VERSIONS + "ASC"
+_VERSIONS_NEWEST = _VERSIONS + "DESC LIMIT ?"
+_VERSIONS_OLDEST = _VERSIONS + "ASC LIMIT ?"
 
 
 def recorded_versions(
@@ -216,16 +222,23 @@ def recorded_versions(
     older runs fill in the keys it lacks, until one names the GPU model or its GPU source
     answered (at most VERSIONS_MERGE runs)."""
     merged: dict = {}
-    for count, (text,) in enumerate(version_sources(conn, node, end - lookback, end, oldest)):
-        try:
-            sources = json.loads(text)
-            found = drift.versions(sources)
-        except (ValueError, RecursionError):
-            continue
-        for key, value in found.items():
-            merged.setdefault(key, value)
-        if merged.get("model") or drift.gpu_answered(sources) or count + 1 >= VERSIONS_MERGE:
-            break
+    # the newest run first alone (it decides nearly always: a row, not a node's days of them,
+    # read from the table), then up to VERSIONS_MERGE runs from the newest again
+    for limit in (1, VERSIONS_MERGE):
+        merged = {}
+        rows = version_sources(conn, node, end - lookback, end, oldest, limit).fetchall()
+        for count, (text,) in enumerate(rows):
+            try:
+                sources = json.loads(text)
+                found = drift.versions(sources)
+            except (ValueError, RecursionError):
+                continue
+            for key, value in found.items():
+                merged.setdefault(key, value)
+            if merged.get("model") or drift.gpu_answered(sources) or count + 1 >= VERSIONS_MERGE:
+                return merged or None
+        if len(rows) < limit:
+            break  # every run there was read
     return merged or None
 
 

@@ -242,9 +242,9 @@ def test_a_version_12_store_finds_the_runs_that_recorded_versions_by_their_own_i
     args = ("gpu01", 0.0, 9.0)
     for oldest in (False, True):
         sql = queries._VERSIONS_OLDEST if oldest else queries._VERSIONS_NEWEST
-        plan = conn.execute(f"EXPLAIN QUERY PLAN {sql}", args).fetchall()
+        plan = conn.execute(f"EXPLAIN QUERY PLAN {sql}", (*args, 9)).fetchall()
         assert "INDEX runs_versions" in str(plan)
-        assert [r[0] for r in queries.version_sources(conn, *args, oldest=oldest)] == [versions]
+        assert [r[0] for r in queries.version_sources(conn, *args, oldest, 9)] == [versions]
     # the index holds the one run that recorded versions
     entries = "SELECT id FROM runs INDEXED BY runs_versions WHERE instr(sources, '\"versions\"')"
     assert conn.execute(entries).fetchall() == [("r2",)]

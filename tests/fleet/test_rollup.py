@@ -290,7 +290,7 @@ def test_a_rollup_keeps_every_run_that_recorded_versions_and_counts_the_others_o
     for run_id in versioned:
         row = conn.execute("SELECT sources FROM runs WHERE id = ?", (run_id,)).fetchone()
         assert row == (sources[run_id],)
-    found = queries.version_sources(conn, "gpu01", hour, hour + 2 * 3600).fetchall()
+    found = queries.version_sources(conn, "gpu01", hour, hour + 2 * 3600, False, 9).fetchall()
     assert found == [(sources["hc12"],), (sources["hc9"],), (sources["hc4"],)]
     rolled = conn.execute("SELECT sum(runs), sum(duration) FROM run_hours").fetchone()
     assert rolled[0] + len(run_ids(conn)) == 24  # every run kept whole or counted, once
