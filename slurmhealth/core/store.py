@@ -399,11 +399,13 @@ INDEXES = {
     12: (),
     # 13: the health checks that recorded the node's versions (every 6 h or on a change), by
     # node and time: the GPU model each sweep pools nodes by, and the report's drift, read
-    # these few rows where they read every run of the node's last two days to find them (a
-    # partial index: a run that recorded none never writes it; docs/benchmarks.md).
+    # these few rows where they read every run of the node's last two days to find them. And
+    # the diagnoses by time, where the report read the whole window's time index to find
+    # them. Partial indexes: a run that is neither never writes them (docs/benchmarks.md).
     13: (
         "CREATE INDEX runs_versions ON runs (node, started) "
         "WHERE instr(sources, '\"versions\"')",
+        "CREATE INDEX runs_diag ON runs (started) WHERE phase = 'diag'",
     ),
 }
 SCHEMA_VERSION = max(INDEXES)

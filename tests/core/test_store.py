@@ -227,10 +227,10 @@ def test_a_version_7_store_reads_its_runs_by_time_from_the_index_alone(db):
     assert "runs_not_ok" in str(conn.execute(f"EXPLAIN QUERY PLAN {failed}").fetchall())
 
 
-def test_a_version_12_store_finds_the_runs_that_recorded_versions_by_their_own_index(db):
+def test_a_version_12_store_finds_its_version_runs_and_diagnoses_by_their_own_indexes(db):
     """Migration 13: the GPU model each sweep pools a node by and the report's drift read the
     few health checks that recorded versions from a partial index, not every run of the
-    node's last two days; a run without versions never writes it."""
+    node's last two days; a run without versions never writes it. The diagnoses likewise."""
     old = store_at_version(db, 12)
     insert = store.insert_sql("runs")
     versions = json.dumps({"gpu": {"versions": {"driver": "550.54.15"}}})
@@ -245,6 +245,9 @@ def test_a_version_12_store_finds_the_runs_that_recorded_versions_by_their_own_i
         plan = conn.execute(f"EXPLAIN QUERY PLAN {sql}", (*args, 9)).fetchall()
         assert "INDEX runs_versions" in str(plan)
         assert [r[0] for r in queries.version_sources(conn, *args, oldest, 9)] == [versions]
+    # and the diagnoses by time, from their own partial index
+    diag = "SELECT id FROM runs WHERE phase = 'diag' AND started >= 0 AND started < 9"
+    assert "INDEX runs_diag" in str(conn.execute(f"EXPLAIN QUERY PLAN {diag}").fetchall())
     # the index holds the one run that recorded versions
     entries = "SELECT id FROM runs INDEXED BY runs_versions WHERE instr(sources, '\"versions\"')"
     assert conn.execute(entries).fetchall() == [("r2",)]
