@@ -588,7 +588,7 @@ def _build(
     doc["trend"] = trend(failures, w_start, node_days, days, shared)
     doc["rate"] = rate(failures, node_days, shared)
     tick(1)
-    found = {n: recorded_versions(conn, n, now) for n in nodes}
+    found = queries.versions_of(conn, nodes, now, VERSIONS_LOOKBACK)
     doc["drift"] = drift_of.odd_nodes(
         found, before=lambda n: recorded_versions(conn, n, now, ROLLOUT_LOOKBACK, True)
     )

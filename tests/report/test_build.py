@@ -19,7 +19,7 @@ from conftest import SNAPSHOTS, TESTS, diag_records, outcome, record_sources, ru
 
 from sim import simulate
 from slurmhealth.core import store, timespec
-from slurmhealth.fleet import lemons, policy
+from slurmhealth.fleet import lemons, policy, queries
 from slurmhealth.report import build as report
 from slurmhealth.report import reads, render
 
@@ -1088,6 +1088,28 @@ def test_a_run_without_gpu_facts_keeps_the_node_in_its_hardware_class(tmp_path):
     found = report.recorded_versions(conn, "gpu01", 300.0)
     assert found["model"] == "NVIDIA H100 80GB HBM3" and found["driver"] == "550.90.07"
     assert found["ib_fw"] == "28.39.1002"
+
+
+def test_every_nodes_versions_read_together_are_each_nodes_read_alone(tmp_path, monkeypatch):
+    """queries.versions_of reads the newest (or oldest) version run of many nodes a statement
+    at a time; a node whose run does not decide (its GPU source failed, its JSON is damaged) is
+    read again alone: the answers are recorded_versions' for every node."""
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    gpu = {"versions": {"model": ["NVIDIA H100 80GB HBM3"], "driver": "550.90.07"}}
+    ib = {"versions": {"fw_ver": {"mlx5_0": "28.39.1002"}, "rate": [400.0]}}
+    record_sources(conn, "gpu01", 100.0, {"gpu": gpu, "ib": ib})
+    record_sources(conn, "gpu01", 200.0, {"ib": ib})  # newest lacks the GPU: read alone
+    record_sources(conn, "gpu02", 150.0, {"gpu": gpu})
+    record_sources(conn, "gpu03", 150.0, {"ib": ib})
+    conn.execute("""UPDATE runs SET sources = '{"versions": [' WHERE node = 'gpu03'""")  # damaged
+    record_sources(conn, "gpu04", 50.0, {"gpu": gpu})  # before the look-back
+    nodes = ["gpu01", "gpu02", "gpu03", "gpu04", "gpu05"]  # gpu05: no run at all
+    monkeypatch.setattr(queries, "BATCH", 2)
+    for oldest in (False, True):
+        together = queries.versions_of(conn, nodes, 300.0, 200.0, oldest)
+        alone = {n: queries.recorded_versions(conn, n, 300.0, 200.0, oldest) for n in nodes}
+        assert together == alone
+    assert together["gpu01"]["model"] == "NVIDIA H100 80GB HBM3" and together["gpu04"] is None
 
 
 def test_nodes_a_rollout_has_not_reached_yet_are_not_odd_nodes(tmp_path):
