@@ -251,7 +251,7 @@ VERSIONS_MERGE = 20  # runs read back for keys the newest run lacks (recorded_ve
 _FIRST_VERSIONS = """WITH q(node) AS (VALUES {0}) SELECT q.node, (SELECT sources FROM runs
     WHERE runs.node = q.node AND started >= ? AND started < ?
     AND instr(sources, '"versions"') ORDER BY started {1} LIMIT 1) FROM q"""
-BATCH = 400  # nodes a statement: under SQLite's oldest limit of 999 parameters
+BATCH = 400  # nodes or items a statement: 801 parameters at most, under SQLite's oldest 999
 
 
 def versions_of(

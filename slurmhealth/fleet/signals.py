@@ -20,9 +20,9 @@ _NODES = """WITH RECURSIVE n(node) AS (
     SELECT node FROM n WHERE node IS NOT NULL"""
 
 # A node's days in service from its runs: per node and UTC day of the window, one seek of the
-# (node, started, verdict) index (store migration 3) for a run that did not fail, BATCH nodes a
-# statement; {} is the VALUES rows' placeholders. Reading every run of the window instead cost
-# 3x the time on PostgreSQL and 10x on SQLite (docs/benchmarks.md).
+# (node, started, verdict) index (store migration 3) for a run that did not fail,
+# queries.BATCH nodes a statement; {} is the VALUES rows' placeholders. Reading every run of
+# the window instead cost 3x the time on PostgreSQL and 10x on SQLite (docs/benchmarks.md).
 _RUN_DAYS = """WITH RECURSIVE days(d) AS (
     SELECT CAST(? / 86400 AS INTEGER)
     UNION ALL
@@ -70,13 +70,12 @@ _GROUPED = (
 )
 
 # The items (fleet/faults.py), each query a range of an index. Each item's next passing run:
-# one index seek per (node, time), BATCH of them a statement (a round trip each cost a server
-# sweep seconds: docs/benchmarks.md); {} is the VALUES rows' placeholders.
+# one index seek per (node, time), queries.BATCH of them a statement (a round trip each cost a
+# server sweep seconds: docs/benchmarks.md); {} is the VALUES rows' placeholders.
 _NEXT_OK = (
     "WITH q(node, t) AS (VALUES {}) SELECT q.node, q.t, (SELECT min(started) FROM runs "
     "WHERE runs.node = q.node AND started > q.t AND started < ? AND verdict = 'ok') FROM q"
 )
-BATCH = 400  # nodes or items a statement: 801 parameters at most, under SQLite's oldest limit
 _XIDS = (
     "SELECT node, time, class, code FROM events WHERE time >= ? AND time < ? "
     "AND class IN ('fail', 'warn')"
@@ -170,8 +169,8 @@ def _run_days(conn: sqlite3.Connection, start: float, end: float) -> dict:
     """{node: [UTC day in service]} of each node with a run that did not fail in the window."""
     out: dict = {}
     nodes = _nodes(conn, "runs")
-    for i in range(0, len(nodes), BATCH):
-        chunk = nodes[i : i + BATCH]
+    for i in range(0, len(nodes), queries.BATCH):
+        chunk = nodes[i : i + queries.BATCH]
         sql = _RUN_DAYS.format(", ".join("(?)" for _ in chunk))  # placeholders only
         args = (float(start), float(end), *chunk, float(start), float(end))
         for node, day in conn.execute(sql, args):
@@ -199,8 +198,8 @@ def _next_ok(conn: sqlite3.Connection, wanted: set, end: float) -> dict:
     none} for each (node, time) wanted."""
     out: dict = {}
     pairs = sorted(wanted)
-    for i in range(0, len(pairs), BATCH):
-        chunk = pairs[i : i + BATCH]
+    for i in range(0, len(pairs), queries.BATCH):
+        chunk = pairs[i : i + queries.BATCH]
         sql = _NEXT_OK.format(", ".join("(?, ?)" for _ in chunk))  # placeholders only
         for node, t, ok in conn.execute(sql, (*(v for pair in chunk for v in pair), end)):
             out[(node, t)] = ok

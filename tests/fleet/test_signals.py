@@ -9,7 +9,7 @@ from stores import DAY, T0
 
 from sim import simulate
 from slurmhealth.core import store
-from slurmhealth.fleet import policy, signals
+from slurmhealth.fleet import policy, queries, signals
 
 # --- lemon signals (docs/signals.md) --------------------------------------------------------
 
@@ -242,7 +242,7 @@ def test_signals_equal_the_simulators_on_its_fleet(tmp_path):
 
 def test_days_and_next_passes_are_the_same_however_many_a_statement_asks(tmp_path, monkeypatch):
     """The days of each node's runs and the next passing run of every item are looked up
-    BATCH nodes or items at a time: a statement's edge changes nothing."""
+    queries.BATCH nodes or items at a time: a statement's edge changes nothing."""
     fleet_model = simulate.Fleet(nodes=16, days=14, seed=3, lemons={"gpu0003": 30}, incident_day=5)
     history = simulate.events(fleet_model)
     conn = store.connect(str(tmp_path / "fleet.db"))
@@ -250,5 +250,5 @@ def test_days_and_next_passes_are_the_same_however_many_a_statement_asks(tmp_pat
     window = (fleet_model.start, fleet_model.end)
     whole = signals.signals(conn, *window)
     assert sum(len(c["faults"]) + len(c["warnings"]) for c in whole.values()) > 2 * 3
-    monkeypatch.setattr(signals, "BATCH", 3)
+    monkeypatch.setattr(queries, "BATCH", 3)
     assert signals.signals(conn, *window) == whole == simulate.signals(history, *window)
