@@ -459,10 +459,13 @@ def test_an_interrupted_bundle_stops_the_bug_report_and_leaves_nothing(on_node, 
     """Ctrl-C reaches `rma`, not the tool (a session of its own): rma stops it on its way out."""
     env = _absolute_env({**on_node, "STANDIN_MODE": "hang"})
     out = tmp_path / "gpu01.tar.gz"
+    # as a terminal's foreground job: Ctrl-C is heard even where the tests themselves run in
+    # the background of a shell, which ignores SIGINT for them and their children
     proc = subprocess.Popen(
         [sys.executable, "-m", "slurmhealth", "rma", "gpu01", "-o", str(out),
          "--gpu-source", snapshot_path("healthy")],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     seen: dict = {}
     give_up = time.monotonic() + 30
