@@ -334,7 +334,9 @@ _SERIES = """WITH rows AS (
             total(e) FILTER (WHERE hour >= :newer AND hour < :end),
             coalesce(sum(r) FILTER (WHERE hour >= :newer AND hour < :end), 0),
             total(e * e) FILTER (WHERE hour >= :first AND hour < :end),
-            coalesce(sum(r * r) FILTER (WHERE hour >= :first AND hour < :end), 0), {days}
+            coalesce(sum(r * r) FILTER (WHERE hour >= :first AND hour < :end), 0),
+            total(e * e) FILTER (WHERE hour >= :newer AND hour < :end),
+            coalesce(sum(r * r) FILTER (WHERE hour >= :newer AND hour < :end), 0), {days}
         FROM hours GROUP BY node, device, counter)
     SELECT series.*, (SELECT label FROM counters AS c WHERE c.node = series.node
         AND c.device = series.device AND c.counter = series.counter AND c.time = series.last)
@@ -364,7 +366,7 @@ def counter_series(conn: sqlite3.Connection, now: float, hours: tuple, skip: tup
     for row in conn.execute(sql, params):
         got = row[4 : 4 + width]
         recent = tuple(tuple(got[i : i + 3]) for i in range(0, width, 3))
-        past = row[4 + width : 10 + width] + (tuple(row[10 + width : -1]),)
+        past = row[4 + width : 12 + width] + (tuple(row[12 + width : -1]),)
         out.append(row[:4] + (row[-1], recent, past))
     return out
 

@@ -7,12 +7,13 @@ errors, the sum of the increases: unlike the readings with an increase (episodes
 not depend on how often the node is read, so a rise is found alike at 5-minute and hourly
 health checks. Errors come in bursts (one marginal lane retrains and replays 50 times), so
 counts are divided by how bursty the device is: the variance-to-mean ratio of its hourly
-errors over its past week, never below its class's median until it has OWN_SIZES bursts.
+errors over its past (below), never below its class's median until it has OWN_SIZES bursts.
 
 For each series and each recent window (6 h, 24 h and 3 days by default), with x its errors in
 the window and x_b those in the 7 days before the longest window (a past that ends before any
-window tested, so a rise of up to 3 days is never its own baseline; and the lower of that
-week's rate and its older half's, so a rise that began in the week does not raise the bar):
+window tested, so a rise of up to 3 days is never its own baseline; and its older half alone,
+rate and dispersion, where the newer half holds more than FACTOR times its errors, so a rise
+that began in the week raises neither the bar nor the dispersion):
 - against its own past: under a steady rate each error falls in the window with probability
   window / (window + past); an exact binomial test of the two counts, both scaled by the
   dispersion, which carries the uncertainty of a past of few errors;
@@ -169,7 +170,8 @@ def summaries(rows: list, now: float, hours: tuple) -> list:
     time in (now - the baseline's end in hours, now].
     - recent: (readings with errors, errors, the most errors in one hour) of each window;
     - past: (errors, readings with errors, both in the older half, the sums of the squares
-      of the hourly errors and readings, (errors of each day)) over the baseline."""
+      of the hourly errors and readings, both in the older half, (errors of each day)) over
+      the baseline."""
     with _no_gc():
         series = _series(rows, now, now - hours[2] * HOUR)
         return [
@@ -210,8 +212,8 @@ def _recent(hours: dict, ends: tuple) -> tuple:
 def _sums(hours: dict, spans: tuple) -> tuple:
     """A series' baseline sums (summaries: past) over the hours [first, end)."""
     _, first, end, newer, days = spans
-    errors = older = squares = 0.0
-    readings = older_readings = readings_squares = 0
+    errors = older = squares = older_squares = 0.0
+    readings = older_readings = readings_squares = older_readings_squares = 0
     per_day = [0.0] * (len(days) - 1)
     for h, (e, r) in hours.items():
         if not first <= h < end:
@@ -223,8 +225,13 @@ def _sums(hours: dict, spans: tuple) -> tuple:
         if h >= newer:
             older += e
             older_readings += r
+            older_squares += e * e
+            older_readings_squares += r * r
         per_day[min(len(per_day) - 1, (h - first) // 24)] += e
-    return (errors, readings, older, older_readings, squares, readings_squares, tuple(per_day))
+    return (
+        (errors, readings, older, older_readings, squares, readings_squares)
+        + (older_squares, older_readings_squares, tuple(per_day))
+    )
 
 
 def _best(counter: str, recent: tuple, past: dict, windows: tuple, limits: tuple):
@@ -249,27 +256,37 @@ def _past(sums: tuple, width: int, baseline: float) -> dict:
     """A series' baseline from its sums (summaries: past), the `baseline` of `width` hours
     ending where the longest window starts: {errors, readings (with errors), span (the seconds
     they are over), rate (errors per s), phi and phi_r (the variance-to-mean ratio of its
-    hourly errors and readings, at least 1; None from fewer than MIN_SIZES readings), c
-    (day-to-day variation beyond phi, None from fewer than MIN_SPREAD readings), seen (readings
-    in the whole baseline)}. The counts are the older half's when the newer half holds more
-    than FACTOR times as many errors: a rise that began inside the baseline does not raise the
-    bar it is judged by."""
-    errors, readings, older, older_readings, squares, readings_squares, days = sums
-    span, kept, kept_readings = baseline, errors, readings
+    hourly errors and readings over that span, at least 1; None from fewer than MIN_SIZES
+    readings), c (day-to-day variation beyond phi over the whole baseline, None from fewer than
+    MIN_SPREAD readings), seen (the readings of that span)}.
+
+    Where the newer half holds more than FACTOR times the older half's errors, a rise may have
+    begun inside the baseline; it must not raise the bar it is judged by. The counts and
+    dispersions are then the older half's: more errors, bigger bursts and hours at two rates
+    all raise a week's variance-to-mean ratio. The device's days still count towards its
+    class's day-to-day variation: a few rising devices do not move the class's median, and
+    leaving out every device whose newer half was busier would leave out the variation
+    itself."""
+    errors, readings, older, older_readings, squares, readings_squares = sums[:6]
+    older_squares, older_readings_squares, days = sums[6:]
+    whole = _dispersion(errors, squares, width) if readings >= MIN_SIZES else None
+    c = _day_variation(list(days), whole) if readings >= MIN_SPREAD and whole else None
+    span = baseline
     if errors - older > FACTOR * max(older, 1.0):
-        span, kept, kept_readings = baseline / 2, older, older_readings
-    seen = readings
-    enough = seen >= MIN_SIZES
-    phi = _dispersion(errors, squares, width) if enough else None
+        span, width = baseline / 2, width - width // 2
+        errors, readings, squares, readings_squares = (
+            older, older_readings, older_squares, older_readings_squares
+        )
+    enough = readings >= MIN_SIZES
     return {
-        "errors": kept,
-        "readings": kept_readings,
+        "errors": errors,
+        "readings": readings,
         "span": span,
-        "rate": kept / span,
-        "phi": phi,
+        "rate": errors / span,
+        "phi": _dispersion(errors, squares, width) if enough else None,
         "phi_r": _dispersion(readings, readings_squares, width) if enough else None,
-        "c": _day_variation(list(days), phi) if seen >= MIN_SPREAD and phi else None,
-        "seen": seen,
+        "c": c,
+        "seen": readings,
     }
 
 

@@ -98,6 +98,26 @@ def test_a_device_still_rising_stays_flagged_after_its_rise_reaches_the_baseline
         assert [f["node"] for f in found] == ["gpu07"], (NOW - now) / 86400
 
 
+def test_bursts_that_grew_inside_the_baseline_do_not_raise_the_bar_they_are_judged_by():
+    """A rise 5 days old by more and three times bigger bursts, read hourly: the baseline's
+    older half is the bar, its rate and its burstiness both (the whole week's hours, at two
+    rates and two burst sizes, vary far more). The device stays named through the last day;
+    judged by the whole week's burstiness it was not named at the end."""
+    rng = random.Random(0)
+    device = "gpu:0000:9b:00.0"
+    rows = []
+    for node in fleet():
+        rows += episodes(node, device, "pcie_replay", 3, NOW - 10 * 86400, NOW, rng)
+    rows = [r for r in rows if r[0] != "gpu07"]
+    rows += episodes("gpu07", device, "pcie_replay", 3, NOW - 10 * 86400, NOW - 5 * 86400, rng)
+    rows += episodes("gpu07", device, "pcie_replay", 10, NOW - 5 * 86400, NOW, rng, 3)
+    rows = read_every(sorted(rows, key=lambda r: r[3]), 3600.0)
+    for back in (0, 6, 12, 18, 24):
+        now = NOW - back * H
+        found = trends.rising([r for r in rows if r[3] <= now], fleet(), now)
+        assert [f["node"] for f in found] == ["gpu07"], back
+
+
 def test_noisy_neighbours_do_not_mute_a_quiet_devices_rise():
     """Four devices of the class err in large bursts all week, steadily; a quiet device's
     single errors rise tenfold. Its dispersion is its own (or the class's median), not the
