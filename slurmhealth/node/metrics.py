@@ -47,7 +47,8 @@ FAMILIES = {
     "slurmhealth_source_up": (
         "gauge",
         ("source",),
-        "1 when the latest run read this source, 0 when unavailable, timed out or broken",
+        "1 when the latest run read this source, 0 when unavailable, timed out or broken; "
+        "none for a source the node does not have and no check expects",
     ),
     "slurmhealth_source_duration_seconds": (
         "gauge",
@@ -266,7 +267,8 @@ def run_samples(run: Recordable, node: str) -> Samples:
         out.update(_state_set("slurmhealth_check_status", labels, "status", STATUSES, r.status))
     for source, got in run.sources.items():
         labels = (*me, ("source", SOURCE_NAMES.get(source, source)))
-        out[("slurmhealth_source_up", labels)] = float(got.status == "ok")
+        if not got.absent:  # a source the node does not have is not one that is down
+            out[("slurmhealth_source_up", labels)] = float(got.status == "ok")
         out[("slurmhealth_source_duration_seconds", labels)] = round(got.seconds, 6)
     for key, value in sorted(run.readings.items()):
         device, _, counter = key.partition("|")
@@ -327,6 +329,10 @@ def merge(
     """
     phase = ("phase", run.phase)
     out = {k: v for k, v in previous.items() if k[0] in COUNTERS or phase not in k[1]}
+    for source, got in run.sources.items():  # an earlier run's word on a source now absent
+        if got.absent:
+            name = SOURCE_NAMES.get(source, source)
+            out.pop(("slurmhealth_source_up", (("node", node), ("source", name))), None)
     out.update(current)
     me = (("node", node),)
     for verdict in VERDICTS:

@@ -41,9 +41,11 @@ SITE_MARGIN_S = 2.0
 class Gathered:
     """The outcome of one source: status ok|unavailable|timeout|error, raw facts or a message,
     and the versions its areas report (driver, VBIOS, HCA firmware) once parsed. `errno`: the
-    error of a source that could not be read (a kernel log only root may read), else None."""
+    error of a source that could not be read (a kernel log only root may read), else None.
+    `absent`: unavailable where no area expected it (no BMC, no IMEX, no site health check
+    configured), so its areas skipped: nothing the node should have is unread."""
 
-    __slots__ = ("errno", "message", "raw", "seconds", "status", "versions")
+    __slots__ = ("absent", "errno", "message", "raw", "seconds", "status", "versions")
 
     def __init__(self, status: str, raw: object = None, message: str = "", seconds: float = 0):
         self.status = status
@@ -52,6 +54,7 @@ class Gathered:
         self.seconds = seconds
         self.versions: dict[str, Any] = {}
         self.errno: int | None = None
+        self.absent = False
 
     def to_dict(self, versions: bool = True) -> dict[str, Any]:
         out = {"status": self.status, "message": self.message, "seconds": round(self.seconds, 6)}
@@ -310,6 +313,16 @@ def _source_results(area: str, got: Gathered, expect: Data) -> list[Result]:
     return [first, *rest]
 
 
+def _absent(area: str, got: Gathered, expect: Data) -> bool:
+    """The area's source is not there, and the area did not expect it (_source_results skips
+    it): a node without a BMC, IMEX or a site health check, not a source it failed to read."""
+    return (
+        got.status == "unavailable"
+        and not _denied(got)
+        and not checks.expected(area, expect, got.raw)
+    )
+
+
 def _denied(got: Gathered) -> bool:
     """The source refused this user (EACCES, EPERM) who is not root: its checks cannot judge
     the node, and the run says it is incomplete. Root refused is a broken source: judged."""
@@ -544,6 +557,7 @@ def run(
     baselines = baselines or {}
     gpus = _bus_map(out.sources, baselines)
     out.job_gpus, out.scope_note = _job_scope(out.sources, job_gpus, visible)
+    absent: dict[int, bool] = {}  # id(Gathered): no area reading it expected it
     for area in areas:
         got = out.sources[checks.module(area).SOURCE]
         area_expect = dict(expect[area], checks=expect["checks"])
@@ -553,6 +567,9 @@ def run(
         )
         if got.status != "ok":
             out.results.extend(_source_results(area, got, area_expect))
+            # absent while no area that reads it expected it
+            absent[id(got)] = absent.get(id(got), True) and _absent(area, got, area_expect)
+            got.absent = absent[id(got)]
             continue
         results, facts = _area_results(area, got.raw, area_expect, ctx, out.scope_note)
         out.results.extend(results)

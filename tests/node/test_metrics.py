@@ -97,6 +97,34 @@ def test_a_run_writes_every_family_with_help_and_type(tmp_path):
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
 
 
+def test_a_source_the_node_does_not_have_is_not_written_as_down(tmp_path):
+    """slurmhealth_source_up: 1 for a source read, 0 for one a check expects and could not
+    read; none for one the node does not have and nothing expects (no BMC, IMEX or site health
+    check here), so the SourceDown alert does not fire on every healthy node. A 0 an earlier
+    run wrote for a source now absent goes."""
+    path = tmp_path / "slurmhealth.prom"
+    path.write_text(
+        '# TYPE slurmhealth_source_up gauge\nslurmhealth_source_up{node="gpu01",source="bmc"} 0\n'
+    )
+    run = a_run(phase="healthcheck")
+    absent = {name for name, got in run.sources.items() if got.absent}
+    assert {"bmc", "imex", "site"} <= absent
+    metrics.update(str(path), run, "gpu01")
+    samples = parsed(path).items()
+    up = {dict(k[1])["source"]: v for k, v in samples if k[0] == "slurmhealth_source_up"}
+    assert up["nvml"] == up["sysfs"] == up["kmsg"] == 1
+    assert not absent & set(up)
+    assert all(run.sources[name].status == "ok" for name in up if name not in ("nvml", "sysfs"))
+
+    expect = config.defaults()
+    expect["bmc"] = dict(expect["bmc"], expected=True)  # this node should have a BMC
+    options = runner.Options(snapshot_path("healthy"), SYSFS, os.path.join(KMSG, "healthy.kmsg"))
+    run = runner.run("gpu01", expect, options, None, "healthcheck")
+    assert run.sources["bmc"].status == "unavailable" and not run.sources["bmc"].absent
+    metrics.update(str(path), run, "gpu01")
+    assert value(parsed(path), "slurmhealth_source_up", node="gpu01", source="bmc") == 0
+
+
 def test_device_error_counters_are_the_latest_readings_non_zero_only(tmp_path):
     """slurmhealth_device_errors_total: each counter the run read, as the device counts it
     (Prometheus' rate() takes a reset as a reset); zeros and gauges are not written."""
