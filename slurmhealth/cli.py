@@ -1113,8 +1113,8 @@ def trends_cmd(db: str | None, now: str | None, factor: float, as_json: bool) ->
     """List the GPUs, NVLinks and InfiniBand ports whose error counters are rising.
 
     From the counter readings the hooks and health checks recorded (PCIe replays and AER
-    errors, ECC errors, remapped rows, retired pages, NVLink and IB error counters): episodes
-    in the last 6 h and 24 h against the device's own 7 days before and the median of the
+    errors, ECC errors, remapped rows, retired pages, NVLink and IB error counters): errors in
+    the last 6 h, 24 h and 3 days against the device's own 7 days before and the median of the
     same devices on nodes of the same GPU model; rising when at least `--factor` times both and
     beyond chance, or over a published limit (docs/trends.md). Changes nothing; exits 0.
 

@@ -148,15 +148,17 @@ CHECK_HELP = """Usage: slurmhealth check [OPTIONS]
 
 Options:
   --node NAME          node name (default: $SLURMD_NODENAME, else the host name)
-  --only AREA          only these areas: gpu, nvlink, ib, xid, mce, fs, hw, time, ps, modules,
-                       net, edac (repeat or comma-separate)
+  --only AREA          only these areas: gpu, nvlink, ib, xid, mce, aer, fs, hw, time, ps,
+                       modules, net, edac, nvme, bmc, imex, fmlog, site (repeat or
+                       comma-separate)
   --json               print one JSON object instead of a table
   -q, --quiet          only the checks that did not pass (warn, fail, error) and the verdict
   --gpu-source SRC     nvml (default) or a snapshot file to replay
   --sysfs-root DIR     read DIR/class/infiniband (default /sys)
   --kmsg PATH          kernel log: /dev/kmsg (default) or a file of kmsg records/dmesg lines
   --host-root DIR      read the host's facts (mounts, memory, CPUs, processes, modules, links,
-                       EDAC) under DIR/proc and DIR/sys (default /)
+                       EDAC, NVMe, the BMC's device, the Fabric Manager log) under DIR
+                       (DIR/proc, DIR/sys, ...; default /)
   --db PATH            node store (default $SLURMHEALTH_DB or /var/lib/slurmhealth/NODE.db)
   --no-db              keep no history and no baselines
   --record             record a replay (--gpu-source FILE, --sysfs-root, --kmsg,
