@@ -11,9 +11,10 @@ errors over its past (below), never below its class's median until it has OWN_SI
 
 For each series and each recent window (6 h, 24 h and 3 days by default), with x its errors in
 the window and x_b those in the 7 days before the longest window (a past that ends before any
-window tested, so a rise of up to 3 days is never its own baseline; and its older half alone,
-rate and dispersion, where the newer half holds more than FACTOR times its errors, so a rise
-that began in the week raises neither the bar nor the dispersion):
+window tested, so a rise of up to 3 days is never its own baseline; and its older half alone
+where the newer half holds more than FACTOR times its errors, with the older half's dispersion
+where it also holds FACTOR times its readings, so a rise that began in the week raises neither
+the bar nor the dispersion):
 - against its own past: under a steady rate each error falls in the window with probability
   window / (window + past); an exact binomial test of the two counts, both scaled by the
   dispersion, which carries the uncertainty of a past of few errors;
@@ -261,33 +262,38 @@ def _past(sums: tuple, width: int, baseline: float) -> dict:
     MIN_SPREAD readings), seen (the readings of that span)}.
 
     Where the newer half holds more than FACTOR times the older half's errors, a rise may have
-    begun inside the baseline; it must not raise the bar it is judged by. The counts and
-    dispersions are then the older half's: more errors, bigger bursts and hours at two rates
-    all raise a week's variance-to-mean ratio. The device's days still count towards its
-    class's day-to-day variation: a few rising devices do not move the class's median, and
-    leaving out every device whose newer half was busier would leave out the variation
-    itself."""
+    begun inside the baseline; it must not raise the bar it is judged by, so the counts are the
+    older half's. Where the newer half also holds more than FACTOR times its readings with
+    errors (the device errs more often, not only in a few bigger bursts), the dispersions are
+    the older half's too: hours at two rates, and the bigger bursts of a rise, raise a week's
+    variance-to-mean ratio (up to threefold on the validation's fleets) and with it the bar. A
+    few large bursts alone, which a heavy-tailed device has now and then, leave the week's
+    dispersion, which saw them. The device's days still count towards its class's day-to-day
+    variation: a few rising devices do not move the class's median, and leaving out every
+    device whose newer half was busier would leave out the variation itself."""
     errors, readings, older, older_readings, squares, readings_squares = sums[:6]
     older_squares, older_readings_squares, days = sums[6:]
     whole = _dispersion(errors, squares, width) if readings >= MIN_SIZES else None
     c = _day_variation(list(days), whole) if readings >= MIN_SPREAD and whole else None
-    span = baseline
-    if errors - older > FACTOR * max(older, 1.0):
-        span, width = baseline / 2, width - width // 2
-        errors, readings, squares, readings_squares = (
-            older, older_readings, older_squares, older_readings_squares
-        )
-    enough = readings >= MIN_SIZES
-    return {
+    out = {
         "errors": errors,
         "readings": readings,
-        "span": span,
-        "rate": errors / span,
-        "phi": _dispersion(errors, squares, width) if enough else None,
-        "phi_r": _dispersion(readings, readings_squares, width) if enough else None,
+        "span": baseline,
+        "rate": errors / baseline,
+        "phi": whole,
+        "phi_r": _dispersion(readings, readings_squares, width) if whole else None,
         "c": c,
         "seen": readings,
     }
+    if errors - older > FACTOR * max(older, 1.0):
+        out.update(errors=older, readings=older_readings, span=baseline / 2)
+        out["rate"] = older / (baseline / 2)
+    if out["span"] < baseline and readings - older_readings > FACTOR * max(older_readings, 1):
+        half, enough = width - width // 2, older_readings >= MIN_SIZES
+        out["phi"] = _dispersion(older, older_squares, half) if enough else None
+        out["phi_r"] = _dispersion(older_readings, older_readings_squares, half) if enough else None
+        out["seen"] = older_readings
+    return out
 
 
 def _dispersion(total: float, squares: float, hours: int) -> float:
