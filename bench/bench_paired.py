@@ -11,7 +11,8 @@ Run (two non-editable installs, e.g. of the previous release and of this tree):
     .venv/bin/python bench/bench_paired.py --old /tmp/vold --new /tmp/vnew [--runs 80]
 A new install with host areas the old lacks: --new-host-root /. makes its prologs read them live
 from this host, as a GPU node's prolog does (beside a snapshot they would replay it); where both
-have them, --old-host-root /. too.
+have them, --old-host-root /. too. --metrics: both write node_exporter metrics, to a file a
+health check wrote first.
 """
 
 from __future__ import annotations
@@ -42,6 +43,11 @@ def main() -> None:
         default="",
         help="the old install too, where it has host areas (two installs that both have them)",
     )
+    parser.add_argument(
+        "--metrics",
+        action="store_true",
+        help="both write node_exporter metrics (settings.metrics_file), a health check's first",
+    )
     opts = parser.parse_args()
     hooks = {
         k: [os.path.join(v, "bin", "slurmhealth"), "prolog"]
@@ -56,7 +62,10 @@ def main() -> None:
         dirs = {"old": old, "new": new}
         for key, tmp in dirs.items():
             root = opts.new_host_root if key == "new" else opts.old_host_root
-            write_config(tmp, opts.snapshot, host_root=root)
+            prom = os.path.join(tmp, "slurmhealth.prom") if opts.metrics else ""
+            write_config(tmp, opts.snapshot, metrics_file=prom, host_root=root)
+            if opts.metrics:  # the file a node's prologs find: its health checks' series too
+                timed([hooks[key][0], "healthcheck"], node_env(tmp, "0"))
             timed(hooks[key], node_env(tmp, "0"))  # the store created, the config cached
         for n in range(opts.runs):
             for key in ("old", "new") if n % 2 else ("new", "old"):

@@ -47,6 +47,11 @@ class SlurmError(Exception):
     """A Slurm command that failed, timed out or could not be found: one line."""
 
 
+class UnknownNode(SlurmError):
+    """slurmctld answered that it knows no such node (removed from slurm.conf, renamed): the
+    controller is up, and there is nothing there to drain."""
+
+
 def find_bin(name: str, slurm_bin: str = "") -> str:
     """Absolute path of a Slurm command: settings, $SLURMHEALTH_SLURM_BIN, $PATH, usual places.
 
@@ -222,7 +227,15 @@ class Slurm:
         return list(seen.values())
 
     def node(self, name: str, timeout: float | None = None) -> NodeInfo:
-        out = self.run("-o", "show", "node", one_node(name), timeout=timeout)
+        """The node's record (`scontrol -o show node`); UnknownNode where slurmctld answered
+        that it has no such node ("Node NAME not found")."""
+        try:
+            out = self.run("-o", "show", "node", one_node(name), timeout=timeout)
+        except SlurmError as exc:
+            said = str(exc)
+            if said.startswith("scontrol -o: ") and f"{name} not found" in said:
+                raise UnknownNode(said) from None
+            raise
         return parse_node(out.strip().splitlines()[0] if out.strip() else "")
 
     def drain(self, name: str, why: str, timeout: float | None = None) -> None:

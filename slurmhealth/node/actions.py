@@ -114,6 +114,15 @@ def drain(
             if record_skip:
                 _skipped(journal, node, message, listed, not repeat_skip)
             return SKIPPED
+    except slurm.UnknownNode as exc:
+        # slurmctld answered, and has no such node (removed from slurm.conf, renamed): nothing
+        # takes jobs there and the controller is up, so a sweep's other drains go on
+        detail = f"Slurm has no such node ({exc})"
+        journal.say(f"{node} not drained: {detail}")
+        if record_skip:
+            once = not repeat_skip
+            journal.note(node, ACT_DRAIN_SKIPPED, slurm.reason(message), True, detail, once)
+        return SKIPPED
     except slurm.SlurmError as exc:
         # Without a fresh count of the fleet the breaker cannot hold, and a fleet-wide fault
         # (a slow or restarting controller among its signs) is exactly when every node would

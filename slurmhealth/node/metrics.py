@@ -21,6 +21,7 @@ from slurmhealth import __version__
 from slurmhealth.core.constants import DRAIN_OUTCOMES, PHASES
 from slurmhealth.core.result import FAIL, OK, STATUSES, WARN
 from slurmhealth.node import counters
+from slurmhealth.node.checks import LATER
 
 TYPE_CHECKING = False  # typing stays unimported on the hook path; mypy reads the block below
 if TYPE_CHECKING:
@@ -97,13 +98,23 @@ PER_PHASE = (
     "slurmhealth_run_duration_seconds",
 )
 COUNTERS = ("slurmhealth_runs_total", "slurmhealth_xid_events_total", "slurmhealth_drains_total")
-CARRIED = frozenset(PER_PHASE + COUNTERS)
+# The checks and sources of the areas only a health check, `check` or `diagnose` runs (LATER):
+# a prolog or epilog between two health checks carries their series on, or each job would
+# blank them and restart every alert's `for:` on them
+LATER_SERIES = (
+    "slurmhealth_check_status",
+    "slurmhealth_source_up",
+    "slurmhealth_source_duration_seconds",
+)
+CARRIED = frozenset(PER_PHASE + COUNTERS + LATER_SERIES)
+_CHECK_STATUS = LATER_SERIES[0]
 # label -> the values a carried-forward line may have; anything else in the old file is dropped
 _CLOSED = {
     "phase": PHASES,
     "verdict": VERDICTS,
     "class": XID_CLASSES,
     "outcome": DRAIN_OUTCOMES,
+    "status": STATUSES,
 }
 
 _INF = float("inf")
@@ -200,7 +211,30 @@ def _acceptable(name: str, labels: Labels, value: float, node: str) -> bool:
             return False
         if key == "xid" and not (val.isdigit() and val.isascii() and len(val) <= 6):
             return False
+        if key == "source" and val not in LATER:
+            return False
+        if key == "check" and not _later_check(val):
+            return False
     return name not in COUNTERS or value >= 0
+
+
+def _later_check(name: str) -> bool:
+    """`area.function` of one of LATER, by its shape: a job hook imports none of their modules
+    to list their checks."""
+    area, dot, func = name.partition(".")
+    shaped = func.isidentifier() and func.isascii() and len(name) <= 64
+    return area in LATER and bool(dot) and shaped
+
+
+def _area(body: str) -> str:
+    """The area of a check_status line's check, or a source line's source: the label after
+    the node's (a node name that holds either label's text only makes a line parsed in full,
+    then judged by _acceptable)."""
+    _, found, rest = body.rpartition(',check="')
+    if not found:
+        _, found, rest = body.rpartition(',source="')
+        return rest.partition('"')[0]
+    return rest.partition(".")[0]
 
 
 def _boot_id(text: str) -> str:
@@ -223,6 +257,10 @@ def _sample(line: str) -> tuple[str, Labels, float] | None:
     body, close, text = rest.rpartition("} ")  # a value never holds "} ", a label value may
     if name not in CARRIED or not (brace and close):
         return None
+    if name == _CHECK_STATUS and text != "1":  # a state set: its current state stands for all
+        return None
+    if name in LATER_SERIES and _area(body) not in LATER:  # most check lines: replaced anyway
+        return None
     labels = _labels(body)
     try:
         value = float(text)
@@ -241,7 +279,12 @@ def parse_previous(text: str, node: str) -> tuple[Samples, KmsgState | None]:
             continue
         found = _sample(line)
         if found is not None and _acceptable(*found, node):
-            samples[found[0], found[1]] = found[2]
+            name, labels, _ = found
+            if name == _CHECK_STATUS:  # the check's whole state set, from its current state
+                now = labels[2][1]
+                samples.update(_state_set(name, labels[:2], "status", STATUSES, now))
+            else:
+                samples[found[0], found[1]] = found[2]
     return samples, kmsg_state
 
 

@@ -110,6 +110,33 @@ def test_apply_drains_the_lemons_with_reasons(fleet_db, tmp_path):
     assert rows == (2,)
 
 
+def test_a_lemon_slurm_does_not_know_is_skipped_and_the_sweep_goes_on(fleet_db, tmp_path):
+    """A lemon removed from slurm.conf (the store still scores its month): scontrol answers
+    "Node X not found", the controller is up, so it is skipped, said once, and the next lemon
+    is drained; it was taken for an unreachable Slurm, which stopped the sweep every hour."""
+    _, fleet, another = fleet_db
+    path = another()
+    state, cfg, env = slurm_env(tmp_path, fleet, 0.10)
+    nodes = json.loads(state.read_text())
+    gone = sorted(fleet.lemons)[0]
+    del nodes[gone]
+    state.write_text(json.dumps(nodes))
+    args = ("lemons", "--db", path, "--now", str(fleet.end), "--apply", "--json")
+    for _ in range(2):  # the hourly sweep again: one skip recorded, not one an hour
+        proc = run_cli(*args, "--config", str(cfg), env=env)
+        assert proc.returncode == 0, proc.stderr
+    outcomes = {a["node"]: a["outcome"] for a in json.loads(proc.stdout)["applied"]}
+    assert outcomes[gone] == "skipped"
+    assert f"{gone} not drained: Slurm has no such node" in proc.stderr
+    drained = {n for n, v in json.loads(state.read_text()).items() if v["reason"]}
+    assert drained == set(fleet.lemons) - {gone}
+    rows = open_fleet(path).execute(
+        "SELECT action, detail FROM actions WHERE node = ? AND actor = 'slurmhealth lemons'",
+        (gone,),
+    ).fetchall()
+    assert len(rows) == 1 and rows[0][0] == "drain-skipped" and "not found" in rows[0][1]
+
+
 def test_a_lemon_the_sweep_drained_starts_afresh_and_an_admins_return_stands(fleet_db, tmp_path):
     """The sweep drains a lemon once; an admin resumes it (they decided on that evidence, or
     repaired it): its evidence starts afresh at the drain, so the hourly sweeps after leave it

@@ -125,6 +125,33 @@ def test_a_source_the_node_does_not_have_is_not_written_as_down(tmp_path):
     assert value(parsed(path), "slurmhealth_source_up", node="gpu01", source="bmc") == 0
 
 
+def test_a_job_between_two_health_checks_keeps_the_series_only_a_health_check_writes(tmp_path):
+    """The areas only a health check runs (LATER: the BMC, NVMe, IMEX, the Fabric Manager log,
+    the site's program): a prolog or epilog carries their check and source series on, so a BMC
+    that cannot be read stays 0 through every job and its alert's 30 minutes run out."""
+    path = tmp_path / "slurmhealth.prom"
+    expect = config.defaults()
+    expect["bmc"] = dict(expect["bmc"], expected=True)
+    options = runner.Options(snapshot_path("healthy"), SYSFS, os.path.join(KMSG, "healthy.kmsg"))
+    metrics.update(str(path), runner.run("gpu01", expect, options, None, "healthcheck"), "gpu01")
+    first = parsed(path)
+    later = {k: v for k, v in first.items() if k[0] in metrics.LATER_SERIES and any(
+        (name == "source" and value in LATER) or (name == "check" and value.split(".")[0] in LATER)
+        for name, value in k[1]
+    )}
+    assert value(first, "slurmhealth_source_up", node="gpu01", source="bmc") == 0
+    assert any(dict(k[1]).get("check", "").startswith("bmc.") for k in later)
+    for phase in ("prolog", "epilog"):
+        metrics.update(str(path), a_run(phase=phase), "gpu01")
+        after = parsed(path)
+        assert {k: after.get(k) for k in later} == later, phase
+    # the next health check on a node that no longer expects a BMC: its source_up goes
+    metrics.update(str(path), a_run(phase="healthcheck"), "gpu01")
+    assert ("slurmhealth_source_up", frozenset({("node", "gpu01"), ("source", "bmc")})) not in (
+        parsed(path)
+    )
+
+
 def test_device_error_counters_are_the_latest_readings_non_zero_only(tmp_path):
     """slurmhealth_device_errors_total: each counter the run read, as the device counts it
     (Prometheus' rate() takes a reset as a reset); zeros and gauges are not written."""

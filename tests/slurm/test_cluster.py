@@ -143,6 +143,18 @@ def test_admin_drains_are_never_touched_and_only_ours_are_resumed(cluster):
     assert not [a for a in touched if a["action"] in ("drain", "resume")], touched
 
 
+def test_a_node_slurm_does_not_know_is_said_so_by_the_real_scontrol(cluster, monkeypatch):
+    """A node removed from slurm.conf (a lemon the store still scores): slurmctld answers that
+    it has no such node, which is not a controller that did not answer."""
+    from slurmhealth.core import slurm
+
+    monkeypatch.setenv("SLURM_CONF", cluster.conf)
+    client = slurm.Slurm(timeout=10.0)
+    assert client.node("gpu01")["state"]
+    with pytest.raises(slurm.UnknownNode, match="gpu77 not found"):
+        client.node("gpu77")
+
+
 def test_epilog_records_exit_codes_and_signals(cluster):
     lab = cluster
     exit3 = lab.submit("exit 3")
