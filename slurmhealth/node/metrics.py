@@ -99,8 +99,9 @@ PER_PHASE = (
 )
 COUNTERS = ("slurmhealth_runs_total", "slurmhealth_xid_events_total", "slurmhealth_drains_total")
 # The checks and sources of the areas only a health check, `check` or `diagnose` runs (LATER):
-# a prolog or epilog between two health checks carries their series on, or each job would
-# blank them and restart every alert's `for:` on them
+# a prolog or epilog between two health checks carries on their sources' series and the state
+# sets of their checks that did not pass, or each job would blank them and restart the `for:`
+# of every alert on them
 LATER_SERIES = (
     "slurmhealth_check_status",
     "slurmhealth_source_up",
@@ -108,6 +109,9 @@ LATER_SERIES = (
 )
 CARRIED = frozenset(PER_PHASE + COUNTERS + LATER_SERIES)
 _CHECK_STATUS = LATER_SERIES[0]
+# the states of such a check that no alert is on: a prolog does not carry them (it drops their
+# series as before), so a healthy node's prologs write no more than they did
+_QUIET = ('status="ok"', 'status="skip"')
 # label -> the values a carried-forward line may have; anything else in the old file is dropped
 _CLOSED = {
     "phase": PHASES,
@@ -257,8 +261,8 @@ def _sample(line: str) -> tuple[str, Labels, float] | None:
     body, close, text = rest.rpartition("} ")  # a value never holds "} ", a label value may
     if name not in CARRIED or not (brace and close):
         return None
-    if name == _CHECK_STATUS and text != "1":  # a state set: its current state stands for all
-        return None
+    if name == _CHECK_STATUS and (text != "1" or body.endswith(_QUIET)):
+        return None  # a state set: its current state stands for all; one that passed is let go
     if name in LATER_SERIES and _area(body) not in LATER:  # most check lines: replaced anyway
         return None
     labels = _labels(body)

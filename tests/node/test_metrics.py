@@ -127,24 +127,33 @@ def test_a_source_the_node_does_not_have_is_not_written_as_down(tmp_path):
 
 def test_a_job_between_two_health_checks_keeps_the_series_only_a_health_check_writes(tmp_path):
     """The areas only a health check runs (LATER: the BMC, NVMe, IMEX, the Fabric Manager log,
-    the site's program): a prolog or epilog carries their check and source series on, so a BMC
-    that cannot be read stays 0 through every job and its alert's 30 minutes run out."""
+    the site's program): a prolog or epilog carries on their sources' series and the state sets
+    of their checks that did not pass, so a BMC that cannot be read stays 0 through every job
+    and its alerts' 30 minutes run out; checks that passed or skipped are let go, as before."""
     path = tmp_path / "slurmhealth.prom"
     expect = config.defaults()
     expect["bmc"] = dict(expect["bmc"], expected=True)
     options = runner.Options(snapshot_path("healthy"), SYSFS, os.path.join(KMSG, "healthy.kmsg"))
     metrics.update(str(path), runner.run("gpu01", expect, options, None, "healthcheck"), "gpu01")
     first = parsed(path)
-    later = {k: v for k, v in first.items() if k[0] in metrics.LATER_SERIES and any(
-        (name == "source" and value in LATER) or (name == "check" and value.split(".")[0] in LATER)
-        for name, value in k[1]
-    )}
+    sources = {k: v for k, v in first.items() if dict(k[1]).get("source") in LATER}
+    failing = {  # the checks of LATER areas whose current state is not ok or skip
+        dict(k[1])["check"]
+        for k, v in first.items()
+        if k[0] == "slurmhealth_check_status"
+        and dict(k[1])["check"].split(".")[0] in LATER
+        and v == 1
+        and dict(k[1])["status"] not in ("ok", "skip")
+    }
+    kept = {k: v for k, v in first.items() if dict(k[1]).get("check") in failing}
     assert value(first, "slurmhealth_source_up", node="gpu01", source="bmc") == 0
-    assert any(dict(k[1]).get("check", "").startswith("bmc.") for k in later)
+    assert "bmc.sel" in failing and len(kept) == 5 * len(failing)
+    quiet = {dict(k[1])["check"] for k in first if dict(k[1]).get("check", "").startswith("nvme.")}
     for phase in ("prolog", "epilog"):
         metrics.update(str(path), a_run(phase=phase), "gpu01")
         after = parsed(path)
-        assert {k: after.get(k) for k in later} == later, phase
+        assert {k: after.get(k) for k in {**sources, **kept}} == {**sources, **kept}, phase
+        assert not quiet & {dict(k[1]).get("check") for k in after}, phase
     # the next health check on a node that no longer expects a BMC: its source_up goes
     metrics.update(str(path), a_run(phase="healthcheck"), "gpu01")
     assert ("slurmhealth_source_up", frozenset({("node", "gpu01"), ("source", "bmc")})) not in (
