@@ -171,6 +171,29 @@ def test_periodic_export_collect_report_lemons_end_to_end(periodic_env):
     assert (done.returncode, done.stdout) == (0, ""), done.stderr
 
 
+def test_a_report_the_mta_could_not_send_is_still_the_latest_and_old_ones_go(periodic_env):
+    """No MTA where SLURMHEALTH_MAIL_TO is set: the job fails (4: written, not mailed), and the
+    report it wrote is still linked as latest.html and old reports are still pruned."""
+    _node_with_one_run(periodic_env)
+    assert periodic(periodic_env, "-q", "export").returncode == 0
+    spool, fleet = periodic_env["SLURMHEALTH_SPOOL"], periodic_env["SLURMHEALTH_FLEET_DB"]
+    assert run_cli("collect", spool, "--db", fleet).returncode == 0
+    reports = os.path.join(periodic_env["SLURMHEALTH_STATE_DIR"], "reports")
+    os.makedirs(reports)
+    old = os.path.join(reports, "slurmhealth-2020-01-01.html")
+    with open(old, "w", encoding="utf-8") as handle:
+        handle.write("<html></html>")
+    os.utime(old, (0, 0))
+    env = dict(periodic_env, SLURMHEALTH_MAIL_TO="hpc-admins@example.org")
+    env["SLURMHEALTH_SENDMAIL"] = "/nonexistent/sendmail"
+    done = periodic(env, "report")
+    assert done.returncode == 4, done.stderr
+    assert "report not mailed" in done.stderr
+    latest = os.path.join(reports, "latest.html")
+    assert os.readlink(latest) == f"slurmhealth-{time.strftime('%Y-%m-%d')}.html"
+    assert os.path.exists(latest) and not os.path.exists(old)
+
+
 def test_the_periodic_env_file_is_read_never_run_as_shell(periodic_env, tmp_path):
     """periodic.env's lines are NAME=VALUE, read: `$(...)` or `; cmd` in it never runs as
     root, and values still reach the jobs (`-n` prints the command a job would run)."""
