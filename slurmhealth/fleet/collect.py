@@ -402,20 +402,40 @@ def _claim(path: str, report: dict) -> str | None:
     return claimed
 
 
+def _unclaim(batch: _Batch, claimed: str, original: str) -> None:
+    """A file claimed this run and refused goes back under its own name where that is free (a
+    hard link, never over a newer export), so the node's next incremental export, finding its
+    file unread, starts where that one did and replaces it: refused files do not pile up as a
+    new claimed copy each run. The report names it as it is left."""
+    try:
+        os.link(claimed, original, follow_symlinks=False)
+        os.unlink(claimed)
+    except OSError:
+        return  # its name taken again (the node exported since): kept claimed, read next time
+    said = batch.report["skipped"]
+    if said and said[-1][0] == claimed:
+        said[-1] = (original, said[-1][1])
+
+
 def _collect_spool(batch: _Batch, path: str, consume: bool, identities: dict) -> None:
     claimed = path.endswith(CLAIMED)
+    original = None
     if consume and not claimed:
         target = _claim(path, batch.report)
         if target is None:
             return
-        claimed, path = target != path, target
+        claimed, original, path = target != path, path, target
     try:
         fd = files.open_trusted(path, batch.owners)
     except files.Unsafe as exc:
         batch.report["skipped"].append((path, exc.strerror))
+        if claimed and original:
+            _unclaim(batch, path, original)
         return
     except OSError as exc:
         batch.report["skipped"].append((path, clean(exc, 160)))
+        if claimed and original:
+            _unclaim(batch, path, original)
         return
     st = os.fstat(fd)
     identity = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
@@ -424,7 +444,9 @@ def _collect_spool(batch: _Batch, path: str, consume: bool, identities: dict) ->
         batch.report["unchanged"].append(path)
         return
     with os.fdopen(fd, "rb") as handle:
-        batch.read(path, handle, None if claimed else identity)
+        taken = batch.read(path, handle, None if claimed else identity)
+    if not taken and claimed and original:
+        _unclaim(batch, path, original)
 
 
 class _Batch:
@@ -437,7 +459,8 @@ class _Batch:
         self.files: list = []  # (path, chunk, identity or None for a claimed file)
         self.size = 0
 
-    def read(self, path: str, handle: object, identity: str | None) -> None:
+    def read(self, path: str, handle: object, identity: str | None) -> bool:
+        """Read (and merge, or batch) one file; False when it was refused (skipped)."""
         chunks = records.chunks(records.lines_of(handle))
         try:
             first = next(chunks)
@@ -447,7 +470,7 @@ class _Batch:
                 self.size += first.size
                 if self.size >= records.CHUNK:
                     self.flush()
-                return
+                return True
             self.flush()  # a large file: its chunks are transactions of their own
             result = records.new_result()
             for chunk in (first, second, *chunks):
@@ -456,8 +479,9 @@ class _Batch:
             raise
         except FleetError as exc:
             self.report["skipped"].append((path, clean(exc, 160)))
-            return
+            return False
         self._done(path, result, identity)
+        return True
 
     def flush(self) -> None:
         pending, self.files, self.size = self.files, [], 0

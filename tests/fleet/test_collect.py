@@ -472,6 +472,41 @@ def test_an_export_carries_what_is_new_and_a_lost_collect_loses_nothing(tmp_path
     assert spool_ids(target) == {"d"}
 
 
+def test_a_refused_spool_goes_back_under_its_name_and_nothing_piles_up(tmp_path):
+    """A node upgraded before the head node exports a newer record format, which collect
+    --consume refuses: the file goes back under its own name, so the node's next export finds
+    it unread, starts where it did and replaces it. Each run left another claimed copy (one
+    more file per node every five minutes); once the head node reads the format, nothing was
+    lost."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    node = store.connect(str(tmp_path / "gpu01.db"))
+    target = str(spool / "gpu01.ndjson")
+    fleet = store.connect(str(tmp_path / "fleet.db"))
+
+    def newer() -> None:  # the header of a later format, rewritten in place (same file)
+        with open(target, "r+", encoding="utf-8") as handle:
+            text = handle.read()
+            handle.seek(0)
+            handle.write(text.replace(f'"format":{records.FORMAT}', '"format":9', 1))
+
+    add_run(node, "a", T0)
+    export_cycle(node, target, T0 + 1)
+    newer()
+    for n, run_id in enumerate(("b", "c")):
+        report = collect.collect(fleet, str(spool), consume=True)
+        assert [p for p, _ in report["skipped"]] == [target], report["skipped"]
+        assert os.listdir(spool) == ["gpu01.ndjson"]
+        add_run(node, run_id, T0 + 1000 * (n + 1))
+        export_cycle(node, target, T0 + 1000 * (n + 1) + 1)
+        newer()
+    assert spool_ids(target) == {"a", "b", "c"} and run_ids(fleet) == set()
+    export_cycle(node, target, T0 + 5000)  # the head node upgraded: the format it reads
+    report = collect.collect(fleet, str(spool), consume=True)
+    assert report["skipped"] == [] and run_ids(fleet) == {"a", "b", "c"}
+    assert os.listdir(spool) == []
+
+
 def test_a_spool_still_being_copied_in_place_is_kept_until_it_is_whole(tmp_path):
     """A spool copied in place (scp, cp) and claimed halfway: its cut last line says it is
     still being written, so it is merged and kept, not removed with the rest of its records
