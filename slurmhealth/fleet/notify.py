@@ -47,6 +47,9 @@ KEY = "notify"  # the fleet store's meta row
 ACTIONS = (ACT_DRAIN, ACT_BREAKER, ACT_WOULD_DRAIN, ACT_REBOOT)
 MAX_EVENTS = 20  # events in one post; the rest is one line with its count
 MAX_POSTS = 6  # posts an hour
+# The first run on a store (no mark yet) posts the last hour's events, not its whole history:
+# drains of weeks ago would read as news (a Slack message carries no date)
+FIRST_LOOKBACK_S = 3600.0
 ATTEMPTS = 3  # a post tried this many times on a 5xx, a 429 or no connection
 TIMEOUT_S = 10.0
 TEXT_MAX = 300  # a reason or detail as a Slurm Reason or a log line keeps it
@@ -212,7 +215,17 @@ def _state(conn: Any) -> dict[str, Any]:
         "mark": mark if isinstance(mark, list) and len(mark) == 2 else [0.0, ""],
         "silent": [str(n) for n in state.get("silent") or []],
         "posts": [float(t) for t in state.get("posts") or [] if isinstance(t, (int, float))],
+        "first": found is None,
     }
+
+
+def _older(conn: Any, before: float) -> int:
+    """How many drains, trips and would-be drains were recorded up to `before`."""
+    marks = ", ".join("?" for _ in ACTIONS)
+    return conn.execute(
+        f"SELECT count(*) FROM actions WHERE action IN ({marks}) AND time <= ?",  # noqa: S608
+        (*ACTIONS, before),
+    ).fetchone()[0]
 
 
 def run(conn: Any, request: Request, console: Console, send: Post | None = None) -> int:
@@ -221,10 +234,21 @@ def run(conn: Any, request: Request, console: Console, send: Post | None = None)
     posted: the next run posts it)."""
     now = time.time() if request.now is None else request.now
     state = _state(conn)
+    if state["first"]:
+        state["mark"] = [now - FIRST_LOOKBACK_S, ""]
+        older = _older(conn, now - FIRST_LOOKBACK_S)
+        if older:
+            console.out(
+                f"first run: {counted(older, 'earlier event')} not posted, only the last "
+                f"{FIRST_LOOKBACK_S / 3600:g} h's (the nightly report lists them)"
+            )
     rows = _actions_after(conn, state["mark"], now)
     heard = queries.heard_from(conn, now)
     events = from_actions(rows) + silences(heard, state["silent"], now, request.silent_after)
     if not events:
+        if state["first"] and not request.dry_run:  # where the next run starts
+            with conn:
+                store.set_meta(conn, KEY, {"mark": state["mark"], "silent": [], "posts": []})
         console.out("nothing to notify")
         return 0
     posts = [t for t in state["posts"] if now - t < 3600]

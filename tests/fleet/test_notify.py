@@ -130,6 +130,34 @@ def test_drains_lemons_and_breaker_trips_are_posted_once(fleet_store, receiver):
     assert "secret" not in " ".join(said.out + said.err)  # the URL's key is never printed
 
 
+def test_the_first_run_on_a_store_posts_the_last_hour_not_its_history(fleet_store, receiver):
+    """A webhook set up on a store with weeks of drains: the first run posts the last hour's
+    and says how many earlier ones it left to the report (a Slack message has no date: a
+    drain of 25 days ago would read as news). A first run with nothing new still sets where
+    the next starts; a dry run sets nothing."""
+    path, rx = fleet(fleet_store, last=T0 + 25 * 86400), receiver()
+    now = T0 + 25 * 86400 + 600
+    act(path, "gpu01", "drain", T0)
+    act(path, "gpu02", "drain", T0 + 86400)
+    status, said = sweep(path, rx.url, T0 + 2 * 86400, dry_run=True)
+    assert status == 0 and rx.bodies == []
+    act(path, "gpu03", "drain", now - 300)
+    status, said = sweep(path, rx.url, now)
+    assert status == 0 and said.out[0].startswith("first run: 2 earlier events not posted")
+    assert [e["node"] for e in rx.bodies[0]["events"]] == ["gpu03"]
+    assert sweep(path, rx.url, now + 60)[1].out == ["nothing to notify"]
+
+
+def test_a_first_run_with_nothing_new_sets_where_the_next_starts(fleet_store, receiver):
+    other, rx = fleet(fleet_store, last=T0), receiver()
+    act(other, "gpu01", "drain", T0 - 86400)
+    assert sweep(other, rx.url, T0 + 60)[1].out[-1] == "nothing to notify"
+    act(other, "gpu02", "drain", T0 + 7200)  # two hours later: after the mark the first set
+    status, said = sweep(other, rx.url, T0 + 7260)
+    assert status == 0 and not said.out[0].startswith("first run")
+    assert [e["node"] for e in rx.bodies[-1]["events"]] == ["gpu02"]
+
+
 def test_a_receiver_that_fails_then_takes_it_is_retried(fleet_store, receiver):
     path, rx = fleet(fleet_store), receiver((503, 429))
     act(path, "gpu01", "drain", T0 + 10)
