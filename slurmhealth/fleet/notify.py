@@ -111,6 +111,9 @@ _SAYS = {
     "reboot_failed": "could not reboot {node}, it stays drained: {detail}",
     "silent": "{node} not heard from since {since}",
     "heard": "{node} heard from again",
+    "stale": "the fleet store has heard from no node since {since}: collect stopped, or every "
+    "node stopped exporting ({detail}; nodes gone silent are said once it is current again)",
+    "current": "the fleet store is current again ({detail})",
 }
 
 
@@ -144,6 +147,21 @@ def silences(heard: dict[str, float], said: list[str], now: float, after: float)
     silent = {e["node"]: e["last"] for e in freshness(heard, now, after)["silent"]}
     events = [event("silent", n, t) for n, t in sorted(silent.items()) if n not in said]
     return events + [event("heard", n, heard[n]) for n in sorted(said) if n not in silent]
+
+
+def staleness(heard: dict[str, float], was_stale: bool, now: float, after: float) -> list[
+    dict[str, Any]
+]:
+    """A stale store (no node heard from within `after`: collect stopped, a fleet-wide outage)
+    is one event, said once, not one per node; its end is one more. An empty store says
+    nothing."""
+    fresh = freshness(heard, now, after)
+    if fresh["newest"] is None or fresh["stale"] == was_stale:
+        return []
+    if fresh["stale"]:
+        return [event("stale", "", fresh["newest"], detail=counted(len(heard), "node") + " silent")]
+    current = len(heard) - len(fresh["silent"])
+    return [event("current", "", now, detail=f"{counted(current, 'node')} heard from")]
 
 
 def _slack(text: str) -> str:
@@ -216,6 +234,7 @@ def _state(conn: Any) -> dict[str, Any]:
         "silent": [str(n) for n in state.get("silent") or []],
         "posts": [float(t) for t in state.get("posts") or [] if isinstance(t, (int, float))],
         "first": found is None,
+        "stale": state.get("stale") is True,
     }
 
 
@@ -244,11 +263,16 @@ def run(conn: Any, request: Request, console: Console, send: Post | None = None)
             )
     rows = _actions_after(conn, state["mark"], now)
     heard = queries.heard_from(conn, now)
-    events = from_actions(rows) + silences(heard, state["silent"], now, request.silent_after)
+    stale = freshness(heard, now, request.silent_after)["stale"] and bool(heard)
+    store_said = staleness(heard, state["stale"], now, request.silent_after)
+    nodes_said = [] if stale else silences(heard, state["silent"], now, request.silent_after)
+    events = from_actions(rows) + store_said + nodes_said
     if not events:
         if state["first"] and not request.dry_run:  # where the next run starts
             with conn:
-                store.set_meta(conn, KEY, {"mark": state["mark"], "silent": [], "posts": []})
+                store.set_meta(
+                    conn, KEY, {"mark": state["mark"], "silent": [], "posts": [], "stale": False}
+                )
         console.out("nothing to notify")
         return 0
     posts = [t for t in state["posts"] if now - t < 3600]
@@ -271,11 +295,15 @@ def run(conn: Any, request: Request, console: Console, send: Post | None = None)
         return 1
     acted = rows[: min(len(rows), len(told))]
     mark = [acted[-1][2], acted[-1][0]] if acted else state["mark"]
-    said = set(state["silent"])
+    said, was_stale = set(state["silent"]), state["stale"]
     for sent in told[len(acted) :]:
-        (said.add if sent["kind"] == "silent" else said.discard)(sent["node"])
+        if sent["kind"] in ("stale", "current"):
+            was_stale = sent["kind"] == "stale"
+        else:
+            (said.add if sent["kind"] == "silent" else said.discard)(sent["node"])
+    kept = {"mark": mark, "silent": sorted(said), "posts": [*posts, now], "stale": was_stale}
     with conn:
-        store.set_meta(conn, KEY, {"mark": mark, "silent": sorted(said), "posts": [*posts, now]})
+        store.set_meta(conn, KEY, kept)
     rest = f"; {counted(more, 'more event')} for the next posts" if more else ""
     console.out(f"posted {counted(len(told), 'event')} to {shown(request.url)}{rest}")
     return 0

@@ -158,6 +158,34 @@ def test_a_first_run_with_nothing_new_sets_where_the_next_starts(fleet_store, re
     assert [e["node"] for e in rx.bodies[-1]["events"]] == ["gpu02"]
 
 
+def test_a_stale_store_is_one_event_not_one_per_node(fleet_store, receiver):
+    """Collect stopped (or the whole fleet is down for maintenance): the store has heard from
+    no node for longer than --silent-after. That is one event, said once, not every node
+    gone silent (120 events an hour at most: days of backlog at 10,000 nodes); its end is
+    one more, and the nodes still silent then are said as before."""
+    nodes = tuple(f"gpu{n:02d}" for n in range(30))
+    path, rx = fleet(fleet_store, nodes=nodes, last=T0), receiver()
+    status, said = sweep(path, rx.url, T0 + 8 * 3600)
+    assert status == 0
+    (body,) = rx.bodies
+    assert [e["kind"] for e in body["events"]] == ["stale"], body
+    assert "heard from no node since" in body["events"][0]["text"] and "30 nodes" in (
+        body["events"][0]["text"]
+    )
+    assert sweep(path, rx.url, T0 + 9 * 3600)[1].out == ["nothing to notify"]
+    conn = open_fleet(path)
+    with conn:  # collect is back: every node but the last two heard from
+        for n, node in enumerate(nodes[:-2]):
+            row = (f"s{n}", node, None, "healthcheck", T0 + 10 * 3600, 0.05, "ok", "v", "{}")
+            conn.execute(store.insert_sql("runs"), row)
+    conn.close()
+    assert sweep(path, rx.url, T0 + 10 * 3600 + 60)[0] == 0
+    events = rx.bodies[-1]["events"]
+    assert [(e["kind"], e["node"]) for e in events] == [
+        ("current", ""), ("silent", "gpu28"), ("silent", "gpu29")]
+    assert "28 nodes heard from" in events[0]["text"]
+
+
 def test_a_receiver_that_fails_then_takes_it_is_retried(fleet_store, receiver):
     path, rx = fleet(fleet_store), receiver((503, 429))
     act(path, "gpu01", "drain", T0 + 10)
