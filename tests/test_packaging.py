@@ -194,6 +194,16 @@ def test_a_report_the_mta_could_not_send_is_still_the_latest_and_old_ones_go(per
     assert os.path.exists(latest) and not os.path.exists(old)
 
 
+def test_the_periodic_scripts_help_says_its_jobs_and_does_nothing(periodic_env, tmp_path):
+    env = dict(periodic_env, SLURMHEALTH_STATE_DIR=str(tmp_path / "not-made"))
+    for flag in ("--help", "-h"):
+        done = periodic(env, flag)
+        assert (done.returncode, done.stderr) == (0, ""), done.stderr
+        assert done.stdout.startswith("slurmhealth-periodic [-q] [-n] collect")
+        assert "-n  print the commands instead of running them" in done.stdout
+    assert not (tmp_path / "not-made").exists()
+
+
 def test_the_periodic_env_file_is_read_never_run_as_shell(periodic_env, tmp_path):
     """periodic.env's lines are NAME=VALUE, read: `$(...)` or `; cmd` in it never runs as
     root, and values still reach the jobs (`-n` prints the command a job would run)."""
@@ -424,6 +434,8 @@ def test_periodic_ignores_an_env_file_it_does_not_own(periodic_env):
     os.chown(path, 65534, 65534)
     (report,) = _dry_run(periodic_env, "report")
     assert "--mail-to" not in report
+    done = periodic(periodic_env, "-n", "report")  # and says so, where it was silent
+    assert f"{path} ignored: it is not owned by root" in done.stderr
 
 
 # -- the hook's env file: its values run as root ----------------------------------------------
