@@ -744,7 +744,8 @@ def publish(
     if check_privacy and not private(client):
         raise JobError(
             "slurmdbd.conf lacks PrivateData=jobs: every user could read every job's summary "
-            "with sacct; set it and restart slurmdbd (or pass --public)"
+            "with sacct; set it and restart slurmdbd (or pass --public; the periodic collect "
+            "job: SLURMHEALTH_PUBLISH=no in /etc/slurmhealth/periodic.env)"
         )
     todo, unchanged, unrecorded = pending(conn, finished_jobs(conn, start, end))
     report: dict = {"published": [], "unchanged": unchanged, "foreign": [], "unknown": []}

@@ -486,6 +486,7 @@ def test_publish_refuses_without_private_data_and_the_cli_says_why(
     proc = run_cli("publish", "--db", db, "--slurm-bin", acct.bin, env=acct.env)
     assert proc.returncode == 1
     assert "PrivateData=jobs" in proc.stderr and "Traceback" not in proc.stderr
+    assert "SLURMHEALTH_PUBLISH=no" in proc.stderr  # the periodic job's way out, said
     assert acct.read()["42"]["comment"] == ""
     proc = run_cli("publish", "--db", db, "--slurm-bin", acct.bin, "--public", env=acct.env)
     assert proc.returncode == 0, proc.stderr
