@@ -82,15 +82,21 @@ def test_a_rise_is_found_alike_at_5_minute_and_hourly_readings():
         assert [(f["node"], f["counter"]) for f in found] == [("gpu03", "nvlink_crc")], step
 
 
+def steady_but_gpu07(device, counter, per_day, rng):
+    """Every node's `device` at `per_day` episodes a day over the 10 days before NOW, but
+    gpu07's (the test adds its own)."""
+    rows = []
+    for node in fleet():
+        rows += episodes(node, device, counter, per_day, NOW - 10 * 86400, NOW, rng)
+    return [r for r in rows if r[0] != "gpu07"]
+
+
 def test_a_device_still_rising_stays_flagged_after_its_rise_reaches_the_baseline():
     """A rise 5 days old is inside the 7-day baseline: the older half, from before it, is the
     bar, and the device stays named while it keeps rising."""
     rng = random.Random(5)
     device = "ib:mlx5_0:1"
-    rows = []
-    for node in fleet():
-        rows += episodes(node, device, "symbol_error", 3, NOW - 10 * 86400, NOW, rng)
-    rows = [r for r in rows if r[0] != "gpu07"]
+    rows = steady_but_gpu07(device, "symbol_error", 3, rng)
     rows += rise("gpu07", device, "symbol_error", 3, NOW - 5 * 86400, rng)
     for now in (NOW - 4 * 86400, NOW - 2 * 86400, NOW):
         rows_then = sorted((r for r in rows if r[3] <= now), key=lambda r: r[3])
@@ -100,15 +106,13 @@ def test_a_device_still_rising_stays_flagged_after_its_rise_reaches_the_baseline
 
 def test_bursts_that_grew_inside_the_baseline_do_not_raise_the_bar_they_are_judged_by():
     """A rise 5 days old by more and three times bigger bursts, read hourly: the baseline's
-    older half is the bar, its rate and its burstiness both (the whole week's hours, at two
-    rates and two burst sizes, vary far more). The device stays named through the last day;
-    judged by the whole week's burstiness it was not named at the end."""
+    older half is the bar, its rate and, its readings with errors having doubled too, its
+    burstiness (the whole week's hours, at two rates and two burst sizes, vary far more). The
+    device stays named through the last day; judged by the whole week's burstiness it was not
+    named at the end."""
     rng = random.Random(0)
     device = "gpu:0000:9b:00.0"
-    rows = []
-    for node in fleet():
-        rows += episodes(node, device, "pcie_replay", 3, NOW - 10 * 86400, NOW, rng)
-    rows = [r for r in rows if r[0] != "gpu07"]
+    rows = steady_but_gpu07(device, "pcie_replay", 3, rng)
     rows += episodes("gpu07", device, "pcie_replay", 3, NOW - 10 * 86400, NOW - 5 * 86400, rng)
     rows += episodes("gpu07", device, "pcie_replay", 10, NOW - 5 * 86400, NOW, rng, 3)
     rows = read_every(sorted(rows, key=lambda r: r[3]), 3600.0)
