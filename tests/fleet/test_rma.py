@@ -450,9 +450,9 @@ def test_a_hung_bug_report_is_stopped_and_the_bundle_written_with_what_it_wrote(
     with open(tmp_path / "witness", encoding="utf-8") as handle:
         child = int(dict(line.rstrip().split(" ", 1) for line in handle)["child"])
     give_up = time.monotonic() + 5
-    while time.monotonic() < give_up and os.path.exists(f"/proc/{child}"):
+    while time.monotonic() < give_up and _running(child):
         time.sleep(0.05)
-    assert not os.path.exists(f"/proc/{child}"), "the tool's child outlived the bundle"
+    assert not _running(child), "the tool's child outlived the bundle"
 
 
 def test_an_interrupted_bundle_stops_the_bug_report_and_leaves_nothing(on_node, tmp_path):
@@ -480,11 +480,22 @@ def test_an_interrupted_bundle_stops_the_bug_report_and_leaves_nothing(on_node, 
     assert proc.returncode != 0 and "Traceback" not in stderr
     for pid in (seen["child"], seen["pid"]):
         give_up = time.monotonic() + 5
-        while time.monotonic() < give_up and os.path.exists(f"/proc/{pid}"):
+        while time.monotonic() < give_up and _running(pid):
             time.sleep(0.05)
-        assert not os.path.exists(f"/proc/{pid}"), "the tool outlived an interrupted rma"
+        assert not _running(pid), "the tool outlived an interrupted rma"
     assert not os.path.exists(seen["cwd"]) and not out.exists()
     assert [n for n in os.listdir(tmp_path) if n.endswith(".tmp")] == []
+
+
+def _running(pid) -> bool:
+    """Whether the process runs: a zombie is dead, only not yet reaped (a killed tool's child
+    is reparented to PID 1, which in a container may reap it late)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+            state = handle.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
 
 
 def _absolute_env(env: dict) -> dict:
