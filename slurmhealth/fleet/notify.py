@@ -247,6 +247,16 @@ def _older(conn: Any, before: float) -> int:
     ).fetchone()[0]
 
 
+def _first_mark(conn: Any, state: dict[str, Any], request: Request) -> None:
+    """A first run that posted nothing (nothing new, or the receiver down) still sets where
+    the next run starts: its look-back is not taken again from a later now."""
+    if state["first"] and not request.dry_run:
+        with conn:
+            store.set_meta(
+                conn, KEY, {"mark": state["mark"], "silent": [], "posts": [], "stale": False}
+            )
+
+
 def run(conn: Any, request: Request, console: Console, send: Post | None = None) -> int:
     """`slurmhealth notify`: post what happened since the last post; 0 when posted, nothing to
     say or held by the rate limit, 1 when the receiver did not take it (nothing is marked
@@ -268,11 +278,7 @@ def run(conn: Any, request: Request, console: Console, send: Post | None = None)
     nodes_said = [] if stale else silences(heard, state["silent"], now, request.silent_after)
     events = from_actions(rows) + store_said + nodes_said
     if not events:
-        if state["first"] and not request.dry_run:  # where the next run starts
-            with conn:
-                store.set_meta(
-                    conn, KEY, {"mark": state["mark"], "silent": [], "posts": [], "stale": False}
-                )
+        _first_mark(conn, state, request)
         console.out("nothing to notify")
         return 0
     posts = [t for t in state["posts"] if now - t < 3600]
@@ -291,6 +297,7 @@ def run(conn: Any, request: Request, console: Console, send: Post | None = None)
     try:
         (send or post)(request.url, body)
     except PostError as exc:
+        _first_mark(conn, state, request)
         console.err(f"{exc}; {counted(len(events), 'event')} kept for the next run")
         return 1
     acted = rows[: min(len(rows), len(told))]

@@ -158,6 +158,17 @@ def test_a_first_run_with_nothing_new_sets_where_the_next_starts(fleet_store, re
     assert [e["node"] for e in rx.bodies[-1]["events"]] == ["gpu02"]
 
 
+def test_a_first_run_whose_receiver_is_down_loses_nothing_later(fleet_store, receiver):
+    """The receiver down on the first run: the next run, hours later, still posts what the
+    first run had to say, not only its own last hour."""
+    path, down = fleet(fleet_store, last=T0 + 3 * 3600), receiver((503, 503, 503))
+    act(path, "gpu01", "drain", T0 - 600)
+    assert sweep(path, down.url, T0)[0] == 1
+    up = receiver()
+    assert sweep(path, up.url, T0 + 3 * 3600)[0] == 0
+    assert [e["node"] for e in up.bodies[0]["events"]] == ["gpu01"]
+
+
 def test_a_stale_store_is_one_event_not_one_per_node(fleet_store, receiver):
     """Collect stopped (or the whole fleet is down for maintenance): the store has heard from
     no node for longer than --silent-after. That is one event, said once, not every node
