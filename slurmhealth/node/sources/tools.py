@@ -80,9 +80,11 @@ def run(
         threading.Thread(target=_keep_tail, args=(pipe, tail), daemon=True)
         for pipe, tail in zip((proc.stdout, proc.stderr), kept)
     ]
-    for reader in readers:
-        reader.start()
     try:
+        # the readers' start inside: Thread.start waits for the thread to run, and on a loaded
+        # machine a Ctrl-C came there, before the wait, and left the program running
+        for reader in readers:
+            reader.start()
         proc.wait(timeout=seconds)
     except subprocess.TimeoutExpired:
         out.timed_out = True

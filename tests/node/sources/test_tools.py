@@ -3,9 +3,13 @@ last OUTPUT_MAX bytes however much they write."""
 
 from __future__ import annotations
 
+import os
 import resource
 import shutil
+import threading
 import time
+
+import pytest
 
 from slurmhealth.node.sources import tools
 
@@ -54,3 +58,27 @@ def test_a_grandchild_holding_the_output_open_is_not_waited_for(tmp_path):
 def test_a_program_that_cannot_start_says_why(tmp_path):
     ran = tools.run([str(tmp_path / "missing")], 1.0)
     assert ran.error and ran.status is None
+
+
+def test_a_ctrl_c_while_the_readers_start_still_stops_the_program(tmp_path, monkeypatch):
+    """Thread.start waits for the new thread to run: on a loaded machine Ctrl-C (at `rma`) can
+    come there, before the wait. The program, in a session of its own, never hears it: it is
+    stopped all the same (it was left running, and rma's test saw it outlive rma)."""
+    witness = tmp_path / "pid"
+    prog = script(tmp_path, f"echo $$ > {witness}\nexec sleep 300")
+    real = threading.Thread.start
+
+    def interrupted(self) -> None:
+        deadline = time.monotonic() + 10
+        while not witness.exists() and time.monotonic() < deadline:  # the program runs
+            time.sleep(0.01)
+        real(self)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(threading.Thread, "start", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        tools.run([prog], 60.0)
+    monkeypatch.undo()
+    pid = int(witness.read_text())
+    with pytest.raises(ProcessLookupError):  # killed and reaped: no such process
+        os.kill(pid, 0)
