@@ -419,22 +419,19 @@ def _unclaim(batch: _Batch, claimed: str, original: str) -> None:
 
 def _collect_spool(batch: _Batch, path: str, consume: bool, identities: dict) -> None:
     claimed = path.endswith(CLAIMED)
-    original = None
+    original = None  # the name of a file claimed by this run, given back if it is refused
     if consume and not claimed:
         target = _claim(path, batch.report)
         if target is None:
             return
-        claimed, original, path = target != path, path, target
+        claimed = target != path
+        original, path = (path if claimed else None), target
     try:
         fd = files.open_trusted(path, batch.owners)
-    except files.Unsafe as exc:
-        batch.report["skipped"].append((path, exc.strerror))
-        if claimed and original:
-            _unclaim(batch, path, original)
-        return
-    except OSError as exc:
-        batch.report["skipped"].append((path, clean(exc, 160)))
-        if claimed and original:
+    except (files.Unsafe, OSError) as exc:
+        why = exc.strerror if isinstance(exc, files.Unsafe) else clean(exc, 160)
+        batch.report["skipped"].append((path, why))
+        if original:
             _unclaim(batch, path, original)
         return
     st = os.fstat(fd)
@@ -445,7 +442,7 @@ def _collect_spool(batch: _Batch, path: str, consume: bool, identities: dict) ->
         return
     with os.fdopen(fd, "rb") as handle:
         taken = batch.read(path, handle, None if claimed else identity)
-    if not taken and claimed and original:
+    if not taken and original:
         _unclaim(batch, path, original)
 
 

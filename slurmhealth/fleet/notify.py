@@ -139,23 +139,22 @@ def from_actions(rows: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
     ]
 
 
-def silences(heard: dict[str, float], said: list[str], now: float, after: float) -> list[
+def silences(heard: dict[str, float], said: list[str], fresh: dict[str, Any]) -> list[
     dict[str, Any]
 ]:
     """Events for the nodes gone silent since they were last said to be, and for those said
-    silent that were heard from again."""
-    silent = {e["node"]: e["last"] for e in freshness(heard, now, after)["silent"]}
+    silent that were heard from again (fresh: lemons.freshness of `heard`)."""
+    silent = {e["node"]: e["last"] for e in fresh["silent"]}
     events = [event("silent", n, t) for n, t in sorted(silent.items()) if n not in said]
     return events + [event("heard", n, heard[n]) for n in sorted(said) if n not in silent]
 
 
-def staleness(heard: dict[str, float], was_stale: bool, now: float, after: float) -> list[
+def staleness(heard: dict[str, float], was_stale: bool, fresh: dict[str, Any], now: float) -> list[
     dict[str, Any]
 ]:
-    """A stale store (no node heard from within `after`: collect stopped, a fleet-wide outage)
-    is one event, said once, not one per node; its end is one more. An empty store says
-    nothing."""
-    fresh = freshness(heard, now, after)
+    """A stale store (no node heard from within --silent-after: collect stopped, a fleet-wide
+    outage) is one event, said once, not one per node; its end is one more. An empty store
+    says nothing."""
     if fresh["newest"] is None or fresh["stale"] == was_stale:
         return []
     if fresh["stale"]:
@@ -273,9 +272,10 @@ def run(conn: Any, request: Request, console: Console, send: Post | None = None)
             )
     rows = _actions_after(conn, state["mark"], now)
     heard = queries.heard_from(conn, now)
-    stale = freshness(heard, now, request.silent_after)["stale"] and bool(heard)
-    store_said = staleness(heard, state["stale"], now, request.silent_after)
-    nodes_said = [] if stale else silences(heard, state["silent"], now, request.silent_after)
+    fresh = freshness(heard, now, request.silent_after)
+    store_said = staleness(heard, state["stale"], fresh, now)
+    stale = fresh["stale"] and fresh["newest"] is not None  # said once, not node by node
+    nodes_said = [] if stale else silences(heard, state["silent"], fresh)
     events = from_actions(rows) + store_said + nodes_said
     if not events:
         _first_mark(conn, state, request)

@@ -285,10 +285,11 @@ def _past(sums: tuple, width: int, baseline: float) -> dict:
         "c": c,
         "seen": readings,
     }
-    if errors - older > FACTOR * max(older, 1.0):
+    rose = errors - older > FACTOR * max(older, 1.0)
+    if rose:
         out.update(errors=older, readings=older_readings, span=baseline / 2)
         out["rate"] = older / (baseline / 2)
-    if out["span"] < baseline and readings - older_readings > FACTOR * max(older_readings, 1):
+    if rose and readings - older_readings > FACTOR * max(older_readings, 1):
         half, enough = width - width // 2, older_readings >= MIN_SIZES
         out["phi"] = _dispersion(older, older_squares, half) if enough else None
         out["phi_r"] = _dispersion(older_readings, older_readings_squares, half) if enough else None
