@@ -524,16 +524,17 @@ def held_back_findings(conn: sqlite3.Connection, start: float, end: float) -> li
             shares.setdefault(job_id, {})[node] = {"share": share}
     out = []
     # each node's GPU devices, read once for all its jobs; none for a node without a counter
-    # row (one seek per node that has them, not a scan of its devices per node of every job)
+    # row (one seek per node that has them, not a scan of its devices per node of every job),
+    # noted only for the jobs judged (at 100,000 nodes, noting every node of every job cost
+    # seconds)
     having = counter_nodes(conn)
-    known: dict = {
-        (node, "gpu"): [] for spans in jobs.values() for node, _, _ in spans if node not in having
-    }
+    known: dict = {}
     for job_id, spans in jobs.items():
         if len(spans) <= telemetry.MIN_OTHERS or not start <= max(s[2] for s in spans) < end:
             continue
-        if job_id not in shares and all(known.get((n, "gpu")) == [] for n, _, _ in spans):
+        if job_id not in shares and not any(n in having for n, _, _ in spans):
             continue  # no node of it recorded a GPU counter or a share below base: nothing held
+        known.update(((n, "gpu"), []) for n, _, _ in spans if n not in having)
         duration = max(s[2] for s in spans) - min(s[1] for s in spans)
         figures = job_telemetry(conn, spans, ("gpu",), known)
         found = telemetry.held_back(figures, duration, shares.get(job_id))

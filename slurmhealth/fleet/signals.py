@@ -37,16 +37,20 @@ _RUN_VERDICTS = (
     """SELECT node, sum(verdict = 'fail'), sum(verdict = 'warn') FROM runs INDEXED BY runs_not_ok
        WHERE verdict != 'ok' AND started >= ? AND started < ? GROUP BY node""",
 )
-# A node's jobs over [start, end), a range of a covering index (store migration 3): a row per UTC
-# day with a job's start, the counts summed over the days. A job failed by hardware when its
+# Each node's jobs over [start, end), a range of a covering index (store migration 3) per node,
+# queries.BATCH nodes a statement ({} is the VALUES rows' placeholders; a statement per node
+# was 100,000 round trips at 100,000 nodes: docs/benchmarks.md): a row per node and UTC day
+# with a job's start, the counts summed over the days. A job failed by hardware when its
 # prolog failed, it ended NODE_FAIL, or a hardware Xid on the node names it (_XID_JOBS).
 _JOBS = (
     ("jobs", "hw_job_failures", "multi_node_jobs", "multi_node_failures"),
-    """SELECT CAST(j.start / 86400 AS INTEGER) AS d, count(*),
+    """WITH q(node) AS (VALUES {})
+       SELECT j.node, CAST(j.start / 86400 AS INTEGER) AS d, count(*),
               sum(j.state = 'prolog_failed' OR j.slurm_state = 'NODE_FAIL'),
               sum(j.num_nodes > 1),
               sum(j.num_nodes > 1 AND j.slurm_state = 'FAILED')
-       FROM jobs j WHERE j.node = ? AND j.start >= ? AND j.start < ? GROUP BY d""",
+       FROM q JOIN jobs j ON j.node = q.node WHERE j.start >= ? AND j.start < ?
+       GROUP BY j.node, d""",
 )
 # The window's other jobs a hardware Xid on their node names: from the partial index of the
 # failing Xids by job (store migration 3; a few), each job's row by its key, once per job. A
@@ -185,12 +189,19 @@ def _jobs(conn: sqlite3.Connection, start: float, end: float):
     by_xid: dict = {}  # node: jobs failed by a hardware Xid alone
     for node, _job in conn.execute(_XID_JOBS, (start, end)):
         by_xid[node] = by_xid.get(node, 0) + 1
-    for node in _nodes(conn, "jobs"):
-        rows = conn.execute(sql, (node, start, end)).fetchall()
-        if rows:
-            sums = [sum(r[i] or 0 for r in rows) for i in range(1, len(names) + 1)]
-            sums[1] += by_xid.get(node, 0)
-            yield node, tuple(sums), [int(r[0]) for r in rows]
+    nodes = _nodes(conn, "jobs")
+    for first in range(0, len(nodes), queries.BATCH):
+        chunk = nodes[first : first + queries.BATCH]
+        by_node: dict = {}
+        query = sql.format(", ".join("(?)" for _ in chunk))  # placeholders only
+        for node, *row in conn.execute(query, (*chunk, start, end)):
+            by_node.setdefault(node, []).append(row)
+        for node in chunk:
+            rows = by_node.get(node)
+            if rows:
+                sums = [sum(r[i] or 0 for r in rows) for i in range(1, len(names) + 1)]
+                sums[1] += by_xid.get(node, 0)
+                yield node, tuple(sums), [int(r[0]) for r in rows]
 
 
 def _next_ok(conn: sqlite3.Connection, wanted: set, end: float) -> dict:

@@ -109,11 +109,22 @@ def _failing_why(conn: sqlite3.Connection, run_id: str) -> str:
     return "; ".join(f"{check}: {message}" for check, message in rows) or "failed its last run"
 
 
-def node_state(conn: sqlite3.Connection, node: str, now: float) -> dict:
+def node_states(conn: sqlite3.Connection, nodes: list, now: float) -> list:
+    """node_state of each node, the latest action and run of every node read at once."""
+    actions, runs = reads.latest(conn, nodes, now)
+    return [node_state(conn, n, now, (actions.get(n), runs.get(n))) for n in nodes]
+
+
+def node_state(
+    conn: sqlite3.Connection, node: str, now: float, latest: tuple | None = None
+) -> dict:
     """One node as the store sees it: ok, failing (its last run failed, yet slurmhealth has
     not drained it: the breaker held, or Slurm took it down), draining or drained (our latest
-    drain stands; a job still runs), with why and since when."""
-    act, run = reads.last_action(conn, node, now), reads.last_run(conn, node, now)
+    drain stands; a job still runs), with why and since when. latest: (reads.last_action,
+    reads.last_run) of the node when already read."""
+    if latest is None:
+        latest = (reads.last_action(conn, node, now), reads.last_run(conn, node, now))
+    act, run = latest
     if act and act[1] == ACT_DRAIN:
         state = "draining" if reads.busy(conn, node, now) else "drained"
         return _state(node, state, act[2], act[0], act[3])
@@ -488,6 +499,22 @@ def recorded_versions(
     return queries.recorded_versions(conn, node, end, lookback, oldest)
 
 
+def _earliest(conn: sqlite3.Connection, nodes: list, now: float) -> Callable[[str], dict | None]:
+    """Each node's earliest recorded versions in the rollout look-back, for drift.odd_nodes:
+    read for every node at once (queries.BATCH a statement) when the first node is asked for,
+    so a unanimous fleet costs no read and a fleet mid-rollout no statement per node."""
+    read: dict = {}
+    done: list = []
+
+    def before(node: str) -> dict | None:
+        if not done:
+            read.update(queries.versions_of(conn, nodes, now, ROLLOUT_LOOKBACK, oldest=True))
+            done.append(True)
+        return read.get(node)
+
+    return before
+
+
 # --- the report ------------------------------------------------------------------------------
 
 
@@ -542,7 +569,7 @@ def _build(
     # nodes, or a report at 00:30)
     nodes = sorted(set(counts) | set(queries.nodes_with_runs(conn, start, now)))
     if sinfo is None:
-        states = fleet_summary([node_state(conn, n, now) for n in nodes], "store")
+        states = fleet_summary(node_states(conn, nodes, now), "store")
     else:
         states = fleet_summary([slurm_state(info) for info in sinfo], "sinfo")
     tick(1)
@@ -589,9 +616,7 @@ def _build(
     doc["rate"] = rate(failures, node_days, shared)
     tick(1)
     found = queries.versions_of(conn, nodes, now, VERSIONS_LOOKBACK)
-    doc["drift"] = drift_of.odd_nodes(
-        found, before=lambda n: recorded_versions(conn, n, now, ROLLOUT_LOOKBACK, True)
-    )
+    doc["drift"] = drift_of.odd_nodes(found, before=_earliest(conn, nodes, now))
     doc["diagnosed"] = diagnosed(conn, start, now)
     doc["slow"] = slow_nodes(conn, now)
     doc["held_back"] = held_back_nodes(findings, held_from, w_end)

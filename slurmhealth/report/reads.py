@@ -35,6 +35,34 @@ def last_run(conn: sqlite3.Connection, node: str, now: float) -> tuple | None:
     ).fetchone()
 
 
+# Each node's latest successful drain or resume and latest run before `now` (last_action,
+# last_run), queries.BATCH nodes a statement: one index seek for the row's key and one by it,
+# per node. A statement per node was 200,000 round trips for a 100,000-node report on a server
+# (docs/benchmarks.md). {} is the VALUES rows' placeholders.
+_LAST_ACTIONS = """WITH q(node) AS (VALUES {}), k(node, id) AS (SELECT q.node,
+        (SELECT id FROM actions WHERE actions.node = q.node AND time < ? AND ok = 1
+         AND action IN ('drain', 'resume') ORDER BY time DESC LIMIT 1) FROM q)
+    SELECT k.node, a.time, a.action, a.reason, a.actor FROM k JOIN actions a ON a.id = k.id"""
+_LAST_RUNS = """WITH q(node) AS (VALUES {}), k(node, id) AS (SELECT q.node,
+        (SELECT id FROM runs WHERE runs.node = q.node AND started < ?
+         ORDER BY started DESC LIMIT 1) FROM q)
+    SELECT k.node, r.id, r.verdict, r.started FROM k JOIN runs r ON r.id = k.id"""
+
+
+def latest(conn: sqlite3.Connection, nodes: list, now: float) -> tuple:
+    """({node: last_action(conn, node, now)}, {node: last_run(conn, node, now)}) of every
+    node, read queries.BATCH nodes a statement; a node with none is absent."""
+    actions: dict = {}
+    runs: dict = {}
+    for first in range(0, len(nodes), queries.BATCH):
+        chunk = nodes[first : first + queries.BATCH]
+        rows = ", ".join("(?)" for _ in chunk)  # placeholders only
+        for sql, out in ((_LAST_ACTIONS, actions), (_LAST_RUNS, runs)):
+            for node, *row in conn.execute(sql.format(rows), (*chunk, now)):
+                out[node] = tuple(row)
+    return actions, runs
+
+
 def busy(conn: sqlite3.Connection, node: str, now: float) -> bool:
     """A job still runs on the node (a drained node with a job is draining): started within
     a week (the longest job) and not ended by `now`, as far as the hooks and sacct know."""

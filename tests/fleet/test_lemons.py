@@ -13,7 +13,7 @@ from conftest import TESTS, open_fleet, run_cli
 
 from sim import simulate
 from slurmhealth.core import store
-from slurmhealth.fleet import policy
+from slurmhealth.fleet import lemons, policy
 
 FAKE_SLURM = os.path.join(TESTS, "fakeslurm")
 
@@ -356,3 +356,10 @@ def test_a_stale_store_is_said_first_drains_nothing_and_exits_4(fleet_db, tmp_pa
     assert [e["node"] for e in silent] == ["gone"] and quiet.returncode == 0
     text = run_cli("lemons", "--db", path, "--now", str(fleet.end)).stdout
     assert "1 node not heard from within 6 h: gone (last " in text
+
+
+def test_the_json_holds_a_node_a_line_and_reads_back_whole():
+    doc = {"lemons": [], "nodes": [{"node": "gpu01", "evidence": {"days": [1, 2]}}, {"node": "b"}]}
+    text = lemons.json_lines(dict(doc, freshness={"stale": False}, applied=None))
+    assert json.loads(text) == dict(doc, freshness={"stale": False}, applied=None)
+    assert '  {"node": "gpu01", "evidence": {"days": [1, 2]}},' in text.splitlines()

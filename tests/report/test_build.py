@@ -315,6 +315,10 @@ def test_node_states_from_the_store(tmp_path):
     d = report.build(conn, now, DAY)
     by_node = {n["node"]: n for n in d["fleet"]["out"]}
     assert d["fleet"]["counts"] == {"ok": 2, "failing": 1, "draining": 1, "drained": 1, "down": 0}
+    # read for every node at once (a statement per 400 nodes) as a node at a time
+    nodes = ["ok1", "resumed", "failing", "drained", "draining", "later", "unknown"]
+    alone = [report.node_state(conn, n, now) for n in nodes]
+    assert report.node_states(conn, nodes, now) == alone and alone[2]["state"] == "failing"
     assert by_node["drained"]["reason"] == "slurmhealth: GPU 3 lost"
     assert by_node["drained"]["since"] == timespec.iso(now - 900)
     assert by_node["failing"]["reason"] == "gpu.count: 7 GPUs visible, 8 expected"
