@@ -74,6 +74,8 @@ def main() -> None:
     if not 1 <= opts.copies <= 20:
         parser.error("--copies: 1 to 20")
     server = opts.store.startswith(store.SERVER_PREFIXES)  # a PostgreSQL database's URL
+    if opts.copies > 1 and not server:
+        parser.error("--copies: a PostgreSQL store only")
     conn = pgstore.connect(opts.store) if server else store.connect(opts.store)
     started = time.perf_counter()
     parts = [
@@ -107,8 +109,6 @@ def main() -> None:
             flush=True,
         )
     if opts.copies > 1:
-        if not server:
-            parser.error("--copies: a PostgreSQL store only")
         _copies(opts.store, opts.copies, started)
         # The copies are rolled-up history, as their originals: the rollup's mark moves past
         # them. Left behind, the next rollup step reads them all as runs imported late into

@@ -115,15 +115,11 @@ def node_states(conn: sqlite3.Connection, nodes: list, now: float) -> list:
     return [node_state(conn, n, now, (actions.get(n), runs.get(n))) for n in nodes]
 
 
-def node_state(
-    conn: sqlite3.Connection, node: str, now: float, latest: tuple | None = None
-) -> dict:
+def node_state(conn: sqlite3.Connection, node: str, now: float, latest: tuple) -> dict:
     """One node as the store sees it: ok, failing (its last run failed, yet slurmhealth has
     not drained it: the breaker held, or Slurm took it down), draining or drained (our latest
     drain stands; a job still runs), with why and since when. latest: (reads.last_action,
-    reads.last_run) of the node when already read."""
-    if latest is None:
-        latest = (reads.last_action(conn, node, now), reads.last_run(conn, node, now))
+    reads.last_run) of the node."""
     act, run = latest
     if act and act[1] == ACT_DRAIN:
         state = "draining" if reads.busy(conn, node, now) else "drained"
@@ -488,29 +484,16 @@ def _mttf_hours(per_node_day: float | None, nodes: int) -> float | None:
 # --- configuration drift ---------------------------------------------------------------------
 
 
-def recorded_versions(
-    conn: sqlite3.Connection,
-    node: str,
-    end: float,
-    lookback: float = VERSIONS_LOOKBACK,
-    oldest: bool = False,
-) -> dict | None:
-    """queries.recorded_versions, over VERSIONS_LOOKBACK unless told otherwise."""
-    return queries.recorded_versions(conn, node, end, lookback, oldest)
-
-
 def _earliest(conn: sqlite3.Connection, nodes: list, now: float) -> Callable[[str], dict | None]:
     """Each node's earliest recorded versions in the rollout look-back, for drift.odd_nodes:
     read for every node at once (queries.BATCH a statement) when the first node is asked for,
     so a unanimous fleet costs no read and a fleet mid-rollout no statement per node."""
-    read: dict = {}
-    done: list = []
+    read: list = []  # the nodes' versions, once read
 
     def before(node: str) -> dict | None:
-        if not done:
-            read.update(queries.versions_of(conn, nodes, now, ROLLOUT_LOOKBACK, oldest=True))
-            done.append(True)
-        return read.get(node)
+        if not read:
+            read.append(queries.versions_of(conn, nodes, now, ROLLOUT_LOOKBACK, oldest=True))
+        return read[0].get(node)
 
     return before
 

@@ -317,7 +317,8 @@ def test_node_states_from_the_store(tmp_path):
     assert d["fleet"]["counts"] == {"ok": 2, "failing": 1, "draining": 1, "drained": 1, "down": 0}
     # read for every node at once (a statement per 400 nodes) as a node at a time
     nodes = ["ok1", "resumed", "failing", "drained", "draining", "later", "unknown"]
-    alone = [report.node_state(conn, n, now) for n in nodes]
+    read = [(n, reads.last_action(conn, n, now), reads.last_run(conn, n, now)) for n in nodes]
+    alone = [report.node_state(conn, n, now, (act, run)) for n, act, run in read]
     assert report.node_states(conn, nodes, now) == alone and alone[2]["state"] == "failing"
     assert by_node["drained"]["reason"] == "slurmhealth: GPU 3 lost"
     assert by_node["drained"]["since"] == timespec.iso(now - 900)
@@ -1089,7 +1090,7 @@ def test_a_run_without_gpu_facts_keeps_the_node_in_its_hardware_class(tmp_path):
     ib = {"versions": {"fw_ver": {"mlx5_0": "28.39.1002"}, "rate": [400.0]}}
     for started, sources in ((100.0, {"gpu": gpu, "ib": ib}), (200.0, {"ib": ib})):
         record_sources(conn, "gpu01", started, sources)
-    found = report.recorded_versions(conn, "gpu01", 300.0)
+    found = queries.recorded_versions(conn, "gpu01", 300.0, report.VERSIONS_LOOKBACK)
     assert found["model"] == "NVIDIA H100 80GB HBM3" and found["driver"] == "550.90.07"
     assert found["ib_fw"] == "28.39.1002"
 
