@@ -65,7 +65,8 @@ def test_a_ctrl_c_while_the_readers_start_still_stops_the_program(tmp_path, monk
     come there, before the wait. The program, in a session of its own, never hears it: it is
     stopped all the same (it was left running, and rma's test saw it outlive rma)."""
     witness = tmp_path / "pid"
-    prog = script(tmp_path, f"echo $$ > {witness}\nexec sleep 300")
+    # written whole, then renamed: the witness never exists half written
+    prog = script(tmp_path, f"echo $$ > {witness}.new\nmv {witness}.new {witness}\nexec sleep 300")
     real = threading.Thread.start
 
     def interrupted(self) -> None:
