@@ -8,6 +8,7 @@ fleet/faults.py counts distinct faults.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterator
 
 from slurmhealth.core.constants import LEMON
 from slurmhealth.fleet import faults, peers, policy, queries, telemetry
@@ -108,6 +109,7 @@ _PLACES = "SELECT node, kind, name, last FROM places"
 # A partition that holds more than this share of the nodes is no place: every fault would share
 # it (most sites have one partition of GPU nodes), and unrelated faults must stay each node's.
 PARTITION_MAX_SHARE = 0.25
+DAY = 86400
 
 OWN_LEMON = f"slurmhealth: {LEMON}"
 # What ends a bad spell (docs/lemons.md): the sweep's own drain of a lemon (the site acted on
@@ -169,39 +171,112 @@ def _nodes(conn: sqlite3.Connection, table: str) -> list:
     return [row[0] for row in conn.execute(_NODES.format(table))]
 
 
-def _run_days(conn: sqlite3.Connection, start: float, end: float) -> dict:
-    """{node: [UTC day in service]} of each node with a run that did not fail in the window."""
-    out: dict = {}
-    nodes = _nodes(conn, "runs")
+def _run_days(conn: sqlite3.Connection, start: float, end: float, nodes: list) -> Iterator[tuple]:
+    """(node, UTC day) of each node's days with a run that did not fail in [start, end) (the
+    first and last day only from start, up to end). nodes: every node of the runs table."""
     for i in range(0, len(nodes), queries.BATCH):
         chunk = nodes[i : i + queries.BATCH]
         sql = _RUN_DAYS.format(", ".join("(?)" for _ in chunk))  # placeholders only
         args = (float(start), float(end), *chunk, float(start), float(end))
         for node, day in conn.execute(sql, args):
-            out.setdefault(node, []).append(int(day))
+            yield node, int(day)
+
+
+def _job_days(conn: sqlite3.Connection, start: float, end: float, nodes: list) -> Iterator[tuple]:
+    """(node, UTC day, the counts of _JOBS that day) of each node's days with a job's start in
+    [start, end). nodes: every node of the jobs table."""
+    _names, sql = _JOBS
+    for first in range(0, len(nodes), queries.BATCH):
+        chunk = nodes[first : first + queries.BATCH]
+        query = sql.format(", ".join("(?)" for _ in chunk))  # placeholders only
+        for node, day, *row in conn.execute(query, (*chunk, start, end)):
+            yield node, int(day), row
+
+
+class Service:
+    """Each node's days in service and its jobs' counts over one window [start, end), as
+    signals() reads them: runs {node: [UTC day with a run that did not fail]}, jobs {node:
+    ((counts of _JOBS, summed), [UTC day with a job's start])}."""
+
+    def __init__(self, start: float, end: float) -> None:
+        self.start, self.end = start, end
+        self.runs: dict = {}
+        self.jobs: dict = {}
+
+
+def service(conn: sqlite3.Connection, windows: list) -> list:
+    """[Service] of each (start, end) window, read together: the days of the span they cover
+    in one sweep (one index seek per node and day, as one window's), and apart only the part
+    of a day that a window's edge cuts inside the span (the report's whole-day window and the
+    lemon sweep's 28 days up to now: one more seek per node, where two sweeps cost twice)."""
+    lo, hi = min(s for s, _ in windows), max(e for _, e in windows)
+    out = [Service(s, e) for s, e in windows]
+    inner = [_inner(w, lo, hi) for w in windows]  # (first day, last day) read in the sweep
+    run_nodes = _nodes(conn, "runs")
+    for node, day in _run_days(conn, lo, hi, run_nodes):
+        for (first, last), w in zip(inner, out):
+            if first <= day <= last:
+                w.runs.setdefault(node, []).append(day)
+    nodes = _nodes(conn, "jobs")
+    names, _sql = _JOBS
+    sums: list = [{} for _ in windows]  # {node: ([counts of _JOBS summed], [UTC day])}
+
+    def add(got: dict, node: str, day: int, row: list) -> None:
+        entry = got.get(node)
+        if entry is None:
+            entry = got[node] = ([0] * len(names), list[int]())
+        for i, value in enumerate(row):
+            entry[0][i] += value or 0
+        entry[1].append(day)
+
+    for node, day, row in _job_days(conn, lo, hi, nodes):
+        for (first, last), got in zip(inner, sums):
+            if first <= day <= last:
+                add(got, node, day, row)
+    for (first, last), w, got in zip(inner, out, sums):
+        for a, b in _edges(w.start, w.end, first, last):  # a cut day's part, read apart
+            for node, day in _run_days(conn, a, b, run_nodes):
+                w.runs.setdefault(node, []).append(day)
+            for node, day, row in _job_days(conn, a, b, nodes):
+                add(got, node, day, row)
+        by_xid = _xid_jobs(conn, w.start, w.end)
+        for node, (summed, job_days) in got.items():
+            summed[1] += by_xid.get(node, 0)
+            w.jobs[node] = (tuple(summed), job_days)
     return out
 
 
-def _jobs(conn: sqlite3.Connection, start: float, end: float):
-    """(node, (counts of _JOBS, summed), [UTC day with a job's start]) of each node with a job
-    that started in the window."""
-    names, sql = _JOBS
-    by_xid: dict = {}  # node: jobs failed by a hardware Xid alone
+def _inner(window: tuple, lo: float, hi: float) -> tuple:
+    """(first, last) UTC day of a window that the span [lo, hi)'s sweep gives exactly: a day
+    the window holds whole, or holds as far as the span does; a day an edge of the window
+    cuts inside the span is read apart (_edges)."""
+    start, end = window
+    first, last = int(start // DAY), int(-(-end // DAY)) - 1
+    if start != lo and start % DAY:
+        first += 1
+    if end != hi and end % DAY:
+        last -= 1
+    return first, last
+
+
+def _edges(start: float, end: float, first: int, last: int) -> list:
+    """The parts of days [a, b) of the window [start, end) outside its days first..last."""
+    if first > last:  # no whole day: the window's own span, read alone
+        return [(start, end)]
+    out: list[tuple[float, float]] = []
+    if start < first * DAY:
+        out.append((start, first * DAY))
+    if end > (last + 1) * DAY:
+        out.append(((last + 1) * DAY, end))
+    return out
+
+
+def _xid_jobs(conn: sqlite3.Connection, start: float, end: float) -> dict:
+    """{node: its jobs of [start, end) failed by a hardware Xid alone} (_XID_JOBS)."""
+    out: dict = {}
     for node, _job in conn.execute(_XID_JOBS, (start, end)):
-        by_xid[node] = by_xid.get(node, 0) + 1
-    nodes = _nodes(conn, "jobs")
-    for first in range(0, len(nodes), queries.BATCH):
-        chunk = nodes[first : first + queries.BATCH]
-        by_node: dict = {}
-        query = sql.format(", ".join("(?)" for _ in chunk))  # placeholders only
-        for node, *row in conn.execute(query, (*chunk, start, end)):
-            by_node.setdefault(node, []).append(row)
-        for node in chunk:
-            rows = by_node.get(node)
-            if rows:
-                sums = [sum(r[i] or 0 for r in rows) for i in range(1, len(names) + 1)]
-                sums[1] += by_xid.get(node, 0)
-                yield node, tuple(sums), [int(r[0]) for r in rows]
+        out[node] = out.get(node, 0) + 1
+    return out
 
 
 def _next_ok(conn: sqlite3.Connection, wanted: set, end: float) -> dict:
@@ -334,13 +409,12 @@ def _ahead(
     return [(node, t) for node, t in out if start <= t < end]
 
 
-def signals(conn: sqlite3.Connection, start: float, end: float, held: list | None = None) -> dict:
-    """{node: {signal: count, "faults": items, "warnings": items, "gpu_class": GPU model or ""}}
-    for every node with any record in [start, end), per docs/signals.md; application Xids and
-    ordinary job failures count nowhere.
-
-    One read transaction: a consistent snapshot while collect writes. held: as _ahead's.
-    """
+def counts(conn: sqlite3.Connection, start: float, end: float, days: Service | None = None) -> dict:
+    """{node: {signal: count, "node_days": days in service, "reset": ...}} of every node with a
+    run, a job, an Xid or a drain in [start, end): signals() without the fault and warning
+    items and the GPU class (what a count of node-days needs). days: the window's Service,
+    read with another window's (service()); read here when None. In the caller's read
+    transaction."""
     out: dict = {}
 
     def add(node: str, names: tuple, values: tuple) -> None:
@@ -351,35 +425,59 @@ def signals(conn: sqlite3.Connection, start: float, end: float, held: list | Non
             if name:
                 counts[name] = value or 0
 
+    if days is None:
+        days = service(conn, [(start, end)])[0]
+    elif (days.start, days.end) != (start, end):
+        raise ValueError("the days read are another window's")
+    for node, run_days in days.runs.items():
+        add(node, ("run_days",), (run_days,))
+    verdict_names, verdict_sql = _RUN_VERDICTS
+    for node, *values in conn.execute(verdict_sql, (start, end)):
+        add(node, verdict_names, values)
+    job_names, _ = _JOBS
+    for node, (sums, job_days) in days.jobs.items():
+        add(node, (*job_names, "job_days"), (*sums, job_days))
+    (xid_names, xid_sql), (drain_names, drain_sql) = _GROUPED
+    for node, *values in conn.execute(xid_sql, (start, end)):
+        add(node, xid_names, values)
+    for node, *values in conn.execute(drain_sql, (len(OWN_LEMON), OWN_LEMON, start, end)):
+        add(node, drain_names, values)
+    for node, reset in resets(conn, start, end).items():
+        if node in out:
+            out[node]["reset"] = reset
+    for c in out.values():
+        c["node_days"] = _days(c, (c.get("reset") or {}).get("time"))
+    return out
+
+
+def signals(
+    conn: sqlite3.Connection,
+    start: float,
+    end: float,
+    held: list | None = None,
+    known: dict | None = None,
+    days: Service | None = None,
+) -> dict:
+    """{node: {signal: count, "faults": items, "warnings": items, "gpu_class": GPU model or ""}}
+    for every node with any record in [start, end), per docs/signals.md; application Xids and
+    ordinary job failures count nowhere.
+
+    One read transaction: a consistent snapshot while collect writes. held: as _ahead's.
+    known: {node: GPU model} over queries.MODEL_LOOKBACK before `end` already read (the
+    report's), taken as they are where the window is that long. days: as counts'.
+    """
     own = not conn.in_transaction
     if own:
         conn.execute("BEGIN")
     try:
-        for node, days in _run_days(conn, start, end).items():
-            add(node, ("run_days",), (days,))
-        verdict_names, verdict_sql = _RUN_VERDICTS
-        for node, *values in conn.execute(verdict_sql, (start, end)):
-            add(node, verdict_names, values)
-        job_names, _ = _JOBS
-        for node, sums, days in _jobs(conn, start, end):
-            add(node, (*job_names, "job_days"), (*sums, days))
-        (xid_names, xid_sql), (drain_names, drain_sql) = _GROUPED
-        for node, *values in conn.execute(xid_sql, (start, end)):
-            add(node, xid_names, values)
-        for node, *values in conn.execute(drain_sql, (len(OWN_LEMON), OWN_LEMON, start, end)):
-            add(node, drain_names, values)
-        for node, reset in resets(conn, start, end).items():
-            if node in out:
-                out[node]["reset"] = reset
-        for counts in out.values():
-            counts["node_days"] = _days(counts, (counts.get("reset") or {}).get("time"))
+        out = counts(conn, start, end, days)
         # each node's hardware class, which the lemon policy pools apart where classes differ:
         # the model its runs of the last 2 days recorded (versions come every 6 h; reading the
         # whole window for a node that recorded none read every run it had: CHANGELOG.md).
         # Read once: the rising counters compare nodes by the same models.
         lookback = min(end - start, queries.MODEL_LOOKBACK)
-        models = queries.node_models(conn, sorted(out), end, lookback)
         same = lookback == queries.MODEL_LOOKBACK
+        models = queries.node_models(conn, sorted(out), end, lookback, known if same else None)
         _items(conn, out, start, end, held, models if same else None)
         models = queries.node_models(conn, sorted(out), end, lookback, models)
         for node, model in models.items():

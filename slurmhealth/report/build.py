@@ -47,8 +47,9 @@ NODES_SHOWN = 5  # nodes named per check or Xid row, most affected first; the re
 EPISODE_S = 3600  # a node's second failure record within this is the same failure
 # How far back a node's last recorded versions are looked for: runs record them when they change
 # and at least every runner.VERSIONS_EVERY (6 h); two days spans a node idle over a weekend's
-# missed health checks without reading a node's whole history.
-VERSIONS_LOOKBACK = 2 * 86400.0
+# missed health checks without reading a node's whole history. The lemon signals' GPU models
+# come from the same look-back (read once for both).
+VERSIONS_LOOKBACK = queries.MODEL_LOOKBACK
 # How far back the drift section looks for what each node ran before (its earliest recorded
 # versions in this span): a rollout that moved the class within it is one, and its nodes not yet
 # updated are not odd nodes; a week after the rollout, they are (fleet/drift.py).
@@ -527,6 +528,39 @@ def build(
     return doc
 
 
+def _held_from(w_start: float, w_end: float) -> float:
+    """The start of the held-back jobs' span of the window: its last telemetry.LOOKBACK."""
+    return max(w_start, w_end - telemetry.LOOKBACK)
+
+
+def _window_reads(conn: sqlite3.Connection, now: float, w_start: float, w_end: float) -> tuple:
+    """(the window's counts, the lemons' signals, the window's held-back findings, each node's
+    newest versions): the lemons as `slurmhealth lemons --now NOW` scores them, the 28 days up
+    to now (the window when the report runs at midnight), and the window's node-days."""
+    lemon_start = now - WINDOW_DAYS * DAY
+    # the held-back jobs the lemon sweeps' warnings read, for both spans in one read (each job
+    # is judged alone, in the span its last end falls in): the window's are shown too
+    lemon_held_from = max(lemon_start, now - telemetry.LOOKBACK)
+    spans = ((_held_from(w_start, w_end), w_end), (lemon_held_from, now))
+    read = queries.held_back_findings(conn, min(s for s, _ in spans), max(e for _, e in spans))
+    findings, lemon_held = ([f for f in read if s <= f["time"] < e] for s, e in spans)
+    # each node's newest recorded versions, read once: the GPU models the lemons and rising
+    # counters pool nodes by, and the drift section's versions (a node with no run in the
+    # look-back has none)
+    recent = queries.versions_of(
+        conn, queries.nodes_with_runs(conn, now - VERSIONS_LOOKBACK, now), now, VERSIONS_LOOKBACK
+    )
+    models = {n: str((v or {}).get("model") or "") for n, v in recent.items()}
+    held = [(f["node"], f["time"]) for f in lemon_held]
+    if (lemon_start, now) == (w_start, w_end):
+        lemon_counts = counts = signals.signals(conn, w_start, w_end, held, models)
+    else:  # the window's node-days alone, its days read with the lemons' in one sweep
+        service = signals.service(conn, [(w_start, w_end), (lemon_start, now)])
+        lemon_counts = signals.signals(conn, lemon_start, now, held, models, service[1])
+        counts = signals.counts(conn, w_start, w_end, service[0])
+    return counts, lemon_counts, findings, recent
+
+
 def _build(
     conn: sqlite3.Connection,
     now: float,
@@ -537,20 +571,14 @@ def _build(
     tick: Callable[[int], None],
 ) -> dict:
     w_start, w_end = records_window(conn, w_start, w_end)
-    # the held-back jobs the lemon sweep's warnings read, read once: shown in the report too
-    held_from = max(w_start, w_end - telemetry.LOOKBACK)
-    findings = queries.held_back_findings(conn, held_from, w_end)
-    held = [(f["node"], f["time"]) for f in findings]
-    counts = signals.signals(conn, w_start, w_end, held)
-    # the lemons as `slurmhealth lemons --now NOW` scores them: the 28 days up to now (the
-    # whole days above when the report runs at midnight)
-    lemon_start = now - WINDOW_DAYS * DAY
-    same = (lemon_start, now) == (w_start, w_end)
-    scored = policy.score(counts if same else signals.signals(conn, lemon_start, now))
+    counts, lemon_counts, findings, recent = _window_reads(conn, now, w_start, w_end)
+    scored = policy.score(lemon_counts)
     tick(1)
-    # the window's nodes, and those with runs in the period but none in the window (new
-    # nodes, or a report at 00:30)
-    nodes = sorted(set(counts) | set(queries.nodes_with_runs(conn, start, now)))
+    # the nodes of either window, and those with runs in the period but none in the windows
+    # (new nodes, or a report at 00:30)
+    nodes = sorted(
+        set(counts) | set(lemon_counts) | set(queries.nodes_with_runs(conn, start, now))
+    )
     if sinfo is None:
         states = fleet_summary(node_states(conn, nodes, now), "store")
     else:
@@ -598,11 +626,11 @@ def _build(
     doc["trend"] = trend(failures, w_start, node_days, days, shared)
     doc["rate"] = rate(failures, node_days, shared)
     tick(1)
-    found = queries.versions_of(conn, nodes, now, VERSIONS_LOOKBACK)
+    found = {n: recent.get(n) for n in nodes}
     doc["drift"] = drift_of.odd_nodes(found, before=_earliest(conn, nodes, now))
     doc["diagnosed"] = diagnosed(conn, start, now)
     doc["slow"] = slow_nodes(conn, now)
-    doc["held_back"] = held_back_nodes(findings, held_from, w_end)
+    doc["held_back"] = held_back_nodes(findings, _held_from(w_start, w_end), w_end)
     doc["rising"] = rising_counters(conn, now, found)
     tick(1)
     doc["cost"] = own_cost(conn, start, now)

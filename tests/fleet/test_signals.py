@@ -252,3 +252,40 @@ def test_days_and_next_passes_are_the_same_however_many_a_statement_asks(tmp_pat
     assert sum(len(c["faults"]) + len(c["warnings"]) for c in whole.values()) > 2 * 3
     monkeypatch.setattr(queries, "BATCH", 3)
     assert signals.signals(conn, *window) == whole == simulate.signals(history, *window)
+
+
+def test_windows_read_together_count_as_each_alone(tmp_path, monkeypatch):
+    """service() reads the days of windows that overlap in one sweep of their span and a day
+    an edge cuts inside it apart: each window's signals and counts are what it gives alone,
+    and the simulator's. The report's pair (its whole days, the lemons' 28 days up to now), a
+    young fleet's (the whole days start later), edges inside one day, an end inside the span."""
+    fleet_model = simulate.Fleet(nodes=16, days=14, seed=3, lemons={"gpu0003": 30}, incident_day=5)
+    history = simulate.events(fleet_model)
+    conn = store.connect(str(tmp_path / "fleet.db"))
+    simulate.write_store(history, conn)
+    start, end = fleet_model.start, fleet_model.end
+    now = end - DAY + 6 * 3600  # 06:00 of the last day
+    pairs = [
+        ((now - 6 * 3600 - 10 * DAY, now - 6 * 3600), (now - 10 * DAY, now)),
+        ((start + 2 * DAY, now - 6 * 3600), (now - 13.5 * DAY, now)),
+        ((start, end), (start + 3 * DAY + 77, start + 3 * DAY + 5000)),
+        ((start + DAY + 100, start + 5 * DAY + 300), (start, end), (start + 4 * DAY, end)),
+    ]
+    spans: list = []
+    real = signals._run_days
+    monkeypatch.setattr(
+        signals, "_run_days", lambda c, a, b, n: spans.append((a, b)) or real(c, a, b, n)
+    )
+    for windows in pairs:
+        spans.clear()
+        read = signals.service(conn, list(windows))
+        assert sum(b - a > DAY for a, b in spans) == 1  # one sweep; the rest are cut days
+        for window, days in zip(windows, read):
+            alone = signals.signals(conn, *window)
+            assert signals.signals(conn, *window, days=days) == alone
+            assert alone == simulate.signals(history, *window)
+            assert signals.counts(conn, *window, days) == signals.counts(conn, *window)
+    spans.clear()
+    read = signals.service(conn, list(pairs[0]))  # the report's: the lemons' first day apart
+    assert spans == [(now - 6 * 3600 - 10 * DAY, now), (now - 10 * DAY, now - 6 * 3600 - 9 * DAY)]
+    assert any(c["node_days"] for c in signals.counts(conn, *pairs[0][0], read[0]).values())
