@@ -4,11 +4,11 @@ build() gathers every number once, in one read transaction; the HTML and Markdow
 (templates/) render that dict and compute nothing but layout, so the three formats carry the same
 numbers by construction. The dict is the JSON format, documented in docs/report.md.
 
-Two spans: the *period* (`--since`, default 24 h before `--now`) for what happened lately (drains,
-check and Xid counts, slurmhealth's own cost), and the *window*, the 28 whole UTC days before the
-report's day, for what needs weeks (lemons, the heatmap, the trend, the failure rate); it
+Three spans: the *period* (`--since`, default 24 h before `--now`) for what happened lately
+(drains, check and Xid counts, slurmhealth's own cost); the *window*, the 28 whole UTC days
+before the report's day, for what needs weeks (the heatmap, the trend, the failure rate), which
 starts later when the store's records do (a fleet 27 days old has a 27-day window), so its days
-and its node-days agree.
+and its node-days agree; and the lemons' 28 days up to `--now`, as `slurmhealth lemons --now`.
 """
 
 from __future__ import annotations
