@@ -149,6 +149,7 @@ def test_every_fleet_command_gives_the_same_answers_on_postgresql(node_stores, p
     nodes, end, lemons = node_stores
     lite, server = str(tmp_path / "fleet.db"), pg_server.new_database()
     node = "gpu0001"
+    morning = timespec.iso(timespec.parse_instant(end) + 6 * 3600)  # two spans: the lemons' 28 days
     steps = [
         ("collect", nodes, "--now", end, "--since", f"{DAYS}d"),
         ("collect", nodes, "--now", end, "--since", f"{DAYS}d"),  # again: nothing new
@@ -158,6 +159,7 @@ def test_every_fleet_command_gives_the_same_answers_on_postgresql(node_stores, p
         ("report", "--now", end, "--since", f"{DAYS}d", "--format", "md"),
         ("report", "--now", end, "--since", f"{DAYS}d", "--format", "prom"),
         ("report", "--now", end, "--since", f"{DAYS}d", "--format", "html"),
+        ("report", "--now", morning, "--since", f"{DAYS}d", "--format", "json"),
         ("trends", "--now", end),
         ("slow", "--now", end),
         ("trends", "--now", end, "--json"),
