@@ -264,26 +264,15 @@ def xid_counts(conn: sqlite3.Connection, start: float, end: float) -> dict:
     return {"by_class": by_class, "codes": rows}
 
 
-def percentile(values: list, q: float, ordered: bool = False) -> float | None:
-    """The q-quantile by nearest rank (a value that occurred), None when empty. ordered:
-    `values` is sorted already."""
-    if not values:
-        return None
-    ranked = values if ordered else sorted(values)
-    return ranked[min(len(ranked) - 1, max(0, math.ceil(q * len(ranked)) - 1))]
-
-
 def own_cost(conn: sqlite3.Connection, start: float, end: float) -> list:
     """slurmhealth's own wall time per run of prolog and epilog in the period (runs.duration)."""
     out = []
-    phases = ("prolog", "epilog")
-    for phase, durations in reads.durations(conn, start, end, phases).items():
-        durations.sort()
-        p50, p99 = percentile(durations, 0.50, True), percentile(durations, 0.99, True)
+    found = reads.percentiles(conn, start, end, ("prolog", "epilog"), (0.50, 0.99))
+    for phase, (runs, (p50, p99)) in found.items():
         out.append(
             {
                 "phase": phase,
-                "runs": len(durations),
+                "runs": runs,
                 "p50_ms": None if p50 is None else round(p50 * 1000, 1),
                 "p99_ms": None if p99 is None else round(p99 * 1000, 1),
             }
