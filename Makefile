@@ -44,8 +44,9 @@ lint: $(VENV)/.installed
 test: $(VENV)/.installed lint
 	@$(MAKE) --no-print-directory -j4 --output-sync=target test-py311 test-py39 test-py312 test-py313
 
+# The longest suite names its 25 slowest tests: CI's log shows where the time goes.
 test-py311: $(VENV)/.installed
-	$(VENV)/bin/python -m pytest
+	$(VENV)/bin/python -m pytest --durations=25
 
 # The edit-test loop: everything but the tests marked `real` (a real Slurm, MariaDB, Chromium,
 # tmpfs, package builds) or `slow`; about 2 minutes on 2 cores. `make test` and CI run them all.
