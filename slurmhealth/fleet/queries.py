@@ -376,16 +376,19 @@ def rising_counters(
     now: float,
     models: dict | None = None,
     factor: float | None = None,
+    ran: list | None = None,
 ) -> tuple:
     """(findings of trends.rising as of `now`, nodes compared): the series' hourly summaries of
     the longest window and the 7 days before it, and the GPU model of every node that ran in
     the last two days (models: {node: model} already known, not read again); factor: the
-    finder's, its default when None."""
+    finder's, its default when None; ran: nodes_with_runs over those two days, already read."""
     from slurmhealth.fleet import trends  # noqa: PLC0415
 
     hours = trends.hours_of(trends.WINDOWS, trends.BASELINE)
     series = counter_series(conn, now, hours, trends.NOT_TRENDS)
-    nodes = set(nodes_with_runs(conn, now - MODEL_LOOKBACK, now)) | {s[0] for s in series}
+    if ran is None:
+        ran = nodes_with_runs(conn, now - MODEL_LOOKBACK, now)
+    nodes = set(ran) | {s[0] for s in series}
     found = node_models(conn, sorted(nodes), now, MODEL_LOOKBACK, models)
     limits = (factor or trends.FACTOR, trends.MIN_EPISODES, trends.ALPHA)
     return trends.judged(series, found, trends.WINDOWS, limits, trends.BASELINE), len(nodes)

@@ -7,6 +7,7 @@ fleet/faults.py counts distinct faults.
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 from collections.abc import Iterator
 
@@ -292,16 +293,9 @@ def _next_ok(conn: sqlite3.Connection, wanted: set, end: float) -> dict:
     return out
 
 
-def _items(
-    conn: sqlite3.Connection,
-    counts: dict,
-    start: float,
-    end: float,
-    held: list | None,
-    models: dict | None = None,
-) -> None:
+def _items(conn: sqlite3.Connection, counts: dict, start: float, end: float, read: Read) -> None:
     """Add each node's "faults" and "warnings" items (fleet/faults.py) to counts, in place.
-    held, models: as _ahead's."""
+    read: as _ahead's."""
     found: dict = {}  # node: [(time, kind, weight, scopes)]
     warned: dict = {}  # node: [time]
 
@@ -344,7 +338,7 @@ def _items(
             t = finish if finish is not None else begin
             if start <= t < end and weights.get(node):
                 add(node, t, "node_fail", (faults.scope_key("job", job_id),), weights[node])
-    for node, t in _ahead(conn, start, end, held, models):
+    for node, t in _ahead(conn, start, end, read):
         warned.setdefault(node, []).append(t)
     for node in set(found) | set(warned):
         if node not in counts:
@@ -380,29 +374,24 @@ def resets(conn: sqlite3.Connection, start: float, end: float) -> dict:
     return out
 
 
-def _ahead(
-    conn: sqlite3.Connection,
-    start: float,
-    end: float,
-    held: list | None = None,
-    models: dict | None = None,
-) -> list:
+def _ahead(conn: sqlite3.Connection, start: float, end: float, read: Read) -> list:
     """(node, time) warnings of what comes before a failure, as of `end`: each rising error
     counter (fleet/trends.py, at the newest episode), each node slower than its peers
     (fleet/peers.py, at its newest diagnosis), both at their defaults, as `slurmhealth trends`
     and `slurmhealth slow` list them, and each node that held back telemetry.REPEAT multi-node
     jobs ended in the last telemetry.LOOKBACK (fleet/telemetry.py, at the newest such job's
-    end). held: those jobs as queries.held_back_jobs gives them for (max(start, end -
-    LOOKBACK), end), when the caller read them already (the report shows them too). models:
-    {node: GPU model} over queries.MODEL_LOOKBACK before `end`, already read."""
+    end). What `read` holds is taken as it is."""
     out: list[tuple[str, float]] = []
-    rising, _ = queries.rising_counters(conn, end, models)
+    if read.rising is None:
+        read.rising = queries.rising_counters(conn, end, read.models)
+    rising, _ = read.rising
     out.extend((f["node"], f["last"]) for f in rising if start <= f["last"] < end)
     figures = queries.diag_figures(conn, end - peers.WINDOW, end)
     last: dict = {}
     for node, t, *_ in figures:
         last[node] = max(t, last.get(node, t))
     out.extend((f["node"], last[f["node"]]) for f in peers.slow(figures) if f["node"] in last)
+    held = read.held
     if held is None:
         held = queries.held_back_jobs(conn, max(start, end - telemetry.LOOKBACK), end)
     out.extend(telemetry.repeated(held))
@@ -450,35 +439,45 @@ def counts(conn: sqlite3.Connection, start: float, end: float, days: Service | N
     return out
 
 
+@dataclasses.dataclass
+class Read:
+    """What a caller read already in the same read transaction, taken as it is by signals()
+    over [start, end) (the report shows each of them too): held, the held-back jobs as
+    queries.held_back_jobs gives them for (max(start, end - telemetry.LOOKBACK), end); models,
+    {node: GPU model} over queries.MODEL_LOOKBACK before `end` (used where the window is that
+    long); rising, queries.rising_counters as of `end`; days, the window's Service (as
+    counts')."""
+
+    held: list | None = None
+    models: dict | None = None
+    rising: tuple | None = None
+    days: Service | None = None
+
+
 def signals(
-    conn: sqlite3.Connection,
-    start: float,
-    end: float,
-    held: list | None = None,
-    known: dict | None = None,
-    days: Service | None = None,
+    conn: sqlite3.Connection, start: float, end: float, read: Read | None = None
 ) -> dict:
     """{node: {signal: count, "faults": items, "warnings": items, "gpu_class": GPU model or ""}}
     for every node with any record in [start, end), per docs/signals.md; application Xids and
     ordinary job failures count nowhere.
 
-    One read transaction: a consistent snapshot while collect writes. held: as _ahead's.
-    known: {node: GPU model} over queries.MODEL_LOOKBACK before `end` already read (the
-    report's), taken as they are where the window is that long. days: as counts'.
+    One read transaction: a consistent snapshot while collect writes. read: as Read's.
     """
+    read = read or Read()
     own = not conn.in_transaction
     if own:
         conn.execute("BEGIN")
     try:
-        out = counts(conn, start, end, days)
+        out = counts(conn, start, end, read.days)
         # each node's hardware class, which the lemon policy pools apart where classes differ:
         # the model its runs of the last 2 days recorded (versions come every 6 h; reading the
         # whole window for a node that recorded none read every run it had: CHANGELOG.md).
         # Read once: the rising counters compare nodes by the same models.
         lookback = min(end - start, queries.MODEL_LOOKBACK)
         same = lookback == queries.MODEL_LOOKBACK
-        models = queries.node_models(conn, sorted(out), end, lookback, known if same else None)
-        _items(conn, out, start, end, held, models if same else None)
+        known = read.models if same else None
+        models = queries.node_models(conn, sorted(out), end, lookback, known)
+        _items(conn, out, start, end, Read(read.held, models if same else None, read.rising))
         models = queries.node_models(conn, sorted(out), end, lookback, models)
         for node, model in models.items():
             out[node]["gpu_class"] = model

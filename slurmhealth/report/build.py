@@ -524,8 +524,9 @@ def _held_from(w_start: float, w_end: float) -> float:
 
 def _window_reads(conn: sqlite3.Connection, now: float, w_start: float, w_end: float) -> tuple:
     """(the window's counts, the lemons' signals, the window's held-back findings, each node's
-    newest versions): the lemons as `slurmhealth lemons --now NOW` scores them, the 28 days up
-    to now (the window when the report runs at midnight), and the window's node-days."""
+    newest versions, the rising counters as of now): the lemons as `slurmhealth lemons --now
+    NOW` scores them, the 28 days up to now (the window when the report runs at midnight), and
+    the window's node-days."""
     lemon_start = now - WINDOW_DAYS * DAY
     # the held-back jobs the lemon sweeps' warnings read, for both spans in one read (each job
     # is judged alone, in the span its last end falls in): the window's are shown too
@@ -535,19 +536,20 @@ def _window_reads(conn: sqlite3.Connection, now: float, w_start: float, w_end: f
     findings, lemon_held = ([f for f in read if s <= f["time"] < e] for s, e in spans)
     # each node's newest recorded versions, read once: the GPU models the lemons and rising
     # counters pool nodes by, and the drift section's versions (a node with no run in the
-    # look-back has none)
-    recent = queries.versions_of(
-        conn, queries.nodes_with_runs(conn, now - VERSIONS_LOOKBACK, now), now, VERSIONS_LOOKBACK
-    )
+    # look-back has none); the rising counters as of now, found once for the lemons' warnings
+    # and their own section
+    ran = queries.nodes_with_runs(conn, now - VERSIONS_LOOKBACK, now)
+    recent = queries.versions_of(conn, ran, now, VERSIONS_LOOKBACK)
     models = {n: str((v or {}).get("model") or "") for n, v in recent.items()}
-    held = [(f["node"], f["time"]) for f in lemon_held]
+    rising = queries.rising_counters(conn, now, models, ran=ran)
+    known = signals.Read([(f["node"], f["time"]) for f in lemon_held], models, rising)
     if (lemon_start, now) == (w_start, w_end):
-        lemon_counts = counts = signals.signals(conn, w_start, w_end, held, models)
+        lemon_counts = counts = signals.signals(conn, w_start, w_end, known)
     else:  # the window's node-days alone, its days read with the lemons' in one sweep
-        service = signals.service(conn, [(w_start, w_end), (lemon_start, now)])
-        lemon_counts = signals.signals(conn, lemon_start, now, held, models, service[1])
-        counts = signals.counts(conn, w_start, w_end, service[0])
-    return counts, lemon_counts, findings, recent
+        known.days, days = signals.service(conn, [(lemon_start, now), (w_start, w_end)])
+        lemon_counts = signals.signals(conn, lemon_start, now, known)
+        counts = signals.counts(conn, w_start, w_end, days)
+    return counts, lemon_counts, findings, recent, rising
 
 
 def _build(
@@ -560,7 +562,7 @@ def _build(
     tick: Callable[[int], None],
 ) -> dict:
     w_start, w_end = records_window(conn, w_start, w_end)
-    counts, lemon_counts, findings, recent = _window_reads(conn, now, w_start, w_end)
+    counts, lemon_counts, findings, recent, rising = _window_reads(conn, now, w_start, w_end)
     scored = policy.score(lemon_counts)
     tick(1)
     # the nodes of either window, and those with runs in the period but none in the windows
@@ -620,7 +622,7 @@ def _build(
     doc["diagnosed"] = diagnosed(conn, start, now)
     doc["slow"] = slow_nodes(conn, now)
     doc["held_back"] = held_back_nodes(findings, _held_from(w_start, w_end), w_end)
-    doc["rising"] = rising_counters(conn, now, found)
+    doc["rising"] = rising_counters(rising)
     tick(1)
     doc["cost"] = own_cost(conn, start, now)
     tick(1)
@@ -779,12 +781,11 @@ _RISING_NUMBERS = (
 )
 
 
-def rising_counters(conn: sqlite3.Connection, now: float, versions: dict | None = None) -> dict:
-    """The devices whose error counters are rising as of `now` (trends.rising at its defaults,
-    as `slurmhealth trends`), strongest first; the first LIST_MAX. versions: {node:
-    recorded_versions} already read, whose GPU models are not read again."""
-    known = {n: str(v.get("model") or "") for n, v in (versions or {}).items() if v}
-    found, nodes = queries.rising_counters(conn, now, models=known)
+def rising_counters(rising: tuple) -> dict:
+    """The devices whose error counters are rising as of the report's time (trends.rising at
+    its defaults, as `slurmhealth trends`), strongest first; the first LIST_MAX. rising:
+    queries.rising_counters as of then."""
+    found, nodes = rising
     listed = [
         {
             "node": clean(f["node"], 64),

@@ -282,7 +282,7 @@ def test_windows_read_together_count_as_each_alone(tmp_path, monkeypatch):
         assert sum(b - a > DAY for a, b in spans) == 1  # one sweep; the rest are cut days
         for window, days in zip(windows, read):
             alone = signals.signals(conn, *window)
-            assert signals.signals(conn, *window, days=days) == alone
+            assert signals.signals(conn, *window, signals.Read(days=days)) == alone
             assert alone == simulate.signals(history, *window)
             assert signals.counts(conn, *window, days) == signals.counts(conn, *window)
     spans.clear()
