@@ -37,30 +37,41 @@ def last_run(conn: sqlite3.Connection, node: str, now: float) -> tuple | None:
 
 
 # Each node's latest successful drain or resume and latest run before `now` (last_action,
-# last_run), queries.BATCH nodes a statement: one index seek for the row's key and one by it,
-# per node. A statement per node was 200,000 round trips for a 100,000-node report on a server
-# (docs/benchmarks.md). {} is the VALUES rows' placeholders.
+# last_run), queries.BATCH nodes a statement. A statement per node was 200,000 round trips for
+# a 100,000-node report on a server (docs/benchmarks.md). An action: one index seek for the
+# row's key and one by it. A run: its start and verdict from the (node, started, verdict) index
+# alone, two seeks per node and no table row (a table twice the server's memory made the rows
+# most of the read); its id is read for a failing node alone (its failed checks are shown).
+# {} is the VALUES rows' placeholders.
 _LAST_ACTIONS = """WITH q(node) AS (VALUES {}), k(node, id) AS (SELECT q.node,
         (SELECT id FROM actions WHERE actions.node = q.node AND time < ? AND ok = 1
          AND action IN ('drain', 'resume') ORDER BY time DESC LIMIT 1) FROM q)
     SELECT k.node, a.time, a.action, a.reason, a.actor FROM k JOIN actions a ON a.id = k.id"""
-_LAST_RUNS = """WITH q(node) AS (VALUES {}), k(node, id) AS (SELECT q.node,
-        (SELECT id FROM runs WHERE runs.node = q.node AND started < ?
-         ORDER BY started DESC LIMIT 1) FROM q)
-    SELECT k.node, r.id, r.verdict, r.started FROM k JOIN runs r ON r.id = k.id"""
+_LAST_RUNS = """WITH q(node) AS (VALUES {}), k(node, started) AS (SELECT q.node,
+        (SELECT max(started) FROM runs WHERE runs.node = q.node AND started < ?) FROM q)
+    SELECT k.node, r.verdict, r.started FROM k
+    JOIN runs r ON r.node = k.node AND r.started = k.started"""
 
 
 def latest(conn: sqlite3.Connection, nodes: list, now: float) -> tuple:
     """({node: last_action(conn, node, now)}, {node: last_run(conn, node, now)}) of every
-    node, read queries.BATCH nodes a statement; a node with none is absent."""
+    node, read queries.BATCH nodes a statement; a node with none is absent. A run's id is
+    None but where it failed; a node whose latest runs started at the same instant is read
+    alone, as last_run reads it."""
     actions: dict = {}
     runs: dict = {}
+    again: set = set()  # failing, or two latest runs
     for first in range(0, len(nodes), queries.BATCH):
         chunk = nodes[first : first + queries.BATCH]
         rows = ", ".join("(?)" for _ in chunk)  # placeholders only
-        for sql, out in ((_LAST_ACTIONS, actions), (_LAST_RUNS, runs)):
-            for node, *row in conn.execute(sql.format(rows), (*chunk, now)):
-                out[node] = tuple(row)
+        for node, *row in conn.execute(_LAST_ACTIONS.format(rows), (*chunk, now)):
+            actions[node] = tuple(row)
+        for node, verdict, started in conn.execute(_LAST_RUNS.format(rows), (*chunk, now)):
+            if node in runs or verdict == "fail":
+                again.add(node)
+            runs[node] = (None, verdict, started)
+    for node in again:
+        runs[node] = last_run(conn, node, now)
     return actions, runs
 
 

@@ -315,8 +315,14 @@ def test_node_states_from_the_store(tmp_path):
     d = report.build(conn, now, DAY)
     by_node = {n["node"]: n for n in d["fleet"]["out"]}
     assert d["fleet"]["counts"] == {"ok": 2, "failing": 1, "draining": 1, "drained": 1, "down": 0}
-    # read for every node at once (a statement per 400 nodes) as a node at a time
-    nodes = ["ok1", "resumed", "failing", "drained", "draining", "later", "unknown"]
+    # read for every node at once (a statement per 400 nodes) as a node at a time; two runs
+    # that started at the same instant are the one last_run reads
+    conn.execute(
+        "INSERT INTO runs VALUES ('tied:b', 'tied', NULL, 'prolog', ?, 0.05, 'ok', 't', '{}')",
+        (now - 3600,),
+    )
+    _run(conn, "tied", now - 3600, "fail", "3 GPUs hot")
+    nodes = ["ok1", "resumed", "failing", "drained", "draining", "later", "unknown", "tied"]
     read = [(n, reads.last_action(conn, n, now), reads.last_run(conn, n, now)) for n in nodes]
     alone = [report.node_state(conn, n, now, (act, run)) for n, act, run in read]
     assert report.node_states(conn, nodes, now) == alone and alone[2]["state"] == "failing"
