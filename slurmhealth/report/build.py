@@ -565,11 +565,13 @@ def _build(
     counts, lemon_counts, findings, recent, rising = _window_reads(conn, now, w_start, w_end)
     scored = policy.score(lemon_counts)
     tick(1)
-    # the nodes of either window, and those with runs in the period but none in the windows
-    # (new nodes, or a report at 00:30)
-    nodes = sorted(
-        set(counts) | set(lemon_counts) | set(queries.nodes_with_runs(conn, start, now))
-    )
+    # the nodes of either window, and those with runs in the period but none in the windows:
+    # none when the period is within the lemons' 28 days up to now (every node that ran in
+    # them has their counts), else new nodes
+    seen = set(counts) | set(lemon_counts)
+    if start < now - WINDOW_DAYS * DAY:
+        seen.update(queries.nodes_with_runs(conn, start, now))
+    nodes = sorted(seen)
     if sinfo is None:
         states = fleet_summary(node_states(conn, nodes, now), "store")
     else:
