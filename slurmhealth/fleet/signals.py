@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable
+from typing import Any
 
 from slurmhealth.core.constants import LEMON
 from slurmhealth.fleet import faults, peers, policy, queries, telemetry
@@ -172,26 +173,30 @@ def _nodes(conn: sqlite3.Connection, table: str) -> list:
     return [row[0] for row in conn.execute(_NODES.format(table))]
 
 
-def _run_days(conn: sqlite3.Connection, start: float, end: float, nodes: list) -> Iterator[tuple]:
-    """(node, UTC day) of each node's days with a run that did not fail in [start, end) (the
+def _run_days(conn: sqlite3.Connection, start: float, end: float, nodes: list) -> dict:
+    """{node: [UTC day]} of each node's days with a run that did not fail in [start, end) (the
     first and last day only from start, up to end). nodes: every node of the runs table."""
+    out: dict = {}
     for i in range(0, len(nodes), queries.BATCH):
         chunk = nodes[i : i + queries.BATCH]
         sql = _RUN_DAYS.format(", ".join("(?)" for _ in chunk))  # placeholders only
         args = (float(start), float(end), *chunk, float(start), float(end))
         for node, day in conn.execute(sql, args):
-            yield node, int(day)
+            out.setdefault(node, []).append(int(day))
+    return out
 
 
-def _job_days(conn: sqlite3.Connection, start: float, end: float, nodes: list) -> Iterator[tuple]:
-    """(node, UTC day, the counts of _JOBS that day) of each node's days with a job's start in
-    [start, end). nodes: every node of the jobs table."""
+def _job_days(conn: sqlite3.Connection, start: float, end: float, nodes: list) -> dict:
+    """{node: [(node, UTC day, the counts of _JOBS that day)]} of each node's days with a
+    job's start in [start, end). nodes: every node of the jobs table."""
     _names, sql = _JOBS
+    out: dict = {}
     for first in range(0, len(nodes), queries.BATCH):
         chunk = nodes[first : first + queries.BATCH]
         query = sql.format(", ".join("(?)" for _ in chunk))  # placeholders only
-        for node, day, *row in conn.execute(query, (*chunk, start, end)):
-            yield node, int(day), row
+        for row in conn.execute(query, (*chunk, start, end)):
+            out.setdefault(row[0], []).append(row)
+    return out
 
 
 class Service:
@@ -212,38 +217,36 @@ def service(conn: sqlite3.Connection, windows: list) -> list:
     lemon sweep's 28 days up to now: one more seek per node, where two sweeps cost twice)."""
     lo, hi = min(s for s, _ in windows), max(e for _, e in windows)
     out = [Service(s, e) for s, e in windows]
-    inner = [_inner(w, lo, hi) for w in windows]  # (first day, last day) read in the sweep
-    run_nodes = _nodes(conn, "runs")
-    for node, day in _run_days(conn, lo, hi, run_nodes):
-        for (first, last), w in zip(inner, out):
-            if first <= day <= last:
-                w.runs.setdefault(node, []).append(day)
-    nodes = _nodes(conn, "jobs")
-    names, _sql = _JOBS
-    sums: list = [{} for _ in windows]  # {node: ([counts of _JOBS summed], [UTC day])}
-
-    def add(got: dict, node: str, day: int, row: list) -> None:
-        entry = got.get(node)
-        if entry is None:
-            entry = got[node] = ([0] * len(names), list[int]())
-        for i, value in enumerate(row):
-            entry[0][i] += value or 0
-        entry[1].append(day)
-
-    for node, day, row in _job_days(conn, lo, hi, nodes):
-        for (first, last), got in zip(inner, sums):
-            if first <= day <= last:
-                add(got, node, day, row)
-    for (first, last), w, got in zip(inner, out, sums):
+    run_nodes, job_nodes = _nodes(conn, "runs"), _nodes(conn, "jobs")
+    runs, jobs = _run_days(conn, lo, hi, run_nodes), _job_days(conn, lo, hi, job_nodes)
+    every = (int(lo // DAY), int(-(-hi // DAY)) - 1)  # the days the sweep read
+    for w in out:
+        first, last = _inner((w.start, w.end), lo, hi)
+        if (first, last) == every:  # the whole span: every day read is the window's
+            w.runs, picked = dict(runs), dict(jobs)
+        else:
+            w.runs = _within(runs, first, last, lambda day: day)
+            picked = _within(jobs, first, last, lambda row: row[1])
         for a, b in _edges(w.start, w.end, first, last):  # a cut day's part, read apart
-            for node, day in _run_days(conn, a, b, run_nodes):
-                w.runs.setdefault(node, []).append(day)
-            for node, day, row in _job_days(conn, a, b, nodes):
-                add(got, node, day, row)
+            for node, days in _run_days(conn, a, b, run_nodes).items():
+                w.runs[node] = w.runs.get(node, []) + days
+            for node, rows in _job_days(conn, a, b, job_nodes).items():
+                picked[node] = picked.get(node, []) + rows
         by_xid = _xid_jobs(conn, w.start, w.end)
-        for node, (summed, job_days) in got.items():
-            summed[1] += by_xid.get(node, 0)
-            w.jobs[node] = (tuple(summed), job_days)
+        for node, rows in picked.items():
+            sums = [sum(r[i] or 0 for r in rows) for i in range(2, len(_JOBS[0]) + 2)]
+            sums[1] += by_xid.get(node, 0)
+            w.jobs[node] = (tuple(sums), [int(r[1]) for r in rows])
+    return out
+
+
+def _within(found: dict, first: int, last: int, day_of: Callable[[Any], int]) -> dict:
+    """{node: its items of days first..last} of found's, a node with none left out."""
+    out: dict = {}
+    for node, items in found.items():
+        kept = [item for item in items if first <= day_of(item) <= last]
+        if kept:
+            out[node] = kept
     return out
 
 
