@@ -445,7 +445,7 @@ def counts(conn: sqlite3.Connection, start: float, end: float, days: Service | N
 @dataclasses.dataclass
 class Read:
     """What a caller read already in the same read transaction, taken as it is by signals()
-    over [start, end) (the report shows each of them too): held, the held-back jobs as
+    over [start, end) (the report reads them for its own sections too): held, the held-back jobs as
     queries.held_back_jobs gives them for (max(start, end - telemetry.LOOKBACK), end); models,
     {node: GPU model} over queries.MODEL_LOOKBACK before `end` (used where the window is that
     long); rising, queries.rising_counters as of `end`; days, the window's Service (as

@@ -39,9 +39,10 @@ def last_run(conn: sqlite3.Connection, node: str, now: float) -> tuple | None:
 # Each node's latest successful drain or resume and latest run before `now` (last_action,
 # last_run), queries.BATCH nodes a statement. A statement per node was 200,000 round trips for
 # a 100,000-node report on a server (docs/benchmarks.md). An action: one index seek for the
-# row's key and one by it. A run: its start and verdict from the (node, started, verdict) index
-# alone, two seeks per node and no table row (a table twice the server's memory made the rows
-# most of the read); its id is read for a failing node alone (its failed checks are shown).
+# row's key and one by it. A run: its start and verdict from the (node, started, verdict)
+# index alone, two seeks per node and no table row (in a table larger than the server's memory
+# the rows were most of the read); its id is read for a failing node alone (its failed checks
+# are shown).
 # {} is the VALUES rows' placeholders.
 _LAST_ACTIONS = """WITH q(node) AS (VALUES {}), k(node, id) AS (SELECT q.node,
         (SELECT id FROM actions WHERE actions.node = q.node AND time < ? AND ok = 1
