@@ -34,7 +34,8 @@ ACTOR = "slurmhealth lemons"
 
 def sweep(conn: sqlite3.Connection, now: float, window: float, params: dict | None = None) -> list:
     """Every node with history in the window, scored against the fleet, lemons first."""
-    return policy.score(signals.signals(conn, now - window, now), params)
+    with signals.bulk():
+        return policy.score(signals.signals(conn, now - window, now), params)
 
 
 # How long a node may go without a run before the sweep and the report name it as not heard

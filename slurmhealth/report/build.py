@@ -510,7 +510,8 @@ def build(
     if own:
         conn.execute("BEGIN")
     try:
-        doc = _build(conn, now, start, w_start, w_end, sinfo, tick)
+        with signals.bulk():
+            doc = _build(conn, now, start, w_start, w_end, sinfo, tick)
     finally:
         if own:
             conn.execute("COMMIT")

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import gc
 import re
 import sqlite3
 
+import pytest
 from stores import DAY, T0
 
 from sim import simulate
 from slurmhealth.core import store
-from slurmhealth.fleet import policy, queries, signals
+from slurmhealth.fleet import lemons, policy, queries, signals
 
 # --- lemon signals (docs/signals.md) --------------------------------------------------------
 
@@ -289,3 +291,30 @@ def test_windows_read_together_count_as_each_alone(tmp_path, monkeypatch):
     read = signals.service(conn, list(pairs[0]))  # the report's: the lemons' first day apart
     assert spans == [(now - 6 * 3600 - 10 * DAY, now), (now - 10 * DAY, now - 6 * 3600 - 9 * DAY)]
     assert any(c["node_days"] for c in signals.counts(conn, *pairs[0][0], read[0]).values())
+
+
+def test_a_sweep_pauses_the_cycle_collector_and_restores_it(tmp_path, monkeypatch):
+    """signals.bulk: no cycle collection while a sweep builds its objects; as it was after,
+    also when the sweep fails, and left off where the caller had turned it off."""
+    conn = signal_store(str(tmp_path / "fleet.db"))
+    seen = []
+    real = signals.signals
+
+    def watched(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return real(*args, **kwargs)
+
+    assert gc.isenabled()
+    monkeypatch.setattr(signals, "signals", watched)
+    try:
+        assert lemons.sweep(conn, T0 + 28 * DAY, 28 * DAY)
+        assert seen == [False] and gc.isenabled()
+        with pytest.raises(RuntimeError), signals.bulk():
+            raise RuntimeError
+        assert gc.isenabled()
+        gc.disable()
+        with signals.bulk():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
