@@ -21,7 +21,7 @@ from slurmhealth.core import slurm
 from slurmhealth.core.command import CommandError, Console
 from slurmhealth.core.constants import BREAKER, FAILED, HELD, LEMON
 from slurmhealth.core.result import clean
-from slurmhealth.fleet import policy, queries, signals, text
+from slurmhealth.fleet import policy, queries, signals, text, trends
 from slurmhealth.node import actions, config
 from slurmhealth.node.journal import Journal
 
@@ -34,7 +34,7 @@ ACTOR = "slurmhealth lemons"
 
 def sweep(conn: sqlite3.Connection, now: float, window: float, params: dict | None = None) -> list:
     """Every node with history in the window, scored against the fleet, lemons first."""
-    with signals.bulk():
+    with trends.no_gc():
         return policy.score(signals.signals(conn, now - window, now), params)
 
 

@@ -7,11 +7,9 @@ fleet/faults.py counts distinct faults.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from slurmhealth.core.constants import LEMON
@@ -169,21 +167,6 @@ def places(conn: sqlite3.Connection, start: float) -> dict:
                 continue
             out.setdefault(node, []).append(faults.scope_key(kind, name))
     return {node: tuple(scopes) for node, scopes in out.items()}
-
-
-@contextlib.contextmanager
-def bulk() -> Iterator[None]:
-    """Python's cycle collector paused while a sweep builds its many small objects (rows,
-    per-node dicts and lists, none of them in a cycle), then restored as it was: each
-    collection walks every object built so far, and at 100,000 nodes that was a quarter of
-    the report's own CPU (docs/benchmarks.md)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def _nodes(conn: sqlite3.Connection, table: str) -> list:

@@ -39,6 +39,7 @@ import contextlib
 import gc
 import math
 import statistics
+from collections.abc import Iterator
 
 from slurmhealth.core.result import clean
 from slurmhealth.fleet.policy import ln_poisson_sf
@@ -120,7 +121,7 @@ def judged(series: list, models: dict, windows: tuple, limits: tuple, baseline: 
     queries.counter_series); limits: (factor, min_episodes, alpha)."""
     factor, min_episodes, alpha = limits
     width = int(round(baseline / HOUR))
-    with _no_gc():  # many small objects at 10,000 nodes, none of them cyclic
+    with no_gc():  # many small objects at 10,000 nodes, none of them cyclic
         past = {s[:3]: _past(s[6], width, baseline) for s in series}
         classes = _classes(past, models, baseline)
         bounds = (factor, min_episodes, math.log(alpha))
@@ -152,9 +153,11 @@ def hours_of(windows: tuple, baseline: float) -> tuple:
 
 
 @contextlib.contextmanager
-def _no_gc():
-    """The cyclic garbage collector off for a while: it walks every live object each time
-    enough new ones were made, which a sweep's rows and series make a million times over."""
+def no_gc() -> Iterator[None]:
+    """The cyclic garbage collector off for a while, then as it was: it walks every live
+    object each time enough new ones were made, which a sweep's rows, series and per-node
+    objects (none of them in a cycle) make a million times over; at 100,000 nodes it was a
+    quarter of the report's own CPU (docs/benchmarks.md)."""
     was = gc.isenabled()
     gc.disable()
     try:
@@ -173,7 +176,7 @@ def summaries(rows: list, now: float, hours: tuple) -> list:
     - past: (errors, readings with errors, both in the older half, the sums of the squares
       of the hourly errors and readings, both in the older half, (errors of each day)) over
       the baseline."""
-    with _no_gc():
+    with no_gc():
         series = _series(rows, now, now - hours[2] * HOUR)
         return [
             key + (entry[1], entry[2], _recent(entry[0], hours[0]), _sums(entry[0], hours))

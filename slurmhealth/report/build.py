@@ -510,7 +510,7 @@ def build(
     if own:
         conn.execute("BEGIN")
     try:
-        with signals.bulk():
+        with trends.no_gc():
             doc = _build(conn, now, start, w_start, w_end, sinfo, tick)
     finally:
         if own:

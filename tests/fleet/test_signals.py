@@ -11,7 +11,7 @@ from stores import DAY, T0
 
 from sim import simulate
 from slurmhealth.core import store
-from slurmhealth.fleet import lemons, policy, queries, signals
+from slurmhealth.fleet import lemons, policy, queries, signals, trends
 
 # --- lemon signals (docs/signals.md) --------------------------------------------------------
 
@@ -294,7 +294,7 @@ def test_windows_read_together_count_as_each_alone(tmp_path, monkeypatch):
 
 
 def test_a_sweep_pauses_the_cycle_collector_and_restores_it(tmp_path, monkeypatch):
-    """signals.bulk: no cycle collection while a sweep builds its objects; as it was after,
+    """trends.no_gc: no cycle collection while a sweep builds its objects; as it was after,
     also when the sweep fails, and left off where the caller had turned it off."""
     conn = signal_store(str(tmp_path / "fleet.db"))
     seen = []
@@ -309,11 +309,11 @@ def test_a_sweep_pauses_the_cycle_collector_and_restores_it(tmp_path, monkeypatc
     try:
         assert lemons.sweep(conn, T0 + 28 * DAY, 28 * DAY)
         assert seen == [False] and gc.isenabled()
-        with pytest.raises(RuntimeError), signals.bulk():
+        with pytest.raises(RuntimeError), trends.no_gc():
             raise RuntimeError
         assert gc.isenabled()
         gc.disable()
-        with signals.bulk():
+        with trends.no_gc():
             pass
         assert not gc.isenabled()
     finally:
