@@ -36,26 +36,26 @@ lint: $(VENV)/.installed
 
 # Everything on 3.11 and 3.9 (on 3.9 the fleet tests' PostgreSQL twins left out: the backend's
 # own tests, tests/fleet/test_pgstore.py, run there), the fast subset on 3.12 and 3.13, the
-# four at once: the suites
-# that start real services (Slurm, MariaDB, Chromium) spend most of their time waiting on them
-# (a whole run used 11 of its 24 minutes of CPU one after another), and every lab, store and
-# browser profile lives in a temporary directory of its own, on ports picked free. Each
+# four at once. Every lab, store and browser profile lives in a temporary directory of its own,
+# on ports picked free. The two whole suites run their files on two workers each (pytest-xdist,
+# a file's tests on one worker, in order): alone, a suite's real tests waited on Slurm, MariaDB
+# and Chromium for 10 of its 14 minutes at half a core, one test file after another. Each
 # suite's output comes whole when it ends (--output-sync).
 test: $(VENV)/.installed lint
 	@$(MAKE) --no-print-directory -j4 --output-sync=target test-py311 test-py39 test-py312 test-py313
 
 # The longest suite names its 25 slowest tests: CI's log shows where the time goes.
 test-py311: $(VENV)/.installed
-	$(VENV)/bin/python -m pytest --durations=25
+	$(VENV)/bin/python -m pytest -n 2 --dist loadfile --durations=25
 
 # The edit-test loop: everything but the tests marked `real` (a real Slurm, MariaDB, Chromium,
 # tmpfs, package builds) or `slow`; about 2 minutes on 2 cores. `make test` and CI run them all.
 test-fast: $(VENV)/.installed lint
-	$(VENV)/bin/python -m pytest -q -m "not real and not slow" -p no:cacheprovider
+	$(VENV)/bin/python -m pytest -q -n 2 --dist loadfile -m "not real and not slow" -p no:cacheprovider
 
 test-py39:
 	@if [ -z "$(PY39)" ] && [ -z "$$CI" ]; then echo "SKIP Python 3.9: not installed"; exit 0; fi; \
-	$(MAKE) --no-print-directory $(VENV39)/.installed && $(VENV39)/bin/python -m pytest -q -p no:cacheprovider -m "not twin"
+	$(MAKE) --no-print-directory $(VENV39)/.installed && $(VENV39)/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile -m "not twin"
 
 # The fast subset on the newer Pythons setup.cfg names (3.11 and 3.9 run everything above): a venv
 # each, .venv312 and .venv313. A Python that is not installed is skipped, except under CI.

@@ -110,10 +110,18 @@ def test_a_page_renders_as_text_without_roff_warnings(docs, tmp_path):
 # --- completion ------------------------------------------------------------------------------
 
 
-def test_completion_files_match_the_commands(docs):
+def test_completion_files_match_the_commands():
     """packaging/completion is generated (make completion); a new command or option without
-    regenerating it fails here."""
-    assert docs.stale(docs.completions(), COMPLETION) == [], "run: make completion"
+    regenerating it fails here. Checked in a process of its own, as `make completion` writes
+    them: click keeps each command's help option once made, so a command another test parsed
+    without the top level's settings (-h) would be listed without -h here."""
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, "completion", "--check", COMPLETION],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, f"run: make completion\n{proc.stderr}"
 
 
 def bash_complete(*words: str) -> list:

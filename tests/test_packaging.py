@@ -392,7 +392,7 @@ def _dry_run(env: dict, job: str) -> list:
 def _parse_with_the_cli(argv: list) -> None:
     """Parse argv as `slurmhealth` would, without running it: a wrong option raises."""
     name, *rest = argv
-    group = click.Context(cli, info_name="slurmhealth")
+    group = click.Context(cli, info_name="slurmhealth", **cli.context_settings)  # -h as well
     command = cli.get_command(group, name)
     assert command is not None, f"no command {name}"
     command.make_context(name, rest, parent=group)
