@@ -49,7 +49,8 @@ test-py311: $(VENV)/.installed
 	$(VENV)/bin/python -m pytest -n 2 --dist loadfile --durations=25
 
 # The edit-test loop: everything but the tests marked `real` (a real Slurm, MariaDB, Chromium,
-# tmpfs, package builds) or `slow`; about 2 minutes on 2 cores. `make test` and CI run them all.
+# tmpfs, package builds) or `slow`, on two workers; about 2 minutes on 2 cores. `make test` and
+# CI run them all.
 test-fast: $(VENV)/.installed lint
 	$(VENV)/bin/python -m pytest -q -n 2 --dist loadfile -m "not real and not slow" -p no:cacheprovider
 

@@ -17,12 +17,15 @@ PHASES = (*HOOKS, CHECK, DIAG)
 DRAINED = "drained"  # the node is drained, with our reason
 SKIPPED = "skipped"  # someone else took the node out already: left alone
 BREAKER = "breaker"  # the circuit breaker is open: nothing drained, loudly
-# nothing drained now, the fault stays pending: the fleet could not be counted, or the node
-# reboots towards a next state (Slurm lifts a drain when it registers)
+# nothing drained now, the fault stays pending: Slurm did not answer, so the fleet could not be
+# counted (a failure: an alert's business)
 HELD = "held"
+# nothing drained now, the fault stays pending: the node reboots towards a next state and Slurm
+# lifts a drain when it registers; the first run after the registration drains (planned: no alert)
+REBOOTING = "rebooting"
 FAILED = "failed"  # scontrol failed or timed out
 WOULD_DRAIN = "would_drain"  # monitor-only mode: nothing drained, what would have been recorded
-DRAIN_OUTCOMES = (DRAINED, SKIPPED, BREAKER, HELD, FAILED, WOULD_DRAIN)
+DRAIN_OUTCOMES = (DRAINED, SKIPPED, BREAKER, HELD, REBOOTING, FAILED, WOULD_DRAIN)
 
 # Reasons: every reason slurmhealth writes starts with PREFIX (LBNL NHC's etiquette), so it
 # resumes only its own drains. Probation and lemon drains are lifted by an admin, never by us.

@@ -24,6 +24,7 @@ from slurmhealth.core.constants import (
     PREFIX,
     PROBATION,
     REBOOT,
+    REBOOTING,
     RESET,
     SERVICE,
     SKIPPED,
@@ -87,7 +88,7 @@ def drain(
     (slurm.rejoins: a reboot, slurmd not answering) is not out by anyone's choice, and the
     health check at slurmd's start is the last run before Slurm returns it to service: it is
     drained like a node in service (the DRAIN holds through the registration), or, where the
-    registration would lift a drain (a reboot with a next state), HELD: the fault stays
+    registration would lift a drain (a reboot with a next state), REBOOTING: the fault stays
     pending for the first run after it.
 
     The breaker: slurmhealth never has more than settings.breaker_share of the fleet drained by
@@ -168,15 +169,15 @@ def drain(
 
 def _held_for_reboot(journal: Journal, node: str, message: str, info: NodeInfo) -> str:
     """A fault met while the node reboots towards a next state: Slurm lifts any drain when the
-    node registers, so none is made now; said, recorded, and HELD (the fault stays pending,
-    drained by the first run after the registration)."""
+    node registers, so none is made now; said, recorded, and REBOOTING (the fault stays pending,
+    drained by the first run after the registration; not HELD, which alerts)."""
     detail = (
         f"rebooting, NextState={info.get('next_state')}: Slurm lifts a drain when {node} "
         "registers, so it is not drained now; the fault stays pending for the next run"
     )
     journal.say(f"not drained now: {detail}")
     journal.note(node, ACT_DRAIN_SKIPPED, slurm.reason(message), True, detail)
-    return HELD
+    return REBOOTING
 
 
 def _landed(client: slurm.Slurm, node: str, why: str) -> bool:

@@ -1155,7 +1155,7 @@ def refusal(verdict: str, outcome: str | None) -> int:
     pending and the next run drains: slurmd drains a node whose prolog or epilog fails,
     whatever the circuit breaker says, so an exit 1 on every node of a fleet-wide fault (the
     controller not taking updates, a bug of ours in the drain path) would empty the cluster
-    past it. BREAKER, HELD, FAILED: fail open, loudly (actions.drain logged and recorded it)."""
+    past it. BREAKER, HELD, REBOOTING, FAILED: fail open (actions.drain logged and recorded it)."""
     return EXIT_FAIL if verdict == FAIL and outcome in (DRAINED, SKIPPED) else EXIT_OK
 
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from slurmhealth.core import slurm, store
-from slurmhealth.core.constants import BREAKER, DRAINED, FAILED, HELD, SKIPPED
+from slurmhealth.core.constants import BREAKER, DRAINED, FAILED, HELD, REBOOTING, SKIPPED
 from slurmhealth.node import actions, config
 from slurmhealth.node.checks import gpu
 from slurmhealth.node.journal import Journal
@@ -140,7 +140,8 @@ def test_a_failed_drain_is_recorded_as_failed(conn):
     [
         ("DOWN+REBOOT_ISSUED+NOT_RESPONDING", "reboot requested : reboot issued", "", DRAINED),
         ("DOWN+NOT_RESPONDING", "Not responding", "", DRAINED),
-        ("DOWN+DRAIN+REBOOT_ISSUED+NOT_RESPONDING", "Reboot ASAP : reboot issued", "RESUME", HELD),
+        ("DOWN+DRAIN+REBOOT_ISSUED+NOT_RESPONDING", "Reboot ASAP : reboot issued", "RESUME",
+         REBOOTING),
         ("DOWN+REBOOT_ISSUED+NOT_RESPONDING", "reboot requested : reboot issued", "DOWN", SKIPPED),
         ("DOWN+DRAIN+REBOOT_ISSUED", "admin: fan : reboot issued", "", SKIPPED),
         ("DOWN", "admin: PSU", "", SKIPPED),
@@ -168,7 +169,7 @@ def test_a_node_back_in_service_when_its_slurmd_registers_is_drained_by_its_hook
         assert client.states["gpu01"]["reason"] == "slurmhealth: GPU 3 GpuIsLost"
     else:
         assert client.states["gpu01"]["reason"] == reason
-    if outcome == HELD:
+    if outcome == REBOOTING:
         assert recorded(conn) == [("drain-skipped", "slurmhealth: GPU 3 GpuIsLost", 1)]
         assert "NextState=RESUME" in logged[0] and "stays pending" in logged[0]
 
