@@ -1304,6 +1304,19 @@ def test_periodic_collect_publishes_unless_switched_off(periodic_env):
     assert [argv[1] for argv in _dry_run(off, "collect")] == ["collect"]
 
 
+def test_periodic_collect_reads_accounting_unless_the_site_has_none(periodic_env):
+    """SLURMHEALTH_ACCOUNTING=no (no slurmdbd): collect without --sacct, which would fail each
+    cycle after merging the spool; the command is still one the CLI accepts."""
+    (collect, _) = _dry_run(periodic_env, "collect")
+    assert "--sacct" in collect
+    with open(periodic_env["SLURMHEALTH_PERIODIC_ENV"], "a") as handle:
+        handle.write("SLURMHEALTH_ACCOUNTING=no\n")
+    (collect, _) = _dry_run(periodic_env, "collect")
+    assert "--sacct" not in collect
+    assert collect[1:3] == ["collect", periodic_env["SLURMHEALTH_SPOOL"]]
+    _parse_with_the_cli(collect[1:])
+
+
 def test_periodic_notifies_a_webhook_after_collect_and_the_sweep(periodic_env):
     secret = "https://hooks.example.org/services/T000/B000/secretkey"
     with open(periodic_env["SLURMHEALTH_PERIODIC_ENV"], "a") as handle:
