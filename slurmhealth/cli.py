@@ -1240,7 +1240,13 @@ def job_cmd(job_id: str, db: str | None, slurm_bin: str, as_json: bool) -> None:
 
 @cli.command(name="publish")
 @fleet_db_option
-@click.option("--since", default="2h", show_default=True, help="jobs that ended this recently")
+@click.option(
+    "--since",
+    default="2h",
+    show_default=True,
+    help="jobs that ended this recently, and since the last publish that wrote all it had to "
+    "(at most 28 days)",
+)
 @click.option("--now", default=None, help="replay: the time to count back from")
 @click.option("--slurm-bin", default="", help="directory of sacct and sacctmgr")
 @click.option("--public", is_flag=True, help="publish even without PrivateData=jobs in slurmdbd")
@@ -1248,7 +1254,9 @@ def publish_cmd(db: str | None, since: str, now: str | None, slurm_bin: str, pub
     """Write each recently ended job's summary into its AdminComment (head node, as root).
 
     Run by a timer after `collect`. Writes only summaries that changed since the last run and
-    never touches an AdminComment another tool wrote; exits 1 if a write failed.
+    never touches an AdminComment another tool wrote; exits 1 if a write failed. Looks back
+    past --since to the last publish that wrote all it had to (the timer stopped, a write
+    failed), at most 28 days.
 
     \b
     Example:
@@ -1257,8 +1265,8 @@ def publish_cmd(db: str | None, since: str, now: str | None, slurm_bin: str, pub
     from slurmhealth.fleet import jobs  # noqa: PLC0415
 
     end = _instant(now)
-    start = _start(since, end)
     conn = _open(_fleet_path(db))
+    start = jobs.publish_start(conn, _start(since, end), end)
     client = slurm.Slurm(slurm_bin, timeout=30.0)
     try:
         report = jobs.publish(conn, client, start, end, check_privacy=not public)

@@ -940,6 +940,15 @@ def record_published(conn: sqlite3.Connection, job_id: str, digest: str, size: i
 
 
 @_translated
+def record_mark(conn: sqlite3.Connection, source: str, mark: float) -> None:
+    """Remember how far `source` got (a watermarks row; fleet/jobs.py: publish)."""
+    with immediate(conn):
+        conn.execute(
+            insert_sql("watermarks", verb="INSERT OR REPLACE"), (source, mark, "", time.time())
+        )
+
+
+@_translated
 def drain_history(conn: sqlite3.Connection, node: str) -> list[tuple[float, str]]:
     """[(time, action)] of slurmhealth's successful drains and resumes of the node, oldest
     first (node/actions.py: probation)."""

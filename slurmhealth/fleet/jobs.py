@@ -42,6 +42,10 @@ DRAIN_SLACK_S = 1800
 SACCT_CHUNK = 100  # job ids per sacct call
 PUBLISH_AT_ONCE = 8  # sacctmgr writes at once (publish)
 PUBLISH_BUDGET_S = 120.0  # for all the writes of one publish: well inside the 5-minute cycle
+# publish looks back to the last publish that wrote all it had to, at most this far (a head
+# node down for hours must not leave the jobs that ended meanwhile without a summary)
+PUBLISH_CATCH_UP_S = 28 * 86400
+PUBLISHED_MARK = "publish:AdminComment"  # the watermarks row of the last complete publish
 
 # What a hardware Xid means to a user, in words (the rest: "a hardware fault on GPU n").
 _XID_WORDS = {
@@ -155,6 +159,18 @@ def finished_jobs(conn: sqlite3.Connection, start: float, end: float) -> list:
         "SELECT DISTINCT job_id FROM jobs WHERE end >= ? AND end <= ?", (start, end)
     ).fetchall()
     return sorted((r[0] for r in rows), key=lambda j: (len(j), j))
+
+
+def publish_start(conn: sqlite3.Connection, start: float, end: float) -> float:
+    """Where a publish over [start, end] (--since) looks back from: `start`, or earlier where
+    the last publish that wrote all it had to ended more than that span before `end` (the
+    timer did not run, a write failed): its end less the same span, never more than
+    PUBLISH_CATCH_UP_S before `end`."""
+    row = conn.execute("SELECT mark FROM watermarks WHERE source = ?", (PUBLISHED_MARK,))
+    mark = (row.fetchone() or (None,))[0]
+    if mark is None:
+        return start
+    return max(min(start, mark - (end - start)), end - PUBLISH_CATCH_UP_S)
 
 
 def published_digest(conn: sqlite3.Connection, job_id: str) -> str | None:
@@ -784,6 +800,10 @@ def publish(
             continue
         _remember(conn, job_id, sign, comment)
         report["published"].append(job_id)
+    if not report["failed"]:
+        from slurmhealth.core import store  # noqa: PLC0415 - the user side never writes
+
+        store.record_mark(conn, PUBLISHED_MARK, end)
     return report
 
 

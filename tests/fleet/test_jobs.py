@@ -457,6 +457,40 @@ def test_publish_writes_many_at_once_and_a_refused_write_costs_only_its_job(conn
     assert again["published"] == ["105"] and again["unchanged"] == len(ids) - 1
 
 
+def test_publish_looks_back_to_the_last_publish_that_wrote_everything(conn, acct):
+    """The head node down for hours: the next `publish --since 2h` still writes the summaries
+    of the jobs that ended since the last publish that wrote all it had to. A failed write
+    leaves that mark where it was, so the job is tried again; never more than
+    PUBLISH_CATCH_UP_S back."""
+    job_on(conn, "gpu02", "51", exit_code=3)
+    job_on(conn, "gpu03", "52", exit_code=3)
+    rows = {"51": ended(), "52": ended()}
+    rows["52"]["refuse"] = True
+    acct.write(rows)
+    client = slurm.Slurm(acct.bin)
+    ended_at = time.time()
+    span = 2 * 3600.0
+
+    def publish_at(end: float) -> dict:
+        return jobs.publish(conn, client, jobs.publish_start(conn, end - span, end), end)
+
+    assert jobs.publish_start(conn, ended_at - span, ended_at) == ended_at - span  # first run
+    before = publish_at(ended_at - 3 * 3600)  # the last publish before the head node went down
+    assert before["published"] == [] and before["failed"] == []
+    back = ended_at + 5 * 3600  # 5 hours later: the jobs ended outside --since 2h
+    assert jobs.finished_jobs(conn, back - span, back) == []
+    caught_up = publish_at(back)
+    assert caught_up["published"] == ["51"]
+    assert [job for job, _ in caught_up["failed"]] == ["52"]
+    del rows["52"]["refuse"]
+    acct.write({**rows, "51": acct.read()["51"]})
+    later = ended_at + 10 * 3600  # the failed write kept the mark: 52 is tried again
+    assert publish_at(later)["published"] == ["52"]
+    assert jobs.publish_start(conn, later + 600 - span, later + 600) == later - span
+    far = later + 40 * 86400
+    assert jobs.publish_start(conn, far - span, far) == far - jobs.PUBLISH_CATCH_UP_S
+
+
 def test_publish_stops_writing_once_its_budget_is_spent(conn, acct, monkeypatch):
     """A slurmdbd that takes its time over every write (reads answering) must not stretch one
     publish past its cycle: writes not begun within the budget are reported, not remembered,
