@@ -1530,14 +1530,21 @@ def test_classifiers_name_every_python_ci_tests():
 
 @pytest.fixture(scope="module")
 def sdist(tmp_path_factory) -> str:
-    """dist/slurmhealth-X.Y.Z.tar.gz as `make sdist` builds it (python -m build --sdist)."""
+    """dist/slurmhealth-X.Y.Z.tar.gz as `make sdist` builds it (python -m build --sdist).
+    setuptools assembles the release in ROOT/slurmhealth-X.Y.Z and removes it: the other
+    Pythons' suites of `make test` build there too, so one build at a time (a lock on ROOT)."""
     out = tmp_path_factory.mktemp("sdist")
-    done = subprocess.run(
-        [sys.executable, "-m", "build", "--sdist", "--outdir", str(out), ROOT],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    tree = os.open(ROOT, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(tree, fcntl.LOCK_EX)
+        done = subprocess.run(
+            [sys.executable, "-m", "build", "--sdist", "--outdir", str(out), ROOT],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    finally:
+        os.close(tree)  # and with it the lock
     assert done.returncode == 0, done.stderr[-3000:]
     assert os.listdir(out) == [f"slurmhealth-{__version__}.tar.gz"]
     return str(out / f"slurmhealth-{__version__}.tar.gz")

@@ -165,12 +165,12 @@ def publish_start(conn: sqlite3.Connection, start: float, end: float) -> float:
     """Where a publish over [start, end] (--since) looks back from: `start`, or earlier where
     the last publish that wrote all it had to ended more than that span before `end` (the
     timer did not run, a write failed): its end less the same span, never more than
-    PUBLISH_CATCH_UP_S before `end`."""
+    PUBLISH_CATCH_UP_S before `end` (a longer --since is taken as given)."""
     row = conn.execute("SELECT mark FROM watermarks WHERE source = ?", (PUBLISHED_MARK,))
     mark = (row.fetchone() or (None,))[0]
     if mark is None:
         return start
-    return max(min(start, mark - (end - start)), end - PUBLISH_CATCH_UP_S)
+    return min(start, max(mark - (end - start), end - PUBLISH_CATCH_UP_S))
 
 
 def published_digest(conn: sqlite3.Connection, job_id: str) -> str | None:

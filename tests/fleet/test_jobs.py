@@ -489,6 +489,7 @@ def test_publish_looks_back_to_the_last_publish_that_wrote_everything(conn, acct
     assert jobs.publish_start(conn, later + 600 - span, later + 600) == later - span
     far = later + 40 * 86400
     assert jobs.publish_start(conn, far - span, far) == far - jobs.PUBLISH_CATCH_UP_S
+    assert jobs.publish_start(conn, far - 60 * 86400, far) == far - 60 * 86400  # --since 60d
 
 
 def test_publish_stops_writing_once_its_budget_is_spent(conn, acct, monkeypatch):
