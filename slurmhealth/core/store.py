@@ -939,6 +939,12 @@ def record_published(conn: sqlite3.Connection, job_id: str, digest: str, size: i
         )
 
 
+def mark_of(conn: sqlite3.Connection, source: str) -> float | None:
+    """How far `source` got (its watermarks row's mark), None when it never said."""
+    row = conn.execute("SELECT mark FROM watermarks WHERE source = ?", (source,)).fetchone()
+    return None if row is None else row[0]
+
+
 @_translated
 def record_mark(conn: sqlite3.Connection, source: str, mark: float) -> None:
     """Remember how far `source` got (a watermarks row; fleet/jobs.py: publish)."""

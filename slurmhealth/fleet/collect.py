@@ -562,8 +562,7 @@ def accounting_start(conn: sqlite3.Connection, tool: str, since: float, full: bo
     ACCOUNTING_OVERLAP, never before `since`; `since` when `full` or the first time."""
     if full:
         return since
-    row = conn.execute("SELECT mark FROM watermarks WHERE source = ?", (f"accounting:{tool}",))
-    mark = (row.fetchone() or (None,))[0]
+    mark = store.mark_of(conn, f"accounting:{tool}")
     return since if mark is None else max(since, mark - ACCOUNTING_OVERLAP)
 
 

@@ -166,8 +166,9 @@ def publish_start(conn: sqlite3.Connection, start: float, end: float) -> float:
     the last publish that wrote all it had to ended more than that span before `end` (the
     timer did not run, a write failed): its end less the same span, never more than
     PUBLISH_CATCH_UP_S before `end` (a longer --since is taken as given)."""
-    row = conn.execute("SELECT mark FROM watermarks WHERE source = ?", (PUBLISHED_MARK,))
-    mark = (row.fetchone() or (None,))[0]
+    from slurmhealth.core import store  # noqa: PLC0415 - the user side never reads it
+
+    mark = store.mark_of(conn, PUBLISHED_MARK)
     if mark is None:
         return start
     return min(start, max(mark - (end - start), end - PUBLISH_CATCH_UP_S))
