@@ -197,10 +197,11 @@ def period_actions(conn: sqlite3.Connection, start: float, end: float) -> dict:
     return {"counts": counts, "total": len(rows), "list": listed}
 
 
-def period_runs(conn: sqlite3.Connection, start: float, end: float) -> dict:
-    """Runs in the period by verdict: the denominator of the check counts."""
+def period_runs(conn: sqlite3.Connection, start: float, end: float, total: int) -> dict:
+    """Runs in the period by verdict: the denominator of the check counts. total: the runs
+    started in it (reads.run_figures)."""
     counts = {"ok": 0, "warn": 0, "fail": 0}
-    for verdict, n in reads.verdict_counts(conn, start, end):
+    for verdict, n in reads.verdict_counts(conn, start, end, total):
         counts[verdict] = counts.get(verdict, 0) + n
     return {"total": sum(counts.values()), **counts}
 
@@ -264,10 +265,15 @@ def xid_counts(conn: sqlite3.Connection, start: float, end: float) -> dict:
     return {"by_class": by_class, "codes": rows}
 
 
-def own_cost(conn: sqlite3.Connection, start: float, end: float) -> list:
-    """slurmhealth's own wall time per run of prolog and epilog in the period (runs.duration)."""
+# The phases whose own wall time the report shows, and the quantiles of it.
+COST_PHASES = ("prolog", "epilog")
+COST_QUANTILES = (0.50, 0.99)
+
+
+def own_cost(found: dict) -> list:
+    """slurmhealth's own wall time per run of prolog and epilog in the period (runs.duration):
+    found, {phase: (runs, [the COST_QUANTILES])} (reads.run_figures)."""
     out = []
-    found = reads.percentiles(conn, start, end, ("prolog", "epilog"), (0.50, 0.99))
     for phase, (runs, (p50, p99)) in found.items():
         out.append(
             {
@@ -601,7 +607,9 @@ def _build(
         "freshness": freshness(conn, now),
     }
     tick(1)
-    doc["runs"] = period_runs(conn, start, now)
+    # the period's runs, counted with the phases' own wall time in one read (reads.run_figures)
+    total, cost = reads.run_figures(conn, start, now, COST_PHASES, COST_QUANTILES)
+    doc["runs"] = period_runs(conn, start, now, total)
     doc["checks"] = check_counts(conn, start, now)
     tick(1)
     doc["xids"] = xid_counts(conn, start, now)
@@ -627,7 +635,7 @@ def _build(
     doc["held_back"] = held_back_nodes(findings, _held_from(w_start, w_end), w_end)
     doc["rising"] = rising_counters(rising)
     tick(1)
-    doc["cost"] = own_cost(conn, start, now)
+    doc["cost"] = own_cost(cost)
     tick(1)
     return doc
 

@@ -110,16 +110,19 @@ def actions_between(conn: sqlite3.Connection, start: float, end: float) -> list:
     ).fetchall()
 
 
-def verdict_counts(conn: sqlite3.Connection, start: float, end: float) -> list:
+def verdict_counts(
+    conn: sqlite3.Connection, start: float, end: float, total: int | None = None
+) -> list:
     """[(verdict, runs)]: runs started in [start, end) per verdict, with the passing runs
     rolled up in the hours that start in it (fleet/rollup.py). The passing runs are counted, never
-    read one by one: all runs from the time index, less those that did not pass
-    (queries.not_ok_runs)."""
-    total = conn.execute(
-        "SELECT count(*) FROM runs INDEXED BY runs_started_phase "
-        "WHERE started >= ? AND started < ?",
-        (start, end),
-    ).fetchone()[0]
+    read one by one: all runs from the time index (`total` when the caller counted them already:
+    run_figures), less those that did not pass (queries.not_ok_runs)."""
+    if total is None:
+        total = conn.execute(
+            "SELECT count(*) FROM runs INDEXED BY runs_started_phase "
+            "WHERE started >= ? AND started < ?",
+            (start, end),
+        ).fetchone()[0]
     others: dict = {}
     for _node, _started, verdict in queries.not_ok_runs(conn, start, end):
         others[verdict] = others.get(verdict, 0) + 1
@@ -185,32 +188,51 @@ def diagnoses(conn: sqlite3.Connection, start: float, end: float) -> list:
     return runs
 
 
-def percentiles(
+def run_figures(
     conn: sqlite3.Connection, start: float, end: float, phases: tuple, qs: tuple
-) -> dict:
-    """{phase: (runs, [the q-quantile of runs.duration by nearest rank, for each q of qs])} of
-    the phases' runs started in [start, end): slurmhealth's own wall time. A server orders
-    them itself (percentile_disc is the nearest rank) and sends a row a phase: a 100,000-node
-    week has millions of prolog and epilog runs. SQLite reads them in one scan of the time
-    index (it holds every run's phase and duration) and Python orders them."""
+) -> tuple:
+    """(runs started in [start, end), {phase: (runs, [the q-quantile of runs.duration by
+    nearest rank, for each q of qs])} of the phases' runs): the period's denominator and
+    slurmhealth's own wall time. A server counts them all and orders the phases' durations
+    itself in one pass over the period's runs (percentile_disc is the nearest rank; a
+    100,000-node week has millions of prolog and epilog runs, and a second pass read the
+    store's largest table twice: docs/benchmarks.md), and sends one row. SQLite counts them
+    from the time index, which holds every run's phase and duration, and reads the phases'
+    durations from it in one more scan; Python orders them."""
     marks = ", ".join("?" for _ in phases)  # placeholders only
-    where = f"FROM runs WHERE started >= ? AND started < ? AND phase IN ({marks})"
-    out: dict = {}
+    where = "FROM runs WHERE started >= ? AND started < ?"
     if not isinstance(conn, sqlite3.Connection):  # a PostgreSQL store (fleet/pgstore.py)
-        ranks = ", ".join(
-            f"percentile_disc({float(q)!r}) WITHIN GROUP (ORDER BY duration)" for q in qs
-        )  # the quantiles are the caller's constants
-        sql = f"SELECT phase, count(*), {ranks} {where} GROUP BY phase"  # noqa: S608
-        for phase, runs, *values in conn.execute(sql, (start, end, *phases)):
-            out[phase] = (runs, values)
-        return {phase: out.get(phase, (0, [None] * len(qs))) for phase in phases}
-    found: dict = {phase: [] for phase in phases}
-    for phase, duration in conn.execute(f"SELECT phase, duration {where}", (start, end, *phases)):  # noqa: S608
-        found[phase].append(duration)
-    for phase, durations in found.items():
-        durations.sort()
-        out[phase] = (len(durations), [_rank(durations, q) for q in qs])
-    return out
+        figures = ", ".join(
+            "count(*) FILTER (WHERE phase = ?), "
+            + ", ".join(
+                f"percentile_disc({float(q)!r}) WITHIN GROUP (ORDER BY duration) "
+                "FILTER (WHERE phase = ?)"
+                for q in qs
+            )
+            for _ in phases
+        )  # placeholders, and the quantiles are the caller's constants
+        args = [p for p in phases for _ in range(1 + len(qs))]
+        sql = f"SELECT count(*), {figures} {where}"  # noqa: S608
+        total, *row = conn.execute(sql, (*args, start, end)).fetchone()
+        step = 1 + len(qs)
+        return total, {
+            p: (row[i * step] or 0, list(row[i * step + 1 : (i + 1) * step]))
+            for i, p in enumerate(phases)
+        }
+    total = conn.execute(
+        "SELECT count(*) FROM runs INDEXED BY runs_started_phase "
+        "WHERE started >= ? AND started < ?",
+        (start, end),
+    ).fetchone()[0]
+    durations: dict = {phase: [] for phase in phases}
+    sql = f"SELECT phase, duration {where} AND phase IN ({marks})"  # noqa: S608
+    for phase, duration in conn.execute(sql, (start, end, *phases)):
+        durations[phase].append(duration)
+    out: dict = {}
+    for phase, values in durations.items():
+        values.sort()
+        out[phase] = (len(values), [_rank(values, q) for q in qs])
+    return total, out
 
 
 def _rank(ordered: list, q: float) -> float | None:
