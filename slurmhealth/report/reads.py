@@ -199,24 +199,19 @@ def run_figures(
     store's largest table twice: docs/benchmarks.md), and sends one row. SQLite counts them
     from the time index, which holds every run's phase and duration, and reads the phases'
     durations from it in one more scan; Python orders them."""
-    marks = ", ".join("?" for _ in phases)  # placeholders only
     where = "FROM runs WHERE started >= ? AND started < ?"
     if not isinstance(conn, sqlite3.Connection):  # a PostgreSQL store (fleet/pgstore.py)
+        quantiles = ", ".join(repr(float(q)) for q in qs)  # the caller's constants
         figures = ", ".join(
-            "count(*) FILTER (WHERE phase = ?), "
-            + ", ".join(
-                f"percentile_disc({float(q)!r}) WITHIN GROUP (ORDER BY duration) "
-                "FILTER (WHERE phase = ?)"
-                for q in qs
-            )
+            f"count(*) FILTER (WHERE phase = ?), percentile_disc(ARRAY[{quantiles}]) "
+            "WITHIN GROUP (ORDER BY duration) FILTER (WHERE phase = ?)"
             for _ in phases
-        )  # placeholders, and the quantiles are the caller's constants
-        args = [p for p in phases for _ in range(1 + len(qs))]
-        sql = f"SELECT count(*), {figures} {where}"  # noqa: S608
+        )  # one sort of each phase's durations for all its quantiles
+        sql = f"SELECT count(*), {figures} {where}"  # noqa: S608 - placeholders, constants
+        args = [p for p in phases for _ in range(2)]
         total, *row = conn.execute(sql, (*args, start, end)).fetchone()
-        step = 1 + len(qs)
         return total, {
-            p: (row[i * step] or 0, list(row[i * step + 1 : (i + 1) * step]))
+            p: (row[2 * i] or 0, list(row[2 * i + 1] or [None] * len(qs)))
             for i, p in enumerate(phases)
         }
     total = conn.execute(
@@ -225,6 +220,7 @@ def run_figures(
         (start, end),
     ).fetchone()[0]
     durations: dict = {phase: [] for phase in phases}
+    marks = ", ".join("?" for _ in phases)  # placeholders only
     sql = f"SELECT phase, duration {where} AND phase IN ({marks})"  # noqa: S608
     for phase, duration in conn.execute(sql, (start, end, *phases)):
         durations[phase].append(duration)
