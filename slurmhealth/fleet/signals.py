@@ -210,14 +210,18 @@ class Service:
         self.jobs: dict = {}
 
 
-def service(conn: sqlite3.Connection, windows: list) -> list:
+def service(conn: sqlite3.Connection, windows: list, run_nodes: list | None = None) -> list:
     """[Service] of each (start, end) window, read together: the days of the span they cover
     in one sweep (one index seek per node and day, as one window's), and apart only the part
     of a day that a window's edge cuts inside the span (the report's whole-day window and the
-    lemon sweep's 28 days up to now: one more seek per node, where two sweeps cost twice)."""
+    lemon sweep's 28 days up to now: one more seek per node, where two sweeps cost twice).
+    run_nodes: every node with a run before the last window's end, when the caller read them
+    (queries.heard_from); else every node of the runs table, read here."""
     lo, hi = min(s for s, _ in windows), max(e for _, e in windows)
     out = [Service(s, e) for s, e in windows]
-    run_nodes, job_nodes = _nodes(conn, "runs"), _nodes(conn, "jobs")
+    if run_nodes is None:
+        run_nodes = _nodes(conn, "runs")
+    job_nodes = _nodes(conn, "jobs")
     runs, jobs = _run_days(conn, lo, hi, run_nodes), _job_days(conn, lo, hi, job_nodes)
     every = (int(lo // DAY), int(-(-hi // DAY)) - 1)  # the days the sweep read
     for w in out:

@@ -529,11 +529,13 @@ def _held_from(w_start: float, w_end: float) -> float:
     return max(w_start, w_end - telemetry.LOOKBACK)
 
 
-def _window_reads(conn: sqlite3.Connection, now: float, w_start: float, w_end: float) -> tuple:
+def _window_reads(
+    conn: sqlite3.Connection, now: float, w_start: float, w_end: float, heard: dict
+) -> tuple:
     """(the window's counts, the lemons' signals, the window's held-back findings, each node's
     newest versions, the rising counters as of now): the lemons as `slurmhealth lemons --now
     NOW` scores them, the 28 days up to now (the window when the report runs at midnight), and
-    the window's node-days."""
+    the window's node-days. heard: queries.heard_from(conn, now), each node's newest run."""
     lemon_start = now - WINDOW_DAYS * DAY
     # the held-back jobs the lemon sweeps' warnings read, for both spans in one read (each job
     # is judged alone, in the span its last end falls in): the window's are shown too
@@ -545,18 +547,26 @@ def _window_reads(conn: sqlite3.Connection, now: float, w_start: float, w_end: f
     # counters pool nodes by, and the drift section's versions (a node with no run in the
     # look-back has none); the rising counters as of now, found once for the lemons' warnings
     # and their own section
-    ran = queries.nodes_with_runs(conn, now - VERSIONS_LOOKBACK, now)
+    ran = _ran_since(heard, now - VERSIONS_LOOKBACK)
     recent = queries.versions_of(conn, ran, now, VERSIONS_LOOKBACK)
     models = {n: str((v or {}).get("model") or "") for n, v in recent.items()}
     rising = queries.rising_counters(conn, now, models, ran=ran)
     known = signals.Read([(f["node"], f["time"]) for f in lemon_held], models, rising)
-    if (lemon_start, now) == (w_start, w_end):
-        lemon_counts = counts = signals.signals(conn, w_start, w_end, known)
-    else:  # the window's node-days alone, its days read with the lemons' in one sweep
-        known.days, days = signals.service(conn, [(lemon_start, now), (w_start, w_end)])
-        lemon_counts = signals.signals(conn, lemon_start, now, known)
-        counts = signals.counts(conn, w_start, w_end, days)
+    # the lemons' days in service, and the window's when it differs, in one sweep
+    windows = [(lemon_start, now)]
+    windows += [(w_start, w_end)] if (w_start, w_end) != windows[0] else []
+    days = signals.service(conn, windows, list(heard))
+    known.days = days[0]
+    lemon_counts = counts = signals.signals(conn, lemon_start, now, known)
+    if len(days) > 1:  # the window's node-days alone
+        counts = signals.counts(conn, w_start, w_end, days[1])
     return counts, lemon_counts, findings, recent, rising
+
+
+def _ran_since(heard: dict, start: float) -> list:
+    """[node] of every node with a run from `start` on (before the `now` heard was read at),
+    in heard's order: queries.nodes_with_runs(conn, start, now), from each node's newest run."""
+    return [node for node, newest in heard.items() if newest >= start]
 
 
 def _build(
@@ -569,7 +579,12 @@ def _build(
     tick: Callable[[int], None],
 ) -> dict:
     w_start, w_end = records_window(conn, w_start, w_end)
-    counts, lemon_counts, findings, recent, rising = _window_reads(conn, now, w_start, w_end)
+    # each node's newest run, read once: who has been silent (freshness), who ran lately, and
+    # the nodes whose days in service are read (a loose scan of the runs' index each, before)
+    heard = queries.heard_from(conn, now)
+    counts, lemon_counts, findings, recent, rising = _window_reads(
+        conn, now, w_start, w_end, heard
+    )
     scored = policy.score(lemon_counts)
     tick(1)
     # the nodes of either window, and those with runs in the period but none in the windows:
@@ -577,7 +592,7 @@ def _build(
     # them has their counts), else new nodes
     seen = set(counts) | set(lemon_counts)
     if start < now - WINDOW_DAYS * DAY:
-        seen.update(queries.nodes_with_runs(conn, start, now))
+        seen.update(_ran_since(heard, start))
     nodes = sorted(seen)
     if sinfo is None:
         states = fleet_summary(node_states(conn, nodes, now), "store")
@@ -604,7 +619,7 @@ def _build(
         "window": {"start": timespec.iso(w_start), "end": timespec.iso(w_end), "days": days},
         "fleet": states,
         "actions": period_actions(conn, start, now),
-        "freshness": freshness(conn, now),
+        "freshness": freshness(heard, now),
     }
     tick(1)
     # the period's runs, counted with the phases' own wall time in one read (reads.run_figures)
@@ -644,11 +659,12 @@ DIAG_SHOWN = 200  # diagnoses listed at most (the newest)
 SILENT_SHOWN = 100  # nodes not heard from, listed at most (the longest silent)
 
 
-def freshness(conn: sqlite3.Connection, now: float) -> dict:
+def freshness(heard: dict, now: float) -> dict:
     """When the store's newest run is, whether that makes it stale, and the nodes not heard
     from within lemons.SILENT_AFTER_S (as `slurmhealth lemons` says them): first in the report
-    and the mail, since a store nobody collects looks like a calm fleet."""
-    fresh = lemons.freshness(queries.heard_from(conn, now), now)
+    and the mail, since a store nobody collects looks like a calm fleet. heard:
+    queries.heard_from(conn, now)."""
+    fresh = lemons.freshness(heard, now)
     return {
         "newest": timespec.iso(fresh["newest"]) if fresh["newest"] is not None else None,
         "hours": round((now - fresh["newest"]) / 3600, 1) if fresh["newest"] is not None else None,
