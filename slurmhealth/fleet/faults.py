@@ -204,7 +204,10 @@ def shared(by_node: dict, span: float, params: dict) -> dict:
         for scope in scopes:
             by_scope.setdefault(scope, []).append((t, node))
     out: dict = {}
-    for scope, starts in by_scope.items():
+    # by name: where two scopes' bursts hold a fault with as many nodes, the one named is the
+    # first by name, not the first a set of strings happened to give (their order changes
+    # with each process's hash seed, and the same sweep said two causes on two runs)
+    for scope, starts in sorted(by_scope.items()):
         place = scope.split(":", 1)[0] in PLACES
         least = need if place else max(need, params["shared_cause_nodes"])
         if len({node for _, node in starts}) < least:

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -168,6 +173,34 @@ def test_a_fault_on_many_nodes_at_once_with_one_cause_is_shared():
         assert (total, kinds, last) == (1.0, {"check": 1}, i * 86400.0 / 7)
         assert discounted == [{"start": at + i * 30.0, "scope": "check:x", "nodes": 40}]
     assert all(counted[f"n{i:03d}"][2] == [] for i in range(40, 200))
+
+
+# Two causes on every node of one burst: which the discount names must not follow the order a
+# set of strings gives, which changes with each process's hash seed.
+_TIED_SCOPES = """
+import json
+from slurmhealth.fleet import faults, policy
+eps = {f"n{i:02d}": [(1000.0 + 30 * i, 1.0, {"check": 1},
+                      {"reason:port down", "check:ib.port_state", "xid:79", "job:7"})]
+       for i in range(12)}
+eps.update({f"q{i:03d}": [(86400.0 * (i % 20), 1.0, {"check": 1}, {f"check:own{i}"})]
+            for i in range(150)})
+print(json.dumps(faults.count(eps, 28 * 86400.0, policy.DEFAULT_PARAMS)["n03"][2]))
+"""
+
+
+def test_the_scope_a_shared_fault_is_discounted_for_is_the_same_in_every_process():
+    said = set()
+    for seed in ("0", "1", "2", "3", "4", "5"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        proc = subprocess.run(
+            [sys.executable, "-c", _TIED_SCOPES], env=env, capture_output=True, text=True
+        )
+        assert proc.returncode == 0, proc.stderr
+        said.add(proc.stdout)
+    assert len(said) == 1
+    (discounted,) = json.loads(said.pop())
+    assert discounted["scope"] == "check:ib.port_state" and discounted["nodes"] == 12
 
 
 def test_unrelated_faults_close_in_time_stay_each_nodes_own():
