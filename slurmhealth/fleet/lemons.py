@@ -32,10 +32,22 @@ if TYPE_CHECKING:
 ACTOR = "slurmhealth lemons"
 
 
-def sweep(conn: sqlite3.Connection, now: float, window: float, params: dict | None = None) -> list:
-    """Every node with history in the window, scored against the fleet, lemons first."""
+def sweep(
+    conn: sqlite3.Connection,
+    now: float,
+    window: float,
+    params: dict | None = None,
+    heard: dict | None = None,
+) -> list:
+    """Every node with history in the window, scored against the fleet, lemons first. heard:
+    queries.heard_from(conn, now) when the caller read it in the same read transaction (the
+    nodes whose days in service are read; else read here)."""
     with trends.no_gc():
-        return policy.score(signals.signals(conn, now - window, now), params)
+        read = None
+        if heard is not None:
+            days = signals.service(conn, [(now - window, now)], list(heard))[0]
+            read = signals.Read(days=days)
+        return policy.score(signals.signals(conn, now - window, now, read), params)
 
 
 # How long a node may go without a run before the sweep and the report name it as not heard
@@ -93,8 +105,18 @@ def run(conn: sqlite3.Connection, request: Request, console: Console) -> int:
     status: 4 when the store is stale (nothing drained), 3 when the breaker or probation held
     a drain, 1 when a drain failed, else 0. CommandError when the config does not load."""
     at = request.now
-    scored = sweep(conn, at, request.window)
-    fresh = freshness(queries.heard_from(conn, at), at, request.silent_after)
+    # each node's newest run, read once for the freshness and the nodes the sweep reads the
+    # days in service of, in the sweep's read transaction
+    own = not conn.in_transaction
+    if own:
+        conn.execute("BEGIN")
+    try:
+        heard = queries.heard_from(conn, at)
+        scored = sweep(conn, at, request.window, heard=heard)
+    finally:
+        if own:
+            conn.execute("COMMIT")
+    fresh = freshness(heard, at, request.silent_after)
     applied: list = []
     if request.apply and fresh["stale"]:
         console.err("stale fleet store: nothing drained (collect it, then sweep again)")
