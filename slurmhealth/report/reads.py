@@ -118,11 +118,7 @@ def verdict_counts(
     read one by one: all runs from the time index (`total` when the caller counted them already:
     run_figures), less those that did not pass (queries.not_ok_runs)."""
     if total is None:
-        total = conn.execute(
-            "SELECT count(*) FROM runs INDEXED BY runs_started_phase "
-            "WHERE started >= ? AND started < ?",
-            (start, end),
-        ).fetchone()[0]
+        total = _runs_between(conn, start, end)
     others: dict = {}
     for _node, _started, verdict in queries.not_ok_runs(conn, start, end):
         others[verdict] = others.get(verdict, 0) + 1
@@ -131,6 +127,15 @@ def verdict_counts(
     ).fetchone()[0]
     counts = [("ok", total - sum(others.values()) + (rolled or 0)), *sorted(others.items())]
     return [(verdict, n) for verdict, n in counts if n > 0]
+
+
+def _runs_between(conn: sqlite3.Connection, start: float, end: float) -> int:
+    """How many runs started in [start, end), counted in the time index."""
+    return conn.execute(
+        "SELECT count(*) FROM runs INDEXED BY runs_started_phase "
+        "WHERE started >= ? AND started < ?",
+        (start, end),
+    ).fetchone()[0]
 
 
 def check_counts(conn: sqlite3.Connection, start: float, end: float) -> list:
@@ -214,11 +219,7 @@ def run_figures(
             p: (row[2 * i] or 0, list(row[2 * i + 1] or [None] * len(qs)))
             for i, p in enumerate(phases)
         }
-    total = conn.execute(
-        "SELECT count(*) FROM runs INDEXED BY runs_started_phase "
-        "WHERE started >= ? AND started < ?",
-        (start, end),
-    ).fetchone()[0]
+    total = _runs_between(conn, start, end)
     durations: dict = {phase: [] for phase in phases}
     marks = ", ".join("?" for _ in phases)  # placeholders only
     sql = f"SELECT phase, duration {where} AND phase IN ({marks})"  # noqa: S608
