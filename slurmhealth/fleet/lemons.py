@@ -107,15 +107,9 @@ def run(conn: sqlite3.Connection, request: Request, console: Console) -> int:
     at = request.now
     # each node's newest run, read once for the freshness and the nodes the sweep reads the
     # days in service of, in the sweep's read transaction
-    own = not conn.in_transaction
-    if own:
-        conn.execute("BEGIN")
-    try:
+    with queries.snapshot(conn):
         heard = queries.heard_from(conn, at)
         scored = sweep(conn, at, request.window, heard=heard)
-    finally:
-        if own:
-            conn.execute("COMMIT")
     fresh = freshness(heard, at, request.silent_after)
     applied: list = []
     if request.apply and fresh["stale"]:

@@ -9,13 +9,29 @@ a node's run lives in core/store.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sqlite3
+from collections.abc import Iterator
 
 from slurmhealth.fleet import drift
 
 DAY = 86400
+
+
+@contextlib.contextmanager
+def snapshot(conn: sqlite3.Connection) -> Iterator[None]:
+    """One read transaction, a consistent snapshot while collect writes: begun and ended here
+    unless the caller is in one already (the report's reads, the lemon sweep's)."""
+    own = not conn.in_transaction
+    if own:
+        conn.execute("BEGIN")
+    try:
+        yield
+    finally:
+        if own:
+            conn.execute("COMMIT")
 
 
 def dicts(cursor: sqlite3.Cursor) -> list:

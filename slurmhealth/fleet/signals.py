@@ -471,10 +471,7 @@ def signals(
     One read transaction: a consistent snapshot while collect writes. read: as Read's.
     """
     read = read or Read()
-    own = not conn.in_transaction
-    if own:
-        conn.execute("BEGIN")
-    try:
+    with queries.snapshot(conn):
         out = counts(conn, start, end, read.days)
         # each node's hardware class, which the lemon policy pools apart where classes differ:
         # the model its runs of the last 2 days recorded (versions come every 6 h; reading the
@@ -488,7 +485,4 @@ def signals(
         models = queries.node_models(conn, sorted(out), end, lookback, models)
         for node, model in models.items():
             out[node]["gpu_class"] = model
-    finally:
-        if own:
-            conn.execute("COMMIT")
     return {node: out[node] for node in sorted(out)}

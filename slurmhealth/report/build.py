@@ -512,16 +512,8 @@ def build(
     """
     tick = progress or (lambda _n: None)
     start, (w_start, w_end) = now - since, window(now)
-    own = not conn.in_transaction
-    if own:
-        conn.execute("BEGIN")
-    try:
-        with trends.no_gc():
-            doc = _build(conn, now, start, w_start, w_end, sinfo, tick)
-    finally:
-        if own:
-            conn.execute("COMMIT")
-    return doc
+    with queries.snapshot(conn), trends.no_gc():
+        return _build(conn, now, start, w_start, w_end, sinfo, tick)
 
 
 def _held_from(w_start: float, w_end: float) -> float:
