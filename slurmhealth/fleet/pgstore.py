@@ -26,6 +26,8 @@ What is translated (docs/fleet.md "PostgreSQL"):
   end, user (columns)     "end", "user" (reserved words in PostgreSQL)
   temp.name               pg_temp.name
   BEGIN IMMEDIATE         BEGIN, then the writers' advisory lock (one writer at a time)
+  BEGIN DEFERRED          BEGIN ISOLATION LEVEL REPEATABLE READ (a read transaction: one
+                          snapshot for all its statements, as SQLite's; queries.snapshot)
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ CONNECT_TIMEOUT_S = 10
 WRITER_LOCK = 0x534C5257
 SCHEMA_LOCK = 0x534C524D
 _IMMEDIATE = re.compile(r"\s*BEGIN\s+IMMEDIATE\s*$", re.I)
+_DEFERRED = re.compile(r"\s*BEGIN\s+DEFERRED\s*$", re.I)
 
 
 def is_url(db: str | None) -> bool:
@@ -262,6 +265,10 @@ def translate(sql: str) -> str:
     """SQLite's statement as PostgreSQL takes it (the module's docstring lists what changes)."""
     if _IMMEDIATE.match(sql):
         return "BEGIN"  # Connection.execute takes the writers' lock with it
+    if _DEFERRED.match(sql):
+        # PostgreSQL's default, READ COMMITTED, takes a snapshot per statement: the report's
+        # total and its failures could come from two moments of a collect's writes
+        return "BEGIN ISOLATION LEVEL REPEATABLE READ"
     sql = sql.replace("%", "%%")  # literals' too: psycopg reads every % of a statement
     verb = _OR_VERB.match(sql)
     tail = ""
@@ -461,6 +468,10 @@ class Connection:
     def close(self) -> None:
         self._raw.close()
 
+    def cancel(self) -> None:
+        """Ask the server to stop the statement running now (from another thread)."""
+        self._raw.cancel()
+
     def __enter__(self) -> Connection:
         return self
 
@@ -532,6 +543,41 @@ def connect(url: str, existing: bool = False) -> sqlite3.Connection:
         conn.close()
         raise store.StoreError(f"{shown(url)}: {exc}") from None
     return cast("sqlite3.Connection", conn)  # the interface the fleet code uses of it
+
+
+# A snapshot's name as pg_export_snapshot gives it (e.g. 00000003-0000001B-1): set inline, as
+# SET TRANSACTION takes no parameter.
+_SNAPSHOT = re.compile(r"[0-9A-Fa-f-]{1,64}")
+
+
+def twin(conn: sqlite3.Connection) -> sqlite3.Connection | None:
+    """A second connection to `conn`'s server whose read transaction sees exactly what `conn`'s
+    does (pg_export_snapshot, SET TRANSACTION SNAPSHOT: conn in a repeatable-read transaction,
+    queries.snapshot), for reads that go on beside the caller's on another server process;
+    None where there is none: a SQLite store, conn in no such transaction, or a second
+    connection the server refuses (the caller then reads on conn)."""
+    if not isinstance(conn, Connection) or not conn.in_transaction:
+        return None
+    if conn.execute("SHOW transaction_isolation").fetchone()[0] != "repeatable read":
+        return None
+    name = str(conn.execute("SELECT pg_export_snapshot()").fetchone()[0])
+    if not _SNAPSHOT.fullmatch(name):
+        return None
+    import psycopg  # noqa: PLC0415
+
+    try:
+        raw = psycopg.connect(conn.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
+    except psycopg.Error:
+        return None
+    _numbers(raw)
+    other = Connection(raw, conn.url)
+    try:
+        other._run("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", ())
+        other._run(f"SET TRANSACTION SNAPSHOT '{name}'", ())  # checked above: hex and dashes
+    except sqlite3.Error:
+        other.close()
+        return None
+    return cast("sqlite3.Connection", other)
 
 
 # SQLite's rowid of a run, which the rollup and the report read (runs merged since the last

@@ -9,29 +9,58 @@ a node's run lives in core/store.py.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import math
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
-from slurmhealth.fleet import drift
+from slurmhealth.fleet import drift, pgstore
 
 DAY = 86400
+T = TypeVar("T")
 
 
 @contextlib.contextmanager
 def snapshot(conn: sqlite3.Connection) -> Iterator[None]:
     """One read transaction, a consistent snapshot while collect writes: begun and ended here
-    unless the caller is in one already (the report's reads, the lemon sweep's)."""
+    unless the caller is in one already (the report's reads, the lemon sweep's). DEFERRED is
+    SQLite's plain BEGIN, and a server's repeatable read (fleet/pgstore.py)."""
     own = not conn.in_transaction
     if own:
-        conn.execute("BEGIN")
+        conn.execute("BEGIN DEFERRED")
     try:
         yield
     finally:
         if own:
             conn.execute("COMMIT")
+
+
+@contextlib.contextmanager
+def beside(conn: sqlite3.Connection, read: Callable[[sqlite3.Connection], T]) -> Iterator[
+    Callable[[], T]
+]:
+    """`read(connection)` run beside the caller's reads, on a second connection to the server
+    that sees the caller's snapshot (pgstore.twin: another server process, while this one
+    reads or the caller computes); yields what returns its result, waiting for it. Where no
+    such connection is (a SQLite store, a server that refuses one), read runs here, first, on
+    conn: the same result. Leaving the block early stops the read."""
+    other = pgstore.twin(conn)
+    if other is None:
+        value = read(conn)
+        yield lambda: value
+        return
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="beside")
+    future = pool.submit(read, other)
+    try:
+        yield future.result
+    finally:
+        if not future.done():
+            other.cancel()  # type: ignore[attr-defined] # pgstore.Connection's
+        pool.shutdown(wait=True)
+        other.close()
 
 
 def dicts(cursor: sqlite3.Cursor) -> list:

@@ -513,7 +513,11 @@ def build(
     tick = progress or (lambda _n: None)
     start, (w_start, w_end) = now - since, window(now)
     with queries.snapshot(conn), trends.no_gc():
-        return _build(conn, now, start, w_start, w_end, sinfo, tick)
+        # the period's runs, checks and Xids, read beside the rest on a server
+        # (queries.beside): the run figures read every run of the period, the largest read
+        # of a 100,000-node report (docs/benchmarks.md)
+        with queries.beside(conn, lambda c: _period(c, start, now)) as period:
+            return _build(conn, now, start, w_start, w_end, sinfo, tick, period)
 
 
 def _held_from(w_start: float, w_end: float) -> float:
@@ -561,6 +565,14 @@ def _ran_since(heard: dict, start: float) -> list:
     return [node for node, newest in heard.items() if newest >= start]
 
 
+def _period(conn: sqlite3.Connection, start: float, end: float) -> tuple:
+    """(runs by verdict, checks, Xids, own cost) of the period [start, end): the period's runs
+    counted with the phases' own wall time in one read (reads.run_figures)."""
+    total, cost = reads.run_figures(conn, start, end, COST_PHASES, COST_QUANTILES)
+    runs = period_runs(conn, start, end, total)
+    return runs, check_counts(conn, start, end), xid_counts(conn, start, end), own_cost(cost)
+
+
 def _build(
     conn: sqlite3.Connection,
     now: float,
@@ -569,6 +581,7 @@ def _build(
     w_end: float,
     sinfo: list | None,
     tick: Callable[[int], None],
+    period: Callable[[], tuple],
 ) -> dict:
     w_start, w_end = records_window(conn, w_start, w_end)
     # each node's newest run, read once: who has been silent (freshness), who ran lately, and
@@ -614,13 +627,8 @@ def _build(
         "freshness": freshness(heard, now),
     }
     tick(1)
-    # the period's runs, counted with the phases' own wall time in one read (reads.run_figures)
-    total, cost = reads.run_figures(conn, start, now, COST_PHASES, COST_QUANTILES)
-    doc["runs"] = period_runs(conn, start, now, total)
-    doc["checks"] = check_counts(conn, start, now)
-    tick(1)
-    doc["xids"] = xid_counts(conn, start, now)
-    tick(1)
+    doc["runs"], doc["checks"], doc["xids"], cost = period()
+    tick(2)
     doc["lemons"] = {
         "nodes_scored": len(scored),
         "bars": policy.bars(scored),
@@ -642,7 +650,7 @@ def _build(
     doc["held_back"] = held_back_nodes(findings, _held_from(w_start, w_end), w_end)
     doc["rising"] = rising_counters(rising)
     tick(1)
-    doc["cost"] = own_cost(cost)
+    doc["cost"] = cost
     tick(1)
     return doc
 

@@ -17,6 +17,7 @@ from conftest import open_fleet, run_cli
 
 from slurmhealth.core import store, timespec
 from slurmhealth.fleet import pgstore as pg
+from slurmhealth.fleet import queries
 
 # --- the dialect ---------------------------------------------------------------------------
 
@@ -54,6 +55,7 @@ from slurmhealth.fleet import pgstore as pg
         ("CREATE TABLE x (a REAL, b INTEGER NOT NULL)",
          "CREATE TABLE x (a DOUBLE PRECISION, b BIGINT NOT NULL)"),
         ("BEGIN IMMEDIATE", "BEGIN"),
+        ("BEGIN DEFERRED", "BEGIN ISOLATION LEVEL REPEATABLE READ"),
         ("SELECT min(t) FROM (SELECT a AS t FROM x UNION ALL SELECT b FROM (SELECT 1 AS b) y)",
          "SELECT min(t) FROM (SELECT a AS t FROM x UNION ALL SELECT b FROM (SELECT 1 AS b) y) "
          "AS _q0"),
@@ -410,3 +412,108 @@ def test_a_read_replica_serves_report_and_lemons_and_refuses_writes(
         assert "read-only" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     finally:
         replica.remove()
+
+
+# --- one snapshot for a whole read, and reads beside it ----------------------------------------
+
+
+def _runs(conn: sqlite3.Connection) -> int:
+    return conn.execute("SELECT count(*) FROM runs").fetchone()[0]
+
+
+def _write_run(db: str, run_id: str) -> None:
+    """A run written and committed by another connection, as collect writes while a report
+    reads."""
+    writer = open_fleet(db)
+    try:
+        with store.immediate(writer):
+            writer.execute(
+                "INSERT INTO runs (id, node, phase, started, duration, verdict, tool_version) "
+                "VALUES (?, 'gpu01', 'healthcheck', 100.0, 0.1, 'ok', 'test')",
+                (run_id,),
+            )
+    finally:
+        writer.close()
+
+
+def test_a_read_transaction_sees_one_snapshot_while_collect_writes(fleet_store):
+    conn = open_fleet(fleet_store)
+    _write_run(fleet_store, "r1")
+    with queries.snapshot(conn):
+        before = _runs(conn)
+        _write_run(fleet_store, "r2")
+        assert _runs(conn) == before == 1  # a server's READ COMMITTED would say 2
+    assert _runs(conn) == 2
+    conn.close()
+
+
+def _backend(conn: sqlite3.Connection) -> tuple:
+    """(runs counted, the server process that counted them: None on SQLite)."""
+    pid = None if isinstance(conn, sqlite3.Connection) else conn.execute(
+        "SELECT pg_backend_pid()"
+    ).fetchone()[0]
+    return _runs(conn), pid
+
+
+def test_a_read_beside_sees_the_callers_snapshot_on_another_server_process(fleet_store):
+    conn = open_fleet(fleet_store)
+    _write_run(fleet_store, "r1")
+    with queries.snapshot(conn):
+        mine = _backend(conn)
+        _write_run(fleet_store, "r2")  # after the snapshot: neither read sees it
+        with queries.beside(conn, _backend) as result:
+            assert _backend(conn) == mine
+            counted, pid = result()
+    assert counted == mine[0] == 1
+    if isinstance(conn, sqlite3.Connection):
+        assert pid is None  # read here, on conn
+    else:
+        assert pid is not None and pid != mine[1]
+    conn.close()
+
+
+def test_a_read_beside_is_read_here_where_the_server_refuses_a_second_connection(pg_server):
+    db = pg_server.new_database()
+    open_fleet(db).close()  # the schema, by the store's owner
+    admin = open_fleet(db)
+    admin.execute("DROP ROLE IF EXISTS solo")
+    admin.execute("CREATE ROLE solo LOGIN CONNECTION LIMIT 1")
+    admin.execute("GRANT SELECT ON ALL TABLES IN SCHEMA public TO solo")
+    admin.execute("GRANT USAGE, CREATE ON SCHEMA public TO solo")  # its IF NOT EXISTS
+    admin.close()
+    _write_run(db, "r1")
+    import pgserver
+
+    conn = open_fleet(db.replace(f"{pgserver.USER}@", "solo@"))
+    mine = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+    with queries.snapshot(conn):
+        assert pg.twin(conn) is None
+        with queries.beside(conn, _backend) as result:
+            assert result() == (1, mine)
+    conn.close()
+
+
+def test_no_twin_outside_a_repeatable_read(pg_server):
+    conn = open_fleet(pg_server.new_database())
+    assert pg.twin(conn) is None  # no transaction
+    conn.execute("BEGIN")  # READ COMMITTED: each statement its own snapshot
+    assert pg.twin(conn) is None
+    conn.rollback()
+    conn.close()
+
+
+def test_leaving_early_stops_the_read_beside(pg_server):
+    conn = open_fleet(pg_server.new_database())
+    said: list = []
+
+    def sleep(other: sqlite3.Connection) -> None:
+        try:
+            other.execute("SELECT pg_sleep(600)")
+        except sqlite3.Error as exc:
+            said.append(str(exc))
+
+    with pytest.raises(KeyError), queries.snapshot(conn), queries.beside(conn, sleep):
+        time.sleep(0.5)  # the sleep under way on the other connection
+        raise KeyError("the caller fails")
+    assert len(said) == 1 and "cancel" in said[0], said
+    conn.close()
