@@ -26,19 +26,21 @@ from slurmhealth.fleet import queries
     ("sqlite_sql", "postgresql_sql"),
     [
         ("SELECT * FROM runs WHERE node = ? AND started > ?",
-         "SELECT * FROM runs WHERE node = %s AND started > %s"),
+         "SELECT * FROM runs WHERE node = $1 AND started > $2"),
         ("SELECT 1 FROM runs WHERE started < :until AND node = :node",
-         "SELECT 1 FROM runs WHERE started < %(until)s AND node = %(node)s"),
+         "SELECT 1 FROM runs WHERE started < $1 AND node = $2"),
+        ("SELECT 1 FROM runs WHERE started < :until AND node = :node AND ended > :until",
+         "SELECT 1 FROM runs WHERE started < $1 AND node = $2 AND ended > $1"),
         ("SELECT '?', '50%', 'a '':b' FROM runs WHERE x LIKE 'a%'",
-         "SELECT '?', '50%%', 'a '':b' FROM runs WHERE x LIKE 'a%%'"),
-        ("SELECT 5 % 2", "SELECT 5 %% 2"),
+         "SELECT '?', '50%', 'a '':b' FROM runs WHERE x LIKE 'a%'"),
+        ("SELECT 5 % 2", "SELECT 5 % 2"),
         ("INSERT OR IGNORE INTO jobs (node, job_id) VALUES (?, ?)",
-         "INSERT INTO jobs (node, job_id) VALUES (%s, %s) ON CONFLICT DO NOTHING"),
+         "INSERT INTO jobs (node, job_id) VALUES ($1, $2) ON CONFLICT DO NOTHING"),
         ("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
-         "INSERT INTO meta (key, value) VALUES (%s, %s) "
+         "INSERT INTO meta (key, value) VALUES ($1, $2) "
          "ON CONFLICT (key) DO UPDATE SET value = excluded.value"),
         ("SELECT end, user, jobs.end FROM jobs WHERE end > :end",
-         'SELECT "end", "user", jobs."end" FROM jobs WHERE "end" > %(end)s'),
+         'SELECT "end", "user", jobs."end" FROM jobs WHERE "end" > $1'),
         ("SELECT CASE WHEN a THEN 1 END FROM t", "SELECT CASE WHEN a THEN 1 END FROM t"),
         ("SELECT a IS NOT b, a IS b, a IS NOT NULL, a IS NULL FROM t",
          "SELECT a IS DISTINCT FROM b, a IS NOT DISTINCT FROM b, a IS NOT NULL, a IS NULL FROM t"),
@@ -60,7 +62,7 @@ from slurmhealth.fleet import queries
          "SELECT min(t) FROM (SELECT a AS t FROM x UNION ALL SELECT b FROM (SELECT 1 AS b) y) "
          "AS _q0"),
         ("SELECT total(e) FILTER (WHERE h < :w0), total(e * e) FROM t LIMIT -1",
-         "SELECT coalesce(sum(e) FILTER (WHERE h < %(w0)s), 0.0), coalesce(sum(e * e), 0.0) "
+         "SELECT coalesce(sum(e) FILTER (WHERE h < $1), 0.0), coalesce(sum(e * e), 0.0) "
          "FROM t LIMIT ALL"),
     ],
 )  # fmt: skip
