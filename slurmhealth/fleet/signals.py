@@ -222,7 +222,9 @@ def service(conn: sqlite3.Connection, windows: list, run_nodes: list | None = No
     if run_nodes is None:
         run_nodes = _nodes(conn, "runs")
     job_nodes = _nodes(conn, "jobs")
-    runs, jobs = _run_days(conn, lo, hi, run_nodes), _job_days(conn, lo, hi, job_nodes)
+    # each half of the nodes on its own server process (queries.halves): the sweep's seeks
+    runs = queries.halves(conn, lambda c, nodes: _run_days(c, lo, hi, nodes), run_nodes)
+    jobs = queries.halves(conn, lambda c, nodes: _job_days(c, lo, hi, nodes), job_nodes)
     every = (int(lo // DAY), int(-(-hi // DAY)) - 1)  # the days the sweep read
     for w in out:
         first, last = _inner((w.start, w.end), lo, hi)

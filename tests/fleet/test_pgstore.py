@@ -519,3 +519,48 @@ def test_leaving_early_stops_the_read_beside(pg_server):
         raise KeyError("the caller fails")
     assert len(said) == 1 and "cancel" in said[0], said
     conn.close()
+
+
+def test_halves_read_each_half_on_its_own_process_in_the_items_order(fleet_store, monkeypatch):
+    monkeypatch.setattr(queries, "BATCH", 2)
+    conn = open_fleet(fleet_store)
+    items = [f"n{i}" for i in range(9, 0, -1)]  # not in name order: the merge keeps theirs
+
+    def read(c: sqlite3.Connection, some: list) -> dict:
+        return {item: _backend(c)[1] for item in some}
+
+    with queries.snapshot(conn):
+        found = queries.halves(conn, read, items)
+        small = queries.halves(conn, read, items[:3])  # under two statements: one read, here
+    assert list(found) == items and list(small) == items[:3]
+    first, second = set(found[i] for i in items[:4]), set(found[i] for i in items[4:])
+    assert len(first) == len(second) == 1 and set(small.values()) == first
+    if isinstance(conn, sqlite3.Connection):
+        assert first == second == {None}
+    else:
+        assert first != second  # the second half on the twin
+    conn.close()
+
+
+def test_the_days_in_service_read_in_halves_are_those_read_in_one(
+    node_stores, pg_server, monkeypatch
+):
+    from slurmhealth.fleet import signals
+
+    nodes, end, _ = node_stores
+    db = pg_server.new_database()
+    cli("collect", nodes, "--db", db, "--now", end, "--since", f"{DAYS}d")
+    conn = open_fleet(db)
+    at = timespec.parse_instant(end)
+    windows = [(at - 7 * 86400 - 3600, at), (at - 86400, at)]
+
+    def read() -> list:
+        with queries.snapshot(conn):
+            return [(w.runs, w.jobs) for w in signals.service(conn, windows)]
+
+    whole = read()
+    monkeypatch.setattr(queries, "BATCH", 2)  # 12 nodes: 6 on each process
+    halved = read()
+    assert halved == whole and [list(r) for r, _ in halved] == [list(r) for r, _ in whole]
+    assert any(runs for runs, _ in whole) and any(jobs for _, jobs in whole)
+    conn.close()
