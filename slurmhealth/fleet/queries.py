@@ -319,8 +319,15 @@ def versions_of(
     conn: sqlite3.Connection, nodes: list, end: float, lookback: float, oldest: bool = False
 ) -> dict:
     """{node: recorded_versions(conn, node, end, lookback, oldest)} of each node: the newest
-    (oldest) run of every node read BATCH nodes at a time; a node whose run does not decide
-    (recorded_versions) is read again alone."""
+    (oldest) run of every node read BATCH nodes at a time, each half of the nodes on its own
+    server process (halves); a node whose run does not decide (recorded_versions) is read
+    again alone."""
+    return halves(conn, lambda c, some: _versions_of(c, some, end, lookback, oldest), nodes)
+
+
+def _versions_of(
+    conn: sqlite3.Connection, nodes: list, end: float, lookback: float, oldest: bool
+) -> dict:
     out: dict = {}
     order = "ASC" if oldest else "DESC"
     for i in range(0, len(nodes), BATCH):

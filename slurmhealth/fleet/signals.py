@@ -291,9 +291,12 @@ def _xid_jobs(conn: sqlite3.Connection, start: float, end: float) -> dict:
 
 def _next_ok(conn: sqlite3.Connection, wanted: set, end: float) -> dict:
     """{(node, time): the node's first passing run after `time` and before `end`, None if
-    none} for each (node, time) wanted."""
+    none} for each (node, time) wanted, each half on its own server process (queries.halves)."""
+    return queries.halves(conn, lambda c, some: _next_ok_of(c, some, end), sorted(wanted))
+
+
+def _next_ok_of(conn: sqlite3.Connection, pairs: list, end: float) -> dict:
     out: dict = {}
-    pairs = sorted(wanted)
     for i in range(0, len(pairs), queries.BATCH):
         chunk = pairs[i : i + queries.BATCH]
         sql = _NEXT_OK.format(", ".join("(?, ?)" for _ in chunk))  # placeholders only
