@@ -391,14 +391,21 @@ def test_a_server_lost_mid_collect_loses_nothing(node_stores, tmp_path):
         server.remove()
 
 
+def _collected(node_stores: tuple, pg_server) -> tuple:
+    """(a new database on the session's server with the simulated fleet collected into it, the
+    fleet's end)."""
+    nodes, end, _ = node_stores
+    db = pg_server.new_database()
+    cli("collect", nodes, "--db", db, "--now", end, "--since", f"{DAYS}d")
+    return db, end
+
+
 def test_a_read_replica_serves_report_and_lemons_and_refuses_writes(
     node_stores, pg_server, tmp_path
 ):
     import pgserver
 
-    nodes, end, _ = node_stores
-    primary = pg_server.new_database()
-    cli("collect", nodes, "--db", primary, "--now", end, "--since", f"{DAYS}d")
+    primary, end = _collected(node_stores, pg_server)
     replica = pgserver.Server(primary=pg_server)
     try:
         assert _until(lambda: replica.replayed(pg_server)), "the replica never caught up"
@@ -410,7 +417,7 @@ def test_a_read_replica_serves_report_and_lemons_and_refuses_writes(
         ):
             said = [said_by(step, db) for db in (primary, mirror)]
             assert said[0] == said[1], step
-        proc = cli("collect", nodes, "--db", mirror, "--now", end, ok=False)
+        proc = cli("collect", node_stores[0], "--db", mirror, "--now", end, ok=False)
         assert "read-only" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     finally:
         replica.remove()
@@ -547,9 +554,7 @@ def test_the_days_in_service_read_in_halves_are_those_read_in_one(
 ):
     from slurmhealth.fleet import signals
 
-    nodes, end, _ = node_stores
-    db = pg_server.new_database()
-    cli("collect", nodes, "--db", db, "--now", end, "--since", f"{DAYS}d")
+    db, end = _collected(node_stores, pg_server)
     conn = open_fleet(db)
     at = timespec.parse_instant(end)
     windows = [(at - 7 * 86400 - 3600, at), (at - 86400, at)]
