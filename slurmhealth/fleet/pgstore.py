@@ -12,7 +12,7 @@ What is translated (docs/fleet.md "PostgreSQL"):
   ? and :name             $1, $2, ... (a name used twice is one number), sent as they are
                           (psycopg's RawCursor: no client-side parse of each statement; a
                           statement of 400 nodes' placeholders was parsed again at every
-                          call, seconds of a 100,000-node report's CPU)
+                          call, about 1.5 s of a 100,000-node report's CPU)
   INSERT OR IGNORE        INSERT ... ON CONFLICT DO NOTHING
   INSERT OR REPLACE       INSERT ... ON CONFLICT (the table's key) DO UPDATE SET every column
   a IS NOT b, a IS b      IS DISTINCT FROM, IS NOT DISTINCT FROM (b not NULL, TRUE or FALSE)
