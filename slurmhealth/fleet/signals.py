@@ -175,7 +175,8 @@ def _nodes(conn: sqlite3.Connection, table: str) -> list:
 
 def _run_days(conn: sqlite3.Connection, start: float, end: float, nodes: list) -> dict:
     """{node: [UTC day]} of each node's days with a run that did not fail in [start, end) (the
-    first and last day only from start, up to end). nodes: every node of the runs table."""
+    first and last day only from start, up to end). nodes: the nodes to read (every node of the
+    runs table, or half of them: queries.halves)."""
     out: dict = {}
     for i in range(0, len(nodes), queries.BATCH):
         chunk = nodes[i : i + queries.BATCH]
@@ -188,7 +189,8 @@ def _run_days(conn: sqlite3.Connection, start: float, end: float, nodes: list) -
 
 def _job_days(conn: sqlite3.Connection, start: float, end: float, nodes: list) -> dict:
     """{node: [(node, UTC day, the counts of _JOBS that day)]} of each node's days with a
-    job's start in [start, end). nodes: every node of the jobs table."""
+    job's start in [start, end). nodes: the nodes to read (every node of the jobs table, or half
+    of them: queries.halves)."""
     _names, sql = _JOBS
     out: dict = {}
     for first in range(0, len(nodes), queries.BATCH):
