@@ -538,6 +538,7 @@ def test_concurrent_hooks_keep_the_file_whole_and_count_every_run(node, tmp_path
     reader = subprocess.Popen(
         [sys.executable, "-c", READER, str(path)], stdout=subprocess.PIPE, text=True
     )
+    assert reader.stdout.readline() == "ready\n"  # its SIGTERM handler is in place
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "slurmhealth", "prolog" if n % 2 else "epilog"],
@@ -563,6 +564,9 @@ def test_concurrent_hooks_keep_the_file_whole_and_count_every_run(node, tmp_path
 
 
 # Reads the file in a loop; prints reads and reads that were not a whole file.
+# It says "ready" once its handler is set: a SIGTERM before that (a loaded machine can run all
+# 24 hooks while the reader still imports its parser) ended it with nothing printed (seen once
+# in CI on Python 3.13).
 # It ends with os._exit: a SystemExit raised by the handler inside the parser's generator can
 # be swallowed there, and the loop ran on (seen once in CI on Python 3.12).
 READER = """
@@ -573,6 +577,7 @@ def stop(*_):
     print(reads, bad, flush=True)
     os._exit(0)
 signal.signal(signal.SIGTERM, stop)
+print("ready", flush=True)
 while True:
     try:
         text = open(sys.argv[1]).read()
