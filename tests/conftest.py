@@ -117,6 +117,10 @@ def require_real(reason: str) -> None:
 # `make test-fast` can leave them out (they still call require_real when the service is absent).
 REAL_PATHS = ("slurm/", "report/test_browser.py", "test_packaging.py")
 REAL_FIXTURES = ("small_fs", "node_exporter", "lab", "promtool", "pg_server")
+# What these build does not depend on the Python the suite runs on (the .deb and .rpm from the
+# system's own tools, a Debian 12 root, EL9's Python 3.9 and libraries): `make test` builds
+# them in the 3.11 suite only.
+BUILT_ONCE = ("packages", "debian_root", "el9")
 
 
 def pytest_collection_modifyitems(config, items) -> None:
@@ -130,6 +134,8 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(pytest.mark.real)
         if on_server == "postgresql":
             item.add_marker(pytest.mark.twin)
+        if set(BUILT_ONCE) & set(item.fixturenames):
+            item.add_marker(pytest.mark.once)
 
 
 @contextlib.contextmanager
