@@ -1503,15 +1503,18 @@ def test_a_slow_controller_never_holds_the_remediation_past_the_hooks_deadline(n
     (show node, sinfo, reboot) get what is left, and the reboot does not fit, so it is not
     made. The node stays drained (its reason says a reboot is due), the reboot not asked is
     recorded as failed, and the next health check asks again. (At 0.7 s a call and a 3 s
-    deadline, a loaded CI machine could not fit the drain itself.)"""
+    deadline, a loaded CI machine could not fit the drain itself.) Whether the hook ends just
+    before its deadline or the watchdog ends it there (a loaded machine's recording and exit
+    can outlast the 0.3 s kept back, seen once with four suites on two cores), it exits with
+    the verdict's status, and what it recorded is the same."""
     node.configure("gpu-lost", remediate="reboot", deadline=6.0)
     started = time.monotonic()
     proc = node.run("healthcheck", job=None, FAKE_SLURM_DELAY="1.0")
     took = time.monotonic() - started
     assert took < 6.0 + 1.5, took  # the deadline, and the interpreter's start and exit
+    assert proc.returncode == 1, proc.stderr  # the verdict (fail), however it ended
     assert node.slurm()["reason"] == GPU_LOST_REBOOT
     assert not any(c[0] == "reboot" for c in node.calls())
-    assert "deadline of 6 s reached" not in proc.stderr, proc.stderr  # ended on its own
     (failed,) = node.db().execute("SELECT ok, detail FROM actions WHERE action = 'reboot'")
     assert failed[0] == 0, failed
     # cut where the time ran out: a call refused for want of time, or one cut at the budget
