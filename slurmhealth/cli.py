@@ -967,9 +967,11 @@ def lemons_cmd(
     circuit breaker: past settings.breaker_share of the fleet it stops, says so, exits 3. A
     drain Slurm did not take stops the sweep too, exit 1 (the next sweep tries again).
 
-    Says when the newest record is and names the nodes not heard from within --silent-after.
-    A store whose newest run is older than that is stale (collect is not running): the
-    sweep says so first, drains nothing, and exits 4, so cron mails it.
+    Says when the newest record is, names the nodes not heard from within --silent-after,
+    and those that ran jobs in the last day (accounting, `collect --sacct`) with no run of
+    slurmhealth's on record: their hooks are not running, or their exports not collected. A
+    store whose newest run is older than --silent-after is stale (collect is not running):
+    the sweep says so first, drains nothing, and exits 4, so cron mails it.
 
     \b
     Example:

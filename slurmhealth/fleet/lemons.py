@@ -54,19 +54,46 @@ def sweep(
 # from (health checks run every few minutes), and before a store whose newest run is older is
 # stale: its calm is no news, not good news.
 SILENT_AFTER_S = 6 * 3600.0
+# How far back the jobs Slurm ran are looked at for nodes with no run of slurmhealth's at all
+# (`unguarded`): a day, so that the nightly report sees every node that took a job since the
+# last one; a range of the jobs table's start index.
+JOBS_SEEN_S = 86400.0
 
 
-def freshness(heard: dict, now: float, silent_after: float = SILENT_AFTER_S) -> dict:
+def jobs_seen(conn: sqlite3.Connection, now: float) -> dict:
+    """{node: jobs started in the JOBS_SEEN_S before now}, for freshness."""
+    return queries.jobs_started(conn, now - JOBS_SEEN_S, now)
+
+
+def freshness(
+    heard: dict, now: float, silent_after: float = SILENT_AFTER_S, jobs: dict | None = None
+) -> dict:
     """{"newest": the newest run of any node (None: no run at all), "stale": whether that is
     older than silent_after before now, "silent": [{"node", "last"}] of the nodes whose newest
-    run is, oldest first}; pure."""
+    run is, oldest first, "unguarded": [{"node", "jobs"}] of the nodes that started jobs
+    (`jobs`: jobs_seen) and have no run at all, the most jobs first}; pure.
+
+    An unguarded node took jobs with no prolog or health check of slurmhealth's on record:
+    the hooks are not in its slurm.conf, fail before they record, or its exports never reach
+    collect. Accounting (`collect --sacct`) is what names it: its own store has nothing."""
     newest = max(heard.values(), default=None)
     silent = sorted(
         ({"node": n, "last": t} for n, t in heard.items() if now - t > silent_after),
         key=lambda e: (e["last"], e["node"]),
     )
+    unguarded = sorted(
+        ({"node": n, "jobs": k} for n, k in (jobs or {}).items() if n not in heard),
+        key=lambda e: (-e["jobs"], e["node"]),
+    )
     stale = newest is None or now - newest > silent_after
-    return {"newest": newest, "stale": stale, "silent": silent, "after": silent_after}
+    return {
+        "newest": newest,
+        "stale": stale,
+        "silent": silent,
+        "after": silent_after,
+        "unguarded": unguarded,
+        "jobs_after": JOBS_SEEN_S,
+    }
 
 
 def apply(
@@ -109,8 +136,9 @@ def run(conn: sqlite3.Connection, request: Request, console: Console) -> int:
     # days in service of, in the sweep's read transaction
     with queries.snapshot(conn):
         heard = queries.heard_from(conn, at)
+        jobs = jobs_seen(conn, at)
         scored = sweep(conn, at, request.window, heard=heard)
-    fresh = freshness(heard, at, request.silent_after)
+    fresh = freshness(heard, at, request.silent_after, jobs)
     applied: list = []
     if request.apply and fresh["stale"]:
         console.err("stale fleet store: nothing drained (collect it, then sweep again)")

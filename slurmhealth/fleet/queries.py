@@ -107,6 +107,13 @@ def heard_from(conn: sqlite3.Connection, now: float) -> dict:
     return {node: t for node, t in conn.execute(sql, (now,)) if t is not None}
 
 
+def jobs_started(conn: sqlite3.Connection, start: float, end: float) -> dict:
+    """{node: jobs started in [start, end)} from the jobs table (the epilogs' rows and
+    accounting's, `collect --sacct`): a range of its start index, one row per node."""
+    sql = "SELECT node, count(*) FROM jobs WHERE start >= ? AND start < ? GROUP BY node"
+    return dict(conn.execute(sql, (start, end)))
+
+
 def not_ok_runs(conn: sqlite3.Connection, start: float, end: float) -> sqlite3.Cursor:
     """(node, started, verdict) rows of the runs started in [start, end) that did not pass:
     from their partial index alone (store migration 10), never a passing run."""

@@ -206,6 +206,18 @@ def freshness(fresh: dict, now: float) -> list:
         )
         more = f" (+{len(silent) - SILENT_SHOWN} more)" if len(silent) > SILENT_SHOWN else ""
         lines.append(f"{counted(len(silent), 'node')} not heard from within {after}: {named}{more}")
+    unguarded = fresh.get("unguarded") or []
+    if unguarded and not fresh["stale"]:
+        named = ", ".join(
+            f"{clean(e['node'], 64)} ({counted(e['jobs'], 'job')})"
+            for e in unguarded[:SILENT_SHOWN]
+        )
+        more = f" (+{len(unguarded) - SILENT_SHOWN} more)" if len(unguarded) > SILENT_SHOWN else ""
+        lines.append(
+            f"{counted(len(unguarded), 'node')} ran jobs within {fresh['jobs_after'] / 3600:g} h "
+            f"with no run of slurmhealth's on record (hooks not running there, or its exports "
+            f"not collected): {named}{more}"
+        )
     return lines
 
 

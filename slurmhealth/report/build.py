@@ -624,7 +624,7 @@ def _build(
         "window": {"start": timespec.iso(w_start), "end": timespec.iso(w_end), "days": days},
         "fleet": states,
         "actions": period_actions(conn, start, now),
-        "freshness": freshness(heard, now),
+        "freshness": freshness(heard, now, lemons.jobs_seen(conn, now)),
     }
     tick(1)
     doc["runs"], doc["checks"], doc["xids"], cost = period()
@@ -659,12 +659,13 @@ DIAG_SHOWN = 200  # diagnoses listed at most (the newest)
 SILENT_SHOWN = 100  # nodes not heard from, listed at most (the longest silent)
 
 
-def freshness(heard: dict, now: float) -> dict:
-    """When the store's newest run is, whether that makes it stale, and the nodes not heard
-    from within lemons.SILENT_AFTER_S (as `slurmhealth lemons` says them): first in the report
-    and the mail, since a store nobody collects looks like a calm fleet. heard:
-    queries.heard_from(conn, now)."""
-    fresh = lemons.freshness(heard, now)
+def freshness(heard: dict, now: float, jobs: dict | None = None) -> dict:
+    """When the store's newest run is, whether that makes it stale, the nodes not heard from
+    within lemons.SILENT_AFTER_S and those that ran jobs with no run on record (as `slurmhealth
+    lemons` says them): first in the report and the mail, since a store nobody collects looks
+    like a calm fleet, and so does a node whose hooks never ran. heard:
+    queries.heard_from(conn, now); jobs: lemons.jobs_seen(conn, now)."""
+    fresh = lemons.freshness(heard, now, jobs=jobs)
     return {
         "newest": timespec.iso(fresh["newest"]) if fresh["newest"] is not None else None,
         "hours": round((now - fresh["newest"]) / 3600, 1) if fresh["newest"] is not None else None,
@@ -675,6 +676,12 @@ def freshness(heard: dict, now: float) -> dict:
             for e in fresh["silent"][:SILENT_SHOWN]
         ],
         "silent_count": len(fresh["silent"]),
+        "unguarded": [
+            {"node": clean(e["node"], 64), "jobs": e["jobs"]}
+            for e in fresh["unguarded"][:SILENT_SHOWN]
+        ],
+        "unguarded_count": len(fresh["unguarded"]),
+        "jobs_hours": round(fresh["jobs_after"] / 3600, 2),
     }
 
 

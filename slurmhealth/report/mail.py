@@ -35,6 +35,8 @@ def subject(doc: dict) -> str:
     fresh = doc.get("freshness") or {}
     stale = "STALE store, " if fresh.get("stale") else ""
     silent = f"{fresh['silent_count']} not heard from, " if fresh.get("silent_count") else ""
+    if fresh.get("unguarded_count"):
+        silent += f"{fresh['unguarded_count']} with jobs and no runs, "
     return (
         f"slurmhealth report {doc['generated'][:10]}: {stale}"
         f"{counted(doc['fleet']['nodes'], 'node')}, {silent}{out} out of service, "

@@ -358,6 +358,44 @@ def test_a_stale_store_is_said_first_drains_nothing_and_exits_4(fleet_db, tmp_pa
     assert "1 node not heard from within 6 h: gone (last " in text
 
 
+def test_a_node_that_ran_jobs_with_no_run_on_record_is_named(fleet_db):
+    """Accounting's jobs on a node whose hooks never recorded anything (not in its slurm.conf,
+    or its exports never collected): named with its jobs of the last day, on both backends;
+    jobs older than a day, and a node with runs, are not."""
+    path, fleet, another = fleet_db
+    path = another()
+    conn = open_fleet(path)
+    with store.immediate(conn):
+        jobs = [("ghost", f"g{i}", fleet.end - 3600 * (i + 1)) for i in range(3)]
+        jobs += [("old", "o1", fleet.end - 2 * 86400), ("late", "l1", fleet.end + 60)]
+        jobs.append((fleet.names()[0], "n1", fleet.end - 60))  # a node with runs
+        conn.executemany(
+            "INSERT INTO jobs (node, job_id, start, slurm_state) VALUES (?, ?, ?, 'COMPLETED')",
+            jobs,
+        )
+    conn.close()
+    doc = json.loads(run_cli("lemons", "--db", path, "--now", str(fleet.end), "--json").stdout)
+    assert doc["freshness"]["unguarded"] == [{"node": "ghost", "jobs": 3}]
+    proc = run_cli("lemons", "--db", path, "--now", str(fleet.end))
+    assert proc.returncode == 0, proc.stderr
+    assert (
+        "1 node ran jobs within 24 h with no run of slurmhealth's on record (hooks not running "
+        "there, or its exports not collected): ghost (3 jobs)"
+    ) in proc.stdout.splitlines()
+
+
+def test_freshness_names_the_nodes_with_jobs_and_no_runs_most_jobs_first():
+    heard = {"a": 100.0, "b": 90.0}
+    jobs = {"a": 5, "x": 1, "y": 4, "z": 4}
+    fresh = lemons.freshness(heard, 110.0, jobs=jobs)
+    assert fresh["unguarded"] == [
+        {"node": "y", "jobs": 4},
+        {"node": "z", "jobs": 4},
+        {"node": "x", "jobs": 1},
+    ]
+    assert lemons.freshness(heard, 110.0)["unguarded"] == []
+
+
 def test_the_json_holds_a_node_a_line_and_reads_back_whole():
     doc = {"lemons": [], "nodes": [{"node": "gpu01", "evidence": {"days": [1, 2]}}, {"node": "b"}]}
     text = lemons.json_lines(dict(doc, freshness={"stale": False}, applied=None))

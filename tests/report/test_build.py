@@ -10,6 +10,7 @@ import html
 import json
 import os
 import re
+import sqlite3
 import stat
 import sys
 from html.parser import HTMLParser
@@ -1254,6 +1255,38 @@ def test_a_stale_store_is_said_first_in_the_report_and_the_mail(conn, sim, doc):
     assert page.index("STALE fleet store") < page.index('id="summary"')
     assert mail.subject(late).startswith(f"slurmhealth report {late['generated'][:10]}: STALE")
     assert "STALE" not in mail.subject(doc)
+
+
+def test_nodes_that_ran_jobs_with_no_run_on_record_lead_the_report(fleet_db, sim, tmp_path):
+    """Jobs accounting knows on nodes with no run of slurmhealth's (hooks not running there):
+    named near the top in every format and counted in the mail's subject; none in a fleet
+    whose every node records."""
+    from slurmhealth.report import mail
+
+    path = str(tmp_path / "fleet.db")
+    with sqlite3.connect(fleet_db) as source, sqlite3.connect(path) as copy:
+        source.backup(copy)
+    conn = store.connect(path)
+    now = during(sim)
+    assert report.build(conn, now, DAY)["freshness"]["unguarded_count"] == 0
+    with store.immediate(conn):
+        conn.executemany(
+            "INSERT INTO jobs (node, job_id, start) VALUES (?, ?, ?)",
+            [("gpu-x<1>", "7", now - 3600), ("gpu-x<1>", "8", now - 60), ("gpu-y", "9", now - 5)],
+        )
+    doc = report.build(conn, now, DAY)
+    conn.close()
+    fresh = doc["freshness"]
+    assert fresh["unguarded_count"] == 2 and fresh["jobs_hours"] == 24
+    assert fresh["unguarded"] == [{"node": "gpu-x<1>", "jobs": 2}, {"node": "gpu-y", "jobs": 1}]
+    said = "2 nodes ran jobs within 24.0 h with no run of slurmhealth's on record"
+    text = render.render(doc, "md")
+    assert f"\n\n**{said}**" in text and text.index(said) < text.index("\n\n## Fleet")
+    assert "gpu-x&lt;1&gt; (2 jobs), gpu-y (1 job)\n" in text
+    page = render.render(doc, "html")
+    assert said in page and page.index(said) < page.index('id="summary"')
+    assert "gpu-x&lt;1&gt; (2 jobs)" in page and "gpu-x<1>" not in page
+    assert "2 with jobs and no runs, " in mail.subject(doc)
 
 
 def test_a_report_file_is_private_unless_mode_says_otherwise(fleet_db, sim, tmp_path):
