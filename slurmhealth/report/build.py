@@ -567,10 +567,12 @@ def _ran_since(heard: dict, start: float) -> list:
 
 def _period(conn: sqlite3.Connection, start: float, end: float) -> tuple:
     """(runs by verdict, checks, Xids, own cost) of the period [start, end): the period's runs
-    counted with the phases' own wall time in one read (reads.run_figures)."""
+    counted with the phases' own wall time in one read (reads.run_figures); and the jobs of
+    the day before `end` (lemons.jobs_seen, for freshness)."""
     total, cost = reads.run_figures(conn, start, end, COST_PHASES, COST_QUANTILES)
     runs = period_runs(conn, start, end, total)
-    return runs, check_counts(conn, start, end), xid_counts(conn, start, end), own_cost(cost)
+    checks, xids = check_counts(conn, start, end), xid_counts(conn, start, end)
+    return runs, checks, xids, own_cost(cost), lemons.jobs_seen(conn, end)
 
 
 def _build(
@@ -624,10 +626,11 @@ def _build(
         "window": {"start": timespec.iso(w_start), "end": timespec.iso(w_end), "days": days},
         "fleet": states,
         "actions": period_actions(conn, start, now),
-        "freshness": freshness(heard, now, lemons.jobs_seen(conn, now)),
+        "freshness": None,  # below, with the jobs read beside
     }
     tick(1)
-    doc["runs"], doc["checks"], doc["xids"], cost = period()
+    doc["runs"], doc["checks"], doc["xids"], cost, jobs = period()
+    doc["freshness"] = freshness(heard, now, jobs)
     tick(2)
     doc["lemons"] = {
         "nodes_scored": len(scored),

@@ -332,6 +332,30 @@ def test_collect_records_where_slurm_puts_each_node(cluster, history):
     assert where == {n: (f"switch:{leaf}",) for n, leaf in LEAVES}
 
 
+def test_a_node_whose_records_never_arrive_is_named_from_its_jobs(cluster, history, tmp_path):
+    """gpu01's exports never reach collect (its hooks could as well not be in slurm.conf):
+    the fleet store has no run of it, but sacct's jobs put it on Slurm's nodes, and the sweep
+    and the report name it with its jobs of the last day; the nodes that record are not."""
+    lab, quiet = cluster, "gpu01"
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    for node in lab.names:
+        if node != quiet:
+            copy_store(lab.db_path(node), str(spool / f"{node}.db"))
+    fleet = str(tmp_path / "fleet.db")
+    ok(slurmhealth(lab, "collect", str(spool), "--db", fleet, "--sacct"))
+    doc = json.loads(ok(lemons(lab, history, fleet, "--json")).stdout)
+    (named,) = doc["freshness"]["unguarded"]
+    assert named["node"] == quiet and named["jobs"] >= JOBS_PER_NODE, named
+    text = ok(lemons(lab, history, fleet)).stdout
+    said = "1 node ran jobs within 24 h with no run of slurmhealth's on record"
+    assert said in text and text.rstrip().endswith(f": {quiet} ({named['jobs']} jobs)"), text
+    now = f"{history['end'] + 1:.3f}"
+    proc = ok(slurmhealth(lab, "report", "--db", fleet, "--now", now, "--format", "json"))
+    fresh = json.loads(proc.stdout)["freshness"]
+    assert fresh["unguarded"] == [named] and fresh["unguarded_count"] == 1
+
+
 def test_a_node_with_intermittent_faults_is_drained_as_a_lemon_with_its_evidence(
     cluster, history, tmp_path
 ):
