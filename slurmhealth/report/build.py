@@ -17,7 +17,7 @@ import json
 import math
 import sqlite3
 from collections.abc import Callable, Sequence
-from typing import Optional
+from typing import Any, Optional
 
 from slurmhealth import __version__
 from slurmhealth.core import slurm, timespec
@@ -614,7 +614,7 @@ def _build(
     node_days = sum(s["node_days"] for s in counts.values())
     days = round((w_end - w_start) / DAY)
     tick(1)
-    doc = {
+    doc: dict[str, Any] = {
         "format": FORMAT,
         "tool_version": __version__,
         "generated": timespec.iso(now),
