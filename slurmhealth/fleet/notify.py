@@ -9,11 +9,15 @@ jobs, `SLURMHEALTH_WEBHOOK_URL`). Each run posts what happened since the last po
 - breaker trips: the drains the circuit breaker (or an unreachable controller) held back;
 - reboots the remediation ladder asked Slurm for (docs/remediation.md), and those not made;
 - silence: a node not heard from within `silent_after` (6 h, as the lemon sweep's), once when it
-  goes silent, and once when it is heard from again.
+  goes silent, and once when it is heard from again;
+- a node that ran jobs within the last day with no run of slurmhealth's on record (its hooks
+  are not running, or its exports never arrive: lemons.freshness, `unguarded`), once, until
+  its first run is on record.
 
 What was posted is remembered in the fleet store (meta key `notify`): the newest action posted,
-by time and id, and the nodes said silent. It moves only after the receiver took the post
-(HTTP 2xx), so a receiver that is down loses nothing: the next run posts the same events again.
+by time and id, and the nodes said silent or unguarded. It moves only after the receiver took
+the post (HTTP 2xx), so a receiver that is down loses nothing: the next run posts the same
+events again.
 A rate limit keeps an incident from flooding a channel: at most `max_events` events a post,
 and at most `max_posts` posts an hour; past either, the rest is one line with its count (and
 `slurmhealth history` has every one of them), and counts as posted.
@@ -41,7 +45,7 @@ from slurmhealth.core.constants import ACT_BREAKER, ACT_DRAIN, ACT_REBOOT, ACT_W
 from slurmhealth.core.result import clean, counted
 from slurmhealth.fleet import queries
 from slurmhealth.fleet.lemons import ACTOR as LEMONS
-from slurmhealth.fleet.lemons import SILENT_AFTER_S, freshness
+from slurmhealth.fleet.lemons import SILENT_AFTER_S, freshness, jobs_seen
 
 KEY = "notify"  # the fleet store's meta row
 ACTIONS = (ACT_DRAIN, ACT_BREAKER, ACT_WOULD_DRAIN, ACT_REBOOT)
@@ -111,6 +115,8 @@ _SAYS = {
     "reboot_failed": "could not reboot {node}, it stays drained: {detail}",
     "silent": "{node} not heard from since {since}",
     "heard": "{node} heard from again",
+    "unguarded": "{node} ran {detail} with no run of slurmhealth's on record: its hooks are not "
+    "running, or its exports never arrive",
     "stale": "the fleet store has heard from no node since {since}: collect stopped, or every "
     "node stopped exporting ({detail}; nodes gone silent are said once it is current again)",
     "current": "the fleet store is current again ({detail})",
@@ -147,6 +153,17 @@ def silences(heard: dict[str, float], said: list[str], fresh: dict[str, Any]) ->
     silent = {e["node"]: e["last"] for e in fresh["silent"]}
     events = [event("silent", n, t) for n, t in sorted(silent.items()) if n not in said]
     return events + [event("heard", n, heard[n]) for n in sorted(said) if n not in silent]
+
+
+def unguarded(said: list[str], fresh: dict[str, Any], now: float) -> list[dict[str, Any]]:
+    """Events for the nodes that ran jobs with no run on record (fresh: lemons.freshness with
+    the jobs), once each: `said` holds those told until their first run is on record."""
+    after = f"{fresh['jobs_after'] / 3600:g} h"
+    return [
+        event("unguarded", e["node"], now, detail=f"{counted(e['jobs'], 'job')} within {after}")
+        for e in sorted(fresh["unguarded"], key=lambda e: e["node"])
+        if e["node"] not in said
+    ]
 
 
 def staleness(heard: dict[str, float], was_stale: bool, fresh: dict[str, Any], now: float) -> list[
@@ -234,6 +251,7 @@ def _state(conn: Any) -> dict[str, Any]:
         "posts": [float(t) for t in state.get("posts") or [] if isinstance(t, (int, float))],
         "first": found is None,
         "stale": state.get("stale") is True,
+        "unguarded": [str(n) for n in state.get("unguarded") or []],
     }
 
 
@@ -252,7 +270,9 @@ def _first_mark(conn: Any, state: dict[str, Any], request: Request) -> None:
     if state["first"] and not request.dry_run:
         with conn:
             store.set_meta(
-                conn, KEY, {"mark": state["mark"], "silent": [], "posts": [], "stale": False}
+                conn,
+                KEY,
+                {"mark": state["mark"], "silent": [], "posts": [], "stale": False, "unguarded": []},
             )
 
 
@@ -272,10 +292,13 @@ def run(conn: Any, request: Request, console: Console, send: Post | None = None)
             )
     rows = _actions_after(conn, state["mark"], now)
     heard = queries.heard_from(conn, now)
-    fresh = freshness(heard, now, request.silent_after)
+    fresh = freshness(heard, now, request.silent_after, jobs_seen(conn, now))
     store_said = staleness(heard, state["stale"], fresh, now)
     stale = fresh["stale"] and fresh["newest"] is not None  # said once, not node by node
+    # a node told unguarded is forgotten once it has a run: told again only if it stops
+    told_unguarded = [n for n in state["unguarded"] if n not in heard]
     nodes_said = [] if stale else silences(heard, state["silent"], fresh)
+    nodes_said += [] if fresh["stale"] else unguarded(told_unguarded, fresh, now)
     events = from_actions(rows) + store_said + nodes_said
     if not events:
         _first_mark(conn, state, request)
@@ -303,12 +326,21 @@ def run(conn: Any, request: Request, console: Console, send: Post | None = None)
     acted = rows[: min(len(rows), len(told))]
     mark = [acted[-1][2], acted[-1][0]] if acted else state["mark"]
     said, was_stale = set(state["silent"]), state["stale"]
+    said_unguarded = set(told_unguarded)
     for sent in told[len(acted) :]:
         if sent["kind"] in ("stale", "current"):
             was_stale = sent["kind"] == "stale"
+        elif sent["kind"] == "unguarded":
+            said_unguarded.add(sent["node"])
         else:
             (said.add if sent["kind"] == "silent" else said.discard)(sent["node"])
-    kept = {"mark": mark, "silent": sorted(said), "posts": [*posts, now], "stale": was_stale}
+    kept = {
+        "mark": mark,
+        "silent": sorted(said),
+        "posts": [*posts, now],
+        "stale": was_stale,
+        "unguarded": sorted(said_unguarded),
+    }
     with conn:
         store.set_meta(conn, KEY, kept)
     rest = f"; {counted(more, 'more event')} for the next posts" if more else ""

@@ -242,6 +242,41 @@ def test_nodes_gone_silent_are_said_once_and_again_when_heard_from(fleet_store, 
     assert [(e["kind"], e["node"]) for e in rx.bodies[-1]["events"]] == [("heard", "gpu02")]
 
 
+def test_a_node_that_ran_jobs_with_no_run_on_record_is_said_once(fleet_store, receiver):
+    """Accounting's jobs on gpu09, a node with no run at all (its hooks are not running):
+    said once, with its jobs of the last day; not again while it stays so; forgotten once its
+    first run is on record, so that it is told again if it stops recording."""
+    path, rx = fleet(fleet_store, last=T0), receiver()
+    conn = open_fleet(path)
+    with conn:
+        conn.executemany(
+            "INSERT INTO jobs (node, job_id, start) VALUES (?, ?, ?)",
+            [("gpu09", "7", T0 - HOUR), ("gpu09", "8", T0 - 60), ("gpu01", "9", T0 - 60)],
+        )
+    conn.close()
+    sweep(path, rx.url, T0 + 60)
+    (told,) = rx.bodies[0]["events"]
+    assert (told["kind"], told["node"]) == ("unguarded", "gpu09")
+    assert told["text"] == (
+        "gpu09 ran 2 jobs within 24 h with no run of slurmhealth's on record: its hooks are "
+        "not running, or its exports never arrive"
+    )
+    assert sweep(path, rx.url, T0 + 120)[1].out == ["nothing to notify"]
+    conn = open_fleet(path)
+    with conn:
+        conn.execute(store.insert_sql("runs"), ("r9", "gpu09", None, "healthcheck",
+                                                T0 + 180, 0.05, "ok", "v", "{}"))
+    conn.close()
+    assert sweep(path, rx.url, T0 + 240)[1].out == ["nothing to notify"]
+    act(path, "gpu01", "drain", T0 + 250)  # the next post keeps what was told
+    sweep(path, rx.url, T0 + 300)
+    assert [e["kind"] for e in rx.bodies[1]["events"]] == ["drained"]
+    conn = open_fleet(path)
+    state = store.get_meta(conn, notify.KEY)
+    conn.close()
+    assert state["unguarded"] == []
+
+
 def test_the_rate_limit_keeps_the_rest_for_later_posts(fleet_store, receiver):
     path, rx = fleet(fleet_store, nodes=[f"gpu{n:02d}" for n in range(30)]), receiver()
     for n in range(30):
