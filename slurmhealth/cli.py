@@ -613,14 +613,33 @@ def export_cmd(
     so `collect` never reads half an export; a symlink at FILE is refused. Baselines and cached
     config stay on the node. --incremental (the spool, every 5 minutes): what is new since the
     previous export to FILE, or since where that one started while it is still there unread.
+    A node no hook has run on yet has no store: said, nothing written, exit 0 (--db names a
+    store that must exist).
 
     \b
     Example:
         slurmhealth export --since 7d -o /shared/slurmhealth/spool/gpu07.ndjson
         slurmhealth export --incremental --since 2d -o /shared/slurmhealth/spool/gpu07.ndjson
     """
-    conn = _open(db or store.default_path(agent.node_name()))
-    records.export_to(conn, output, _since(since, now), incremental, _console())
+    path = db or store.default_path(agent.node_name())
+    if db is None and _not_yet(path):
+        # a node no hook has run on yet (the first health check makes its store): nothing to
+        # export, no failure every 5 minutes; a node whose hooks never run is named by the head
+        # node from its jobs (`lemons`, the report)
+        click.echo(f"no run recorded on this node yet (no store at {path}): nothing exported")
+        return
+    records.export_to(_open(path), output, _since(since, now), incremental, _console())
+
+
+def _not_yet(path: str) -> bool:
+    """Whether the node store at `path` does not exist (not: cannot be seen by this user)."""
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False  # said by _open, as for any store
+    return False
 
 
 @cli.command(name="import")

@@ -802,6 +802,21 @@ def test_readers_given_a_db_in_a_missing_directory_say_no_store_and_create_nothi
     assert not (tmp_path / "missing").exists()
 
 
+def test_export_on_a_node_no_hook_has_run_on_says_so_and_writes_nothing(tmp_path):
+    """The export timer on a node before its first health check: no store yet is no failure
+    (exit 0, one line, no file); a --db that does not exist still is."""
+    env = {"SLURMD_NODENAME": "gpu01", "SLURMHEALTH_STATE_DIR": str(tmp_path / "state")}
+    out = tmp_path / "spool" / "gpu01.ndjson"
+    out.parent.mkdir()
+    proc = run_cli("export", "--incremental", "--since", "2d", "-o", str(out), env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == (
+        f"no run recorded on this node yet (no store at {tmp_path}/state/gpu01.db): "
+        "nothing exported\n"
+    )
+    assert not out.exists() and not (tmp_path / "state").exists()
+
+
 def _readme_commands(readme: str) -> list:
     """(subcommand words, options) of each `slurmhealth ...` the README shows, in code blocks
     and in inline code (which may wrap onto the next line)."""
