@@ -60,29 +60,38 @@ SILENT_AFTER_S = 6 * 3600.0
 JOBS_SEEN_S = 86400.0
 
 
-def jobs_seen(conn: sqlite3.Connection, now: float) -> dict:
-    """{node: jobs started in the JOBS_SEEN_S before now}, for freshness."""
-    return queries.jobs_started(conn, now - JOBS_SEEN_S, now)
+def jobs_seen(conn: sqlite3.Connection, now: float) -> tuple:
+    """({node: jobs started in the JOBS_SEEN_S before now}, {node: its partitions}), for
+    freshness."""
+    return queries.jobs_started(conn, now - JOBS_SEEN_S, now), queries.partitions(conn)
 
 
 def freshness(
-    heard: dict, now: float, silent_after: float = SILENT_AFTER_S, jobs: dict | None = None
+    heard: dict, now: float, silent_after: float = SILENT_AFTER_S, jobs: tuple | None = None
 ) -> dict:
     """{"newest": the newest run of any node (None: no run at all), "stale": whether that is
     older than silent_after before now, "silent": [{"node", "last"}] of the nodes whose newest
     run is, oldest first, "unguarded": [{"node", "jobs"}] of the nodes that started jobs
-    (`jobs`: jobs_seen) and have no run at all, the most jobs first}; pure.
+    and have no run at all, the most jobs first}; pure. jobs: jobs_seen.
 
     An unguarded node took jobs with no prolog or health check of slurmhealth's on record:
     the hooks are not in its slurm.conf, fail before they record, or its exports never reach
-    collect. Accounting (`collect --sacct`) is what names it: its own store has nothing."""
+    collect. Accounting (`collect --sacct`) is what names it: its own store has nothing. A node
+    whose partitions hold no node with a run (a CPU partition the site did not install
+    slurmhealth on) is not named; one Slurm puts in no partition known here is."""
     newest = max(heard.values(), default=None)
     silent = sorted(
         ({"node": n, "last": t} for n, t in heard.items() if now - t > silent_after),
         key=lambda e: (e["last"], e["node"]),
     )
+    started, parts = jobs or ({}, {})
+    watched = {p for node in heard for p in parts.get(node, ())}  # partitions with a recorder
     unguarded = sorted(
-        ({"node": n, "jobs": k} for n, k in (jobs or {}).items() if n not in heard),
+        (
+            {"node": n, "jobs": k}
+            for n, k in started.items()
+            if n not in heard and (n not in parts or parts[n] & watched)
+        ),
         key=lambda e: (-e["jobs"], e["node"]),
     )
     stale = newest is None or now - newest > silent_after

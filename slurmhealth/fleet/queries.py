@@ -114,6 +114,15 @@ def jobs_started(conn: sqlite3.Connection, start: float, end: float) -> dict:
     return dict(conn.execute(sql, (start, end)))
 
 
+def partitions(conn: sqlite3.Connection) -> dict:
+    """{node: {partition, ...}} of every node Slurm has put in a partition (the places table,
+    `collect --sacct`), whenever seen there."""
+    out: dict = {}
+    for node, name in conn.execute("SELECT node, name FROM places WHERE kind = 'partition'"):
+        out.setdefault(node, set()).add(name)
+    return out
+
+
 def not_ok_runs(conn: sqlite3.Connection, start: float, end: float) -> sqlite3.Cursor:
     """(node, started, verdict) rows of the runs started in [start, end) that did not pass:
     from their partial index alone (store migration 10), never a passing run."""

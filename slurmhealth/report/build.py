@@ -662,7 +662,7 @@ DIAG_SHOWN = 200  # diagnoses listed at most (the newest)
 SILENT_SHOWN = 100  # nodes not heard from, listed at most (the longest silent)
 
 
-def freshness(heard: dict, now: float, jobs: dict | None = None) -> dict:
+def freshness(heard: dict, now: float, jobs: tuple | None = None) -> dict:
     """When the store's newest run is, whether that makes it stale, the nodes not heard from
     within lemons.SILENT_AFTER_S and those that ran jobs with no run on record (as `slurmhealth
     lemons` says them): first in the report and the mail, since a store nobody collects looks

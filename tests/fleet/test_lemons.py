@@ -385,9 +385,13 @@ def test_a_node_that_ran_jobs_with_no_run_on_record_is_named(fleet_db):
 
 
 def test_freshness_names_the_nodes_with_jobs_and_no_runs_most_jobs_first():
+    """Nodes with jobs and no run, most jobs first; a node whose every partition has no node
+    with a run (a CPU partition slurmhealth is not installed on) is left out, one sharing a
+    partition with a node that records is not, nor one in no partition known."""
     heard = {"a": 100.0, "b": 90.0}
-    jobs = {"a": 5, "x": 1, "y": 4, "z": 4}
-    fresh = lemons.freshness(heard, 110.0, jobs=jobs)
+    jobs = {"a": 5, "x": 1, "y": 4, "z": 4, "cpu1": 9, "cpu2": 3}
+    parts = {"a": {"gpu"}, "y": {"gpu", "cpu"}, "cpu1": {"cpu"}, "cpu2": {"cpu", "debug"}}
+    fresh = lemons.freshness(heard, 110.0, jobs=(jobs, parts))
     assert fresh["unguarded"] == [
         {"node": "y", "jobs": 4},
         {"node": "z", "jobs": 4},
