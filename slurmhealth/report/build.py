@@ -117,16 +117,19 @@ def node_states(conn: sqlite3.Connection, nodes: list, now: float) -> list:
 
 
 def node_state(conn: sqlite3.Connection, node: str, now: float, latest: tuple) -> dict:
-    """One node as the store sees it: ok, failing (its last run failed, yet slurmhealth has
-    not drained it: the breaker held, or Slurm took it down), draining or drained (our latest
-    drain stands; a job still runs), with why and since when. latest: (reads.last_action,
-    reads.last_run) of the node."""
+    """One node as the store sees it: ok, unchecked (no run at all: a node the store knows
+    from its jobs only), failing (its last run failed, yet slurmhealth has not drained it: the
+    breaker held, or Slurm took it down), draining or drained (our latest drain stands; a job
+    still runs), with why and since when. latest: (reads.last_action, reads.last_run) of the
+    node."""
     act, run = latest
     if act and act[1] == ACT_DRAIN:
         state = "draining" if reads.busy(conn, node, now) else "drained"
         return _state(node, state, act[2], act[0], act[3])
     if run and run[1] == "fail":
         return _state(node, "failing", _failing_why(conn, run[0]), run[2], "")
+    if run is None:  # known from its jobs only: nothing of slurmhealth's ran there
+        return _state(node, "unchecked", "no run of slurmhealth's on record", None, "")
     return _state(node, "ok", "", None, "")
 
 
@@ -150,17 +153,19 @@ def slurm_state(info: dict) -> dict:
     return _state(info["name"], state, info.get("reason", ""), since, "")
 
 
-STATES = ("ok", "failing", "draining", "drained", "down")
+STATES = ("ok", "unchecked", "failing", "draining", "drained", "down")
 
 
 def fleet_summary(states: list, source: str) -> dict:
-    """Counts per state, and the nodes not ok (first LIST_MAX), worst first."""
+    """Counts per state, and the nodes failing or out of service (first LIST_MAX), worst
+    first (the unchecked are named with their jobs under freshness)."""
     counts = dict.fromkeys(STATES, 0)
     for s in states:
         counts[s["state"]] += 1
     order = {name: i for i, name in enumerate(reversed(STATES))}
     out = sorted(
-        (s for s in states if s["state"] != "ok"), key=lambda s: (order[s["state"]], s["node"])
+        (s for s in states if s["state"] not in ("ok", "unchecked")),
+        key=lambda s: (order[s["state"]], s["node"]),
     )
     return {"source": source, "nodes": len(states), "counts": counts, "out": out[:LIST_MAX]}
 

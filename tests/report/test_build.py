@@ -315,7 +315,9 @@ def test_node_states_from_the_store(tmp_path):
     )
     d = report.build(conn, now, DAY)
     by_node = {n["node"]: n for n in d["fleet"]["out"]}
-    assert d["fleet"]["counts"] == {"ok": 2, "failing": 1, "draining": 1, "drained": 1, "down": 0}
+    assert d["fleet"]["counts"] == {
+        "ok": 2, "unchecked": 0, "failing": 1, "draining": 1, "drained": 1, "down": 0
+    }
     # read for every node at once (a statement per 400 nodes) as a node at a time; two runs
     # that started at the same instant are the one last_run reads
     conn.execute(
@@ -750,7 +752,9 @@ def test_node_states_from_sinfo(fleet_db, sim, tmp_path):
     assert proc.returncode == 0, proc.stderr
     fleet = json.loads(proc.stdout)["fleet"]
     assert fleet["source"] == "sinfo" and fleet["nodes"] == 3
-    assert fleet["counts"] == {"ok": 1, "failing": 0, "draining": 0, "drained": 1, "down": 1}
+    assert fleet["counts"] == {
+        "ok": 1, "unchecked": 0, "failing": 0, "draining": 0, "drained": 1, "down": 1
+    }
     assert {n["node"]: n["reason"] for n in fleet["out"]} == {
         "gpu0002": "slurmhealth: GPU 3 lost",
         "gpu0003": "Not responding",
@@ -1279,6 +1283,9 @@ def test_nodes_that_ran_jobs_with_no_run_on_record_lead_the_report(fleet_db, sim
     fresh = doc["freshness"]
     assert fresh["unguarded_count"] == 2 and fresh["jobs_hours"] == 24
     assert fresh["unguarded"] == [{"node": "gpu-x<1>", "jobs": 2}, {"node": "gpu-y", "jobs": 1}]
+    # counted as unchecked, not ok, and not listed among the nodes out of service
+    assert doc["fleet"]["counts"]["unchecked"] == 2
+    assert not {"gpu-x<1>", "gpu-y"} & {n["node"] for n in doc["fleet"]["out"]}
     said = "2 nodes ran jobs within 24.0 h with no run of slurmhealth's on record"
     text = render.render(doc, "md")
     assert f"\n\n**{said}**" in text and text.index(said) < text.index("\n\n## Fleet")
@@ -1287,6 +1294,8 @@ def test_nodes_that_ran_jobs_with_no_run_on_record_lead_the_report(fleet_db, sim
     assert said in page and page.index(said) < page.index('id="summary"')
     assert "gpu-x&lt;1&gt; (2 jobs)" in page and "gpu-x<1>" not in page
     assert "2 with jobs and no runs, " in mail.subject(doc)
+    assert re.search(r"<td>unchecked</td><td class=\"num\">2</td>", page)
+    assert "| unchecked | 2 |" in text
 
 
 def test_a_report_file_is_private_unless_mode_says_otherwise(fleet_db, sim, tmp_path):
