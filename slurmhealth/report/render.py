@@ -121,6 +121,11 @@ PROM_FAMILIES = (
         ("node", "what", "value", "majority"),
         "1 for each node whose version or setting differs from its class majority",
     ),
+    (
+        "slurmhealth_fleet_unguarded_jobs",
+        ("node",),
+        "Jobs each node started in the last day with no run of slurmhealth's on record",
+    ),
 )
 
 
@@ -133,7 +138,8 @@ def _prom_label(value: object) -> str:
 
 def prometheus(doc: dict) -> str:
     """The report's before-failure signals, one gauge family each: lemons, rising error
-    counters, slow nodes, nodes that held jobs back and odd nodes, for node_exporter's textfile
+    counters, slow nodes, nodes that held jobs back, odd nodes and nodes that ran jobs with no
+    run on record (the first 100 the report names), for node_exporter's textfile
     collector on the head node (docs/metrics.md). Every family is written with its HELP and
     TYPE even when empty."""
     rows: dict = {name: [] for name, _, _ in PROM_FAMILIES}
@@ -147,6 +153,8 @@ def prometheus(doc: dict) -> str:
         rows["slurmhealth_fleet_slow_deficit_ratio"].append((key, f["deficit"]))
     for h in (doc.get("held_back") or {}).get("list") or []:
         rows["slurmhealth_fleet_held_back_jobs"].append(((h["node"],), h["jobs"]))
+    for u in (doc.get("freshness") or {}).get("unguarded") or []:
+        rows["slurmhealth_fleet_unguarded_jobs"].append(((u["node"],), u["jobs"]))
     for item in (doc.get("drift") or {}).get("items") or []:
         for d in item.get("differ") or []:
             key = (d["node"], item["what"], d["value"], item["majority"])

@@ -1042,6 +1042,7 @@ def test_the_prom_format_carries_the_signals_for_node_exporter(tmp_path):
             ]
         },
         "held_back": {"list": [{"node": "gpu05", "jobs": 3}]},
+        "freshness": {"unguarded": [{"node": "gpu09", "jobs": 7}]},
         "drift": {
             "items": [
                 {
@@ -1075,8 +1076,9 @@ def test_the_prom_format_carries_the_signals_for_node_exporter(tmp_path):
     assert odd == [{"node": "gpu07", "what": "driver", "value": odd_value, "majority": "550.90.07"}]
     assert "\x1b" not in text and "\r" not in text
     assert found[("slurmhealth_fleet_held_back_jobs", (("node", "gpu05"),))] == 3
+    assert found[("slurmhealth_fleet_unguarded_jobs", (("node", "gpu09"),))] == 7
     empty = render.render({}, "prom")
-    assert empty.count("# TYPE") == 5 and "{" not in empty
+    assert empty.count("# TYPE") == 6 and "{" not in empty
     conn = store.connect(str(tmp_path / "fleet.db"))
     conn.close()
     out = tmp_path / "fleet.prom"
