@@ -392,8 +392,8 @@ def test_a_server_lost_mid_collect_loses_nothing(node_stores, tmp_path):
 
 
 def _collected(node_stores: tuple, pg_server) -> tuple:
-    """(a new database on the session's server with the simulated fleet collected into it, the
-    fleet's end)."""
+    """(a new database on the server `pg_server` with the simulated fleet collected into it,
+    the fleet's end)."""
     nodes, end, _ = node_stores
     db = pg_server.new_database()
     cli("collect", nodes, "--db", db, "--now", end, "--since", f"{DAYS}d")
