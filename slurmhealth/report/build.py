@@ -158,7 +158,7 @@ STATES = ("ok", "unchecked", "failing", "draining", "drained", "down")
 
 def fleet_summary(states: list, source: str) -> dict:
     """Counts per state, and the nodes failing or out of service (first LIST_MAX), worst
-    first (the unchecked are named with their jobs under freshness)."""
+    first (the unchecked with jobs in the last day are named under freshness)."""
     counts = dict.fromkeys(STATES, 0)
     for s in states:
         counts[s["state"]] += 1
